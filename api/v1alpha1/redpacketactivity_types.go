@@ -1,0 +1,328 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DistributionType names the algorithm that splits the total into packets.
+// +kubebuilder:validation:Enum=Random;LineCut;Fixed
+type DistributionType string
+
+const (
+	// DistributionRandom is WeChat's double-average split: each packet is uniform in
+	// [min, 2 × remaining average] and the last packet takes the rest.
+	DistributionRandom DistributionType = "Random"
+	// DistributionLineCut gives every packet the minimum and cuts the rest of the total
+	// at count − 1 random points.
+	DistributionLineCut DistributionType = "LineCut"
+	// DistributionFixed gives equal shares and spreads the remainder one minor unit at a time.
+	DistributionFixed DistributionType = "Fixed"
+)
+
+// Distribution says how the total amount is split into packets. It is immutable.
+type Distribution struct {
+	// type is the split algorithm: Random (double-average), LineCut (random cut points)
+	// or Fixed (equal shares).
+	// +kubebuilder:default=Random
+	// +optional
+	Type DistributionType `json:"type,omitempty"`
+
+	// minAmount is the smallest packet, in minor units. Defaults to 1.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000000000
+	// +optional
+	MinAmount int64 `json:"minAmount,omitempty"`
+
+	// maxAmount caps every packet, in minor units. Absent or 0 means no cap.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000000000000
+	// +optional
+	MaxAmount int64 `json:"maxAmount,omitempty"`
+
+	// seed makes the split reproducible. Absent means a seed derived from the
+	// resource's UID (shown in status.splitSeed).
+	// +optional
+	Seed *int64 `json:"seed,omitempty"`
+}
+
+// SecretReference names a Secret in the activity's namespace.
+type SecretReference struct {
+	// name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// RedisConnection points at the Redis that holds the activity.
+type RedisConnection struct {
+	// secretRef names a Secret with keys: addresses (comma-separated host:port),
+	// mode (standalone or cluster), username, password and tls ("true").
+	SecretRef SecretReference `json:"secretRef"`
+}
+
+// GrabAuth turns on signed user tokens for the grab service.
+type GrabAuth struct {
+	// tokenSecretRef names a Secret whose key "key" is the HMAC-SHA256 key that signs
+	// user tokens. With it, every grab needs "Authorization: Bearer <token>".
+	TokenSecretRef SecretReference `json:"tokenSecretRef"`
+}
+
+// GrabService configures the per-activity grab Deployment.
+type GrabService struct {
+	// replicas of the grab Deployment. Absent means the operator's default. Changing it
+	// later is left to kubectl scale or an autoscaler.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// image of the grab service. Empty means the operator's grab image.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// auth, when set, requires HMAC-signed user tokens on every grab.
+	// +optional
+	Auth *GrabAuth `json:"auth,omitempty"`
+}
+
+// Webhook is the balance system's endpoint that credits users.
+type Webhook struct {
+	// url receives one POST per claim or refund; any 2xx acknowledges it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('http://') || self.startsWith('https://')",message="webhook url must start with http:// or https://"
+	URL string `json:"url"`
+
+	// secretRef names a Secret whose key "key" signs each delivery (X-Signature header).
+	// +optional
+	SecretRef *SecretReference `json:"secretRef,omitempty"`
+}
+
+// Settlement configures how claims are credited to the balance system.
+type Settlement struct {
+	// webhook that credits each grant to its user and each refund to the sponsor.
+	// +optional
+	Webhook *Webhook `json:"webhook,omitempty"`
+
+	// maxAttempts is how many deliveries a claim gets before it is parked in the
+	// dead-letter stream. Defaults to 10.
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+}
+
+// RedPacketActivitySpec declares one red-packet activity. Every amount is an integer
+// in the currency's minor unit (fen, cents).
+// +kubebuilder:validation:XValidation:rule="self.totalAmount / self.count >= self.distribution.minAmount",message="totalAmount must be at least count × distribution.minAmount"
+// +kubebuilder:validation:XValidation:rule="!has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || self.distribution.maxAmount >= self.distribution.minAmount",message="distribution.maxAmount must not be below distribution.minAmount"
+// +kubebuilder:validation:XValidation:rule="!has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || (self.totalAmount + self.count - 1) / self.count <= self.distribution.maxAmount",message="totalAmount must not exceed count × distribution.maxAmount"
+// +kubebuilder:validation:XValidation:rule="!has(self.startTime) || !has(self.endTime) || timestamp(self.endTime) > timestamp(self.startTime)",message="endTime must be after startTime"
+type RedPacketActivitySpec struct {
+	// totalAmount is the money split into packets, in minor units. Immutable.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000000000
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="totalAmount is immutable"
+	TotalAmount int64 `json:"totalAmount"`
+
+	// count is the number of packets, at least 1. Immutable.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000000
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="count is immutable"
+	Count int64 `json:"count"`
+
+	// currency is shown to people only; amounts are always minor units. Defaults to CNY.
+	// +kubebuilder:default=CNY
+	// +kubebuilder:validation:Pattern=`^[A-Z]{3}$`
+	// +optional
+	Currency string `json:"currency,omitempty"`
+
+	// distribution says how the total is split. Immutable.
+	// +kubebuilder:default={}
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="distribution is immutable"
+	// +optional
+	Distribution Distribution `json:"distribution"`
+
+	// startTime opens grabbing. Absent means open as soon as the packets are seeded.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// endTime closes grabbing atomically; the unclaimed remainder is refunded to the
+	// sponsor. Absent means the activity runs until every packet is claimed.
+	// +optional
+	EndTime *metav1.Time `json:"endTime,omitempty"`
+
+	// paused stops grabbing without losing anything while true.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// sponsor is the account credited with refunds of unclaimed money.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	Sponsor string `json:"sponsor,omitempty"`
+
+	// redis names the Redis that holds the activity. Absent means the operator's
+	// default connection.
+	// +optional
+	Redis *RedisConnection `json:"redis,omitempty"`
+
+	// grabService configures the Deployment that serves grabs.
+	// +optional
+	GrabService GrabService `json:"grabService,omitempty"`
+
+	// settlement configures crediting. Absent means claims wait in the activity's
+	// stream until it is configured.
+	// +optional
+	Settlement *Settlement `json:"settlement,omitempty"`
+}
+
+// Phase is where an activity is in its life.
+// +kubebuilder:validation:Enum=Pending;Seeding;Scheduled;Active;Paused;Exhausted;Expired;Failed
+type Phase string
+
+// The phases of an activity.
+const (
+	PhasePending   Phase = "Pending"
+	PhaseSeeding   Phase = "Seeding"
+	PhaseScheduled Phase = "Scheduled"
+	PhaseActive    Phase = "Active"
+	PhasePaused    Phase = "Paused"
+	PhaseExhausted Phase = "Exhausted"
+	PhaseExpired   Phase = "Expired"
+	PhaseFailed    Phase = "Failed"
+)
+
+// Condition types set on an activity.
+const (
+	// ConditionReady is true while the activity can serve grabs or has finished cleanly.
+	ConditionReady = "Ready"
+	// ConditionSeeded is true once the packets are committed to Redis.
+	ConditionSeeded = "Seeded"
+	// ConditionGrabServiceAvailable is true when a grab replica reports or is available.
+	ConditionGrabServiceAvailable = "GrabServiceAvailable"
+	// ConditionSettled is true when every claim and refund has been credited.
+	ConditionSettled = "Settled"
+)
+
+// Condition reasons that scripts and people may rely on.
+const (
+	// ReasonDataLost means Redis no longer holds an activity that had been seeded.
+	ReasonDataLost = "DataLost"
+)
+
+// RedPacketActivityStatus is what the controller and the grab service observed.
+// The controller and the grab service's reporter write disjoint fields with
+// server-side apply under their own field managers.
+type RedPacketActivityStatus struct {
+	// phase is where the activity is in its life.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// observedGeneration is the spec generation the controller last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Ready, Seeded, GrabServiceAvailable and Settled.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// scriptSHA is the SHA1 of the grab script loaded into Redis.
+	// +optional
+	ScriptSHA string `json:"scriptSHA,omitempty"`
+
+	// endpoint is the grab service's in-cluster URL.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// splitSeed is the seed the packets were split with.
+	// +optional
+	SplitSeed *int64 `json:"splitSeed,omitempty"`
+
+	// seededTime is when the packets were committed to Redis.
+	// +optional
+	SeededTime *metav1.Time `json:"seededTime,omitempty"`
+
+	// remainingCount is the number of packets not yet claimed.
+	// +optional
+	RemainingCount *int64 `json:"remainingCount,omitempty"`
+
+	// remainingAmount is the money not yet claimed or refunded, in minor units.
+	// +optional
+	RemainingAmount *int64 `json:"remainingAmount,omitempty"`
+
+	// claimedCount is the number of packets granted to users.
+	// +optional
+	ClaimedCount *int64 `json:"claimedCount,omitempty"`
+
+	// claimedAmount is the money granted to users, in minor units.
+	// +optional
+	ClaimedAmount *int64 `json:"claimedAmount,omitempty"`
+
+	// settledCount is the number of grants credited by the balance system.
+	// +optional
+	SettledCount *int64 `json:"settledCount,omitempty"`
+
+	// settledAmount is the money credited to users, in minor units.
+	// +optional
+	SettledAmount *int64 `json:"settledAmount,omitempty"`
+
+	// refundedAmount is the unclaimed remainder returned to the sponsor when the
+	// activity closed, in minor units.
+	// +optional
+	RefundedAmount *int64 `json:"refundedAmount,omitempty"`
+
+	// deadLetterCount is the number of deliveries parked after too many failures.
+	// +optional
+	DeadLetterCount *int64 `json:"deadLetterCount,omitempty"`
+
+	// lastReportTime is when a grab replica last reported the counters.
+	// +optional
+	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
+}
+
+// RedPacketActivity is one red-packet activity: a total split into packets that users
+// grab once each, served from Redis by atomic scripts.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=rpa,categories=redpacket
+// +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.spec.totalAmount`
+// +kubebuilder:printcolumn:name="Count",type=integer,JSONPath=`.spec.count`
+// +kubebuilder:printcolumn:name="Remaining",type=integer,JSONPath=`.status.remainingCount`
+// +kubebuilder:printcolumn:name="Claimed",type=integer,JSONPath=`.status.claimedCount`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Claimed-Amount",type=integer,JSONPath=`.status.claimedAmount`,priority=1
+// +kubebuilder:printcolumn:name="Settled",type=integer,JSONPath=`.status.settledCount`,priority=1
+// +kubebuilder:printcolumn:name="Refunded",type=integer,JSONPath=`.status.refundedAmount`,priority=1
+// +kubebuilder:printcolumn:name="Start",type=date,JSONPath=`.spec.startTime`,priority=1
+// +kubebuilder:printcolumn:name="End",type=date,JSONPath=`.spec.endTime`,priority=1
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
+type RedPacketActivity struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec declares the activity.
+	Spec RedPacketActivitySpec `json:"spec"`
+
+	// status is what the operator and the grab service observed.
+	// +optional
+	Status RedPacketActivityStatus `json:"status,omitempty"`
+}
+
+// RedPacketActivityList is a list of RedPacketActivity.
+// +kubebuilder:object:root=true
+type RedPacketActivityList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []RedPacketActivity `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&RedPacketActivity{}, &RedPacketActivityList{})
+}

@@ -1,0 +1,302 @@
+package lua
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Outcome is what a grab decided.
+type Outcome string
+
+// The outcomes of a grab, as the grab script returns them.
+const (
+	Granted        Outcome = "granted"
+	AlreadyClaimed Outcome = "already_claimed"
+	SoldOut        Outcome = "sold_out"
+	NotStarted     Outcome = "not_started"
+	Ended          Outcome = "ended"
+	Paused         Outcome = "paused"
+	// Missing means Redis holds no committed activity under these keys.
+	Missing Outcome = "missing"
+)
+
+// GrabResult is the decision on one claim. PacketID and Amount are set for Granted
+// and AlreadyClaimed.
+type GrabResult struct {
+	Outcome  Outcome
+	PacketID string
+	Amount   int64
+}
+
+// Grab decides one claim for userID. The user id travels as an ARGV, never a KEY.
+func Grab(ctx context.Context, c redis.Scripter, k Keys, userID string) (GrabResult, error) {
+	vals, err := GrabScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Claims, k.Stream}, userID).Slice()
+	if err != nil {
+		return GrabResult{}, fmt.Errorf("grab script: %w", err)
+	}
+	if len(vals) != 3 {
+		return GrabResult{}, fmt.Errorf("grab script: %d values in reply, want 3", len(vals))
+	}
+	outcome, _ := vals[0].(string)
+	id, _ := vals[1].(string)
+	amount, _ := vals[2].(int64)
+	return GrabResult{Outcome: Outcome(outcome), PacketID: id, Amount: amount}, nil
+}
+
+// SeedParams are the activity's facts written at commit.
+type SeedParams struct {
+	Count   int64
+	Total   int64
+	StartMs int64
+	EndMs   int64
+	Paused  bool
+	Sponsor string
+}
+
+// DefaultChunkSize is how many packets one staging call appends.
+const DefaultChunkSize = 10000
+
+// Seeder writes an activity's packets into Redis exactly once: it appends them to a
+// staging list in chunks (each chunk lands once, at its offset, even when the seeder
+// is retried or runs twice at the same time) and then commits the complete list in
+// one atomic step guarded by the activity's marker.
+type Seeder struct {
+	// ChunkSize is how many packets one staging call appends; 0 means DefaultChunkSize.
+	ChunkSize int
+	// AfterChunk, when set, runs after each staged chunk with the staged length. An
+	// error stops seeding there, as a crash would.
+	AfterChunk func(staged int64) error
+}
+
+// SeedResult says what Seed did.
+type SeedResult struct {
+	// Committed is true when this call committed the activity, false when it had
+	// been committed before (the existing data is adopted untouched).
+	Committed bool
+}
+
+// Seed stages amounts (packet i+1 gets amounts[i]) and commits them. amounts must
+// be positive and sum to p.Total, with len(amounts) == p.Count.
+func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []int64, p SeedParams) (SeedResult, error) {
+	if int64(len(amounts)) != p.Count {
+		return SeedResult{}, fmt.Errorf("seeding: %d packets, want %d", len(amounts), p.Count)
+	}
+	var sum int64
+	for i, a := range amounts {
+		if a <= 0 {
+			return SeedResult{}, fmt.Errorf("seeding: packet %d has amount %d", i+1, a)
+		}
+		sum += a
+	}
+	if sum != p.Total {
+		return SeedResult{}, fmt.Errorf("seeding: packets sum to %d, want %d", sum, p.Total)
+	}
+	chunk := s.ChunkSize
+	if chunk <= 0 {
+		chunk = DefaultChunkSize
+	}
+
+	// Ask where staging stands with an empty chunk at offset -1, which never matches.
+	staged, err := s.stage(ctx, c, k, -1, nil)
+	if err != nil {
+		return SeedResult{}, err
+	}
+	for staged >= 0 && staged < p.Count {
+		end := min(staged+int64(chunk), p.Count)
+		args := make([]any, 0, end-staged+1)
+		args = append(args, staged)
+		for i := staged; i < end; i++ {
+			args = append(args, strconv.FormatInt(i+1, 10)+":"+strconv.FormatInt(amounts[i], 10))
+		}
+		next, err := s.stage(ctx, c, k, staged, args)
+		if err != nil {
+			return SeedResult{}, err
+		}
+		staged = next
+		if s.AfterChunk != nil && staged >= 0 {
+			if err := s.AfterChunk(staged); err != nil {
+				return SeedResult{}, err
+			}
+		}
+	}
+	if staged > p.Count {
+		return SeedResult{}, fmt.Errorf("seeding: staging holds %d packets, more than the %d declared", staged, p.Count)
+	}
+	paused := "0"
+	if p.Paused {
+		paused = "1"
+	}
+	n, err := SeedCommitScript.Run(ctx, c, []string{k.Meta, k.Staging, k.Packets},
+		p.Count, p.Total, p.StartMs, p.EndMs, paused, p.Sponsor).Int64()
+	if err != nil {
+		return SeedResult{}, fmt.Errorf("seed commit: %w", err)
+	}
+	return SeedResult{Committed: n == 1}, nil
+}
+
+// stage runs one staging call; args is the offset followed by the chunk's entries.
+func (s Seeder) stage(ctx context.Context, c redis.Scripter, k Keys, offset int64, args []any) (int64, error) {
+	if args == nil {
+		args = []any{offset}
+	}
+	n, err := SeedStageScript.Run(ctx, c, []string{k.Meta, k.Staging}, args...).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("seed stage at %d: %w", offset, err)
+	}
+	return n, nil
+}
+
+// Configure writes the schedule and pause flag of a committed activity; open moves a
+// ready activity to open. It returns the state afterwards, or Missing's string when
+// Redis does not hold the activity (then nothing is written).
+func Configure(ctx context.Context, c redis.Scripter, k Keys, startMs, endMs int64, paused, open bool) (string, error) {
+	state, err := ConfigureScript.Run(ctx, c, []string{k.Meta}, startMs, endMs, boolArg(paused), boolArg(open)).Text()
+	if err != nil {
+		return "", fmt.Errorf("configure script: %w", err)
+	}
+	return state, nil
+}
+
+// Close reasons.
+const (
+	CloseExpired   = "expired"
+	CloseExhausted = "exhausted"
+)
+
+// CloseResult says what Close found or did.
+type CloseResult struct {
+	// Result is "closed", "open" (exhausted asked for while packets remain) or "missing".
+	Result string
+	// Reason is why the activity closed.
+	Reason string
+	// Refunded is the unclaimed remainder handed to the sponsor.
+	Refunded int64
+}
+
+// Close ends grabbing atomically and refunds the remainder to the sponsor through
+// the activity's stream. Closing twice returns the first close's figures.
+func Close(ctx context.Context, c redis.Scripter, k Keys, reason string) (CloseResult, error) {
+	vals, err := CloseScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Stream}, reason).Slice()
+	if err != nil {
+		return CloseResult{}, fmt.Errorf("close script: %w", err)
+	}
+	if len(vals) != 3 {
+		return CloseResult{}, fmt.Errorf("close script: %d values in reply, want 3", len(vals))
+	}
+	res, _ := vals[0].(string)
+	why, _ := vals[1].(string)
+	refunded, _ := vals[2].(int64)
+	return CloseResult{Result: res, Reason: why, Refunded: refunded}, nil
+}
+
+// Snapshot is every counter of an activity read at one instant.
+type Snapshot struct {
+	// State is StateReady, StateOpen, StateClosed, or "" when Redis lacks the activity.
+	State          string
+	Paused         bool
+	Total          int64
+	Count          int64
+	ClaimedCount   int64
+	ClaimedAmount  int64
+	Refunded       int64
+	SettledCount   int64
+	SettledAmount  int64
+	RefundSettled  int64
+	DeadCount      int64
+	RemainingCount int64
+	StagedCount    int64
+	CloseReason    string
+	StartMs        int64
+	EndMs          int64
+	SeededMs       int64
+}
+
+// Exists reports whether Redis holds the committed activity.
+func (s Snapshot) Exists() bool { return s.State != "" }
+
+// RemainingAmount is the money neither claimed nor refunded.
+func (s Snapshot) RemainingAmount() int64 { return s.Total - s.ClaimedAmount - s.Refunded }
+
+// ReadSnapshot reads every counter of the activity at one instant.
+func ReadSnapshot(ctx context.Context, c redis.Scripter, k Keys) (Snapshot, error) {
+	vals, err := SnapshotScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Staging}).StringSlice()
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot script: %w", err)
+	}
+	if len(vals) != 17 {
+		return Snapshot{}, fmt.Errorf("snapshot script: %d values in reply, want 17", len(vals))
+	}
+	ints := make([]int64, len(vals))
+	for i, v := range vals {
+		if i == 0 || i == 13 {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("snapshot script: value %d %q: %w", i, v, err)
+		}
+		ints[i] = n
+	}
+	return Snapshot{
+		State: vals[0], Paused: ints[1] == 1, Total: ints[2], Count: ints[3],
+		ClaimedCount: ints[4], ClaimedAmount: ints[5], Refunded: ints[6],
+		SettledCount: ints[7], SettledAmount: ints[8], RefundSettled: ints[9],
+		DeadCount: ints[10], RemainingCount: ints[11], StagedCount: ints[12],
+		CloseReason: vals[13], StartMs: ints[14], EndMs: ints[15], SeededMs: ints[16],
+	}, nil
+}
+
+// Settlement entry kinds.
+const (
+	KindGrant  = "grant"
+	KindRefund = "refund"
+)
+
+// Ack acknowledges a delivered stream entry and counts it as settled. It returns
+// false when the entry had been acknowledged before, so nothing is counted twice.
+func Ack(ctx context.Context, c redis.Scripter, k Keys, group, entryID, kind string, amount int64) (bool, error) {
+	n, err := SettleAckScript.Run(ctx, c, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
+	if err != nil {
+		return false, fmt.Errorf("settle ack of %s: %w", entryID, err)
+	}
+	return n == 1, nil
+}
+
+// DeadLetter parks an undeliverable entry with its fields and the last error. It
+// returns false when the entry had been acknowledged before.
+func DeadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+	args := []any{group, entryID, lastErr}
+	for f, v := range fields {
+		args = append(args, f, v)
+	}
+	n, err := DeadLetterScript.Run(ctx, c, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
+	if err != nil {
+		return false, fmt.Errorf("dead-letter of %s: %w", entryID, err)
+	}
+	return n == 1, nil
+}
+
+// Purge deletes every key of the activity.
+func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
+	// One DEL per key keeps cluster clients happy whatever their slot checks.
+	for _, key := range k.All() {
+		if err := c.Del(ctx, key).Err(); err != nil {
+			return fmt.Errorf("deleting %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// ErrMissing is returned by callers that need a committed activity and find none.
+var ErrMissing = errors.New("activity not found in Redis")
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}

@@ -1,0 +1,29 @@
+-- close: end grabbing for good and refund the unclaimed remainder to the sponsor.
+-- KEYS[1] meta, KEYS[2] packets, KEYS[3] stream
+-- ARGV[1] reason: "expired" (always closes) or "exhausted" (closes only when no
+-- packet is left)
+-- Returns {result, reason, refunded}; result is closed, open (not exhausted yet) or
+-- missing. Closing twice returns the first close's figures.
+local m = redis.call('HMGET', KEYS[1], 'state', 'close_reason', 'refunded', 'total',
+  'claimed_amount', 'sponsor')
+if not m[1] then
+  return {'missing', '', 0}
+end
+if m[1] == 'closed' then
+  return {'closed', m[2], tonumber(m[3])}
+end
+local left = redis.call('LLEN', KEYS[2])
+if ARGV[1] == 'exhausted' and left > 0 then
+  return {'open', '', 0}
+end
+local refund = tonumber(m[4]) - tonumber(m[5])
+local refundStr = string.format('%d', refund)
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'state', 'closed', 'close_reason', ARGV[1], 'refunded', refundStr)
+if refund > 0 then
+  local t = redis.call('TIME')
+  redis.call('XADD', KEYS[3], '*', 'kind', 'refund', 'packet', 'refund', 'user', m[6],
+    'amount', refundStr,
+    'at', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
+end
+return {'closed', ARGV[1], refund}

@@ -1,0 +1,11 @@
+-- dead_letter: park a stream entry that could not be delivered, once.
+-- KEYS[1] meta, KEYS[2] stream, KEYS[3] dead-letter stream
+-- ARGV[1] consumer group, ARGV[2] entry id, ARGV[3] last error,
+-- ARGV[4..] the entry's field/value pairs
+-- Returns 1 when this call parked the entry, 0 when it had been acknowledged before.
+local n = redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+if n == 1 then
+  redis.call('XADD', KEYS[3], '*', 'entry', ARGV[2], 'error', ARGV[3], unpack(ARGV, 4))
+  redis.call('HINCRBY', KEYS[1], 'dead_count', 1)
+end
+return n

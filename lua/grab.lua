@@ -1,0 +1,54 @@
+-- grab: decide one claim atomically.
+-- KEYS[1] meta, KEYS[2] packets, KEYS[3] claims, KEYS[4] stream
+-- ARGV[1] user id
+-- Returns {outcome, packetId, amount}; outcome is one of granted, already_claimed,
+-- sold_out, not_started, ended, paused, missing.
+-- Every read and check comes before the first write. Amounts travel as the decimal
+-- strings they were seeded as, never through a Lua number.
+local user = ARGV[1]
+
+local prev = redis.call('HGET', KEYS[3], user)
+if prev then
+  local sep = string.find(prev, ':', 1, true)
+  return {'already_claimed', string.sub(prev, 1, sep - 1), tonumber(string.sub(prev, sep + 1))}
+end
+
+local m = redis.call('HMGET', KEYS[1], 'state', 'paused', 'start_ms', 'end_ms')
+local state = m[1]
+if not state then
+  return {'missing', '', 0}
+end
+if state == 'closed' then
+  return {'ended', '', 0}
+end
+if state ~= 'open' then
+  return {'not_started', '', 0}
+end
+if m[2] == '1' then
+  return {'paused', '', 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local startMs = tonumber(m[3]) or 0
+local endMs = tonumber(m[4]) or 0
+if now < startMs then
+  return {'not_started', '', 0}
+end
+if endMs > 0 and now >= endMs then
+  return {'ended', '', 0}
+end
+
+local packet = redis.call('LPOP', KEYS[2])
+if not packet then
+  return {'sold_out', '', 0}
+end
+local sep = string.find(packet, ':', 1, true)
+local id = string.sub(packet, 1, sep - 1)
+local amount = string.sub(packet, sep + 1)
+
+redis.call('HSET', KEYS[3], user, packet)
+redis.call('HINCRBY', KEYS[1], 'claimed_count', 1)
+redis.call('HINCRBY', KEYS[1], 'claimed_amount', amount)
+redis.call('XADD', KEYS[4], '*', 'kind', 'grant', 'packet', id, 'user', user,
+  'amount', amount, 'at', string.format('%d', now))
+return {'granted', id, tonumber(amount)}

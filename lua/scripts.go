@@ -1,0 +1,135 @@
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Script is one embedded Lua program. Run sends EVALSHA and falls back to EVAL when
+// the server's script cache does not hold it (after a restart, a failover or
+// SCRIPT FLUSH). Because the fallback is decided per command, it also works on an
+// auto-pipelining client, where many callers' commands share one pipeline.
+type Script struct {
+	name string
+	src  string
+	sha  string
+}
+
+func newScript(name, src string) *Script {
+	s := redis.NewScript(src)
+	return &Script{name: name, src: src, sha: s.Hash()}
+}
+
+// Name is the script's file name without extension.
+func (s *Script) Name() string { return s.name }
+
+// SHA is the SHA1 digest Redis knows the script by.
+func (s *Script) SHA() string { return s.sha }
+
+// Source is the Lua text of the script.
+func (s *Script) Source() string { return s.src }
+
+// Run executes the script, with EVAL as the fallback on NOSCRIPT.
+func (s *Script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	cmd := c.EvalSha(ctx, s.sha, keys, args...)
+	if IsNoScript(cmd.Err()) {
+		return c.Eval(ctx, s.src, keys, args...)
+	}
+	return cmd
+}
+
+// Load puts the script into the script cache of every master that may serve it.
+func (s *Script) Load(ctx context.Context, c redis.UniversalClient) error {
+	load := func(ctx context.Context, node *redis.Client) error {
+		got, err := node.ScriptLoad(ctx, s.src).Result()
+		if err != nil {
+			return fmt.Errorf("loading script %s on %s: %w", s.name, node.Options().Addr, err)
+		}
+		if got != s.sha {
+			return fmt.Errorf("loading script %s: server digest %s, want %s", s.name, got, s.sha)
+		}
+		return nil
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, load)
+	}
+	if sc, ok := c.(*redis.Client); ok {
+		return load(ctx, sc)
+	}
+	if err := c.ScriptLoad(ctx, s.src).Err(); err != nil {
+		return fmt.Errorf("loading script %s: %w", s.name, err)
+	}
+	return nil
+}
+
+// IsNoScript reports whether err says the script cache lacks the script.
+func IsNoScript(err error) bool {
+	if err == nil {
+		return false
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		return strings.HasPrefix(re.Error(), "NOSCRIPT")
+	}
+	return strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+var (
+	//go:embed grab.lua
+	grabSrc string
+	//go:embed seed_stage.lua
+	seedStageSrc string
+	//go:embed seed_commit.lua
+	seedCommitSrc string
+	//go:embed configure.lua
+	configureSrc string
+	//go:embed close.lua
+	closeSrc string
+	//go:embed snapshot.lua
+	snapshotSrc string
+	//go:embed settle_ack.lua
+	settleAckSrc string
+	//go:embed dead_letter.lua
+	deadLetterSrc string
+)
+
+// The activity's scripts.
+var (
+	// GrabScript decides one claim: see grab.lua.
+	GrabScript = newScript("grab", grabSrc)
+	// SeedStageScript appends one chunk of packets to staging exactly once.
+	SeedStageScript = newScript("seed_stage", seedStageSrc)
+	// SeedCommitScript turns a complete staging list into the activity.
+	SeedCommitScript = newScript("seed_commit", seedCommitSrc)
+	// ConfigureScript sets the schedule and pause flag and opens the activity.
+	ConfigureScript = newScript("configure", configureSrc)
+	// CloseScript ends grabbing and refunds the remainder.
+	CloseScript = newScript("close", closeSrc)
+	// SnapshotScript reads every counter at one instant.
+	SnapshotScript = newScript("snapshot", snapshotSrc)
+	// SettleAckScript acknowledges a delivered entry and counts it, once.
+	SettleAckScript = newScript("settle_ack", settleAckSrc)
+	// DeadLetterScript parks an undeliverable entry, once.
+	DeadLetterScript = newScript("dead_letter", deadLetterSrc)
+)
+
+// AllScripts lists every script, for loading them all at once.
+func AllScripts() []*Script {
+	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
+		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript}
+}
+
+// LoadAll loads every script on every master.
+func LoadAll(ctx context.Context, c redis.UniversalClient) error {
+	for _, s := range AllScripts() {
+		if err := s.Load(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
