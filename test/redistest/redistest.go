@@ -1,0 +1,224 @@
+// Package redistest starts real redis-server processes on free loopback ports for
+// tests: a standalone server or a Redis Cluster of several masters. A missing
+// redis-server fails the test; it never skips.
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is one redis-server process.
+type Server struct {
+	// Addr is the server's 127.0.0.1:port.
+	Addr string
+	cmd  *exec.Cmd
+	dir  string
+}
+
+// Start runs a standalone redis-server for the test and stops it at cleanup.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := startServer(tb.TempDir())
+	if err != nil {
+		tb.Fatalf("starting redis-server: %v", err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Client opens a client to the server, closed at the test's cleanup.
+func (s *Server) Client(tb testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Stop ends the server process.
+func (s *Server) Stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// StartProcess runs a standalone redis-server outside of any test (for TestMain,
+// benchmarks and the demo). The caller stops it.
+func StartProcess(dir string, extraArgs ...string) (*Server, error) {
+	return startServer(dir, extraArgs...)
+}
+
+func startServer(dir string, extraArgs ...string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server is not installed (apt-get install redis-server): %w", err)
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := freePort(isCluster(extraArgs))
+		if err != nil {
+			return nil, err
+		}
+		args := append([]string{
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--daemonize", "no", "--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
+		}, extraArgs...)
+		cmd := exec.Command(bin, args...)
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("starting %s: %w", bin, err)
+		}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), cmd: cmd, dir: dir}
+		if err := waitPing(s.Addr, 10*time.Second); err != nil {
+			s.Stop()
+			lastErr = err
+			continue
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("redis-server did not come up: %w", lastErr)
+}
+
+// Cluster is a Redis Cluster of masters only, each a real redis-server in cluster mode.
+type Cluster struct {
+	// Addrs are the masters' addresses.
+	Addrs   []string
+	servers []*Server
+}
+
+// StartCluster runs a cluster of n masters (n >= 3) for the test, with every slot
+// assigned, and stops it at cleanup.
+func StartCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	c, err := StartClusterProcess(tb.TempDir(), n)
+	if err != nil {
+		tb.Fatalf("starting redis cluster: %v", err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
+}
+
+// StartClusterProcess runs a cluster of n masters outside of any test. The caller stops it.
+func StartClusterProcess(dir string, n int) (*Cluster, error) {
+	c := &Cluster{}
+	for i := 0; i < n; i++ {
+		sub := filepath.Join(dir, fmt.Sprintf("node-%d", i))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			c.Stop()
+			return nil, err
+		}
+		s, err := startServer(sub, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000")
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		c.servers = append(c.servers, s)
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command("redis-cli", args...).CombinedOutput()
+	if err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, a := range c.Addrs {
+		for {
+			info, err := redisCLI(a, "cluster", "info")
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Stop()
+				return nil, fmt.Errorf("cluster node %s not ok: %v %s", a, err, info)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return c, nil
+}
+
+// Client opens a cluster client, closed at the test's cleanup.
+func (c *Cluster) Client(tb testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	tb.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// Stop ends every node.
+func (c *Cluster) Stop() {
+	for _, s := range c.servers {
+		s.Stop()
+	}
+}
+
+func redisCLI(addr string, args ...string) (string, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+func waitPing(addr string, within time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(within)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no PONG from %s: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// freePort finds a free loopback port; for cluster nodes, one whose cluster bus port
+// (port + 10000) is free as well.
+func freePort(cluster bool) (int, error) {
+	for i := 0; i < 100; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("finding a free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if !cluster {
+			return port, nil
+		}
+		if port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		if err != nil {
+			continue
+		}
+		_ = bus.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free port pair for a cluster node")
+}
+
+func isCluster(args []string) bool {
+	for _, a := range args {
+		if a == "--cluster-enabled" {
+			return true
+		}
+	}
+	return false
+}
