@@ -1,0 +1,79 @@
+# redpacket-operator
+
+GO ?= go
+CONTROLLER_GEN ?= $(GO) tool controller-gen
+KUBECTL ?= bin/kubectl
+TEST_FLAGS ?= -count=1 -timeout 30m
+
+.PHONY: all
+all: build
+
+##@ Development
+
+.PHONY: manifests
+manifests: ## Generate the CRD and the manager's RBAC role.
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./controllers/... output:rbac:artifacts:config=config/rbac
+
+.PHONY: generate
+generate: ## Generate deepcopy code.
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+
+.PHONY: fmt
+fmt: ## gofmt the tree.
+	gofmt -w $$(git ls-files '*.go')
+
+.PHONY: vet
+vet: ## go vet the tree.
+	$(GO) vet ./...
+
+.PHONY: controlplane
+controlplane: ## Build kube-apiserver, etcd and kubectl into bin/ (cached).
+	hack/build-controlplane.sh
+
+.PHONY: redis
+redis: ## Make sure redis-server and its tools are installed.
+	hack/ensure-redis.sh
+
+.PHONY: test
+test: redis controlplane ## Run every test against real Redis and a real API server.
+	$(GO) test $(TEST_FLAGS) ./...
+
+##@ Build
+
+.PHONY: build
+build: ## Build the operator and the grab service into bin/.
+	$(GO) build -o bin/manager .
+	$(GO) build -o bin/grabsvc ./grabsvc/cmd/grabsvc
+
+.PHONY: run
+run: ## Run the operator against the current kubeconfig.
+	$(GO) run . $(ARGS)
+
+.PHONY: demo
+demo: redis controlplane build ## Local control plane, Redis, operator, grab service and a red-packet rain.
+	$(GO) run ./hack/demo $(ARGS)
+
+.PHONY: bench
+bench: redis build ## Measure the grab path against redis-benchmark and a no-op handler; writes docs/benchmarks.md.
+	$(GO) run ./hack/bench $(ARGS)
+
+##@ Deployment
+
+.PHONY: render
+render: controlplane ## Render the install manifests into dist/install.yaml.
+	mkdir -p dist
+	$(KUBECTL) kustomize config/default > dist/install.yaml
+	@echo "wrote dist/install.yaml"
+
+.PHONY: deploy
+deploy: render ## Render the manifests and apply them to the current cluster.
+	$(KUBECTL) apply --server-side -f dist/install.yaml
+
+.PHONY: undeploy
+undeploy: render ## Delete what deploy applied.
+	$(KUBECTL) delete --ignore-not-found -f dist/install.yaml
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-z-]+:.*##/ { printf "  %-14s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
