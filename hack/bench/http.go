@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/controlplane"
+)
+
+// benchActivity is the name of the activity the HTTP measurement grabs from.
+const benchActivity = "bench"
+
+// measureHTTP runs (d) the no-op handler and (c) the grab service binary, each in its
+// own process, under the same Go load generator. The grab service looks its activity
+// up in a local control plane; the benchmark seeds the activity's packets itself.
+func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, rc *redis.Client) (grab, noop latencies, err error) {
+	ctrllog.SetLogger(logr.Discard())
+	grabBin := filepath.Join(root, "bin", "grabsvc")
+	if !o.skipBuild {
+		fmt.Println("    building bin/grabsvc ...")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", grabBin, "./grabsvc/cmd/grabsvc")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return grab, noop, fmt.Errorf("building the grab service: %w", err)
+		}
+	}
+	if err := ensureControlPlane(ctx, root); err != nil {
+		return grab, noop, err
+	}
+	fmt.Println("    starting a local control plane ...")
+	cp, err := controlplane.New()
+	if err != nil {
+		return grab, noop, err
+	}
+	defer func() { _ = cp.Stop() }()
+	kubeconfig := filepath.Join(work, "kubeconfig")
+	if err := cp.Kubeconfig(kubeconfig); err != nil {
+		return grab, noop, err
+	}
+
+	rpa := &redpacketv1alpha1.RedPacketActivity{
+		ObjectMeta: metav1.ObjectMeta{Name: benchActivity, Namespace: "default"},
+		Spec: redpacketv1alpha1.RedPacketActivitySpec{
+			TotalAmount:  o.httpPackets * packetAmount,
+			Count:        o.httpPackets,
+			Distribution: redpacketv1alpha1.Distribution{Type: redpacketv1alpha1.DistributionFixed, MinAmount: 1},
+			Sponsor:      "bench",
+		},
+	}
+	if err := cp.Client.Create(ctx, rpa); err != nil {
+		return grab, noop, fmt.Errorf("creating the benchmark activity: %w", err)
+	}
+	uid := string(rpa.UID)
+	fmt.Printf("    seeding %d packets for the HTTP claim path ... ", o.httpPackets)
+	took, err := seedActivity(ctx, rc, uid, o.httpPackets)
+	if err != nil {
+		return grab, noop, err
+	}
+	fmt.Println(took.Round(time.Millisecond))
+
+	grabAddr, err := freeAddr()
+	if err != nil {
+		return grab, noop, err
+	}
+	gp, err := startProc("grabsvc", filepath.Join(work, "grabsvc.log"), nil, grabBin,
+		"--namespace", "default", "--activity", benchActivity, "--listen", grabAddr,
+		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr, "--settlement=false")
+	if err != nil {
+		return grab, noop, err
+	}
+	defer gp.stop(10 * time.Second)
+	if err := waitHTTP(ctx, gp, "http://"+grabAddr+"/readyz", 60*time.Second); err != nil {
+		return grab, noop, fmt.Errorf("grab service: %w (log: %s)", err, tail(filepath.Join(work, "grabsvc.log")))
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return grab, noop, fmt.Errorf("finding the benchmark binary: %w", err)
+	}
+	noopAddr, err := freeAddr()
+	if err != nil {
+		return grab, noop, err
+	}
+	np, err := startProc("no-op server", filepath.Join(work, "noop.log"), nil, self, "--serve-noop", noopAddr)
+	if err != nil {
+		return grab, noop, err
+	}
+	defer np.stop(5 * time.Second)
+	if err := waitHTTP(ctx, np, "http://"+noopAddr+"/", 30*time.Second); err != nil {
+		return grab, noop, err
+	}
+
+	body := func(prefix string) func(int64) []byte {
+		return func(i int64) []byte {
+			return []byte(`{"userId":"` + prefix + strconv.FormatInt(i, 10) + `"}`)
+		}
+	}
+	spec := loadSpec{Clients: o.httpClients, Duration: o.httpDuration, Warmup: o.httpWarmup, Max: o.httpPackets / 2}
+
+	fmt.Printf("(d) no-op Go handler, %d keep-alive clients, %s ... ", o.httpClients, o.httpDuration)
+	spec.URL, spec.Body = "http://"+noopAddr+"/v1/grab", body("n")
+	if noop, err = runHTTPLoad(ctx, spec); err != nil {
+		return grab, noop, fmt.Errorf("no-op load: %w", err)
+	}
+	fmt.Println(rateLine(noop))
+
+	fmt.Printf("(c) grab service POST /v1/grab, %d keep-alive clients, %s ... ", o.httpClients, o.httpDuration)
+	spec.URL, spec.Body = "http://"+grabAddr+"/v1/grab", body("h")
+	if grab, err = runHTTPLoad(ctx, spec); err != nil {
+		return grab, noop, fmt.Errorf("grab load: %w", err)
+	}
+	fmt.Println(rateLine(grab))
+
+	if grab.Errors > 0 || grab.ByStatus["200"] == 0 {
+		return grab, noop, fmt.Errorf("grab service answers: %v (log: %s)", grab.ByStatus, tail(filepath.Join(work, "grabsvc.log")))
+	}
+	snap, err := lua.ReadSnapshot(ctx, rc, lua.KeysFor(uid))
+	if err != nil {
+		return grab, noop, err
+	}
+	if snap.ClaimedCount < grab.ByStatus["200"] {
+		return grab, noop, fmt.Errorf("grab service answered %d grants but Redis counts %d", grab.ByStatus["200"], snap.ClaimedCount)
+	}
+	return grab, noop, nil
+}
+
+// ensureControlPlane builds the control-plane binaries when bin/ lacks them.
+func ensureControlPlane(ctx context.Context, root string) error {
+	for _, b := range []string{"kube-apiserver", "etcd", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(root, "bin", b)); err != nil {
+			fmt.Println("    building the local control plane (hack/build-controlplane.sh) ...")
+			cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "build-controlplane.sh"))
+			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("building the control plane: %w", err)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// tail returns the end of a log file, for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}

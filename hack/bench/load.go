@@ -1,0 +1,197 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// latencies summarises one measured run.
+type latencies struct {
+	// Requests is how many operations completed (successfully or not).
+	Requests int64
+	// Errors counts transport errors and unexpected statuses.
+	Errors int64
+	// Elapsed is the measured wall time.
+	Elapsed time.Duration
+	// P50, P99 and Max are per-operation latencies.
+	P50, P99, Max time.Duration
+	// ByStatus counts HTTP statuses or outcomes.
+	ByStatus map[string]int64
+}
+
+// Rate is operations per second.
+func (l latencies) Rate() float64 {
+	if l.Elapsed <= 0 {
+		return 0
+	}
+	return float64(l.Requests) / l.Elapsed.Seconds()
+}
+
+// summarise sorts the samples and fills the percentiles.
+func summarise(samples []time.Duration, elapsed time.Duration, errs int64, by map[string]int64) latencies {
+	slices.Sort(samples)
+	l := latencies{Requests: int64(len(samples)), Errors: errs, Elapsed: elapsed, ByStatus: by}
+	if n := len(samples); n > 0 {
+		l.P50 = samples[n*50/100]
+		l.P99 = samples[min(n-1, n*99/100)]
+		l.Max = samples[n-1]
+	}
+	return l
+}
+
+// loadSpec is one closed-loop load: Clients workers each send one request at a time
+// over a kept-alive connection, for Duration or until Max requests were sent, after
+// Warmup of unmeasured traffic.
+type loadSpec struct {
+	URL      string
+	Clients  int
+	Duration time.Duration
+	Warmup   time.Duration
+	Max      int64
+	// Body returns the body of request number i (unique across workers).
+	Body func(i int64) []byte
+}
+
+// runHTTPLoad is the Go load generator: keep-alive HTTP/1.1 clients in a closed loop,
+// latencies recorded per request.
+func runHTTPLoad(ctx context.Context, spec loadSpec) (latencies, error) {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		MaxIdleConns:        spec.Clients,
+		MaxIdleConnsPerHost: spec.Clients,
+		MaxConnsPerHost:     spec.Clients,
+		DisableCompression:  true,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+
+	var next atomic.Int64
+	send := func(ctx context.Context) (int, error) {
+		i := next.Add(1)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, spec.URL, bytes.NewReader(spec.Body(i)))
+		if err != nil {
+			return 0, fmt.Errorf("building request: %w", err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode, err
+	}
+
+	// Warm up: open the connections and let both sides reach steady state.
+	if spec.Warmup > 0 {
+		wctx, cancel := context.WithTimeout(ctx, spec.Warmup)
+		var wg sync.WaitGroup
+		for w := 0; w < spec.Clients; w++ {
+			wg.Go(func() {
+				for wctx.Err() == nil {
+					if _, err := send(wctx); err != nil && wctx.Err() == nil {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return latencies{}, err
+		}
+	}
+
+	mctx, cancel := context.WithTimeout(ctx, spec.Duration)
+	defer cancel()
+	var sent atomic.Int64
+	type result struct {
+		samples []time.Duration
+		errs    int64
+		by      map[string]int64
+	}
+	results := make([]result, spec.Clients)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < spec.Clients; w++ {
+		wg.Go(func() {
+			r := result{by: map[string]int64{}}
+			for mctx.Err() == nil {
+				if spec.Max > 0 && sent.Add(1) > spec.Max {
+					break
+				}
+				t0 := time.Now()
+				code, err := send(mctx)
+				d := time.Since(t0)
+				if err != nil {
+					if mctx.Err() != nil {
+						break // cut off by the end of the run, not a failure
+					}
+					r.errs++
+					r.by["error"]++
+					continue
+				}
+				r.samples = append(r.samples, d)
+				r.by[strconv.Itoa(code)]++
+			}
+			results[w] = r
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return latencies{}, err
+	}
+	var all []time.Duration
+	var errs int64
+	by := map[string]int64{}
+	for _, r := range results {
+		all = append(all, r.samples...)
+		errs += r.errs
+		for k, v := range r.by {
+			by[k] += v
+		}
+	}
+	return summarise(all, elapsed, errs, by), nil
+}
+
+// noopResponse is what the no-op handler answers: the size of a granted answer.
+var noopResponse = []byte(`{"outcome":"granted","packetId":"1234567","amount":100}` + "\n")
+
+// noopHandler does what any JSON handler must do and nothing else: read the body and
+// write a small JSON answer.
+func noopHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 4096))
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(noopResponse)
+	})
+}
+
+// serveNoop runs the no-op handler on a free loopback port until ctx ends.
+func serveNoop(ctx context.Context, addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: noopHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving the no-op handler: %w", err)
+	}
+	return nil
+}

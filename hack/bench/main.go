@@ -1,0 +1,285 @@
+// Command bench measures the grab path in one run, on loopback, against a
+// redis-server it starts itself:
+//
+//	(a) the grab script through redis-benchmark at -P 1 and -P 16;
+//	(b) the project's claim path from Go (lua.Grab) through go-redis auto-pipelining;
+//	(c) the HTTP claim path (the grab service binary) under a Go load generator,
+//	(d) against a no-op Go HTTP handler under the same load;
+//	(e) seeding 1,000,000 packets;
+//	(f) Redis memory per claimed packet.
+//
+// It prints the figures and the ratios b/a(-P16) and c/d, and writes them with the
+// machine's details to docs/benchmarks.md. Every loop is bounded by a request count
+// and a duration; everything it starts is stopped when it ends.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/redistest"
+)
+
+// options are the benchmark's knobs.
+type options struct {
+	out            string
+	benchClients   int
+	requestsP1     int
+	requestsP16    int
+	rbPackets      int64
+	goWorkers      int
+	goDuration     time.Duration
+	goPackets      int64
+	httpClients    int
+	httpDuration   time.Duration
+	httpWarmup     time.Duration
+	httpPackets    int64
+	seedPackets    int64
+	memPackets     int64
+	serveNoop      string
+	skipBuild      bool
+	grabsvcBinPath string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "write the results here (relative to the repository root); empty: do not write")
+	flag.IntVar(&o.benchClients, "benchmark-clients", 50, "redis-benchmark connections (-c)")
+	flag.IntVar(&o.requestsP1, "requests-p1", 200000, "redis-benchmark requests at -P 1")
+	flag.IntVar(&o.requestsP16, "requests-p16", 1000000, "redis-benchmark requests at -P 16")
+	flag.Int64Var(&o.rbPackets, "benchmark-packets", 2000000, "packets seeded for redis-benchmark, so it never sells out")
+	flag.IntVar(&o.goWorkers, "goroutines", 256, "concurrent callers on the Go claim path")
+	flag.DurationVar(&o.goDuration, "go-duration", 5*time.Second, "duration of each Go claim-path run")
+	flag.Int64Var(&o.goPackets, "go-packets", 2000000, "packets seeded for the Go claim path (also its request cap)")
+	flag.IntVar(&o.httpClients, "http-clients", 64, "concurrent keep-alive HTTP clients")
+	flag.DurationVar(&o.httpDuration, "http-duration", 5*time.Second, "measured duration of each HTTP run")
+	flag.DurationVar(&o.httpWarmup, "http-warmup", time.Second, "unmeasured warm-up before each HTTP run")
+	flag.Int64Var(&o.httpPackets, "http-packets", 1000000, "packets seeded for the HTTP claim path (also its request cap)")
+	flag.Int64Var(&o.seedPackets, "seed-packets", 1000000, "packets in the seeding measurement")
+	flag.Int64Var(&o.memPackets, "memory-packets", 200000, "packets claimed in the memory measurement")
+	flag.StringVar(&o.serveNoop, "serve-noop", "", "internal: serve the no-op handler on this address and nothing else")
+	flag.BoolVar(&o.skipBuild, "skip-build", false, "use bin/grabsvc as it is instead of building it")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if o.serveNoop != "" {
+		if err := serveNoop(ctx, o.serveNoop); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// results are every figure of one run.
+type results struct {
+	machine    machineInfo
+	started    time.Time
+	took       time.Duration
+	rbP1       latencies
+	rbP16      latencies
+	rbGranted  int64
+	goPlain    latencies
+	goAuto     latencies
+	httpGrab   latencies
+	httpNoop   latencies
+	seedTook   time.Duration
+	seedCount  int64
+	mem        memoryFigures
+	opts       options
+	loadBefore string
+	loadAfter  string
+}
+
+func run(ctx context.Context, o options) error {
+	root, err := controlplane.Root()
+	if err != nil {
+		return fmt.Errorf("finding the repository: %w", err)
+	}
+	if err := os.Chdir(root); err != nil {
+		return fmt.Errorf("entering %s: %w", root, err)
+	}
+	for _, tool := range []string{"redis-server", "redis-benchmark"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is not installed: run hack/ensure-redis.sh (make redis) first", tool)
+		}
+	}
+	r := results{opts: o, started: time.Now(), loadBefore: loadAverage()}
+	start := time.Now()
+
+	work, err := os.MkdirTemp("", "redpacket-bench-")
+	if err != nil {
+		return fmt.Errorf("creating a work directory: %w", err)
+	}
+	defer os.RemoveAll(work)
+
+	srv, err := redistest.StartProcess(work)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
+	defer rc.Close()
+	if err := lua.LoadAll(ctx, rc); err != nil {
+		return fmt.Errorf("loading scripts: %w", err)
+	}
+	r.machine = readMachine(ctx, rc)
+	fmt.Printf("redis-server %s on %s; %d CPUs (%s); load average %s\n\n",
+		r.machine.RedisVersion, srv.Addr, r.machine.CPUs, r.machine.CPUModel, r.loadBefore)
+
+	// (e) Seeding.
+	fmt.Printf("(e) seeding %d packets ... ", o.seedPackets)
+	if r.seedTook, err = seedActivity(ctx, rc, "bench-seed", o.seedPackets); err != nil {
+		return err
+	}
+	r.seedCount = o.seedPackets
+	fmt.Printf("%s (%.0f packets/s)\n", r.seedTook.Round(time.Millisecond), float64(o.seedPackets)/r.seedTook.Seconds())
+	if err := lua.Purge(ctx, rc, lua.KeysFor("bench-seed")); err != nil {
+		return err
+	}
+
+	// (f) Memory per packet.
+	fmt.Printf("(f) memory: seeding and claiming %d packets ... ", o.memPackets)
+	if r.mem, err = measureMemory(ctx, rc, o.memPackets); err != nil {
+		return err
+	}
+	fmt.Printf("%.0f bytes per claimed packet (%.0f seeded, %.0f more when claimed)\n",
+		r.mem.perClaimed(), r.mem.perSeeded(), r.mem.perClaimDelta())
+
+	// (a) redis-benchmark against the grab script.
+	rbKeys := lua.KeysFor("bench-rb")
+	fmt.Printf("    seeding %d packets for redis-benchmark ... ", o.rbPackets)
+	took, err := seedActivity(ctx, rc, "bench-rb", o.rbPackets)
+	if err != nil {
+		return err
+	}
+	fmt.Println(took.Round(time.Millisecond))
+	before, err := lua.ReadSnapshot(ctx, rc, rbKeys)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 1, %d requests ... ", o.requestsP1)
+	if r.rbP1, err = redisBenchmark(ctx, srv.Addr, rbKeys, 1, o.benchClients, o.requestsP1); err != nil {
+		return err
+	}
+	fmt.Println(rateLine(r.rbP1))
+	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 16, %d requests ... ", o.requestsP16)
+	if r.rbP16, err = redisBenchmark(ctx, srv.Addr, rbKeys, 16, o.benchClients, o.requestsP16); err != nil {
+		return err
+	}
+	fmt.Println(rateLine(r.rbP16))
+	after, err := lua.ReadSnapshot(ctx, rc, rbKeys)
+	if err != nil {
+		return err
+	}
+	r.rbGranted = after.ClaimedCount - before.ClaimedCount
+	if after.RemainingCount == 0 {
+		return fmt.Errorf("redis-benchmark sold the activity out; raise -benchmark-packets")
+	}
+	// The script must really have granted: a NOSCRIPT or error reply would count as a
+	// request too. Random user ids may repeat now and then (already_claimed).
+	if total := int64(o.requestsP1 + o.requestsP16); r.rbGranted < total*95/100 {
+		return fmt.Errorf("redis-benchmark: only %d of %d calls granted a packet", r.rbGranted, total)
+	}
+	if err := lua.Purge(ctx, rc, rbKeys); err != nil {
+		return err
+	}
+
+	// (b) The Go claim path: plain pooled client, then auto-pipelining.
+	goKeys := lua.KeysFor("bench-go")
+	fmt.Printf("    seeding %d packets for the Go claim path ... ", o.goPackets)
+	if took, err = seedActivity(ctx, rc, "bench-go", o.goPackets); err != nil {
+		return err
+	}
+	fmt.Println(took.Round(time.Millisecond))
+	fmt.Printf("(b) Go lua.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
+	if r.goPlain, err = goClaims(ctx, rc, goKeys, "plain:", o.goWorkers, o.goDuration, o.goPackets/2); err != nil {
+		return err
+	}
+	fmt.Println(rateLine(r.goPlain))
+	ap, err := rc.AutoPipeline()
+	if err != nil {
+		return fmt.Errorf("auto-pipeline: %w", err)
+	}
+	fmt.Printf("(b) Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
+	r.goAuto, err = goClaims(ctx, ap, goKeys, "auto:", o.goWorkers, o.goDuration, o.goPackets/2)
+	_ = ap.Close()
+	if err != nil {
+		return err
+	}
+	fmt.Println(rateLine(r.goAuto))
+	if err := checkGranted("Go claim path", r.goAuto); err != nil {
+		return err
+	}
+	if err := lua.Purge(ctx, rc, goKeys); err != nil {
+		return err
+	}
+
+	// (c) and (d) HTTP.
+	if r.httpGrab, r.httpNoop, err = measureHTTP(ctx, o, root, work, srv.Addr, rc); err != nil {
+		return err
+	}
+
+	r.took = time.Since(start)
+	r.loadAfter = loadAverage()
+	report := r.markdown()
+	fmt.Println()
+	fmt.Println(r.summary())
+	if o.out != "" {
+		path := filepath.Join(root, o.out)
+		if err := os.WriteFile(path, []byte(report), 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+		fmt.Printf("wrote %s\n", o.out)
+	}
+	return nil
+}
+
+// checkGranted fails when a run granted nothing: a broken setup, not a result.
+func checkGranted(what string, l latencies) error {
+	if l.ByStatus[string(lua.Granted)] == 0 {
+		return fmt.Errorf("%s granted nothing: %v", what, l.ByStatus)
+	}
+	return nil
+}
+
+// rateLine is one line of figures.
+func rateLine(l latencies) string {
+	return fmt.Sprintf("%.0f/s  p50 %s  p99 %s", l.Rate(), fmtDur(l.P50), fmtDur(l.P99))
+}
+
+// fmtDur prints a latency in milliseconds with three decimals.
+func fmtDur(d time.Duration) string {
+	return fmt.Sprintf("%.3f ms", float64(d)/float64(time.Millisecond))
+}
+
+// loadAverage is the first three fields of /proc/loadavg.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}

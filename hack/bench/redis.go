@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/csv"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/lua"
+)
+
+// packetAmount is every benchmark packet's amount, in minor units.
+const packetAmount = 100
+
+// seedActivity seeds count packets of packetAmount under uid's keys and opens the
+// activity. It returns how long the seeding (staging and commit) took.
+func seedActivity(ctx context.Context, c redis.Scripter, uid string, count int64) (time.Duration, error) {
+	amounts := make([]int64, count)
+	for i := range amounts {
+		amounts[i] = packetAmount
+	}
+	k := lua.KeysFor(uid)
+	start := time.Now()
+	res, err := lua.Seeder{}.Seed(ctx, c, k, amounts, lua.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"})
+	if err != nil {
+		return 0, fmt.Errorf("seeding %s: %w", uid, err)
+	}
+	took := time.Since(start)
+	if !res.Committed {
+		return 0, fmt.Errorf("seeding %s: already committed", uid)
+	}
+	state, err := lua.Configure(ctx, c, k, 0, 0, false, true)
+	if err != nil {
+		return 0, fmt.Errorf("opening %s: %w", uid, err)
+	}
+	if state != lua.StateOpen {
+		return 0, fmt.Errorf("opening %s: state %q", uid, state)
+	}
+	return took, nil
+}
+
+// redisBenchmark runs redis-benchmark against the grab script: EVALSHA with the
+// activity's four keys and a random user id per call.
+func redisBenchmark(ctx context.Context, addr string, k lua.Keys, pipeline, clients, requests int) (latencies, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return latencies{}, fmt.Errorf("splitting %s: %w", addr, err)
+	}
+	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(clients), "-n", strconv.Itoa(requests),
+		"-P", strconv.Itoa(pipeline), "-r", "1000000000", "--csv",
+		"EVALSHA", lua.GrabScript.SHA(), "4", k.Meta, k.Packets, k.Claims, k.Stream, "u:__rand_int__"}
+	cmd := exec.CommandContext(ctx, "redis-benchmark", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	out, err := cmd.Output()
+	elapsed := time.Since(start)
+	if err != nil {
+		return latencies{}, fmt.Errorf("redis-benchmark: %w: %s", err, stderr.String())
+	}
+	return parseBenchmarkCSV(out, int64(requests), elapsed)
+}
+
+// parseBenchmarkCSV reads redis-benchmark's --csv output: a header line and one line
+// per test with rps and latency columns in milliseconds.
+func parseBenchmarkCSV(out []byte, requests int64, elapsed time.Duration) (latencies, error) {
+	rows, err := csv.NewReader(bytes.NewReader(out)).ReadAll()
+	if err != nil {
+		return latencies{}, fmt.Errorf("reading redis-benchmark output %q: %w", out, err)
+	}
+	if len(rows) < 2 {
+		return latencies{}, fmt.Errorf("redis-benchmark printed no result: %q", out)
+	}
+	col := map[string]int{}
+	for i, h := range rows[0] {
+		col[h] = i
+	}
+	row := rows[len(rows)-1]
+	get := func(name string) (float64, error) {
+		i, ok := col[name]
+		if !ok || i >= len(row) {
+			return 0, fmt.Errorf("redis-benchmark output lacks %s: %q", name, out)
+		}
+		v, err := strconv.ParseFloat(row[i], 64)
+		if err != nil {
+			return 0, fmt.Errorf("redis-benchmark %s %q: %w", name, row[i], err)
+		}
+		return v, nil
+	}
+	rps, err := get("rps")
+	if err != nil {
+		return latencies{}, err
+	}
+	ms := func(name string) (time.Duration, error) {
+		v, err := get(name)
+		return time.Duration(v * float64(time.Millisecond)), err
+	}
+	p50, err := ms("p50_latency_ms")
+	if err != nil {
+		return latencies{}, err
+	}
+	p99, err := ms("p99_latency_ms")
+	if err != nil {
+		return latencies{}, err
+	}
+	maxl, err := ms("max_latency_ms")
+	if err != nil {
+		return latencies{}, err
+	}
+	// redis-benchmark's own rate excludes its start-up; keep its figure.
+	return latencies{Requests: requests, Elapsed: time.Duration(float64(requests) / rps * float64(time.Second)),
+		P50: p50, P99: p99, Max: maxl}, nil
+}
+
+// goClaims is the project's claim path from Go: workers goroutines call lua.Grab
+// through c (a plain or auto-pipelining client), each with a fresh user id, for dur or
+// until max calls.
+func goClaims(ctx context.Context, c redis.Scripter, k lua.Keys, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
+	mctx, cancel := context.WithTimeout(ctx, dur)
+	defer cancel()
+	var next atomic.Int64
+	type result struct {
+		samples []time.Duration
+		errs    int64
+		by      map[string]int64
+		firstEr error
+	}
+	results := make([]result, workers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Go(func() {
+			r := result{by: map[string]int64{}}
+			for mctx.Err() == nil {
+				i := next.Add(1)
+				if max > 0 && i > max {
+					break
+				}
+				user := prefix + strconv.FormatInt(i, 10)
+				t0 := time.Now()
+				// The call gets its own deadline so the end of the run never cuts a
+				// claim in half on the client side.
+				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+				res, err := lua.Grab(cctx, c, k, user)
+				ccancel()
+				d := time.Since(t0)
+				if err != nil {
+					r.errs++
+					r.by["error"]++
+					if r.firstEr == nil {
+						r.firstEr = err
+					}
+					continue
+				}
+				r.samples = append(r.samples, d)
+				r.by[string(res.Outcome)]++
+			}
+			results[w] = r
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return latencies{}, err
+	}
+	var all []time.Duration
+	var errs int64
+	by := map[string]int64{}
+	var firstErr error
+	for _, r := range results {
+		all = append(all, r.samples...)
+		errs += r.errs
+		for o, n := range r.by {
+			by[o] += n
+		}
+		if firstErr == nil {
+			firstErr = r.firstEr
+		}
+	}
+	l := summarise(all, elapsed, errs, by)
+	if errs > 0 {
+		return l, fmt.Errorf("%d of %d claims failed, first: %w", errs, l.Requests+errs, firstErr)
+	}
+	return l, nil
+}
+
+// usedMemory reads used_memory from INFO memory.
+func usedMemory(ctx context.Context, c *redis.Client) (int64, error) {
+	info, err := c.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO memory: %w", err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "used_memory:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parsing used_memory %q: %w", v, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("INFO memory has no used_memory")
+}
+
+// keyMemory is MEMORY USAGE of key with every element counted.
+func keyMemory(ctx context.Context, c *redis.Client, key string) (int64, error) {
+	n, err := c.MemoryUsage(ctx, key, 0).Result()
+	if err != nil {
+		return 0, fmt.Errorf("MEMORY USAGE %s: %w", key, err)
+	}
+	return n, nil
+}
+
+// redisVersion asks the server for its version.
+func redisVersion(ctx context.Context, c *redis.Client) string {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "unknown"
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return "unknown"
+}

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/lua"
+)
+
+// machineInfo describes where the figures were measured.
+type machineInfo struct {
+	CPUs         int
+	CPUModel     string
+	MemTotal     string
+	Kernel       string
+	GoVersion    string
+	RedisVersion string
+}
+
+func readMachine(ctx context.Context, rc *redis.Client) machineInfo {
+	m := machineInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), RedisVersion: redisVersion(ctx, rc),
+		CPUModel: "unknown", MemTotal: "unknown", Kernel: "unknown"}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+		_ = f.Close()
+	}
+	if f, err := os.Open("/proc/meminfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				if err == nil {
+					m.MemTotal = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+				}
+				break
+			}
+		}
+		_ = f.Close()
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+// memoryFigures are used_memory readings around seeding and claiming N packets.
+type memoryFigures struct {
+	N                        int64
+	before, seeded, claimed  int64
+	packetsKey               int64
+	claimsKey, streamKey     int64
+	claimsBytes, streamBytes float64
+}
+
+func (m memoryFigures) perSeeded() float64     { return float64(m.seeded-m.before) / float64(m.N) }
+func (m memoryFigures) perClaimed() float64    { return float64(m.claimed-m.before) / float64(m.N) }
+func (m memoryFigures) perClaimDelta() float64 { return float64(m.claimed-m.seeded) / float64(m.N) }
+
+// measureMemory seeds N packets, claims them all through auto-pipelining and reads
+// used_memory before, between and after, plus MEMORY USAGE of the activity's keys.
+func measureMemory(ctx context.Context, rc *redis.Client, n int64) (memoryFigures, error) {
+	m := memoryFigures{N: n}
+	k := lua.KeysFor("bench-mem")
+	var err error
+	if m.before, err = usedMemory(ctx, rc); err != nil {
+		return m, err
+	}
+	if _, err := seedActivity(ctx, rc, "bench-mem", n); err != nil {
+		return m, err
+	}
+	if m.seeded, err = usedMemory(ctx, rc); err != nil {
+		return m, err
+	}
+	if m.packetsKey, err = keyMemory(ctx, rc, k.Packets); err != nil {
+		return m, err
+	}
+	ap, err := rc.AutoPipeline()
+	if err != nil {
+		return m, fmt.Errorf("auto-pipeline: %w", err)
+	}
+	l, err := goClaims(ctx, ap, k, "m:", 64, 5*time.Minute, n)
+	_ = ap.Close()
+	if err != nil {
+		return m, err
+	}
+	if got := l.ByStatus[string(lua.Granted)]; got != n {
+		return m, fmt.Errorf("memory run granted %d of %d packets: %v", got, n, l.ByStatus)
+	}
+	if m.claimed, err = usedMemory(ctx, rc); err != nil {
+		return m, err
+	}
+	if m.claimsKey, err = keyMemory(ctx, rc, k.Claims); err != nil {
+		return m, err
+	}
+	if m.streamKey, err = keyMemory(ctx, rc, k.Stream); err != nil {
+		return m, err
+	}
+	m.claimsBytes = float64(m.claimsKey) / float64(n)
+	m.streamBytes = float64(m.streamKey) / float64(n)
+	return m, lua.Purge(ctx, rc, k)
+}
+
+// ratio is a/b, or 0 when b is 0.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// summary is the console's closing block.
+func (r results) summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-52s %12s %10s %10s\n", "path", "per second", "p50", "p99")
+	row := func(name string, l latencies) {
+		fmt.Fprintf(&b, "%-52s %12.0f %10s %10s\n", name, l.Rate(), fmtDur(l.P50), fmtDur(l.P99))
+	}
+	row("(a) redis-benchmark EVALSHA grab -P 1", r.rbP1)
+	row("(a) redis-benchmark EVALSHA grab -P 16", r.rbP16)
+	row("(b) Go lua.Grab, plain pooled client", r.goPlain)
+	row("(b) Go lua.Grab, auto-pipelining", r.goAuto)
+	row("(c) HTTP POST /v1/grab (grab service)", r.httpGrab)
+	row("(d) HTTP no-op Go handler", r.httpNoop)
+	fmt.Fprintf(&b, "\nratio b/a(-P16) = %.2f   (auto-pipelined Go claim path / redis-benchmark -P 16)\n",
+		ratio(r.goAuto.Rate(), r.rbP16.Rate()))
+	fmt.Fprintf(&b, "ratio c/d       = %.2f   (grab service / no-op handler, same load generator)\n",
+		ratio(r.httpGrab.Rate(), r.httpNoop.Rate()))
+	fmt.Fprintf(&b, "(e) seeding %d packets: %s (%.0f packets/s)\n", r.seedCount, r.seedTook.Round(time.Millisecond),
+		float64(r.seedCount)/r.seedTook.Seconds())
+	fmt.Fprintf(&b, "(f) Redis memory: %.0f bytes per claimed packet (%.0f as a seeded packet, +%.0f when claimed)\n",
+		r.mem.perClaimed(), r.mem.perSeeded(), r.mem.perClaimDelta())
+	return b.String()
+}
+
+// markdown is docs/benchmarks.md.
+func (r results) markdown() string {
+	var b strings.Builder
+	m := r.machine
+	o := r.opts
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# Benchmarks\n\n")
+	p("Generated by `make bench` (`go run ./hack/bench`) on %s; the run took %s. Re-run it to\n",
+		r.started.UTC().Format("2006-01-02 15:04 MST"), r.took.Round(time.Second))
+	p("refresh this page. Everything runs on loopback against a `redis-server` the benchmark\n")
+	p("starts itself (no persistence, the defaults of `test/redistest`), one process per server.\n\n")
+	p("## Machine\n\n")
+	p("| | |\n|---|---|\n")
+	p("| CPUs (nproc) | %d |\n| CPU | %s |\n| memory | %s |\n| kernel | %s |\n", m.CPUs, m.CPUModel, m.MemTotal, m.Kernel)
+	p("| redis-server | %s |\n| Go | %s |\n", m.RedisVersion, m.GoVersion)
+	p("| load average before / after | %s / %s |\n\n", r.loadBefore, r.loadAfter)
+	p("The load generators, the servers and Redis share these %d CPUs, so every figure is a\n", m.CPUs)
+	p("lower bound of what the code does on a machine of its own; the ratios compare runs that\n")
+	p("share the machine the same way.\n\n")
+
+	p("## Claim path\n\n")
+	p("| path | load | per second | p50 | p99 | max |\n|---|---|---:|---:|---:|---:|\n")
+	row := func(name, load string, l latencies) {
+		p("| %s | %s | %.0f | %s | %s | %s |\n", name, load, l.Rate(), fmtDur(l.P50), fmtDur(l.P99), fmtDur(l.Max))
+	}
+	row("(a) `redis-benchmark` EVALSHA grab, -P 1", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP1), r.rbP1)
+	row("(a) `redis-benchmark` EVALSHA grab, -P 16", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP16), r.rbP16)
+	row("(b) Go `lua.Grab`, plain pooled client", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goPlain)
+	row("(b) Go `lua.Grab`, go-redis auto-pipelining", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goAuto)
+	row("(c) HTTP `POST /v1/grab`, grab service", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpGrab)
+	row("(d) HTTP no-op Go handler", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpNoop)
+	p("\n| ratio | value | goal |\n|---|---:|---:|\n")
+	p("| b/a(-P16): auto-pipelined Go claim path / `redis-benchmark -P 16` | **%.2f** | ≥ 0.5 |\n", ratio(r.goAuto.Rate(), r.rbP16.Rate()))
+	p("| c/d: grab service / no-op handler under the same load | **%.2f** | ≥ 0.5 |\n\n", ratio(r.httpGrab.Rate(), r.httpNoop.Rate()))
+	p("Outcomes: redis-benchmark granted %d packets in %d calls (random user ids repeat now and\n", r.rbGranted, o.requestsP1+o.requestsP16)
+	p("then); Go auto-pipelining %s; grab service HTTP statuses %s.\n\n", fmtCounts(r.goAuto.ByStatus), fmtCounts(r.httpGrab.ByStatus))
+	p("What is measured:\n\n")
+	p("* **(a)** `redis-benchmark -c %d -P {1,16} -r 1000000000 EVALSHA <grab sha> 4 <meta> <packets> <claims> <stream> u:__rand_int__`\n", o.benchClients)
+	p("  against an activity seeded with %d packets, so it never sells out: every call is a real grant\n", o.rbPackets)
+	p("  (a user lookup, the pause/window checks with `TIME`, `LPOP`, `HSET`, two `HINCRBY`, `XADD`).\n")
+	p("* **(b)** `lua.Grab` (EVALSHA with EVAL fallback) from %d goroutines, each call a fresh user,\n", o.goWorkers)
+	p("  once through a plain client with a pool of 64 connections and once through\n")
+	p("  `client.AutoPipeline()`, which batches concurrent callers' commands into pipelines.\n")
+	p("* **(c)** the grab service binary (`bin/grabsvc`, its own process, status reporter on, settlement\n")
+	p("  off) serving `POST /v1/grab` with a fresh user per request, and **(d)** a Go `net/http` handler\n")
+	p("  that reads the body and writes a fixed JSON answer, also its own process. Both are driven by the\n")
+	p("  benchmark's Go load generator: %d keep-alive HTTP/1.1 clients in a closed loop, %s warm-up,\n", o.httpClients, o.httpWarmup)
+	p("  then %s measured; latency is per request, as the client sees it.\n\n", o.httpDuration)
+
+	p("## Seeding\n\n")
+	p("Staging %d packets in chunks of %d (`seed_stage.lua`) and committing them (`seed_commit.lua`):\n", r.seedCount, lua.DefaultChunkSize)
+	p("**%s**, %.0f packets/s.\n\n", r.seedTook.Round(time.Millisecond), float64(r.seedCount)/r.seedTook.Seconds())
+
+	p("## Redis memory\n\n")
+	mem := r.mem
+	p("`used_memory` (INFO memory) around seeding %d packets and claiming every one of them:\n\n", mem.N)
+	p("| | bytes |\n|---|---:|\n")
+	p("| per seeded, unclaimed packet (`packets` list) | %.0f |\n", mem.perSeeded())
+	p("| per claimed packet, in total | **%.0f** |\n", mem.perClaimed())
+	p("| of which the `claims` hash entry (MEMORY USAGE) | %.0f |\n", mem.claimsBytes)
+	p("| of which the `stream` entry (MEMORY USAGE) | %.0f |\n\n", mem.streamBytes)
+	p("A claimed packet costs its `claims` entry (user → packet) and its settlement stream entry;\n")
+	p("the `packets` list entry it came from is freed. Both stay until the activity is deleted, so\n")
+	p("plan about %.0f MB of Redis per million claims (user ids here are about 8 bytes;\n", mem.perClaimed()*1e6/1e6)
+	p("longer ids cost their length again in both structures).\n\n")
+
+	p("## Command\n\n")
+	p("```\nmake bench            # = go run ./hack/bench\ngo run ./hack/bench -h  # the knobs: requests, goroutines, clients, durations\n```\n\n")
+	p("Reference points from the field: WeChat peaked at 409,000 grabs/s (2016) and 760,000/s (2017)\n")
+	p("over a whole fleet; seed 003 measured 9,500 Lua grabs/s on one Redis 6.2 node with a plain client.\n")
+	return b.String()
+}
+
+// fmtCounts prints a count map in a stable order.
+func fmtCounts(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
