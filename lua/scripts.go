@@ -121,7 +121,7 @@ var (
 // AllScripts lists every script, for loading them all at once.
 func AllScripts() []*Script {
 	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
-		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript}
+		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript}
 }
 
 // LoadAll loads every script on every master.
