@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/redistest"
+)
+
+// startRedis starts the demo's redis-server with an append-only file, as production
+// should run it (see docs/operations.md).
+func startRedis(dir string) (*redistest.Server, error) {
+	return redistest.StartProcess(dir, "--appendonly", "yes", "--appendfsync", "everysec")
+}
+
+// observed is what the demo read back after the rain: the resource's status, Redis
+// itself and the balance receiver.
+type observed struct {
+	uid      string
+	phase    string
+	status   redpacketv1alpha1.RedPacketActivityStatus
+	waited   time.Duration
+	timedOut bool
+
+	redisClaims   int64
+	redisPackets  int64 // distinct packet ids in the claims hash
+	redisClaimSum int64
+	streamLen     int64
+	snapshot      lua.Snapshot
+}
+
+func val(p *int64) int64 {
+	if p == nil {
+		return -1
+	}
+	return *p
+}
+
+// waitSettled polls the resource, Redis and the receiver until the status shows
+// every grant claimed and settled and the receiver credited them all, or the
+// timeout passes.
+func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, kc kubectl, rs *redistest.Server,
+	name string, rr rainResult, recv *receiver) (observed, error) {
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rc.Close()
+	var obs observed
+	start := time.Now()
+	deadline := start.Add(d.opts.settleWait)
+	for {
+		var a redpacketv1alpha1.RedPacketActivity
+		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &a); err != nil {
+			return obs, fmt.Errorf("reading the activity: %w", err)
+		}
+		obs.uid = string(a.UID)
+		obs.status = a.Status
+		obs.phase = string(a.Status.Phase)
+		t := recv.totals()
+		st := a.Status
+		caughtUp := val(st.ClaimedCount) == rr.Granted && val(st.SettledCount) == rr.Granted &&
+			t.Grants == rr.Granted && (rr.Granted < d.opts.packets || (val(st.RemainingCount) == 0 &&
+			a.Status.Phase == redpacketv1alpha1.PhaseExhausted))
+		fmt.Printf("\r    phase %-9s claimed %5d  remaining %5d  settled %5d  credited %5d  %4.1fs ",
+			obs.phase, val(st.ClaimedCount), val(st.RemainingCount), val(st.SettledCount), t.Grants, time.Since(start).Seconds())
+		if caughtUp || time.Now().After(deadline) {
+			obs.timedOut = !caughtUp
+			fmt.Println()
+			break
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Println()
+			return obs, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	obs.waited = time.Since(start)
+
+	k := lua.KeysFor(obs.uid)
+	claims, err := rc.HGetAll(ctx, k.Claims).Result()
+	if err != nil {
+		return obs, fmt.Errorf("reading the claims hash: %w", err)
+	}
+	packets := map[string]bool{}
+	for _, v := range claims {
+		id, amount, ok := strings.Cut(v, ":")
+		n, perr := strconv.ParseInt(amount, 10, 64)
+		if !ok || perr != nil {
+			return obs, fmt.Errorf("claims hash holds %q", v)
+		}
+		packets[id] = true
+		obs.redisClaimSum += n
+	}
+	obs.redisClaims = int64(len(claims))
+	obs.redisPackets = int64(len(packets))
+	if obs.streamLen, err = rc.XLen(ctx, k.Stream).Result(); err != nil {
+		return obs, fmt.Errorf("reading the stream length: %w", err)
+	}
+	if obs.snapshot, err = lua.ReadSnapshot(ctx, rc, k); err != nil {
+		return obs, err
+	}
+	return obs, nil
+}
+
+// printSummary prints the summary and its checks, and reports whether all passed.
+func printSummary(rr rainResult, obs observed, t totals, total, packets int64, connections int) bool {
+	passed := true
+	check := func(ok bool) string {
+		if ok {
+			return "ok"
+		}
+		passed = false
+		return "FAIL"
+	}
+	st := obs.status
+	other := map[string]int64{}
+	for o, n := range rr.ByOutcome {
+		if o != "granted" && o != "sold_out" && o != "ended" {
+			other[o] = n
+		}
+	}
+	otherText := "none"
+	if len(other) > 0 {
+		otherText = fmt.Sprint(other)
+		if rr.FirstError != "" {
+			otherText += " (first error: " + rr.FirstError + ")"
+		}
+	}
+	soldAll := rr.Granted == packets
+	fmt.Printf("  users            %d concurrent (%d asked a second time)\n", rr.Users, rr.Retries)
+	fmt.Printf("  requests         %d in %s (%.0f/s)\n", rr.Requests, rr.Elapsed.Round(time.Millisecond),
+		float64(rr.Requests)/rr.Elapsed.Seconds())
+	fmt.Printf("  granted          %d of %d packets, sum %d of %d                       %s\n",
+		rr.Granted, packets, rr.GrantedSum, total, check(soldAll && rr.GrantedSum == total))
+	if obs.phase == string(redpacketv1alpha1.PhaseExhausted) {
+		fmt.Printf("  sold out         %d sold_out, then %d ended (the operator closed the activity as Exhausted)\n",
+			rr.ByOutcome["sold_out"], rr.ByOutcome["ended"])
+	} else {
+		fmt.Printf("  sold out         %d sold_out, %d ended\n", rr.ByOutcome["sold_out"], rr.ByOutcome["ended"])
+	}
+	fmt.Printf("  other outcomes   %s\n", otherText)
+	fmt.Printf("  duplicates       %d packet ids granted twice; %d of %d retries inconsistent   %s\n",
+		rr.DupPackets, rr.RetriesInconsistent, rr.Retries, check(rr.DupPackets == 0 && rr.RetriesInconsistent == 0 && rr.RetriesSame == rr.Retries))
+	fmt.Printf("  Redis            claims: %d users, %d distinct packets, sum %d; stream: %d entries   %s\n",
+		obs.redisClaims, obs.redisPackets, obs.redisClaimSum, obs.streamLen,
+		check(obs.redisClaims == rr.Granted && obs.redisPackets == rr.Granted && obs.redisClaimSum == rr.GrantedSum && obs.streamLen == rr.Granted))
+	fmt.Printf("  status           phase %s, claimed %d / %d, remaining %d / %d, refunded %d   %s\n",
+		obs.phase, val(st.ClaimedCount), val(st.ClaimedAmount), val(st.RemainingCount), val(st.RemainingAmount), val(st.RefundedAmount),
+		check(val(st.ClaimedCount) == rr.Granted && val(st.ClaimedAmount) == rr.GrantedSum &&
+			val(st.ClaimedAmount)+val(st.RemainingAmount)+max(0, val(st.RefundedAmount)) == total &&
+			(!soldAll || obs.phase == string(redpacketv1alpha1.PhaseExhausted))))
+	fmt.Printf("  latency          users: p50 %s  p99 %s  max %s (%d users queue for %d connections)\n",
+		ms(rr.P50), ms(rr.P99), ms(rr.Max), rr.Users, connections)
+	fmt.Printf("                   per request once connected: p50 %s  p99 %s\n", ms(rr.ServiceP50), ms(rr.ServiceP99))
+	fmt.Printf("  settled          receiver credited %d grants, sum %d; status settled %d / %d   %s\n",
+		t.Grants, t.GrantSum, val(st.SettledCount), val(st.SettledAmount),
+		check(t.Grants == rr.Granted && t.GrantSum == rr.GrantedSum && val(st.SettledCount) == rr.Granted && val(st.SettledAmount) == rr.GrantedSum))
+	fmt.Printf("  balance system   %d deliveries, %d repeats deduplicated, %d conflicts, %d rejected, %d users credited twice   %s\n",
+		t.Requests, t.Repeats, t.Conflicts, t.BadRequests, t.UsersCreditedTwice,
+		check(t.Conflicts == 0 && t.BadRequests == 0 && t.UsersCreditedTwice == 0))
+	if obs.timedOut {
+		fmt.Printf("  the reporter or settlement did not catch up within %s\n", obs.waited.Round(time.Second))
+	}
+	if passed {
+		fmt.Println("  all checks passed")
+	} else {
+		fmt.Println("  SOME CHECKS FAILED")
+	}
+	return passed
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+// process is one process seen in /proc.
+type process struct {
+	pid     int
+	cmdline string
+}
+
+// descendants lists every process below pid.
+func descendants(pid int) []process {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The command name is in parentheses and may contain spaces; fields follow it.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		children[ppid] = append(children[ppid], p)
+	}
+	var out []process
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			out = append(out, process{pid: c, cmdline: cmdline(c)})
+			walk(c)
+		}
+	}
+	walk(pid)
+	return out
+}
+
+func cmdline(pid int) string {
+	b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// stillRunning returns the processes of ps that still run (same pid, same command,
+// not a zombie).
+func stillRunning(ps []process) []process {
+	var left []process
+	for _, p := range ps {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.pid), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 {
+			if f := strings.Fields(s[i+1:]); len(f) > 0 && f[0] == "Z" {
+				continue
+			}
+		}
+		if cmdline(p.pid) == p.cmdline {
+			left = append(left, p)
+		}
+	}
+	return left
+}
+
+func rel(root, path string) string {
+	if r, err := filepath.Rel(root, path); err == nil && !strings.HasPrefix(r, "..") {
+		return r
+	}
+	return path
+}
+
+func joinArgs(a []string) string { return strings.Join(a, " ") }
+
+func hostOf(addr string) string {
+	h, _, _ := net.SplitHostPort(addr)
+	return h
+}
+
+func portOf(addr string) string {
+	_, p, _ := net.SplitHostPort(addr)
+	return p
+}
+
+// tail returns the end of a log file, for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}

@@ -1,0 +1,343 @@
+// Command demo runs the whole system on this machine and makes it rain red packets:
+// a local control plane (kube-apiserver and etcd from bin/), a redis-server, the
+// operator, a grab service process and a small balance system that credits each
+// claim once. It applies the sample activity with kubectl, fires 20,000 concurrent
+// users at its 2,000 packets, waits for the status reporter and settlement to catch
+// up, and prints kubectl get output before and after and a summary with its checks.
+//
+// Everything it starts is stopped at the end or on Ctrl-C; --keep leaves it all up
+// until Ctrl-C so it can be explored with kubectl.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"redpacket.io/operator/test/controlplane"
+)
+
+// options are the demo's knobs.
+type options struct {
+	keep        bool
+	name        string
+	packets     int64
+	users       int
+	connections int
+	retryEvery  int
+	settleWait  time.Duration
+	skipBuild   bool
+}
+
+func main() {
+	var o options
+	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the rain, until Ctrl-C")
+	flag.StringVar(&o.name, "activity", "quiz-night", "name of the demo activity (namespace default)")
+	flag.Int64Var(&o.packets, "packets", 2000, "packets in the demo activity")
+	flag.IntVar(&o.users, "users", 20000, "concurrent users in the red-packet rain")
+	flag.IntVar(&o.connections, "connections", 256, "keep-alive connections the users share")
+	flag.IntVar(&o.retryEvery, "retry-every", 10, "every n-th user asks again after its answer (0: none)")
+	flag.DurationVar(&o.settleWait, "settle-timeout", 90*time.Second, "how long to wait for the reporter and settlement to catch up")
+	flag.BoolVar(&o.skipBuild, "skip-build", false, "use the binaries in bin/ as they are")
+	flag.Parse()
+	ctrllog.SetLogger(logr.Discard())
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	d := &demo{opts: o}
+	err := d.run(ctx)
+	d.shutdown()
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Println("\ninterrupted; everything the demo started is stopped")
+			os.Exit(130)
+		}
+		fmt.Fprintln(os.Stderr, "\ndemo:", err)
+		if d.dir != "" {
+			fmt.Fprintf(os.Stderr, "logs: %s\n", filepath.Join(d.dir, "logs"))
+		}
+		os.Exit(1)
+	}
+	if !d.passed {
+		os.Exit(1)
+	}
+}
+
+// demo holds what the demo started, to stop it in reverse order.
+type demo struct {
+	opts   options
+	root   string
+	dir    string
+	stops  []func()
+	passed bool
+}
+
+// onStop registers a function that shutdown runs, last registered first.
+func (d *demo) onStop(f func()) { d.stops = append(d.stops, f) }
+
+// step prints a heading.
+func step(format string, args ...any) {
+	fmt.Printf("\n==> "+format+"\n", args...)
+}
+
+func (d *demo) run(ctx context.Context) error {
+	o := d.opts
+	root, err := controlplane.Root()
+	if err != nil {
+		return fmt.Errorf("finding the repository: %w", err)
+	}
+	d.root = root
+	if err := os.Chdir(root); err != nil {
+		return fmt.Errorf("entering %s: %w", root, err)
+	}
+	d.dir = filepath.Join(root, ".demo")
+	if err := os.RemoveAll(d.dir); err != nil {
+		return fmt.Errorf("clearing %s: %w", d.dir, err)
+	}
+	if err := os.MkdirAll(filepath.Join(d.dir, "logs"), 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", d.dir, err)
+	}
+
+	if !o.skipBuild {
+		step("building the control plane, the operator and the grab service")
+		if err := d.build(ctx); err != nil {
+			return err
+		}
+	}
+	if err := d.ensureRedis(ctx); err != nil {
+		return err
+	}
+
+	step("starting a local control plane (kube-apiserver + etcd)")
+	cp, err := controlplane.New()
+	if err != nil {
+		return err
+	}
+	d.onStop(func() { _ = cp.Stop() })
+	kubeconfig := filepath.Join(d.dir, "kubeconfig")
+	if err := cp.Kubeconfig(kubeconfig); err != nil {
+		return err
+	}
+	kc := kubectl{bin: filepath.Join(root, "bin", "kubectl"), kubeconfig: kubeconfig}
+	fmt.Printf("    API server %s, kubeconfig %s\n", cp.Config.Host, rel(root, kubeconfig))
+
+	step("starting redis-server")
+	redisDir := filepath.Join(d.dir, "redis")
+	if err := os.MkdirAll(redisDir, 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", redisDir, err)
+	}
+	rs, err := startRedis(redisDir)
+	if err != nil {
+		return err
+	}
+	d.onStop(rs.Stop)
+	fmt.Printf("    redis-server on %s\n", rs.Addr)
+
+	step("starting the balance system (a receiver that credits each Idempotency-Key once)")
+	webhookKey := make([]byte, 32)
+	if _, err := rand.Read(webhookKey); err != nil {
+		return fmt.Errorf("making the webhook key: %w", err)
+	}
+	keyHex := []byte(hex.EncodeToString(webhookKey))
+	keyFile := filepath.Join(d.dir, "webhook.key")
+	if err := os.WriteFile(keyFile, keyHex, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", keyFile, err)
+	}
+	recv := newReceiver(keyHex)
+	recvURL, stopRecv, err := recv.serve(ctx)
+	if err != nil {
+		return err
+	}
+	d.onStop(stopRecv)
+	fmt.Printf("    %s/credit, verifying X-Signature with %s\n", recvURL, rel(root, keyFile))
+
+	step("starting the operator (bin/manager)")
+	probeAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	mgr, err := startProc("operator", filepath.Join(d.dir, "logs", "manager.log"), []string{"KUBECONFIG=" + kubeconfig},
+		filepath.Join(root, "bin", "manager"), "--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", probeAddr, "--leader-elect=false")
+	if err != nil {
+		return err
+	}
+	d.onStop(func() { mgr.stop(15 * time.Second) })
+	if err := waitHTTP(ctx, mgr, "http://"+probeAddr+"/readyz", 60*time.Second); err != nil {
+		return fmt.Errorf("operator: %w (log: %s)", err, tail(filepath.Join(d.dir, "logs", "manager.log")))
+	}
+	fmt.Printf("    pid %d, probes on %s, log %s\n", mgr.cmd.Process.Pid, probeAddr, rel(root, filepath.Join(d.dir, "logs", "manager.log")))
+
+	step("applying the sample activity with kubectl")
+	sample, from, err := sampleActivity(root)
+	if err != nil {
+		return err
+	}
+	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "balance-hmac")
+	if err != nil {
+		return err
+	}
+	manifestPath := filepath.Join(d.dir, o.name+".yaml")
+	if err := os.WriteFile(manifestPath, manifest, 0o644); err != nil {
+		return fmt.Errorf("writing %s: %w", manifestPath, err)
+	}
+	if from != "" {
+		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, settlement to the local receiver\n", from, o.packets)
+	}
+	if err := kc.show(ctx, "create", "secret", "generic", "balance-hmac", "--namespace", "default",
+		"--from-file=key="+keyFile); err != nil {
+		return err
+	}
+	if err := kc.show(ctx, "apply", "-f", rel(root, manifestPath)); err != nil {
+		return err
+	}
+	if err := kc.show(ctx, "wait", "--for=condition=Ready", "rpa/"+o.name, "--timeout=120s"); err != nil {
+		return fmt.Errorf("%w (operator log: %s)", err, tail(filepath.Join(d.dir, "logs", "manager.log")))
+	}
+
+	step("starting the grab service (bin/grabsvc)")
+	grabAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	grabLog := filepath.Join(d.dir, "logs", "grabsvc.log")
+	gs, err := startProc("grab service", grabLog, []string{"KUBECONFIG=" + kubeconfig},
+		filepath.Join(root, "bin", "grabsvc"), "--namespace", "default", "--activity", o.name,
+		"--listen", grabAddr, "--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr,
+		"--webhook-key-file", keyFile, "--report-interval", "1s", "--shutdown-delay", "1s")
+	if err != nil {
+		return err
+	}
+	d.onStop(func() { gs.stop(15 * time.Second) })
+	if err := waitHTTP(ctx, gs, "http://"+grabAddr+"/readyz", 60*time.Second); err != nil {
+		return fmt.Errorf("grab service: %w (log: %s)", err, tail(grabLog))
+	}
+	fmt.Printf("    http://%s (POST /v1/grab), pid %d, log %s\n", grabAddr, gs.cmd.Process.Pid, rel(root, grabLog))
+
+	step("before the rain")
+	if err := kc.show(ctx, "get", "rpa"); err != nil {
+		return err
+	}
+	if err := kc.show(ctx, "get", "rpa", "-o", "wide"); err != nil {
+		return err
+	}
+
+	step("red-packet rain: %d concurrent users for %d packets", o.users, o.packets)
+	rr := rain(ctx, rainSpec{URL: "http://" + grabAddr + "/v1/grab", Users: o.users,
+		Connections: o.connections, RetryEvery: o.retryEvery, Timeout: 30 * time.Second})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	step("waiting for the status reporter and settlement to catch up")
+	obs, err := d.waitSettled(ctx, cp, kc, rs, o.name, rr, recv)
+	if err != nil {
+		return err
+	}
+
+	step("after the rain")
+	if err := kc.show(ctx, "get", "rpa"); err != nil {
+		return err
+	}
+	if err := kc.show(ctx, "get", "rpa", "-o", "wide"); err != nil {
+		return err
+	}
+
+	step("summary")
+	d.passed = printSummary(rr, obs, recv.totals(), total, o.packets, o.connections)
+
+	if o.keep {
+		d.printKeep(kubeconfig, grabAddr, rs.Addr, obs.uid)
+		<-ctx.Done()
+		fmt.Println()
+	}
+	return nil
+}
+
+// build compiles what the demo runs.
+func (d *demo) build(ctx context.Context) error {
+	cmds := [][]string{
+		{filepath.Join(d.root, "hack", "build-controlplane.sh")},
+		{"go", "build", "-o", "bin/manager", "."},
+		{"go", "build", "-o", "bin/grabsvc", "./grabsvc/cmd/grabsvc"},
+	}
+	for _, c := range cmds {
+		fmt.Printf("$ %s\n", rel(d.root, c[0])+" "+joinArgs(c[1:]))
+		cmd := exec.CommandContext(ctx, c[0], c[1:]...)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s: %w", joinArgs(c), err)
+		}
+	}
+	return nil
+}
+
+// ensureRedis makes sure redis-server is installed: through hack/ensure-redis.sh
+// (the system's packages, as root), or with a clear message.
+func (d *demo) ensureRedis(ctx context.Context) error {
+	if _, err := exec.LookPath("redis-server"); err == nil {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("redis-server is not installed; install it with: sudo apt-get install -y redis-server redis-tools (or run hack/ensure-redis.sh as root)")
+	}
+	step("installing redis-server through the system's package manager")
+	cmd := exec.CommandContext(ctx, filepath.Join(d.root, "hack", "ensure-redis.sh"))
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("installing redis-server: %w", err)
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return fmt.Errorf("redis-server is still missing after hack/ensure-redis.sh: %w", err)
+	}
+	return nil
+}
+
+// shutdown stops everything in reverse order and checks that no process is left.
+func (d *demo) shutdown() {
+	if len(d.stops) == 0 {
+		return
+	}
+	before := descendants(os.Getpid())
+	step("stopping everything the demo started")
+	for i := len(d.stops) - 1; i >= 0; i-- {
+		d.stops[i]()
+	}
+	d.stops = nil
+	left := stillRunning(before)
+	if len(left) == 0 {
+		fmt.Printf("    stopped %d processes; none is left behind\n", len(before))
+		return
+	}
+	for _, p := range left {
+		fmt.Printf("    still running: pid %d %s; killing it\n", p.pid, p.cmdline)
+		_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	}
+}
+
+// printKeep tells how to explore the running system.
+func (d *demo) printKeep(kubeconfig, grabAddr, redisAddr, uid string) {
+	step("everything keeps running until Ctrl-C")
+	fmt.Printf(`    export KUBECONFIG=%s
+    alias kubectl=%s
+    kubectl get rpa -o wide
+    kubectl describe rpa %s
+    kubectl get rpa %s -o yaml
+    kubectl patch rpa %s --type=merge -p '{"spec":{"paused":true}}'
+    curl -s -X POST http://%s/v1/grab -d '{"userId":"user-00001"}'
+    curl -s http://%s/v1/activity
+    redis-cli -h %s -p %s HLEN 'rpa:{%s}:claims'
+`, kubeconfig, filepath.Join(d.root, "bin", "kubectl"), d.opts.name, d.opts.name, d.opts.name,
+		grabAddr, grabAddr, hostOf(redisAddr), portOf(redisAddr), uid)
+}

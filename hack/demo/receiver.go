@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// delivery is the settlement webhook's body.
+type delivery struct {
+	Kind        string `json:"kind"`
+	Activity    string `json:"activity"`
+	ActivityUID string `json:"activityUID"`
+	PacketID    string `json:"packetId"`
+	UserID      string `json:"userId"`
+	Amount      int64  `json:"amount"`
+	Currency    string `json:"currency"`
+	At          string `json:"at"`
+}
+
+// receiver is a small balance system: it credits each idempotency key once, keeps
+// totals, and counts what a real one would alarm on.
+type receiver struct {
+	key []byte
+
+	mu          sync.Mutex
+	seen        map[string]delivery
+	requests    int64
+	repeats     int64 // a key delivered again (harmless, deduplicated)
+	conflicts   int64 // a key delivered again with a different body (a rollback)
+	badRequests int64 // bad signature, body or idempotency key
+	grants      int64
+	grantSum    int64
+	refunds     int64
+	refundSum   int64
+	users       map[string]int64
+}
+
+func newReceiver(key []byte) *receiver {
+	return &receiver{key: key, seen: map[string]delivery{}, users: map[string]int64{}}
+}
+
+// ServeHTTP credits one delivery.
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	if err != nil {
+		http.Error(w, "reading body", http.StatusBadRequest)
+		return
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.requests++
+	if len(rc.key) > 0 {
+		mac := hmac.New(sha256.New, rc.key)
+		mac.Write(body)
+		want := "sha256=" + hex.EncodeToString(mac.Sum(nil))
+		if !hmac.Equal([]byte(r.Header.Get("X-Signature")), []byte(want)) {
+			rc.badRequests++
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+	}
+	var d delivery
+	if err := json.Unmarshal(body, &d); err != nil {
+		rc.badRequests++
+		http.Error(w, "bad body", http.StatusBadRequest)
+		return
+	}
+	idem := r.Header.Get("Idempotency-Key")
+	wantKey := d.ActivityUID + "/" + d.PacketID
+	if d.Kind == "refund" {
+		wantKey = d.ActivityUID + "/refund"
+	}
+	if idem == "" || idem != wantKey || d.Amount <= 0 {
+		rc.badRequests++
+		http.Error(w, fmt.Sprintf("idempotency key %q, want %q", idem, wantKey), http.StatusBadRequest)
+		return
+	}
+	if first, ok := rc.seen[idem]; ok {
+		rc.repeats++
+		if first.UserID != d.UserID || first.Amount != d.Amount || first.Kind != d.Kind {
+			rc.conflicts++
+		}
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	rc.seen[idem] = d
+	switch d.Kind {
+	case "grant":
+		rc.grants++
+		rc.grantSum += d.Amount
+		rc.users[d.UserID]++
+	case "refund":
+		rc.refunds++
+		rc.refundSum += d.Amount
+	default:
+		rc.badRequests++
+		delete(rc.seen, idem)
+		http.Error(w, "unknown kind", http.StatusBadRequest)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// totals is a consistent copy of the receiver's counters.
+type totals struct {
+	Requests, Repeats, Conflicts, BadRequests int64
+	Grants, GrantSum, Refunds, RefundSum      int64
+	UsersCreditedTwice                        int64
+}
+
+func (rc *receiver) totals() totals {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	t := totals{Requests: rc.requests, Repeats: rc.repeats, Conflicts: rc.conflicts, BadRequests: rc.badRequests,
+		Grants: rc.grants, GrantSum: rc.grantSum, Refunds: rc.refunds, RefundSum: rc.refundSum}
+	for _, n := range rc.users {
+		if n > 1 {
+			t.UsersCreditedTwice++
+		}
+	}
+	return t
+}
+
+// serve runs the receiver on a free loopback port and returns its base URL.
+func (rc *receiver) serve(ctx context.Context) (string, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("listening for the balance receiver: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/credit", rc)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Println("balance receiver:", err)
+		}
+	}()
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}
+	return "http://" + l.Addr().String(), stop, nil
+}
