@@ -1,0 +1,137 @@
+package grabsvc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// Activity is the grab service's view of its RedPacketActivity: the resource as last
+// read from the API server and the Redis keys derived from its UID.
+type Activity struct {
+	// Object is the resource. Treat it as read-only: it is shared.
+	Object *redpacketv1alpha1.RedPacketActivity
+	// Keys are the activity's Redis keys.
+	Keys lua.Keys
+	// Ref is "<namespace>/<name>", as user tokens name the activity.
+	Ref string
+}
+
+// NewActivity wraps a resource read from the API server.
+func NewActivity(obj *redpacketv1alpha1.RedPacketActivity) *Activity {
+	return &Activity{
+		Object: obj,
+		Keys:   lua.KeysFor(string(obj.UID)),
+		Ref:    obj.Namespace + "/" + obj.Name,
+	}
+}
+
+// ActivitySource reads the activity from the API server: first until it is found,
+// then periodically, so spec changes (pause, window, settlement) are seen.
+type ActivitySource struct {
+	// Client reads RedPacketActivity objects.
+	Client client.Reader
+	// Key names the activity.
+	Key types.NamespacedName
+	// Refresh is the period of re-reads once found; 0 means 5s.
+	Refresh time.Duration
+	// Retry is the wait between reads until the activity is first found; 0 means 1s.
+	Retry time.Duration
+	// Timeout bounds each read; 0 means 5s.
+	Timeout time.Duration
+	// OnChange, when set, runs (on the source's goroutine) after every read that
+	// returned a different resourceVersion, with the new activity.
+	OnChange func(*Activity)
+	// Metrics, when set, counts failed reads.
+	Metrics *Metrics
+	// Log receives read failures; nil means slog.Default().
+	Log *slog.Logger
+
+	cur atomic.Pointer[Activity]
+}
+
+// Current returns the last activity read, or nil before the first successful read.
+func (s *ActivitySource) Current() *Activity { return s.cur.Load() }
+
+// Set installs an activity as the current one, as a read would.
+func (s *ActivitySource) Set(a *Activity) {
+	old := s.cur.Swap(a)
+	if s.OnChange != nil && (old == nil || old.Object.ResourceVersion != a.Object.ResourceVersion) {
+		s.OnChange(a)
+	}
+}
+
+// Fetch reads the activity once and installs it.
+func (s *ActivitySource) Fetch(ctx context.Context) error {
+	timeout := s.Timeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	obj := &redpacketv1alpha1.RedPacketActivity{}
+	if err := s.Client.Get(ctx, s.Key, obj); err != nil {
+		if s.Metrics != nil {
+			s.Metrics.ActivityRefreshFailures.Inc()
+		}
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("activity %s not found: %w", s.Key, err)
+		}
+		return fmt.Errorf("reading activity %s: %w", s.Key, err)
+	}
+	if cur := s.Current(); cur != nil && cur.Object.ResourceVersion == obj.ResourceVersion {
+		return nil
+	}
+	s.Set(NewActivity(obj))
+	return nil
+}
+
+// Run reads the activity until ctx is done: every Retry until it is first found,
+// then every Refresh. A failed refresh keeps the last activity read.
+func (s *ActivitySource) Run(ctx context.Context) {
+	log := s.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	retry, refresh := s.Retry, s.Refresh
+	if retry <= 0 {
+		retry = time.Second
+	}
+	if refresh <= 0 {
+		refresh = 5 * time.Second
+	}
+	failures := 0
+	for {
+		err := s.Fetch(ctx)
+		switch {
+		case err == nil:
+			failures = 0
+		case ctx.Err() == nil:
+			// Log the first failure of a streak and then every 30th, not every retry.
+			if failures%30 == 0 {
+				log.Warn("reading the activity failed", "activity", s.Key.String(), "err", err, "failures", failures+1)
+			}
+			failures++
+		}
+		wait := refresh
+		if s.Current() == nil {
+			wait = retry
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,351 @@
+// Package grabsvc is the grab service of one red-packet activity: the HTTP API that
+// decides claims through the activity's atomic grab script (claim.go), user tokens
+// (auth.go), rate limits (ratelimit.go), the status reporter that writes the
+// counters back into the RedPacketActivity (reporter.go), the activity lookup
+// (activity.go) and the service's metrics (metrics.go).
+package grabsvc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// MaxBodyBytes is the largest grab request body accepted.
+const MaxBodyBytes = 4 << 10
+
+// Config is what a Server needs.
+type Config struct {
+	// Redis runs the grab and snapshot scripts: the auto-pipeliner of the activity's
+	// Redis (RedisClients.Pipeliner), or any redis.Scripter.
+	Redis redis.Scripter
+	// Activity returns the current activity, nil until it has been read.
+	Activity func() *Activity
+	// Ping, when set, checks that Redis answers; /readyz fails while it does not.
+	Ping func(context.Context) error
+	// Tokens, when set, requires a valid user token on every grab.
+	Tokens *TokenVerifier
+	// UserLimiter and ClientLimiter limit grabs per user id and per client address;
+	// nil means no limit.
+	UserLimiter, ClientLimiter *KeyedLimiter
+	// RedisTimeout bounds every Redis call; 0 means DefaultRedisTimeout.
+	RedisTimeout time.Duration
+	// Metrics receives the service's measurements; nil means a private registry.
+	Metrics *Metrics
+	// Gatherer serves /metrics; nil means no /metrics endpoint.
+	Gatherer prometheus.Gatherer
+	// Log receives unexpected errors; nil means slog.Default().
+	Log *slog.Logger
+	// Now returns the current time; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server serves the grab API of one activity.
+type Server struct {
+	cfg      Config
+	timeout  time.Duration
+	metrics  *Metrics
+	log      *slog.Logger
+	now      func() time.Time
+	draining atomic.Bool
+	mux      *http.ServeMux
+}
+
+// NewServer returns a server for cfg.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Redis == nil {
+		return nil, errors.New("grab server: no redis client")
+	}
+	if cfg.Activity == nil {
+		return nil, errors.New("grab server: no activity source")
+	}
+	s := &Server{cfg: cfg, timeout: cfg.RedisTimeout, metrics: cfg.Metrics, log: cfg.Log, now: cfg.Now}
+	if s.timeout <= 0 {
+		s.timeout = DefaultRedisTimeout
+	}
+	if s.metrics == nil {
+		s.metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("/v1/grab", s.handleGrab)
+	s.mux.HandleFunc("/v1/activity", s.handleActivity)
+	s.mux.HandleFunc("/healthz", s.handleHealthz)
+	s.mux.HandleFunc("/readyz", s.handleReadyz)
+	if cfg.Gatherer != nil {
+		s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such endpoint: " + r.URL.Path})
+	})
+	return s, nil
+}
+
+// Handler is the server's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Metrics are the server's metrics.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// SetDraining makes readiness fail from now on, so load balancers stop sending
+// traffic before the server shuts down. Requests are still served.
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+// Ready reports whether the server should receive traffic: it is not draining, the
+// activity has been read and Redis answers a ping within the Redis deadline.
+func (s *Server) Ready(ctx context.Context) (bool, string) {
+	if s.draining.Load() {
+		return false, "shutting down"
+	}
+	if s.cfg.Activity() == nil {
+		return false, "the activity has not been read from the API server yet"
+	}
+	if s.cfg.Ping != nil {
+		if _, err := callWithDeadline(ctx, s.timeout, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, s.cfg.Ping(ctx)
+		}); err != nil {
+			return false, "redis does not answer"
+		}
+	}
+	return true, ""
+}
+
+// NewHTTPServer returns an http.Server for h with the grab service's limits:
+// small headers, and read, write and idle timeouts.
+func NewHTTPServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+	}
+}
+
+// grabResponse is the body of every /v1/grab answer.
+type grabResponse struct {
+	Outcome  string `json:"outcome"`
+	PacketID string `json:"packetId,omitempty"`
+	Amount   *int64 `json:"amount,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// ActivityView is the body of GET /v1/activity.
+type ActivityView struct {
+	Namespace       string `json:"namespace"`
+	Name            string `json:"name"`
+	Phase           string `json:"phase"`
+	TotalAmount     int64  `json:"totalAmount"`
+	Count           int64  `json:"count"`
+	RemainingCount  int64  `json:"remainingCount"`
+	RemainingAmount int64  `json:"remainingAmount"`
+	ClaimedCount    int64  `json:"claimedCount"`
+	ClaimedAmount   int64  `json:"claimedAmount"`
+	RefundedAmount  int64  `json:"refundedAmount"`
+	Paused          bool   `json:"paused"`
+	StartTime       string `json:"startTime,omitempty"`
+	EndTime         string `json:"endTime,omitempty"`
+	Currency        string `json:"currency"`
+}
+
+func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "use GET on /v1/activity"})
+		return
+	}
+	if ok, wait := s.cfg.ClientLimiter.Allow(clientAddr(r), s.now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this client; retry later"})
+		return
+	}
+	act := s.cfg.Activity()
+	if act == nil {
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the activity has not been read from the API server yet"})
+		return
+	}
+	snap, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (lua.Snapshot, error) {
+		return lua.ReadSnapshot(ctx, s.cfg.Redis, act.Keys)
+	})
+	if err != nil {
+		s.metrics.RedisErrors.WithLabelValues("snapshot").Inc()
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the packet store is unavailable; retry later"})
+		return
+	}
+	writeJSON(w, http.StatusOK, BuildActivityView(act, snap, s.now()))
+}
+
+// BuildActivityView combines the resource and a Redis snapshot into the
+// /v1/activity answer. When Redis lacks the activity the counters are the
+// resource's last reported status.
+func BuildActivityView(act *Activity, snap lua.Snapshot, now time.Time) ActivityView {
+	o := act.Object
+	v := ActivityView{
+		Namespace: o.Namespace,
+		Name:      o.Name,
+		Phase:     string(DerivePhase(o, snap, now)),
+		Currency:  o.Spec.Currency,
+		Paused:    o.Spec.Paused,
+	}
+	if v.Currency == "" {
+		v.Currency = "CNY"
+	}
+	if o.Spec.StartTime != nil {
+		v.StartTime = o.Spec.StartTime.UTC().Format(time.RFC3339)
+	}
+	if o.Spec.EndTime != nil {
+		v.EndTime = o.Spec.EndTime.UTC().Format(time.RFC3339)
+	}
+	if snap.Exists() {
+		v.TotalAmount, v.Count = snap.Total, snap.Count
+		v.RemainingCount, v.RemainingAmount = snap.RemainingCount, snap.RemainingAmount()
+		v.ClaimedCount, v.ClaimedAmount = snap.ClaimedCount, snap.ClaimedAmount
+		v.RefundedAmount, v.Paused = snap.Refunded, snap.Paused
+		if snap.StartMs > 0 {
+			v.StartTime = time.UnixMilli(snap.StartMs).UTC().Format(time.RFC3339)
+		}
+		if snap.EndMs > 0 {
+			v.EndTime = time.UnixMilli(snap.EndMs).UTC().Format(time.RFC3339)
+		}
+		return v
+	}
+	st := o.Status
+	v.TotalAmount, v.Count = o.Spec.TotalAmount, o.Spec.Count
+	v.RemainingCount, v.RemainingAmount = deref(st.RemainingCount), deref(st.RemainingAmount)
+	v.ClaimedCount, v.ClaimedAmount = deref(st.ClaimedCount), deref(st.ClaimedAmount)
+	v.RefundedAmount = deref(st.RefundedAmount)
+	return v
+}
+
+// DerivePhase is the activity's phase as a grab would see it now: from the Redis
+// snapshot while Redis holds the activity, else the resource's status.phase.
+func DerivePhase(o *redpacketv1alpha1.RedPacketActivity, snap lua.Snapshot, now time.Time) redpacketv1alpha1.Phase {
+	switch snap.State {
+	case lua.StateClosed:
+		if snap.CloseReason == lua.CloseExhausted {
+			return redpacketv1alpha1.PhaseExhausted
+		}
+		return redpacketv1alpha1.PhaseExpired
+	case lua.StateOpen:
+		ms := now.UnixMilli()
+		switch {
+		case snap.EndMs > 0 && ms >= snap.EndMs:
+			return redpacketv1alpha1.PhaseExpired
+		case snap.RemainingCount == 0:
+			return redpacketv1alpha1.PhaseExhausted
+		case snap.Paused:
+			return redpacketv1alpha1.PhasePaused
+		case ms < snap.StartMs:
+			return redpacketv1alpha1.PhaseScheduled
+		default:
+			return redpacketv1alpha1.PhaseActive
+		}
+	case lua.StateReady:
+		if o.Status.Phase != "" {
+			return o.Status.Phase
+		}
+		return redpacketv1alpha1.PhaseScheduled
+	}
+	if o.Status.Phase != "" {
+		return o.Status.Phase
+	}
+	return redpacketv1alpha1.PhasePending
+}
+
+func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if ok, why := s.Ready(r.Context()); !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": why})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// callWithDeadline runs f with a context bounded by d and stops waiting for it at
+// that deadline even when f does not return (the auto-pipeliner does not honor a
+// command's context once the command is queued). f keeps running in the background
+// until its own socket timeouts end it.
+func callWithDeadline[T any](ctx context.Context, d time.Duration, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	type reply struct {
+		v   T
+		err error
+	}
+	ch := make(chan reply, 1)
+	go func() {
+		defer cancel()
+		v, err := f(ctx)
+		ch <- reply{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		select {
+		case r := <-ch:
+			return r.v, r.err
+		default:
+		}
+		var zero T
+		return zero, fmt.Errorf("redis call: %w", ctx.Err())
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		body = []byte(`{"error":"encoding the answer failed"}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	body = append(body, '\n')
+	_, _ = w.Write(body)
+}
+
+// clientAddr is the client's IP address, the key of the per-client rate limit.
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
