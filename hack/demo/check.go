@@ -141,8 +141,11 @@ func printSummary(rr rainResult, obs observed, t totals, total, packets int64, c
 	fmt.Printf("  users            %d concurrent (%d asked a second time)\n", rr.Users, rr.Retries)
 	fmt.Printf("  requests         %d in %s (%.0f/s)\n", rr.Requests, rr.Elapsed.Round(time.Millisecond),
 		float64(rr.Requests)/rr.Elapsed.Seconds())
+	// Every user gets a packet while packets last; when all are claimed, the amounts add
+	// up to the total to the minor unit.
+	want := min(int64(rr.Users), packets)
 	fmt.Printf("  granted          %d of %d packets, sum %d of %d                       %s\n",
-		rr.Granted, packets, rr.GrantedSum, total, check(soldAll && rr.GrantedSum == total))
+		rr.Granted, packets, rr.GrantedSum, total, check(rr.Granted == want && (!soldAll || rr.GrantedSum == total)))
 	if obs.phase == string(redpacketv1alpha1.PhaseExhausted) {
 		fmt.Printf("  sold out         %d sold_out, then %d ended (the operator closed the activity as Exhausted)\n",
 			rr.ByOutcome["sold_out"], rr.ByOutcome["ended"])
