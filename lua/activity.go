@@ -2,6 +2,9 @@ package lua
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -100,19 +103,20 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 		chunk = DefaultChunkSize
 	}
 
+	fp := fingerprint(amounts)
 	// Ask where staging stands with an empty chunk at offset -1, which never matches.
-	staged, err := s.stage(ctx, c, k, -1, nil)
+	staged, err := s.stage(ctx, c, k, -1, fp, nil)
 	if err != nil {
 		return SeedResult{}, err
 	}
 	for staged >= 0 && staged < p.Count {
 		end := min(staged+int64(chunk), p.Count)
-		args := make([]any, 0, end-staged+1)
-		args = append(args, staged)
+		args := make([]any, 0, end-staged+2)
+		args = append(args, staged, fp)
 		for i := staged; i < end; i++ {
 			args = append(args, strconv.FormatInt(i+1, 10)+":"+strconv.FormatInt(amounts[i], 10))
 		}
-		next, err := s.stage(ctx, c, k, staged, args)
+		next, err := s.stage(ctx, c, k, staged, fp, args)
 		if err != nil {
 			return SeedResult{}, err
 		}
@@ -138,16 +142,28 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 	return SeedResult{Committed: n == 1}, nil
 }
 
-// stage runs one staging call; args is the offset followed by the chunk's entries.
-func (s Seeder) stage(ctx context.Context, c redis.Scripter, k Keys, offset int64, args []any) (int64, error) {
+// stage runs one staging call; args is the offset and fingerprint followed by the
+// chunk's entries.
+func (s Seeder) stage(ctx context.Context, c redis.Scripter, k Keys, offset int64, fp string, args []any) (int64, error) {
 	if args == nil {
-		args = []any{offset}
+		args = []any{offset, fp}
 	}
 	n, err := SeedStageScript.Run(ctx, c, []string{k.Meta, k.Staging}, args...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("seed stage at %d: %w", offset, err)
 	}
 	return n, nil
+}
+
+// fingerprint identifies a split by its amounts, so staging never mixes two splits.
+func fingerprint(amounts []int64) string {
+	h := sha256.New()
+	buf := make([]byte, 8)
+	for _, a := range amounts {
+		binary.LittleEndian.PutUint64(buf, uint64(a))
+		h.Write(buf)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Configure writes the schedule and pause flag of a committed activity; open moves a

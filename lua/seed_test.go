@@ -198,3 +198,34 @@ func TestSeedRefusesBadInput(t *testing.T) {
 		t.Fatalf("refused seeds left %d keys (%v)", n, err)
 	}
 }
+
+// TestSeedDiscardsStagingOfAnotherSplit: chunks staged from one split are never
+// committed together with chunks of another; a seeder with a different split starts
+// staging afresh.
+func TestSeedDiscardsStagingOfAnotherSplit(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	const total, count = 50_000, 500
+	first := splitOrFail(t, split.TypeRandom, total, count)
+	second := splitOrFail(t, split.TypeFixed, total, count)
+	k := lua.KeysFor("two-splits")
+	params := lua.SeedParams{Count: count, Total: total, Sponsor: sponsor}
+
+	chunks := 0
+	crashing := lua.Seeder{ChunkSize: 100, AfterChunk: func(int64) error {
+		if chunks++; chunks == 2 {
+			return errCrash
+		}
+		return nil
+	}}
+	if _, err := crashing.Seed(ctx, c, k, first, params); !errors.Is(err, errCrash) {
+		t.Fatalf("interrupted seed returned %v, want the crash", err)
+	}
+	if res, err := (lua.Seeder{ChunkSize: 100}).Seed(ctx, c, k, second, params); err != nil || !res.Committed {
+		t.Fatalf("seed of the second split: %+v, %v", res, err)
+	}
+	if _, err := lua.Configure(ctx, c, k, 0, 0, false, true); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, ctx, c, k, second, nil)
+}

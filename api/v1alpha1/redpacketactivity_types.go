@@ -117,9 +117,9 @@ type Settlement struct {
 
 // RedPacketActivitySpec declares one red-packet activity. Every amount is an integer
 // in the currency's minor unit (fen, cents).
-// +kubebuilder:validation:XValidation:rule="self.totalAmount / self.count >= self.distribution.minAmount",message="totalAmount must be at least count × distribution.minAmount"
+// +kubebuilder:validation:XValidation:rule="self.count < 1 || self.totalAmount / self.count >= self.distribution.minAmount",message="totalAmount must be at least count × distribution.minAmount"
 // +kubebuilder:validation:XValidation:rule="!has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || self.distribution.maxAmount >= self.distribution.minAmount",message="distribution.maxAmount must not be below distribution.minAmount"
-// +kubebuilder:validation:XValidation:rule="!has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || (self.totalAmount + self.count - 1) / self.count <= self.distribution.maxAmount",message="totalAmount must not exceed count × distribution.maxAmount"
+// +kubebuilder:validation:XValidation:rule="self.count < 1 || !has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || (self.totalAmount + self.count - 1) / self.count <= self.distribution.maxAmount",message="totalAmount must not exceed count × distribution.maxAmount"
 // +kubebuilder:validation:XValidation:rule="!has(self.startTime) || !has(self.endTime) || timestamp(self.endTime) > timestamp(self.startTime)",message="endTime must be after startTime"
 type RedPacketActivitySpec struct {
 	// totalAmount is the money split into packets, in minor units. Immutable.
