@@ -168,9 +168,10 @@ type ActivityView struct {
 	ClaimedAmount   int64  `json:"claimedAmount"`
 	RefundedAmount  int64  `json:"refundedAmount"`
 	Paused          bool   `json:"paused"`
-	StartTime       string `json:"startTime,omitempty"`
-	EndTime         string `json:"endTime,omitempty"`
-	Currency        string `json:"currency"`
+	// StartTime and EndTime are RFC 3339, null when the activity has none.
+	StartTime *string `json:"startTime"`
+	EndTime   *string `json:"endTime"`
+	Currency  string  `json:"currency"`
 }
 
 func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
@@ -216,21 +217,23 @@ func BuildActivityView(act *Activity, snap lua.Snapshot, now time.Time) Activity
 		v.Currency = "CNY"
 	}
 	if o.Spec.StartTime != nil {
-		v.StartTime = o.Spec.StartTime.UTC().Format(time.RFC3339)
+		v.StartTime = rfc3339(o.Spec.StartTime.Time)
 	}
 	if o.Spec.EndTime != nil {
-		v.EndTime = o.Spec.EndTime.UTC().Format(time.RFC3339)
+		v.EndTime = rfc3339(o.Spec.EndTime.Time)
 	}
 	if snap.Exists() {
 		v.TotalAmount, v.Count = snap.Total, snap.Count
 		v.RemainingCount, v.RemainingAmount = snap.RemainingCount, snap.RemainingAmount()
 		v.ClaimedCount, v.ClaimedAmount = snap.ClaimedCount, snap.ClaimedAmount
 		v.RefundedAmount, v.Paused = snap.Refunded, snap.Paused
+		// Redis holds the window grabs are decided by.
+		v.StartTime, v.EndTime = nil, nil
 		if snap.StartMs > 0 {
-			v.StartTime = time.UnixMilli(snap.StartMs).UTC().Format(time.RFC3339)
+			v.StartTime = rfc3339(time.UnixMilli(snap.StartMs))
 		}
 		if snap.EndMs > 0 {
-			v.EndTime = time.UnixMilli(snap.EndMs).UTC().Format(time.RFC3339)
+			v.EndTime = rfc3339(time.UnixMilli(snap.EndMs))
 		}
 		return v
 	}
@@ -341,6 +344,11 @@ func clientAddr(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+func rfc3339(t time.Time) *string {
+	s := t.UTC().Format(time.RFC3339)
+	return &s
 }
 
 func deref(p *int64) int64 {

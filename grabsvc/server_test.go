@@ -109,7 +109,11 @@ func TestActivityEndpoint(t *testing.T) {
 	v := get()
 	want := ActivityView{Namespace: "default", Name: "view", Phase: "Active", TotalAmount: 28, Count: 7,
 		RemainingCount: 5, RemainingAmount: 25, ClaimedCount: 2, ClaimedAmount: 3,
-		StartTime: start.UTC().Format(time.RFC3339), EndTime: end.UTC().Format(time.RFC3339), Currency: "USD"}
+		StartTime: rfc3339(start), EndTime: rfc3339(end), Currency: "USD"}
+	if v.StartTime == nil || v.EndTime == nil || *v.StartTime != *want.StartTime || *v.EndTime != *want.EndTime {
+		t.Fatalf("window %v..%v, want %s..%s", v.StartTime, v.EndTime, *want.StartTime, *want.EndTime)
+	}
+	v.StartTime, v.EndTime, want.StartTime, want.EndTime = nil, nil, nil, nil
 	if v != want {
 		t.Fatalf("activity view\n got %+v\nwant %+v", v, want)
 	}
@@ -128,6 +132,13 @@ func TestActivityEndpoint(t *testing.T) {
 	}
 	if r := h.do("POST", "/v1/activity", "", nil); r.Status != http.StatusMethodNotAllowed {
 		t.Fatalf("POST /v1/activity: %d", r.Status)
+	}
+	// No window: the times are null, and the phase is Active.
+	h.useActivity(testActivity("open-ended"), ones(2), 0, 0, false)
+	r := h.do("GET", "/v1/activity", "", nil)
+	if !strings.Contains(r.Raw, `"startTime":null`) || !strings.Contains(r.Raw, `"endTime":null`) ||
+		!strings.Contains(r.Raw, `"phase":"Active"`) || !strings.Contains(r.Raw, `"currency":"CNY"`) {
+		t.Fatalf("open-ended activity: %s", r.Raw)
 	}
 }
 
