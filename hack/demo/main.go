@@ -261,7 +261,10 @@ func (d *demo) run(ctx context.Context) error {
 		d.printKeep(kubeconfig, grabAddr, rs.Addr, obs.uid)
 		<-ctx.Done()
 		fmt.Println()
+		return nil
 	}
+	fmt.Println("\n    To keep everything running and explore it with kubectl, run: make demo ARGS=--keep")
+	fmt.Println("    (or go run ./hack/demo --keep); Ctrl-C stops it.")
 	return nil
 }
 
