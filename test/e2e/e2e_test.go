@@ -213,3 +213,33 @@ func TestImpossibleSpecsAreRefused(t *testing.T) {
 		t.Fatalf("spec after refused patches: %s, want 1000/10", got)
 	}
 }
+
+// TestSampleBecomesReady applies config/samples as a user would, waits for Ready, and
+// grabs from the sample through a grab service until kubectl get shows the claim.
+func TestSampleBecomesReady(t *testing.T) {
+	out := mustKubectl(t, "", "apply", "-k", env.root+"/config/samples")
+	if !strings.Contains(out, "redpacketactivity.redpacket.io/quiz-night") {
+		t.Fatalf("kubectl apply -k config/samples: %q", out)
+	}
+	mustKubectl(t, "", "wait", "--for=condition=Ready", "rpa/quiz-night", "-n", "default", "--timeout=90s")
+	c := columns(t, "rpa", "quiz-night", "-n", "default")
+	if c["TOTAL"] != "200000" || c["COUNT"] != "5000" || c["PHASE"] != "Active" {
+		t.Fatalf("kubectl get rpa quiz-night: %v", c)
+	}
+	// The sample's webhook is an in-cluster address; this grab service only grabs.
+	base := startGrabWith(t, "default", "quiz-night", "--settlement=false")
+	code, a := grab(t, base, "sample-user")
+	if code != http.StatusOK || a.Outcome != "granted" {
+		t.Fatalf("grab from the sample: HTTP %d %+v", code, a)
+	}
+	eventually(t, 20*time.Second, "kubectl get rpa quiz-night shows the claim", func() error {
+		if c := columns(t, "rpa", "quiz-night", "-n", "default"); c["REMAINING"] != "4999" || c["CLAIMED"] != "1" {
+			return fmt.Errorf("columns %v", c)
+		}
+		return nil
+	})
+	wide := columns(t, "rpa", "quiz-night", "-n", "default", "-o", "wide")
+	if wide["CLAIMED-AMOUNT"] != strconv.FormatInt(a.Amount, 10) || wide["ENDPOINT"] != "http://quiz-night-grab.default.svc:8080" {
+		t.Fatalf("kubectl get rpa quiz-night -o wide: %v, want CLAIMED-AMOUNT %d", wide, a.Amount)
+	}
+}

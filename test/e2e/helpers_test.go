@@ -26,14 +26,21 @@ func namespace(t *testing.T, name string) string {
 // returns its base URL.
 func startGrab(t *testing.T, ns, name string) string {
 	t.Helper()
+	return startGrabWith(t, ns, name)
+}
+
+// startGrabWith is startGrab with extra flags.
+func startGrabWith(t *testing.T, ns, name string, extra ...string) string {
+	t.Helper()
 	addr, err := freeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
 	logPath := filepath.Join(t.TempDir(), "grabsvc.log")
-	p, err := startProcess(logPath, env.grabsvc, "--namespace", ns, "--activity", name, "--listen", addr,
+	args := append([]string{"--namespace", ns, "--activity", name, "--listen", addr,
 		"--kubeconfig", env.kubeconfig, "--redis-addresses", env.redisAddr, "--report-interval", "500ms",
-		"--shutdown-delay", "0s")
+		"--shutdown-delay", "0s"}, extra...)
+	p, err := startProcess(logPath, env.grabsvc, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
