@@ -1,0 +1,360 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+)
+
+// Labels and annotations of the grab workload.
+const (
+	labelName      = "app.kubernetes.io/name"
+	labelInstance  = "app.kubernetes.io/instance"
+	labelComponent = "app.kubernetes.io/component"
+	labelManagedBy = "app.kubernetes.io/managed-by"
+	labelActivity  = "redpacket.io/activity"
+
+	grabAppName    = "redpacket-grab"
+	managedByValue = "redpacket-operator"
+
+	// AnnotationSpecReplicas on the grab Deployment records spec.grabService.replicas
+	// as last applied ("" when unset). While it matches the spec, the live replica
+	// count is kept, so kubectl scale and autoscalers are not undone.
+	AnnotationSpecReplicas = "redpacket.io/spec-replicas"
+
+	// ReplicasFieldManager applies the grab Deployment's spec.replicas and the
+	// AnnotationSpecReplicas annotation, and nothing else, only when the Deployment is
+	// created or spec.grabService.replicas changed. The workload's other fields are
+	// applied under FieldManager, which never includes spec.replicas: a field dropped
+	// from an apply is deleted when nobody else owns it, and a field kept in every
+	// apply would undo kubectl scale. kubectl scale and autoscalers take spec.replicas
+	// over from this manager.
+	ReplicasFieldManager = "redpacket-controller-replicas"
+)
+
+// The grab container's port and mount points.
+const (
+	grabPort          = 8080
+	grabPortName      = "http"
+	tokenKeyDir       = "/etc/redpacket/token"
+	webhookKeyDir     = "/etc/redpacket/webhook"
+	secretKeyName     = "key"
+	nonRootUID        = 65532
+	grabContainerName = "grab"
+	// grabCommand is where the operator's image keeps the grab service binary; a
+	// custom grab image must keep it there too.
+	grabCommand = "/grabsvc"
+)
+
+// grabName is the name of every object of the activity's grab workload.
+func grabName(a *redpacketv1alpha1.RedPacketActivity) string { return a.Name + "-grab" }
+
+// grabEndpoint is the grab service's in-cluster URL.
+func grabEndpoint(a *redpacketv1alpha1.RedPacketActivity) string {
+	return fmt.Sprintf("http://%s.%s.svc:%d", grabName(a), a.Namespace, grabPort)
+}
+
+func grabLabels(a *redpacketv1alpha1.RedPacketActivity) map[string]string {
+	return map[string]string{
+		labelName:      grabAppName,
+		labelInstance:  a.Name,
+		labelComponent: "grab",
+		labelManagedBy: managedByValue,
+		labelActivity:  a.Name,
+	}
+}
+
+func grabSelector(a *redpacketv1alpha1.RedPacketActivity) map[string]string {
+	return map[string]string{labelName: grabAppName, labelActivity: a.Name}
+}
+
+// reconcileGrabWorkload applies the activity's grab workload with server-side apply
+// under FieldManager: a ServiceAccount; a Role allowing get on this one activity and
+// get/patch on its status (resourceNames), bound to it; a Service on port 8080; and
+// the Deployment <activity>-grab running the grab service. Every object carries a
+// controller owner reference to the activity. An object of the same name that this
+// activity does not control is never adopted: nothing is applied, a Warning event is
+// emitted and GrabServiceAvailable says NotAdopted. The replica count comes from
+// spec.grabService.replicas (else the operator's default) when the Deployment is
+// created or that field changes; otherwise the live count is kept. status.endpoint
+// names the Service.
+func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+	a := s.activity
+	s.workloadChecked = true
+	name := grabName(a)
+	key := client.ObjectKey{Namespace: a.Namespace, Name: name}
+
+	deployment := &appsv1.Deployment{}
+	children := []struct {
+		kind string
+		obj  client.Object
+	}{
+		{"ServiceAccount", &corev1.ServiceAccount{}},
+		{"Role", &rbacv1.Role{}},
+		{"RoleBinding", &rbacv1.RoleBinding{}},
+		{"Service", &corev1.Service{}},
+		{"Deployment", deployment},
+	}
+	var foreign []string
+	deploymentExists := false
+	for _, child := range children {
+		found, err := r.getChild(ctx, key, child.obj)
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("looking up %s %s: %w", child.kind, name, err)
+		}
+		if !found {
+			continue
+		}
+		if !metav1.IsControlledBy(child.obj, a) {
+			foreign = append(foreign, child.kind+" "+name)
+			continue
+		}
+		if child.obj == client.Object(deployment) {
+			deploymentExists = true
+		}
+	}
+	s.deploymentLooked = true
+	if len(foreign) > 0 {
+		s.notAdopted = fmt.Sprintf("%s already exists and is not controlled by this activity; not adopting it (delete or rename it)",
+			strings.Join(foreign, ", "))
+		return ctrl.Result{}, nil
+	}
+	var live *appsv1.Deployment
+	if deploymentExists {
+		live = deployment
+		s.deployment = deployment
+	}
+
+	owner := metav1ac.OwnerReference().
+		WithAPIVersion(redpacketv1alpha1.GroupVersion.String()).
+		WithKind("RedPacketActivity").
+		WithName(a.Name).
+		WithUID(a.UID).
+		WithController(true).
+		WithBlockOwnerDeletion(true)
+	labels := grabLabels(a)
+
+	objects := []runtime.ApplyConfiguration{
+		corev1ac.ServiceAccount(name, a.Namespace).WithLabels(labels).WithOwnerReferences(owner),
+		grabRole(a, labels, owner),
+		rbacv1ac.RoleBinding(name, a.Namespace).WithLabels(labels).WithOwnerReferences(owner).
+			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(name)).
+			WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(name).WithNamespace(a.Namespace)),
+		corev1ac.Service(name, a.Namespace).WithLabels(labels).WithOwnerReferences(owner).
+			WithSpec(corev1ac.ServiceSpec().
+				WithType(corev1.ServiceTypeClusterIP).
+				WithSelector(grabSelector(a)).
+				WithPorts(corev1ac.ServicePort().WithName(grabPortName).WithPort(grabPort).
+					WithProtocol(corev1.ProtocolTCP).WithTargetPort(intstr.FromString(grabPortName)))),
+		r.grabDeployment(a, labels, owner),
+	}
+	apply := func(obj runtime.ApplyConfiguration, manager string) error {
+		if err := r.Client.Apply(ctx, obj, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+			if !apierrors.IsConflict(err) {
+				s.blockReady(ReasonWorkloadFailed, "applying the grab workload: %v", err)
+			}
+			return fmt.Errorf("applying the grab workload: %w", err)
+		}
+		return nil
+	}
+	for _, obj := range objects {
+		if err := apply(obj, FieldManager); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if replicas, specValue, ok := r.replicasToApply(a, live); ok {
+		scale := appsv1ac.Deployment(name, a.Namespace).
+			WithAnnotations(map[string]string{AnnotationSpecReplicas: specValue}).
+			WithSpec(appsv1ac.DeploymentSpec().WithReplicas(replicas))
+		if err := apply(scale, ReplicasFieldManager); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	s.status.Endpoint = grabEndpoint(a)
+	return ctrl.Result{}, nil
+}
+
+// getChild reads a workload object: from the cache, which holds only objects with the
+// operator's label, and else from the API server, so that an unlabeled object of the
+// same name is seen too. It reports whether the object exists.
+func (r *RedPacketActivityReconciler) getChild(ctx context.Context, key client.ObjectKey, obj client.Object) (bool, error) {
+	err := r.Client.Get(ctx, key, obj)
+	if err == nil {
+		return true, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	err = r.APIReader.Get(ctx, key, obj)
+	if err == nil {
+		return true, nil
+	}
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return false, err
+}
+
+// grabRole lets the grab service read its own activity and report into its status,
+// and nothing else.
+func grabRole(a *redpacketv1alpha1.RedPacketActivity, labels map[string]string, owner *metav1ac.OwnerReferenceApplyConfiguration) *rbacv1ac.RoleApplyConfiguration {
+	group := redpacketv1alpha1.GroupVersion.Group
+	return rbacv1ac.Role(grabName(a), a.Namespace).WithLabels(labels).WithOwnerReferences(owner).
+		WithRules(
+			rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources("redpacketactivities").
+				WithResourceNames(a.Name).WithVerbs("get"),
+			rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources("redpacketactivities/status").
+				WithResourceNames(a.Name).WithVerbs("get", "patch"),
+		)
+}
+
+// replicasToApply says whether spec.replicas must be applied, and to what: when the
+// Deployment is new, or spec.grabService.replicas changed since it was last applied
+// (the annotation says), the spec's value (or the operator's default). Otherwise the
+// live count, whoever set it, is left alone.
+func (r *RedPacketActivityReconciler) replicasToApply(a *redpacketv1alpha1.RedPacketActivity, live *appsv1.Deployment) (int32, string, bool) {
+	replicas := r.Options.GrabReplicas
+	specValue := ""
+	if a.Spec.GrabService.Replicas != nil {
+		replicas = *a.Spec.GrabService.Replicas
+		specValue = strconv.FormatInt(int64(replicas), 10)
+	}
+	if live != nil {
+		if applied, ok := live.Annotations[AnnotationSpecReplicas]; ok && applied == specValue {
+			return 0, "", false
+		}
+	}
+	return replicas, specValue, true
+}
+
+// grabDeployment is the apply configuration of the grab Deployment.
+func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPacketActivity, labels map[string]string,
+	owner *metav1ac.OwnerReferenceApplyConfiguration) *appsv1ac.DeploymentApplyConfiguration {
+	name := grabName(a)
+	image := a.Spec.GrabService.Image
+	if image == "" {
+		image = r.Options.GrabImage
+	}
+
+	args := []string{
+		"--namespace=" + a.Namespace,
+		"--activity=" + a.Name,
+		fmt.Sprintf("--listen=:%d", grabPort),
+		"--settlement=true",
+	}
+	var volumes []*corev1ac.VolumeApplyConfiguration
+	var mounts []*corev1ac.VolumeMountApplyConfiguration
+	addKeyVolume := func(volume, secret, dir, flag string) {
+		volumes = append(volumes, corev1ac.Volume().WithName(volume).WithSecret(
+			corev1ac.SecretVolumeSource().WithSecretName(secret).WithDefaultMode(0o440).
+				WithItems(corev1ac.KeyToPath().WithKey(secretKeyName).WithPath(secretKeyName))))
+		mounts = append(mounts, corev1ac.VolumeMount().WithName(volume).WithMountPath(dir).WithReadOnly(true))
+		args = append(args, flag+"="+dir+"/"+secretKeyName)
+	}
+	if auth := a.Spec.GrabService.Auth; auth != nil {
+		addKeyVolume("token-key", auth.TokenSecretRef.Name, tokenKeyDir, "--token-key-file")
+	}
+	if st := a.Spec.Settlement; st != nil && st.Webhook != nil && st.Webhook.SecretRef != nil {
+		addKeyVolume("webhook-key", st.Webhook.SecretRef.Name, webhookKeyDir, "--webhook-key-file")
+	}
+
+	container := corev1ac.Container().
+		WithName(grabContainerName).
+		WithImage(image).
+		WithImagePullPolicy(corev1.PullIfNotPresent).
+		WithCommand(grabCommand).
+		WithArgs(args...).
+		WithPorts(corev1ac.ContainerPort().WithName(grabPortName).WithContainerPort(grabPort).WithProtocol(corev1.ProtocolTCP)).
+		WithEnv(r.grabEnv(a)...).
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(grabPortName))).
+			WithPeriodSeconds(5).WithFailureThreshold(2)).
+		WithLivenessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(grabPortName))).
+			WithInitialDelaySeconds(5).WithPeriodSeconds(10).WithFailureThreshold(3)).
+		WithResources(corev1ac.ResourceRequirements().WithRequests(corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("100m"),
+			corev1.ResourceMemory: resource.MustParse("64Mi"),
+		})).
+		WithSecurityContext(corev1ac.SecurityContext().
+			WithAllowPrivilegeEscalation(false).
+			WithReadOnlyRootFilesystem(true).
+			WithRunAsNonRoot(true).
+			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))).
+		WithVolumeMounts(mounts...)
+
+	return appsv1ac.Deployment(name, a.Namespace).
+		WithLabels(labels).
+		WithOwnerReferences(owner).
+		WithSpec(appsv1ac.DeploymentSpec().
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(grabSelector(a))).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(labels).
+				WithSpec(corev1ac.PodSpec().
+					WithServiceAccountName(name).
+					WithTerminationGracePeriodSeconds(30).
+					WithSecurityContext(corev1ac.PodSecurityContext().
+						WithRunAsNonRoot(true).
+						WithRunAsUser(nonRootUID).
+						WithRunAsGroup(nonRootUID).
+						WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+					WithContainers(container).
+					WithVolumes(volumes...))))
+}
+
+// grabEnv is the grab container's environment: its pod name and namespace, and the
+// Redis connection, from the activity's Secret (every key optional) or else the
+// operator's own connection settings.
+func (r *RedPacketActivityReconciler) grabEnv(a *redpacketv1alpha1.RedPacketActivity) []*corev1ac.EnvVarApplyConfiguration {
+	env := []*corev1ac.EnvVarApplyConfiguration{
+		corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.name"))),
+		corev1ac.EnvVar().WithName("POD_NAMESPACE").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.namespace"))),
+	}
+	redisEnv := []struct{ env, secretKey string }{
+		{"REDIS_ADDRESSES", "addresses"},
+		{"REDIS_MODE", "mode"},
+		{"REDIS_USERNAME", "username"},
+		{"REDIS_PASSWORD", "password"},
+		{"REDIS_TLS", "tls"},
+	}
+	if a.Spec.Redis != nil {
+		for _, e := range redisEnv {
+			env = append(env, corev1ac.EnvVar().WithName(e.env).WithValueFrom(corev1ac.EnvVarSource().
+				WithSecretKeyRef(corev1ac.SecretKeySelector().
+					WithName(a.Spec.Redis.SecretRef.Name).WithKey(e.secretKey).WithOptional(true))))
+		}
+		return env
+	}
+	d := r.Options.DefaultRedis
+	values := map[string]string{
+		"REDIS_ADDRESSES": strings.Join(d.Addresses, ","),
+		"REDIS_MODE":      d.Mode,
+		"REDIS_USERNAME":  d.Username,
+		"REDIS_PASSWORD":  d.Password,
+		"REDIS_TLS":       strconv.FormatBool(d.TLS),
+	}
+	for _, e := range redisEnv {
+		env = append(env, corev1ac.EnvVar().WithName(e.env).WithValue(values[e.env]))
+	}
+	return env
+}

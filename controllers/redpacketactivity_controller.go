@@ -1,0 +1,390 @@
+// Package controllers holds the RedPacketActivity reconciler: it splits an activity's
+// money into packets, seeds them into Redis exactly once, loads the grab script, runs
+// the activity's grab workload, opens, pauses and closes grabbing on schedule, and
+// cleans the activity's Redis keys up once settlement has drained.
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+const (
+	// FieldManager is the field manager of everything the controller applies: its
+	// status fields and the grab workload.
+	FieldManager = "redpacket-controller"
+
+	// Finalizer holds a deleted activity until its Redis keys are cleaned up.
+	Finalizer = "redpacket.io/cleanup"
+
+	// ControllerName is the default name of the controller (in logs and metrics).
+	ControllerName = "redpacketactivity"
+
+	// EventReporter is the reporting controller of the events the controller emits.
+	EventReporter = "redpacket-controller"
+)
+
+// Defaults for Options fields left at zero.
+const (
+	DefaultGrabImage           = "redpacket-operator:latest"
+	DefaultGrabReplicas        = 1
+	DefaultCleanupGracePeriod  = 10 * time.Minute
+	DefaultGrabReportTimeout   = 10 * time.Second
+	DefaultRedisTimeout        = 5 * time.Second
+	DefaultActiveResyncPeriod  = 5 * time.Second
+	DefaultCleanupPollInterval = 2 * time.Second
+	DefaultMaxBackoff          = time.Minute
+)
+
+// Options are the operator-wide settings of the controller.
+type Options struct {
+	// DefaultRedis is the connection of activities without spec.redis.
+	DefaultRedis lua.Conn
+	// GrabImage is the grab service image of activities without spec.grabService.image.
+	GrabImage string
+	// GrabReplicas is the grab Deployment's replicas of activities without
+	// spec.grabService.replicas.
+	GrabReplicas int32
+	// CleanupGracePeriod is how long deletion waits for settlement to drain before it
+	// deletes the Redis keys anyway.
+	CleanupGracePeriod time.Duration
+	// GrabReportTimeout is how recent status.lastReportTime must be for the grab service
+	// to count as available.
+	GrabReportTimeout time.Duration
+	// RedisTimeout bounds every Redis call except seeding, whose deadline grows with
+	// the packet count.
+	RedisTimeout time.Duration
+	// ActiveResyncPeriod is how often an Active activity (and a closed one that has not
+	// settled yet) is looked at again, to notice exhaustion, settlement and staleness.
+	ActiveResyncPeriod time.Duration
+	// CleanupPollInterval is how often a deleted activity checks whether settlement
+	// has drained.
+	CleanupPollInterval time.Duration
+	// MaxBackoff caps the exponential backoff after errors (Redis down, say).
+	MaxBackoff time.Duration
+	// MaxConcurrentReconciles is how many activities are reconciled at once; 0 means 1.
+	MaxConcurrentReconciles int
+	// Name is the controller's name; empty means ControllerName. Several managers in
+	// one process need distinct names (or SkipNameValidation).
+	Name string
+	// SkipNameValidation lets several controllers share a name (tests).
+	SkipNameValidation bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.GrabImage == "" {
+		o.GrabImage = DefaultGrabImage
+	}
+	if o.GrabReplicas < 0 {
+		o.GrabReplicas = DefaultGrabReplicas
+	}
+	if o.CleanupGracePeriod <= 0 {
+		o.CleanupGracePeriod = DefaultCleanupGracePeriod
+	}
+	if o.GrabReportTimeout <= 0 {
+		o.GrabReportTimeout = DefaultGrabReportTimeout
+	}
+	if o.RedisTimeout <= 0 {
+		o.RedisTimeout = DefaultRedisTimeout
+	}
+	if o.ActiveResyncPeriod <= 0 {
+		o.ActiveResyncPeriod = DefaultActiveResyncPeriod
+	}
+	if o.CleanupPollInterval <= 0 {
+		o.CleanupPollInterval = DefaultCleanupPollInterval
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = DefaultMaxBackoff
+	}
+	if o.MaxConcurrentReconciles <= 0 {
+		o.MaxConcurrentReconciles = 1
+	}
+	if o.Name == "" {
+		o.Name = ControllerName
+	}
+	return o
+}
+
+// RedPacketActivityReconciler reconciles a RedPacketActivity into Redis (packets, the
+// grab script, the open/paused/closed gate) and into a grab workload, and reports what
+// it did in the activity's status under its own field manager.
+type RedPacketActivityReconciler struct {
+	// Client reads through the manager's cache and writes to the API server.
+	Client client.Client
+	// APIReader reads from the API server directly: Secrets, objects the cache does not
+	// hold, and the activity's status when it matters that it is current.
+	APIReader client.Reader
+	// Recorder emits events.k8s.io events.
+	Recorder events.EventRecorder
+	// Redis caches the Redis clients.
+	Redis *RedisClients
+	// Seeder stages and commits packets; its zero value is what production uses.
+	Seeder lua.Seeder
+	// Options are the operator-wide settings.
+	Options Options
+	// Now is the controller's clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// SetupWithManager registers the reconciler with mgr. Fields left nil are filled
+// from the manager; the Redis client cache is closed when the manager stops.
+func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.Options = r.Options.withDefaults()
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(EventReporter)
+	}
+	if r.Redis == nil {
+		r.Redis = NewRedisClients()
+		if err := mgr.Add(r.Redis); err != nil {
+			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
+		}
+	}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	skip := r.Options.SkipNameValidation
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named(r.Options.Name).
+		For(&redpacketv1alpha1.RedPacketActivity{}, builder.WithPredicates(activityChangePredicate())).
+		Owns(&appsv1.Deployment{}).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
+			SkipNameValidation:      &skip,
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
+				100*time.Millisecond, r.Options.MaxBackoff),
+		}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("building the %s controller: %w", r.Options.Name, err)
+	}
+	return nil
+}
+
+// CacheOptions are the manager's cache settings the controller relies on: the kinds of
+// the grab workload are cached only when they carry the operator's managed-by label, so
+// the cache holds the operator's own objects rather than every Deployment, Service,
+// ServiceAccount, Role and RoleBinding of the cluster. Objects the cache does not hold
+// are looked up on the API server directly before anything is applied. namespaces,
+// when given, restrict the whole cache to them.
+func CacheOptions(namespaces ...string) cache.Options {
+	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{labelManagedBy: managedByValue})}
+	opts := cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&appsv1.Deployment{}:     managed,
+			&corev1.Service{}:        managed,
+			&corev1.ServiceAccount{}: managed,
+			&rbacv1.Role{}:           managed,
+			&rbacv1.RoleBinding{}:    managed,
+		},
+	}
+	if len(namespaces) > 0 {
+		opts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range namespaces {
+			opts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
+	return opts
+}
+
+// activityChangePredicate lets through the activity events the controller must act
+// on: spec changes (a new generation), annotation and label changes (also a way to
+// force a reconcile), deletion, and the two status writes of the grab service that
+// need a prompt reaction: the last packet claimed, and the first report. Every other
+// status write of the grab service is ignored, so its reports do not cause a storm of
+// reconciles; the periodic resync of active activities notices the rest.
+func activityChangePredicate() predicate.Predicate {
+	return predicate.Or(
+		predicate.GenerationChangedPredicate{},
+		predicate.AnnotationChangedPredicate{},
+		predicate.LabelChangedPredicate{},
+		deletionPredicate(),
+		grabServiceSignalPredicate(),
+	)
+}
+
+// deletionPredicate fires when an activity is marked for deletion or removed.
+func deletionPredicate() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// grabServiceSignalPredicate fires when status.remainingCount becomes 0 (the activity
+// can be closed as exhausted now) and when status.lastReportTime is set for the first
+// time (a grab replica is up).
+func grabServiceSignalPredicate() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			oldA, ok1 := e.ObjectOld.(*redpacketv1alpha1.RedPacketActivity)
+			newA, ok2 := e.ObjectNew.(*redpacketv1alpha1.RedPacketActivity)
+			if !ok1 || !ok2 {
+				return false
+			}
+			becameEmpty := newA.Status.RemainingCount != nil && *newA.Status.RemainingCount == 0 &&
+				(oldA.Status.RemainingCount == nil || *oldA.Status.RemainingCount != 0)
+			firstReport := oldA.Status.LastReportTime == nil && newA.Status.LastReportTime != nil
+			return becameEmpty || firstReport
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// Reconcile moves one activity towards its spec: deletion first, then the finalizer,
+// then the ordered sub-reconcilers of reconcileNormal. The controller's status fields
+// are applied on the way out, whatever happened.
+func (r *RedPacketActivityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
+	log := ctrl.LoggerFrom(ctx)
+
+	activity := &redpacketv1alpha1.RedPacketActivity{}
+	if err := r.Client.Get(ctx, req.NamespacedName, activity); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("getting activity %s: %w", req.NamespacedName, err)
+	}
+
+	scope := newActivityScope(activity, r.now())
+
+	if !activity.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, scope)
+	}
+
+	if !controllerutil.ContainsFinalizer(activity, Finalizer) {
+		if err := r.addFinalizer(ctx, activity); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	defer func() {
+		staleIn, err := r.applyStatusAndStaleness(ctx, scope)
+		switch {
+		case err != nil && !isNotFoundOrGone(err):
+			retErr = kerrors.NewAggregate([]error{retErr, err})
+		case err == nil && retErr == nil && staleIn > 0:
+			// Come back when the last report turns stale, to say so.
+			result = lowestNonZeroResult(result, ctrl.Result{RequeueAfter: staleIn})
+		}
+	}()
+
+	result, retErr = r.reconcileNormal(ctx, scope)
+	if retErr != nil {
+		log.V(1).Info("reconcile stopped, retrying with backoff", "error", retErr.Error())
+	}
+	return result, retErr
+}
+
+// reconcileNormal runs the sub-reconcilers in order. Each one is idempotent and may
+// halt the chain (nothing after it can make sense yet); an error halts it too, and the
+// request is retried with backoff. The shortest requeue any of them asked for wins.
+func (r *RedPacketActivityReconciler) reconcileNormal(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+	steps := []struct {
+		name string
+		run  func(context.Context, *activityScope) (ctrl.Result, error)
+	}{
+		{"redis connection", r.reconcileRedisConnection},
+		{"validate and split", r.reconcileSplit},
+		{"seed", r.reconcileSeed},
+		{"load scripts", r.reconcileScripts},
+		{"open and configure", r.reconcileGate},
+		{"grab workload", r.reconcileGrabWorkload},
+		{"schedule and close", r.reconcileSchedule},
+	}
+	var result ctrl.Result
+	for _, step := range steps {
+		stepResult, err := step.run(ctx, s)
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("%s: %w", step.name, err)
+		}
+		result = lowestNonZeroResult(result, stepResult)
+		if s.halted {
+			break
+		}
+	}
+	return result, nil
+}
+
+// addFinalizer adds the cleanup finalizer with an optimistic-lock patch.
+func (r *RedPacketActivityReconciler) addFinalizer(ctx context.Context, activity *redpacketv1alpha1.RedPacketActivity) error {
+	orig := activity.DeepCopy()
+	controllerutil.AddFinalizer(activity, Finalizer)
+	if err := r.Client.Patch(ctx, activity, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("adding finalizer %s: %w", Finalizer, err)
+	}
+	return nil
+}
+
+func (r *RedPacketActivityReconciler) now() time.Time {
+	if r.Now == nil {
+		return time.Now()
+	}
+	return r.Now()
+}
+
+// redisContext bounds one Redis call.
+func (r *RedPacketActivityReconciler) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.Options.RedisTimeout)
+}
+
+func (r *RedPacketActivityReconciler) logger(ctx context.Context) logr.Logger {
+	return ctrl.LoggerFrom(ctx)
+}
+
+// lowestNonZeroResult returns the result that asks to come back sooner.
+func lowestNonZeroResult(a, b ctrl.Result) ctrl.Result {
+	switch {
+	case a.RequeueAfter == 0:
+		return b
+	case b.RequeueAfter == 0:
+		return a
+	case b.RequeueAfter < a.RequeueAfter:
+		return b
+	default:
+		return a
+	}
+}

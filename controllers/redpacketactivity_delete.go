@@ -1,0 +1,127 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// reconcileDelete cleans a deleted activity's Redis keys up and then lets the
+// resource go.
+//
+// It first closes the activity as expired, so grabbing stops for good and the
+// unclaimed remainder is handed to settlement as the sponsor's refund. It then waits
+// (asking to come back every CleanupPollInterval) until settlement has drained, every
+// grant and the refund credited, because the settlement stream lives in the keys it
+// is about to delete. Then it purges the keys and removes the finalizer. When
+// CleanupGracePeriod has passed since the deletion was requested, it purges anyway and
+// says so with a Warning event. If Redis does not hold the activity, there is nothing
+// to wait for. If Redis cannot be reached, it retries with backoff until the grace
+// period is over and then lets the resource go with a Warning event: the keys, if any
+// are left, have to be removed by hand.
+//
+// The grab workload is owned by the activity and garbage-collected after it; it keeps
+// running, and settling, while the finalizer holds the activity.
+func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+	a := s.activity
+	if !controllerutil.ContainsFinalizer(a, Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	log := r.logger(ctx)
+	graceLeft := a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod).Sub(s.now)
+
+	conn, err := r.connectionFor(ctx, a)
+	if err == nil {
+		s.conn = conn
+		s.redis = r.Redis.Get(conn)
+		err = r.closeForDeletion(ctx, s)
+	}
+	if err != nil {
+		if graceLeft > 0 {
+			return ctrl.Result{}, fmt.Errorf("cleaning up the deleted activity: %w", err)
+		}
+		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupAbandoned", "Delete",
+			"Redis could not be cleaned up within the cleanup grace period of %s; the activity's keys (rpa:{%s}:*) may be left behind: %v",
+			r.Options.CleanupGracePeriod, a.UID, err)
+		return ctrl.Result{}, r.removeFinalizer(ctx, a)
+	}
+
+	snap := s.snapshot
+	switch {
+	case !snap.Exists() && snap.StagedCount == 0:
+		log.Info("the deleted activity is not in Redis; letting it go")
+	case !snap.Exists() || settled(snap):
+		if err := r.purge(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.Recorder.Eventf(a, nil, corev1.EventTypeNormal, "Purged", "Delete",
+			"settlement drained (%d claims, refund %d); the activity's Redis keys were deleted", snap.ClaimedCount, snap.Refunded)
+	case graceLeft <= 0:
+		if err := r.purge(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupGracePeriodExpired", "Delete",
+			"settlement did not drain within %s (%s); the activity's Redis keys were deleted anyway",
+			r.Options.CleanupGracePeriod, snapshotDescribe(snap))
+	default:
+		log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
+		return ctrl.Result{RequeueAfter: min(r.Options.CleanupPollInterval, graceLeft+10*time.Millisecond)}, nil
+	}
+	return ctrl.Result{}, r.removeFinalizer(ctx, a)
+}
+
+// closeForDeletion reads the activity from Redis and closes it as expired when it is
+// not closed yet.
+func (r *RedPacketActivityReconciler) closeForDeletion(ctx context.Context, s *activityScope) error {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	snap, err := lua.ReadSnapshot(rctx, s.redis, s.keys)
+	if err != nil {
+		return fmt.Errorf("reading the activity from Redis: %w", err)
+	}
+	if snap.Exists() && snap.State != lua.StateClosed {
+		res, err := lua.Close(rctx, s.redis, s.keys, lua.CloseExpired)
+		if err != nil {
+			return fmt.Errorf("closing the deleted activity: %w", err)
+		}
+		r.Recorder.Eventf(s.activity, nil, corev1.EventTypeNormal, "Closed", "Delete",
+			"grabbing closed for deletion; %d refunded to the sponsor, waiting for settlement to drain", res.Refunded)
+		if snap, err = lua.ReadSnapshot(rctx, s.redis, s.keys); err != nil {
+			return fmt.Errorf("reading the activity from Redis after closing it: %w", err)
+		}
+	}
+	s.snapshot = snap
+	s.snapshotRead = true
+	return nil
+}
+
+// purge deletes every Redis key of the activity.
+func (r *RedPacketActivityReconciler) purge(ctx context.Context, s *activityScope) error {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	if err := lua.Purge(rctx, s.redis, s.keys); err != nil {
+		return fmt.Errorf("purging the activity's keys: %w", err)
+	}
+	return nil
+}
+
+// removeFinalizer lets the activity go.
+func (r *RedPacketActivityReconciler) removeFinalizer(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity) error {
+	orig := a.DeepCopy()
+	controllerutil.RemoveFinalizer(a, Finalizer)
+	if err := r.Client.Patch(ctx, a, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		if isNotFoundOrGone(err) {
+			return nil
+		}
+		return fmt.Errorf("removing finalizer %s: %w", Finalizer, err)
+	}
+	return nil
+}

@@ -1,0 +1,312 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// controllerConditionTypes are the conditions the controller owns, in the order their
+// transitions are reported.
+var controllerConditionTypes = []string{
+	redpacketv1alpha1.ConditionSeeded,
+	redpacketv1alpha1.ConditionReady,
+	redpacketv1alpha1.ConditionGrabServiceAvailable,
+	redpacketv1alpha1.ConditionSettled,
+}
+
+// warningReasons are the condition reasons whose arrival is reported as a Warning event.
+var warningReasons = map[string]bool{
+	ReasonDataLost:           true,
+	ReasonRedisConfigInvalid: true,
+	ReasonRedisUnavailable:   true,
+	ReasonInvalidSpec:        true,
+	ReasonSpecMismatch:       true,
+	ReasonSeedFailed:         true,
+	ReasonNotAdopted:         true,
+	ReasonWorkloadFailed:     true,
+	ReasonDeadLetters:        true,
+}
+
+// readyPhases are the phases in which the activity serves grabs or finished cleanly.
+var readyPhases = map[redpacketv1alpha1.Phase]bool{
+	redpacketv1alpha1.PhaseScheduled: true,
+	redpacketv1alpha1.PhaseActive:    true,
+	redpacketv1alpha1.PhasePaused:    true,
+	redpacketv1alpha1.PhaseExhausted: true,
+	redpacketv1alpha1.PhaseExpired:   true,
+}
+
+// controllerStatus returns only the fields of st that the controller owns; the
+// counters belong to the grab service.
+func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1alpha1.RedPacketActivityStatus {
+	out := redpacketv1alpha1.RedPacketActivityStatus{
+		Phase:              st.Phase,
+		ObservedGeneration: st.ObservedGeneration,
+		ScriptSHA:          st.ScriptSHA,
+		Endpoint:           st.Endpoint,
+	}
+	for _, t := range controllerConditionTypes {
+		if c := meta.FindStatusCondition(st.Conditions, t); c != nil {
+			out.Conditions = append(out.Conditions, *c)
+		}
+	}
+	if st.SplitSeed != nil {
+		v := *st.SplitSeed
+		out.SplitSeed = &v
+	}
+	if st.SeededTime != nil {
+		out.SeededTime = st.SeededTime.DeepCopy()
+	}
+	if st.RefundedAmount != nil {
+		v := *st.RefundedAmount
+		out.RefundedAmount = &v
+	}
+	return out
+}
+
+// computeStatus completes the scope's status with what is derived at the end of a
+// reconcile: the observed generation, the phase default and the Ready,
+// GrabServiceAvailable and Settled conditions. It also returns when the
+// GrabServiceAvailable condition would turn stale by itself (0: never).
+func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacketv1alpha1.RedPacketActivityStatus, time.Duration) {
+	a := s.activity
+	s.status.ObservedGeneration = a.Generation
+	if s.status.Phase == "" {
+		s.status.Phase = redpacketv1alpha1.PhasePending
+	}
+
+	if meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionSeeded) == nil {
+		s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, ReasonPending, "the packets are not seeded yet")
+	}
+
+	switch {
+	case s.notReady != nil:
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, s.notReady.reason, "%s", s.notReady.message)
+	case readyPhases[s.status.Phase]:
+		msg := s.phaseMessage
+		if msg == "" {
+			// The schedule step did not run this time; keep what it said last.
+			msg = "the activity is " + string(s.status.Phase)
+			if c := meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionReady); c != nil && c.Reason == string(s.status.Phase) {
+				msg = c.Message
+			}
+		}
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(s.status.Phase), "%s", msg)
+	default:
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, string(s.status.Phase), "the activity is %s", s.status.Phase)
+	}
+
+	staleIn := r.computeGrabServiceAvailable(s)
+	computeSettled(s)
+	return controllerStatus(s.status), staleIn
+}
+
+// computeGrabServiceAvailable sets GrabServiceAvailable: True while a grab replica has
+// reported within GrabReportTimeout (this also works where no pod runs a kubelet) or
+// the Deployment has available replicas; False when the workload could not be adopted
+// or nothing is up. It returns when a fresh report turns stale.
+func (r *RedPacketActivityReconciler) computeGrabServiceAvailable(s *activityScope) time.Duration {
+	const condType = redpacketv1alpha1.ConditionGrabServiceAvailable
+	if !s.workloadChecked {
+		if c := meta.FindStatusCondition(s.status.Conditions, condType); c != nil && c.Reason == ReasonNotAdopted {
+			return 0
+		}
+	}
+	if s.notAdopted != "" {
+		s.setCondition(condType, metav1.ConditionFalse, ReasonNotAdopted, "%s", s.notAdopted)
+		return 0
+	}
+	timeout := r.Options.GrabReportTimeout
+	if lr := s.activity.Status.LastReportTime; lr != nil {
+		age := s.now.Sub(lr.Time)
+		if age < timeout {
+			s.setCondition(condType, metav1.ConditionTrue, ReasonReporting,
+				"a grab replica reported at %s", lr.UTC().Format(time.RFC3339))
+			return timeout - age + 100*time.Millisecond
+		}
+	}
+	if d := s.deployment; d != nil && d.Status.AvailableReplicas > 0 {
+		s.setCondition(condType, metav1.ConditionTrue, ReasonReplicasAvailable,
+			"deployment %s has %d available replicas", d.Name, d.Status.AvailableReplicas)
+		return 0
+	}
+	msg := fmt.Sprintf("no grab replica is available and none reported in the last %s", timeout)
+	if s.activity.Status.LastReportTime != nil {
+		msg += fmt.Sprintf(" (last report %s)", s.activity.Status.LastReportTime.UTC().Format(time.RFC3339))
+	}
+	s.setCondition(condType, metav1.ConditionFalse, ReasonNoReplicas, "%s", msg)
+	return 0
+}
+
+// computeSettled sets Settled from the Redis snapshot read in this reconcile.
+func computeSettled(s *activityScope) {
+	const condType = redpacketv1alpha1.ConditionSettled
+	snap := s.snapshot
+	switch {
+	case s.activity.Spec.Settlement == nil:
+		claims := int64(0)
+		if s.snapshotRead {
+			claims = snap.ClaimedCount
+		}
+		s.setCondition(condType, metav1.ConditionFalse, ReasonNotConfigured,
+			"spec.settlement is absent; %d claims wait in the activity's stream until it is configured", claims)
+	case !s.snapshotRead:
+		// Nothing new is known; keep what the status says.
+		if meta.FindStatusCondition(s.status.Conditions, condType) == nil {
+			s.setCondition(condType, metav1.ConditionUnknown, ReasonPending, "Redis has not been read yet")
+		}
+	case !snap.Exists():
+		reason := ReasonPending
+		if s.notReady != nil && s.notReady.reason == ReasonDataLost {
+			reason = ReasonDataLost
+		}
+		s.setCondition(condType, metav1.ConditionUnknown, reason, "Redis holds no data for the activity")
+	case snap.DeadCount > 0:
+		s.setCondition(condType, metav1.ConditionFalse, ReasonDeadLetters,
+			"%d deliveries were parked in the dead-letter stream after too many failures; %d of %d claims settled",
+			snap.DeadCount, snap.SettledCount, snap.ClaimedCount)
+	case settled(snap):
+		s.setCondition(condType, metav1.ConditionTrue, ReasonAllSettled,
+			"all %d claims (%d) and the refund (%d) are credited", snap.ClaimedCount, snap.ClaimedAmount, snap.Refunded)
+	default:
+		s.setCondition(condType, metav1.ConditionFalse, ReasonSettlementPending,
+			"%d of %d claims settled; %d of the %d refund settled",
+			snap.SettledCount, snap.ClaimedCount, snap.RefundSettled, snap.Refunded)
+	}
+}
+
+// observeDeployment reads the grab Deployment from the cache when this reconcile has
+// not looked at it yet, for GrabServiceAvailable.
+func (r *RedPacketActivityReconciler) observeDeployment(ctx context.Context, s *activityScope) {
+	if s.deploymentLooked {
+		return
+	}
+	s.deploymentLooked = true
+	d := &appsv1.Deployment{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.activity.Namespace, Name: grabName(s.activity)}, d); err != nil {
+		return
+	}
+	if metav1.IsControlledBy(d, s.activity) {
+		s.deployment = d
+	}
+}
+
+// applyStatus applies the controller's status fields with server-side apply on the
+// status subresource under FieldManager, forcing ownership of exactly those fields;
+// the grab service's counters are never part of the apply object, so they are never
+// touched. Nothing is sent when the fields are unchanged. Every condition transition
+// is reported as an event. On success the scope's view of the status is updated.
+func (r *RedPacketActivityReconciler) applyStatus(ctx context.Context, s *activityScope) error {
+	_, err := r.applyStatusAndStaleness(ctx, s)
+	return err
+}
+
+func (r *RedPacketActivityReconciler) applyStatusAndStaleness(ctx context.Context, s *activityScope) (time.Duration, error) {
+	r.observeDeployment(ctx, s)
+	desired, staleIn := r.computeStatus(s)
+	current := controllerStatus(s.activity.Status)
+	if equality.Semantic.DeepEqual(current, desired) {
+		return staleIn, nil
+	}
+	obj, err := statusApplyObject(s.activity, desired)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj),
+		client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return 0, fmt.Errorf("applying status: %w", err)
+	}
+	r.emitTransitionEvents(s.activity, current, desired)
+	mergeControllerStatus(&s.activity.Status, desired)
+	return staleIn, nil
+}
+
+// statusApplyObject builds the apply object: apiVersion, kind, name, namespace and the
+// controller's status fields, nothing else.
+func statusApplyObject(a *redpacketv1alpha1.RedPacketActivity, st redpacketv1alpha1.RedPacketActivityStatus) (*unstructured.Unstructured, error) {
+	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return nil, fmt.Errorf("converting status: %w", err)
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
+	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
+	obj.SetKind("RedPacketActivity")
+	obj.SetNamespace(a.Namespace)
+	obj.SetName(a.Name)
+	return obj, nil
+}
+
+// mergeControllerStatus writes the controller's fields of src into dst, keeping the
+// grab service's.
+func mergeControllerStatus(dst *redpacketv1alpha1.RedPacketActivityStatus, src redpacketv1alpha1.RedPacketActivityStatus) {
+	dst.Phase = src.Phase
+	dst.ObservedGeneration = src.ObservedGeneration
+	dst.ScriptSHA = src.ScriptSHA
+	dst.Endpoint = src.Endpoint
+	dst.SplitSeed = src.SplitSeed
+	dst.SeededTime = src.SeededTime
+	dst.RefundedAmount = src.RefundedAmount
+	for _, c := range src.Conditions {
+		meta.SetStatusCondition(&dst.Conditions, c)
+	}
+}
+
+// emitTransitionEvents reports every condition whose status or reason changed, once
+// per reason. Settled's routine back-and-forth while claims flow is not reported; its
+// dead letters are, and so is full settlement of a closed activity.
+func (r *RedPacketActivityReconciler) emitTransitionEvents(a *redpacketv1alpha1.RedPacketActivity, before, after redpacketv1alpha1.RedPacketActivityStatus) {
+	if r.Recorder == nil {
+		return
+	}
+	reported := map[string]bool{}
+	for _, t := range controllerConditionTypes {
+		now := meta.FindStatusCondition(after.Conditions, t)
+		if now == nil {
+			continue
+		}
+		was := meta.FindStatusCondition(before.Conditions, t)
+		if was != nil && was.Status == now.Status && was.Reason == now.Reason {
+			continue
+		}
+		if t == redpacketv1alpha1.ConditionSettled {
+			closed := after.Phase == redpacketv1alpha1.PhaseExhausted || after.Phase == redpacketv1alpha1.PhaseExpired
+			if now.Reason != ReasonDeadLetters && !(now.Status == metav1.ConditionTrue && closed) {
+				continue
+			}
+		}
+		if reported[now.Reason] {
+			continue
+		}
+		reported[now.Reason] = true
+		eventType := corev1.EventTypeNormal
+		if warningReasons[now.Reason] {
+			eventType = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(a, nil, eventType, now.Reason, t, "%s is %s: %s", t, now.Status, now.Message)
+	}
+}
+
+// isNotFoundOrGone reports errors that mean the activity no longer exists.
+func isNotFoundOrGone(err error) bool {
+	return apierrors.IsNotFound(err) || apierrors.IsGone(err)
+}
+
+// snapshotDescribe is a short description of a snapshot for events and logs.
+func snapshotDescribe(snap lua.Snapshot) string {
+	return fmt.Sprintf("state %q, %d of %d claimed, %d settled, refund %d (%d settled), %d dead letters",
+		snap.State, snap.ClaimedCount, snap.Count, snap.SettledCount, snap.Refunded, snap.RefundSettled, snap.DeadCount)
+}
