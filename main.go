@@ -1,0 +1,145 @@
+// Command manager runs the redpacket-operator: the RedPacketActivity controller, with
+// leader election, Prometheus metrics and health probes.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/lua"
+)
+
+// leaderElectionID names the Lease the operator's replicas compete for.
+const leaderElectionID = "redpacket-operator.redpacket.io"
+
+func main() {
+	var (
+		metricsAddr        string
+		probeAddr          string
+		leaderElect        bool
+		redisAddresses     string
+		redisMode          string
+		redisUsername      string
+		redisPassword      string
+		redisTLS           bool
+		grabImage          string
+		grabReplicas       int
+		cleanupGrace       time.Duration
+		grabReportTimeout  time.Duration
+		redisTimeout       time.Duration
+		activeResync       time.Duration
+		concurrentRecons   int
+		redisClientIdleTTL time.Duration
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address the Prometheus metrics endpoint binds to (0 turns it off)")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address /healthz and /readyz bind to")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active controller among the operator's replicas")
+	flag.StringVar(&redisAddresses, "redis-addresses", "127.0.0.1:6379", "default Redis: comma-separated host:port (one for standalone, seed nodes for cluster)")
+	flag.StringVar(&redisMode, "redis-mode", lua.ModeStandalone, "default Redis mode: standalone or cluster")
+	flag.StringVar(&redisUsername, "redis-username", "", "default Redis ACL user name")
+	flag.StringVar(&redisPassword, "redis-password", "", "default Redis password")
+	flag.BoolVar(&redisTLS, "redis-tls", false, "connect to the default Redis over TLS")
+	flag.StringVar(&grabImage, "grab-image", controllers.DefaultGrabImage, "grab service image of activities that do not name one")
+	flag.IntVar(&grabReplicas, "grab-replicas", controllers.DefaultGrabReplicas, "grab Deployment replicas of activities that do not set them")
+	flag.DurationVar(&cleanupGrace, "cleanup-grace-period", controllers.DefaultCleanupGracePeriod, "how long deletion waits for settlement to drain before deleting the Redis keys anyway")
+	flag.DurationVar(&grabReportTimeout, "grab-report-timeout", controllers.DefaultGrabReportTimeout, "how recent a grab replica's report must be for GrabServiceAvailable")
+	flag.DurationVar(&redisTimeout, "redis-timeout", controllers.DefaultRedisTimeout, "deadline of each Redis call (seeding gets more, growing with the packet count)")
+	flag.DurationVar(&activeResync, "active-resync-period", controllers.DefaultActiveResyncPeriod, "how often an active activity is looked at again")
+	flag.IntVar(&concurrentRecons, "max-concurrent-reconciles", 2, "how many activities are reconciled at once")
+	flag.DurationVar(&redisClientIdleTTL, "redis-client-idle-timeout", controllers.DefaultRedisIdleTimeout, "close a cached Redis client unused for this long")
+	logConfig := textlogger.NewConfig()
+	logConfig.AddFlags(flag.CommandLine)
+	flag.Parse()
+
+	logger := textlogger.NewLogger(logConfig)
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+	log := ctrl.Log.WithName("setup")
+
+	if grabReplicas < 0 || grabReplicas > 1000 {
+		fail(log.Error, fmt.Errorf("--grab-replicas=%d is outside 0..1000", grabReplicas), "invalid flags")
+	}
+	defaultRedis := lua.Conn{
+		Mode:     strings.TrimSpace(redisMode),
+		Username: redisUsername,
+		Password: redisPassword,
+		TLS:      redisTLS,
+	}
+	for _, a := range strings.Split(redisAddresses, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			defaultRedis.Addresses = append(defaultRedis.Addresses, a)
+		}
+	}
+	if err := defaultRedis.Validate(); err != nil {
+		fail(log.Error, err, "invalid default Redis connection flags")
+	}
+
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(redpacketv1alpha1.AddToScheme(scheme))
+
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: probeAddr,
+		LeaderElection:         leaderElect,
+		LeaderElectionID:       leaderElectionID,
+		Cache:                  controllers.CacheOptions(),
+	})
+	if err != nil {
+		fail(log.Error, err, "creating the manager")
+	}
+
+	redisClients := controllers.NewRedisClients()
+	redisClients.IdleTimeout = redisClientIdleTTL
+	if err := mgr.Add(redisClients); err != nil {
+		fail(log.Error, err, "adding the Redis client cache")
+	}
+	reconciler := &controllers.RedPacketActivityReconciler{
+		Redis: redisClients,
+		Options: controllers.Options{
+			DefaultRedis:            defaultRedis,
+			GrabImage:               grabImage,
+			GrabReplicas:            int32(grabReplicas),
+			CleanupGracePeriod:      cleanupGrace,
+			GrabReportTimeout:       grabReportTimeout,
+			RedisTimeout:            redisTimeout,
+			ActiveResyncPeriod:      activeResync,
+			MaxConcurrentReconciles: concurrentRecons,
+		},
+	}
+	if err := reconciler.SetupWithManager(mgr); err != nil {
+		fail(log.Error, err, "setting up the controller")
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		fail(log.Error, err, "adding the health check")
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		fail(log.Error, err, "adding the readiness check")
+	}
+
+	log.Info("starting the manager", "redis", strings.Join(defaultRedis.Addresses, ","), "redisMode", defaultRedis.Mode,
+		"grabImage", grabImage, "leaderElection", leaderElect)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		fail(log.Error, err, "running the manager")
+	}
+}
+
+func fail(logError func(error, string, ...any), err error, msg string) {
+	logError(err, msg)
+	os.Exit(1)
+}
