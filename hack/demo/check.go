@@ -58,6 +58,8 @@ func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, k
 	var obs observed
 	start := time.Now()
 	deadline := start.Add(d.opts.settleWait)
+	tty := isTerminal()
+	last := ""
 	for {
 		var a redpacketv1alpha1.RedPacketActivity
 		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &a); err != nil {
@@ -71,16 +73,27 @@ func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, k
 		caughtUp := val(st.ClaimedCount) == rr.Granted && val(st.SettledCount) == rr.Granted &&
 			t.Grants == rr.Granted && (rr.Granted < d.opts.packets || (val(st.RemainingCount) == 0 &&
 			a.Status.Phase == redpacketv1alpha1.PhaseExhausted))
-		fmt.Printf("\r    phase %-9s claimed %5d  remaining %5d  settled %5d  credited %5d  %4.1fs ",
-			obs.phase, val(st.ClaimedCount), val(st.RemainingCount), val(st.SettledCount), t.Grants, time.Since(start).Seconds())
+		line := fmt.Sprintf("    phase %-9s claimed %5d  remaining %5d  settled %5d  credited %5d",
+			obs.phase, val(st.ClaimedCount), val(st.RemainingCount), val(st.SettledCount), t.Grants)
+		switch {
+		case tty:
+			fmt.Printf("\r%s  %4.1fs ", line, time.Since(start).Seconds())
+		case line != last:
+			fmt.Printf("%s  %4.1fs\n", line, time.Since(start).Seconds())
+		}
+		last = line
 		if caughtUp || time.Now().After(deadline) {
 			obs.timedOut = !caughtUp
-			fmt.Println()
+			if tty {
+				fmt.Println()
+			}
 			break
 		}
 		select {
 		case <-ctx.Done():
-			fmt.Println()
+			if tty {
+				fmt.Println()
+			}
 			return obs, ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
