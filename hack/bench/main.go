@@ -27,6 +27,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
@@ -215,13 +216,14 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	fmt.Println(rateLine(r.goPlain))
-	ap, err := rc.AutoPipeline()
+	// The grab service's own clients: the same options and auto-pipeliner it serves with.
+	gc, err := grabsvc.NewRedisClients(lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}, 0)
 	if err != nil {
-		return fmt.Errorf("auto-pipeline: %w", err)
+		return fmt.Errorf("grab service redis clients: %w", err)
 	}
 	fmt.Printf("(b) Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goAuto, err = goClaims(ctx, ap, goKeys, "auto:", o.goWorkers, o.goDuration, o.goPackets/2)
-	_ = ap.Close()
+	r.goAuto, err = goClaims(ctx, gc.Pipeliner, goKeys, "auto:", o.goWorkers, o.goDuration, o.goPackets/2)
+	_ = gc.Close()
 	if err != nil {
 		return err
 	}
