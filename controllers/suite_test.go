@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,8 +86,14 @@ type runningController struct {
 // stopped at the test's cleanup at the latest.
 func (e *env) startController(configure func(r *controllers.RedPacketActivityReconciler)) runningController {
 	e.t.Helper()
+	return e.startControllerWith(cp.Config, configure)
+}
+
+// startControllerWith is startController with the given API server credentials.
+func (e *env) startControllerWith(cfg *rest.Config, configure func(r *controllers.RedPacketActivityReconciler)) runningController {
+	e.t.Helper()
 	grace := 10 * time.Second
-	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  cp.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:  "0",
