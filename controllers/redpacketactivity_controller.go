@@ -66,7 +66,8 @@ type Options struct {
 	// GrabImage is the grab service image of activities without spec.grabService.image.
 	GrabImage string
 	// GrabReplicas is the grab Deployment's replicas of activities without
-	// spec.grabService.replicas.
+	// spec.grabService.replicas; 0 is a valid count, a negative one means
+	// DefaultGrabReplicas.
 	GrabReplicas int32
 	// CleanupGracePeriod is how long deletion waits for settlement to drain before it
 	// deletes the Redis keys anyway.
