@@ -74,14 +74,20 @@ func (r *Restarter) Set(ctx context.Context, key string, run func(context.Contex
 	}()
 }
 
-// Key is the configuration of the running task, "" when none runs.
+// Key is the configuration of the running task, "" when none runs (also when the
+// last task ended by itself).
 func (r *Restarter) Key() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done == nil {
 		return ""
 	}
-	return r.key
+	select {
+	case <-r.done:
+		return ""
+	default:
+		return r.key
+	}
 }
 
 // Stop stops the running task and waits for it.

@@ -467,8 +467,7 @@ func TestRestarter(t *testing.T) {
 	}
 	// A task that ends by itself is started again on the next Set.
 	r.Set(ctx, "c", func(context.Context) { runs.Add(1) })
-	eventually(t, time.Second, "the short task", func() (bool, string) { return runs.Load() == 3, "" })
-	time.Sleep(10 * time.Millisecond)
+	eventually(t, time.Second, "the short task", func() (bool, string) { return runs.Load() == 3 && r.Key() == "", "" })
 	r.Set(ctx, "c", func(context.Context) { runs.Add(1) })
 	eventually(t, time.Second, "the rerun", func() (bool, string) { return runs.Load() == 4, "" })
 	r.Set(ctx, "", nil)
