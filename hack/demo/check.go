@@ -129,12 +129,19 @@ func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, k
 // printSummary prints the summary and its checks, and reports whether all passed.
 func printSummary(rr rainResult, obs observed, t totals, total, packets int64, connections int) bool {
 	passed := true
-	check := func(ok bool) string {
-		if ok {
-			return "ok"
+	// row prints one line; verdict is "" for facts, else the check's result.
+	row := func(label, text string, check ...bool) {
+		if len(check) == 0 {
+			fmt.Printf("  %-16s %s\n", label, text)
+			return
 		}
-		passed = false
-		return "FAIL"
+		verdict := "ok"
+		for _, ok := range check {
+			if !ok {
+				verdict, passed = "FAIL", false
+			}
+		}
+		fmt.Printf("  %-16s %-92s %s\n", label, text, verdict)
 	}
 	st := obs.status
 	other := map[string]int64{}
@@ -151,42 +158,43 @@ func printSummary(rr rainResult, obs observed, t totals, total, packets int64, c
 		}
 	}
 	soldAll := rr.Granted == packets
-	fmt.Printf("  users            %d concurrent (%d asked a second time)\n", rr.Users, rr.Retries)
-	fmt.Printf("  requests         %d in %s (%.0f/s)\n", rr.Requests, rr.Elapsed.Round(time.Millisecond),
-		float64(rr.Requests)/rr.Elapsed.Seconds())
+	exhausted := obs.phase == string(redpacketv1alpha1.PhaseExhausted)
+
+	row("users", fmt.Sprintf("%d concurrent (%d asked a second time)", rr.Users, rr.Retries))
+	row("requests", fmt.Sprintf("%d in %s (%.0f/s)", rr.Requests, rr.Elapsed.Round(time.Millisecond),
+		float64(rr.Requests)/rr.Elapsed.Seconds()))
 	// Every user gets a packet while packets last; when all are claimed, the amounts add
 	// up to the total to the minor unit.
-	want := min(int64(rr.Users), packets)
-	fmt.Printf("  granted          %d of %d packets, sum %d of %d                       %s\n",
-		rr.Granted, packets, rr.GrantedSum, total, check(rr.Granted == want && (!soldAll || rr.GrantedSum == total)))
-	if obs.phase == string(redpacketv1alpha1.PhaseExhausted) {
-		fmt.Printf("  sold out         %d sold_out, then %d ended (the operator closed the activity as Exhausted)\n",
-			rr.ByOutcome["sold_out"], rr.ByOutcome["ended"])
+	row("granted", fmt.Sprintf("%d of %d packets, sum %d of %d", rr.Granted, packets, rr.GrantedSum, total),
+		rr.Granted == min(int64(rr.Users), packets), !soldAll || rr.GrantedSum == total)
+	if exhausted {
+		row("sold out", fmt.Sprintf("%d sold_out, then %d ended (the operator closed the activity as Exhausted)",
+			rr.ByOutcome["sold_out"], rr.ByOutcome["ended"]))
 	} else {
-		fmt.Printf("  sold out         %d sold_out, %d ended\n", rr.ByOutcome["sold_out"], rr.ByOutcome["ended"])
+		row("sold out", fmt.Sprintf("%d sold_out, %d ended", rr.ByOutcome["sold_out"], rr.ByOutcome["ended"]))
 	}
-	fmt.Printf("  other outcomes   %s\n", otherText)
-	fmt.Printf("  duplicates       %d packet ids granted twice; %d of %d retries inconsistent   %s\n",
-		rr.DupPackets, rr.RetriesInconsistent, rr.Retries, check(rr.DupPackets == 0 && rr.RetriesInconsistent == 0 && rr.RetriesSame == rr.Retries))
-	fmt.Printf("  Redis            claims: %d users, %d distinct packets, sum %d; stream: %d entries   %s\n",
-		obs.redisClaims, obs.redisPackets, obs.redisClaimSum, obs.streamLen,
-		check(obs.redisClaims == rr.Granted && obs.redisPackets == rr.Granted && obs.redisClaimSum == rr.GrantedSum && obs.streamLen == rr.Granted))
-	fmt.Printf("  status           phase %s, claimed %d / %d, remaining %d / %d, refunded %d   %s\n",
-		obs.phase, val(st.ClaimedCount), val(st.ClaimedAmount), val(st.RemainingCount), val(st.RemainingAmount), val(st.RefundedAmount),
-		check(val(st.ClaimedCount) == rr.Granted && val(st.ClaimedAmount) == rr.GrantedSum &&
-			val(st.ClaimedAmount)+val(st.RemainingAmount)+max(0, val(st.RefundedAmount)) == total &&
-			(!soldAll || obs.phase == string(redpacketv1alpha1.PhaseExhausted))))
-	fmt.Printf("  latency          users: p50 %s  p99 %s  max %s (%d users queue for %d connections)\n",
-		ms(rr.P50), ms(rr.P99), ms(rr.Max), rr.Users, connections)
-	fmt.Printf("                   per request once connected: p50 %s  p99 %s\n", ms(rr.ServiceP50), ms(rr.ServiceP99))
-	fmt.Printf("  settled          receiver credited %d grants, sum %d; status settled %d / %d   %s\n",
-		t.Grants, t.GrantSum, val(st.SettledCount), val(st.SettledAmount),
-		check(t.Grants == rr.Granted && t.GrantSum == rr.GrantedSum && val(st.SettledCount) == rr.Granted && val(st.SettledAmount) == rr.GrantedSum))
-	fmt.Printf("  balance system   %d deliveries, %d repeats deduplicated, %d conflicts, %d rejected, %d users credited twice   %s\n",
-		t.Requests, t.Repeats, t.Conflicts, t.BadRequests, t.UsersCreditedTwice,
-		check(t.Conflicts == 0 && t.BadRequests == 0 && t.UsersCreditedTwice == 0))
+	row("other outcomes", otherText)
+	row("duplicates", fmt.Sprintf("%d packet ids granted twice; %d of %d retries inconsistent with the first answer",
+		rr.DupPackets, rr.RetriesInconsistent, rr.Retries),
+		rr.DupPackets == 0, rr.RetriesInconsistent == 0, rr.RetriesSame == rr.Retries)
+	row("Redis", fmt.Sprintf("claims: %d users, %d distinct packets, sum %d; stream: %d entries",
+		obs.redisClaims, obs.redisPackets, obs.redisClaimSum, obs.streamLen),
+		obs.redisClaims == rr.Granted, obs.redisPackets == rr.Granted, obs.redisClaimSum == rr.GrantedSum, obs.streamLen == rr.Granted)
+	row("status", fmt.Sprintf("phase %s, claimed %d / %d, remaining %d / %d, refunded %d",
+		obs.phase, val(st.ClaimedCount), val(st.ClaimedAmount), val(st.RemainingCount), val(st.RemainingAmount), val(st.RefundedAmount)),
+		val(st.ClaimedCount) == rr.Granted, val(st.ClaimedAmount) == rr.GrantedSum,
+		val(st.ClaimedAmount)+val(st.RemainingAmount)+max(0, val(st.RefundedAmount)) == total, !soldAll || exhausted)
+	row("latency", fmt.Sprintf("users: p50 %s  p99 %s  max %s (%d users queue for %d connections)",
+		ms(rr.P50), ms(rr.P99), ms(rr.Max), rr.Users, connections))
+	row("", fmt.Sprintf("per request once connected: p50 %s  p99 %s", ms(rr.ServiceP50), ms(rr.ServiceP99)))
+	row("settled", fmt.Sprintf("receiver credited %d grants, sum %d; status settled %d / %d",
+		t.Grants, t.GrantSum, val(st.SettledCount), val(st.SettledAmount)),
+		t.Grants == rr.Granted, t.GrantSum == rr.GrantedSum, val(st.SettledCount) == rr.Granted, val(st.SettledAmount) == rr.GrantedSum)
+	row("balance system", fmt.Sprintf("%d deliveries, %d repeats deduplicated, %d conflicts, %d rejected, %d users credited twice",
+		t.Requests, t.Repeats, t.Conflicts, t.BadRequests, t.UsersCreditedTwice),
+		t.Conflicts == 0, t.BadRequests == 0, t.UsersCreditedTwice == 0)
 	if obs.timedOut {
-		fmt.Printf("  the reporter or settlement did not catch up within %s\n", obs.waited.Round(time.Second))
+		row("", fmt.Sprintf("the reporter or settlement did not catch up within %s", obs.waited.Round(time.Second)))
 	}
 	if passed {
 		fmt.Println("  all checks passed")
