@@ -2,7 +2,8 @@
 -- KEYS[1] meta, KEYS[2] packets, KEYS[3] claims, KEYS[4] stream
 -- ARGV[1] user id
 -- Returns {outcome, packetId, amount}; outcome is one of granted, already_claimed,
--- sold_out, not_started, ended, paused, missing.
+-- sold_out, not_started, ended, paused, missing. A closed activity answers sold_out
+-- when every packet was claimed and ended when its time ran out.
 -- Every read and check comes before the first write. Amounts travel as the decimal
 -- strings they were seeded as, never through a Lua number.
 local user = ARGV[1]
@@ -13,12 +14,15 @@ if prev then
   return {'already_claimed', string.sub(prev, 1, sep - 1), tonumber(string.sub(prev, sep + 1))}
 end
 
-local m = redis.call('HMGET', KEYS[1], 'state', 'paused', 'start_ms', 'end_ms')
+local m = redis.call('HMGET', KEYS[1], 'state', 'paused', 'start_ms', 'end_ms', 'close_reason')
 local state = m[1]
 if not state then
   return {'missing', '', 0}
 end
 if state == 'closed' then
+  if m[5] == 'exhausted' then
+    return {'sold_out', '', 0}
+  end
   return {'ended', '', 0}
 end
 if state ~= 'open' then

@@ -289,8 +289,8 @@ func TestCloseExhaustedOnlyWhenNothingLeft(t *testing.T) {
 	if n, _ := c.XLen(ctx, k.Stream).Result(); n != 3 {
 		t.Fatalf("stream has %d entries, want the 3 grants and no refund", n)
 	}
-	if res := grabOne(t, c, k, "d"); res.Outcome != lua.Ended {
-		t.Fatalf("grab after an exhausted close: %+v, want ended", res)
+	if res := grabOne(t, c, k, "d"); res.Outcome != lua.SoldOut {
+		t.Fatalf("grab after an exhausted close: %+v, want sold_out", res)
 	}
 }
 

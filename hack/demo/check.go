@@ -167,12 +167,7 @@ func printSummary(rr rainResult, obs observed, t totals, total, packets int64, c
 	// up to the total to the minor unit.
 	row("granted", fmt.Sprintf("%d of %d packets, sum %d of %d", rr.Granted, packets, rr.GrantedSum, total),
 		rr.Granted == min(int64(rr.Users), packets), !soldAll || rr.GrantedSum == total)
-	if exhausted {
-		row("sold out", fmt.Sprintf("%d sold_out, then %d ended (the operator closed the activity as Exhausted)",
-			rr.ByOutcome["sold_out"], rr.ByOutcome["ended"]))
-	} else {
-		row("sold out", fmt.Sprintf("%d sold_out, %d ended", rr.ByOutcome["sold_out"], rr.ByOutcome["ended"]))
-	}
+	row("sold out", fmt.Sprintf("%d sold_out, %d ended", rr.ByOutcome["sold_out"], rr.ByOutcome["ended"]))
 	row("other outcomes", otherText)
 	row("duplicates", fmt.Sprintf("%d packet ids granted twice; %d of %d retries inconsistent with the first answer",
 		rr.DupPackets, rr.RetriesInconsistent, rr.Retries),
