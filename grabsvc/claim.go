@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -56,9 +58,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 
 	start := time.Now()
-	res, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (lua.GrabResult, error) {
-		return lua.Grab(ctx, s.cfg.Redis, act.Keys, userID)
-	})
+	res, err := s.grab(r.Context(), act.Keys, userID)
 	s.metrics.ClaimLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
@@ -71,9 +71,8 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 	switch res.Outcome {
 	case lua.Granted, lua.AlreadyClaimed:
-		amount := res.Amount
 		s.metrics.countOutcome(string(res.Outcome))
-		writeJSON(w, http.StatusOK, grabResponse{Outcome: string(res.Outcome), PacketID: res.PacketID, Amount: &amount})
+		writePacket(w, string(res.Outcome), res.PacketID, res.Amount)
 	case lua.SoldOut, lua.NotStarted, lua.Ended, lua.Paused:
 		s.metrics.countOutcome(string(res.Outcome))
 		writeJSON(w, http.StatusConflict, grabResponse{Outcome: string(res.Outcome)})
@@ -83,6 +82,98 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.log.Error("grab script returned an unknown outcome", "outcome", string(res.Outcome), "activity", act.Ref)
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store gave an unexpected answer")
 	}
+}
+
+// grabCall carries one claim to the goroutine that runs it and its answer back.
+type grabCall struct {
+	res lua.GrabResult
+	err error
+	ch  chan struct{}
+}
+
+var (
+	grabCalls  = sync.Pool{New: func() any { return &grabCall{ch: make(chan struct{}, 1)} }}
+	grabTimers = sync.Pool{New: func() any {
+		t := time.NewTimer(time.Hour)
+		t.Stop()
+		return t
+	}}
+)
+
+// grab runs lua.Grab and waits for it at most the Redis deadline. It is
+// callWithDeadline for the hot path: pooled timers and reply slots, and no wait on
+// the request's context (a client that went away costs at most the deadline).
+func (s *Server) grab(ctx context.Context, k lua.Keys, userID string) (lua.GrabResult, error) {
+	c := grabCalls.Get().(*grabCall)
+	go func() {
+		c.res, c.err = lua.Grab(ctx, s.cfg.Redis, k, userID)
+		c.ch <- struct{}{}
+	}()
+	t := grabTimers.Get().(*time.Timer)
+	t.Reset(s.timeout)
+	select {
+	case <-c.ch:
+		// Since Go 1.23 a stopped timer never delivers a stale tick, so it can be reused.
+		t.Stop()
+		grabTimers.Put(t)
+		res, err := c.res, c.err
+		*c = grabCall{ch: c.ch}
+		grabCalls.Put(c)
+		return res, err
+	case <-t.C:
+		grabTimers.Put(t)
+		// c belongs to the running call now and is never reused.
+		return lua.GrabResult{}, fmt.Errorf("grab: %w", context.DeadlineExceeded)
+	}
+}
+
+// writePacket answers 200 with the packet, {"outcome":..,"packetId":..,"amount":..}.
+// It is the hot path, so it skips the reflection encoder when the packet id needs no
+// escaping (the seeder's ids are decimal numbers).
+func writePacket(w http.ResponseWriter, outcome, packetID string, amount int64) {
+	if !plainJSONString(packetID) {
+		writeJSON(w, http.StatusOK, grabResponse{Outcome: outcome, PacketID: packetID, Amount: &amount})
+		return
+	}
+	bp := answerPool.Get().(*[]byte)
+	defer answerPool.Put(bp)
+	buf := (*bp)[:0]
+	buf = append(buf, `{"outcome":"`...)
+	buf = append(buf, outcome...)
+	buf = append(buf, `","packetId":"`...)
+	buf = append(buf, packetID...)
+	buf = append(buf, `","amount":`...)
+	buf = strconv.AppendInt(buf, amount, 10)
+	buf = append(buf, "}\n"...)
+	h := w.Header()
+	h["Content-Type"] = headerJSON
+	h["Cache-Control"] = headerNoStore
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(buf)
+	*bp = buf
+}
+
+// answerPool recycles answer buffers; the ResponseWriter copies what it is given.
+var answerPool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 128)
+	return &b
+}}
+
+// Shared header values; net/http only reads them.
+var (
+	headerJSON    = []string{"application/json"}
+	headerNoStore = []string{"no-store"}
+)
+
+// plainJSONString reports whether s can be written between quotes as it is.
+func plainJSONString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c == '"' || c == '\\' || c >= 0x7f || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) refuse(w http.ResponseWriter, status int, outcome, msg string) {
@@ -98,7 +189,10 @@ func (s *Server) rateLimited(w http.ResponseWriter, wait time.Duration, msg stri
 // readGrabRequest reads and checks the body {"userId": "..."}. On failure it
 // returns the HTTP status and a sentence saying what is wrong.
 func readGrabRequest(w http.ResponseWriter, r *http.Request) (userID string, status int, msg string) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	bp := bodyPool.Get().(*[]byte)
+	defer bodyPool.Put(bp)
+	body, err := readBody(http.MaxBytesReader(w, r.Body, MaxBodyBytes), (*bp)[:0])
+	*bp = body[:0]
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -106,6 +200,7 @@ func readGrabRequest(w http.ResponseWriter, r *http.Request) (userID string, sta
 		}
 		return "", http.StatusBadRequest, "the request body could not be read"
 	}
+	// ParseGrabRequest returns a fresh string, never a view of the pooled buffer.
 	id, msg := ParseGrabRequest(body)
 	if msg != "" {
 		return "", http.StatusBadRequest, msg
@@ -113,10 +208,44 @@ func readGrabRequest(w http.ResponseWriter, r *http.Request) (userID string, sta
 	return id, 0, ""
 }
 
+// bodyPool recycles request body buffers.
+var bodyPool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 512)
+	return &b
+}}
+
+// readBody appends everything r yields to buf.
+func readBody(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
 // ParseGrabRequest checks a grab request body: exactly one JSON object with exactly
 // the string field "userId" (matched case-sensitively, once), nothing after it, and
 // a valid user id. It returns the user id, or a sentence saying what is wrong.
 func ParseGrabRequest(body []byte) (string, string) {
+	if id, ok := parseCanonical(body); ok {
+		if msg := CheckUserID(id); msg != "" {
+			return "", msg
+		}
+		return id, ""
+	}
+	return parseStrict(body)
+}
+
+// parseStrict is ParseGrabRequest with the general JSON decoder.
+func parseStrict(body []byte) (string, string) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return "", `the request body is empty; send {"userId": "..."}`
 	}
@@ -171,6 +300,60 @@ func ParseGrabRequest(body []byte) (string, string) {
 		return "", msg
 	}
 	return userID, ""
+}
+
+// parseCanonical reads the common form of the body, {"userId":"<id>"} with optional
+// JSON whitespace and an id without escapes, quotes or control bytes, without the
+// general decoder. Anything else returns false and goes to the strict decoder, which
+// accepts the same bodies with the same result, so this is only a shortcut.
+func parseCanonical(b []byte) (string, bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return "", false
+	}
+	i = skipWS(b, i+1)
+	const key = `"userId"`
+	if !bytes.HasPrefix(b[i:], []byte(key)) {
+		return "", false
+	}
+	i = skipWS(b, i+len(key))
+	if i >= len(b) || b[i] != ':' {
+		return "", false
+	}
+	i = skipWS(b, i+1)
+	if i >= len(b) || b[i] != '"' {
+		return "", false
+	}
+	start := i + 1
+	end := start
+	for ; end < len(b); end++ {
+		c := b[end]
+		if c == '"' {
+			break
+		}
+		if c == '\\' || c < 0x20 {
+			return "", false
+		}
+	}
+	if end >= len(b) {
+		return "", false
+	}
+	i = skipWS(b, end+1)
+	if i >= len(b) || b[i] != '}' {
+		return "", false
+	}
+	if skipWS(b, i+1) != len(b) {
+		return "", false
+	}
+	return string(b[start:end]), true
+}
+
+// skipWS returns the index of the first non-whitespace byte at or after i.
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // CheckUserID returns a sentence saying why id is not a valid user id, or "" when it

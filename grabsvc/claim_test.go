@@ -408,3 +408,31 @@ func TestRedisDownGives503WithinTheDeadline(t *testing.T) {
 		t.Fatalf("redis errors counted: %v, want at least 2", got)
 	}
 }
+
+// FuzzParseGrabRequest checks that the shortcut for the common body agrees with the
+// strict decoder on every input it accepts.
+func FuzzParseGrabRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"userId":"u1"}`, ` { "userId" : "u 1" } `, "{\"userId\":\"u\t1\"}", `{"userId":"a\"b"}`,
+		`{"userId":"红包"}`, `{"userId":""}`, `{"userId":"x"}x`, `{"userId":"x","a":1}`, `{"userid":"x"}`,
+		"{\"userId\":\"\xff\"}", `{"userId":"\u00e9"}`, `{"userId":"<&>"}`, "{\"userId\":\"a\x7fb\"}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		id, ok := parseCanonical(body)
+		if !ok {
+			return
+		}
+		strictID, strictMsg := parseStrict(body)
+		if msg := CheckUserID(id); msg != "" {
+			if strictMsg == "" {
+				t.Fatalf("%q: shortcut refuses (%s), decoder accepts %q", body, msg, strictID)
+			}
+			return
+		}
+		if strictMsg != "" || strictID != id {
+			t.Fatalf("%q: shortcut %q, decoder %q (%s)", body, id, strictID, strictMsg)
+		}
+	})
+}

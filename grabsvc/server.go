@@ -292,34 +292,38 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
-// callWithDeadline runs f with a context bounded by d and stops waiting for it at
-// that deadline even when f does not return (the auto-pipeliner does not honor a
-// command's context once the command is queued). f keeps running in the background
-// until its own socket timeouts end it.
+// callWithDeadline runs f and stops waiting for it after d, or when ctx is done,
+// even when f does not return: the auto-pipeliner does not honor a command's context
+// once the command is queued. f keeps running in the background until its own
+// socket timeouts end it.
 func callWithDeadline[T any](ctx context.Context, d time.Duration, f func(context.Context) (T, error)) (T, error) {
-	ctx, cancel := context.WithTimeout(ctx, d)
 	type reply struct {
 		v   T
 		err error
 	}
 	ch := make(chan reply, 1)
 	go func() {
-		defer cancel()
 		v, err := f(ctx)
 		ch <- reply{v, err}
 	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var err error
 	select {
 	case r := <-ch:
 		return r.v, r.err
+	case <-t.C:
+		err = context.DeadlineExceeded
 	case <-ctx.Done():
-		select {
-		case r := <-ch:
-			return r.v, r.err
-		default:
-		}
-		var zero T
-		return zero, fmt.Errorf("redis call: %w", ctx.Err())
+		err = ctx.Err()
 	}
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	default:
+	}
+	var zero T
+	return zero, fmt.Errorf("redis call: %w", err)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
