@@ -47,7 +47,8 @@ func NewRedisClients(conn lua.Conn, timeout time.Duration) (*RedisClients, error
 
 // NewRedisClient opens a plain client for conn (as lua.Conn.NewClient does) whose
 // every socket wait is bounded by timeout (0 means DefaultRedisTimeout) and which
-// retries a failed command at most once.
+// retries a failed command at most once. It speaks RESP2: the grab path uses no
+// push notifications, and RESP2 spares every reply the check for them.
 func NewRedisClient(conn lua.Conn, timeout time.Duration) (redis.UniversalClient, error) {
 	if err := conn.Validate(); err != nil {
 		return nil, err
@@ -63,13 +64,13 @@ func NewRedisClient(conn lua.Conn, timeout time.Duration) (redis.UniversalClient
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: conn.Addresses, Username: conn.Username, Password: conn.Password, TLSConfig: tc,
 			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
-			MaxRetries: 1, ContextTimeoutEnabled: true,
+			MaxRetries: 1, ContextTimeoutEnabled: true, Protocol: 2,
 		}), nil
 	}
 	return redis.NewClient(&redis.Options{
 		Addr: conn.Addresses[0], Username: conn.Username, Password: conn.Password, TLSConfig: tc,
 		DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
-		MaxRetries: 1, ContextTimeoutEnabled: true,
+		MaxRetries: 1, ContextTimeoutEnabled: true, Protocol: 2,
 	}), nil
 }
 
