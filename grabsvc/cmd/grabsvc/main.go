@@ -84,7 +84,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	addresses := fs.String("redis-addresses", envOr("REDIS_ADDRESSES", "127.0.0.1:6379"), "comma-separated Redis host:port (env REDIS_ADDRESSES)")
 	fs.StringVar(&o.redis.Mode, "redis-mode", envOr("REDIS_MODE", lua.ModeStandalone), "standalone or cluster (env REDIS_MODE)")
 	fs.StringVar(&o.redis.Username, "redis-username", os.Getenv("REDIS_USERNAME"), "Redis ACL user name (env REDIS_USERNAME)")
-	fs.StringVar(&o.redis.Password, "redis-password", os.Getenv("REDIS_PASSWORD"), "Redis password (env REDIS_PASSWORD)")
+	fs.StringVar(&o.redis.Password, "redis-password", "", "Redis password (env REDIS_PASSWORD)")
 	tlsDefault, _ := strconv.ParseBool(envOr("REDIS_TLS", "false"))
 	fs.BoolVar(&o.redis.TLS, "redis-tls", tlsDefault, "connect to Redis with TLS (env REDIS_TLS)")
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", grabsvc.DefaultRedisTimeout, "deadline of every Redis call on the grab path")
@@ -110,6 +110,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	if o.activity == "" {
 		return o, errors.New("--activity is required")
+	}
+	if o.redis.Password == "" {
+		// Read here rather than as the flag's default, so --help never shows it.
+		o.redis.Password = os.Getenv("REDIS_PASSWORD")
 	}
 	for _, a := range strings.Split(*addresses, ",") {
 		if a = strings.TrimSpace(a); a != "" {

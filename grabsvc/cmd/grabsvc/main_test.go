@@ -301,9 +301,17 @@ func TestFlags(t *testing.T) {
 	t.Setenv("REDIS_ADDRESSES", "a:1,b:2")
 	t.Setenv("REDIS_MODE", "cluster")
 	t.Setenv("REDIS_TLS", "true")
+	t.Setenv("REDIS_PASSWORD", "s3cret")
+	var help bytes.Buffer
+	if _, err := parseFlags([]string{"--help"}, &help); err == nil || strings.Contains(help.String(), "s3cret") {
+		t.Fatalf("--help: %v, shows the password: %v", err, strings.Contains(help.String(), "s3cret"))
+	}
 	o, err := parseFlags([]string{"--activity", "x"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.redis.Password != "s3cret" {
+		t.Fatalf("password from the environment: %q", o.redis.Password)
 	}
 	if len(o.redis.Addresses) != 2 || o.redis.Mode != lua.ModeCluster || !o.redis.TLS || o.listen != ":8080" ||
 		o.reportInterval != time.Second || o.redisTimeout != 500*time.Millisecond || !o.settlement || o.shutdownDelay != 5*time.Second {
