@@ -55,7 +55,7 @@ demo: redis controlplane build ## Local control plane, Redis, operator, grab ser
 	$(GO) run ./hack/demo $(ARGS)
 
 .PHONY: bench
-bench: redis build ## Measure the grab path against redis-benchmark and a no-op handler; writes docs/benchmarks.md.
+bench: redis controlplane build ## Measure the grab path against redis-benchmark and a no-op handler; writes docs/benchmarks.md.
 	$(GO) run ./hack/bench $(ARGS)
 
 ##@ Deployment
