@@ -17,6 +17,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/proc"
 )
 
 // benchActivity is the name of the activity the HTTP measurement grabs from.
@@ -70,35 +71,35 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 	}
 	fmt.Println(took.Round(time.Millisecond))
 
-	grabAddr, err := freeAddr()
+	grabAddr, err := proc.FreeAddr()
 	if err != nil {
 		return grab, noop, err
 	}
-	gp, err := startProc("grabsvc", filepath.Join(work, "grabsvc.log"), nil, grabBin,
+	gp, err := proc.Start("grabsvc", filepath.Join(work, "grabsvc.log"), nil, grabBin,
 		"--namespace", "default", "--activity", benchActivity, "--listen", grabAddr,
 		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr, "--settlement=false")
 	if err != nil {
 		return grab, noop, err
 	}
-	defer gp.stop(10 * time.Second)
-	if err := waitHTTP(ctx, gp, "http://"+grabAddr+"/readyz", 60*time.Second); err != nil {
-		return grab, noop, fmt.Errorf("grab service: %w (log: %s)", err, tail(filepath.Join(work, "grabsvc.log")))
+	defer gp.Stop(10 * time.Second)
+	if err := proc.WaitHTTP(ctx, gp, "http://"+grabAddr+"/readyz", 60*time.Second); err != nil {
+		return grab, noop, fmt.Errorf("grab service: %w (log: %s)", err, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
 	}
 
 	self, err := os.Executable()
 	if err != nil {
 		return grab, noop, fmt.Errorf("finding the benchmark binary: %w", err)
 	}
-	noopAddr, err := freeAddr()
+	noopAddr, err := proc.FreeAddr()
 	if err != nil {
 		return grab, noop, err
 	}
-	np, err := startProc("no-op server", filepath.Join(work, "noop.log"), nil, self, "--serve-noop", noopAddr)
+	np, err := proc.Start("no-op server", filepath.Join(work, "noop.log"), nil, self, "--serve-noop", noopAddr)
 	if err != nil {
 		return grab, noop, err
 	}
-	defer np.stop(5 * time.Second)
-	if err := waitHTTP(ctx, np, "http://"+noopAddr+"/", 30*time.Second); err != nil {
+	defer np.Stop(5 * time.Second)
+	if err := proc.WaitHTTP(ctx, np, "http://"+noopAddr+"/", 30*time.Second); err != nil {
 		return grab, noop, err
 	}
 
@@ -124,7 +125,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 	fmt.Println(rateLine(grab))
 
 	if grab.Errors > 0 || grab.ByStatus["200"] == 0 {
-		return grab, noop, fmt.Errorf("grab service answers: %v (log: %s)", grab.ByStatus, tail(filepath.Join(work, "grabsvc.log")))
+		return grab, noop, fmt.Errorf("grab service answers: %v (log: %s)", grab.ByStatus, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
 	}
 	snap, err := lua.ReadSnapshot(ctx, rc, lua.KeysFor(uid))
 	if err != nil {
@@ -150,16 +151,4 @@ func ensureControlPlane(ctx context.Context, root string) error {
 		}
 	}
 	return nil
-}
-
-// tail returns the end of a log file, for error messages.
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
 }

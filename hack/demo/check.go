@@ -290,15 +290,3 @@ func portOf(addr string) string {
 	_, p, _ := net.SplitHostPort(addr)
 	return p
 }
-
-// tail returns the end of a log file, for error messages.
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}

@@ -26,6 +26,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/proc"
 )
 
 // options are the demo's knobs.
@@ -163,21 +164,21 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Printf("    %s/credit, verifying X-Signature with %s\n", recvURL, rel(root, keyFile))
 
 	step("starting the operator (bin/manager)")
-	probeAddr, err := freeAddr()
+	probeAddr, err := proc.FreeAddr()
 	if err != nil {
 		return err
 	}
-	mgr, err := startProc("operator", filepath.Join(d.dir, "logs", "manager.log"), []string{"KUBECONFIG=" + kubeconfig},
+	mgr, err := proc.Start("operator", filepath.Join(d.dir, "logs", "manager.log"), []string{"KUBECONFIG=" + kubeconfig},
 		filepath.Join(root, "bin", "manager"), "--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", probeAddr, "--leader-elect=false")
 	if err != nil {
 		return err
 	}
-	d.onStop(func() { mgr.stop(15 * time.Second) })
-	if err := waitHTTP(ctx, mgr, "http://"+probeAddr+"/readyz", 60*time.Second); err != nil {
-		return fmt.Errorf("operator: %w (log: %s)", err, tail(filepath.Join(d.dir, "logs", "manager.log")))
+	d.onStop(func() { mgr.Stop(15 * time.Second) })
+	if err := proc.WaitHTTP(ctx, mgr, "http://"+probeAddr+"/readyz", 60*time.Second); err != nil {
+		return fmt.Errorf("operator: %w (log: %s)", err, proc.Tail(filepath.Join(d.dir, "logs", "manager.log"), 3000))
 	}
-	fmt.Printf("    pid %d, probes on %s, log %s\n", mgr.cmd.Process.Pid, probeAddr, rel(root, filepath.Join(d.dir, "logs", "manager.log")))
+	fmt.Printf("    pid %d, probes on %s, log %s\n", mgr.Pid(), probeAddr, rel(root, filepath.Join(d.dir, "logs", "manager.log")))
 
 	step("applying the sample activity with kubectl")
 	sample, from, err := sampleActivity(root)
@@ -203,27 +204,27 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	if err := kc.show(ctx, "wait", "--for=condition=Ready", "rpa/"+o.name, "--timeout=120s"); err != nil {
-		return fmt.Errorf("%w (operator log: %s)", err, tail(filepath.Join(d.dir, "logs", "manager.log")))
+		return fmt.Errorf("%w (operator log: %s)", err, proc.Tail(filepath.Join(d.dir, "logs", "manager.log"), 3000))
 	}
 
 	step("starting the grab service (bin/grabsvc)")
-	grabAddr, err := freeAddr()
+	grabAddr, err := proc.FreeAddr()
 	if err != nil {
 		return err
 	}
 	grabLog := filepath.Join(d.dir, "logs", "grabsvc.log")
-	gs, err := startProc("grab service", grabLog, []string{"KUBECONFIG=" + kubeconfig},
+	gs, err := proc.Start("grab service", grabLog, []string{"KUBECONFIG=" + kubeconfig},
 		filepath.Join(root, "bin", "grabsvc"), "--namespace", "default", "--activity", o.name,
 		"--listen", grabAddr, "--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr,
 		"--webhook-key-file", keyFile, "--report-interval", "1s", "--shutdown-delay", "1s")
 	if err != nil {
 		return err
 	}
-	d.onStop(func() { gs.stop(15 * time.Second) })
-	if err := waitHTTP(ctx, gs, "http://"+grabAddr+"/readyz", 60*time.Second); err != nil {
-		return fmt.Errorf("grab service: %w (log: %s)", err, tail(grabLog))
+	d.onStop(func() { gs.Stop(15 * time.Second) })
+	if err := proc.WaitHTTP(ctx, gs, "http://"+grabAddr+"/readyz", 60*time.Second); err != nil {
+		return fmt.Errorf("grab service: %w (log: %s)", err, proc.Tail(grabLog, 3000))
 	}
-	fmt.Printf("    http://%s (POST /v1/grab), pid %d, log %s\n", grabAddr, gs.cmd.Process.Pid, rel(root, grabLog))
+	fmt.Printf("    http://%s (POST /v1/grab), pid %d, log %s\n", grabAddr, gs.Pid(), rel(root, grabLog))
 
 	step("before the rain")
 	if err := kc.show(ctx, "get", "rpa"); err != nil {

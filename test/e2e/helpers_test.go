@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"redpacket.io/operator/test/proc"
 )
 
 // namespace creates a namespace for the test with kubectl.
@@ -32,7 +34,7 @@ func startGrab(t *testing.T, ns, name string) string {
 // startGrabWith is startGrab with extra flags.
 func startGrabWith(t *testing.T, ns, name string, extra ...string) string {
 	t.Helper()
-	addr, err := freeAddr()
+	addr, err := proc.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,18 +42,18 @@ func startGrabWith(t *testing.T, ns, name string, extra ...string) string {
 	args := append([]string{"--namespace", ns, "--activity", name, "--listen", addr,
 		"--kubeconfig", env.kubeconfig, "--redis-addresses", env.redisAddr, "--report-interval", "500ms",
 		"--shutdown-delay", "0s"}, extra...)
-	p, err := startProcess(logPath, env.grabsvc, args...)
+	p, err := proc.Start("grab service", logPath, nil, env.grabsvc, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		p.stop()
+		p.Stop(stopGrace)
 		if t.Failed() {
-			t.Logf("grab service log:\n%s", readTail(logPath))
+			t.Logf("grab service log:\n%s", proc.Tail(logPath, tailBytes))
 		}
 	})
-	if err := waitOK(p, "http://"+addr+"/readyz", 60*time.Second); err != nil {
-		t.Fatalf("grab service: %v\n%s", err, readTail(logPath))
+	if err := proc.WaitHTTP(t.Context(), p, "http://"+addr+"/readyz", 60*time.Second); err != nil {
+		t.Fatalf("grab service: %v\n%s", err, proc.Tail(logPath, tailBytes))
 	}
 	return "http://" + addr
 }

@@ -7,14 +7,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +19,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/proc"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -38,6 +35,14 @@ var env struct {
 	managerLog string
 }
 
+// stopGrace is how long a stopped process may take to end after SIGTERM before it
+// is killed; tailBytes is how much of a log a failure shows.
+const (
+	stopGrace = 20 * time.Second
+	tailBytes = 6000
+)
+
+// TestMain runs the tests inside the environment runMain starts.
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
@@ -93,25 +98,25 @@ func runMain(m *testing.M) int {
 	env.redis = redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer env.redis.Close()
 
-	probe, err := freeAddr()
+	probe, err := proc.FreeAddr()
 	if err != nil {
 		return fail(err)
 	}
 	env.managerLog = filepath.Join(work, "manager.log")
-	mp, err := startProcess(env.managerLog, manager, "--kubeconfig", env.kubeconfig,
+	mp, err := proc.Start("operator", env.managerLog, nil, manager, "--kubeconfig", env.kubeconfig,
 		"--redis-addresses", rs.Addr, "--metrics-bind-address", "0", "--health-probe-bind-address", probe,
 		"--cleanup-grace-period", "2m")
 	if err != nil {
 		return fail(err)
 	}
-	defer mp.stop()
-	if err := waitOK(mp, "http://"+probe+"/readyz", 60*time.Second); err != nil {
-		return fail(fmt.Errorf("operator: %w\n%s", err, readTail(env.managerLog)))
+	defer mp.Stop(stopGrace)
+	if err := proc.WaitHTTP(context.Background(), mp, "http://"+probe+"/readyz", 60*time.Second); err != nil {
+		return fail(fmt.Errorf("operator: %w\n%s", err, proc.Tail(env.managerLog, tailBytes)))
 	}
 
 	code := m.Run()
 	if code != 0 {
-		fmt.Fprintf(os.Stderr, "--- operator log (tail)\n%s\n", readTail(env.managerLog))
+		fmt.Fprintf(os.Stderr, "--- operator log (tail)\n%s\n", proc.Tail(env.managerLog, tailBytes))
 	}
 	return code
 }
@@ -161,94 +166,4 @@ func eventually(t *testing.T, within time.Duration, what string, f func() error)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-// process is a child in its own process group.
-type process struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// startProcess starts bin with args, output to logPath.
-func startProcess(logPath, bin string, args ...string) (*process, error) {
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("creating %s: %w", logPath, err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		_ = logf.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// stop terminates the process group, killing it if it lingers.
-func (p *process) stop() {
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// waitOK polls url until it answers 200.
-func waitOK(p *process, url string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("HTTP %d", resp.StatusCode)
-		}
-		if p.exited() {
-			return fmt.Errorf("the process exited before %s answered", url)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %w", url, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return "127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port), nil
-}
-
-func readTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > 6000 {
-		b = b[len(b)-6000:]
-	}
-	return string(b)
 }
