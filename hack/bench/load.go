@@ -49,6 +49,78 @@ func summarise(samples []time.Duration, elapsed time.Duration, errs int64, by ma
 	return l
 }
 
+// errCutOff is what a closedLoop call returns when the end of the run cut it short:
+// its worker stops without counting it.
+var errCutOff = errors.New("cut off by the end of the run")
+
+// closedLoop runs workers goroutines that each make one call at a time, back to
+// back, for dur or until limit calls were started (0: no limit), and times every
+// call. call gets the measuring context and the call's number (1, 2, ... across
+// all workers) and returns the label counted in ByStatus; a failed call counts as
+// an error under "error", except errCutOff. It returns the summary, the first
+// failed call's error (l.Errors counts them all) and ctx's error if ctx ended.
+func closedLoop(ctx context.Context, workers int, dur time.Duration, limit int64, call func(mctx context.Context, i int64) (string, error)) (l latencies, firstErr, err error) {
+	mctx, cancel := context.WithTimeout(ctx, dur)
+	defer cancel()
+	var next atomic.Int64
+	type result struct {
+		samples  []time.Duration
+		errs     int64
+		by       map[string]int64
+		firstErr error
+	}
+	results := make([]result, workers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Go(func() {
+			r := result{by: map[string]int64{}}
+			for mctx.Err() == nil {
+				i := next.Add(1)
+				if limit > 0 && i > limit {
+					break
+				}
+				t0 := time.Now()
+				label, err := call(mctx, i)
+				d := time.Since(t0)
+				if errors.Is(err, errCutOff) {
+					break
+				}
+				if err != nil {
+					r.errs++
+					r.by["error"]++
+					if r.firstErr == nil {
+						r.firstErr = err
+					}
+					continue
+				}
+				r.samples = append(r.samples, d)
+				r.by[label]++
+			}
+			results[w] = r
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return latencies{}, nil, err
+	}
+	var all []time.Duration
+	var errs int64
+	by := map[string]int64{}
+	for _, r := range results {
+		all = append(all, r.samples...)
+		errs += r.errs
+		for k, v := range r.by {
+			by[k] += v
+		}
+		if firstErr == nil {
+			firstErr = r.firstErr
+		}
+	}
+	return summarise(all, elapsed, errs, by), firstErr, nil
+}
+
 // loadSpec is one closed-loop load: Clients workers each send one request at a time
 // over a kept-alive connection, for Duration or until Max requests were sent, after
 // Warmup of unmeasured traffic.
@@ -113,57 +185,17 @@ func runHTTPLoad(ctx context.Context, spec loadSpec) (latencies, error) {
 		}
 	}
 
-	mctx, cancel := context.WithTimeout(ctx, spec.Duration)
-	defer cancel()
-	var sent atomic.Int64
-	type result struct {
-		samples []time.Duration
-		errs    int64
-		by      map[string]int64
-	}
-	results := make([]result, spec.Clients)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for w := 0; w < spec.Clients; w++ {
-		wg.Go(func() {
-			r := result{by: map[string]int64{}}
-			for mctx.Err() == nil {
-				if spec.Max > 0 && sent.Add(1) > spec.Max {
-					break
-				}
-				t0 := time.Now()
-				code, err := send(mctx)
-				d := time.Since(t0)
-				if err != nil {
-					if mctx.Err() != nil {
-						break // cut off by the end of the run, not a failure
-					}
-					r.errs++
-					r.by["error"]++
-					continue
-				}
-				r.samples = append(r.samples, d)
-				r.by[strconv.Itoa(code)]++
+	l, _, err := closedLoop(ctx, spec.Clients, spec.Duration, spec.Max, func(mctx context.Context, _ int64) (string, error) {
+		code, err := send(mctx)
+		if err != nil {
+			if mctx.Err() != nil {
+				return "", errCutOff // cut off by the end of the run, not a failure
 			}
-			results[w] = r
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err := ctx.Err(); err != nil {
-		return latencies{}, err
-	}
-	var all []time.Duration
-	var errs int64
-	by := map[string]int64{}
-	for _, r := range results {
-		all = append(all, r.samples...)
-		errs += r.errs
-		for k, v := range r.by {
-			by[k] += v
+			return "", err
 		}
-	}
-	return summarise(all, elapsed, errs, by), nil
+		return strconv.Itoa(code), nil
+	})
+	return l, err
 }
 
 // noopResponse is what the no-op handler answers: the size of a granted answer.

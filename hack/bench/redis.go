@@ -10,8 +10,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -126,70 +124,23 @@ func parseBenchmarkCSV(out []byte, requests int64, elapsed time.Duration) (laten
 // through c (a plain or auto-pipelining client), each with a fresh user id, for dur or
 // until max calls.
 func goClaims(ctx context.Context, c redis.Scripter, k lua.Keys, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
-	mctx, cancel := context.WithTimeout(ctx, dur)
-	defer cancel()
-	var next atomic.Int64
-	type result struct {
-		samples []time.Duration
-		errs    int64
-		by      map[string]int64
-		firstEr error
-	}
-	results := make([]result, workers)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Go(func() {
-			r := result{by: map[string]int64{}}
-			for mctx.Err() == nil {
-				i := next.Add(1)
-				if max > 0 && i > max {
-					break
-				}
-				user := prefix + strconv.FormatInt(i, 10)
-				t0 := time.Now()
-				// The call gets its own deadline so the end of the run never cuts a
-				// claim in half on the client side.
-				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-				res, err := lua.Grab(cctx, c, k, user)
-				ccancel()
-				d := time.Since(t0)
-				if err != nil {
-					r.errs++
-					r.by["error"]++
-					if r.firstEr == nil {
-						r.firstEr = err
-					}
-					continue
-				}
-				r.samples = append(r.samples, d)
-				r.by[string(res.Outcome)]++
-			}
-			results[w] = r
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err := ctx.Err(); err != nil {
+	l, firstErr, err := closedLoop(ctx, workers, dur, max, func(_ context.Context, i int64) (string, error) {
+		user := prefix + strconv.FormatInt(i, 10)
+		// The call gets its own deadline so the end of the run never cuts a claim
+		// in half on the client side.
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		defer ccancel()
+		res, err := lua.Grab(cctx, c, k, user)
+		if err != nil {
+			return "", err
+		}
+		return string(res.Outcome), nil
+	})
+	if err != nil {
 		return latencies{}, err
 	}
-	var all []time.Duration
-	var errs int64
-	by := map[string]int64{}
-	var firstErr error
-	for _, r := range results {
-		all = append(all, r.samples...)
-		errs += r.errs
-		for o, n := range r.by {
-			by[o] += n
-		}
-		if firstErr == nil {
-			firstErr = r.firstEr
-		}
-	}
-	l := summarise(all, elapsed, errs, by)
-	if errs > 0 {
-		return l, fmt.Errorf("%d of %d claims failed, first: %w", errs, l.Requests+errs, firstErr)
+	if l.Errors > 0 {
+		return l, fmt.Errorf("%d of %d claims failed, first: %w", l.Errors, l.Requests+l.Errors, firstErr)
 	}
 	return l, nil
 }
