@@ -2,6 +2,11 @@
 // POST /v1/grab and GET /v1/activity, reports the activity's counters into its
 // status, and (with --settlement) runs a settlement worker that credits claims to
 // the balance system.
+//
+// Usage:
+//
+//	grabsvc --activity NAME [flags]                      serve the activity
+//	grabsvc replay-dead-letters --activity NAME [flags]  move its dead letters back into the settlement stream
 package main
 
 import (
@@ -43,7 +48,13 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == replayCommand {
+		err = replayDeadLetters(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Stderr)
+	}
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
@@ -81,12 +92,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "default"), "namespace of the RedPacketActivity")
 	fs.StringVar(&o.activity, "activity", "", "name of the RedPacketActivity (required)")
 	fs.StringVar(&o.listen, "listen", ":8080", "address of the HTTP API, probes and metrics")
-	addresses := fs.String("redis-addresses", envOr("REDIS_ADDRESSES", "127.0.0.1:6379"), "comma-separated Redis host:port (env REDIS_ADDRESSES)")
-	fs.StringVar(&o.redis.Mode, "redis-mode", envOr("REDIS_MODE", lua.ModeStandalone), "standalone or cluster (env REDIS_MODE)")
-	fs.StringVar(&o.redis.Username, "redis-username", os.Getenv("REDIS_USERNAME"), "Redis ACL user name (env REDIS_USERNAME)")
-	fs.StringVar(&o.redis.Password, "redis-password", "", "Redis password (env REDIS_PASSWORD)")
-	tlsDefault, _ := strconv.ParseBool(envOr("REDIS_TLS", "false"))
-	fs.BoolVar(&o.redis.TLS, "redis-tls", tlsDefault, "connect to Redis with TLS (env REDIS_TLS)")
+	finishRedis := redisFlags(fs, &o.redis)
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", grabsvc.DefaultRedisTimeout, "deadline of every Redis call on the grab path")
 	fs.StringVar(&o.tokenKeyFile, "token-key-file", "", "file holding the HMAC key of user tokens; empty: tokens are not required")
 	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "file holding the HMAC key that signs settlement deliveries; empty: unsigned")
@@ -111,16 +117,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.activity == "" {
 		return o, errors.New("--activity is required")
 	}
-	if o.redis.Password == "" {
-		// Read here rather than as the flag's default, so --help never shows it.
-		o.redis.Password = os.Getenv("REDIS_PASSWORD")
-	}
-	for _, a := range strings.Split(*addresses, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			o.redis.Addresses = append(o.redis.Addresses, a)
-		}
-	}
-	if err := o.redis.Validate(); err != nil {
+	if err := finishRedis(); err != nil {
 		return o, err
 	}
 	if o.ratePerUser < 0 || o.ratePerClient < 0 {

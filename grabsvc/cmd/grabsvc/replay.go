@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc/settlement"
+	"redpacket.io/operator/lua"
+)
+
+// replayCommand is the subcommand that moves dead letters back into the stream.
+const replayCommand = "replay-dead-letters"
+
+// redisFlags registers the Redis connection flags (--redis-addresses, --redis-mode,
+// --redis-username, --redis-password, --redis-tls, each defaulting from its REDIS_*
+// environment variable) on fs. The returned function, called after fs.Parse, fills
+// conn and validates it.
+func redisFlags(fs *flag.FlagSet, conn *lua.Conn) func() error {
+	addresses := fs.String("redis-addresses", envOr("REDIS_ADDRESSES", "127.0.0.1:6379"), "comma-separated Redis host:port (env REDIS_ADDRESSES)")
+	fs.StringVar(&conn.Mode, "redis-mode", envOr("REDIS_MODE", lua.ModeStandalone), "standalone or cluster (env REDIS_MODE)")
+	fs.StringVar(&conn.Username, "redis-username", os.Getenv("REDIS_USERNAME"), "Redis ACL user name (env REDIS_USERNAME)")
+	fs.StringVar(&conn.Password, "redis-password", "", "Redis password (env REDIS_PASSWORD)")
+	tlsDefault, _ := strconv.ParseBool(envOr("REDIS_TLS", "false"))
+	fs.BoolVar(&conn.TLS, "redis-tls", tlsDefault, "connect to Redis with TLS (env REDIS_TLS)")
+	return func() error {
+		if conn.Password == "" {
+			// Read here rather than as the flag's default, so --help never shows it.
+			conn.Password = os.Getenv("REDIS_PASSWORD")
+		}
+		conn.Addresses = nil
+		for _, a := range strings.Split(*addresses, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				conn.Addresses = append(conn.Addresses, a)
+			}
+		}
+		return conn.Validate()
+	}
+}
+
+// replayOptions are the command line of replay-dead-letters.
+type replayOptions struct {
+	namespace, activity, kubeconfig string
+	max                             int
+	timeout                         time.Duration
+	redis                           lua.Conn
+}
+
+func parseReplayFlags(args []string, out io.Writer) (replayOptions, error) {
+	var o replayOptions
+	fs := flag.NewFlagSet("grabsvc "+replayCommand, flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "default"), "namespace of the RedPacketActivity")
+	fs.StringVar(&o.activity, "activity", "", "name of the RedPacketActivity (required)")
+	fs.IntVar(&o.max, "max", 0, "move at most this many dead letters, oldest first; 0: all of them")
+	fs.DurationVar(&o.timeout, "timeout", time.Minute, "deadline of the whole command")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, in-cluster, or ~/.kube/config")
+	finish := redisFlags(fs, &o.redis)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.activity == "" {
+		return o, errors.New("--activity is required")
+	}
+	if o.max < 0 {
+		return o, errors.New("--max must not be negative")
+	}
+	if o.timeout <= 0 {
+		return o, errors.New("--timeout must be positive")
+	}
+	if err := finish(); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// replayDeadLetters is the replay-dead-letters command: it looks the activity's UID
+// up in the API server, moves its dead letters back into the settlement stream with
+// settlement.ReplayDeadLetters, and prints how many it moved on stdout.
+func replayDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseReplayFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := redpacketv1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("building the API scheme: %w", err)
+	}
+	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the API client: %w", err)
+	}
+	key := types.NamespacedName{Namespace: o.namespace, Name: o.activity}
+	obj := &redpacketv1alpha1.RedPacketActivity{}
+	if err := kube.Get(ctx, key, obj); err != nil {
+		return fmt.Errorf("reading activity %s: %w", key, err)
+	}
+
+	rdb := o.redis.NewClient()
+	defer func() { _ = rdb.Close() }()
+	moved, err := settlement.ReplayDeadLetters(ctx, rdb, lua.KeysFor(string(obj.UID)), o.max)
+	if err != nil {
+		return fmt.Errorf("activity %s: %w", key, err)
+	}
+	_, err = fmt.Fprintf(stdout, "moved %d dead letters of %s back into the settlement stream\n", moved, key)
+	return err
+}
