@@ -1,8 +1,10 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
 )
 
 // Labels and annotations of the grab workload.
@@ -67,6 +70,12 @@ const (
 // grabName is the name of every object of the activity's grab workload.
 func grabName(a *redpacketv1alpha1.RedPacketActivity) string { return a.Name + "-grab" }
 
+// grabRedisSecretName is the name of the Secret that holds the operator's default
+// Redis connection for an activity without spec.redis.
+func grabRedisSecretName(a *redpacketv1alpha1.RedPacketActivity) string {
+	return a.Name + "-grab-redis"
+}
+
 // grabEndpoint is the grab service's in-cluster URL.
 func grabEndpoint(a *redpacketv1alpha1.RedPacketActivity) string {
 	return fmt.Sprintf("http://%s.%s.svc:%d", grabName(a), a.Namespace, grabPort)
@@ -92,7 +101,10 @@ func grabSelector(a *redpacketv1alpha1.RedPacketActivity) map[string]string {
 // the Deployment <activity>-grab running the grab service. Every object carries a
 // controller owner reference to the activity. An object of the same name that this
 // activity does not control is never adopted: nothing is applied, a Warning event is
-// emitted and GrabServiceAvailable says NotAdopted. The replica count comes from
+// emitted and GrabServiceAvailable says NotAdopted. An activity without spec.redis
+// also gets the Secret <activity>-grab-redis holding the operator's default Redis
+// connection, which the Deployment reads, so no password is part of the Deployment.
+// The replica count comes from
 // spec.grabService.replicas (else the operator's default) when the Deployment is
 // created or that field changes; otherwise the live count is kept. status.endpoint
 // names the Service.
@@ -132,6 +144,16 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 		}
 	}
 	s.deploymentLooked = true
+	redisSecret, err := r.lookUpGrabRedisSecret(ctx, a)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if redisSecret != nil && !metav1.IsControlledBy(redisSecret, a) {
+		if a.Spec.Redis == nil {
+			foreign = append(foreign, "Secret "+redisSecret.Name)
+		}
+		redisSecret = nil // never touched
+	}
 	if len(foreign) > 0 {
 		s.notAdopted = fmt.Sprintf("%s already exists and is not controlled by this activity; not adopting it (delete or rename it)",
 			strings.Join(foreign, ", "))
@@ -175,6 +197,22 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 		}
 		return nil
 	}
+	if a.Spec.Redis == nil {
+		// The Secret first: the Deployment's pods read it.
+		data := r.defaultRedisSecretData()
+		if redisSecret == nil || !secretDataEqual(redisSecret.Data, data) {
+			objects = append([]runtime.ApplyConfiguration{
+				corev1ac.Secret(grabRedisSecretName(a), a.Namespace).WithLabels(labels).WithOwnerReferences(owner).
+					WithType(corev1.SecretTypeOpaque).WithData(data),
+			}, objects...)
+		}
+	} else if redisSecret != nil {
+		// The activity names its own Secret now; the operator's credentials are not
+		// needed in its namespace any more.
+		if err := r.Client.Delete(ctx, redisSecret, client.Preconditions{UID: &redisSecret.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("deleting secret %s: %w", redisSecret.Name, err)
+		}
+	}
 	for _, obj := range objects {
 		if err := apply(obj, FieldManager); err != nil {
 			return ctrl.Result{}, err
@@ -211,6 +249,42 @@ func (r *RedPacketActivityReconciler) getChild(ctx context.Context, key client.O
 		return false, nil
 	}
 	return false, err
+}
+
+// lookUpGrabRedisSecret reads the activity's <activity>-grab-redis Secret from the API
+// server (the cache holds no Secrets); nil when there is none.
+func (r *RedPacketActivityReconciler) lookUpGrabRedisSecret(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity) (*corev1.Secret, error) {
+	secret := &corev1.Secret{}
+	key := client.ObjectKey{Namespace: a.Namespace, Name: grabRedisSecretName(a)}
+	if err := r.APIReader.Get(ctx, key, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("looking up Secret %s: %w", key.Name, err)
+	}
+	return secret, nil
+}
+
+// defaultRedisSecretData is the operator's default Redis connection in the format of
+// the Secret spec.redis.secretRef names.
+func (r *RedPacketActivityReconciler) defaultRedisSecretData() map[string][]byte {
+	d := r.Options.DefaultRedis
+	mode := d.Mode
+	if mode == "" {
+		mode = lua.ModeStandalone
+	}
+	return map[string][]byte{
+		"addresses": []byte(strings.Join(d.Addresses, ",")),
+		"mode":      []byte(mode),
+		"username":  []byte(d.Username),
+		"password":  []byte(d.Password),
+		"tls":       []byte(strconv.FormatBool(d.TLS)),
+	}
+}
+
+// secretDataEqual reports whether a Secret's data is exactly want.
+func secretDataEqual(got, want map[string][]byte) bool {
+	return maps.EqualFunc(got, want, bytes.Equal)
 }
 
 // grabRole lets the grab service read its own activity and report into its status,
@@ -321,8 +395,8 @@ func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPac
 }
 
 // grabEnv is the grab container's environment: its pod name and namespace, and the
-// Redis connection, from the activity's Secret (every key optional) or else the
-// operator's own connection settings.
+// Redis connection, from the activity's Secret or else the <activity>-grab-redis
+// Secret that holds the operator's default connection (every key optional).
 func (r *RedPacketActivityReconciler) grabEnv(a *redpacketv1alpha1.RedPacketActivity) []*corev1ac.EnvVarApplyConfiguration {
 	env := []*corev1ac.EnvVarApplyConfiguration{
 		corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
@@ -337,24 +411,14 @@ func (r *RedPacketActivityReconciler) grabEnv(a *redpacketv1alpha1.RedPacketActi
 		{"REDIS_PASSWORD", "password"},
 		{"REDIS_TLS", "tls"},
 	}
+	secretName := grabRedisSecretName(a)
 	if a.Spec.Redis != nil {
-		for _, e := range redisEnv {
-			env = append(env, corev1ac.EnvVar().WithName(e.env).WithValueFrom(corev1ac.EnvVarSource().
-				WithSecretKeyRef(corev1ac.SecretKeySelector().
-					WithName(a.Spec.Redis.SecretRef.Name).WithKey(e.secretKey).WithOptional(true))))
-		}
-		return env
-	}
-	d := r.Options.DefaultRedis
-	values := map[string]string{
-		"REDIS_ADDRESSES": strings.Join(d.Addresses, ","),
-		"REDIS_MODE":      d.Mode,
-		"REDIS_USERNAME":  d.Username,
-		"REDIS_PASSWORD":  d.Password,
-		"REDIS_TLS":       strconv.FormatBool(d.TLS),
+		secretName = a.Spec.Redis.SecretRef.Name
 	}
 	for _, e := range redisEnv {
-		env = append(env, corev1ac.EnvVar().WithName(e.env).WithValue(values[e.env]))
+		env = append(env, corev1ac.EnvVar().WithName(e.env).WithValueFrom(corev1ac.EnvVarSource().
+			WithSecretKeyRef(corev1ac.SecretKeySelector().
+				WithName(secretName).WithKey(e.secretKey).WithOptional(true))))
 	}
 	return env
 }

@@ -153,7 +153,7 @@ type RedPacketActivityReconciler struct {
 // +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities/finalizers,verbs=update
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete

@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,9 +18,12 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/redistest"
 )
 
-// Every child of the grab workload is controlled by its activity, the Role grants
+// Every child of the grab workload (and the Secret with the operator's default Redis
+// connection) is controlled by its activity, the Role grants
 // exactly the activity's own object and status, and the replica count follows the
 // spec only when the spec changes it.
 func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
@@ -42,7 +46,13 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 		"Service":        &corev1.Service{},
 		"Deployment":     &appsv1.Deployment{},
 	}
+	redisSecret := &corev1.Secret{}
+	children["Secret"] = redisSecret
 	for kind, obj := range children {
+		key := key
+		if kind == "Secret" {
+			key.Name = "owned-grab-redis"
+		}
 		if err := e.c.Get(ctx, key, obj); err != nil {
 			t.Fatalf("%s %s: %v", kind, key.Name, err)
 		}
@@ -108,8 +118,15 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	for _, v := range c.Env {
 		env[v.Name] = v
 	}
-	if env["REDIS_ADDRESSES"].Value != e.redis.Addr || env["REDIS_MODE"].Value != "standalone" {
-		t.Errorf("redis env %+v, want the operator's connection", env)
+	for _, name := range []string{"REDIS_ADDRESSES", "REDIS_MODE", "REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS"} {
+		v := env[name]
+		if v.Value != "" || v.ValueFrom == nil || v.ValueFrom.SecretKeyRef == nil || v.ValueFrom.SecretKeyRef.Name != "owned-grab-redis" {
+			t.Errorf("%s %+v, want a reference to Secret owned-grab-redis", name, v)
+		}
+	}
+	if got := string(redisSecret.Data["addresses"]); got != e.redis.Addr || string(redisSecret.Data["mode"]) != "standalone" ||
+		string(redisSecret.Data["tls"]) != "false" {
+		t.Errorf("secret owned-grab-redis data %q, want the operator's connection", redisSecret.Data)
 	}
 	if f := env["POD_NAME"].ValueFrom; f == nil || f.FieldRef == nil || f.FieldRef.FieldPath != "metadata.name" {
 		t.Errorf("POD_NAME %+v, want the downward API", env["POD_NAME"])
@@ -142,6 +159,87 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	if got := e.replicas(key); got != 6 {
 		t.Fatalf("replicas %d after a second kubectl scale, want 6", got)
 	}
+}
+
+// The operator's default Redis password reaches the grab pods through an owned Secret,
+// never as a plain value in the Deployment; an activity that names its own Secret
+// uses that one, and the operator's Secret is removed from its namespace.
+func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const password = "s3cret-default-pw"
+	srv := redistest.Start(t)
+	if err := srv.Client(t).ConfigSet(context.Background(), "requirepass", password).Err(); err != nil {
+		t.Fatalf("setting a Redis password: %v", err)
+	}
+	e.startController(func(r *controllers.RedPacketActivityReconciler) {
+		r.Options.DefaultRedis = lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone, Password: password}
+	})
+	ctx := context.Background()
+
+	e.create(e.activity("secretive", 1000, 10))
+	e.waitPhase("secretive", redpacketv1alpha1.PhaseActive, 20*time.Second)
+
+	d := &appsv1.Deployment{}
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "secretive-grab"}, d); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), password) {
+		t.Errorf("the Deployment holds the Redis password in plain: %s", raw)
+	}
+	var ref *corev1.SecretKeySelector
+	for _, v := range d.Spec.Template.Spec.Containers[0].Env {
+		if v.Name == "REDIS_PASSWORD" && v.ValueFrom != nil {
+			ref = v.ValueFrom.SecretKeyRef
+		}
+	}
+	if ref == nil || ref.Name != "secretive-grab-redis" || ref.Key != "password" {
+		t.Fatalf("REDIS_PASSWORD comes from %+v, want Secret secretive-grab-redis key password", ref)
+	}
+	secret := &corev1.Secret{}
+	key := client.ObjectKey{Namespace: e.ns, Name: "secretive-grab-redis"}
+	if err := e.c.Get(ctx, key, secret); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := lua.ConnFromSecret(secret.Data)
+	if err != nil {
+		t.Fatalf("the Secret is not in the spec.redis.secretRef format: %v", err)
+	}
+	if conn.Password != password || len(conn.Addresses) != 1 || conn.Addresses[0] != srv.Addr || conn.Mode != lua.ModeStandalone {
+		t.Errorf("connection in the Secret %+v, want the operator's default", conn)
+	}
+
+	// Pointing the activity at its own Secret moves the Deployment to it and takes the
+	// operator's credentials out of the namespace.
+	own := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "own-redis", Namespace: e.ns},
+		Data:       secret.Data,
+	}
+	if err := e.c.Create(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	e.patch("secretive", func(a *redpacketv1alpha1.RedPacketActivity) {
+		a.Spec.Redis = &redpacketv1alpha1.RedisConnection{SecretRef: redpacketv1alpha1.SecretReference{Name: "own-redis"}}
+	})
+	eventually(t, 10*time.Second, "the operator's Secret removed", func() (bool, string) {
+		err := e.c.Get(ctx, key, &corev1.Secret{})
+		return isNotFound(err), "get: " + errString(err)
+	})
+	eventually(t, 10*time.Second, "REDIS_PASSWORD from own-redis", func() (bool, string) {
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "secretive-grab"}, d); err != nil {
+			return false, err.Error()
+		}
+		for _, v := range d.Spec.Template.Spec.Containers[0].Env {
+			if v.Name == "REDIS_PASSWORD" && v.ValueFrom != nil && v.ValueFrom.SecretKeyRef != nil {
+				return v.ValueFrom.SecretKeyRef.Name == "own-redis", v.ValueFrom.SecretKeyRef.Name
+			}
+		}
+		return false, "no REDIS_PASSWORD reference"
+	})
 }
 
 // reconcileRoundTrip makes the controller reconcile the activity after this point and
