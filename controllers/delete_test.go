@@ -2,9 +2,12 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -41,6 +44,16 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 	})
 	if snap := e.snapshot(a); snap.Refunded != 1000-granted {
 		t.Errorf("refund on deletion %d, want %d", snap.Refunded, 1000-granted)
+	}
+	// The status says what the deletion waits for, and the closed activity's refund.
+	held := e.waitCondition("gone", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonDeleting, 10*time.Second)
+	ready := findCondition(held, redpacketv1alpha1.ConditionReady)
+	wantMsg := fmt.Sprintf("waiting for 2 of 2 claims to settle and the refund of %d before removing", 1000-granted)
+	if !strings.Contains(ready.Message, wantMsg) || !strings.Contains(ready.Message, "purge at ") {
+		t.Errorf("Ready message %q, want it to contain %q and the purge time", ready.Message, wantMsg)
+	}
+	if held.Status.Phase != redpacketv1alpha1.PhaseExpired || held.Status.RefundedAmount == nil || *held.Status.RefundedAmount != 1000-granted {
+		t.Errorf("status while deleting: %s, refunded %v; want Expired with refund %d", describe(held), held.Status.RefundedAmount, 1000-granted)
 	}
 	// Settlement has not drained: the keys and the finalizer stay.
 	consistently(t, time.Second, "the finalizer holding the activity", func() (bool, string) {

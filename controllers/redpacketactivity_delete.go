@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -46,6 +47,11 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 	}
 	if err != nil {
 		if graceLeft > 0 {
+			s.blockReady(ReasonDeleting, "the deleted activity's Redis keys cannot be cleaned up yet, retrying until %s: %v",
+				a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod).UTC().Format(time.RFC3339), err)
+			if serr := r.applyStatus(ctx, s); serr != nil && !isNotFoundOrGone(serr) {
+				err = errors.Join(err, serr)
+			}
 			return ctrl.Result{}, fmt.Errorf("cleaning up the deleted activity: %w", err)
 		}
 		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupAbandoned", "Delete",
@@ -73,9 +79,26 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 			r.Options.CleanupGracePeriod, snapshotDescribe(snap))
 	default:
 		log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
+		if snap.State == lua.StateClosed {
+			s.recordClosed()
+		}
+		s.blockReady(ReasonDeleting, "%s; purge at %s", waitingFor(snap),
+			a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod).UTC().Format(time.RFC3339))
+		if err := r.applyStatus(ctx, s); err != nil && !isNotFoundOrGone(err) {
+			return ctrl.Result{}, fmt.Errorf("showing that the deletion waits for settlement: %w", err)
+		}
 		return ctrl.Result{RequeueAfter: min(r.Options.CleanupPollInterval, graceLeft+10*time.Millisecond)}, nil
 	}
 	return ctrl.Result{}, r.removeFinalizer(ctx, a)
+}
+
+// waitingFor says which settlements a deletion waits for.
+func waitingFor(snap lua.Snapshot) string {
+	msg := fmt.Sprintf("waiting for %d of %d claims to settle", snap.ClaimedCount-snap.SettledCount, snap.ClaimedCount)
+	if snap.RefundSettled != snap.Refunded {
+		msg += fmt.Sprintf(" and the refund of %d", snap.Refunded)
+	}
+	return msg + " before removing the activity's Redis keys"
 }
 
 // closeForDeletion reads the activity from Redis and closes it as expired when it is

@@ -42,6 +42,7 @@ const (
 	ReasonDeadLetters        = "DeadLetters"
 	ReasonAllSettled         = "AllSettled"
 	ReasonSettlementPending  = "Pending"
+	ReasonDeleting           = "Deleting"
 )
 
 // dataLostRecheckPeriod is how often an activity whose data Redis lost is looked at
@@ -498,16 +499,7 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 	}
 
 	if s.snapshot.State == lua.StateClosed {
-		refunded := s.snapshot.Refunded
-		s.status.RefundedAmount = &refunded
-		if s.snapshot.CloseReason == lua.CloseExhausted {
-			s.status.Phase = redpacketv1alpha1.PhaseExhausted
-			s.phaseMessage = fmt.Sprintf("all %d packets were claimed", s.snapshot.Count)
-		} else {
-			s.status.Phase = redpacketv1alpha1.PhaseExpired
-			s.phaseMessage = fmt.Sprintf("grabbing closed at endTime; %d of %d packets were claimed and %d was refunded to the sponsor",
-				s.snapshot.ClaimedCount, s.snapshot.Count, refunded)
-		}
+		s.recordClosed()
 		switch {
 		case settled(s.snapshot), s.activity.Spec.Settlement == nil:
 			// Nothing to wait for, or nothing that can move without a spec change.
@@ -537,6 +529,21 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 		result = lowestNonZeroResult(result, ctrl.Result{RequeueAfter: resync})
 	}
 	return result, nil
+}
+
+// recordClosed puts a closed activity's phase and exact refund into the status to
+// apply: Exhausted when every packet was claimed, else Expired.
+func (s *activityScope) recordClosed() {
+	refunded := s.snapshot.Refunded
+	s.status.RefundedAmount = &refunded
+	if s.snapshot.CloseReason == lua.CloseExhausted {
+		s.status.Phase = redpacketv1alpha1.PhaseExhausted
+		s.phaseMessage = fmt.Sprintf("all %d packets were claimed", s.snapshot.Count)
+		return
+	}
+	s.status.Phase = redpacketv1alpha1.PhaseExpired
+	s.phaseMessage = fmt.Sprintf("grabbing closed at endTime; %d of %d packets were claimed and %d was refunded to the sponsor",
+		s.snapshot.ClaimedCount, s.snapshot.Count, refunded)
 }
 
 // settled reports whether every claim and the refund have been credited.
