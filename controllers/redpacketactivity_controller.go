@@ -228,10 +228,11 @@ func CacheOptions(namespaces ...string) cache.Options {
 
 // activityChangePredicate lets through the activity events the controller must act
 // on: spec changes (a new generation), annotation and label changes (also a way to
-// force a reconcile), deletion, and the two status writes of the grab service that
-// need a prompt reaction: the last packet claimed, and the first report. Every other
-// status write of the grab service is ignored, so its reports do not cause a storm of
-// reconciles; the periodic resync of active activities notices the rest.
+// force a reconcile), deletion, and the status writes of the grab service that need a
+// prompt reaction: the last packet claimed, the first report, every claim of a closed
+// or deleted activity settled, and the first dead letter. Every other status write of
+// the grab service is ignored, so its reports do not cause a storm of reconciles; the
+// periodic resync of active activities notices the rest.
 func activityChangePredicate() predicate.Predicate {
 	return predicate.Or(
 		predicate.GenerationChangedPredicate{},
@@ -254,9 +255,13 @@ func deletionPredicate() predicate.Predicate {
 	}
 }
 
-// grabServiceSignalPredicate fires when status.remainingCount becomes 0 (the activity
-// can be closed as exhausted now) and when status.lastReportTime is set for the first
-// time (a grab replica is up).
+// grabServiceSignalPredicate fires on the grab service's reports that change what the
+// controller says: status.remainingCount becoming 0 (the activity can be closed as
+// exhausted now), status.lastReportTime set for the first time (a grab replica is
+// up), status.settledCount reaching status.claimedCount on an activity that is closed
+// or being deleted (Settled may turn True; deletion may purge), and
+// status.deadLetterCount leaving 0 (Settled turns False with DeadLetters). Each is a
+// transition, so a steady stream of reports lets through at most a few of them.
 func grabServiceSignalPredicate() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return false },
@@ -266,14 +271,29 @@ func grabServiceSignalPredicate() predicate.Predicate {
 			if !ok1 || !ok2 {
 				return false
 			}
-			becameEmpty := newA.Status.RemainingCount != nil && *newA.Status.RemainingCount == 0 &&
-				(oldA.Status.RemainingCount == nil || *oldA.Status.RemainingCount != 0)
-			firstReport := oldA.Status.LastReportTime == nil && newA.Status.LastReportTime != nil
-			return becameEmpty || firstReport
+			oldSt, newSt := &oldA.Status, &newA.Status
+			becameEmpty := isZero(newSt.RemainingCount) && !isZero(oldSt.RemainingCount)
+			firstReport := oldSt.LastReportTime == nil && newSt.LastReportTime != nil
+			closed := newSt.Phase == redpacketv1alpha1.PhaseExhausted || newSt.Phase == redpacketv1alpha1.PhaseExpired ||
+				!newA.DeletionTimestamp.IsZero()
+			caughtUp := closed && allSettled(newSt) && !allSettled(oldSt)
+			firstDeadLetter := isPositive(newSt.DeadLetterCount) && !isPositive(oldSt.DeadLetterCount)
+			return becameEmpty || firstReport || caughtUp || firstDeadLetter
 		},
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
+}
+
+// isZero reports whether a status counter is reported and 0.
+func isZero(v *int64) bool { return v != nil && *v == 0 }
+
+// isPositive reports whether a status counter is reported and above 0.
+func isPositive(v *int64) bool { return v != nil && *v > 0 }
+
+// allSettled reports whether the grab service reported every claim settled.
+func allSettled(st *redpacketv1alpha1.RedPacketActivityStatus) bool {
+	return st.SettledCount != nil && st.ClaimedCount != nil && *st.SettledCount == *st.ClaimedCount
 }
 
 // Reconcile moves one activity towards its spec: deletion first, then the finalizer,

@@ -161,3 +161,58 @@ func TestRedisConnectionProblemsAreReported(t *testing.T) {
 		t.Errorf("snapshot %+v in the Secret's Redis", snap)
 	}
 }
+
+// Settled follows the grab service's report at once, not at the next resync: when a
+// closed activity's settledCount reaches its claimedCount, and when the first dead
+// letter is reported.
+func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startController(func(r *controllers.RedPacketActivityReconciler) {
+		// No resync could explain a prompt change.
+		r.Options.ActiveResyncPeriod = time.Hour
+	})
+	ctx := context.Background()
+
+	e.create(e.activity("drained", 100, 2, withSettlement))
+	a := e.waitPhase("drained", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	var claimed int64
+	for _, u := range []string{"u1", "u2"} {
+		res := e.grab(a, u)
+		if res.Outcome != lua.Granted {
+			t.Fatalf("grab: %+v", res)
+		}
+		claimed += res.Amount
+	}
+	report := func(settledCount, settledAmount int64) {
+		e.applyGrabServiceStatus("drained", map[string]any{
+			"remainingCount": int64(0), "remainingAmount": int64(0),
+			"claimedCount": int64(2), "claimedAmount": claimed,
+			"settledCount": settledCount, "settledAmount": settledAmount, "deadLetterCount": int64(0),
+		})
+	}
+	report(0, 0)
+	e.waitPhase("drained", redpacketv1alpha1.PhaseExhausted, 5*time.Second)
+	e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, controllers.ReasonSettlementPending, 5*time.Second)
+
+	if n := e.settleAll(a); n != 2 {
+		t.Fatalf("settled %d entries, want 2 grants", n)
+	}
+	report(2, claimed)
+	e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionTrue, controllers.ReasonAllSettled, 5*time.Second)
+
+	e.create(e.activity("poisoned", 100, 3, withSettlement))
+	b := e.waitPhase("poisoned", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	if res := e.grab(b, "u1"); res.Outcome != lua.Granted {
+		t.Fatalf("grab: %+v", res)
+	}
+	msgs := e.readPending(b)
+	if len(msgs) != 1 {
+		t.Fatalf("%d stream entries, want 1", len(msgs))
+	}
+	if ok, err := lua.DeadLetter(ctx, e.rdb, e.keys(b), settlementGroup, msgs[0].ID, "webhook answered 500", msgs[0].Values); err != nil || !ok {
+		t.Fatalf("dead-lettering: ok=%v err=%v", ok, err)
+	}
+	e.applyGrabServiceStatus("poisoned", map[string]any{"claimedCount": int64(1), "deadLetterCount": int64(1)})
+	e.waitCondition("poisoned", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, controllers.ReasonDeadLetters, 5*time.Second)
+}
