@@ -183,9 +183,11 @@ func computeSettled(s *activityScope) {
 		s.setCondition(condType, metav1.ConditionTrue, ReasonAllSettled,
 			"all %d claims (%d) and the refund (%d) are credited", snap.ClaimedCount, snap.ClaimedAmount, snap.Refunded)
 	default:
-		s.setCondition(condType, metav1.ConditionFalse, ReasonSettlementPending,
-			"%d of %d claims settled; %d of the %d refund settled",
-			snap.SettledCount, snap.ClaimedCount, snap.RefundSettled, snap.Refunded)
+		msg := fmt.Sprintf("%d of %d claims settled", snap.SettledCount, snap.ClaimedCount)
+		if snap.Refunded > 0 {
+			msg += fmt.Sprintf("; %d of the %d refund settled", snap.RefundSettled, snap.Refunded)
+		}
+		s.setCondition(condType, metav1.ConditionFalse, ReasonSettlementPending, "%s", msg)
 	}
 }
 

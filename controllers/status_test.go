@@ -193,7 +193,10 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 	}
 	report(0, 0)
 	e.waitPhase("drained", redpacketv1alpha1.PhaseExhausted, 5*time.Second)
-	e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, controllers.ReasonSettlementPending, 5*time.Second)
+	pending := e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, controllers.ReasonSettlementPending, 5*time.Second)
+	if msg := findCondition(pending, redpacketv1alpha1.ConditionSettled).Message; msg != "0 of 2 claims settled" {
+		t.Errorf("Settled message %q of an exhausted activity, want %q (no refund to speak of)", msg, "0 of 2 claims settled")
+	}
 
 	if n := e.settleAll(a); n != 2 {
 		t.Fatalf("settled %d entries, want 2 grants", n)
