@@ -60,6 +60,10 @@ type Config struct {
 	// entries go idle this long.
 	ClaimIdle time.Duration
 	// HTTPClient sends the deliveries; nil means a client with DefaultHTTPTimeout.
+	// Unless it sets CheckRedirect itself, the worker uses a copy that follows no
+	// redirect: a 3xx answer is a failed delivery, since a followed 301, 302 or 303
+	// turns the POST into a GET without the body, whose 2xx would settle a claim the
+	// balance system never saw.
 	HTTPClient *http.Client
 	// Registerer receives the worker's metrics; nil leaves them unregistered.
 	Registerer prometheus.Registerer
@@ -126,6 +130,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: DefaultHTTPTimeout}
+	}
+	if cfg.HTTPClient.CheckRedirect == nil {
+		c := *cfg.HTTPClient
+		c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		cfg.HTTPClient = &c
 	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = DefaultBackoffBase
