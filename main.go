@@ -51,7 +51,7 @@ func main() {
 	flag.StringVar(&redisAddresses, "redis-addresses", "127.0.0.1:6379", "default Redis: comma-separated host:port (one for standalone, seed nodes for cluster)")
 	flag.StringVar(&redisMode, "redis-mode", lua.ModeStandalone, "default Redis mode: standalone or cluster")
 	flag.StringVar(&redisUsername, "redis-username", "", "default Redis ACL user name")
-	flag.StringVar(&redisPassword, "redis-password", "", "default Redis password")
+	flag.StringVar(&redisPassword, "redis-password", "", "default Redis password (env REDIS_PASSWORD when the flag is empty)")
 	flag.BoolVar(&redisTLS, "redis-tls", false, "connect to the default Redis over TLS")
 	flag.StringVar(&grabImage, "grab-image", controllers.DefaultGrabImage, "grab service image of activities that do not name one")
 	flag.IntVar(&grabReplicas, "grab-replicas", controllers.DefaultGrabReplicas, "grab Deployment replicas of activities that do not set them")
@@ -73,18 +73,8 @@ func main() {
 	if grabReplicas < 0 || grabReplicas > 1000 {
 		fail(log.Error, fmt.Errorf("--grab-replicas=%d is outside 0..1000", grabReplicas), "invalid flags")
 	}
-	defaultRedis := lua.Conn{
-		Mode:     strings.TrimSpace(redisMode),
-		Username: redisUsername,
-		Password: redisPassword,
-		TLS:      redisTLS,
-	}
-	for _, a := range strings.Split(redisAddresses, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			defaultRedis.Addresses = append(defaultRedis.Addresses, a)
-		}
-	}
-	if err := defaultRedis.Validate(); err != nil {
+	defaultRedis, err := defaultRedisConn(redisAddresses, redisMode, redisUsername, redisPassword, redisTLS, os.Getenv)
+	if err != nil {
 		fail(log.Error, err, "invalid default Redis connection flags")
 	}
 
@@ -137,6 +127,30 @@ func main() {
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		fail(log.Error, err, "running the manager")
 	}
+}
+
+// defaultRedisConn is the default Redis connection from the flags. An empty password
+// is read from the environment variable REDIS_PASSWORD, so that the password can come
+// from a Secret without showing in the process's arguments (or in --help).
+func defaultRedisConn(addresses, mode, username, password string, tls bool, getenv func(string) string) (lua.Conn, error) {
+	if password == "" {
+		password = getenv("REDIS_PASSWORD")
+	}
+	conn := lua.Conn{
+		Mode:     strings.TrimSpace(mode),
+		Username: username,
+		Password: password,
+		TLS:      tls,
+	}
+	for _, a := range strings.Split(addresses, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			conn.Addresses = append(conn.Addresses, a)
+		}
+	}
+	if err := conn.Validate(); err != nil {
+		return lua.Conn{}, fmt.Errorf("default Redis connection: %w", err)
+	}
+	return conn, nil
 }
 
 func fail(logError func(error, string, ...any), err error, msg string) {
