@@ -121,6 +121,7 @@ type Settlement struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || self.distribution.maxAmount >= self.distribution.minAmount",message="distribution.maxAmount must not be below distribution.minAmount"
 // +kubebuilder:validation:XValidation:rule="self.count < 1 || !has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || (self.totalAmount + self.count - 1) / self.count <= self.distribution.maxAmount",message="totalAmount must not exceed count × distribution.maxAmount"
 // +kubebuilder:validation:XValidation:rule="!has(self.startTime) || !has(self.endTime) || timestamp(self.endTime) > timestamp(self.startTime)",message="endTime must be after startTime"
+// +kubebuilder:validation:XValidation:rule="!has(self.settlement) || !has(self.settlement.webhook) || has(self.sponsor)",message="sponsor is required with settlement.webhook: refunds of unclaimed money are credited to it"
 type RedPacketActivitySpec struct {
 	// totalAmount is the money split into packets, in minor units. Immutable.
 	// +kubebuilder:validation:Minimum=1
@@ -159,7 +160,8 @@ type RedPacketActivitySpec struct {
 	// +optional
 	Paused bool `json:"paused,omitempty"`
 
-	// sponsor is the account credited with refunds of unclaimed money.
+	// sponsor is the account credited with refunds of unclaimed money. Required when
+	// settlement.webhook is set.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
 	// +optional

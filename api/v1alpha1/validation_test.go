@@ -97,6 +97,10 @@ func TestImpossibleSpecsAreRejected(t *testing.T) {
 		{"webhook without scheme", func(s *v1alpha1.RedPacketActivitySpec) {
 			s.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "balance:8080/credit"}}
 		}, "webhook url must start with http:// or https://"},
+		{"webhook without a sponsor", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.Sponsor = ""
+			s.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "http://balance:8080/credit"}}
+		}, "sponsor is required with settlement.webhook"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := activity(ns, strings.ReplaceAll(strings.ReplaceAll(tc.name, " ", "-"), "×", "x"))
