@@ -39,6 +39,7 @@ func main() {
 		grabImage          string
 		grabReplicas       int
 		cleanupGrace       time.Duration
+		unsettledRetention time.Duration
 		grabReportTimeout  time.Duration
 		redisTimeout       time.Duration
 		activeResync       time.Duration
@@ -56,6 +57,7 @@ func main() {
 	flag.StringVar(&grabImage, "grab-image", controllers.DefaultGrabImage, "grab service image of activities that do not name one")
 	flag.IntVar(&grabReplicas, "grab-replicas", controllers.DefaultGrabReplicas, "grab Deployment replicas of activities that do not set them")
 	flag.DurationVar(&cleanupGrace, "cleanup-grace-period", controllers.DefaultCleanupGracePeriod, "how long deletion waits for settlement to drain before deleting the Redis keys anyway")
+	flag.DurationVar(&unsettledRetention, "unsettled-retention", controllers.DefaultUnsettledRetention, "how long the settlement and dead-letter streams of an activity deleted before settlement drained are kept")
 	flag.DurationVar(&grabReportTimeout, "grab-report-timeout", controllers.DefaultGrabReportTimeout, "how recent a grab replica's report must be for GrabServiceAvailable")
 	flag.DurationVar(&redisTimeout, "redis-timeout", controllers.DefaultRedisTimeout, "deadline of each Redis call (seeding gets more, growing with the packet count)")
 	flag.DurationVar(&activeResync, "active-resync-period", controllers.DefaultActiveResyncPeriod, "how often an active activity is looked at again")
@@ -106,6 +108,7 @@ func main() {
 			GrabImage:               grabImage,
 			GrabReplicas:            int32(grabReplicas),
 			CleanupGracePeriod:      cleanupGrace,
+			UnsettledRetention:      unsettledRetention,
 			GrabReportTimeout:       grabReportTimeout,
 			RedisTimeout:            redisTimeout,
 			ActiveResyncPeriod:      activeResync,

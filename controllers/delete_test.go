@@ -97,8 +97,17 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
 		return isNotFound(err), "get: " + errString(err)
 	})
-	if n := e.dbsize(); n != 0 {
-		t.Fatalf("%d keys left in Redis after the grace period", n)
+	// Only the settlement stream is left, with an expiry: it records the grant and the
+	// refund that were never credited.
+	keys := lua.KeysFor(string(a.UID))
+	if n := e.dbsize(); n != 1 {
+		t.Fatalf("%d keys left in Redis after the grace period, want only the settlement stream", n)
+	}
+	if n, err := e.rdb.XLen(ctx, keys.Stream).Result(); err != nil || n != 2 {
+		t.Fatalf("settlement stream has %d entries (%v), want the grant and the refund", n, err)
+	}
+	if ttl, err := e.rdb.TTL(ctx, keys.Stream).Result(); err != nil || ttl <= 0 || ttl > controllers.DefaultUnsettledRetention {
+		t.Fatalf("settlement stream TTL %s (%v), want the retention", ttl, err)
 	}
 	e.waitEvent("stuck", "Warning", "CleanupGracePeriodExpired")
 }

@@ -52,6 +52,7 @@ const (
 	DefaultGrabImage           = "redpacket-operator:latest"
 	DefaultGrabReplicas        = 1
 	DefaultCleanupGracePeriod  = 10 * time.Minute
+	DefaultUnsettledRetention  = 30 * 24 * time.Hour
 	DefaultGrabReportTimeout   = 10 * time.Second
 	DefaultRedisTimeout        = 5 * time.Second
 	DefaultActiveResyncPeriod  = 5 * time.Second
@@ -72,6 +73,10 @@ type Options struct {
 	// CleanupGracePeriod is how long deletion waits for settlement to drain before it
 	// deletes the Redis keys anyway.
 	CleanupGracePeriod time.Duration
+	// UnsettledRetention is how long the settlement and dead-letter streams of an
+	// activity deleted before settlement drained are kept, so the claims and refunds
+	// never credited can still be reconciled by hand.
+	UnsettledRetention time.Duration
 	// GrabReportTimeout is how recent status.lastReportTime must be for the grab service
 	// to count as available.
 	GrabReportTimeout time.Duration
@@ -104,6 +109,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CleanupGracePeriod <= 0 {
 		o.CleanupGracePeriod = DefaultCleanupGracePeriod
+	}
+	if o.UnsettledRetention <= 0 {
+		o.UnsettledRetention = DefaultUnsettledRetention
 	}
 	if o.GrabReportTimeout <= 0 {
 		o.GrabReportTimeout = DefaultGrabReportTimeout

@@ -23,8 +23,10 @@ import (
 // (asking to come back every CleanupPollInterval) until settlement has drained, every
 // grant and the refund credited, because the settlement stream lives in the keys it
 // is about to delete. Then it purges the keys and removes the finalizer. When
-// CleanupGracePeriod has passed since the deletion was requested, it purges anyway and
-// says so with a Warning event. If Redis does not hold the activity, there is nothing
+// CleanupGracePeriod has passed since the deletion was requested, it purges anyway,
+// except the settlement and dead-letter streams, which are kept for
+// UnsettledRetention as the record of what was never credited, and says so with a
+// Warning event. If Redis does not hold the activity, there is nothing
 // to wait for. If Redis cannot be reached, it retries with backoff until the grace
 // period is over and then lets the resource go with a Warning event: the keys, if any
 // are left, have to be removed by hand.
@@ -71,12 +73,13 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 		r.Recorder.Eventf(a, nil, corev1.EventTypeNormal, "Purged", "Delete",
 			"settlement drained (%d claims, refund %d); the activity's Redis keys were deleted", snap.ClaimedCount, snap.Refunded)
 	case graceLeft <= 0:
-		if err := r.purge(ctx, s); err != nil {
+		kept, err := r.purgeKeepingUnsettled(ctx, s)
+		if err != nil {
 			return ctrl.Result{}, err
 		}
 		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupGracePeriodExpired", "Delete",
-			"settlement did not drain within %s (%s); the activity's Redis keys were deleted anyway",
-			r.Options.CleanupGracePeriod, snapshotDescribe(snap))
+			"settlement did not drain within %s (%s); the activity's Redis keys were deleted except %v, kept for %s to reconcile what was never credited",
+			r.Options.CleanupGracePeriod, snapshotDescribe(snap), kept, r.Options.UnsettledRetention)
 	default:
 		log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
 		if snap.State == lua.StateClosed {
@@ -134,6 +137,18 @@ func (r *RedPacketActivityReconciler) purge(ctx context.Context, s *activityScop
 		return fmt.Errorf("purging the activity's keys: %w", err)
 	}
 	return nil
+}
+
+// purgeKeepingUnsettled deletes the activity's keys but keeps the settlement and
+// dead-letter streams, with an expiry, as the record of what was never credited.
+func (r *RedPacketActivityReconciler) purgeKeepingUnsettled(ctx context.Context, s *activityScope) ([]string, error) {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	kept, err := lua.PurgeKeepingUnsettled(rctx, s.redis, s.keys, r.Options.UnsettledRetention)
+	if err != nil {
+		return nil, fmt.Errorf("purging the activity's keys: %w", err)
+	}
+	return kept, nil
 }
 
 // removeFinalizer lets the activity go.

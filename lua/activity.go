@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -305,6 +306,28 @@ func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
 		}
 	}
 	return nil
+}
+
+// PurgeKeepingUnsettled deletes the activity's keys except its settlement stream and
+// dead-letter stream, which still record claims and refunds that were never
+// credited; those two are kept for retention, then expire. It returns the keys kept.
+func PurgeKeepingUnsettled(ctx context.Context, c redis.Cmdable, k Keys, retention time.Duration) ([]string, error) {
+	for _, key := range []string{k.Meta, k.Staging, k.Packets, k.Claims} {
+		if err := c.Del(ctx, key).Err(); err != nil {
+			return nil, fmt.Errorf("deleting %s: %w", key, err)
+		}
+	}
+	var kept []string
+	for _, key := range []string{k.Stream, k.DeadLetters} {
+		ok, err := c.Expire(ctx, key, retention).Result()
+		if err != nil {
+			return nil, fmt.Errorf("setting the retention of %s: %w", key, err)
+		}
+		if ok {
+			kept = append(kept, key)
+		}
+	}
+	return kept, nil
 }
 
 // ErrMissing is returned by callers that need a committed activity and find none.
