@@ -14,6 +14,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/wait"
 )
 
 // Deleting an activity closes it (refunding the rest), waits for settlement to drain,
@@ -38,7 +39,7 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 	if err := e.c.Delete(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the deleted activity closed in Redis", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "the deleted activity closed in Redis", func() (bool, string) {
 		snap := e.snapshot(a)
 		return snap.State == lua.StateClosed, snap.State
 	})
@@ -64,7 +65,7 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 	if n := e.settleAll(a); n != 3 {
 		t.Fatalf("settled %d entries, want 2 grants and 1 refund", n)
 	}
-	eventually(t, 10*time.Second, "the activity gone", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "the activity gone", func() (bool, string) {
 		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
 		return isNotFound(err), "get: " + errString(err)
 	})
@@ -93,7 +94,7 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 	if err := e.c.Delete(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, "the activity gone", func() (bool, string) {
+	wait.Until(t, 15*time.Second, "the activity gone", func() (bool, string) {
 		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
 		return isNotFound(err), "get: " + errString(err)
 	})

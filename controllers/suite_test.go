@@ -30,6 +30,7 @@ import (
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
+	"redpacket.io/operator/test/wait"
 )
 
 // cp is the package's one control plane (kube-apiserver + etcd).
@@ -209,24 +210,6 @@ func (e *env) bump(name string, i int) {
 	})
 }
 
-// eventually polls cond until it holds or timeout passes; cond explains what it saw.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last seen: %s", timeout, what, last)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // consistently checks cond repeatedly for the whole duration.
 func consistently(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -252,7 +235,7 @@ func describe(a *redpacketv1alpha1.RedPacketActivity) string {
 func (e *env) waitCondition(name, condType string, status metav1.ConditionStatus, reason string, timeout time.Duration) *redpacketv1alpha1.RedPacketActivity {
 	e.t.Helper()
 	var a *redpacketv1alpha1.RedPacketActivity
-	eventually(e.t, timeout, fmt.Sprintf("%s %s=%s/%s", name, condType, status, reason), func() (bool, string) {
+	wait.Until(e.t, timeout, fmt.Sprintf("%s %s=%s/%s", name, condType, status, reason), func() (bool, string) {
 		a = e.get(name)
 		c := meta.FindStatusCondition(a.Status.Conditions, condType)
 		return c != nil && c.Status == status && c.Reason == reason && c.ObservedGeneration == a.Generation, describe(a)
@@ -264,7 +247,7 @@ func (e *env) waitCondition(name, condType string, status metav1.ConditionStatus
 func (e *env) waitPhase(name string, phase redpacketv1alpha1.Phase, timeout time.Duration) *redpacketv1alpha1.RedPacketActivity {
 	e.t.Helper()
 	var a *redpacketv1alpha1.RedPacketActivity
-	eventually(e.t, timeout, fmt.Sprintf("%s phase %s", name, phase), func() (bool, string) {
+	wait.Until(e.t, timeout, fmt.Sprintf("%s phase %s", name, phase), func() (bool, string) {
 		a = e.get(name)
 		return a.Status.Phase == phase && a.Status.ObservedGeneration == a.Generation, describe(a)
 	})
@@ -293,7 +276,7 @@ func (e *env) hasEvent(name, eventType, reason string) (bool, string) {
 
 func (e *env) waitEvent(name, eventType, reason string) {
 	e.t.Helper()
-	eventually(e.t, 10*time.Second, fmt.Sprintf("%s event %s for %s", eventType, reason, name), func() (bool, string) {
+	wait.Until(e.t, 10*time.Second, fmt.Sprintf("%s event %s for %s", eventType, reason, name), func() (bool, string) {
 		return e.hasEvent(name, eventType, reason)
 	})
 }

@@ -20,6 +20,7 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/redistest"
+	"redpacket.io/operator/test/wait"
 )
 
 // Every child of the grab workload (and the Secret with the operator's default Redis
@@ -150,7 +151,7 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 
 	// A change of spec.grabService.replicas wins over the live count.
 	e.patch("owned", func(a *redpacketv1alpha1.RedPacketActivity) { a.Spec.GrabService.Replicas = ptr(int32(3)) })
-	eventually(t, 10*time.Second, "replicas 3 from the spec", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "replicas 3 from the spec", func() (bool, string) {
 		got := e.replicas(key)
 		return got == 3, fmt.Sprintf("replicas %d", got)
 	})
@@ -225,11 +226,11 @@ func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 	e.patch("secretive", func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.Redis = &redpacketv1alpha1.RedisConnection{SecretRef: redpacketv1alpha1.SecretReference{Name: "own-redis"}}
 	})
-	eventually(t, 10*time.Second, "the operator's Secret removed", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "the operator's Secret removed", func() (bool, string) {
 		err := e.c.Get(ctx, key, &corev1.Secret{})
 		return isNotFound(err), "get: " + errString(err)
 	})
-	eventually(t, 10*time.Second, "REDIS_PASSWORD from own-redis", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "REDIS_PASSWORD from own-redis", func() (bool, string) {
 		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "secretive-grab"}, d); err != nil {
 			return false, err.Error()
 		}
@@ -249,13 +250,13 @@ func (e *env) reconcileRoundTrip(name string) {
 	e.patch(name, func(a *redpacketv1alpha1.RedPacketActivity) { a.Spec.Paused = !a.Spec.Paused })
 	a := e.get(name)
 	gen := a.Generation
-	eventually(e.t, 10*time.Second, "observedGeneration "+name, func() (bool, string) {
+	wait.Until(e.t, 10*time.Second, "observedGeneration "+name, func() (bool, string) {
 		a := e.get(name)
 		return a.Status.ObservedGeneration >= gen, describe(a)
 	})
 	e.patch(name, func(a *redpacketv1alpha1.RedPacketActivity) { a.Spec.Paused = !a.Spec.Paused })
 	gen++
-	eventually(e.t, 10*time.Second, "observedGeneration "+name, func() (bool, string) {
+	wait.Until(e.t, 10*time.Second, "observedGeneration "+name, func() (bool, string) {
 		a := e.get(name)
 		return a.Status.ObservedGeneration >= gen, describe(a)
 	})

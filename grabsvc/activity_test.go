@@ -12,6 +12,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/redistest"
+	"redpacket.io/operator/test/wait"
 )
 
 func TestActivitySourceWaitsThenFollowsChanges(t *testing.T) {
@@ -53,7 +54,7 @@ func TestActivitySourceWaitsThenFollowsChanges(t *testing.T) {
 	if err := cp.Client.Create(ctx, obj); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 3*time.Second, "the activity to be found", func() (bool, string) { return src.Current() != nil, "" })
+	wait.Until(t, 3*time.Second, "the activity to be found", func() (bool, string) { return src.Current() != nil, "" })
 	cur := src.Current()
 	if cur.Object.UID != obj.UID || cur.Keys != lua.KeysFor(string(obj.UID)) || cur.Ref != ns+"/later" {
 		t.Fatalf("activity %+v, keys %+v", cur.Object.ObjectMeta, cur.Keys)
@@ -73,7 +74,7 @@ func TestActivitySourceWaitsThenFollowsChanges(t *testing.T) {
 	if err := cp.Client.Update(ctx, obj); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 3*time.Second, "the spec change", func() (bool, string) {
+	wait.Until(t, 3*time.Second, "the spec change", func() (bool, string) {
 		a := src.Current()
 		return a.Object.Spec.Paused && a.Object.Spec.Settlement != nil && lastPaused.Load(), ""
 	})

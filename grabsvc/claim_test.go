@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/wait"
 )
 
 func TestGrabOutcomesOverHTTP(t *testing.T) {
@@ -375,7 +376,7 @@ func TestRedisDownGives503WithinTheDeadline(t *testing.T) {
 	}
 	// Once Redis answers again a retry is safe: the user holds exactly one packet,
 	// whether or not the first attempt went through.
-	eventually(t, 5*time.Second, "a grab after the pause", func() (bool, string) {
+	wait.Until(t, 5*time.Second, "a grab after the pause", func() (bool, string) {
 		r := h.grab("noah", nil)
 		return r.Status == http.StatusOK && (r.Outcome == OutcomeGranted || r.Outcome == OutcomeAlreadyClaimed), r.Raw
 	})

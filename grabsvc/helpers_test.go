@@ -244,19 +244,3 @@ func scriptCalls(t testing.TB, c *redis.Client) int64 {
 	}
 	return n
 }
-
-// eventually polls cond until it holds or within passes.
-func eventually(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not happen within %s: %s", what, within, detail)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}

@@ -23,6 +23,7 @@ import (
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
+	"redpacket.io/operator/test/wait"
 )
 
 // reporterEnv is a real API server and a real Redis holding one seeded activity.
@@ -133,7 +134,7 @@ func TestReporterShowsABurstWithinTwoSeconds(t *testing.T) {
 	if err != nil || snap.ClaimedCount != 120 {
 		t.Fatalf("snapshot %+v %v", snap, err)
 	}
-	eventually(t, 2*time.Second, "the status to show the burst", func() (bool, string) {
+	wait.Until(t, 2*time.Second, "the status to show the burst", func() (bool, string) {
 		return statusMatches(e.get(t), snap)
 	})
 	t.Logf("status showed the burst %s after it ended", time.Since(burstEnd).Round(time.Millisecond))
@@ -151,7 +152,7 @@ func TestReporterShowsABurstWithinTwoSeconds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "the status to show the second burst", func() (bool, string) {
+	wait.Until(t, 2*time.Second, "the status to show the second burst", func() (bool, string) {
 		return statusMatches(e.get(t), snap)
 	})
 	cancel()
@@ -229,7 +230,7 @@ func TestThreeReportersConvergeWithoutConflicts(t *testing.T) {
 	if err != nil || snap.ClaimedCount != 200 {
 		t.Fatalf("snapshot %+v %v", snap, err)
 	}
-	eventually(t, 3*time.Second, "the replicas to converge", func() (bool, string) {
+	wait.Until(t, 3*time.Second, "the replicas to converge", func() (bool, string) {
 		return statusMatches(e.get(t), snap)
 	})
 	// Stay converged: no replica writes an older view afterwards.
@@ -382,7 +383,7 @@ func TestAPIServerOutageDoesNotTouchGrabs(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
-	eventually(t, 5*time.Second, "a report to reach the hung API server", func() (bool, string) {
+	wait.Until(t, 5*time.Second, "a report to reach the hung API server", func() (bool, string) {
 		return accepted.Load() > 0, ""
 	})
 

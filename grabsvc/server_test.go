@@ -21,6 +21,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/redistest"
+	"redpacket.io/operator/test/wait"
 )
 
 // serveOn serves hs on a loopback port until the test ends and returns the address.
@@ -381,7 +382,7 @@ func TestGracefulShutdownFinishesInFlightClaims(t *testing.T) {
 	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- Serve(ctx, hs, ln, h.srv, 400*time.Millisecond, 10*time.Second) }()
-	eventually(t, 5*time.Second, "readiness", func() (bool, string) {
+	wait.Until(t, 5*time.Second, "readiness", func() (bool, string) {
 		resp, err := http.Get(base + "/readyz")
 		if err != nil {
 			return false, err.Error()
@@ -417,7 +418,7 @@ func TestGracefulShutdownFinishesInFlightClaims(t *testing.T) {
 
 	// Readiness fails first, while the claim is still in flight.
 	var notReadyAt time.Time
-	eventually(t, 2*time.Second, "readiness to fail", func() (bool, string) {
+	wait.Until(t, 2*time.Second, "readiness to fail", func() (bool, string) {
 		resp, err := http.Get(base + "/readyz")
 		if err != nil {
 			return false, err.Error()
@@ -459,17 +460,17 @@ func TestRestarter(t *testing.T) {
 	ctx := context.Background()
 	r.Set(ctx, "a", task)
 	r.Set(ctx, "a", task)
-	eventually(t, time.Second, "one run", func() (bool, string) { return runs.Load() == 1 && running.Load() == 1, "" })
+	wait.Until(t, time.Second, "one run", func() (bool, string) { return runs.Load() == 1 && running.Load() == 1, "" })
 	r.Set(ctx, "b", task)
-	eventually(t, time.Second, "the restart", func() (bool, string) { return runs.Load() == 2, "" })
+	wait.Until(t, time.Second, "the restart", func() (bool, string) { return runs.Load() == 2, "" })
 	if running.Load() != 1 || r.Key() != "b" {
 		t.Fatalf("after a new key: %d running, key %q", running.Load(), r.Key())
 	}
 	// A task that ends by itself is started again on the next Set.
 	r.Set(ctx, "c", func(context.Context) { runs.Add(1) })
-	eventually(t, time.Second, "the short task", func() (bool, string) { return runs.Load() == 3 && r.Key() == "", "" })
+	wait.Until(t, time.Second, "the short task", func() (bool, string) { return runs.Load() == 3 && r.Key() == "", "" })
 	r.Set(ctx, "c", func(context.Context) { runs.Add(1) })
-	eventually(t, time.Second, "the rerun", func() (bool, string) { return runs.Load() == 4, "" })
+	wait.Until(t, time.Second, "the rerun", func() (bool, string) { return runs.Load() == 4, "" })
 	r.Set(ctx, "", nil)
 	if running.Load() != 0 || r.Key() != "" {
 		t.Fatalf("after stop: %d running, key %q", running.Load(), r.Key())

@@ -20,6 +20,7 @@ import (
 
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/redistest"
+	"redpacket.io/operator/test/wait"
 )
 
 // receiver is a balance system for tests: a real HTTP server on loopback that
@@ -429,13 +430,7 @@ func baseConfig(a activity, url, consumer string) Config {
 // eventually polls cond until it holds or the timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(t, timeout, what, func() (bool, string) { return cond(), "" })
 }
 
 // newRedis starts a real redis-server for the test.

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"redpacket.io/operator/test/wait"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -28,13 +29,7 @@ func running(pid int) bool {
 // waitFor polls f every 20ms until it is true or within passes.
 func waitFor(t *testing.T, within time.Duration, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.Until(t, within, what, func() (bool, string) { return f(), "" })
 }
 
 // grandchild starts a shell that ignores or honours SIGTERM as asked, starts a

@@ -25,6 +25,7 @@ import (
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
+	"redpacket.io/operator/test/wait"
 )
 
 // receiver is a balance system that records deliveries.
@@ -79,21 +80,6 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not happen within %s: %s", what, within, detail)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 func freeAddr(t *testing.T) string {
@@ -178,7 +164,7 @@ func TestBinary(t *testing.T) {
 	}()
 
 	// Serving probes, not ready: the activity does not exist yet.
-	eventually(t, 10*time.Second, "the listener", func() (bool, string) { return status(base+"/healthz") == 200, "" })
+	wait.Until(t, 10*time.Second, "the listener", func() (bool, string) { return status(base+"/healthz") == 200, "" })
 	if s := status(base + "/readyz"); s != http.StatusServiceUnavailable {
 		t.Fatalf("readyz without the activity: %d", s)
 	}
@@ -209,7 +195,7 @@ func TestBinary(t *testing.T) {
 	if _, err := lua.Configure(ctx, admin, keys, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "readiness", func() (bool, string) { return status(base+"/readyz") == 200, "" })
+	wait.Until(t, 10*time.Second, "readiness", func() (bool, string) { return status(base+"/readyz") == 200, "" })
 
 	token := func(user string) map[string]string {
 		s, err := grabsvc.SignToken(tokenKey, grabsvc.TokenClaims{UserID: user, Activity: ns + "/quiz", Exp: time.Now().Add(time.Minute).Unix()})
@@ -228,7 +214,7 @@ func TestBinary(t *testing.T) {
 	packet := body["packetId"].(string)
 
 	// The status shows the grant, and the first webhook receives it.
-	eventually(t, 5*time.Second, "the status report", func() (bool, string) {
+	wait.Until(t, 5*time.Second, "the status report", func() (bool, string) {
 		o := &redpacketv1alpha1.RedPacketActivity{}
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(rpa), o); err != nil {
 			return false, err.Error()
@@ -236,7 +222,7 @@ func TestBinary(t *testing.T) {
 		c := o.Status.ClaimedCount
 		return c != nil && *c == 1 && o.Status.LastReportTime != nil, fmt.Sprintf("%+v", o.Status)
 	})
-	eventually(t, 10*time.Second, "the first delivery", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "the first delivery", func() (bool, string) {
 		got, bad := first.deliveries()
 		if len(bad) > 0 {
 			t.Fatalf("bad deliveries: %v", bad)
@@ -253,13 +239,13 @@ func TestBinary(t *testing.T) {
 	if err := cp.Client.Update(ctx, rpa); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the worker restart", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "the worker restart", func() (bool, string) {
 		return strings.Contains(logs.String(), second.srv.URL), ""
 	})
 	if code, body := post(t, base+"/v1/grab", `{"userId":"u2"}`, token("u2")); code != 200 || body["outcome"] != "granted" {
 		t.Fatalf("second grab: %d %v", code, body)
 	}
-	eventually(t, 10*time.Second, "the delivery to the new webhook", func() (bool, string) {
+	wait.Until(t, 10*time.Second, "the delivery to the new webhook", func() (bool, string) {
 		got, bad := second.deliveries()
 		if len(bad) > 0 {
 			t.Fatalf("bad deliveries: %v", bad)
@@ -269,7 +255,7 @@ func TestBinary(t *testing.T) {
 	if got, _ := first.deliveries(); len(got) != 1 {
 		t.Fatalf("the old webhook got %d deliveries, want 1", len(got))
 	}
-	eventually(t, 5*time.Second, "settled counters in the status", func() (bool, string) {
+	wait.Until(t, 5*time.Second, "settled counters in the status", func() (bool, string) {
 		o := &redpacketv1alpha1.RedPacketActivity{}
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(rpa), o); err != nil {
 			return false, err.Error()
@@ -280,7 +266,7 @@ func TestBinary(t *testing.T) {
 
 	// Shutdown: readiness fails while the listener still serves, then run returns.
 	stop()
-	eventually(t, 2*time.Second, "readiness to fail", func() (bool, string) {
+	wait.Until(t, 2*time.Second, "readiness to fail", func() (bool, string) {
 		s := status(base + "/readyz")
 		return s == http.StatusServiceUnavailable, fmt.Sprint(s)
 	})
