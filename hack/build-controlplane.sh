@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the local control plane (kube-apiserver, kubectl, etcd) from the Go modules
-# pinned under hack/tools into bin/. A stamp of each module's go.mod and go.sum is
+# Builds the local control plane (kube-apiserver, kubectl, etcd) and the node components of
+# the real single-node cluster (kubelet, kube-controller-manager, kube-scheduler, kube-proxy)
+# from the Go modules pinned under hack/tools into bin/. A stamp of each module's go.mod and go.sum is
 # kept beside the binaries, so a binary is rebuilt only when its pinned versions change.
 set -euo pipefail
 
@@ -30,4 +31,6 @@ build() {
 }
 
 build etcd etcd go.etcd.io/etcd/server/v3=etcd
-build kube kube k8s.io/kubernetes/cmd/kube-apiserver=kube-apiserver k8s.io/kubernetes/cmd/kubectl=kubectl
+build kube kube k8s.io/kubernetes/cmd/kube-apiserver=kube-apiserver k8s.io/kubernetes/cmd/kubectl=kubectl \
+	k8s.io/kubernetes/cmd/kubelet=kubelet k8s.io/kubernetes/cmd/kube-controller-manager=kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-scheduler=kube-scheduler k8s.io/kubernetes/cmd/kube-proxy=kube-proxy
