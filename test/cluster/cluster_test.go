@@ -91,7 +91,7 @@ func TestNodeServesPodsAndLeavesHostAsFound(t *testing.T) {
 	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "redis-probe", Namespace: "default"},
-		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 6379, TargetPort: intstr.FromInt32(6379)}}},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 6379, TargetPort: intstr.FromInt32(6379)}}},
 	}
 	svc, err = c.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
