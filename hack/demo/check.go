@@ -17,6 +17,8 @@ import (
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
+
+	"redpacket.io/operator/test/rain"
 )
 
 // startRedis starts the demo's redis-server with an append-only file, as production
@@ -52,13 +54,13 @@ func val(p *int64) int64 {
 // every grant claimed and settled and the receiver credited them all, or the
 // timeout passes.
 func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, kc kubectl, rs *redistest.Server,
-	name string, rr rainResult, recv *receiver) (observed, error) {
+	name string, rr rain.Result, recv *rain.Receiver) (observed, error) {
 	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
 	var obs observed
 	start := time.Now()
 	deadline := start.Add(d.opts.settleWait)
-	tty := isTerminal()
+	tty := rain.IsTerminal()
 	last := ""
 	for {
 		var a redpacketv1alpha1.RedPacketActivity
@@ -68,7 +70,7 @@ func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, k
 		obs.uid = string(a.UID)
 		obs.status = a.Status
 		obs.phase = string(a.Status.Phase)
-		t := recv.totals()
+		t := recv.Totals()
 		st := a.Status
 		caughtUp := val(st.ClaimedCount) == rr.Granted && val(st.SettledCount) == rr.Granted &&
 			t.Grants == rr.Granted && (rr.Granted < d.opts.packets || (val(st.RemainingCount) == 0 &&
@@ -127,7 +129,7 @@ func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, k
 }
 
 // printSummary prints the summary and its checks, and reports whether all passed.
-func printSummary(rr rainResult, obs observed, t totals, total, packets int64, connections int) bool {
+func printSummary(rr rain.Result, obs observed, t rain.Totals, total, packets int64, connections int) bool {
 	passed := true
 	// row prints one line; verdict is "" for facts, else the check's result.
 	row := func(label, text string, check ...bool) {

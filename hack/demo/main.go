@@ -27,6 +27,8 @@ import (
 
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
+
+	"redpacket.io/operator/test/rain"
 )
 
 // options are the demo's knobs.
@@ -155,8 +157,8 @@ func (d *demo) run(ctx context.Context) error {
 	if err := os.WriteFile(keyFile, keyHex, 0o600); err != nil {
 		return fmt.Errorf("writing %s: %w", keyFile, err)
 	}
-	recv := newReceiver(keyHex)
-	recvURL, stopRecv, err := recv.serve(ctx)
+	recv := rain.NewReceiver(keyHex)
+	recvURL, stopRecv, err := recv.Serve(ctx, "127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -235,8 +237,8 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	step("red-packet rain: %d concurrent users for %d packets", o.users, o.packets)
-	rr := rain(ctx, rainSpec{URL: "http://" + grabAddr + "/v1/grab", Users: o.users,
-		Connections: o.connections, RetryEvery: o.retryEvery, Timeout: 30 * time.Second})
+	rr := rain.Run(ctx, rain.Spec{URL: "http://" + grabAddr + "/v1/grab", Users: o.users,
+		Connections: o.connections, RetryEvery: o.retryEvery, Timeout: 30 * time.Second, Progress: os.Stdout})
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -256,7 +258,7 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	step("summary")
-	d.passed = printSummary(rr, obs, recv.totals(), total, o.packets, o.connections)
+	d.passed = printSummary(rr, obs, recv.Totals(), total, o.packets, o.connections)
 
 	if o.keep {
 		d.printKeep(kubeconfig, grabAddr, rs.Addr, obs.uid)

@@ -1,4 +1,4 @@
-package main
+package rain
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"time"
 )
 
-// delivery is the settlement webhook's body.
-type delivery struct {
+// Delivery is the settlement webhook's body.
+type Delivery struct {
 	Kind        string `json:"kind"`
 	Activity    string `json:"activity"`
 	ActivityUID string `json:"activityUID"`
@@ -27,13 +27,14 @@ type delivery struct {
 	At          string `json:"at"`
 }
 
-// receiver is a small balance system: it credits each idempotency key once, keeps
-// totals, and counts what a real one would alarm on.
-type receiver struct {
+// Receiver is a small balance system: it credits each idempotency key once, keeps
+// totals, and counts what a real one would alarm on. With a key, it refuses a
+// delivery whose X-Signature does not verify.
+type Receiver struct {
 	key []byte
 
 	mu          sync.Mutex
-	seen        map[string]delivery
+	seen        map[string]Delivery
 	requests    int64
 	repeats     int64 // a key delivered again (harmless, deduplicated)
 	conflicts   int64 // a key delivered again with a different body (a rollback)
@@ -45,12 +46,13 @@ type receiver struct {
 	users       map[string]int64
 }
 
-func newReceiver(key []byte) *receiver {
-	return &receiver{key: key, seen: map[string]delivery{}, users: map[string]int64{}}
+// NewReceiver returns a receiver that verifies signatures made with key (nil: none).
+func NewReceiver(key []byte) *Receiver {
+	return &Receiver{key: key, seen: map[string]Delivery{}, users: map[string]int64{}}
 }
 
 // ServeHTTP credits one delivery.
-func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
 		return
@@ -73,7 +75,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var d delivery
+	var d Delivery
 	if err := json.Unmarshal(body, &d); err != nil {
 		rc.badRequests++
 		http.Error(w, "bad body", http.StatusBadRequest)
@@ -115,17 +117,18 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// totals is a consistent copy of the receiver's counters.
-type totals struct {
+// Totals is a consistent copy of the receiver's counters.
+type Totals struct {
 	Requests, Repeats, Conflicts, BadRequests int64
 	Grants, GrantSum, Refunds, RefundSum      int64
 	UsersCreditedTwice                        int64
 }
 
-func (rc *receiver) totals() totals {
+// Totals returns the receiver's counters.
+func (rc *Receiver) Totals() Totals {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	t := totals{Requests: rc.requests, Repeats: rc.repeats, Conflicts: rc.conflicts, BadRequests: rc.badRequests,
+	t := Totals{Requests: rc.requests, Repeats: rc.repeats, Conflicts: rc.conflicts, BadRequests: rc.badRequests,
 		Grants: rc.grants, GrantSum: rc.grantSum, Refunds: rc.refunds, RefundSum: rc.refundSum}
 	for _, n := range rc.users {
 		if n > 1 {
@@ -135,9 +138,30 @@ func (rc *receiver) totals() totals {
 	return t
 }
 
-// serve runs the receiver on a free loopback port and returns its base URL.
-func (rc *receiver) serve(ctx context.Context) (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// Credited returns what was credited for one activity UID: the grants by packet id
+// and the refund (0 when none).
+func (rc *Receiver) Credited(activityUID string) (map[string]Delivery, int64) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	grants := map[string]Delivery{}
+	var refund int64
+	for _, d := range rc.seen {
+		if d.ActivityUID != activityUID {
+			continue
+		}
+		if d.Kind == "refund" {
+			refund += d.Amount
+			continue
+		}
+		grants[d.PacketID] = d
+	}
+	return grants, refund
+}
+
+// Serve runs the receiver on host (a free port of it) and returns its base URL and
+// a function that stops it.
+func (rc *Receiver) Serve(ctx context.Context, host string) (string, func(), error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return "", nil, fmt.Errorf("listening for the balance receiver: %w", err)
 	}
