@@ -2,6 +2,10 @@
 # The operator image: /manager (the controller, the entrypoint) and /grabsvc (the
 # grab service, which the operator runs in every activity's grab Deployment), both
 # static binaries on an empty base, running as a non-root user.
+#
+# `make image` (hack/image) builds the same layout without Docker; keep the two in
+# step: hack/image/layout_test.go compares this file's final stage (COPY
+# destinations and modes, USER, EXPOSE, ENTRYPOINT) with the image it builds.
 
 FROM golang:1.26 AS build
 WORKDIR /src
@@ -20,9 +24,9 @@ RUN GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w" -o /out/manager . && \
 
 FROM scratch
 # CA roots for Redis over TLS and https webhooks.
-COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
-COPY --from=build /out/manager /manager
-COPY --from=build /out/grabsvc /grabsvc
+COPY --from=build --chmod=0644 /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY --from=build --chmod=0755 /out/manager /manager
+COPY --from=build --chmod=0755 /out/grabsvc /grabsvc
 USER 65532:65532
 EXPOSE 8080 8081
 ENTRYPOINT ["/manager"]

@@ -4,6 +4,7 @@ GO ?= go
 CONTROLLER_GEN ?= $(GO) tool controller-gen
 KUBECTL ?= bin/kubectl
 TEST_FLAGS ?= -count=1 -timeout 30m
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: all
 all: build
@@ -42,9 +43,13 @@ test: redis controlplane ## Run every test against real Redis and a real API ser
 ##@ Build
 
 .PHONY: build
-build: ## Build the operator and the grab service into bin/.
-	$(GO) build -o bin/manager .
-	$(GO) build -o bin/grabsvc ./grabsvc/cmd/grabsvc
+build: ## Build the operator and the grab service into bin/ (static binaries).
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/manager .
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/grabsvc ./grabsvc/cmd/grabsvc
+
+.PHONY: image
+image: ## Build the operator, pause and Redis images into dist/ as tarballs, without Docker.
+	$(GO) run ./hack/image --out dist --version $(VERSION) $(IMAGE_ARGS)
 
 .PHONY: run
 run: ## Run the operator against the current kubeconfig.
