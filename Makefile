@@ -29,15 +29,19 @@ vet: ## go vet the tree.
 	$(GO) vet ./...
 
 .PHONY: controlplane
-controlplane: ## Build kube-apiserver, etcd and kubectl into bin/ (cached).
+controlplane: ## Build kube-apiserver, etcd, kubectl and the node components into bin/ (cached).
 	hack/build-controlplane.sh
 
 .PHONY: redis
 redis: ## Make sure redis-server and its tools are installed.
 	hack/ensure-redis.sh
 
+.PHONY: node-packages
+node-packages: ## Make sure containerd, runc, the CNI plugins, iptables, conntrack and nft are installed (root).
+	hack/ensure-node-packages.sh
+
 .PHONY: test
-test: redis controlplane ## Run every test against real Redis and a real API server.
+test: redis node-packages controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
 	$(GO) test $(TEST_FLAGS) ./...
 
 ##@ Build
@@ -66,10 +70,8 @@ bench: redis controlplane build ## Measure the grab path against redis-benchmark
 ##@ Deployment
 
 .PHONY: render
-render: controlplane ## Render the install manifests into dist/install.yaml.
-	mkdir -p dist
-	$(KUBECTL) kustomize config/default > dist/install.yaml
-	@echo "wrote dist/install.yaml"
+render: controlplane ## Render the install manifests for image redpacket-operator:$(VERSION) into dist/install.yaml.
+	hack/render-install.sh $(VERSION) dist/install.yaml
 
 .PHONY: deploy
 deploy: render ## Render the manifests and apply them to the current cluster.

@@ -1,0 +1,250 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/test/cluster"
+)
+
+// requireNode skips a test where no node could run, saying why.
+func requireNode(t *testing.T) {
+	t.Helper()
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+}
+
+func tailFile(path string, limit int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > limit {
+		b = b[len(b)-limit:]
+	}
+	return string(b)
+}
+
+// watchMemory samples the node's resident memory every second and returns a
+// function that reports the peak.
+func watchMemory(c *cluster.Cluster) func() int64 {
+	var mu sync.Mutex
+	var peak int64
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			var sum int64
+			for _, v := range c.ResidentMemory() {
+				sum += v
+			}
+			mu.Lock()
+			peak = max(peak, sum)
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 {
+		close(stop)
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
+}
+
+// kubectl runs the real kubectl against the node and fails the test when it fails.
+func kubectl(t *testing.T, stdin string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	out, err := env.node.Kubectl(ctx, stdin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// eventually polls f every 250ms until it returns nil, failing the test after within.
+func eventually(t *testing.T, within time.Duration, what string, f func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil {
+			return time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("%s: not within %s: %v", what, within, err)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("%s: %v", what, t.Context().Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// activityManifest is a RedPacketActivity with auth and a signed webhook to the
+// test's receiver.
+func activityManifest(ns, name string, total, count int64, replicas int) string {
+	return fmt.Sprintf(`apiVersion: redpacket.io/v1alpha1
+kind: RedPacketActivity
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  totalAmount: %d
+  count: %d
+  currency: CNY
+  distribution: {type: Random, minAmount: 1}
+  sponsor: merchant-e2e
+  grabService:
+    replicas: %d
+    auth:
+      tokenSecretRef: {name: grab-hmac}
+  settlement:
+    webhook:
+      url: %s/credit
+      secretRef: {name: balance-hmac}
+    maxAttempts: 20
+`, name, ns, total, count, replicas, env.receiverURL)
+}
+
+// tokenKey is the HMAC key of user tokens in every test namespace.
+var tokenKey = []byte("e2e-user-token-key")
+
+// namespace creates a namespace with the token and webhook key Secrets.
+func namespace(t *testing.T, name string) string {
+	t.Helper()
+	kubectl(t, "", "create", "namespace", name)
+	kubectl(t, "", "-n", name, "create", "secret", "generic", "grab-hmac", "--from-literal=key="+string(tokenKey))
+	kubectl(t, "", "-n", name, "create", "secret", "generic", "balance-hmac", "--from-literal=key="+string(env.webhookKey))
+	return name
+}
+
+// tokens signs user tokens for one activity.
+func tokens(t *testing.T, ns, name string) func(string) string {
+	return func(user string) string {
+		tok, err := grabsvc.SignToken(tokenKey, grabsvc.TokenClaims{UserID: user, Activity: ns + "/" + name,
+			Exp: time.Now().Add(time.Hour).Unix()})
+		if err != nil {
+			t.Error(err)
+		}
+		return tok
+	}
+}
+
+// activity reads an activity.
+func activity(t *testing.T, ns, name string) *redpacketv1alpha1.RedPacketActivity {
+	t.Helper()
+	a := &redpacketv1alpha1.RedPacketActivity{}
+	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, a); err != nil {
+		t.Fatalf("reading activity %s/%s: %v", ns, name, err)
+	}
+	return a
+}
+
+// deployment reads a Deployment.
+func deployment(t *testing.T, ns, name string) *appsv1.Deployment {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+		t.Fatalf("reading deployment %s/%s: %v", ns, name, err)
+	}
+	return d
+}
+
+// available waits until a Deployment has replicas available and up to date.
+func available(t *testing.T, ns, name string, replicas int32, within time.Duration) time.Duration {
+	t.Helper()
+	return eventually(t, within, fmt.Sprintf("deployment %s/%s to have %d available replicas", ns, name, replicas), func() error {
+		d := deployment(t, ns, name)
+		st := d.Status
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != replicas || st.ObservedGeneration < d.Generation ||
+			st.AvailableReplicas != replicas || st.UpdatedReplicas != replicas || st.Replicas != replicas {
+			return fmt.Errorf("spec %v, status %+v", d.Spec.Replicas, st)
+		}
+		return nil
+	})
+}
+
+// grabURL is the grab Service's ClusterIP URL of an activity.
+func grabURL(t *testing.T, ns, name string) string {
+	t.Helper()
+	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
+	return "http://" + ip + ":8080"
+}
+
+// keysOf lists the Redis keys of an activity UID.
+func keysOf(t *testing.T, uid string) []string {
+	t.Helper()
+	keys, err := env.redis.Keys(t.Context(), "rpa:{"+uid+"}*").Result()
+	if err != nil {
+		t.Fatalf("listing keys: %v", err)
+	}
+	return keys
+}
+
+func val(p *int64) int64 {
+	if p == nil {
+		return -1
+	}
+	return *p
+}
+
+// columns runs kubectl get with args and returns the first row as a map from the
+// printed column headers to the cells.
+func columns(t *testing.T, args ...string) map[string]string {
+	t.Helper()
+	out := kubectl(t, "", append([]string{"get"}, args...)...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("kubectl get %s printed no row:\n%s", strings.Join(args, " "), out)
+	}
+	header, row := lines[0], lines[1]
+	type col struct {
+		name  string
+		start int
+	}
+	var cols []col
+	for i := 0; i < len(header); {
+		for i < len(header) && header[i] == ' ' {
+			i++
+		}
+		j := i
+		for j < len(header) && header[j] != ' ' {
+			j++
+		}
+		if i < j {
+			cols = append(cols, col{header[i:j], i})
+		}
+		i = j
+	}
+	cells := map[string]string{}
+	for k, c := range cols {
+		end := len(row)
+		if k+1 < len(cols) {
+			end = min(cols[k+1].start, len(row))
+		}
+		if c.start < len(row) {
+			cells[c.name] = strings.TrimSpace(row[c.start:end])
+		}
+	}
+	return cells
+}

@@ -1,0 +1,148 @@
+// Package node is the end-to-end suite on a real single-node Kubernetes
+// (test/cluster): the operator installed from its rendered manifests and its own
+// image as a 2-replica Deployment with leader election, the dev Redis as a pod, and
+// every activity's grab Deployment as pods, all driven through the real kubectl. The
+// host reaches the grab service and Redis through their Services' ClusterIPs; the
+// pods reach this test's balance receiver at the node's address.
+//
+// It needs root on Linux. Elsewhere each test skips saying why, except in CI
+// (CI=true), where nothing may skip and the suite fails instead.
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"redpacket.io/operator/test/cluster"
+	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/rain"
+)
+
+// Versions of the operator image: the installed one, and a rebuilt tag that an
+// activity's grab Deployment is rolled to mid-rain.
+const (
+	version        = "e2e-1"
+	rebuiltVersion = "e2e-2"
+)
+
+// env is what TestMain started for every test.
+var env struct {
+	skip     string
+	root     string
+	node     *cluster.Cluster
+	client   client.Client
+	redis    *redis.Client
+	receiver *rain.Receiver
+	// receiverURL is the receiver's base URL at the node's address.
+	receiverURL string
+	webhookKey  []byte
+	images      map[string]cluster.Image
+	rebuilt     cluster.Image
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	ctrllog.SetLogger(logr.Discard())
+	if why := cluster.Supported(); why != "" {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, "e2e on the real node cannot run in CI:", why)
+			return 1
+		}
+		env.skip = why
+		return m.Run()
+	}
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	logf := func(format string, args ...any) { fmt.Printf("e2e: "+format+"\n", args...) }
+	root, err := controlplane.Root()
+	if err != nil {
+		return fail(err)
+	}
+	env.root = root
+	work, err := os.MkdirTemp("", "redpacket-node-e2e-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(work)
+
+	start := time.Now()
+	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version)
+	if err != nil {
+		return fail(err)
+	}
+	rebuilt, err := cluster.BuildImages(ctx, filepath.Join(work, "images-rebuilt"), rebuiltVersion, "operator")
+	if err != nil {
+		return fail(err)
+	}
+	env.rebuilt = rebuilt["operator"]
+	logf("images built in %s", time.Since(start).Round(100*time.Millisecond))
+
+	node, err := cluster.Start(ctx, cluster.Options{
+		Images:     []string{env.images["pause"].File, env.images["redis"].File, env.images["operator"].File, env.rebuilt.File},
+		PauseImage: env.images["pause"].Tag,
+		Logf:       logf,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	env.node = node
+	defer func() {
+		if err := node.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: stopping the node:", err)
+		}
+	}()
+	env.client, err = client.New(node.Config, client.Options{Scheme: controlplane.NewScheme()})
+	if err != nil {
+		return fail(err)
+	}
+
+	installed, err := node.Install(ctx, version)
+	if err != nil {
+		return fail(err)
+	}
+	logf("dev Redis Available at %s in %s; operator Available (2 replicas) %s after install",
+		installed.RedisAddr, installed.RedisReady.Round(100*time.Millisecond), installed.OperatorReady.Round(100*time.Millisecond))
+	env.redis = redis.NewClient(&redis.Options{Addr: installed.RedisAddr})
+	defer env.redis.Close()
+
+	env.webhookKey = []byte("e2e-balance-signing-key")
+	env.receiver = rain.NewReceiver(env.webhookKey)
+	url, stopReceiver, err := env.receiver.Serve(ctx, cluster.NodeIP)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopReceiver()
+	env.receiverURL = url
+
+	peak := watchMemory(node)
+	code := m.Run()
+	logf("peak resident memory of the node and its pods: %d MiB", peak()>>20)
+	if code != 0 {
+		for _, c := range []string{"kubelet", "kube-controller-manager"} {
+			fmt.Fprintf(os.Stderr, "--- %s log (tail)\n%s\n", c, tailFile(node.LogPath(c), 3000))
+		}
+		out, _ := node.Kubectl(context.Background(), "", "get", "pods", "-A", "-o", "wide")
+		fmt.Fprintf(os.Stderr, "--- pods\n%s\n", out)
+		for _, sel := range []string{"app.kubernetes.io/component=controller", "app.kubernetes.io/component=grab"} {
+			logs, _ := node.Kubectl(context.Background(), "", "logs", "-A", "-l", sel, "--tail=40", "--prefix")
+			fmt.Fprintf(os.Stderr, "--- logs of %s\n%s\n", sel, logs)
+		}
+	}
+	return code
+}
