@@ -2,17 +2,24 @@ package controllers_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/grabsvc/settlement"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/wait"
 )
@@ -25,7 +32,9 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 	e.startController(nil)
 	ctx := context.Background()
 
-	a := e.create(e.activity("gone", 1000, 5, withSettlement))
+	// The balance system is down until the test says so.
+	bal := newBalance(t, nil)
+	a := e.create(e.activity("gone", 1000, 5, withWebhook(bal.URL(), "")))
 	a = e.waitPhase("gone", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	var granted int64
 	for _, u := range []string{"u1", "u2"} {
@@ -62,10 +71,10 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 		return controllerutil.ContainsFinalizer(held, controllers.Finalizer) && e.dbsize() > 0, describe(held)
 	})
 
-	if n := e.settleAll(a); n != 3 {
-		t.Fatalf("settled %d entries, want 2 grants and 1 refund", n)
-	}
-	wait.Until(t, 10*time.Second, "the activity gone", func() (bool, string) {
+	// The balance system comes back: the operator's settlement worker delivers the two
+	// grants and the refund, and the deletion completes.
+	bal.setUp(true)
+	wait.Until(t, 20*time.Second, "the activity gone", func() (bool, string) {
 		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
 		return isNotFound(err), "get: " + errString(err)
 	})
@@ -74,6 +83,9 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 		t.Fatalf("%d keys left in Redis after deletion: %v", n, keys)
 	}
 	e.waitEvent("gone", "Normal", "Purged")
+	if credited, bad := bal.credits(); len(credited) != 3 || len(bad) != 0 {
+		t.Errorf("the balance system credited %d deliveries (bad: %v), want 2 grants and 1 refund", len(credited), bad)
+	}
 }
 
 // When settlement does not drain within the grace period, the keys are purged anyway
@@ -86,7 +98,9 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 	})
 	ctx := context.Background()
 
-	a := e.create(e.activity("stuck", 1000, 5, withSettlement))
+	// The balance system never answers with a 2xx.
+	bal := newBalance(t, nil)
+	a := e.create(e.activity("stuck", 1000, 5, withWebhook(bal.URL(), "")))
 	a = e.waitPhase("stuck", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	if res := e.grab(a, "u1"); res.Outcome != lua.Granted {
 		t.Fatalf("grab: %+v", res)
@@ -111,6 +125,97 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 		t.Fatalf("settlement stream TTL %s (%v), want the retention", ttl, err)
 	}
 	e.waitEvent("stuck", "Warning", "CleanupGracePeriodExpired")
+	if credited, _ := bal.credits(); len(credited) != 0 {
+		t.Errorf("the balance system credited %v while it was down", credited)
+	}
+}
+
+// With no grab pod left to settle (as after foreground deletion, where the garbage
+// collector removes the grab Deployment first), the operator settles a deleted
+// activity itself: every claim and the refund are credited, signed with the key from
+// the webhook's Secret, then the keys are purged, the finalizer removed, and the
+// operator's worker stopped.
+func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var rec *controllers.RedPacketActivityReconciler
+	e.startController(func(r *controllers.RedPacketActivityReconciler) { rec = r })
+	ctx := context.Background()
+
+	// The key as kubectl create secret --from-file stores it, with the file's newline.
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "balance-hmac", Namespace: e.ns},
+		Data: map[string][]byte{"key": []byte("webhook-signing-key\n")}}
+	if err := e.c.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	bal := newBalance(t, []byte("webhook-signing-key"))
+	const total = 1000
+	a := e.create(e.activity("orphaned", total, 5, withWebhook(bal.URL(), "balance-hmac")))
+	a = e.waitPhase("orphaned", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	granted := map[string]lua.GrabResult{}
+	var claimed int64
+	for _, u := range []string{"u1", "u2", "u3"} {
+		res := e.grab(a, u)
+		if res.Outcome != lua.Granted {
+			t.Fatalf("grab: %+v", res)
+		}
+		granted[u] = res
+		claimed += res.Amount
+	}
+
+	// No grab pod runs here at all: only the operator can settle.
+	if err := e.c.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 10*time.Second, "a delivery attempt from the operator", func() (bool, string) {
+		n := bal.attempts()
+		return n > 0, fmt.Sprintf("%d attempts", n)
+	})
+	if !rec.Settlers.Running(a.UID) {
+		t.Errorf("no settlement worker registered for the deleted activity")
+	}
+	held := e.waitCondition("orphaned", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonDeleting, 10*time.Second)
+	if msg := findCondition(held, redpacketv1alpha1.ConditionReady).Message; !strings.Contains(msg, "the operator is settling them") {
+		t.Errorf("Ready message %q, want it to say the operator settles", msg)
+	}
+
+	bal.setUp(true)
+	wait.Until(t, 30*time.Second, "the activity gone", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
+		return isNotFound(err), "get: " + errString(err)
+	})
+	if rec.Settlers.Running(a.UID) || rec.Settlers.Len() != 0 {
+		t.Errorf("settlement workers left after the deletion: running %v, %d registered", rec.Settlers.Running(a.UID), rec.Settlers.Len())
+	}
+	if n := e.dbsize(); n != 0 {
+		keys, _ := e.rdb.Keys(ctx, "*").Result()
+		t.Fatalf("%d keys left in Redis after deletion: %v", n, keys)
+	}
+	e.waitEvent("orphaned", "Normal", "Purged")
+
+	credited, bad := bal.credits()
+	if len(bad) != 0 {
+		t.Errorf("rejected deliveries: %v", bad)
+	}
+	if len(credited) != len(granted)+1 {
+		t.Fatalf("%d deliveries credited, want %d grants and the refund: %v", len(credited), len(granted), credited)
+	}
+	var sum int64
+	for user, res := range granted {
+		d, ok := credited[string(a.UID)+"/"+res.PacketID]
+		if !ok || d.Kind != "grant" || d.UserID != user || d.Amount != res.Amount || d.Currency != "CNY" ||
+			d.Activity != e.ns+"/orphaned" || d.ActivityUID != string(a.UID) {
+			t.Errorf("credit of packet %s: %+v (found %v), want a grant of %d to %s", res.PacketID, d, ok, res.Amount, user)
+		}
+		sum += d.Amount
+	}
+	refund, ok := credited[string(a.UID)+"/refund"]
+	if !ok || refund.Kind != "refund" || refund.UserID != "merchant-001" || refund.Amount != total-claimed {
+		t.Errorf("refund %+v (found %v), want %d to merchant-001", refund, ok, total-claimed)
+	}
+	if sum+refund.Amount != total {
+		t.Errorf("credited %d + refund %d, want the total %d", sum, refund.Amount, total)
+	}
 }
 
 func errString(err error) string {
@@ -118,4 +223,88 @@ func errString(err error) string {
 		return "found"
 	}
 	return err.Error()
+}
+
+// withWebhook sets a settlement webhook, signed with the key of the named Secret
+// unless secret is empty.
+func withWebhook(url, secret string) func(*redpacketv1alpha1.RedPacketActivity) {
+	return func(a *redpacketv1alpha1.RedPacketActivity) {
+		a.Spec.Settlement = &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: url}, MaxAttempts: 10}
+		if secret != "" {
+			a.Spec.Settlement.Webhook.SecretRef = &redpacketv1alpha1.SecretReference{Name: secret}
+		}
+	}
+}
+
+// balance is a balance system's webhook: it checks each delivery's signature (when
+// it has a key) and Idempotency-Key, answers 503 while down, and credits each
+// Idempotency-Key once, however often it is delivered.
+type balance struct {
+	key []byte
+	srv *httptest.Server
+
+	mu       sync.Mutex
+	up       bool
+	tries    int
+	credited map[string]settlement.Delivery
+	bad      []string
+}
+
+func newBalance(t *testing.T, key []byte) *balance {
+	b := &balance{key: key, credited: map[string]settlement.Delivery{}}
+	b.srv = httptest.NewServer(http.HandlerFunc(b.serve))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func (b *balance) URL() string { return b.srv.URL + "/credit" }
+
+func (b *balance) setUp(up bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.up = up
+}
+
+func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tries++
+	var d settlement.Delivery
+	switch {
+	case json.Unmarshal(body, &d) != nil:
+		b.bad = append(b.bad, "undecodable body "+string(body))
+	case r.Header.Get("Idempotency-Key") != d.IdempotencyKey():
+		b.bad = append(b.bad, "Idempotency-Key "+r.Header.Get("Idempotency-Key")+" for "+d.IdempotencyKey())
+	case b.key != nil && r.Header.Get("X-Signature") != settlement.Sign(b.key, body):
+		b.bad = append(b.bad, "bad signature "+r.Header.Get("X-Signature")+" on "+d.IdempotencyKey())
+	case !b.up:
+		http.Error(w, "balance system down", http.StatusServiceUnavailable)
+		return
+	default:
+		if _, dup := b.credited[d.IdempotencyKey()]; !dup {
+			b.credited[d.IdempotencyKey()] = d
+		}
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	http.Error(w, "rejected", http.StatusBadRequest)
+}
+
+// credits returns what was credited, by Idempotency-Key, and the deliveries refused
+// as malformed or unsigned.
+func (b *balance) credits() (map[string]settlement.Delivery, []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]settlement.Delivery, len(b.credited))
+	for k, v := range b.credited {
+		out[k] = v
+	}
+	return out, append([]string(nil), b.bad...)
+}
+
+func (b *balance) attempts() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.tries
 }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -62,10 +63,43 @@ const (
 	secretKeyName     = "key"
 	nonRootUID        = 65532
 	grabContainerName = "grab"
+	// keyFileMode is the mode of the mounted key files: readable by their owner and
+	// group only. The kubelet gives the files the pod's fsGroup (nonRootUID), the
+	// group the grab container runs with, so the grab service can read them.
+	keyFileMode = 0o440
 	// grabCommand is where the operator's image keeps the grab service binary; a
 	// custom grab image must keep it there too.
 	grabCommand = "/grabsvc"
 )
+
+// The grab service's graceful shutdown, passed to it as --shutdown-delay and
+// --shutdown-timeout, and the pod's terminationGracePeriodSeconds, which must leave
+// room for both and for what follows them: on SIGTERM the service fails readiness
+// for GrabShutdownDelay, gives in-flight requests up to GrabShutdownTimeout, then
+// stops its settlement worker (acknowledging finished deliveries, up to 5 s) and
+// writes a last status report (up to 3 s). GrabShutdownMargin covers that tail, so
+// the kubelet's SIGKILL never cuts a drain short.
+const (
+	GrabShutdownDelay   = 5 * time.Second
+	GrabShutdownTimeout = 20 * time.Second
+	GrabShutdownMargin  = 10 * time.Second
+)
+
+// GrabTerminationGracePeriodSeconds is the grab pod's terminationGracePeriodSeconds:
+// the shutdown delay, the drain timeout and the margin, in whole seconds.
+func GrabTerminationGracePeriodSeconds() int64 {
+	return terminationGracePeriodSeconds(GrabShutdownDelay, GrabShutdownTimeout, GrabShutdownMargin)
+}
+
+// terminationGracePeriodSeconds is the sum of the durations in whole seconds, rounded
+// up, so the kubelet never cuts the last fraction of a second off.
+func terminationGracePeriodSeconds(parts ...time.Duration) int64 {
+	var sum time.Duration
+	for _, p := range parts {
+		sum += p
+	}
+	return int64((sum + time.Second - 1) / time.Second)
+}
 
 // grabName is the name of every object of the activity's grab workload.
 func grabName(a *redpacketv1alpha1.RedPacketActivity) string { return a.Name + "-grab" }
@@ -319,7 +353,12 @@ func (r *RedPacketActivityReconciler) replicasToApply(a *redpacketv1alpha1.RedPa
 	return replicas, specValue, true
 }
 
-// grabDeployment is the apply configuration of the grab Deployment.
+// grabDeployment is the apply configuration of the grab Deployment. Its pods run as
+// UID and GID nonRootUID with fsGroup nonRootUID, so the token and webhook key files,
+// mounted with keyFileMode (0440), belong to the container's group and are readable
+// by the service and nobody else. The service's shutdown flags come from
+// GrabShutdownDelay and GrabShutdownTimeout, and the pod's grace period from
+// GrabTerminationGracePeriodSeconds, which exceeds their sum.
 func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPacketActivity, labels map[string]string,
 	owner *metav1ac.OwnerReferenceApplyConfiguration) *appsv1ac.DeploymentApplyConfiguration {
 	name := grabName(a)
@@ -333,12 +372,14 @@ func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPac
 		"--activity=" + a.Name,
 		fmt.Sprintf("--listen=:%d", grabPort),
 		"--settlement=true",
+		"--shutdown-delay=" + GrabShutdownDelay.String(),
+		"--shutdown-timeout=" + GrabShutdownTimeout.String(),
 	}
 	var volumes []*corev1ac.VolumeApplyConfiguration
 	var mounts []*corev1ac.VolumeMountApplyConfiguration
 	addKeyVolume := func(volume, secret, dir, flag string) {
 		volumes = append(volumes, corev1ac.Volume().WithName(volume).WithSecret(
-			corev1ac.SecretVolumeSource().WithSecretName(secret).WithDefaultMode(0o440).
+			corev1ac.SecretVolumeSource().WithSecretName(secret).WithDefaultMode(keyFileMode).
 				WithItems(corev1ac.KeyToPath().WithKey(secretKeyName).WithPath(secretKeyName))))
 		mounts = append(mounts, corev1ac.VolumeMount().WithName(volume).WithMountPath(dir).WithReadOnly(true))
 		args = append(args, flag+"="+dir+"/"+secretKeyName)
@@ -384,11 +425,12 @@ func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPac
 				WithLabels(labels).
 				WithSpec(corev1ac.PodSpec().
 					WithServiceAccountName(name).
-					WithTerminationGracePeriodSeconds(30).
+					WithTerminationGracePeriodSeconds(GrabTerminationGracePeriodSeconds()).
 					WithSecurityContext(corev1ac.PodSecurityContext().
 						WithRunAsNonRoot(true).
 						WithRunAsUser(nonRootUID).
 						WithRunAsGroup(nonRootUID).
+						WithFSGroup(nonRootUID).
 						WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
 					WithContainers(container).
 					WithVolumes(volumes...))))

@@ -44,7 +44,7 @@ func TestInstallManifestsGrantEnoughToRunAnActivity(t *testing.T) {
 	rendered := filepath.Join(t.TempDir(), "install.yaml")
 	kubectl("kustomize", "config/default", "-o", rendered)
 	kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=install-test", "-f", rendered)
-	kubectl("apply", "--dry-run=server", "-k", "config/samples")
+	kubectl("apply", "--dry-run=server", "-f", "config/samples")
 
 	ctx := context.Background()
 	sa := "system:serviceaccount:redpacket-system:redpacket-controller-manager"

@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/test/wait"
 )
 
 // A full life: create → Seeding → Seeded → Active → every packet grabbed → Exhausted
@@ -25,9 +27,35 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	const total, count = 2000, 20
 	a := e.create(e.activity("quiz", total, count, withSettlement))
 
-	a = e.waitCondition("quiz", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseActive), 20*time.Second)
+	// Open, but with no grab replica up nobody can grab: not Ready yet.
+	a = e.waitPhase("quiz", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	if c := findCondition(a, redpacketv1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse ||
+		c.Reason != controllers.ReasonGrabServiceUnavailable || !strings.Contains(c.Message, "grabbing is open with 20 of 20 packets left") {
+		t.Errorf("Ready %+v with no grab replica, want False/%s saying grabbing is open", c, controllers.ReasonGrabServiceUnavailable)
+	}
+	// Before any report, the controller put the counters from Redis into status, under
+	// a field manager of its own (not the one of its other status fields).
+	wait.Until(t, 10*time.Second, "the initial counters", func() (bool, string) {
+		a = e.get("quiz")
+		st := a.Status
+		return st.RemainingCount != nil && *st.RemainingCount == count && st.RemainingAmount != nil && *st.RemainingAmount == total &&
+			st.ClaimedCount != nil && *st.ClaimedCount == 0 && st.ClaimedAmount != nil && *st.ClaimedAmount == 0, describeCounters(a)
+	})
+	for _, m := range a.ManagedFields {
+		if m.Manager == controllers.FieldManager && m.Subresource == "status" &&
+			(hasStatusField(t, string(m.FieldsV1.Raw), "f:remainingCount") || hasStatusField(t, string(m.FieldsV1.Raw), "f:claimedCount")) {
+			t.Errorf("%s owns the grab service's counters: %s", controllers.FieldManager, m.FieldsV1.Raw)
+		}
+	}
+
+	// A grab replica comes up (its status reporter): Ready.
+	e.runReporter("quiz")
+	a = e.waitCondition("quiz", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseActive), 10*time.Second)
 	if a.Status.Phase != redpacketv1alpha1.PhaseActive {
 		t.Fatalf("phase %s, want Active", a.Status.Phase)
+	}
+	if c := findCondition(a, redpacketv1alpha1.ConditionGrabServiceAvailable); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("GrabServiceAvailable %+v while Ready, want True", c)
 	}
 	if !controllerutil.ContainsFinalizer(a, controllers.Finalizer) {
 		t.Errorf("finalizer %s missing: %v", controllers.Finalizer, a.Finalizers)
@@ -50,9 +78,6 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	}
 	if a.Status.ObservedGeneration != a.Generation {
 		t.Errorf("observedGeneration %d, generation %d", a.Status.ObservedGeneration, a.Generation)
-	}
-	if a.Status.ClaimedCount != nil || a.Status.RemainingCount != nil {
-		t.Errorf("the controller wrote the grab service's counters: claimed %v remaining %v", a.Status.ClaimedCount, a.Status.RemainingCount)
 	}
 	loaded, err := e.rdb.ScriptExists(context.Background(), lua.GrabScript.SHA()).Result()
 	if err != nil || len(loaded) != 1 || !loaded[0] {
@@ -91,12 +116,8 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 		t.Errorf("second grab of user-3: %+v, want already_claimed", again)
 	}
 
-	// The grab service reports the last packet gone; the controller closes the
-	// activity as exhausted.
-	e.applyGrabServiceStatus("quiz", map[string]any{
-		"remainingCount": int64(0), "remainingAmount": int64(0),
-		"claimedCount": int64(count), "claimedAmount": int64(total),
-	})
+	// The grab service's reporter reports the last packet gone; the controller closes
+	// the activity as exhausted.
 	a = e.waitCondition("quiz", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseExhausted), 10*time.Second)
 	if a.Status.RefundedAmount == nil || *a.Status.RefundedAmount != 0 {
 		t.Errorf("refundedAmount %v after exhaustion, want 0", a.Status.RefundedAmount)
@@ -201,10 +222,12 @@ func TestScheduledActivityOpensAtStartTime(t *testing.T) {
 	e := newEnv(t)
 	e.startController(nil)
 
-	start := metav1.NewTime(time.Now().Add(5 * time.Second).Truncate(time.Second))
+	start := metav1.NewTime(time.Now().Add(8 * time.Second).Truncate(time.Second))
 	a := e.create(e.activity("later", 500, 5, func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.StartTime = &start
 	}))
+	// Scheduled and Ready once a grab replica (its reporter) is up.
+	e.runReporter("later")
 	a = e.waitCondition("later", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseScheduled), 20*time.Second)
 	if time.Now().Before(start.Time) {
 		if res := e.grab(a, "eager"); res.Outcome != lua.NotStarted {
@@ -224,6 +247,8 @@ func TestPauseAndResume(t *testing.T) {
 	e.startController(nil)
 
 	a := e.create(e.activity("pausable", 1000, 10))
+	// A grab replica's reporter runs throughout, so Paused can be Ready.
+	e.runReporter("pausable")
 	e.waitPhase("pausable", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	if res := e.grab(a, "u1"); res.Outcome != lua.Granted {
 		t.Fatalf("grab while active: %+v", res)
@@ -261,4 +286,18 @@ func findCondition(a *redpacketv1alpha1.RedPacketActivity, t string) *metav1.Con
 		}
 	}
 	return nil
+}
+
+// describeCounters shows the grab service's counters of the activity's status.
+func describeCounters(a *redpacketv1alpha1.RedPacketActivity) string {
+	show := func(v *int64) string {
+		if v == nil {
+			return "absent"
+		}
+		return fmt.Sprint(*v)
+	}
+	st := a.Status
+	return fmt.Sprintf("remaining %s/%s claimed %s/%s settled %s/%s lastReport %v",
+		show(st.RemainingCount), show(st.RemainingAmount), show(st.ClaimedCount), show(st.ClaimedAmount),
+		show(st.SettledCount), show(st.SettledAmount), st.LastReportTime)
 }

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
@@ -93,6 +94,10 @@ type Options struct {
 	MaxBackoff time.Duration
 	// MaxConcurrentReconciles is how many activities are reconciled at once; 0 means 1.
 	MaxConcurrentReconciles int
+	// SettlementConsumer is the consumer name of the settlement workers the operator
+	// runs for deleted activities waiting for settlement; empty means "operator-" and
+	// the pod's name (POD_NAME, else the host name).
+	SettlementConsumer string
 	// Name is the controller's name; empty means ControllerName. Several managers in
 	// one process need distinct names (or SkipNameValidation).
 	Name string
@@ -131,6 +136,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxConcurrentReconciles <= 0 {
 		o.MaxConcurrentReconciles = 1
 	}
+	if o.SettlementConsumer == "" {
+		o.SettlementConsumer = defaultSettlementConsumer()
+	}
 	if o.Name == "" {
 		o.Name = ControllerName
 	}
@@ -150,6 +158,9 @@ type RedPacketActivityReconciler struct {
 	Recorder events.EventRecorder
 	// Redis caches the Redis clients.
 	Redis *RedisClients
+	// Settlers runs the operator's settlement workers of deleted activities that
+	// wait for settlement to drain.
+	Settlers *DeletionSettlers
 	// Seeder stages and commits packets; its zero value is what production uses.
 	Seeder lua.Seeder
 	// Options are the operator-wide settings.
@@ -169,7 +180,8 @@ type RedPacketActivityReconciler struct {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr. Fields left nil are filled
-// from the manager; the Redis client cache is closed when the manager stops.
+// from the manager; the Redis client cache is closed when the manager stops, and the
+// deletion settlement workers (a leader-election runnable) are stopped with it.
 func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.Options = r.Options.withDefaults()
 	if r.Client == nil {
@@ -185,6 +197,12 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Redis = NewRedisClients()
 		if err := mgr.Add(r.Redis); err != nil {
 			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
+		}
+	}
+	if r.Settlers == nil {
+		r.Settlers = NewDeletionSettlers()
+		if err := mgr.Add(r.Settlers); err != nil {
+			return fmt.Errorf("adding the deletion settlement workers to the manager: %w", err)
 		}
 	}
 	if r.Now == nil {
@@ -265,11 +283,14 @@ func deletionPredicate() predicate.Predicate {
 
 // grabServiceSignalPredicate fires on the grab service's reports that change what the
 // controller says: status.remainingCount becoming 0 (the activity can be closed as
-// exhausted now), status.lastReportTime set for the first time (a grab replica is
-// up), status.settledCount reaching status.claimedCount on an activity that is closed
-// or being deleted (Settled may turn True; deletion may purge), and
-// status.deadLetterCount leaving 0 (Settled turns False with DeadLetters). Each is a
-// transition, so a steady stream of reports lets through at most a few of them.
+// exhausted now), status.lastReportTime set for the first time, or changed while
+// the controller's GrabServiceAvailable is not True (a grab replica is up: it and
+// Ready may turn True), status.settledCount reaching status.claimedCount on an
+// activity that is closed or being deleted (Settled may turn True; deletion may
+// purge), and status.deadLetterCount leaving 0 (Settled turns False with
+// DeadLetters). Each is a transition, so a steady stream of reports lets through at
+// most a few of them: once the controller says GrabServiceAvailable=True, reports
+// that only refresh lastReportTime are ignored again.
 func grabServiceSignalPredicate() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return false },
@@ -282,11 +303,13 @@ func grabServiceSignalPredicate() predicate.Predicate {
 			oldSt, newSt := &oldA.Status, &newA.Status
 			becameEmpty := isZero(newSt.RemainingCount) && !isZero(oldSt.RemainingCount)
 			firstReport := oldSt.LastReportTime == nil && newSt.LastReportTime != nil
+			reportWhileUnavailable := newSt.LastReportTime != nil && !newSt.LastReportTime.Equal(oldSt.LastReportTime) &&
+				!meta.IsStatusConditionTrue(newSt.Conditions, redpacketv1alpha1.ConditionGrabServiceAvailable)
 			closed := newSt.Phase == redpacketv1alpha1.PhaseExhausted || newSt.Phase == redpacketv1alpha1.PhaseExpired ||
 				!newA.DeletionTimestamp.IsZero()
 			caughtUp := closed && allSettled(newSt) && !allSettled(oldSt)
 			firstDeadLetter := isPositive(newSt.DeadLetterCount) && !isPositive(oldSt.DeadLetterCount)
-			return becameEmpty || firstReport || caughtUp || firstDeadLetter
+			return becameEmpty || firstReport || reportWhileUnavailable || caughtUp || firstDeadLetter
 		},
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
@@ -313,10 +336,14 @@ func (r *RedPacketActivityReconciler) Reconcile(ctx context.Context, req ctrl.Re
 	activity := &redpacketv1alpha1.RedPacketActivity{}
 	if err := r.Client.Get(ctx, req.NamespacedName, activity); err != nil {
 		if apierrors.IsNotFound(err) {
+			// Gone: nothing is left to settle from here.
+			r.Settlers.StopNamed(req.NamespacedName, "")
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("getting activity %s: %w", req.NamespacedName, err)
 	}
+	// A worker of an earlier activity of the same name has no business any more.
+	r.Settlers.StopNamed(req.NamespacedName, activity.UID)
 
 	scope := newActivityScope(activity, r.now())
 
@@ -363,6 +390,7 @@ func (r *RedPacketActivityReconciler) reconcileNormal(ctx context.Context, s *ac
 		{"open and configure", r.reconcileGate},
 		{"grab workload", r.reconcileGrabWorkload},
 		{"schedule and close", r.reconcileSchedule},
+		{"initial counters", r.reconcileInitialCounters},
 	}
 	var result ctrl.Result
 	for _, step := range steps {

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc/settlement"
 	"redpacket.io/operator/lua"
 )
 
@@ -31,11 +32,18 @@ import (
 // period is over and then lets the resource go with a Warning event: the keys, if any
 // are left, have to be removed by hand.
 //
-// The grab workload is owned by the activity and garbage-collected after it; it keeps
-// running, and settling, while the finalizer holds the activity.
+// While it waits, the operator runs a settlement worker of its own for the activity
+// (ensureDeletionSettlement, in r.Settlers), because the grab pods' workers may be
+// gone: foreground propagation has the garbage collector delete the grab Deployment
+// before the activity, and orphan propagation leaves it to the user. With background
+// propagation the grab pods keep settling too, as consumers of the same group. The
+// worker is stopped, and has stopped, before the keys are purged and before the
+// finalizer is removed, so nothing it does can recreate a key of a purged activity.
 func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *activityScope) (ctrl.Result, error) {
 	a := s.activity
 	if !controllerutil.ContainsFinalizer(a, Finalizer) {
+		// Someone else let it go: nothing waits for settlement any more.
+		r.Settlers.Stop(a.UID)
 		return ctrl.Result{}, nil
 	}
 	log := r.logger(ctx)
@@ -56,6 +64,7 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 			}
 			return ctrl.Result{}, fmt.Errorf("cleaning up the deleted activity: %w", err)
 		}
+		r.Settlers.Stop(a.UID)
 		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupAbandoned", "Delete",
 			"Redis could not be cleaned up within the cleanup grace period of %s; the activity's keys (rpa:{%s}:*) may be left behind: %v",
 			r.Options.CleanupGracePeriod, a.UID, err)
@@ -63,6 +72,12 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 	}
 
 	snap := s.snapshot
+	waiting := snap.Exists() && !settled(snap) && graceLeft > 0
+	if !waiting {
+		// Whatever comes next deletes keys or lets the activity go: the worker must
+		// not outlive this point.
+		r.Settlers.Stop(a.UID)
+	}
 	switch {
 	case !snap.Exists() && snap.StagedCount == 0:
 		log.Info("the deleted activity is not in Redis; letting it go")
@@ -85,7 +100,16 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 		if snap.State == lua.StateClosed {
 			s.recordClosed()
 		}
-		s.blockReady(ReasonDeleting, "%s; purge at %s", waitingFor(snap),
+		worker := "the operator is settling them"
+		switch err := r.ensureDeletionSettlement(ctx, s); {
+		case err != nil:
+			// Status says so; the next poll tries again.
+			log.V(1).Info("the operator's settlement worker of the deleted activity cannot start", "error", err.Error())
+			worker = fmt.Sprintf("the operator cannot settle them: %v", err)
+		case !settlement.HasWebhook(a):
+			worker = "spec.settlement has no webhook to settle them with"
+		}
+		s.blockReady(ReasonDeleting, "%s (%s); purge at %s", waitingFor(snap), worker,
 			a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod).UTC().Format(time.RFC3339))
 		if err := r.applyStatus(ctx, s); err != nil && !isNotFoundOrGone(err) {
 			return ctrl.Result{}, fmt.Errorf("showing that the deletion waits for settlement: %w", err)

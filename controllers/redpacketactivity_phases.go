@@ -43,6 +43,9 @@ const (
 	ReasonAllSettled         = "AllSettled"
 	ReasonSettlementPending  = "Pending"
 	ReasonDeleting           = "Deleting"
+	// ReasonGrabServiceUnavailable is Ready's reason while the packets are seeded and
+	// the phase is Scheduled, Active or Paused, but no grab replica is available.
+	ReasonGrabServiceUnavailable = redpacketv1alpha1.ReasonGrabServiceUnavailable
 )
 
 // dataLostRecheckPeriod is how often an activity whose data Redis lost is looked at

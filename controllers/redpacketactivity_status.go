@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -50,6 +51,15 @@ var readyPhases = map[redpacketv1alpha1.Phase]bool{
 	redpacketv1alpha1.PhaseExpired:   true,
 }
 
+// servingPhases are the ready phases in which users are answered by the grab
+// service, so Ready also needs GrabServiceAvailable. In Exhausted and Expired there
+// is nothing left to serve.
+var servingPhases = map[redpacketv1alpha1.Phase]bool{
+	redpacketv1alpha1.PhaseScheduled: true,
+	redpacketv1alpha1.PhaseActive:    true,
+	redpacketv1alpha1.PhasePaused:    true,
+}
+
 // controllerStatus returns only the fields of st that the controller owns; the
 // counters belong to the grab service.
 func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1alpha1.RedPacketActivityStatus {
@@ -82,6 +92,12 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 // reconcile: the observed generation, the phase default and the Ready,
 // GrabServiceAvailable and Settled conditions. It also returns when the
 // GrabServiceAvailable condition would turn stale by itself (0: never).
+//
+// Ready is True only when the activity can serve what its phase promises: in
+// Scheduled, Active and Paused that includes a grab replica being available
+// (GrabServiceAvailable=True), else Ready is False with reason
+// GrabServiceUnavailable; Exhausted and Expired are Ready by themselves. So
+// kubectl wait --for=condition=Ready returns once grabs can be answered.
 func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacketv1alpha1.RedPacketActivityStatus, time.Duration) {
 	a := s.activity
 	s.status.ObservedGeneration = a.Generation
@@ -92,6 +108,8 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 	if meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionSeeded) == nil {
 		s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, ReasonPending, "the packets are not seeded yet")
 	}
+
+	staleIn := r.computeGrabServiceAvailable(s)
 
 	switch {
 	case s.notReady != nil:
@@ -105,12 +123,21 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 				msg = c.Message
 			}
 		}
+		grab := meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionGrabServiceAvailable)
+		if servingPhases[s.status.Phase] && (grab == nil || grab.Status != metav1.ConditionTrue) {
+			why := "not observed yet"
+			if grab != nil {
+				why = grab.Reason + ": " + grab.Message
+			}
+			s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonGrabServiceUnavailable,
+				"%s, but no grab replica is available to answer users (%s)", msg, why)
+			break
+		}
 		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(s.status.Phase), "%s", msg)
 	default:
 		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, string(s.status.Phase), "the activity is %s", s.status.Phase)
 	}
 
-	staleIn := r.computeGrabServiceAvailable(s)
 	computeSettled(s)
 	return controllerStatus(s.status), staleIn
 }
@@ -311,4 +338,55 @@ func isNotFoundOrGone(err error) bool {
 func snapshotDescribe(snap lua.Snapshot) string {
 	return fmt.Sprintf("state %q, %d of %d claimed, %d settled, refund %d (%d settled), %d dead letters",
 		snap.State, snap.ClaimedCount, snap.Count, snap.SettledCount, snap.Refunded, snap.RefundSettled, snap.DeadCount)
+}
+
+// InitialCountersFieldManager applies the grab service's counters once, before the
+// grab service first reports, so that kubectl get shows REMAINING and CLAIMED from
+// the moment the packets are seeded. See reconcileInitialCounters.
+const InitialCountersFieldManager = "redpacket-controller-initial-counters"
+
+// reconcileInitialCounters gives a seeded activity its counters before the grab
+// service's first report: once Seeded is recorded and status.remainingCount is still
+// absent, it applies remainingCount, remainingAmount, claimedCount and claimedAmount
+// from this reconcile's Redis snapshot (one instant, so claimedAmount +
+// remainingAmount + refundedAmount == totalAmount holds) under
+// InitialCountersFieldManager, and never again once they are present.
+//
+// Those fields belong to the grab service's reporter (grabsvc.FieldManager), which
+// applies them with force and so takes them over at its first report. The controller
+// therefore applies them under a manager of its own, never under FieldManager (whose
+// every apply would then have to carry them, and would fight the reporter), and
+// without force: if the reporter got there first and holds other values, the apply
+// is refused with a conflict and the reporter's values stand. A failure here only
+// delays the columns; it is logged and retried at the next reconcile, without
+// holding up the rest.
+func (r *RedPacketActivityReconciler) reconcileInitialCounters(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+	if !s.seededRecorded || !s.snapshotRead || !s.snapshot.Exists() || s.activity.Status.RemainingCount != nil {
+		return ctrl.Result{}, nil
+	}
+	snap := s.snapshot
+	counters := map[string]any{
+		"remainingCount":  snap.RemainingCount,
+		"remainingAmount": snap.RemainingAmount(),
+		"claimedCount":    snap.ClaimedCount,
+		"claimedAmount":   snap.ClaimedAmount,
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{"status": counters}}
+	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
+	obj.SetKind("RedPacketActivity")
+	obj.SetNamespace(s.activity.Namespace)
+	obj.SetName(s.activity.Name)
+	err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(InitialCountersFieldManager))
+	switch {
+	case err == nil:
+		st := &s.activity.Status
+		st.RemainingCount, st.ClaimedCount = &snap.RemainingCount, &snap.ClaimedCount
+		remainingAmount, claimedAmount := snap.RemainingAmount(), snap.ClaimedAmount
+		st.RemainingAmount, st.ClaimedAmount = &remainingAmount, &claimedAmount
+	case apierrors.IsConflict(err):
+		r.logger(ctx).V(1).Info("the grab service reported its counters first; not applying the initial ones")
+	case !isNotFoundOrGone(err):
+		r.logger(ctx).Error(err, "applying the initial counters failed; retrying at the next reconcile")
+	}
+	return ctrl.Result{}, nil
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -27,6 +28,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
@@ -317,6 +319,35 @@ func (e *env) applyGrabServiceStatus(name string, fields map[string]any) {
 	if err != nil {
 		e.t.Fatalf("applying the grab service's status: %v", err)
 	}
+}
+
+// runReporter runs the grab service's own status reporter for the activity, as every
+// grab replica does (reading the activity from the API server and the counters from
+// Redis, applying them under the grab service's field manager), until the test ends.
+// It stands in for a grab replica being up.
+func (e *env) runReporter(name string) {
+	e.t.Helper()
+	src := &grabsvc.ActivitySource{
+		Client:  e.c,
+		Key:     types.NamespacedName{Namespace: e.ns, Name: name},
+		Refresh: 500 * time.Millisecond,
+		Retry:   100 * time.Millisecond,
+	}
+	rep := &grabsvc.Reporter{
+		Client:    e.c,
+		Redis:     e.rdb,
+		Activity:  src.Current,
+		Interval:  200 * time.Millisecond,
+		Heartbeat: time.Second,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { src.Run(ctx) })
+	wg.Go(func() { rep.Run(ctx) })
+	e.t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
 }
 
 // settlementGroup is the consumer group the tests settle through.

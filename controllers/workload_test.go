@@ -107,6 +107,7 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 		t.Errorf("command %q, want /grabsvc", c.Command)
 	}
 	wantArgs := []string{"--namespace=" + e.ns, "--activity=owned", "--listen=:8080", "--settlement=true",
+		"--shutdown-delay=5s", "--shutdown-timeout=20s",
 		"--token-key-file=/etc/redpacket/token/key", "--webhook-key-file=/etc/redpacket/webhook/key"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("args %q, want %q", c.Args, wantArgs)
@@ -136,10 +137,23 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	for _, v := range pod.Volumes {
 		if v.Secret != nil {
 			volumes[v.Name] = v.Secret.SecretName
+			// Group-readable only: the pod's fsGroup is the group the service runs as.
+			if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode != 0o440 {
+				t.Errorf("volume %s defaultMode %v, want 0440", v.Name, v.Secret.DefaultMode)
+			}
 		}
 	}
 	if volumes["token-key"] != "grab-hmac" || volumes["webhook-key"] != "balance-hmac" {
 		t.Errorf("secret volumes %v", volumes)
+	}
+	// The key files are root:root 0440 unless the pod has an fsGroup: the service runs
+	// as 65532:65532, so the volumes must be given group 65532.
+	if sc := pod.SecurityContext; sc.FSGroup == nil || *sc.FSGroup != 65532 || sc.RunAsUser == nil || *sc.RunAsUser != 65532 ||
+		sc.RunAsGroup == nil || *sc.RunAsGroup != 65532 {
+		t.Errorf("pod security context %+v, want user, group and fsGroup 65532", sc)
+	}
+	if g := pod.TerminationGracePeriodSeconds; g == nil || *g != controllers.GrabTerminationGracePeriodSeconds() || *g <= 5+20 {
+		t.Errorf("terminationGracePeriodSeconds %v, want %d, above the shutdown delay and timeout (25s)", g, controllers.GrabTerminationGracePeriodSeconds())
 	}
 
 	// kubectl scale survives reconciles.

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"redpacket.io/operator/grabsvc/settlement"
 )
 
 // TokenClaims is the payload of a user token: who may grab, in which activity, until when.
@@ -85,11 +87,11 @@ func ReadKeyFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading key file: %w", err)
 	}
-	data = bytes.TrimRight(data, "\r\n")
-	if len(data) == 0 {
-		return nil, fmt.Errorf("key file %s is empty", path)
+	key, err := settlement.ParseKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
-	return data, nil
+	return key, nil
 }
 
 // Verify checks the Authorization header value of a grab by userID in activity

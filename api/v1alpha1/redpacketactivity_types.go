@@ -200,7 +200,11 @@ const (
 
 // Condition types set on an activity.
 const (
-	// ConditionReady is true while the activity can serve grabs or has finished cleanly.
+	// ConditionReady is true while the activity can serve grabs, or has finished
+	// cleanly. In the phases in which the grab service serves users (Scheduled,
+	// Active, Paused) that needs GrabServiceAvailable to be true as well; otherwise
+	// Ready is false with reason GrabServiceUnavailable. Exhausted and Expired are
+	// Ready without a grab replica: there is nothing left to serve.
 	ConditionReady = "Ready"
 	// ConditionSeeded is true once the packets are committed to Redis.
 	ConditionSeeded = "Seeded"
@@ -214,6 +218,10 @@ const (
 const (
 	// ReasonDataLost means Redis no longer holds an activity that had been seeded.
 	ReasonDataLost = "DataLost"
+	// ReasonGrabServiceUnavailable is Ready's reason while the packets are seeded (and
+	// grabbing is scheduled, open or paused) but no grab replica is available to
+	// answer users.
+	ReasonGrabServiceUnavailable = "GrabServiceUnavailable"
 )
 
 // RedPacketActivityStatus is what the controller and the grab service observed.
@@ -250,7 +258,9 @@ type RedPacketActivityStatus struct {
 	// +optional
 	SeededTime *metav1.Time `json:"seededTime,omitempty"`
 
-	// remainingCount is the number of packets not yet claimed.
+	// remainingCount is the number of packets not yet claimed. It, remainingAmount,
+	// claimedCount and claimedAmount are set once by the controller from Redis when
+	// the activity is seeded, and from then on by the grab service's reports.
 	// +optional
 	RemainingCount *int64 `json:"remainingCount,omitempty"`
 
@@ -288,6 +298,9 @@ type RedPacketActivityStatus struct {
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
 }
 
+// The Start and End printer columns are strings, so they print the RFC 3339 time: a
+// date column prints an age, which kubectl shows as <invalid> for a time in the future.
+
 // RedPacketActivity is one red-packet activity: a total split into packets that users
 // grab once each, served from Redis by atomic scripts.
 // +kubebuilder:object:root=true
@@ -302,8 +315,8 @@ type RedPacketActivityStatus struct {
 // +kubebuilder:printcolumn:name="Claimed-Amount",type=integer,JSONPath=`.status.claimedAmount`,priority=1
 // +kubebuilder:printcolumn:name="Settled",type=integer,JSONPath=`.status.settledCount`,priority=1
 // +kubebuilder:printcolumn:name="Refunded",type=integer,JSONPath=`.status.refundedAmount`,priority=1
-// +kubebuilder:printcolumn:name="Start",type=date,JSONPath=`.spec.startTime`,priority=1
-// +kubebuilder:printcolumn:name="End",type=date,JSONPath=`.spec.endTime`,priority=1
+// +kubebuilder:printcolumn:name="Start",type=string,JSONPath=`.spec.startTime`,priority=1
+// +kubebuilder:printcolumn:name="End",type=string,JSONPath=`.spec.endTime`,priority=1
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
 type RedPacketActivity struct {
 	metav1.TypeMeta   `json:",inline"`

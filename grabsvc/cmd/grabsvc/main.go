@@ -11,19 +11,15 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -341,10 +337,11 @@ func (s *settlementRunner) reconcile(ctx context.Context) {
 }
 
 // config is the worker configuration for act and the key that identifies it; the
-// key is empty when no worker should run.
+// key is empty when no worker should run. The configuration is the one every worker
+// of the activity uses (settlement.ActivityConfig), with this process's Redis client,
+// consumer name, metrics and log.
 func (s *settlementRunner) config(act *grabsvc.Activity) (settlement.Config, string, error) {
-	spec := act.Object.Spec
-	if spec.Settlement == nil || spec.Settlement.Webhook == nil || spec.Settlement.Webhook.URL == "" {
+	if !settlement.HasWebhook(act.Object) {
 		return settlement.Config{}, "", nil
 	}
 	var signing []byte
@@ -358,28 +355,12 @@ func (s *settlementRunner) config(act *grabsvc.Activity) (settlement.Config, str
 	if s.redis == nil {
 		return settlement.Config{}, "", errors.New("no redis client for settlement")
 	}
-	currency := spec.Currency
-	if currency == "" {
-		currency = "CNY"
-	}
-	cfg := settlement.Config{
-		Redis:       s.redis,
-		Keys:        act.Keys,
-		Activity:    act.Ref,
-		ActivityUID: string(act.Object.UID),
-		Currency:    currency,
-		WebhookURL:  spec.Settlement.Webhook.URL,
-		SigningKey:  signing,
-		MaxAttempts: int(spec.Settlement.MaxAttempts),
-		Consumer:    consumerName(),
-		HTTPClient:  &http.Client{Timeout: settlement.DefaultHTTPTimeout},
-		Registerer:  s.reg,
-		Logger:      s.log,
-	}
-	sum := sha256.Sum256(signing)
-	key := strings.Join([]string{cfg.ActivityUID, cfg.Activity, cfg.WebhookURL, cfg.Currency,
-		strconv.Itoa(cfg.MaxAttempts), hex.EncodeToString(sum[:])}, "|")
-	return cfg, key, nil
+	cfg := settlement.ActivityConfig(act.Object, signing)
+	cfg.Redis = s.redis
+	cfg.Consumer = consumerName()
+	cfg.Registerer = s.reg
+	cfg.Logger = s.log
+	return cfg, cfg.Fingerprint(), nil
 }
 
 // consumerName is this process's stable consumer name: the pod's name, else
