@@ -39,6 +39,9 @@ func TestActivityThroughKubectl(t *testing.T) {
 	if out := mustKubectl(t, "", "apply", "-f", path); !strings.Contains(out, "created") {
 		t.Fatalf("kubectl apply: %q", out)
 	}
+	// Ready needs a grab replica: the packets first, then the grab service, then Ready.
+	mustKubectl(t, "", "wait", "--for=condition=Seeded", "rpa/"+name, "-n", ns, "--timeout=90s")
+	base := startGrab(t, ns, name)
 	mustKubectl(t, "", "wait", "--for=condition=Ready", "rpa/"+name, "-n", ns, "--timeout=90s")
 	if got := mustKubectl(t, "", "get", "rpa", name, "-n", ns, "-o", "jsonpath={.status.scriptSHA}"); got != lua.GrabScript.SHA() {
 		t.Fatalf("status.scriptSHA = %q, want %q", got, lua.GrabScript.SHA())
@@ -48,8 +51,6 @@ func TestActivityThroughKubectl(t *testing.T) {
 	}
 	uid := mustKubectl(t, "", "get", "rpa", name, "-n", ns, "-o", "jsonpath={.metadata.uid}")
 	keys := lua.KeysFor(uid)
-
-	base := startGrab(t, ns, name)
 
 	// Ten users each get a different packet.
 	granted := map[string]answer{}
@@ -217,17 +218,18 @@ func TestImpossibleSpecsAreRefused(t *testing.T) {
 // TestSampleBecomesReady applies config/samples as a user would, waits for Ready, and
 // grabs from the sample through a grab service until kubectl get shows the claim.
 func TestSampleBecomesReady(t *testing.T) {
-	out := mustKubectl(t, "", "apply", "-k", env.root+"/config/samples")
+	out := mustKubectl(t, "", "apply", "-f", env.root+"/config/samples")
 	if !strings.Contains(out, "redpacketactivity.redpacket.io/quiz-night") {
-		t.Fatalf("kubectl apply -k config/samples: %q", out)
+		t.Fatalf("kubectl apply -f config/samples: %q", out)
 	}
+	mustKubectl(t, "", "wait", "--for=condition=Seeded", "rpa/quiz-night", "-n", "default", "--timeout=90s")
+	// The sample's webhook is an in-cluster address; this grab service only grabs.
+	base := startGrabWith(t, "default", "quiz-night", "--settlement=false")
 	mustKubectl(t, "", "wait", "--for=condition=Ready", "rpa/quiz-night", "-n", "default", "--timeout=90s")
 	c := columns(t, "rpa", "quiz-night", "-n", "default")
 	if c["TOTAL"] != "200000" || c["COUNT"] != "5000" || c["PHASE"] != "Active" {
 		t.Fatalf("kubectl get rpa quiz-night: %v", c)
 	}
-	// The sample's webhook is an in-cluster address; this grab service only grabs.
-	base := startGrabWith(t, "default", "quiz-night", "--settlement=false")
 	code, a := grab(t, base, "sample-user")
 	if code != http.StatusOK || a.Outcome != "granted" {
 		t.Fatalf("grab from the sample: HTTP %d %+v", code, a)
