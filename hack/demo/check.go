@@ -15,7 +15,6 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
-	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 
 	"redpacket.io/operator/test/rain"
@@ -51,20 +50,21 @@ func val(p *int64) int64 {
 }
 
 // waitSettled polls the resource, Redis and the receiver until the status shows
-// every grant claimed and settled and the receiver credited them all, or the
-// timeout passes.
-func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, kc kubectl, rs *redistest.Server,
+// every grant claimed and settled and the receiver credited them all (and, when all
+// count packets went, the activity Exhausted), or settleWait passes. c reads the
+// activity; Redis is read at redisAddr.
+func waitSettled(ctx context.Context, c client.Client, redisAddr string, count int64, settleWait time.Duration,
 	name string, rr rain.Result, recv *rain.Receiver) (observed, error) {
-	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	rc := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rc.Close()
 	var obs observed
 	start := time.Now()
-	deadline := start.Add(d.opts.settleWait)
+	deadline := start.Add(settleWait)
 	tty := rain.IsTerminal()
 	last := ""
 	for {
 		var a redpacketv1alpha1.RedPacketActivity
-		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &a); err != nil {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &a); err != nil {
 			return obs, fmt.Errorf("reading the activity: %w", err)
 		}
 		obs.uid = string(a.UID)
@@ -73,7 +73,7 @@ func (d *demo) waitSettled(ctx context.Context, cp *controlplane.ControlPlane, k
 		t := recv.Totals()
 		st := a.Status
 		caughtUp := val(st.ClaimedCount) == rr.Granted && val(st.SettledCount) == rr.Granted &&
-			t.Grants == rr.Granted && (rr.Granted < d.opts.packets || (val(st.RemainingCount) == 0 &&
+			t.Grants == rr.Granted && (rr.Granted < count || (val(st.RemainingCount) == 0 &&
 			a.Status.Phase == redpacketv1alpha1.PhaseExhausted))
 		line := fmt.Sprintf("    phase %-9s claimed %5d  remaining %5d  settled %5d  credited %5d",
 			obs.phase, val(st.ClaimedCount), val(st.RemainingCount), val(st.SettledCount), t.Grants)

@@ -111,8 +111,9 @@ func sampleActivity(root string) (map[string]any, string, error) {
 
 // demoManifest turns the sample into the demo's activity: packets packets (the total
 // scaled to keep the sample's average packet), open at once, a window of an hour,
-// settlement to the local receiver signed with the demo's key Secret.
-func demoManifest(sample map[string]any, name string, packets int64, webhookURL, webhookSecret string) ([]byte, int64, error) {
+// settlement to the receiver signed with the demo's key Secret, and grabReplicas
+// grab replicas (0: as the sample says).
+func demoManifest(sample map[string]any, name string, packets int64, webhookURL, webhookSecret string, grabReplicas int) ([]byte, int64, error) {
 	spec, _ := sample["spec"].(map[string]any)
 	if spec == nil {
 		spec = map[string]any{}
@@ -147,6 +148,14 @@ func demoManifest(sample map[string]any, name string, packets int64, webhookURL,
 	}
 	if gs, ok := spec["grabService"].(map[string]any); ok {
 		delete(gs, "auth") // the demo's users send plain user ids
+	}
+	if grabReplicas > 0 {
+		gs, _ := spec["grabService"].(map[string]any)
+		if gs == nil {
+			gs = map[string]any{}
+		}
+		gs["replicas"] = grabReplicas
+		spec["grabService"] = gs
 	}
 	obj := map[string]any{
 		"apiVersion": "redpacket.io/v1alpha1",

@@ -1,9 +1,22 @@
-// Command demo runs the whole system on this machine and makes it rain red packets:
-// a local control plane (kube-apiserver and etcd from bin/), a redis-server, the
-// operator, a grab service process and a small balance system that credits each
-// claim once. It applies the sample activity with kubectl, fires 20,000 concurrent
-// users at its 2,000 packets, waits for the status reporter and settlement to catch
-// up, and prints kubectl get output before and after and a summary with its checks.
+// Command demo runs the whole system on this machine and makes it rain red packets.
+//
+// Where the machine can run a real node (Linux, as root: test/cluster), it builds
+// the project's images (the operator, the pod sandbox and Redis) and starts a
+// single-node Kubernetes on this machine: containerd, etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, a kubelet and kube-proxy. It installs the
+// project as a user would (the dev Redis, and the operator as a 2-replica Deployment
+// of its own image), starts a small balance system on the host that credits each
+// claim once, applies a demo-sized copy of the sample activity with 2 grab pods, and
+// fires 20,000 concurrent users at its 2,000 packets through the grab Service's
+// ClusterIP. It waits for the status reporter and settlement to catch up and prints
+// the pods, kubectl get output before and after, a summary with its checks, how long
+// each stage took and the node's peak resident memory. It then tears the node down
+// and checks that the host is exactly as it found it.
+//
+// Elsewhere, or with --host, it says why in one line and runs everything as host
+// processes instead: a local control plane (kube-apiserver and etcd from bin/), a
+// redis-server, the operator and one grab service process, with the same activity,
+// rain, balance system, output and checks.
 //
 // Everything it starts is stopped at the end or on Ctrl-C; --keep leaves it all up
 // until Ctrl-C so it can be explored with kubectl.
@@ -25,6 +38,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
 
@@ -41,6 +55,7 @@ type options struct {
 	retryEvery  int
 	settleWait  time.Duration
 	skipBuild   bool
+	host        bool
 }
 
 func main() {
@@ -52,12 +67,22 @@ func main() {
 	flag.IntVar(&o.connections, "connections", 256, "keep-alive connections the users share")
 	flag.IntVar(&o.retryEvery, "retry-every", 10, "every n-th user asks again after its answer (0: none)")
 	flag.DurationVar(&o.settleWait, "settle-timeout", 90*time.Second, "how long to wait for the reporter and settlement to catch up")
-	flag.BoolVar(&o.skipBuild, "skip-build", false, "use the binaries in bin/ as they are")
+	flag.BoolVar(&o.skipBuild, "skip-build", false, "use the binaries in bin/ as they are (a real node's images are built all the same)")
+	flag.BoolVar(&o.host, "host", false, "run everything as host processes even where a real node could run")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if !o.host {
+		why := cluster.Supported()
+		if why == "" {
+			code := runNode(ctx, o)
+			stop()
+			os.Exit(code)
+		}
+		fmt.Printf("running the demo as host processes: %s\n", why)
+	}
 	d := &demo{opts: o}
 	err := d.run(ctx)
 	d.shutdown()
@@ -187,7 +212,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "balance-hmac")
+	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "balance-hmac", 0)
 	if err != nil {
 		return err
 	}
@@ -204,9 +229,6 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	if err := kc.show(ctx, "apply", "-f", rel(root, manifestPath)); err != nil {
 		return err
-	}
-	if err := kc.show(ctx, "wait", "--for=condition=Ready", "rpa/"+o.name, "--timeout=120s"); err != nil {
-		return fmt.Errorf("%w (operator log: %s)", err, proc.Tail(filepath.Join(d.dir, "logs", "manager.log"), 3000))
 	}
 
 	step("starting the grab service (bin/grabsvc)")
@@ -228,6 +250,11 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	fmt.Printf("    http://%s (POST /v1/grab), pid %d, log %s\n", grabAddr, gs.Pid(), rel(root, grabLog))
 
+	// Ready needs a grab replica that answers users, so the grab service starts first.
+	if err := kc.show(ctx, "wait", "--for=condition=Ready", "rpa/"+o.name, "--timeout=120s"); err != nil {
+		return fmt.Errorf("%w (operator log: %s)", err, proc.Tail(filepath.Join(d.dir, "logs", "manager.log"), 3000))
+	}
+
 	step("before the rain")
 	if err := kc.show(ctx, "get", "rpa"); err != nil {
 		return err
@@ -244,7 +271,7 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	step("waiting for the status reporter and settlement to catch up")
-	obs, err := d.waitSettled(ctx, cp, kc, rs, o.name, rr, recv)
+	obs, err := waitSettled(ctx, cp.Client, rs.Addr, o.packets, o.settleWait, o.name, rr, recv)
 	if err != nil {
 		return err
 	}

@@ -101,8 +101,11 @@ type Cluster struct {
 	// Started is how long the start took, from nothing to a Ready node.
 	Started time.Duration
 
+	// HostBefore is the host's state read once this node held the machine's node
+	// lock, before it changed anything; after Stop, ReadHostState must equal it.
+	HostBefore HostState
+
 	opts       Options
-	before     HostState
 	lock       *os.File
 	procs      []*proc.Proc // in start order
 	containerd string       // socket
@@ -177,8 +180,8 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	c = &Cluster{BinDir: binDir, opts: opts, lock: lock}
-	c.before = ReadHostState()
-	for _, a := range c.before.LoAddrs {
+	c.HostBefore = ReadHostState()
+	for _, a := range c.HostBefore.LoAddrs {
 		if strings.HasPrefix(a, NodeIP+"/") {
 			c.releaseLock()
 			return nil, fmt.Errorf("%s is already on lo: another node runs, or one was not torn down", NodeIP)
@@ -191,7 +194,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			}
 		}
 	}()
-	if c.Dir, err = os.MkdirTemp("", "rpnode-"); err != nil {
+	if c.Dir, err = os.MkdirTemp("", nodeDirPrefix); err != nil {
 		return c, err
 	}
 	if err := c.start(ctx); err != nil {
@@ -342,6 +345,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		"--service-account-key-file", sa.cert, "--service-account-signing-key-file", sa.key,
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+		"--kubelet-preferred-address-types", "InternalIP",
 		"--allow-privileged=true", "--cert-dir", c.path("pki", "apiserver-certs"),
 		"--endpoint-reconciler-type", "lease", "--v", "1")
 	if err != nil {
@@ -629,7 +633,7 @@ func (c *Cluster) Stop() error {
 	if c.Dir != "" {
 		c.removeContainerLogLinks()
 	}
-	errs = append(errs, retryRestore(c.before)...)
+	errs = append(errs, retryRestore(c.HostBefore)...)
 	if c.Dir != "" {
 		if err := os.RemoveAll(c.Dir); err != nil {
 			errs = append(errs, fmt.Errorf("removing %s: %w", c.Dir, err))

@@ -42,7 +42,6 @@ func TestNodeServesPodsAndLeavesHostAsFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := ReadHostState()
 	c, err := Start(ctx, Options{
 		Images:     []string{images["pause"].File, images["redis"].File},
 		PauseImage: images["pause"].Tag,
@@ -147,7 +146,7 @@ func TestNodeServesPodsAndLeavesHostAsFound(t *testing.T) {
 		t.Errorf("stopping the node: %v", err)
 	}
 	t.Logf("teardown took %s", time.Since(stopStart).Round(100*time.Millisecond))
-	if diff := before.Diff(ReadHostState()); len(diff) > 0 {
+	if diff := c.HostBefore.Diff(ReadHostState()); len(diff) > 0 {
 		t.Errorf("the host is not as it was found:\n%s", strings.Join(diff, "\n"))
 	}
 }

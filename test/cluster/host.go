@@ -64,7 +64,7 @@ type HostState struct {
 	NetNS      []string
 	Cgroups    []string // top-level folders of each cgroup hierarchy
 	Paths      map[string]bool
-	Processes  []string // node components still running
+	Processes  []string // processes of a node (their command line names a node folder)
 	hasIPv6NAT bool
 }
 
@@ -310,12 +310,14 @@ func cgroupTops() []string {
 	return tops
 }
 
-// nodeComponents are the names of the processes a node runs.
-var nodeComponents = []string{"kubelet", "kube-apiserver", "kube-controller-manager", "kube-controller",
-	"kube-scheduler", "kube-proxy", "containerd", "containerd-shim", "containerd-shim-runc-v2", "etcd"}
+// nodeDirPrefix starts the name of every node's temporary folder; each node process
+// names its folder on its command line.
+const nodeDirPrefix = "rpnode-"
 
-// nodeProcesses lists the running processes named like a node component, as
-// "pid name" lines.
+// nodeProcesses lists the running processes of any node, as "pid name" lines: those
+// whose command line names a node folder (components, containerd and its shims).
+// Other processes of the same names, such as the API servers of envtest, are not a
+// node's.
 func nodeProcesses() []string {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -327,14 +329,12 @@ func nodeProcesses() []string {
 		if pid[0] < '0' || pid[0] > '9' {
 			continue
 		}
-		comm, err := os.ReadFile(filepath.Join("/proc", pid, "comm"))
-		if err != nil {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+		if err != nil || !strings.Contains(string(cmdline), "/"+nodeDirPrefix) {
 			continue
 		}
-		name := strings.TrimSpace(string(comm))
-		if slices.Contains(nodeComponents, name) {
-			out = append(out, pid+" "+name)
-		}
+		comm, _ := os.ReadFile(filepath.Join("/proc", pid, "comm"))
+		out = append(out, pid+" "+strings.TrimSpace(string(comm)))
 	}
 	sort.Strings(out)
 	return out

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -184,11 +185,27 @@ func available(t *testing.T, ns, name string, replicas int32, within time.Durati
 	})
 }
 
-// grabURL is the grab Service's ClusterIP URL of an activity.
+// grabURL is the grab Service's ClusterIP URL of an activity, once the Service
+// answers there. Ready and an Available Deployment do not mean that kube-proxy has
+// already routed the Service to the new pods: that follows a moment later, and a
+// client that came too early is refused.
 func grabURL(t *testing.T, ns, name string) string {
 	t.Helper()
 	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
-	return "http://" + ip + ":8080"
+	url := "http://" + ip + ":8080"
+	took := eventually(t, time.Minute, "the grab Service to answer at its ClusterIP", func() error {
+		resp, err := http.Get(url + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		return nil
+	})
+	t.Logf("%s answered at %s %s after the first look", name+"-grab", url, took.Round(10*time.Millisecond))
+	return url
 }
 
 // keysOf lists the Redis keys of an activity UID.

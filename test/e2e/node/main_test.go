@@ -139,9 +139,10 @@ func runMain(m *testing.M) int {
 		}
 		out, _ := node.Kubectl(context.Background(), "", "get", "pods", "-A", "-o", "wide")
 		fmt.Fprintf(os.Stderr, "--- pods\n%s\n", out)
-		for _, sel := range []string{"app.kubernetes.io/component=controller", "app.kubernetes.io/component=grab"} {
-			logs, _ := node.Kubectl(context.Background(), "", "logs", "-A", "-l", sel, "--tail=40", "--prefix")
-			fmt.Fprintf(os.Stderr, "--- logs of %s\n%s\n", sel, logs)
+		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete"} {
+			logs, _ := node.Kubectl(context.Background(), "", "-n", ns, "logs", "-l", "app.kubernetes.io/name",
+				"--all-containers", "--tail=40", "--prefix", "--max-log-requests=10")
+			fmt.Fprintf(os.Stderr, "--- logs in %s\n%s\n", ns, logs)
 		}
 	}
 	return code
