@@ -60,7 +60,7 @@ run: ## Run the operator against the current kubeconfig.
 	$(GO) run . $(ARGS)
 
 .PHONY: demo
-demo: redis controlplane build ## Local control plane, Redis, operator, grab service and a red-packet rain.
+demo: redis node-packages controlplane build ## A real node (or host processes), the operator, grab pods and a red-packet rain.
 	$(GO) run ./hack/demo $(ARGS)
 
 .PHONY: bench
