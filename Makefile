@@ -42,7 +42,8 @@ node-packages: ## Make sure containerd, runc, the CNI plugins, iptables, conntra
 
 .PHONY: test
 test: redis node-packages controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
-	$(GO) test $(TEST_FLAGS) ./...
+	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e/node)
+	$(GO) test $(TEST_FLAGS) -v ./test/e2e/node
 
 ##@ Build
 
