@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -24,17 +23,6 @@ func requireNode(t *testing.T) {
 	if env.skip != "" {
 		t.Skip(env.skip)
 	}
-}
-
-func tailFile(path string, limit int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > limit {
-		b = b[len(b)-limit:]
-	}
-	return string(b)
 }
 
 // watchMemory samples the node's resident memory every second and returns a

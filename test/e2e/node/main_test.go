@@ -24,6 +24,7 @@ import (
 
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/proc"
 	"redpacket.io/operator/test/rain"
 )
 
@@ -135,7 +136,7 @@ func runMain(m *testing.M) int {
 	logf("peak resident memory of the node and its pods: %d MiB", peak()>>20)
 	if code != 0 {
 		for _, c := range []string{"kubelet", "kube-controller-manager"} {
-			fmt.Fprintf(os.Stderr, "--- %s log (tail)\n%s\n", c, tailFile(node.LogPath(c), 3000))
+			fmt.Fprintf(os.Stderr, "--- %s log (tail)\n%s\n", c, proc.Tail(node.LogPath(c), 3000))
 		}
 		out, _ := node.Kubectl(context.Background(), "", "get", "pods", "-A", "-o", "wide")
 		fmt.Fprintf(os.Stderr, "--- pods\n%s\n", out)
