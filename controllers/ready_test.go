@@ -14,6 +14,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/test/printed"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -193,42 +194,9 @@ func (e *env) columns(name string) map[string]string {
 	if err != nil {
 		e.t.Fatalf("kubectl get rpa %s -o wide: %v\n%s", name, err, out)
 	}
-	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
-	if len(lines) < 2 {
-		e.t.Fatalf("kubectl get printed no row:\n%s", out)
-	}
-	header, row := lines[0], lines[1]
-	// Columns are left-aligned under their headers; cut the row at the headers' starts.
-	var names []string
-	var starts []int
-	for i := 0; i < len(header); {
-		for i < len(header) && header[i] == ' ' {
-			i++
-		}
-		if i >= len(header) {
-			break
-		}
-		j := i
-		for j < len(header) && header[j] != ' ' {
-			j++
-		}
-		names = append(names, header[i:j])
-		starts = append(starts, i)
-		i = j
-	}
-	cells := map[string]string{}
-	for k, n := range names {
-		from, to := starts[k], len(row)
-		if k+1 < len(starts) {
-			to = starts[k+1]
-		}
-		if from > len(row) {
-			from = len(row)
-		}
-		if to > len(row) {
-			to = len(row)
-		}
-		cells[n] = strings.TrimSpace(row[from:to])
+	cells, err := printed.FirstRow(string(out))
+	if err != nil {
+		e.t.Fatalf("kubectl get rpa %s -o wide: %v", name, err)
 	}
 	return cells
 }

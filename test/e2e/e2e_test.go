@@ -16,7 +16,7 @@ import (
 // delete, and check that settlement credited everything and Redis is clean.
 func TestActivityThroughKubectl(t *testing.T) {
 	ns := namespace(t, "e2e-rain")
-	bal := newBalance(t)
+	bal, balURL := newBalance(t)
 	const (
 		name    = "rain"
 		total   = int64(10000)
@@ -34,7 +34,7 @@ func TestActivityThroughKubectl(t *testing.T) {
     webhook:
       url: %s
     maxAttempts: 5
-`, total, count, sponsor, bal.URL())
+`, total, count, sponsor, balURL)
 	path := writeFile(t, "rain.yaml", manifest(ns, name, spec))
 	if out := mustKubectl(t, "", "apply", "-f", path); !strings.Contains(out, "created") {
 		t.Fatalf("kubectl apply: %q", out)
@@ -132,13 +132,13 @@ func TestActivityThroughKubectl(t *testing.T) {
 
 	// Settlement credits every grant once, keyed by <uid>/<packetId>.
 	eventually(t, 30*time.Second, "the balance system credited every grant", func() error {
-		if n, s, _, _ := bal.sums(); n != 11 || s != sum {
-			return fmt.Errorf("credited %d grants summing to %d, want 11 and %d", n, s, sum)
+		if tot := bal.Totals(); tot.Grants != 11 || tot.GrantSum != sum {
+			return fmt.Errorf("credited %d grants summing to %d, want 11 and %d", tot.Grants, tot.GrantSum, sum)
 		}
 		return nil
 	})
 	for user, a := range granted {
-		d, ok := bal.get(uid + "/" + a.PacketID)
+		d, ok := bal.Delivered(uid + "/" + a.PacketID)
 		if !ok || d.UserID != user || d.Amount != a.Amount || d.Kind != "grant" || d.Activity != ns+"/"+name {
 			t.Fatalf("credit for %s's packet %s: %+v (found %t)", user, a.PacketID, d, ok)
 		}
@@ -154,12 +154,13 @@ func TestActivityThroughKubectl(t *testing.T) {
 	if err != nil || n != 0 {
 		t.Fatalf("%d of the activity's Redis keys are left after deletion (%v)", n, err)
 	}
-	grants, grantSum, refunds, refundSum := bal.sums()
+	tot := bal.Totals()
+	grants, grantSum, refunds, refundSum := tot.Grants, tot.GrantSum, tot.Refunds, tot.RefundSum
 	if grants != 11 || refunds != 1 || grantSum+refundSum != total || refundSum != total-sum {
 		t.Fatalf("credited %d grants (%d) and %d refunds (%d); want 11 grants, 1 refund of %d, together %d",
 			grants, grantSum, refunds, refundSum, total-sum, total)
 	}
-	if d, ok := bal.get(uid + "/refund"); !ok || d.UserID != sponsor || d.Kind != "refund" {
+	if d, ok := bal.Delivered(uid + "/refund"); !ok || d.UserID != sponsor || d.Kind != "refund" {
 		t.Fatalf("refund delivery %+v (found %t), want one to %s", d, ok, sponsor)
 	}
 }

@@ -1,20 +1,19 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"redpacket.io/operator/test/printed"
 	"redpacket.io/operator/test/proc"
+	"redpacket.io/operator/test/rain"
 )
 
 // namespace creates a namespace for the test with kubectl.
@@ -96,124 +95,24 @@ func grab(t *testing.T, base, user string) (int, answer) {
 func columns(t *testing.T, args ...string) map[string]string {
 	t.Helper()
 	out := mustKubectl(t, "", append([]string{"get"}, args...)...)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) < 2 {
-		t.Fatalf("kubectl get %s printed no row:\n%s", strings.Join(args, " "), out)
-	}
-	header := lines[0]
-	row := lines[1]
-	// Columns are left-aligned under their headers; cut the row at the headers' starts.
-	type col struct {
-		name  string
-		start int
-	}
-	var cols []col
-	for i := 0; i < len(header); {
-		for i < len(header) && header[i] == ' ' {
-			i++
-		}
-		if i >= len(header) {
-			break
-		}
-		j := i
-		for j < len(header) && header[j] != ' ' {
-			j++
-		}
-		cols = append(cols, col{name: header[i:j], start: i})
-		i = j
-	}
-	cells := map[string]string{}
-	for k, c := range cols {
-		end := len(row)
-		if k+1 < len(cols) {
-			end = min(cols[k+1].start, len(row))
-		}
-		if c.start >= len(row) {
-			cells[c.name] = ""
-			continue
-		}
-		cells[c.name] = strings.TrimSpace(row[c.start:end])
+	cells, err := printed.FirstRow(out)
+	if err != nil {
+		t.Fatalf("kubectl get %s: %v", strings.Join(args, " "), err)
 	}
 	return cells
 }
 
-// delivery is one settlement webhook call as the balance system sees it.
-type delivery struct {
-	Kind        string `json:"kind"`
-	Activity    string `json:"activity"`
-	ActivityUID string `json:"activityUID"`
-	PacketID    string `json:"packetId"`
-	UserID      string `json:"userId"`
-	Amount      int64  `json:"amount"`
-	Currency    string `json:"currency"`
-	At          string `json:"at"`
-}
-
-// balance is a balance system that credits each Idempotency-Key once.
-type balance struct {
-	srv      *httptest.Server
-	mu       sync.Mutex
-	credited map[string]delivery
-	repeats  int
-}
-
-func newBalance(t *testing.T) *balance {
-	b := &balance{credited: map[string]delivery{}}
-	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		var d delivery
-		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&d); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		key := r.Header.Get("Idempotency-Key")
-		if key == "" {
-			http.Error(w, "no Idempotency-Key", http.StatusBadRequest)
-			return
-		}
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if _, ok := b.credited[key]; ok {
-			b.repeats++
-		} else {
-			b.credited[key] = d
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(b.srv.Close)
-	return b
-}
-
-// URL is the webhook's address.
-func (b *balance) URL() string { return b.srv.URL + "/credit" }
-
-// sums returns the credited grants (count, amount) and refunds (count, amount).
-func (b *balance) sums() (grants, grantSum, refunds, refundSum int64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, d := range b.credited {
-		switch d.Kind {
-		case "grant":
-			grants++
-			grantSum += d.Amount
-		case "refund":
-			refunds++
-			refundSum += d.Amount
-		}
+// newBalance starts a balance system (an unsigned rain.Receiver) on loopback for the
+// test and returns it with its webhook URL.
+func newBalance(t *testing.T) (*rain.Receiver, string) {
+	t.Helper()
+	b := rain.NewReceiver(nil)
+	url, stop, err := b.Serve(t.Context(), "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return
-}
-
-// get returns the delivery credited under key.
-func (b *balance) get(key string) (delivery, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	d, ok := b.credited[key]
-	return d, ok
+	t.Cleanup(stop)
+	return b, url + "/credit"
 }
 
 // manifest renders an activity manifest.

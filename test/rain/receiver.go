@@ -138,6 +138,14 @@ func (rc *Receiver) Totals() Totals {
 	return t
 }
 
+// Delivered returns the delivery credited under an idempotency key.
+func (rc *Receiver) Delivered(key string) (Delivery, bool) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	d, ok := rc.seen[key]
+	return d, ok
+}
+
 // Credited returns what was credited for one activity UID: the grants by packet id
 // and the refund (0 when none).
 func (rc *Receiver) Credited(activityUID string) (map[string]Delivery, int64) {

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,8 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/test/cluster"
+	"redpacket.io/operator/test/printed"
+	"redpacket.io/operator/test/proc"
 )
 
 // requireNode skips a test where no node could run, saying why.
@@ -181,17 +182,11 @@ func grabURL(t *testing.T, ns, name string) string {
 	t.Helper()
 	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
 	url := "http://" + ip + ":8080"
-	took := eventually(t, time.Minute, "the grab Service to answer at its ClusterIP", func() error {
-		resp, err := http.Get(url + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("HTTP %d", resp.StatusCode)
-		}
-		return nil
-	})
+	start := time.Now()
+	if err := proc.WaitHTTP(t.Context(), nil, url+"/readyz", time.Minute); err != nil {
+		t.Fatalf("the grab Service at its ClusterIP: %v", err)
+	}
+	took := time.Since(start)
 	t.Logf("%s answered at %s %s after the first look", name+"-grab", url, took.Round(10*time.Millisecond))
 	return url
 }
@@ -218,38 +213,9 @@ func val(p *int64) int64 {
 func columns(t *testing.T, args ...string) map[string]string {
 	t.Helper()
 	out := kubectl(t, "", append([]string{"get"}, args...)...)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) < 2 {
-		t.Fatalf("kubectl get %s printed no row:\n%s", strings.Join(args, " "), out)
-	}
-	header, row := lines[0], lines[1]
-	type col struct {
-		name  string
-		start int
-	}
-	var cols []col
-	for i := 0; i < len(header); {
-		for i < len(header) && header[i] == ' ' {
-			i++
-		}
-		j := i
-		for j < len(header) && header[j] != ' ' {
-			j++
-		}
-		if i < j {
-			cols = append(cols, col{header[i:j], i})
-		}
-		i = j
-	}
-	cells := map[string]string{}
-	for k, c := range cols {
-		end := len(row)
-		if k+1 < len(cols) {
-			end = min(cols[k+1].start, len(row))
-		}
-		if c.start < len(row) {
-			cells[c.name] = strings.TrimSpace(row[c.start:end])
-		}
+	cells, err := printed.FirstRow(out)
+	if err != nil {
+		t.Fatalf("kubectl get %s: %v", strings.Join(args, " "), err)
 	}
 	return cells
 }
