@@ -50,7 +50,7 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 	}
 	wait.Until(t, 10*time.Second, "the deleted activity closed in Redis", func() (bool, string) {
 		snap := e.snapshot(a)
-		return snap.State == lua.StateClosed, snap.State
+		return snap.State == lua.StateClosed, string(snap.State)
 	})
 	if snap := e.snapshot(a); snap.Refunded != 1000-granted {
 		t.Errorf("refund on deletion %d, want %d", snap.Refunded, 1000-granted)

@@ -443,18 +443,18 @@ func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *acti
 	}
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	state, err := lua.Configure(rctx, s.redis, s.keys, startMs, endMs, paused, true)
+	res, err := lua.Configure(rctx, s.redis, s.keys, startMs, endMs, paused, true)
 	if err != nil {
 		s.blockReady(ReasonRedisUnavailable, "configuring the activity: %v", err)
 		return ctrl.Result{}, fmt.Errorf("configuring the activity: %w", err)
 	}
-	if state == string(lua.Missing) {
+	if !res.Found {
 		return ctrl.Result{}, fmt.Errorf("configuring the activity: %w", lua.ErrMissing)
 	}
-	if state != lua.StateClosed {
+	if res.State != lua.StateClosed {
 		s.snapshot.StartMs, s.snapshot.EndMs, s.snapshot.Paused = startMs, endMs, paused
 	}
-	s.snapshot.State = state
+	s.snapshot.State = res.State
 	return ctrl.Result{}, nil
 }
 
@@ -473,7 +473,7 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 	}
 
 	if s.snapshot.State != lua.StateClosed {
-		reason := ""
+		var reason lua.CloseReason
 		switch {
 		case endMs > 0 && nowMs >= endMs:
 			reason = lua.CloseExpired
@@ -488,14 +488,14 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 				s.blockReady(ReasonRedisUnavailable, "closing the activity: %v", err)
 				return ctrl.Result{}, fmt.Errorf("closing the activity as %s: %w", reason, err)
 			}
-			switch res.Result {
-			case "closed":
+			switch res.Outcome {
+			case lua.Closed:
 				s.snapshot.State = lua.StateClosed
 				s.snapshot.CloseReason = res.Reason
 				s.snapshot.Refunded = res.Refunded
 				s.snapshot.RemainingCount = 0
 				r.logger(ctx).Info("closed", "reason", res.Reason, "refunded", res.Refunded)
-			case string(lua.Missing):
+			case lua.CloseMissing:
 				return ctrl.Result{}, fmt.Errorf("closing the activity: %w", lua.ErrMissing)
 			}
 		}

@@ -72,8 +72,8 @@ func seed(t testing.TB, c redis.Scripter, k lua.Keys, amounts []int64, startMs, 
 	}); err != nil {
 		t.Fatalf("seeding: %v", err)
 	}
-	if st, err := lua.Configure(ctx, c, k, startMs, endMs, paused, true); err != nil || st != lua.StateOpen {
-		t.Fatalf("opening: state %q, err %v", st, err)
+	if st, err := lua.Configure(ctx, c, k, startMs, endMs, paused, true); err != nil || st.State != lua.StateOpen {
+		t.Fatalf("opening: state %q, err %v", st.State, err)
 	}
 }
 

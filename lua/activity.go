@@ -167,37 +167,62 @@ func fingerprint(amounts []int64) string {
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// Configure writes the schedule and pause flag of a committed activity; open moves a
-// ready activity to open. It returns the state afterwards, or Missing's string when
-// Redis does not hold the activity (then nothing is written).
-func Configure(ctx context.Context, c redis.Scripter, k Keys, startMs, endMs int64, paused, open bool) (string, error) {
-	state, err := ConfigureScript.Run(ctx, c, []string{k.Meta}, startMs, endMs, boolArg(paused), boolArg(open)).Text()
-	if err != nil {
-		return "", fmt.Errorf("configure script: %w", err)
-	}
-	return state, nil
+// ConfigureResult says what Configure found: the state afterwards, and whether Redis
+// holds the activity at all (when it does not, nothing was written).
+type ConfigureResult struct {
+	State State
+	Found bool
 }
 
-// Close reasons.
+// Configure writes the schedule and pause flag of a committed activity; open moves a
+// ready activity to open.
+func Configure(ctx context.Context, c redis.Scripter, k Keys, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
+	state, err := ConfigureScript.Run(ctx, c, []string{k.Meta}, startMs, endMs, boolArg(paused), boolArg(open)).Text()
+	if err != nil {
+		return ConfigureResult{}, fmt.Errorf("configure script: %w", err)
+	}
+	if state == string(Missing) {
+		return ConfigureResult{}, nil
+	}
+	return ConfigureResult{State: State(state), Found: true}, nil
+}
+
+// CloseReason is why an activity closed.
+type CloseReason string
+
+// The reasons an activity closes.
 const (
-	CloseExpired   = "expired"
-	CloseExhausted = "exhausted"
+	CloseExpired   CloseReason = "expired"
+	CloseExhausted CloseReason = "exhausted"
+)
+
+// CloseOutcome is what a close did.
+type CloseOutcome string
+
+// The outcomes of a close.
+const (
+	// Closed: the activity is closed (now or by an earlier close, whose figures are
+	// returned).
+	Closed CloseOutcome = "closed"
+	// CloseStillOpen: exhausted was asked for while packets remain; nothing changed.
+	CloseStillOpen CloseOutcome = "open"
+	// CloseMissing: Redis does not hold the activity.
+	CloseMissing CloseOutcome = "missing"
 )
 
 // CloseResult says what Close found or did.
 type CloseResult struct {
-	// Result is "closed", "open" (exhausted asked for while packets remain) or "missing".
-	Result string
+	Outcome CloseOutcome
 	// Reason is why the activity closed.
-	Reason string
+	Reason CloseReason
 	// Refunded is the unclaimed remainder handed to the sponsor.
 	Refunded int64
 }
 
 // Close ends grabbing atomically and refunds the remainder to the sponsor through
 // the activity's stream. Closing twice returns the first close's figures.
-func Close(ctx context.Context, c redis.Scripter, k Keys, reason string) (CloseResult, error) {
-	vals, err := CloseScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Stream}, reason).Slice()
+func Close(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason) (CloseResult, error) {
+	vals, err := CloseScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Stream}, string(reason)).Slice()
 	if err != nil {
 		return CloseResult{}, fmt.Errorf("close script: %w", err)
 	}
@@ -207,13 +232,13 @@ func Close(ctx context.Context, c redis.Scripter, k Keys, reason string) (CloseR
 	res, _ := vals[0].(string)
 	why, _ := vals[1].(string)
 	refunded, _ := vals[2].(int64)
-	return CloseResult{Result: res, Reason: why, Refunded: refunded}, nil
+	return CloseResult{Outcome: CloseOutcome(res), Reason: CloseReason(why), Refunded: refunded}, nil
 }
 
 // Snapshot is every counter of an activity read at one instant.
 type Snapshot struct {
 	// State is StateReady, StateOpen, StateClosed, or "" when Redis lacks the activity.
-	State          string
+	State          State
 	Paused         bool
 	Total          int64
 	Count          int64
@@ -226,10 +251,11 @@ type Snapshot struct {
 	DeadCount      int64
 	RemainingCount int64
 	StagedCount    int64
-	CloseReason    string
+	CloseReason    CloseReason
 	StartMs        int64
 	EndMs          int64
 	SeededMs       int64
+	Sponsor        string
 }
 
 // Exists reports whether Redis holds the committed activity.
@@ -238,33 +264,66 @@ func (s Snapshot) Exists() bool { return s.State != "" }
 // RemainingAmount is the money neither claimed nor refunded.
 func (s Snapshot) RemainingAmount() int64 { return s.Total - s.ClaimedAmount - s.Refunded }
 
-// ReadSnapshot reads every counter of the activity at one instant.
+// ReadSnapshot reads every counter of the activity at one instant. The script
+// returns the meta hash's fields by name; each is decoded by its name (fields the
+// snapshot does not know, such as the staging fingerprint, are skipped), so the
+// order of fields in Redis or in the script means nothing.
 func ReadSnapshot(ctx context.Context, c redis.Scripter, k Keys) (Snapshot, error) {
 	vals, err := SnapshotScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Staging}).StringSlice()
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot script: %w", err)
 	}
-	if len(vals) != 17 {
-		return Snapshot{}, fmt.Errorf("snapshot script: %d values in reply, want 17", len(vals))
+	return decodeSnapshot(vals)
+}
+
+// snapshotInts are the snapshot's integer fields by meta field name.
+var snapshotInts = map[string]func(*Snapshot) *int64{
+	fieldTotal:          func(s *Snapshot) *int64 { return &s.Total },
+	fieldCount:          func(s *Snapshot) *int64 { return &s.Count },
+	fieldClaimedCount:   func(s *Snapshot) *int64 { return &s.ClaimedCount },
+	fieldClaimedAmount:  func(s *Snapshot) *int64 { return &s.ClaimedAmount },
+	fieldRefunded:       func(s *Snapshot) *int64 { return &s.Refunded },
+	fieldSettledCount:   func(s *Snapshot) *int64 { return &s.SettledCount },
+	fieldSettledAmount:  func(s *Snapshot) *int64 { return &s.SettledAmount },
+	fieldRefundSettled:  func(s *Snapshot) *int64 { return &s.RefundSettled },
+	fieldDeadCount:      func(s *Snapshot) *int64 { return &s.DeadCount },
+	fieldStartMs:        func(s *Snapshot) *int64 { return &s.StartMs },
+	fieldEndMs:          func(s *Snapshot) *int64 { return &s.EndMs },
+	fieldSeededMs:       func(s *Snapshot) *int64 { return &s.SeededMs },
+	fieldRemainingCount: func(s *Snapshot) *int64 { return &s.RemainingCount },
+	fieldStagedCount:    func(s *Snapshot) *int64 { return &s.StagedCount },
+}
+
+// decodeSnapshot decodes the snapshot script's flat list of names and values.
+func decodeSnapshot(vals []string) (Snapshot, error) {
+	if len(vals)%2 != 0 {
+		return Snapshot{}, fmt.Errorf("snapshot script: %d values in reply, want name/value pairs", len(vals))
 	}
-	ints := make([]int64, len(vals))
-	for i, v := range vals {
-		if i == 0 || i == 13 {
-			continue
+	var snap Snapshot
+	for i := 0; i < len(vals); i += 2 {
+		name, v := vals[i], vals[i+1]
+		switch name {
+		case fieldState:
+			snap.State = State(v)
+		case fieldCloseReason:
+			snap.CloseReason = CloseReason(v)
+		case fieldSponsor:
+			snap.Sponsor = v
+		case fieldPaused:
+			snap.Paused = v == "1"
+		default:
+			field, ok := snapshotInts[name]
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return Snapshot{}, fmt.Errorf("snapshot script: field %s = %q: %w", name, v, err)
+			}
+			*field(&snap) = n
 		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return Snapshot{}, fmt.Errorf("snapshot script: value %d %q: %w", i, v, err)
-		}
-		ints[i] = n
 	}
-	return Snapshot{
-		State: vals[0], Paused: ints[1] == 1, Total: ints[2], Count: ints[3],
-		ClaimedCount: ints[4], ClaimedAmount: ints[5], Refunded: ints[6],
-		SettledCount: ints[7], SettledAmount: ints[8], RefundSettled: ints[9],
-		DeadCount: ints[10], RemainingCount: ints[11], StagedCount: ints[12],
-		CloseReason: vals[13], StartMs: ints[14], EndMs: ints[15], SeededMs: ints[16],
-	}, nil
+	return snap, nil
 }
 
 // Settlement entry kinds.

@@ -131,7 +131,7 @@ func testClusterSeedScenario(t *testing.T, cluster *redistest.Cluster) {
 		}
 		verify(t, ctx, cc, keys[i], amounts[i], grants)
 		cr, err := lua.Close(ctx, cc, keys[i], lua.CloseExhausted)
-		if err != nil || cr.Result != "closed" || cr.Refunded != 0 {
+		if err != nil || cr.Outcome != lua.Closed || cr.Refunded != 0 {
 			t.Fatalf("closing %s: %+v, %v", uids[i], cr, err)
 		}
 	}

@@ -61,8 +61,8 @@ func seedOpen(t testing.TB, ctx context.Context, c redis.Scripter, uid string, a
 	if err != nil {
 		t.Fatalf("configure: %v", err)
 	}
-	if state != lua.StateOpen {
-		t.Fatalf("configure returned state %q, want %q", state, lua.StateOpen)
+	if state.State != lua.StateOpen {
+		t.Fatalf("configure returned state %q, want %q", state.State, lua.StateOpen)
 	}
 	return k
 }

@@ -58,14 +58,21 @@ const (
 	fieldRefundSettled = "refund_settled"
 	fieldDeadCount     = "dead_count"
 	fieldSeededMs      = "seeded_ms"
+	// The snapshot's list lengths, reported under these names.
+	fieldRemainingCount = "remaining_count"
+	fieldStagedCount    = "staged_count"
 )
 
-// States an activity can be in inside Redis (the meta hash's "state" field).
+// State is the state of an activity inside Redis (the meta hash's "state" field);
+// "" means Redis does not hold the committed activity.
+type State string
+
+// The states an activity can be in inside Redis.
 const (
 	// StateReady means the packets are committed but grabbing has not been opened.
-	StateReady = "ready"
+	StateReady State = "ready"
 	// StateOpen means grabs are served, subject to the pause flag and the schedule.
-	StateOpen = "open"
+	StateOpen State = "open"
 	// StateClosed means grabbing ended for good (expired or exhausted).
-	StateClosed = "closed"
+	StateClosed State = "closed"
 )

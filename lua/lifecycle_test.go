@@ -43,11 +43,14 @@ func grabOne(t *testing.T, c redis.Scripter, k lua.Keys, user string) lua.GrabRe
 
 func configure(t *testing.T, c redis.Scripter, k lua.Keys, startMs, endMs int64, paused, open bool) string {
 	t.Helper()
-	state, err := lua.Configure(t.Context(), c, k, startMs, endMs, paused, open)
+	res, err := lua.Configure(t.Context(), c, k, startMs, endMs, paused, open)
 	if err != nil {
 		t.Fatalf("configure: %v", err)
 	}
-	return state
+	if !res.Found {
+		return string(lua.Missing)
+	}
+	return string(res.State)
 }
 
 func TestGates(t *testing.T) {
@@ -65,7 +68,7 @@ func TestGates(t *testing.T) {
 		if state := configure(t, c, k, 0, 0, false, true); state != string(lua.Missing) {
 			t.Fatalf("configure on a missing activity returned %q, want missing", state)
 		}
-		if cr, err := lua.Close(ctx, c, k, lua.CloseExpired); err != nil || cr.Result != "missing" {
+		if cr, err := lua.Close(ctx, c, k, lua.CloseExpired); err != nil || string(cr.Outcome) != "missing" {
 			t.Fatalf("close on a missing activity: %+v, %v", cr, err)
 		}
 		if snap, err := lua.ReadSnapshot(ctx, c, k); err != nil || snap.Exists() {
@@ -83,14 +86,14 @@ func TestGates(t *testing.T) {
 			t.Fatalf("grab on a ready activity: %+v, want not_started", res)
 		}
 		// Configure without open keeps it ready.
-		if state := configure(t, c, k, 0, 0, false, false); state != lua.StateReady {
+		if state := configure(t, c, k, 0, 0, false, false); state != string(lua.StateReady) {
 			t.Fatalf("configure without open: %q", state)
 		}
 		if res := grabOne(t, c, k, "u"); res.Outcome != lua.NotStarted {
 			t.Fatalf("grab on a ready activity: %+v, want not_started", res)
 		}
 		assertNoClaimWritten(t, c, k, 10)
-		if state := configure(t, c, k, 0, 0, false, true); state != lua.StateOpen {
+		if state := configure(t, c, k, 0, 0, false, true); state != string(lua.StateOpen) {
 			t.Fatalf("configure with open: %q", state)
 		}
 		if res := grabOne(t, c, k, "u"); res.Outcome != lua.Granted {
@@ -188,7 +191,7 @@ func TestCloseExpiredRefundsTheRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := lua.CloseResult{Result: "closed", Reason: lua.CloseExpired, Refunded: total - claimed}
+	want := lua.CloseResult{Outcome: lua.Closed, Reason: lua.CloseExpired, Refunded: total - claimed}
 	if cr != want {
 		t.Fatalf("close: %+v, want %+v", cr, want)
 	}
@@ -208,7 +211,7 @@ func TestCloseExpiredRefundsTheRest(t *testing.T) {
 	}
 
 	// Closing again, for either reason, returns the first close's figures and adds nothing.
-	for _, reason := range []string{lua.CloseExpired, lua.CloseExhausted} {
+	for _, reason := range []lua.CloseReason{lua.CloseExpired, lua.CloseExhausted} {
 		again, err := lua.Close(ctx, c, k, reason)
 		if err != nil || again != want {
 			t.Fatalf("second close (%s): %+v, %v; want %+v", reason, again, err, want)
@@ -229,7 +232,7 @@ func TestCloseExpiredRefundsTheRest(t *testing.T) {
 		}
 	}
 	// Configure cannot reopen a closed activity.
-	if state := configure(t, c, k, 0, 0, false, true); state != lua.StateClosed {
+	if state := configure(t, c, k, 0, 0, false, true); state != string(lua.StateClosed) {
 		t.Fatalf("configure after close: %q, want closed", state)
 	}
 	if res := grabOne(t, c, k, "latecomer"); res.Outcome != lua.Ended {
@@ -264,7 +267,7 @@ func TestCloseExhaustedOnlyWhenNothingLeft(t *testing.T) {
 		grants[u] = grabOne(t, c, k, u)
 	}
 	cr, err := lua.Close(ctx, c, k, lua.CloseExhausted)
-	if err != nil || cr != (lua.CloseResult{Result: "open"}) {
+	if err != nil || cr != (lua.CloseResult{Outcome: lua.CloseStillOpen}) {
 		t.Fatalf("close exhausted with a packet left: %+v, %v; want open", cr, err)
 	}
 	snap := verify(t, ctx, c, k, amounts, grants)
@@ -279,7 +282,7 @@ func TestCloseExhaustedOnlyWhenNothingLeft(t *testing.T) {
 		t.Fatalf("after the last packet: %+v, want sold_out", res)
 	}
 	cr, err = lua.Close(ctx, c, k, lua.CloseExhausted)
-	if err != nil || cr != (lua.CloseResult{Result: "closed", Reason: lua.CloseExhausted}) {
+	if err != nil || cr != (lua.CloseResult{Outcome: lua.Closed, Reason: lua.CloseExhausted}) {
 		t.Fatalf("close exhausted when sold out: %+v, %v", cr, err)
 	}
 	snap = verify(t, ctx, c, k, amounts, grants)

@@ -107,8 +107,8 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 				t.Fatalf("seed after flush: %+v, %v", res, err)
 			}
 			flush()
-			if state, err := lua.Configure(ctx, via, k, 0, 0, false, true); err != nil || state != lua.StateOpen {
-				t.Fatalf("configure after flush: %q, %v", state, err)
+			if state, err := lua.Configure(ctx, via, k, 0, 0, false, true); err != nil || state.State != lua.StateOpen {
+				t.Fatalf("configure after flush: %q, %v", state.State, err)
 			}
 			flush()
 			first, err := lua.Grab(ctx, via, k, "first")
@@ -137,7 +137,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 			flush()
 			verify(t, ctx, via, k, amounts, grants)
 			flush()
-			if cr, err := lua.Close(ctx, via, k, lua.CloseExhausted); err != nil || cr.Result != "closed" {
+			if cr, err := lua.Close(ctx, via, k, lua.CloseExhausted); err != nil || string(cr.Outcome) != "closed" {
 				t.Fatalf("close after flush: %+v, %v", cr, err)
 			}
 			flush()

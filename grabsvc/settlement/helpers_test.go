@@ -309,8 +309,8 @@ func newActivity(t *testing.T, rdb *redis.Client, uid string, count int, total i
 		t.Fatalf("seeding: %v", err)
 	}
 	state, err := lua.Configure(ctx, rdb, k, 0, 0, false, true)
-	if err != nil || state != lua.StateOpen {
-		t.Fatalf("opening: state %q, err %v", state, err)
+	if err != nil || state.State != lua.StateOpen {
+		t.Fatalf("opening: state %q, err %v", state.State, err)
 	}
 	return activity{uid: uid, keys: k, rdb: rdb}
 }

@@ -370,7 +370,7 @@ func TestExpiryRefundSettlesToTheSponsor(t *testing.T) {
 	startWorker(t, cfg)
 
 	res, err := lua.Close(context.Background(), rdb, a.keys, lua.CloseExpired)
-	if err != nil || res.Result != "closed" || res.Refunded <= 0 {
+	if err != nil || string(res.Outcome) != "closed" || res.Refunded <= 0 {
 		t.Fatalf("close: %+v, %v", res, err)
 	}
 	eventually(t, 10*time.Second, "grants and the refund settled", func() bool {

@@ -41,8 +41,8 @@ func seedActivity(ctx context.Context, c redis.Scripter, uid string, count int64
 	if err != nil {
 		return 0, fmt.Errorf("opening %s: %w", uid, err)
 	}
-	if state != lua.StateOpen {
-		return 0, fmt.Errorf("opening %s: state %q", uid, state)
+	if state.State != lua.StateOpen {
+		return 0, fmt.Errorf("opening %s: state %q", uid, state.State)
 	}
 	return took, nil
 }

@@ -1,0 +1,132 @@
+package lua
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+)
+
+// Activity is one activity's data in Redis, and the one way the rest of the project
+// reaches it: every Redis call about an activity (the scripts, the snapshot, the
+// settlement stream and its consumer group, the server clock, purging) is a method
+// here, built from a client and the activity's UID. Outside this package nothing
+// issues a Redis command.
+//
+// The client may be a plain or cluster client, or the grab path's auto-pipeliner:
+// every key of an activity shares one hash tag, so every call lands on one slot.
+type Activity struct {
+	c    redis.Cmdable
+	keys Keys
+	// Seeder stages and commits the packets; its zero value is what production uses.
+	Seeder Seeder
+}
+
+// NewActivity returns the handle of the activity with the given UID on client c.
+func NewActivity(c redis.Cmdable, uid string) *Activity {
+	return &Activity{c: c, keys: KeysFor(uid)}
+}
+
+// Keys are the activity's keys.
+func (a *Activity) Keys() Keys { return a.keys }
+
+// Grab decides one claim for userID (grab.lua).
+func (a *Activity) Grab(ctx context.Context, userID string) (GrabResult, error) {
+	return Grab(ctx, a.c, a.keys, userID)
+}
+
+// Seed stages and commits the packets exactly once (see Seeder).
+func (a *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
+	return a.Seeder.Seed(ctx, a.c, a.keys, amounts, p)
+}
+
+// Configure writes the schedule and pause flag; open moves a ready activity to open.
+func (a *Activity) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
+	return Configure(ctx, a.c, a.keys, startMs, endMs, paused, open)
+}
+
+// Close ends grabbing for the given reason and refunds the remainder.
+func (a *Activity) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
+	return Close(ctx, a.c, a.keys, reason)
+}
+
+// Snapshot reads every counter of the activity at one instant.
+func (a *Activity) Snapshot(ctx context.Context) (Snapshot, error) {
+	return ReadSnapshot(ctx, a.c, a.keys)
+}
+
+// Time is the Redis server's clock, the one the grab script gates on.
+func (a *Activity) Time(ctx context.Context) (time.Time, error) {
+	t, err := a.c.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading the Redis clock: %w", err)
+	}
+	return t, nil
+}
+
+// Ping checks that Redis answers.
+func (a *Activity) Ping(ctx context.Context) error {
+	return a.c.Ping(ctx).Err()
+}
+
+// LoadScripts loads every script ahead of use, on every master of a cluster. It
+// needs a plain or cluster client (not a pipeliner). The grab path falls back to
+// EVAL anyway.
+func (a *Activity) LoadScripts(ctx context.Context) error {
+	u, ok := a.c.(redis.UniversalClient)
+	if !ok {
+		return fmt.Errorf("loading scripts needs a plain or cluster client, not %T", a.c)
+	}
+	return LoadAll(ctx, u)
+}
+
+// Purge deletes every key of the activity.
+func (a *Activity) Purge(ctx context.Context) error { return Purge(ctx, a.c, a.keys) }
+
+// PurgeKeepingUnsettled deletes the activity's keys except the settlement and
+// dead-letter streams, kept for retention; it returns the keys kept.
+func (a *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
+	return PurgeKeepingUnsettled(ctx, a.c, a.keys, retention)
+}
+
+// Ack acknowledges a delivered stream entry and counts it as settled, once.
+func (a *Activity) Ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
+	return Ack(ctx, a.c, a.keys, group, entryID, kind, amount)
+}
+
+// DeadLetter parks an undeliverable entry with its fields and the last error, once.
+func (a *Activity) DeadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+	return DeadLetter(ctx, a.c, a.keys, group, entryID, lastErr, fields)
+}
+
+// Phase is the activity's phase as Redis and the server clock now say, and false
+// when Redis cannot say: the activity is not in Redis, or is committed but not yet
+// open (the resource's status knows better then). Both the controller and the grab
+// service decide the phase here.
+func (s Snapshot) Phase(now time.Time) (redpacketv1alpha1.Phase, bool) {
+	switch s.State {
+	case StateClosed:
+		if s.CloseReason == CloseExhausted {
+			return redpacketv1alpha1.PhaseExhausted, true
+		}
+		return redpacketv1alpha1.PhaseExpired, true
+	case StateOpen:
+		ms := now.UnixMilli()
+		switch {
+		case s.EndMs > 0 && ms >= s.EndMs:
+			return redpacketv1alpha1.PhaseExpired, true
+		case s.RemainingCount == 0:
+			return redpacketv1alpha1.PhaseExhausted, true
+		case s.Paused:
+			return redpacketv1alpha1.PhasePaused, true
+		case ms < s.StartMs:
+			return redpacketv1alpha1.PhaseScheduled, true
+		default:
+			return redpacketv1alpha1.PhaseActive, true
+		}
+	}
+	return "", false
+}
