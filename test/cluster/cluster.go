@@ -543,7 +543,7 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 				if cond.Status == corev1.ConditionTrue {
 					return nil
 				}
-				return fmt.Errorf("Ready is %s: %s", cond.Status, cond.Message)
+				return fmt.Errorf("condition Ready is %s: %s", cond.Status, cond.Message)
 			}
 		}
 		return errors.New("no Ready condition yet")

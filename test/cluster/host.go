@@ -55,17 +55,16 @@ var hostPaths = []string{
 // addresses, firewall rules, mounts, network namespaces, cgroups and paths. Two
 // states taken before a node started and after it stopped must be equal.
 type HostState struct {
-	Sysctls    map[string]string
-	Links      []string
-	LoAddrs    []string
-	IPTables   map[string][]string // "ipv4"/"ipv6" → rules and chains, without counters
-	NFTables   []string
-	Mounts     []string
-	NetNS      []string
-	Cgroups    []string // top-level folders of each cgroup hierarchy
-	Paths      map[string]bool
-	Processes  []string // processes of a node (their command line names a node folder)
-	hasIPv6NAT bool
+	Sysctls   map[string]string
+	Links     []string
+	LoAddrs   []string
+	IPTables  map[string][]string // "ipv4"/"ipv6" → rules and chains, without counters
+	NFTables  []string
+	Mounts    []string
+	NetNS     []string
+	Cgroups   []string // top-level folders of each cgroup hierarchy
+	Paths     map[string]bool
+	Processes []string // processes of a node (their command line names a node folder)
 }
 
 // ReadHostState reads the host's state now.

@@ -26,9 +26,19 @@ type Server struct {
 	dir  string
 }
 
+// skipInShortMode keeps `go test -short` (make test-unit) free of servers: a test
+// that needs redis-server does not run there. The full suite runs without -short.
+func skipInShortMode(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("needs redis-server; run without -short")
+	}
+}
+
 // Start runs a standalone redis-server for the test and stops it at cleanup.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	skipInShortMode(tb)
 	s, err := startServer(tb.TempDir())
 	if err != nil {
 		tb.Fatalf("starting redis-server: %v", err)
@@ -100,6 +110,7 @@ type Cluster struct {
 // assigned, and stops it at cleanup.
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
+	skipInShortMode(tb)
 	c, err := StartClusterProcess(tb.TempDir(), n)
 	if err != nil {
 		tb.Fatalf("starting redis cluster: %v", err)
