@@ -140,15 +140,11 @@ func defaultRedisConn(addresses, mode, username, password string, tls bool, gete
 		password = getenv("REDIS_PASSWORD")
 	}
 	conn := lua.Conn{
-		Mode:     strings.TrimSpace(mode),
-		Username: username,
-		Password: password,
-		TLS:      tls,
-	}
-	for _, a := range strings.Split(addresses, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			conn.Addresses = append(conn.Addresses, a)
-		}
+		Addresses: lua.ParseAddresses(addresses),
+		Mode:      strings.TrimSpace(mode),
+		Username:  username,
+		Password:  password,
+		TLS:       tls,
 	}
 	if err := conn.Validate(); err != nil {
 		return lua.Conn{}, fmt.Errorf("default Redis connection: %w", err)

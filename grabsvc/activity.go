@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,6 +34,28 @@ func NewActivity(obj *redpacketv1alpha1.RedPacketActivity) *Activity {
 		Keys:   lua.KeysFor(string(obj.UID)),
 		Ref:    obj.Namespace + "/" + obj.Name,
 	}
+}
+
+// handles keeps the Redis handle (lua.Activity) of the current activity on one
+// client, so the hot path builds it once per activity, not once per call. The
+// zero value is ready to use; the client must be the same on every call.
+type handles struct {
+	cur atomic.Pointer[handle]
+}
+
+type handle struct {
+	uid types.UID
+	h   *lua.Activity
+}
+
+// of returns the handle of act on c.
+func (hs *handles) of(c redis.Cmdable, act *Activity) *lua.Activity {
+	if cur := hs.cur.Load(); cur != nil && cur.uid == act.Object.UID {
+		return cur.h
+	}
+	h := &handle{uid: act.Object.UID, h: lua.NewActivity(c, string(act.Object.UID))}
+	hs.cur.Store(h)
+	return h.h
 }
 
 // ActivitySource reads the activity from the API server: first until it is found,

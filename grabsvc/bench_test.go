@@ -38,10 +38,10 @@ const (
 
 // benchRedis starts a redis-server with an open activity of n packets and the
 // scripts loaded.
-func benchRedis(b *testing.B, n int) (*RedisClients, *Activity, *redistest.Server) {
+func benchRedis(b *testing.B, n int) (*lua.PipelinedClient, *Activity, *redistest.Server) {
 	b.Helper()
 	srv := redistest.Start(b)
-	rc, err := NewRedisClients(lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}, 5*time.Second)
+	rc, err := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(5 * time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func reportRate(b *testing.B, unit string) {
 }
 
 // checkGranted verifies that the run granted n packets.
-func checkGranted(b *testing.B, rc *RedisClients, act *Activity, n int64) {
+func checkGranted(b *testing.B, rc *lua.PipelinedClient, act *Activity, n int64) {
 	b.Helper()
 	snap, err := lua.ReadSnapshot(context.Background(), rc.Client, act.Keys)
 	if err != nil {

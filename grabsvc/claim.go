@@ -23,7 +23,7 @@ const MaxUserIDLen = 128
 // handleGrab is where a claim is decided over HTTP. Every check that can refuse a
 // request (method, rate limits, body, user id, token) runs before Redis is touched,
 // so an invalid request has no Redis effect; the claim itself is one atomic run of
-// the grab script (lua.Grab) through the auto-pipeliner.
+// the grab script (lua.Activity.Grab) through the auto-pipeliner.
 func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -58,7 +58,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 
 	start := time.Now()
-	res, err := s.grab(r.Context(), act.Keys, userID)
+	res, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID)
 	s.metrics.ClaimLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
@@ -100,13 +100,14 @@ var (
 	}}
 )
 
-// grab runs lua.Grab and waits for it at most the Redis deadline. It is
-// callWithDeadline for the hot path: pooled timers and reply slots, and no wait on
-// the request's context (a client that went away costs at most the deadline).
-func (s *Server) grab(ctx context.Context, k lua.Keys, userID string) (lua.GrabResult, error) {
+// grab runs the grab script through the activity's handle h and waits for it at
+// most the Redis deadline. It is callWithDeadline for the hot path: pooled timers and
+// reply slots, and no wait on the request's context (a client that went away costs
+// at most the deadline).
+func (s *Server) grab(ctx context.Context, h *lua.Activity, userID string) (lua.GrabResult, error) {
 	c := grabCalls.Get().(*grabCall)
 	go func() {
-		c.res, c.err = lua.Grab(ctx, s.cfg.Redis, k, userID)
+		c.res, c.err = h.Grab(ctx, userID)
 		c.ch <- struct{}{}
 	}()
 	t := grabTimers.Get().(*time.Timer)

@@ -89,7 +89,7 @@ func ones(n int) []int64 {
 type harness struct {
 	t       *testing.T
 	redis   *redistest.Server
-	rc      *RedisClients
+	rc      *lua.PipelinedClient
 	admin   *redis.Client
 	act     atomic.Pointer[Activity]
 	srv     *Server
@@ -104,7 +104,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	t.Helper()
 	h := &harness{t: t, redis: redistest.Start(t)}
 	h.admin = h.redis.Client(t)
-	rc, err := NewRedisClients(lua.Conn{Addresses: []string{h.redis.Addr}, Mode: lua.ModeStandalone}, 2*time.Second)
+	rc, err := lua.Conn{Addresses: []string{h.redis.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatalf("redis clients: %v", err)
 	}
@@ -115,7 +115,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	cfg := Config{
 		Redis:        rc.Pipeliner,
 		Activity:     h.act.Load,
-		Ping:         func(ctx context.Context) error { return rc.Client.Ping(ctx).Err() },
+		Ping:         rc.Client,
 		RedisTimeout: 2 * time.Second,
 		Metrics:      h.metrics,
 		Gatherer:     h.reg,

@@ -63,8 +63,8 @@ func CountersFrom(s lua.Snapshot) Counters {
 type Reporter struct {
 	// Client writes the status subresource.
 	Client client.Client
-	// Redis reads the snapshot.
-	Redis redis.Scripter
+	// Redis reads the snapshot, through the activity's handle (lua.NewActivity).
+	Redis redis.Cmdable
 	// Activity returns the current activity, nil until it has been read.
 	Activity func() *Activity
 	// Interval is the report period; 0 means DefaultReportInterval.
@@ -81,6 +81,7 @@ type Reporter struct {
 	Now func() time.Time
 
 	mu          sync.Mutex
+	handles     handles
 	lastUID     types.UID
 	last        Counters
 	lastApplied time.Time
@@ -119,9 +120,7 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	if timeout <= 0 {
 		timeout = DefaultReportTimeout
 	}
-	snap, err := callWithDeadline(ctx, timeout, func(ctx context.Context) (lua.Snapshot, error) {
-		return lua.ReadSnapshot(ctx, r.Redis, act.Keys)
-	})
+	snap, err := callWithDeadline(ctx, timeout, r.handles.of(r.Redis, act).Snapshot)
 	if err != nil {
 		r.countFailure("snapshot")
 		return false, fmt.Errorf("reading the counters: %w", err)

@@ -29,7 +29,7 @@ import (
 // reporterEnv is a real API server and a real Redis holding one seeded activity.
 type reporterEnv struct {
 	cp    *controlplane.ControlPlane
-	rc    *RedisClients
+	rc    *lua.PipelinedClient
 	admin *redis.Client
 	act   *Activity
 }
@@ -39,7 +39,7 @@ func newReporterEnv(t *testing.T, name string, count int64) *reporterEnv {
 	cp := controlPlane(t)
 	ns := cp.Namespace(t)
 	srv := redistest.Start(t)
-	rc, err := NewRedisClients(lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}, 2*time.Second)
+	rc, err := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestControllerFieldsSurviveReports(t *testing.T) {
 		if mf.Subresource != "status" || mf.FieldsV1 == nil {
 			continue
 		}
-		fields := string(mf.FieldsV1.Raw)
+		fields := string(mf.FieldsV1.GetRawBytes())
 		switch mf.Manager {
 		case FieldManager:
 			for _, f := range []string{"f:phase", "f:conditions", "f:scriptSHA"} {

@@ -28,15 +28,21 @@ import (
 // MaxBodyBytes is the largest grab request body accepted.
 const MaxBodyBytes = 4 << 10
 
+// DefaultRedisTimeout bounds every Redis call of the grab path.
+const DefaultRedisTimeout = 500 * time.Millisecond
+
 // Config is what a Server needs.
 type Config struct {
-	// Redis runs the grab and snapshot scripts: the auto-pipeliner of the activity's
-	// Redis (RedisClients.Pipeliner), or any redis.Scripter.
-	Redis redis.Scripter
+	// Redis runs the grab and snapshot scripts, always through the activity's handle
+	// (lua.NewActivity): the auto-pipeliner of the activity's Redis
+	// (lua.PipelinedClient.Pipeliner), or any client.
+	Redis redis.Cmdable
 	// Activity returns the current activity, nil until it has been read.
 	Activity func() *Activity
-	// Ping, when set, checks that Redis answers; /readyz fails while it does not.
-	Ping func(context.Context) error
+	// Ping, when set, is the client /readyz pings Redis on (through the activity's
+	// handle); /readyz fails while Redis does not answer. The plain client under the
+	// auto-pipeliner (lua.PipelinedClient.Client) is the one to use.
+	Ping redis.Cmdable
 	// Tokens, when set, requires a valid user token on every grab.
 	Tokens *TokenVerifier
 	// UserLimiter and ClientLimiter limit grabs per user id and per client address;
@@ -63,6 +69,8 @@ type Server struct {
 	now      func() time.Time
 	draining atomic.Bool
 	mux      *http.ServeMux
+	redis    handles // the activity's handle on cfg.Redis
+	ping     handles // the activity's handle on cfg.Ping
 }
 
 // NewServer returns a server for cfg.
@@ -116,12 +124,14 @@ func (s *Server) Ready(ctx context.Context) (bool, string) {
 	if s.draining.Load() {
 		return false, "shutting down"
 	}
-	if s.cfg.Activity() == nil {
+	act := s.cfg.Activity()
+	if act == nil {
 		return false, "the activity has not been read from the API server yet"
 	}
 	if s.cfg.Ping != nil {
+		h := s.ping.of(s.cfg.Ping, act)
 		if _, err := callWithDeadline(ctx, s.timeout, func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, s.cfg.Ping(ctx)
+			return struct{}{}, h.Ping(ctx)
 		}); err != nil {
 			return false, "redis does not answer"
 		}
@@ -190,9 +200,8 @@ func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the activity has not been read from the API server yet"})
 		return
 	}
-	snap, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (lua.Snapshot, error) {
-		return lua.ReadSnapshot(ctx, s.cfg.Redis, act.Keys)
-	})
+	h := s.redis.of(s.cfg.Redis, act)
+	snap, err := callWithDeadline(r.Context(), s.timeout, h.Snapshot)
 	if err != nil {
 		s.metrics.RedisErrors.WithLabelValues("snapshot").Inc()
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the packet store is unavailable; retry later"})
@@ -245,39 +254,22 @@ func BuildActivityView(act *Activity, snap lua.Snapshot, now time.Time) Activity
 	return v
 }
 
-// DerivePhase is the activity's phase as a grab would see it now: from the Redis
-// snapshot while Redis holds the activity, else the resource's status.phase.
+// DerivePhase is the activity's phase as a grab would see it now: what Redis says
+// (lua.Snapshot.Phase) while Redis holds the open or closed activity, else the
+// resource's status.phase, and without one Scheduled for a committed activity and
+// Pending for one Redis does not hold.
 func DerivePhase(o *redpacketv1alpha1.RedPacketActivity, snap lua.Snapshot, now time.Time) redpacketv1alpha1.Phase {
-	switch snap.State {
-	case lua.StateClosed:
-		if snap.CloseReason == lua.CloseExhausted {
-			return redpacketv1alpha1.PhaseExhausted
-		}
-		return redpacketv1alpha1.PhaseExpired
-	case lua.StateOpen:
-		ms := now.UnixMilli()
-		switch {
-		case snap.EndMs > 0 && ms >= snap.EndMs:
-			return redpacketv1alpha1.PhaseExpired
-		case snap.RemainingCount == 0:
-			return redpacketv1alpha1.PhaseExhausted
-		case snap.Paused:
-			return redpacketv1alpha1.PhasePaused
-		case ms < snap.StartMs:
-			return redpacketv1alpha1.PhaseScheduled
-		default:
-			return redpacketv1alpha1.PhaseActive
-		}
-	case lua.StateReady:
-		if o.Status.Phase != "" {
-			return o.Status.Phase
-		}
-		return redpacketv1alpha1.PhaseScheduled
+	if p, ok := snap.Phase(now); ok {
+		return p
 	}
-	if o.Status.Phase != "" {
+	switch {
+	case o.Status.Phase != "":
 		return o.Status.Phase
+	case snap.State == lua.StateReady:
+		return redpacketv1alpha1.PhaseScheduled
+	default:
+		return redpacketv1alpha1.PhasePending
 	}
-	return redpacketv1alpha1.PhasePending
 }
 
 func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {

@@ -223,7 +223,7 @@ func TestProbesAndMetrics(t *testing.T) {
 func TestScriptFlushDuringBurst(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		srv := redistest.Start(t)
-		rc, err := NewRedisClients(lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}, 2*time.Second)
+		rc, err := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +234,7 @@ func TestScriptFlushDuringBurst(t *testing.T) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cl := redistest.StartCluster(t, 3)
-		rc, err := NewRedisClients(lua.Conn{Addresses: cl.Addrs, Mode: lua.ModeCluster}, 2*time.Second)
+		rc, err := lua.Conn{Addresses: cl.Addrs, Mode: lua.ModeCluster}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +273,7 @@ func evalCalls(t testing.TB, c *redis.Client) int64 {
 	return 0
 }
 
-func flushDuringBurst(t *testing.T, rc *RedisClients, flush func(context.Context) error, evals func() int64) {
+func flushDuringBurst(t *testing.T, rc *lua.PipelinedClient, flush func(context.Context) error, evals func() int64) {
 	const (
 		workers   = 32
 		perWorker = 60

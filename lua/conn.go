@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -12,6 +13,16 @@ import (
 const (
 	ModeStandalone = "standalone"
 	ModeCluster    = "cluster"
+)
+
+// The keys of a connection Secret (the one spec.redis.secretRef names), which the
+// grab service's REDIS_* environment variables mirror.
+const (
+	SecretAddresses = "addresses"
+	SecretMode      = "mode"
+	SecretUsername  = "username"
+	SecretPassword  = "password"
+	SecretTLS       = "tls"
 )
 
 // Conn says how to reach one Redis deployment.
@@ -25,19 +36,30 @@ type Conn struct {
 	TLS      bool
 }
 
+// ParseAddresses splits a comma-separated list of host:port addresses, trimming
+// spaces and dropping empty items. Every reader of an address list (the connection
+// Secret, the operator's flags, the grab service's) splits it here.
+func ParseAddresses(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // ConnFromSecret reads a connection from a Secret's data with the keys addresses
-// (comma-separated host:port), mode, username, password and tls ("true").
+// (comma-separated host:port), mode, username, password and tls ("true"). It is the
+// one parser of that format: the grab service, whose environment mirrors the
+// Secret's keys, parses its flags through it too.
 func ConnFromSecret(data map[string][]byte) (Conn, error) {
 	c := Conn{
-		Mode:     strings.TrimSpace(string(data["mode"])),
-		Username: string(data["username"]),
-		Password: string(data["password"]),
-		TLS:      strings.TrimSpace(string(data["tls"])) == "true",
-	}
-	for _, a := range strings.Split(string(data["addresses"]), ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			c.Addresses = append(c.Addresses, a)
-		}
+		Addresses: ParseAddresses(string(data[SecretAddresses])),
+		Mode:      strings.TrimSpace(string(data[SecretMode])),
+		Username:  string(data[SecretUsername]),
+		Password:  string(data[SecretPassword]),
+		TLS:       strings.TrimSpace(string(data[SecretTLS])) == "true",
 	}
 	if c.Mode == "" {
 		c.Mode = ModeStandalone
@@ -67,19 +89,112 @@ func (c Conn) Key() string {
 	return fmt.Sprintf("%s|%s|%s|%s|%t", c.Mode, strings.Join(c.Addresses, ","), c.Username, c.Password, c.TLS)
 }
 
+// ClientOptions tune a client opened by Conn.NewClient. The zero value keeps
+// go-redis's defaults, which is what the controller and the settlement workers use.
+type ClientOptions struct {
+	// Timeout, when positive, bounds every dial, read, write and connection-pool
+	// wait, and makes the client honour context deadlines. 0 keeps the defaults.
+	Timeout time.Duration
+	// MaxRetries is how often a failed command is retried: 0 keeps go-redis's
+	// default (3), -1 retries never.
+	MaxRetries int
+	// RESP2 speaks protocol version 2 instead of 3.
+	RESP2 bool
+	// PoolSize is the number of connections per node; 0 keeps the default (10 per CPU).
+	PoolSize int
+}
+
+// GrabClientOptions are the grab path's options: every socket wait bounded by
+// timeout, context deadlines honoured, at most one retry per command, and RESP2: the
+// grab path uses no push notifications, and RESP2 spares every reply the check for
+// them. The grab service, its tests and the benchmark open their clients with them.
+func GrabClientOptions(timeout time.Duration) ClientOptions {
+	return ClientOptions{Timeout: timeout, MaxRetries: 1, RESP2: true}
+}
+
 // NewClient opens a client for the connection: a cluster client in cluster mode,
-// else a plain client.
-func (c Conn) NewClient() redis.UniversalClient {
+// else a plain client. It takes at most one ClientOptions; without, go-redis's
+// defaults apply. The connection must be valid (Validate).
+func (c Conn) NewClient(opts ...ClientOptions) redis.UniversalClient {
+	var o ClientOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	var tc *tls.Config
 	if c.TLS {
 		tc = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
+	protocol := 0 // go-redis's default, RESP3
+	if o.RESP2 {
+		protocol = 2
+	}
+	timeout := max(o.Timeout, 0)
 	if c.Mode == ModeCluster {
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: c.Addresses, Username: c.Username, Password: c.Password, TLSConfig: tc,
+			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
+			ContextTimeoutEnabled: timeout > 0, MaxRetries: o.MaxRetries, Protocol: protocol,
+			PoolSize: o.PoolSize,
 		})
 	}
 	return redis.NewClient(&redis.Options{
 		Addr: c.Addresses[0], Username: c.Username, Password: c.Password, TLSConfig: tc,
+		DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
+		ContextTimeoutEnabled: timeout > 0, MaxRetries: o.MaxRetries, Protocol: protocol,
+		PoolSize: o.PoolSize,
 	})
+}
+
+// The auto-pipeliner runs scripts and plain commands alike: an activity's handle
+// can be built on it.
+var _ redis.Cmdable = (*redis.AutoPipeliner)(nil)
+
+// PipelinedClient is a client and its automatic pipeliner, which batches concurrent
+// callers' commands into pipelines: the grab path's connection.
+type PipelinedClient struct {
+	// Client is the plain client (standalone or cluster).
+	Client redis.UniversalClient
+	// Pipeliner batches concurrent callers' commands; the grab script and snapshots
+	// run through it.
+	Pipeliner *redis.AutoPipeliner
+}
+
+// NewPipelinedClient validates the connection and opens a client with options o and
+// its blocking auto-pipeliner. The auto-pipeliner does not honour per-command
+// contexts once a command is queued, so o.Timeout (the socket timeouts) is what
+// bounds a call inside a batch; callers add their own deadline on top.
+func (c Conn) NewPipelinedClient(o ClientOptions) (*PipelinedClient, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	rc := c.NewClient(o)
+	var (
+		ap  *redis.AutoPipeliner
+		err error
+	)
+	switch cc := rc.(type) {
+	case *redis.Client:
+		ap, err = cc.AutoPipeline()
+	case *redis.ClusterClient:
+		ap, err = cc.AutoPipeline()
+	default:
+		err = fmt.Errorf("no auto-pipeliner for redis client of type %T", rc)
+	}
+	if err != nil {
+		_ = rc.Close()
+		return nil, fmt.Errorf("starting the redis auto-pipeliner: %w", err)
+	}
+	return &PipelinedClient{Client: rc, Pipeliner: ap}, nil
+}
+
+// Close stops the pipeliner (flushing what it accepted) and closes the client.
+func (p *PipelinedClient) Close() error {
+	apErr := p.Pipeliner.Close()
+	if err := p.Client.Close(); err != nil {
+		return fmt.Errorf("closing redis client: %w", err)
+	}
+	if apErr != nil {
+		return fmt.Errorf("closing redis auto-pipeliner: %w", apErr)
+	}
+	return nil
 }

@@ -1,8 +1,10 @@
 package lua_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -95,4 +97,85 @@ func TestConnReachesRealServer(t *testing.T) {
 	k := seedOpen(t, ctx, c, "conn-standalone", amounts)
 	_, grants := tally(t, grabConcurrently(t, ctx, c, k, userIDs("q", 5), 5))
 	verify(t, ctx, c, k, amounts, grants)
+}
+
+// One function splits every address list.
+func TestParseAddresses(t *testing.T) {
+	for in, want := range map[string][]string{
+		"":                              nil,
+		" , ,":                          nil,
+		"127.0.0.1:6379":                {"127.0.0.1:6379"},
+		" a:1, b:2 ,,c:3\n":             {"a:1", "b:2", "c:3"},
+		"redis-0.redis:6379,redis-1:1 ": {"redis-0.redis:6379", "redis-1:1"},
+	} {
+		if got := lua.ParseAddresses(in); !slices.Equal(got, want) {
+			t.Errorf("ParseAddresses(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Client options reach the client: none keeps go-redis's defaults (the controller's
+// client), the grab path's bound every wait, retry once and speak RESP2.
+func TestClientOptions(t *testing.T) {
+	conn := lua.Conn{Addresses: []string{"127.0.0.1:1"}, Mode: lua.ModeStandalone}
+	plain := conn.NewClient().(*redis.Client)
+	defer plain.Close()
+	ref := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer ref.Close()
+	if o, d := plain.Options(), ref.Options(); o.Protocol != d.Protocol || o.MaxRetries != d.MaxRetries ||
+		o.ContextTimeoutEnabled || o.DialTimeout != d.DialTimeout || o.ReadTimeout != d.ReadTimeout ||
+		o.WriteTimeout != d.WriteTimeout || o.PoolTimeout != d.PoolTimeout || o.PoolSize != d.PoolSize {
+		t.Fatalf("default options %+v, want go-redis's defaults %+v", o, d)
+	}
+	grab := conn.NewClient(lua.GrabClientOptions(250 * time.Millisecond)).(*redis.Client)
+	defer grab.Close()
+	if o := grab.Options(); o.Protocol != 2 || o.MaxRetries != 1 || !o.ContextTimeoutEnabled ||
+		o.DialTimeout != 250*time.Millisecond || o.ReadTimeout != 250*time.Millisecond ||
+		o.WriteTimeout != 250*time.Millisecond || o.PoolTimeout != 250*time.Millisecond {
+		t.Fatalf("grab options: %+v", o)
+	}
+	sized := conn.NewClient(lua.ClientOptions{PoolSize: 64}).(*redis.Client)
+	defer sized.Close()
+	if sized.Options().PoolSize != 64 {
+		t.Fatalf("pool size %d, want 64", sized.Options().PoolSize)
+	}
+	cc := lua.Conn{Addresses: []string{"127.0.0.1:1", "127.0.0.1:2"}, Mode: lua.ModeCluster}.
+		NewClient(lua.GrabClientOptions(time.Second)).(*redis.ClusterClient)
+	defer cc.Close()
+	if o := cc.Options(); o.Protocol != 2 || o.MaxRetries != 1 || o.ReadTimeout != time.Second {
+		t.Fatalf("cluster grab options: %+v", o)
+	}
+	if _, err := (lua.Conn{Mode: lua.ModeStandalone}).NewPipelinedClient(lua.ClientOptions{}); err == nil {
+		t.Fatal("a pipelined client without addresses was opened")
+	}
+}
+
+// The grab path's pipelined client reaches a real server through both its plain
+// client and its auto-pipeliner.
+func TestPipelinedClientReachesRealServer(t *testing.T) {
+	ctx := testCtx(t)
+	s := redistest.Start(t)
+	pc, err := lua.Conn{Addresses: []string{s.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	amounts := []int64{5, 6, 7}
+	seedOpen(t, ctx, pc.Client, "pipelined", amounts)
+	a := lua.NewActivity(pc.Pipeliner, "pipelined")
+	if err := lua.NewActivity(pc.Client, "pipelined").Ping(ctx); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+	res, err := a.Grab(ctx, "p1")
+	if err != nil || res.Outcome != lua.Granted {
+		t.Fatalf("grab through the auto-pipeliner: %+v, %v", res, err)
+	}
+	if snap, err := a.Snapshot(ctx); err != nil || snap.ClaimedCount != 1 {
+		t.Fatalf("snapshot through the auto-pipeliner: %+v, %v", snap, err)
+	}
+	if err := pc.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if _, err := a.Grab(ctx, "p2"); err == nil {
+		t.Fatal("a grab went through after the close")
+	}
 }

@@ -3,6 +3,8 @@ package lua
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -12,12 +14,15 @@ import (
 
 // Activity is one activity's data in Redis, and the one way the rest of the project
 // reaches it: every Redis call about an activity (the scripts, the snapshot, the
-// settlement stream and its consumer group, the server clock, purging) is a method
-// here, built from a client and the activity's UID. Outside this package nothing
-// issues a Redis command.
+// claims, the settlement stream and its consumer group, the server clock, purging)
+// is a method here, built from a client and the activity's UID. Outside this package
+// nothing issues a Redis command; clients are opened here too (Conn.NewClient,
+// Conn.NewPipelinedClient).
 //
 // The client may be a plain or cluster client, or the grab path's auto-pipeliner:
 // every key of an activity shares one hash tag, so every call lands on one slot.
+// The consumer-group reads block for a while, so settlement uses a plain client of
+// its own, never the auto-pipeliner.
 type Activity struct {
 	c    redis.Cmdable
 	keys Keys
@@ -69,7 +74,36 @@ func (a *Activity) Time(ctx context.Context) (time.Time, error) {
 
 // Ping checks that Redis answers.
 func (a *Activity) Ping(ctx context.Context) error {
-	return a.c.Ping(ctx).Err()
+	if err := a.c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("pinging Redis: %w", err)
+	}
+	return nil
+}
+
+// Claim is one user's entry in the claims hash: the packet the user holds.
+type Claim struct {
+	PacketID string
+	Amount   int64
+}
+
+// Claims reads the whole claims hash: who holds which packet, by user id. It reads
+// every claim at once, so it is for checks after the fact (the demo's), not for a
+// running activity's hot path.
+func (a *Activity) Claims(ctx context.Context) (map[string]Claim, error) {
+	raw, err := a.c.HGetAll(ctx, a.keys.Claims).Result()
+	if err != nil {
+		return nil, fmt.Errorf("reading the claims hash %s: %w", a.keys.Claims, err)
+	}
+	claims := make(map[string]Claim, len(raw))
+	for user, v := range raw {
+		id, amount, ok := strings.Cut(v, ":")
+		n, perr := strconv.ParseInt(amount, 10, 64)
+		if !ok || perr != nil {
+			return nil, fmt.Errorf("claims hash %s: user %q holds %q, not <packetId>:<amount>", a.keys.Claims, user, v)
+		}
+		claims[user] = Claim{PacketID: id, Amount: n}
+	}
+	return claims, nil
 }
 
 // LoadScripts loads every script ahead of use, on every master of a cluster. It

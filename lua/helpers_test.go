@@ -3,8 +3,6 @@ package lua_test
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -314,9 +312,4 @@ func grantsSum(grants map[string]lua.GrabResult) int64 {
 		s += g.Amount
 	}
 	return s
-}
-
-// sortedUsers lists the granted users, for stable messages.
-func sortedUsers(grants map[string]lua.GrabResult) []string {
-	return slices.Sorted(maps.Keys(grants))
 }

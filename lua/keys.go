@@ -1,5 +1,9 @@
 // Package lua holds the atomic Redis programs of an activity and the typed Go
-// bindings that run them. It is the one place that knows the keyspace.
+// bindings that run them. It is the one place that knows the keyspace, and the only
+// package that issues Redis commands: Activity (handle.go) makes every call of an
+// activity, including the settlement stream's consumer group (stream.go), Conn
+// opens every client (conn.go), and measure.go holds the benchmark's measurement
+// helpers.
 //
 // Every key of an activity carries the hash tag {<uid>}, so an activity lives on one
 // Redis Cluster slot and every script can touch all of its keys.

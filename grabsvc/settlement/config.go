@@ -30,9 +30,12 @@ const (
 
 // Config configures one settlement worker of one activity.
 type Config struct {
-	// Redis is the connection holding the activity.
+	// Redis is the connection holding the activity: a plain or cluster client of its
+	// own (its reads block), never the grab path's auto-pipeliner. The worker makes
+	// every Redis call through the activity's handle on it,
+	// lua.NewActivity(Redis, ActivityUID).
 	Redis redis.UniversalClient
-	// Keys are the activity's keys (lua.KeysFor(uid)).
+	// Keys are the activity's keys, lua.KeysFor(ActivityUID); other keys are refused.
 	Keys lua.Keys
 	// Activity is "<namespace>/<name>", sent in every delivery.
 	Activity string
@@ -100,6 +103,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.ActivityUID == "" {
 		return cfg, errors.New("settlement config: no activity UID")
+	}
+	if cfg.Keys != lua.KeysFor(cfg.ActivityUID) {
+		return cfg, fmt.Errorf("settlement config: keys (stream %s) are not the keys of activity %s", cfg.Keys.Stream, cfg.ActivityUID)
 	}
 	if cfg.Consumer == "" {
 		return cfg, errors.New("settlement config: no consumer name")

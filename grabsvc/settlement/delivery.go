@@ -10,9 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
-	"time"
 
 	"redpacket.io/operator/lua"
 )
@@ -52,73 +50,17 @@ func Sign(key, body []byte) string {
 // rfc3339Milli is RFC 3339 with exactly three fractional digits.
 const rfc3339Milli = "2006-01-02T15:04:05.000Z07:00"
 
-// entryFields is one parsed stream entry.
-type entryFields struct {
-	kind   string
-	packet string
-	user   string
-	amount int64
-	atMs   int64
-}
-
-// parseEntry reads a stream entry's fields (kind, packet, user, amount, at).
-func parseEntry(values map[string]any) (entryFields, error) {
-	str := func(name string) (string, error) {
-		v, ok := values[name]
-		if !ok {
-			return "", fmt.Errorf("field %q missing", name)
-		}
-		s, ok := v.(string)
-		if !ok {
-			return "", fmt.Errorf("field %q is %T, not a string", name, v)
-		}
-		return s, nil
-	}
-	var f entryFields
-	var err error
-	if f.kind, err = str("kind"); err != nil {
-		return f, err
-	}
-	if f.kind != lua.KindGrant && f.kind != lua.KindRefund {
-		return f, fmt.Errorf("unknown kind %q", f.kind)
-	}
-	if f.packet, err = str("packet"); err != nil {
-		return f, err
-	}
-	if f.user, err = str("user"); err != nil {
-		return f, err
-	}
-	amount, err := str("amount")
-	if err != nil {
-		return f, err
-	}
-	if f.amount, err = strconv.ParseInt(amount, 10, 64); err != nil || f.amount < 0 {
-		return f, fmt.Errorf("amount %q is not a non-negative integer", amount)
-	}
-	at, err := str("at")
-	if err != nil {
-		return f, err
-	}
-	if f.atMs, err = strconv.ParseInt(at, 10, 64); err != nil {
-		return f, fmt.Errorf("at %q is not unix milliseconds", at)
-	}
-	if f.packet == "" || f.user == "" {
-		return f, fmt.Errorf("empty packet or user")
-	}
-	return f, nil
-}
-
-// delivery builds the webhook body of an entry.
-func (w *Worker) delivery(f entryFields) Delivery {
+// delivery builds the webhook body of a well-formed entry.
+func (w *Worker) delivery(e lua.StreamEntry) Delivery {
 	return Delivery{
-		Kind:        f.kind,
+		Kind:        e.Kind,
 		Activity:    w.cfg.Activity,
 		ActivityUID: w.cfg.ActivityUID,
-		PacketID:    f.packet,
-		UserID:      f.user,
-		Amount:      f.amount,
+		PacketID:    e.PacketID,
+		UserID:      e.UserID,
+		Amount:      e.Amount,
 		Currency:    w.cfg.Currency,
-		At:          time.UnixMilli(f.atMs).UTC().Format(rfc3339Milli),
+		At:          e.At.UTC().Format(rfc3339Milli),
 	}
 }
 

@@ -3,10 +3,9 @@ package settlement
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"redpacket.io/operator/lua"
 )
 
 // read brings entries in, as long as the worker has room for them: first its own
@@ -35,26 +34,23 @@ func (w *Worker) read(ctx context.Context, out chan<- []acquired) {
 			continue
 		}
 		n := min(int64(w.cfg.BatchSize), free)
-		args := &redis.XReadGroupArgs{
-			Group: w.cfg.Group, Consumer: w.cfg.Consumer, Count: n,
-			Streams: []string{w.cfg.Keys.Stream, ">"},
-			Block:   max(time.Millisecond, min(w.cfg.Block, time.Until(nextClaim))),
-		}
-		if own {
-			args.Streams[1] = ownCursor
-			args.Block = -1 // history reads never block
-		}
 		at := time.Now()
-		streams, err := w.cfg.Redis.XReadGroup(ctx, args).Result()
-		if errors.Is(err, redis.Nil) {
-			failures = 0
-			continue
+		var (
+			entries []lua.StreamEntry
+			err     error
+		)
+		if own {
+			// History reads never block.
+			entries, err = w.redis.ReadOwnPending(ctx, w.cfg.Group, w.cfg.Consumer, ownCursor, n)
+		} else {
+			block := max(time.Millisecond, min(w.cfg.Block, time.Until(nextClaim)))
+			entries, err = w.redis.ReadNew(ctx, w.cfg.Group, w.cfg.Consumer, n, block)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			if strings.HasPrefix(err.Error(), "NOGROUP") {
+			if errors.Is(err, lua.ErrNoGroup) {
 				w.log.Error("the settlement consumer group is gone; restart the worker to recreate it", "err", err)
 			} else {
 				w.log.Warn("reading settlement entries", "err", err)
@@ -64,21 +60,17 @@ func (w *Worker) read(ctx context.Context, out chan<- []acquired) {
 			continue
 		}
 		failures = 0
-		var msgs []redis.XMessage
-		for _, s := range streams {
-			msgs = append(msgs, s.Messages...)
-		}
 		if own {
-			if len(msgs) == 0 {
+			if len(entries) == 0 {
 				own = false
 				continue
 			}
-			ownCursor = msgs[len(msgs)-1].ID
-			w.log.Info("resuming own pending settlement entries", "count", len(msgs))
-			w.send(ctx, out, msgs, w.deliveryCounts(ctx, msgs), at)
+			ownCursor = entries[len(entries)-1].ID
+			w.log.Info("resuming own pending settlement entries", "count", len(entries))
+			w.send(ctx, out, entries, w.deliveryCounts(ctx, entries), at)
 			continue
 		}
-		w.send(ctx, out, msgs, nil, at)
+		w.send(ctx, out, entries, nil, at)
 	}
 }
 
@@ -91,61 +83,53 @@ func (w *Worker) autoclaim(ctx context.Context, out chan<- []acquired, cursor st
 			return cursor
 		}
 		at := time.Now()
-		msgs, next, err := w.cfg.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: w.cfg.Keys.Stream, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
-			MinIdle: w.cfg.ClaimIdle, Start: cursor, Count: min(int64(w.cfg.BatchSize), free),
-		}).Result()
+		entries, next, err := w.redis.ClaimIdle(ctx, w.cfg.Group, w.cfg.Consumer, w.cfg.ClaimIdle, cursor,
+			min(int64(w.cfg.BatchSize), free))
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn("taking over idle settlement entries", "err", err)
 			}
 			return cursor
 		}
-		if len(msgs) > 0 {
-			w.log.Info("took over idle settlement entries", "count", len(msgs))
-			w.send(ctx, out, msgs, w.deliveryCounts(ctx, msgs), at)
+		if len(entries) > 0 {
+			w.log.Info("took over idle settlement entries", "count", len(entries))
+			w.send(ctx, out, entries, w.deliveryCounts(ctx, entries), at)
 		}
 		cursor = next
-		if next == "0-0" || next == "" {
-			return "0-0"
+		if next == "0-0" {
+			return next
 		}
 	}
 	return cursor
 }
 
-// deliveryCounts reads how many times Redis has handed out each of msgs (all in
+// deliveryCounts reads how many times Redis has handed out each of entries (all in
 // this consumer's pending list). An entry whose count cannot be read counts as
 // delivered once.
-func (w *Worker) deliveryCounts(ctx context.Context, msgs []redis.XMessage) map[string]int64 {
-	counts := make(map[string]int64, len(msgs))
-	pend, err := w.cfg.Redis.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: w.cfg.Keys.Stream, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
-		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs) + w.cfg.MaxHeld),
-	}).Result()
-	if err != nil {
-		if ctx.Err() == nil {
-			w.log.Warn("reading delivery counts of settlement entries", "err", err)
-		}
-		return counts
+func (w *Worker) deliveryCounts(ctx context.Context, entries []lua.StreamEntry) map[string]int64 {
+	ids := make([]string, len(entries))
+	for i, e := range entries {
+		ids[i] = e.ID
 	}
-	for _, p := range pend {
-		counts[p.ID] = p.RetryCount
+	counts, err := w.redis.DeliveryCounts(ctx, w.cfg.Group, w.cfg.Consumer, ids)
+	if err != nil && ctx.Err() == nil {
+		w.log.Warn("reading delivery counts of settlement entries", "err", err)
 	}
 	return counts
 }
 
 // send hands entries to the scheduler, reserving room for them first.
-func (w *Worker) send(ctx context.Context, out chan<- []acquired, msgs []redis.XMessage, counts map[string]int64, at time.Time) {
-	if len(msgs) == 0 {
+func (w *Worker) send(ctx context.Context, out chan<- []acquired, entries []lua.StreamEntry, counts map[string]int64, at time.Time) {
+	if len(entries) == 0 {
 		return
 	}
-	batch := make([]acquired, len(msgs))
-	for i, m := range msgs {
-		n := counts[m.ID]
+	batch := make([]acquired, len(entries))
+	for i, e := range entries {
+		n := counts[e.ID]
 		if n < 1 {
 			n = 1
 		}
-		batch[i] = acquired{msg: m, attempts: n, at: at}
+		batch[i] = acquired{entry: e, attempts: n, at: at}
 	}
 	w.held.Add(int64(len(batch)))
 	select {
@@ -156,9 +140,9 @@ func (w *Worker) send(ctx context.Context, out chan<- []acquired, msgs []redis.X
 
 // updatePending sets the pending gauge from the group's pending summary.
 func (w *Worker) updatePending(ctx context.Context) {
-	p, err := w.cfg.Redis.XPending(ctx, w.cfg.Keys.Stream, w.cfg.Group).Result()
+	n, err := w.redis.PendingCount(ctx, w.cfg.Group)
 	if err != nil {
 		return
 	}
-	w.m.pending.Set(float64(p.Count))
+	w.m.pending.Set(float64(n))
 }

@@ -343,7 +343,7 @@ func TestPoisonEntryIsDeadLetteredAndReplayed(t *testing.T) {
 
 	// The balance system is fixed; the dead letter is replayed and settles.
 	fixed.Store(true)
-	n, err := ReplayDeadLetters(context.Background(), rdb, a.keys, 0)
+	n, err := lua.NewActivity(rdb, a.uid).ReplayDeadLetters(context.Background(), 0)
 	if err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
@@ -355,7 +355,7 @@ func TestPoisonEntryIsDeadLetteredAndReplayed(t *testing.T) {
 	})
 	a.checkSettledExactly(t)
 	rcv.checkCredits(t, grants)
-	if n, err := ReplayDeadLetters(context.Background(), rdb, a.keys, 0); err != nil || n != 0 {
+	if n, err := lua.NewActivity(rdb, a.uid).ReplayDeadLetters(context.Background(), 0); err != nil || n != 0 {
 		t.Fatalf("second replay: %d, %v", n, err)
 	}
 }
@@ -401,59 +401,6 @@ func TestExpiryRefundSettlesToTheSponsor(t *testing.T) {
 	}
 }
 
-func TestReplayDeadLettersMovesAtMostMax(t *testing.T) {
-	rdb := newRedis(t)
-	a := newActivity(t, rdb, "uid-replay", 10, 1_000, "merchant-001")
-	ctx := context.Background()
-	a.grab(t, 0, 3)
-	if err := rdb.XGroupCreateMkStream(ctx, a.keys.Stream, DefaultGroup, "0").Err(); err != nil {
-		t.Fatalf("group: %v", err)
-	}
-	streams, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "c",
-		Streams: []string{a.keys.Stream, ">"}, Block: -1}).Result()
-	if err != nil || len(streams[0].Messages) != 3 {
-		t.Fatalf("read: %v, %v", streams, err)
-	}
-	orig := streams[0].Messages
-	for _, m := range orig {
-		ok, err := lua.DeadLetter(ctx, rdb, a.keys, DefaultGroup, m.ID, "HTTP 400", m.Values)
-		if err != nil || !ok {
-			t.Fatalf("dead letter: %v, %v", ok, err)
-		}
-	}
-	if s := a.snapshot(t); s.DeadCount != 3 {
-		t.Fatalf("dead count %d", s.DeadCount)
-	}
-
-	n, err := ReplayDeadLetters(ctx, rdb, a.keys, 2)
-	if err != nil || n != 2 {
-		t.Fatalf("replay 2: %d, %v", n, err)
-	}
-	if s := a.snapshot(t); s.DeadCount != 1 {
-		t.Fatalf("dead count %d after replaying 2 of 3", s.DeadCount)
-	}
-	all, err := rdb.XRange(ctx, a.keys.Stream, "-", "+").Result()
-	if err != nil || len(all) != 5 {
-		t.Fatalf("stream: %d entries, %v; want 3 + 2 replayed", len(all), err)
-	}
-	for i, m := range all[3:] {
-		if len(m.Values) != len(orig[i].Values) {
-			t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
-		}
-		for f, v := range orig[i].Values {
-			if m.Values[f] != v {
-				t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
-			}
-		}
-	}
-	if n, err := ReplayDeadLetters(ctx, rdb, a.keys, 0); err != nil || n != 1 {
-		t.Fatalf("replay rest: %d, %v", n, err)
-	}
-	if s := a.snapshot(t); s.DeadCount != 0 || rdb.XLen(ctx, a.keys.DeadLetters).Val() != 0 {
-		t.Fatalf("dead count %d after replaying all", s.DeadCount)
-	}
-}
-
 func TestNoWebhookLeavesClaimsInTheStream(t *testing.T) {
 	rdb := newRedis(t)
 	a := newActivity(t, rdb, "uid-idle", 10, 1_000, "merchant-001")
@@ -481,6 +428,7 @@ func TestNewWorkerChecksConfig(t *testing.T) {
 	for name, mutate := range map[string]func(*Config){
 		"no redis":       func(c *Config) { c.Redis = nil },
 		"no keys":        func(c *Config) { c.Keys = lua.Keys{} },
+		"other's keys":   func(c *Config) { c.Keys = lua.KeysFor("other") },
 		"no uid":         func(c *Config) { c.ActivityUID = "" },
 		"no consumer":    func(c *Config) { c.Consumer = "" },
 		"relative url":   func(c *Config) { c.WebhookURL = "/credit" },
@@ -521,21 +469,21 @@ func TestSignAndDeliveryBody(t *testing.T) {
 		t.Fatalf("signature %s, want %s", got, want)
 	}
 	w := &Worker{cfg: Config{Activity: "ns/a", ActivityUID: "u", Currency: "CNY"}}
-	f, err := parseEntry(map[string]any{"kind": "grant", "packet": "7", "user": "alice", "amount": "123", "at": "1767225600123"})
-	if err != nil {
+	f := lua.DecodeStreamEntry("1767225600123-0", map[string]string{"kind": "grant", "packet": "7", "user": "alice", "amount": "123", "at": "1767225600123"})
+	if err := f.Malformed; err != nil {
 		t.Fatalf("parse: %v", err)
 	}
 	d := w.delivery(f)
 	if d.At != "2026-01-01T00:00:00.123Z" || d.Amount != 123 || d.IdempotencyKey() != "u/7" {
 		t.Fatalf("delivery %+v key %s", d, d.IdempotencyKey())
 	}
-	for _, bad := range []map[string]any{
+	for _, bad := range []map[string]string{
 		{"kind": "grant", "packet": "7", "user": "alice", "amount": "1.5", "at": "1"},
 		{"kind": "gift", "packet": "7", "user": "alice", "amount": "1", "at": "1"},
 		{"kind": "grant", "packet": "7", "amount": "1", "at": "1"},
 		{"kind": "grant", "packet": "7", "user": "alice", "amount": "1", "at": "x"},
 	} {
-		if _, err := parseEntry(bad); err == nil {
+		if lua.DecodeStreamEntry("1-0", bad).Malformed == nil {
 			t.Errorf("entry %v parsed", bad)
 		}
 	}

@@ -15,8 +15,12 @@
 // dead-letter stream (lua.DeadLetter), once. A worker re-reads its own pending
 // entries when it starts, keeps the entries it holds fresh while it backs off, and
 // periodically takes over entries left idle longer than ClaimIdle by dead workers
-// (XAUTOCLAIM). The stream is never trimmed. ReplayDeadLetters puts dead letters
-// back into the stream.
+// (XAUTOCLAIM). The stream is never trimmed. lua.Activity.ReplayDeadLetters puts
+// dead letters back into the stream.
+//
+// Every Redis call of a worker is a method of the activity's handle (lua.Activity):
+// the consumer-group reads and claims, the delivery counts, the acknowledgement and
+// the dead-lettering. The entries it reads are decoded there (lua.StreamEntry).
 //
 // Delivery is at least once: the balance system dedups by the Idempotency-Key
 // header, "<activityUID>/<packetId>" ("<activityUID>/refund" for the refund).
@@ -29,12 +33,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/lua"
 )
@@ -46,6 +47,7 @@ const redisOpTimeout = 5 * time.Second
 // Worker delivers one activity's settlement entries as one consumer of the group.
 type Worker struct {
 	cfg   Config
+	redis *lua.Activity // the activity's handle on cfg.Redis
 	m     *metrics
 	log   *slog.Logger
 	held  atomic.Int64  // entries read or claimed and not yet finished
@@ -63,7 +65,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("activity", cfg.Activity, "consumer", cfg.Consumer)
-	return &Worker{cfg: cfg, m: m, log: log, space: make(chan struct{}, 1)}, nil
+	return &Worker{cfg: cfg, redis: lua.NewActivity(cfg.Redis, cfg.ActivityUID), m: m, log: log,
+		space: make(chan struct{}, 1)}, nil
 }
 
 // Run delivers entries until ctx is done, then waits for its deliveries in flight to
@@ -97,8 +100,8 @@ func (w *Worker) Run(ctx context.Context) error {
 // need be), retrying until it exists or ctx is done.
 func (w *Worker) ensureGroup(ctx context.Context) bool {
 	for failures := 0; ; failures++ {
-		err := w.cfg.Redis.XGroupCreateMkStream(ctx, w.cfg.Keys.Stream, w.cfg.Group, "0").Err()
-		if err == nil || strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		err := w.redis.EnsureGroup(ctx, w.cfg.Group)
+		if err == nil {
 			return true
 		}
 		if ctx.Err() != nil {
@@ -124,11 +127,9 @@ const (
 // touches it; jobs get copies of what they need.
 type entry struct {
 	id       string
-	values   map[string]any
-	fields   entryFields
-	bad      error // why the entry cannot be delivered, if it cannot
-	attempts int64 // deliveries counted by Redis so far
-	fresh    bool  // the read or claim that brought it in counted the next delivery
+	entry    lua.StreamEntry // Malformed says why it cannot be delivered, if it cannot
+	attempts int64           // deliveries counted by Redis so far
+	fresh    bool            // the read or claim that brought it in counted the next delivery
 	touched  time.Time
 	step     step
 	lastErr  string
@@ -139,7 +140,7 @@ type entry struct {
 
 // acquired is an entry read or claimed by the reader.
 type acquired struct {
-	msg      redis.XMessage
+	entry    lua.StreamEntry
 	attempts int64
 	at       time.Time
 }
@@ -156,9 +157,7 @@ const (
 // job is one attempt at an entry's next step.
 type job struct {
 	id       string
-	values   map[string]any
-	fields   entryFields
-	bad      error
+	entry    lua.StreamEntry
 	step     step
 	claim    bool          // re-claim before delivering: counts the delivery and checks ownership
 	minIdle  time.Duration // for the re-claim
@@ -213,15 +212,14 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 			return
 		case batch := <-batches:
 			for _, a := range batch {
-				if e, ok := entries[a.msg.ID]; ok {
+				if e, ok := entries[a.entry.ID]; ok {
 					// Claimed back from our own pending list: it sat idle too long.
 					e.attempts = max(e.attempts, a.attempts)
 					e.touched = a.at
 					w.release(1)
 					continue
 				}
-				e := &entry{id: a.msg.ID, values: a.msg.Values, attempts: a.attempts, fresh: true, touched: a.at}
-				e.fields, e.bad = parseEntry(a.msg.Values)
+				e := &entry{id: a.entry.ID, entry: a.entry, attempts: a.attempts, fresh: true, touched: a.at}
 				entries[e.id] = e
 				ready = append(ready, e)
 			}
@@ -263,9 +261,8 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 
 // jobFor prepares the next attempt at e.
 func (w *Worker) jobFor(e *entry, now time.Time) job {
-	j := job{id: e.id, values: e.values, fields: e.fields, bad: e.bad, step: e.step,
-		attempts: e.attempts, lastErr: e.lastErr}
-	if e.step == stepDeliver && e.bad == nil {
+	j := job{id: e.id, entry: e.entry, step: e.step, attempts: e.attempts, lastErr: e.lastErr}
+	if e.step == stepDeliver && e.entry.Malformed == nil {
 		if e.fresh {
 			e.fresh = false
 		} else {
@@ -289,31 +286,30 @@ func (w *Worker) leaseIdle(e *entry, now time.Time) time.Duration {
 // (not in flight) that another worker owns now or that are no longer pending.
 func (w *Worker) refresh(ctx context.Context, entries map[string]*entry) []*entry {
 	now := time.Now()
-	pipe := w.cfg.Redis.Pipeline()
-	cmds := map[*entry]*redis.StringSliceCmd{}
+	var stale []*entry
+	var held []lua.HeldEntry
 	for _, e := range entries {
 		if now.Sub(e.touched) < w.cfg.ClaimIdle/3 {
 			continue
 		}
-		cmds[e] = pipe.XClaimJustID(ctx, &redis.XClaimArgs{
-			Stream: w.cfg.Keys.Stream, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
-			MinIdle: w.leaseIdle(e, now), Messages: []string{e.id},
-		})
+		stale = append(stale, e)
+		held = append(held, lua.HeldEntry{ID: e.id, MinIdle: w.leaseIdle(e, now)})
 	}
-	if len(cmds) == 0 {
+	if len(held) == 0 {
 		return nil
 	}
-	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
+	owned, err := w.redis.RefreshHeld(ctx, w.cfg.Group, w.cfg.Consumer, held)
+	if err != nil && ctx.Err() == nil {
 		w.log.Warn("refreshing held settlement entries", "err", err)
 	}
 	var lost []*entry
-	for e, cmd := range cmds {
-		if cmd.Err() != nil {
-			continue
-		}
-		if len(cmd.Val()) == 1 {
+	for _, e := range stale {
+		mine, answered := owned[e.id]
+		switch {
+		case !answered:
+		case mine:
 			e.touched = now
-		} else if !e.inflight {
+		case !e.inflight:
 			lost = append(lost, e)
 		}
 	}
@@ -324,17 +320,14 @@ func (w *Worker) refresh(ctx context.Context, entries map[string]*entry) []*entr
 func (w *Worker) runJob(ctx context.Context, j job) result {
 	r := result{id: j.id, outcome: outcomeRetry, step: j.step, attempts: j.attempts, lastErr: j.lastErr}
 	if j.claim {
-		msgs, err := w.cfg.Redis.XClaim(ctx, &redis.XClaimArgs{
-			Stream: w.cfg.Keys.Stream, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
-			MinIdle: j.minIdle, Messages: []string{j.id},
-		}).Result()
+		mine, err := w.redis.ClaimForRetry(ctx, w.cfg.Group, w.cfg.Consumer, j.id, j.minIdle)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn("re-claiming a settlement entry for retry", "entry", j.id, "err", err)
 			}
 			return r
 		}
-		if len(msgs) == 0 {
+		if !mine {
 			return result{id: j.id, outcome: outcomeLost}
 		}
 		r.attempts++
@@ -345,8 +338,8 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	case stepDeadLetter:
 		return w.deadLetter(ctx, j, r)
 	}
-	if j.bad != nil {
-		r.lastErr = "malformed entry: " + j.bad.Error()
+	if j.entry.Malformed != nil {
+		r.lastErr = "malformed entry: " + j.entry.Malformed.Error()
 		return w.deadLetter(ctx, j, r)
 	}
 	if r.attempts > int64(w.cfg.MaxAttempts) {
@@ -355,7 +348,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		}
 		return w.deadLetter(ctx, j, r)
 	}
-	err := w.post(ctx, w.delivery(j.fields))
+	err := w.post(ctx, w.delivery(j.entry))
 	if err == nil {
 		return w.ack(ctx, j, r)
 	}
@@ -373,7 +366,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		return w.deadLetter(ctx, j, r)
 	}
 	w.m.retries.Inc()
-	w.log.Debug("settlement delivery failed; retrying", "entry", j.id, "packet", j.fields.packet,
+	w.log.Debug("settlement delivery failed; retrying", "entry", j.id, "packet", j.entry.PacketID,
 		"attempts", r.attempts, "err", err)
 	return r
 }
@@ -382,7 +375,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 func (w *Worker) ack(ctx context.Context, j job, r result) result {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisOpTimeout)
 	defer cancel()
-	settled, err := lua.Ack(actx, w.cfg.Redis, w.cfg.Keys, w.cfg.Group, j.id, j.fields.kind, j.fields.amount)
+	settled, err := w.redis.Ack(actx, w.cfg.Group, j.id, j.entry.Kind, j.entry.Amount)
 	if err != nil {
 		w.log.Warn("acknowledging a delivered settlement entry", "entry", j.id, "err", err)
 		r.step = stepAck
@@ -391,7 +384,7 @@ func (w *Worker) ack(ctx context.Context, j job, r result) result {
 	}
 	if settled {
 		w.m.deliveries.WithLabelValues(ResultSettled).Inc()
-		lag := time.Since(time.UnixMilli(j.fields.atMs))
+		lag := time.Since(j.entry.At)
 		w.m.lag.Observe(max(0, lag.Seconds()))
 	} else {
 		w.m.deliveries.WithLabelValues(ResultAlreadySettled).Inc()
@@ -404,11 +397,7 @@ func (w *Worker) ack(ctx context.Context, j job, r result) result {
 func (w *Worker) deadLetter(ctx context.Context, j job, r result) result {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisOpTimeout)
 	defer cancel()
-	fields := make(map[string]any, len(j.values))
-	for k, v := range j.values {
-		fields[k] = v
-	}
-	parked, err := lua.DeadLetter(actx, w.cfg.Redis, w.cfg.Keys, w.cfg.Group, j.id, r.lastErr, fields)
+	parked, err := w.redis.DeadLetter(actx, w.cfg.Group, j.id, r.lastErr, j.entry.FieldValues())
 	if err != nil {
 		w.log.Warn("dead-lettering a settlement entry", "entry", j.id, "err", err)
 		r.step = stepDeadLetter
@@ -417,7 +406,7 @@ func (w *Worker) deadLetter(ctx context.Context, j job, r result) result {
 	}
 	if parked {
 		w.m.deadLetters.Inc()
-		w.log.Warn("settlement entry dead-lettered", "entry", j.id, "packet", j.fields.packet,
+		w.log.Warn("settlement entry dead-lettered", "entry", j.id, "packet", j.entry.PacketID,
 			"attempts", r.attempts, "err", r.lastErr)
 	}
 	r.outcome = outcomeDone

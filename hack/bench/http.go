@@ -26,7 +26,7 @@ const benchActivity = "bench"
 // measureHTTP runs (d) the no-op handler and (c) the grab service binary, each in its
 // own process, under the same Go load generator. The grab service looks its activity
 // up in a local control plane; the benchmark seeds the activity's packets itself.
-func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, rc *redis.Client) (grab, noop latencies, err error) {
+func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, rc redis.Cmdable) (grab, noop latencies, err error) {
 	ctrllog.SetLogger(logr.Discard())
 	grabBin := filepath.Join(root, "bin", "grabsvc")
 	if !o.skipBuild {
@@ -127,7 +127,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 	if grab.Errors > 0 || grab.ByStatus["200"] == 0 {
 		return grab, noop, fmt.Errorf("grab service answers: %v (log: %s)", grab.ByStatus, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
 	}
-	snap, err := lua.ReadSnapshot(ctx, rc, lua.KeysFor(uid))
+	snap, err := lua.NewActivity(rc, uid).Snapshot(ctx)
 	if err != nil {
 		return grab, noop, err
 	}

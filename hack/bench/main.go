@@ -25,8 +25,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
@@ -35,23 +33,22 @@ import (
 
 // options are the benchmark's knobs.
 type options struct {
-	out            string
-	benchClients   int
-	requestsP1     int
-	requestsP16    int
-	rbPackets      int64
-	goWorkers      int
-	goDuration     time.Duration
-	goPackets      int64
-	httpClients    int
-	httpDuration   time.Duration
-	httpWarmup     time.Duration
-	httpPackets    int64
-	seedPackets    int64
-	memPackets     int64
-	serveNoop      string
-	skipBuild      bool
-	grabsvcBinPath string
+	out          string
+	benchClients int
+	requestsP1   int
+	requestsP16  int
+	rbPackets    int64
+	goWorkers    int
+	goDuration   time.Duration
+	goPackets    int64
+	httpClients  int
+	httpDuration time.Duration
+	httpWarmup   time.Duration
+	httpPackets  int64
+	seedPackets  int64
+	memPackets   int64
+	serveNoop    string
+	skipBuild    bool
 }
 
 func main() {
@@ -137,8 +134,15 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer srv.Stop()
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
-	defer rc.Close()
+	conn := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}
+	// A plain client with a pool of 64 connections, and its auto-pipeliner for the
+	// memory run.
+	pc, err := conn.NewPipelinedClient(lua.ClientOptions{PoolSize: 64})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pc.Close() }()
+	rc := pc.Client
 	if err := lua.LoadAll(ctx, rc); err != nil {
 		return fmt.Errorf("loading scripts: %w", err)
 	}
@@ -153,41 +157,41 @@ func run(ctx context.Context, o options) error {
 	}
 	r.seedCount = o.seedPackets
 	fmt.Printf("%s (%.0f packets/s)\n", r.seedTook.Round(time.Millisecond), float64(o.seedPackets)/r.seedTook.Seconds())
-	if err := lua.Purge(ctx, rc, lua.KeysFor("bench-seed")); err != nil {
+	if err := lua.NewActivity(rc, "bench-seed").Purge(ctx); err != nil {
 		return err
 	}
 
 	// (f) Memory per packet.
 	fmt.Printf("(f) memory: seeding and claiming %d packets ... ", o.memPackets)
-	if r.mem, err = measureMemory(ctx, rc, o.memPackets); err != nil {
+	if r.mem, err = measureMemory(ctx, pc, o.memPackets); err != nil {
 		return err
 	}
 	fmt.Printf("%.0f bytes per claimed packet (%.0f seeded, %.0f more when claimed)\n",
 		r.mem.perClaimed(), r.mem.perSeeded(), r.mem.perClaimDelta())
 
 	// (a) redis-benchmark against the grab script.
-	rbKeys := lua.KeysFor("bench-rb")
+	rb := lua.NewActivity(rc, "bench-rb")
 	fmt.Printf("    seeding %d packets for redis-benchmark ... ", o.rbPackets)
 	took, err := seedActivity(ctx, rc, "bench-rb", o.rbPackets)
 	if err != nil {
 		return err
 	}
 	fmt.Println(took.Round(time.Millisecond))
-	before, err := lua.ReadSnapshot(ctx, rc, rbKeys)
+	before, err := rb.Snapshot(ctx)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 1, %d requests ... ", o.requestsP1)
-	if r.rbP1, err = redisBenchmark(ctx, srv.Addr, rbKeys, 1, o.benchClients, o.requestsP1); err != nil {
+	if r.rbP1, err = redisBenchmark(ctx, srv.Addr, rb.Keys(), 1, o.benchClients, o.requestsP1); err != nil {
 		return err
 	}
 	fmt.Println(rateLine(r.rbP1))
 	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 16, %d requests ... ", o.requestsP16)
-	if r.rbP16, err = redisBenchmark(ctx, srv.Addr, rbKeys, 16, o.benchClients, o.requestsP16); err != nil {
+	if r.rbP16, err = redisBenchmark(ctx, srv.Addr, rb.Keys(), 16, o.benchClients, o.requestsP16); err != nil {
 		return err
 	}
 	fmt.Println(rateLine(r.rbP16))
-	after, err := lua.ReadSnapshot(ctx, rc, rbKeys)
+	after, err := rb.Snapshot(ctx)
 	if err != nil {
 		return err
 	}
@@ -200,29 +204,29 @@ func run(ctx context.Context, o options) error {
 	if total := int64(o.requestsP1 + o.requestsP16); r.rbGranted < total*95/100 {
 		return fmt.Errorf("redis-benchmark: only %d of %d calls granted a packet", r.rbGranted, total)
 	}
-	if err := lua.Purge(ctx, rc, rbKeys); err != nil {
+	if err := rb.Purge(ctx); err != nil {
 		return err
 	}
 
 	// (b) The Go claim path: plain pooled client, then auto-pipelining.
-	goKeys := lua.KeysFor("bench-go")
+	goPlain := lua.NewActivity(rc, "bench-go")
 	fmt.Printf("    seeding %d packets for the Go claim path ... ", o.goPackets)
 	if took, err = seedActivity(ctx, rc, "bench-go", o.goPackets); err != nil {
 		return err
 	}
 	fmt.Println(took.Round(time.Millisecond))
 	fmt.Printf("(b) Go lua.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	if r.goPlain, err = goClaims(ctx, rc, goKeys, "plain:", o.goWorkers, o.goDuration, o.goPackets/2); err != nil {
+	if r.goPlain, err = goClaims(ctx, goPlain, "plain:", o.goWorkers, o.goDuration, o.goPackets/2); err != nil {
 		return err
 	}
 	fmt.Println(rateLine(r.goPlain))
 	// The grab service's own clients: the same options and auto-pipeliner it serves with.
-	gc, err := grabsvc.NewRedisClients(lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}, 0)
+	gc, err := conn.NewPipelinedClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout))
 	if err != nil {
 		return fmt.Errorf("grab service redis clients: %w", err)
 	}
 	fmt.Printf("(b) Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goAuto, err = goClaims(ctx, gc.Pipeliner, goKeys, "auto:", o.goWorkers, o.goDuration, o.goPackets/2)
+	r.goAuto, err = goClaims(ctx, lua.NewActivity(gc.Pipeliner, "bench-go"), "auto:", o.goWorkers, o.goDuration, o.goPackets/2)
 	_ = gc.Close()
 	if err != nil {
 		return err
@@ -231,7 +235,7 @@ func run(ctx context.Context, o options) error {
 	if err := checkGranted("Go claim path", r.goAuto); err != nil {
 		return err
 	}
-	if err := lua.Purge(ctx, rc, goKeys); err != nil {
+	if err := goPlain.Purge(ctx); err != nil {
 		return err
 	}
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/csv"
@@ -9,7 +8,6 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,16 +18,16 @@ import (
 // packetAmount is every benchmark packet's amount, in minor units.
 const packetAmount = 100
 
-// seedActivity seeds count packets of packetAmount under uid's keys and opens the
-// activity. It returns how long the seeding (staging and commit) took.
-func seedActivity(ctx context.Context, c redis.Scripter, uid string, count int64) (time.Duration, error) {
+// seedActivity seeds count packets of packetAmount into the activity uid on c and
+// opens it. It returns how long the seeding (staging and commit) took.
+func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64) (time.Duration, error) {
 	amounts := make([]int64, count)
 	for i := range amounts {
 		amounts[i] = packetAmount
 	}
-	k := lua.KeysFor(uid)
+	a := lua.NewActivity(c, uid)
 	start := time.Now()
-	res, err := lua.Seeder{}.Seed(ctx, c, k, amounts, lua.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"})
+	res, err := a.Seed(ctx, amounts, lua.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"})
 	if err != nil {
 		return 0, fmt.Errorf("seeding %s: %w", uid, err)
 	}
@@ -37,7 +35,7 @@ func seedActivity(ctx context.Context, c redis.Scripter, uid string, count int64
 	if !res.Committed {
 		return 0, fmt.Errorf("seeding %s: already committed", uid)
 	}
-	state, err := lua.Configure(ctx, c, k, 0, 0, false, true)
+	state, err := a.Configure(ctx, 0, 0, false, true)
 	if err != nil {
 		return 0, fmt.Errorf("opening %s: %w", uid, err)
 	}
@@ -120,17 +118,17 @@ func parseBenchmarkCSV(out []byte, requests int64, elapsed time.Duration) (laten
 		P50: p50, P99: p99, Max: maxl}, nil
 }
 
-// goClaims is the project's claim path from Go: workers goroutines call lua.Grab
-// through c (a plain or auto-pipelining client), each with a fresh user id, for dur or
-// until max calls.
-func goClaims(ctx context.Context, c redis.Scripter, k lua.Keys, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
+// goClaims is the project's claim path from Go: workers goroutines grab through the
+// activity's handle a (on a plain or auto-pipelining client), each with a fresh user
+// id, for dur or until max calls.
+func goClaims(ctx context.Context, a *lua.Activity, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
 	l, firstErr, err := closedLoop(ctx, workers, dur, max, func(_ context.Context, i int64) (string, error) {
 		user := prefix + strconv.FormatInt(i, 10)
 		// The call gets its own deadline so the end of the run never cuts a claim
 		// in half on the client side.
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 		defer ccancel()
-		res, err := lua.Grab(cctx, c, k, user)
+		res, err := a.Grab(cctx, user)
 		if err != nil {
 			return "", err
 		}
@@ -143,46 +141,4 @@ func goClaims(ctx context.Context, c redis.Scripter, k lua.Keys, prefix string, 
 		return l, fmt.Errorf("%d of %d claims failed, first: %w", l.Errors, l.Requests+l.Errors, firstErr)
 	}
 	return l, nil
-}
-
-// usedMemory reads used_memory from INFO memory.
-func usedMemory(ctx context.Context, c *redis.Client) (int64, error) {
-	info, err := c.Info(ctx, "memory").Result()
-	if err != nil {
-		return 0, fmt.Errorf("INFO memory: %w", err)
-	}
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "used_memory:"); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("parsing used_memory %q: %w", v, err)
-			}
-			return n, nil
-		}
-	}
-	return 0, fmt.Errorf("INFO memory has no used_memory")
-}
-
-// keyMemory is MEMORY USAGE of key with every element counted.
-func keyMemory(ctx context.Context, c *redis.Client, key string) (int64, error) {
-	n, err := c.MemoryUsage(ctx, key, 0).Result()
-	if err != nil {
-		return 0, fmt.Errorf("MEMORY USAGE %s: %w", key, err)
-	}
-	return n, nil
-}
-
-// redisVersion asks the server for its version.
-func redisVersion(ctx context.Context, c *redis.Client) string {
-	info, err := c.Info(ctx, "server").Result()
-	if err != nil {
-		return "unknown"
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v
-		}
-	}
-	return "unknown"
 }

@@ -26,9 +26,12 @@ type machineInfo struct {
 	RedisVersion string
 }
 
-func readMachine(ctx context.Context, rc *redis.Client) machineInfo {
-	m := machineInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), RedisVersion: redisVersion(ctx, rc),
+func readMachine(ctx context.Context, rc redis.Cmdable) machineInfo {
+	m := machineInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), RedisVersion: "unknown",
 		CPUModel: "unknown", MemTotal: "unknown", Kernel: "unknown"}
+	if v, err := lua.ServerVersion(ctx, rc); err == nil {
+		m.RedisVersion = v
+	}
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
@@ -71,48 +74,47 @@ func (m memoryFigures) perSeeded() float64     { return float64(m.seeded-m.befor
 func (m memoryFigures) perClaimed() float64    { return float64(m.claimed-m.before) / float64(m.N) }
 func (m memoryFigures) perClaimDelta() float64 { return float64(m.claimed-m.seeded) / float64(m.N) }
 
-// measureMemory seeds N packets, claims them all through auto-pipelining and reads
-// used_memory before, between and after, plus MEMORY USAGE of the activity's keys.
-func measureMemory(ctx context.Context, rc *redis.Client, n int64) (memoryFigures, error) {
+// measureMemory seeds N packets, claims them all through pc's auto-pipeliner and
+// reads used_memory before, between and after, plus MEMORY USAGE of the activity's
+// keys (lua's measurement helpers).
+func measureMemory(ctx context.Context, pc *lua.PipelinedClient, n int64) (memoryFigures, error) {
 	m := memoryFigures{N: n}
-	k := lua.KeysFor("bench-mem")
+	const uid = "bench-mem"
+	rc := pc.Client
 	var err error
-	if m.before, err = usedMemory(ctx, rc); err != nil {
+	if m.before, err = lua.UsedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	if _, err := seedActivity(ctx, rc, "bench-mem", n); err != nil {
+	if _, err := seedActivity(ctx, rc, uid, n); err != nil {
 		return m, err
 	}
-	if m.seeded, err = usedMemory(ctx, rc); err != nil {
+	if m.seeded, err = lua.UsedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	if m.packetsKey, err = keyMemory(ctx, rc, k.Packets); err != nil {
-		return m, err
-	}
-	ap, err := rc.AutoPipeline()
+	act := lua.NewActivity(rc, uid)
+	seeded, err := act.KeyMemory(ctx)
 	if err != nil {
-		return m, fmt.Errorf("auto-pipeline: %w", err)
+		return m, err
 	}
-	l, err := goClaims(ctx, ap, k, "m:", 64, 5*time.Minute, n)
-	_ = ap.Close()
+	m.packetsKey = seeded.Packets
+	l, err := goClaims(ctx, lua.NewActivity(pc.Pipeliner, uid), "m:", 64, 5*time.Minute, n)
 	if err != nil {
 		return m, err
 	}
 	if got := l.ByStatus[string(lua.Granted)]; got != n {
 		return m, fmt.Errorf("memory run granted %d of %d packets: %v", got, n, l.ByStatus)
 	}
-	if m.claimed, err = usedMemory(ctx, rc); err != nil {
+	if m.claimed, err = lua.UsedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	if m.claimsKey, err = keyMemory(ctx, rc, k.Claims); err != nil {
+	claimed, err := act.KeyMemory(ctx)
+	if err != nil {
 		return m, err
 	}
-	if m.streamKey, err = keyMemory(ctx, rc, k.Stream); err != nil {
-		return m, err
-	}
+	m.claimsKey, m.streamKey = claimed.Claims, claimed.Stream
 	m.claimsBytes = float64(m.claimsKey) / float64(n)
 	m.streamBytes = float64(m.streamKey) / float64(n)
-	return m, lua.Purge(ctx, rc, k)
+	return m, act.Purge(ctx)
 }
 
 // ratio is a/b, or 0 when b is 0.
@@ -190,8 +192,9 @@ func (r results) markdown() string {
 	p("  (a user lookup, the pause/window checks with `TIME`, `LPOP`, `HSET`, two `HINCRBY`, `XADD`).\n")
 	p("* **(b)** `lua.Grab` (EVALSHA with EVAL fallback) from %d goroutines, each call a fresh user,\n", o.goWorkers)
 	p("  once through a plain client with a pool of 64 connections and once through the grab\n")
-	p("  service's own clients (`grabsvc.NewRedisClients`: go-redis `AutoPipeline()`, which batches\n")
-	p("  concurrent callers' commands into pipelines, with the service's 500 ms socket timeouts).\n")
+	p("  service's own clients (`lua.Conn.NewPipelinedClient` with `lua.GrabClientOptions`: go-redis\n")
+	p("  `AutoPipeline()`, which batches concurrent callers' commands into pipelines, with the\n")
+	p("  service's 500 ms socket timeouts).\n")
 	p("* **(c)** the grab service binary (`bin/grabsvc`, its own process, status reporter on, settlement\n")
 	p("  off) serving `POST /v1/grab` with a fresh user per request, and **(d)** a Go `net/http` handler\n")
 	p("  that reads the body and writes a fixed JSON answer, also its own process. Both are driven by the\n")

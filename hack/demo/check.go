@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -55,7 +54,7 @@ func val(p *int64) int64 {
 // activity; Redis is read at redisAddr.
 func waitSettled(ctx context.Context, c client.Client, redisAddr string, count int64, settleWait time.Duration,
 	name string, rr rain.Result, recv *rain.Receiver) (observed, error) {
-	rc := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rc := lua.Conn{Addresses: []string{redisAddr}, Mode: lua.ModeStandalone}.NewClient()
 	defer rc.Close()
 	var obs observed
 	start := time.Now()
@@ -102,27 +101,22 @@ func waitSettled(ctx context.Context, c client.Client, redisAddr string, count i
 	}
 	obs.waited = time.Since(start)
 
-	k := lua.KeysFor(obs.uid)
-	claims, err := rc.HGetAll(ctx, k.Claims).Result()
+	act := lua.NewActivity(rc, obs.uid)
+	claims, err := act.Claims(ctx)
 	if err != nil {
-		return obs, fmt.Errorf("reading the claims hash: %w", err)
+		return obs, err
 	}
 	packets := map[string]bool{}
-	for _, v := range claims {
-		id, amount, ok := strings.Cut(v, ":")
-		n, perr := strconv.ParseInt(amount, 10, 64)
-		if !ok || perr != nil {
-			return obs, fmt.Errorf("claims hash holds %q", v)
-		}
-		packets[id] = true
-		obs.redisClaimSum += n
+	for _, c := range claims {
+		packets[c.PacketID] = true
+		obs.redisClaimSum += c.Amount
 	}
 	obs.redisClaims = int64(len(claims))
 	obs.redisPackets = int64(len(packets))
-	if obs.streamLen, err = rc.XLen(ctx, k.Stream).Result(); err != nil {
-		return obs, fmt.Errorf("reading the stream length: %w", err)
+	if obs.streamLen, err = act.StreamLen(ctx); err != nil {
+		return obs, err
 	}
-	if obs.snapshot, err = lua.ReadSnapshot(ctx, rc, k); err != nil {
+	if obs.snapshot, err = act.Snapshot(ctx); err != nil {
 		return obs, err
 	}
 	return obs, nil

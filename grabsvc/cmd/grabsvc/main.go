@@ -180,7 +180,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 
-	rc, err := grabsvc.NewRedisClients(o.redis, o.redisTimeout)
+	rc, err := o.redis.NewPipelinedClient(lua.GrabClientOptions(o.redisTimeout))
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	srv, err := grabsvc.NewServer(grabsvc.Config{
 		Redis:         rc.Pipeliner,
 		Activity:      source.Current,
-		Ping:          func(ctx context.Context) error { return rc.Client.Ping(ctx).Err() },
+		Ping:          rc.Client,
 		Tokens:        tokens,
 		UserLimiter:   grabsvc.NewKeyedLimiter(o.ratePerUser, o.burstPerUser, o.limitEntries),
 		ClientLimiter: grabsvc.NewKeyedLimiter(o.ratePerClient, o.burstPerClient, o.limitEntries),

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/grabsvc/settlement"
 	"redpacket.io/operator/lua"
 )
 
@@ -25,27 +23,31 @@ const replayCommand = "replay-dead-letters"
 
 // redisFlags registers the Redis connection flags (--redis-addresses, --redis-mode,
 // --redis-username, --redis-password, --redis-tls, each defaulting from its REDIS_*
-// environment variable) on fs. The returned function, called after fs.Parse, fills
-// conn and validates it.
+// environment variable) on fs. The variables mirror the keys of the connection
+// Secret (the grab Deployment maps each key to one), so the returned function,
+// called after fs.Parse, parses the flags' values as that Secret's data with
+// lua.ConnFromSecret into conn.
 func redisFlags(fs *flag.FlagSet, conn *lua.Conn) func() error {
 	addresses := fs.String("redis-addresses", envOr("REDIS_ADDRESSES", "127.0.0.1:6379"), "comma-separated Redis host:port (env REDIS_ADDRESSES)")
-	fs.StringVar(&conn.Mode, "redis-mode", envOr("REDIS_MODE", lua.ModeStandalone), "standalone or cluster (env REDIS_MODE)")
-	fs.StringVar(&conn.Username, "redis-username", os.Getenv("REDIS_USERNAME"), "Redis ACL user name (env REDIS_USERNAME)")
-	fs.StringVar(&conn.Password, "redis-password", "", "Redis password (env REDIS_PASSWORD)")
+	mode := fs.String("redis-mode", envOr("REDIS_MODE", lua.ModeStandalone), "standalone or cluster (env REDIS_MODE)")
+	username := fs.String("redis-username", os.Getenv("REDIS_USERNAME"), "Redis ACL user name (env REDIS_USERNAME)")
+	password := fs.String("redis-password", "", "Redis password (env REDIS_PASSWORD)")
 	tlsDefault, _ := strconv.ParseBool(envOr("REDIS_TLS", "false"))
-	fs.BoolVar(&conn.TLS, "redis-tls", tlsDefault, "connect to Redis with TLS (env REDIS_TLS)")
+	useTLS := fs.Bool("redis-tls", tlsDefault, "connect to Redis with TLS (env REDIS_TLS)")
 	return func() error {
-		if conn.Password == "" {
+		if *password == "" {
 			// Read here rather than as the flag's default, so --help never shows it.
-			conn.Password = os.Getenv("REDIS_PASSWORD")
+			*password = os.Getenv("REDIS_PASSWORD")
 		}
-		conn.Addresses = nil
-		for _, a := range strings.Split(*addresses, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				conn.Addresses = append(conn.Addresses, a)
-			}
-		}
-		return conn.Validate()
+		c, err := lua.ConnFromSecret(map[string][]byte{
+			lua.SecretAddresses: []byte(*addresses),
+			lua.SecretMode:      []byte(*mode),
+			lua.SecretUsername:  []byte(*username),
+			lua.SecretPassword:  []byte(*password),
+			lua.SecretTLS:       []byte(strconv.FormatBool(*useTLS)),
+		})
+		*conn = c
+		return err
 	}
 }
 
@@ -90,7 +92,8 @@ func parseReplayFlags(args []string, out io.Writer) (replayOptions, error) {
 
 // replayDeadLetters is the replay-dead-letters command: it looks the activity's UID
 // up in the API server, moves its dead letters back into the settlement stream with
-// settlement.ReplayDeadLetters, and prints how many it moved on stdout.
+// the activity's handle (lua.Activity.ReplayDeadLetters), and prints how many it
+// moved on stdout.
 func replayDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseReplayFlags(args, stderr)
 	if err != nil {
@@ -119,7 +122,7 @@ func replayDeadLetters(ctx context.Context, args []string, stdout, stderr io.Wri
 
 	rdb := o.redis.NewClient()
 	defer func() { _ = rdb.Close() }()
-	moved, err := settlement.ReplayDeadLetters(ctx, rdb, lua.KeysFor(string(obj.UID)), o.max)
+	moved, err := lua.NewActivity(rdb, string(obj.UID)).ReplayDeadLetters(ctx, o.max)
 	if err != nil {
 		return fmt.Errorf("activity %s: %w", key, err)
 	}

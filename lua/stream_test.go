@@ -1,0 +1,372 @@
+package lua_test
+
+import (
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/test/redistest"
+)
+
+// A settlement stream entry decodes to its typed fields; an entry that is not a
+// grant or a refund says why and keeps its id and raw fields, so it can be parked
+// as it was.
+func TestDecodeStreamEntry(t *testing.T) {
+	good := func() map[string]string {
+		return map[string]string{"kind": "grant", "packet": "7", "user": "alice", "amount": "123", "at": "1767225600123"}
+	}
+	with := func(name, value string) map[string]string {
+		f := good()
+		f[name] = value
+		return f
+	}
+	without := func(name string) map[string]string {
+		f := good()
+		delete(f, name)
+		return f
+	}
+	at := time.Date(2026, 1, 1, 0, 0, 0, 123e6, time.UTC)
+	cases := []struct {
+		name   string
+		fields map[string]string
+		want   lua.StreamEntry // ID and Fields are checked separately
+		bad    string          // part of the Malformed error; "" for a good entry
+	}{
+		{"grant", good(), lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, At: at}, ""},
+		{"refund", map[string]string{"kind": "refund", "packet": "refund", "user": "merchant-001", "amount": "9000", "at": "0"},
+			lua.StreamEntry{Kind: lua.KindRefund, PacketID: lua.RefundPacketID, UserID: "merchant-001", Amount: 9000, At: time.UnixMilli(0).UTC()}, ""},
+		{"zero amount", with("amount", "0"), lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "alice", At: at}, ""},
+		{"unknown fields are ignored", with("entry", "1-1"), lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, At: at}, ""},
+		{"huge amount", with("amount", "9007199254740993"),
+			lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "alice", Amount: 9007199254740993, At: at}, ""},
+
+		{"no fields", nil, lua.StreamEntry{}, `field "kind" missing`},
+		{"unknown kind", with("kind", "gift"), lua.StreamEntry{}, `unknown kind "gift"`},
+		{"no kind", without("kind"), lua.StreamEntry{}, `field "kind" missing`},
+		{"no packet", without("packet"), lua.StreamEntry{}, `field "packet" missing`},
+		{"no user", without("user"), lua.StreamEntry{}, `field "user" missing`},
+		{"no amount", without("amount"), lua.StreamEntry{}, `field "amount" missing`},
+		{"no at", without("at"), lua.StreamEntry{}, `field "at" missing`},
+		{"fractional amount", with("amount", "1.5"), lua.StreamEntry{}, `amount "1.5" is not a non-negative integer`},
+		{"negative amount", with("amount", "-1"), lua.StreamEntry{}, `amount "-1" is not a non-negative integer`},
+		{"amount beyond int64", with("amount", "9223372036854775808"), lua.StreamEntry{}, "not a non-negative integer"},
+		{"at not a number", with("at", "x"), lua.StreamEntry{}, `at "x" is not unix milliseconds`},
+		{"empty packet", with("packet", ""), lua.StreamEntry{}, "empty packet or user"},
+		{"empty user", with("user", ""), lua.StreamEntry{}, "empty packet or user"},
+		{"replayed without payload", map[string]string{"entry": "1-1"}, lua.StreamEntry{}, `field "kind" missing`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := lua.DecodeStreamEntry("1767225600123-0", tc.fields)
+			if e.ID != "1767225600123-0" || !maps.Equal(e.Fields, tc.fields) {
+				t.Fatalf("id %q fields %v, want the entry's own", e.ID, e.Fields)
+			}
+			if tc.bad != "" {
+				if e.Malformed == nil || !strings.Contains(e.Malformed.Error(), tc.bad) {
+					t.Fatalf("malformed %v, want an error with %q", e.Malformed, tc.bad)
+				}
+				if e.Kind != "" || e.PacketID != "" || e.UserID != "" || e.Amount != 0 || !e.At.IsZero() {
+					t.Fatalf("malformed entry carries decoded fields: %+v", e)
+				}
+				return
+			}
+			if e.Malformed != nil {
+				t.Fatalf("malformed: %v", e.Malformed)
+			}
+			w := tc.want
+			if e.Kind != w.Kind || e.PacketID != w.PacketID || e.UserID != w.UserID || e.Amount != w.Amount || !e.At.Equal(w.At) {
+				t.Fatalf("decoded %+v, want %+v", e, w)
+			}
+			if fv := e.FieldValues(); len(fv) != len(tc.fields) {
+				t.Fatalf("field values %v, want %v", fv, tc.fields)
+			}
+		})
+	}
+}
+
+// The consumer-group operations on a real server: a dead consumer's entry is taken
+// over once idle, delivery counts follow every read and claim, held entries are kept
+// from other consumers, and the pending count follows acknowledgements.
+func TestConsumerGroupOperations(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	const group = "settlement"
+	amounts := splitOrFail(t, split.TypeFixed, 600, 6)
+	k := seedOpen(t, ctx, c, "group-ops", amounts)
+	a := lua.NewActivity(c, "group-ops")
+
+	// Reads before the group exists say so.
+	if _, err := a.ReadNew(ctx, group, "w", 10, 0); !errors.Is(err, lua.ErrNoGroup) {
+		t.Fatalf("read without a group: %v, want ErrNoGroup", err)
+	}
+	for range 2 { // the second time the group exists already
+		if err := a.EnsureGroup(ctx, group); err != nil {
+			t.Fatalf("ensure group: %v", err)
+		}
+	}
+	if got, err := a.ReadNew(ctx, group, "w", 10, 10*time.Millisecond); err != nil || len(got) != 0 {
+		t.Fatalf("read of an empty stream: %v, %v", got, err)
+	}
+
+	grants := map[string]lua.GrabResult{}
+	for _, u := range []string{"u1", "u2", "u3", "u4"} {
+		grants[u] = grabOne(t, c, k, u)
+	}
+	if n, err := a.StreamLen(ctx); err != nil || n != 4 {
+		t.Fatalf("stream length %d, %v; want 4", n, err)
+	}
+	claims, err := a.Claims(ctx)
+	if err != nil || len(claims) != 4 {
+		t.Fatalf("claims %v, %v", claims, err)
+	}
+	for u, g := range grants {
+		if claims[u] != (lua.Claim{PacketID: g.PacketID, Amount: g.Amount}) {
+			t.Fatalf("claim of %s: %+v, granted %+v", u, claims[u], g)
+		}
+	}
+
+	// The dead consumer reads three entries and never acknowledges them.
+	dead, err := a.ReadNew(ctx, group, "dead", 3, time.Second)
+	if err != nil || len(dead) != 3 {
+		t.Fatalf("read by the dead consumer: %v, %v", dead, err)
+	}
+	for _, e := range dead {
+		g := grants[e.UserID]
+		if e.Malformed != nil || e.Kind != lua.KindGrant || e.PacketID != g.PacketID || e.Amount != g.Amount ||
+			e.At.IsZero() || e.Fields["packet"] != g.PacketID {
+			t.Fatalf("entry %+v, granted %+v", e, g)
+		}
+	}
+	// The live consumer reads the fourth.
+	live, err := a.ReadNew(ctx, group, "live", 10, time.Second)
+	if err != nil || len(live) != 1 {
+		t.Fatalf("read by the live consumer: %v, %v", live, err)
+	}
+	if n, err := a.PendingCount(ctx, group); err != nil || n != 4 {
+		t.Fatalf("pending %d, %v; want 4", n, err)
+	}
+	ids := []string{dead[2].ID, dead[0].ID, dead[1].ID} // any order
+	counts, err := a.DeliveryCounts(ctx, group, "dead", ids)
+	if err != nil || len(counts) != 3 || counts[dead[0].ID] != 1 || counts[dead[2].ID] != 1 {
+		t.Fatalf("delivery counts %v, %v; want 1 each", counts, err)
+	}
+	// Only the consumer's own pending entries count.
+	if counts, err := a.DeliveryCounts(ctx, group, "live", ids); err != nil || len(counts) != 0 {
+		t.Fatalf("delivery counts of another consumer's entries %v, %v; want none", counts, err)
+	}
+	// A restarted consumer re-reads its own pending list from the start, in pages;
+	// each re-read counts as a delivery.
+	again, err := a.ReadOwnPending(ctx, group, "dead", "0", 2)
+	if err != nil || len(again) != 2 || again[0].ID != dead[0].ID {
+		t.Fatalf("own pending, first page: %v, %v", again, err)
+	}
+	rest, err := a.ReadOwnPending(ctx, group, "dead", again[1].ID, 2)
+	if err != nil || len(rest) != 1 || rest[0].ID != dead[2].ID || rest[0].UserID != dead[2].UserID {
+		t.Fatalf("own pending, second page: %v, %v", rest, err)
+	}
+	if end, err := a.ReadOwnPending(ctx, group, "dead", rest[0].ID, 2); err != nil || len(end) != 0 {
+		t.Fatalf("own pending past the end: %v, %v", end, err)
+	}
+	if counts, err := a.DeliveryCounts(ctx, group, "dead", ids); err != nil || len(counts) != 3 ||
+		counts[dead[0].ID] != 2 || counts[dead[1].ID] != 2 || counts[dead[2].ID] != 2 {
+		t.Fatalf("delivery counts after the re-read %v, %v; want 2 each", counts, err)
+	}
+
+	// Nothing is idle long enough yet: no takeover.
+	got, next, err := a.ClaimIdle(ctx, group, "live", time.Hour, "0-0", 10)
+	if err != nil || len(got) != 0 || next != "0-0" {
+		t.Fatalf("claim before anything is idle: %v, %q, %v", got, next, err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// The live consumer keeps its own entry fresh: a refresh goes through for an
+	// entry it holds and fails for one another consumer holds.
+	owned, err := a.RefreshHeld(ctx, group, "live", []lua.HeldEntry{{ID: live[0].ID}, {ID: "0-1"}})
+	if err != nil || len(owned) != 2 || !owned[live[0].ID] || owned["0-1"] {
+		t.Fatalf("refresh: %v, %v", owned, err)
+	}
+	// The dead consumer's entries are idle now: taken over in two batches, the
+	// cursor going round after the last. The live consumer's fresh entry stays.
+	first, next, err := a.ClaimIdle(ctx, group, "live", 200*time.Millisecond, "0-0", 2)
+	if err != nil || len(first) != 2 || first[0].ID != dead[0].ID || next == "0-0" {
+		t.Fatalf("takeover, first batch: %v, %q, %v", first, next, err)
+	}
+	second, next, err := a.ClaimIdle(ctx, group, "live", 200*time.Millisecond, next, 2)
+	if err != nil || len(second) != 1 || second[0].ID != dead[2].ID || next != "0-0" {
+		t.Fatalf("takeover, second batch: %v, %q, %v", second, next, err)
+	}
+	if second[0].Malformed != nil || second[0].UserID != dead[2].UserID {
+		t.Fatalf("taken-over entry %+v", second[0])
+	}
+	counts, err = a.DeliveryCounts(ctx, group, "live", []string{dead[0].ID, dead[1].ID, dead[2].ID, live[0].ID})
+	if err != nil || len(counts) != 4 || counts[dead[0].ID] != 3 || counts[dead[1].ID] != 3 || counts[dead[2].ID] != 3 ||
+		counts[live[0].ID] != 1 {
+		t.Fatalf("delivery counts after the takeover %v, %v; want 3 for taken-over entries, 1 for the own", counts, err)
+	}
+	if counts, err := a.DeliveryCounts(ctx, group, "dead", ids); err != nil || len(counts) != 0 {
+		t.Fatalf("the dead consumer still holds %v, %v", counts, err)
+	}
+	// The dead consumer can no longer refresh or retry what it lost.
+	owned, err = a.RefreshHeld(ctx, group, "dead", []lua.HeldEntry{{ID: dead[0].ID, MinIdle: time.Hour}})
+	if err != nil || owned[dead[0].ID] {
+		t.Fatalf("refresh by the old owner: %v, %v", owned, err)
+	}
+	if mine, err := a.ClaimForRetry(ctx, group, "dead", dead[0].ID, time.Hour); err != nil || mine {
+		t.Fatalf("retry claim by the old owner: %v, %v", mine, err)
+	}
+	// The new owner's retry claim counts one more delivery.
+	if mine, err := a.ClaimForRetry(ctx, group, "live", dead[0].ID, 0); err != nil || !mine {
+		t.Fatalf("retry claim by the owner: %v, %v", mine, err)
+	}
+	if counts, err := a.DeliveryCounts(ctx, group, "live", []string{dead[0].ID}); err != nil || counts[dead[0].ID] != 4 {
+		t.Fatalf("delivery count after the retry claim %v, %v; want 4", counts, err)
+	}
+
+	// Acknowledgements bring the pending count down; the acknowledged entries are no
+	// longer anyone's.
+	for _, e := range append(first, second...) {
+		if ok, err := a.Ack(ctx, group, e.ID, e.Kind, e.Amount); err != nil || !ok {
+			t.Fatalf("ack %s: %v, %v", e.ID, ok, err)
+		}
+	}
+	if n, err := a.PendingCount(ctx, group); err != nil || n != 1 {
+		t.Fatalf("pending %d, %v; want 1", n, err)
+	}
+	if mine, err := a.ClaimForRetry(ctx, group, "live", dead[0].ID, 0); err != nil || mine {
+		t.Fatalf("retry claim of an acknowledged entry: %v, %v", mine, err)
+	}
+	if n, err := a.PendingCount(ctx, "no-such-group"); !errors.Is(err, lua.ErrNoGroup) || n != 0 {
+		t.Fatalf("pending of a missing group: %d, %v", n, err)
+	}
+}
+
+// Many pending entries of one consumer between the asked-for ones: the delivery
+// counts page through them.
+func TestDeliveryCountsPageThroughPendingEntries(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	const group, n = "settlement", 1300
+	a := lua.NewActivity(c, "paging")
+	if err := a.EnsureGroup(ctx, group); err != nil {
+		t.Fatal(err)
+	}
+	pipe := c.Pipeline()
+	for i := range n {
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: a.Keys().Stream, Values: []any{"kind", "grant", "i", i}})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	read, err := a.ReadNew(ctx, group, "w", n, time.Second)
+	if err != nil || len(read) != n {
+		t.Fatalf("read %d, %v", len(read), err)
+	}
+	ids := []string{read[0].ID, read[n-1].ID}
+	counts, err := a.DeliveryCounts(ctx, group, "w", ids)
+	if err != nil || len(counts) != 2 || counts[ids[0]] != 1 || counts[ids[1]] != 1 {
+		t.Fatalf("counts %v, %v; want both ends", counts, err)
+	}
+	for _, e := range read {
+		if e.Malformed == nil {
+			t.Fatalf("entry %v decoded without packet, user, amount or at", e.Fields)
+		}
+	}
+}
+
+// Moved from package settlement with the replay itself: replaying moves at most max
+// entries, oldest first, each back as a new entry with its original fields.
+func TestReplayDeadLettersMovesAtMostMax(t *testing.T) {
+	ctx := testCtx(t)
+	rdb := redistest.Start(t).Client(t)
+	const group = "settlement"
+	amounts := splitOrFail(t, split.TypeFixed, 1_000, 10)
+	k := seedOpen(t, ctx, rdb, "uid-replay", amounts)
+	a := lua.NewActivity(rdb, "uid-replay")
+	for _, u := range []string{"user-0000", "user-0001", "user-0002"} {
+		grabOne(t, rdb, k, u)
+	}
+	if err := rdb.XGroupCreateMkStream(ctx, k.Stream, group, "0").Err(); err != nil {
+		t.Fatalf("group: %v", err)
+	}
+	streams, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c",
+		Streams: []string{k.Stream, ">"}, Block: -1}).Result()
+	if err != nil || len(streams[0].Messages) != 3 {
+		t.Fatalf("read: %v, %v", streams, err)
+	}
+	orig := streams[0].Messages
+	for _, m := range orig {
+		ok, err := lua.DeadLetter(ctx, rdb, k, group, m.ID, "HTTP 400", m.Values)
+		if err != nil || !ok {
+			t.Fatalf("dead letter: %v, %v", ok, err)
+		}
+	}
+	snapshot := func() lua.Snapshot {
+		t.Helper()
+		s, err := a.Snapshot(ctx)
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+		return s
+	}
+	if s := snapshot(); s.DeadCount != 3 {
+		t.Fatalf("dead count %d", s.DeadCount)
+	}
+
+	n, err := a.ReplayDeadLetters(ctx, 2)
+	if err != nil || n != 2 {
+		t.Fatalf("replay 2: %d, %v", n, err)
+	}
+	if s := snapshot(); s.DeadCount != 1 {
+		t.Fatalf("dead count %d after replaying 2 of 3", s.DeadCount)
+	}
+	all, err := rdb.XRange(ctx, k.Stream, "-", "+").Result()
+	if err != nil || len(all) != 5 {
+		t.Fatalf("stream: %d entries, %v; want 3 + 2 replayed", len(all), err)
+	}
+	for i, m := range all[3:] {
+		if len(m.Values) != len(orig[i].Values) {
+			t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
+		}
+		for f, v := range orig[i].Values {
+			if m.Values[f] != v {
+				t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
+			}
+		}
+	}
+	if n, err := a.ReplayDeadLetters(ctx, 0); err != nil || n != 1 {
+		t.Fatalf("replay rest: %d, %v", n, err)
+	}
+	if s := snapshot(); s.DeadCount != 0 || rdb.XLen(ctx, k.DeadLetters).Val() != 0 {
+		t.Fatalf("dead count %d after replaying all", s.DeadCount)
+	}
+}
+
+// The measurement helpers read what the benchmark reports.
+func TestMeasurementHelpers(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	v, err := lua.ServerVersion(ctx, c)
+	if err != nil || !strings.Contains(v, ".") {
+		t.Fatalf("server version %q, %v", v, err)
+	}
+	before, err := lua.UsedMemory(ctx, c)
+	if err != nil || before <= 0 {
+		t.Fatalf("used memory %d, %v", before, err)
+	}
+	amounts := splitOrFail(t, split.TypeFixed, 100_000, 1_000)
+	k := seedOpen(t, ctx, c, "measure", amounts)
+	a := lua.NewActivity(c, "measure")
+	grabOne(t, c, k, "m1")
+	m, err := a.KeyMemory(ctx)
+	if err != nil || m.Meta <= 0 || m.Packets <= 0 || m.Claims <= 0 || m.Stream <= 0 || m.Staging != 0 || m.DeadLetters != 0 {
+		t.Fatalf("key memory %+v, %v", m, err)
+	}
+	if after, err := lua.UsedMemory(ctx, c); err != nil || after <= before {
+		t.Fatalf("used memory %d after seeding, %d before, %v", after, before, err)
+	}
+}
