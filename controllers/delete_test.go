@@ -34,8 +34,8 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 
 	// The balance system is down until the test says so.
 	bal := newBalance(t, nil)
-	a := e.create(e.activity("gone", 1000, 5, withWebhook(bal.URL(), "")))
-	a = e.waitPhase("gone", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	e.create(e.activity("gone", 1000, 5, withWebhook(bal.URL(), "")))
+	a := e.waitPhase("gone", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	var granted int64
 	for _, u := range []string{"u1", "u2"} {
 		res := e.grab(a, u)
@@ -56,7 +56,7 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 		t.Errorf("refund on deletion %d, want %d", snap.Refunded, 1000-granted)
 	}
 	// The status says what the deletion waits for, and the closed activity's refund.
-	held := e.waitCondition("gone", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonDeleting, 10*time.Second)
+	held := e.waitCondition("gone", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonDeleting, 10*time.Second)
 	ready := findCondition(held, redpacketv1alpha1.ConditionReady)
 	wantMsg := fmt.Sprintf("waiting for 2 of 2 claims to settle and the refund of %d before removing", 1000-granted)
 	if !strings.Contains(ready.Message, wantMsg) || !strings.Contains(ready.Message, "purge at ") {
@@ -100,8 +100,8 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 
 	// The balance system never answers with a 2xx.
 	bal := newBalance(t, nil)
-	a := e.create(e.activity("stuck", 1000, 5, withWebhook(bal.URL(), "")))
-	a = e.waitPhase("stuck", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	e.create(e.activity("stuck", 1000, 5, withWebhook(bal.URL(), "")))
+	a := e.waitPhase("stuck", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	if res := e.grab(a, "u1"); res.Outcome != lua.Granted {
 		t.Fatalf("grab: %+v", res)
 	}
@@ -150,8 +150,8 @@ func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 	}
 	bal := newBalance(t, []byte("webhook-signing-key"))
 	const total = 1000
-	a := e.create(e.activity("orphaned", total, 5, withWebhook(bal.URL(), "balance-hmac")))
-	a = e.waitPhase("orphaned", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	e.create(e.activity("orphaned", total, 5, withWebhook(bal.URL(), "balance-hmac")))
+	a := e.waitPhase("orphaned", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	granted := map[string]lua.GrabResult{}
 	var claimed int64
 	for _, u := range []string{"u1", "u2", "u3"} {
@@ -174,7 +174,7 @@ func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 	if !rec.Settlers.Running(a.UID) {
 		t.Errorf("no settlement worker registered for the deleted activity")
 	}
-	held := e.waitCondition("orphaned", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonDeleting, 10*time.Second)
+	held := e.waitCondition("orphaned", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonDeleting, 10*time.Second)
 	if msg := findCondition(held, redpacketv1alpha1.ConditionReady).Message; !strings.Contains(msg, "the operator is settling them") {
 		t.Errorf("Ready message %q, want it to say the operator settles", msg)
 	}

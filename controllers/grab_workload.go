@@ -21,7 +21,6 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -142,7 +141,7 @@ func grabSelector(a *redpacketv1alpha1.RedPacketActivity) map[string]string {
 // spec.grabService.replicas (else the operator's default) when the Deployment is
 // created or that field changes; otherwise the live count is kept. status.endpoint
 // names the Service.
-func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context, s *activityScope) (stepResult, error) {
 	a := s.activity
 	s.workloadChecked = true
 	name := grabName(a)
@@ -164,7 +163,7 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 	for _, child := range children {
 		found, err := r.getChild(ctx, key, child.obj)
 		if err != nil {
-			return ctrl.Result{}, fmt.Errorf("looking up %s %s: %w", child.kind, name, err)
+			return stepResult{}, fmt.Errorf("looking up %s %s: %w", child.kind, name, err)
 		}
 		if !found {
 			continue
@@ -180,7 +179,7 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 	s.deploymentLooked = true
 	redisSecret, err := r.lookUpGrabRedisSecret(ctx, a)
 	if err != nil {
-		return ctrl.Result{}, err
+		return stepResult{}, err
 	}
 	if redisSecret != nil && !metav1.IsControlledBy(redisSecret, a) {
 		if a.Spec.Redis == nil {
@@ -191,7 +190,7 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 	if len(foreign) > 0 {
 		s.notAdopted = fmt.Sprintf("%s already exists and is not controlled by this activity; not adopting it (delete or rename it)",
 			strings.Join(foreign, ", "))
-		return ctrl.Result{}, nil
+		return stepResult{}, nil
 	}
 	var live *appsv1.Deployment
 	if deploymentExists {
@@ -222,14 +221,15 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 					WithProtocol(corev1.ProtocolTCP).WithTargetPort(intstr.FromString(grabPortName)))),
 		r.grabDeployment(a, labels, owner),
 	}
-	apply := func(obj runtime.ApplyConfiguration, manager string) error {
+	apply := func(obj runtime.ApplyConfiguration, manager string) (stepResult, error) {
 		if err := r.Client.Apply(ctx, obj, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+			var res stepResult
 			if !apierrors.IsConflict(err) {
-				s.blockReady(ReasonWorkloadFailed, "applying the grab workload: %v", err)
+				res = blocked(redpacketv1alpha1.ReasonWorkloadFailed, "applying the grab workload: %v", err)
 			}
-			return fmt.Errorf("applying the grab workload: %w", err)
+			return res, fmt.Errorf("applying the grab workload: %w", err)
 		}
-		return nil
+		return stepResult{}, nil
 	}
 	if a.Spec.Redis == nil {
 		// The Secret first: the Deployment's pods read it.
@@ -244,24 +244,24 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 		// The activity names its own Secret now; the operator's credentials are not
 		// needed in its namespace any more.
 		if err := r.Client.Delete(ctx, redisSecret, client.Preconditions{UID: &redisSecret.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, fmt.Errorf("deleting secret %s: %w", redisSecret.Name, err)
+			return stepResult{}, fmt.Errorf("deleting secret %s: %w", redisSecret.Name, err)
 		}
 	}
 	for _, obj := range objects {
-		if err := apply(obj, FieldManager); err != nil {
-			return ctrl.Result{}, err
+		if res, err := apply(obj, FieldManager); err != nil {
+			return res, err
 		}
 	}
 	if replicas, specValue, ok := r.replicasToApply(a, live); ok {
 		scale := appsv1ac.Deployment(name, a.Namespace).
 			WithAnnotations(map[string]string{AnnotationSpecReplicas: specValue}).
 			WithSpec(appsv1ac.DeploymentSpec().WithReplicas(replicas))
-		if err := apply(scale, ReplicasFieldManager); err != nil {
-			return ctrl.Result{}, err
+		if res, err := apply(scale, ReplicasFieldManager); err != nil {
+			return res, err
 		}
 	}
 	s.status.Endpoint = grabEndpoint(a)
-	return ctrl.Result{}, nil
+	return stepResult{}, nil
 }
 
 // getChild reads a workload object: from the cache, which holds only objects with the

@@ -23,6 +23,7 @@ import (
 // its grab workload (including the Role it grants, which needs no escalate/bind), and
 // reports status.
 func TestInstallManifestsGrantEnoughToRunAnActivity(t *testing.T) {
+	needsServers(t)
 	root, err := controlplane.Root()
 	if err != nil {
 		t.Fatal(err)

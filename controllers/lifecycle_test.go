@@ -25,13 +25,13 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	e.startController(nil)
 
 	const total, count = 2000, 20
-	a := e.create(e.activity("quiz", total, count, withSettlement))
+	e.create(e.activity("quiz", total, count, withSettlement))
 
 	// Open, but with no grab replica up nobody can grab: not Ready yet.
-	a = e.waitPhase("quiz", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	a := e.waitPhase("quiz", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	if c := findCondition(a, redpacketv1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse ||
-		c.Reason != controllers.ReasonGrabServiceUnavailable || !strings.Contains(c.Message, "grabbing is open with 20 of 20 packets left") {
-		t.Errorf("Ready %+v with no grab replica, want False/%s saying grabbing is open", c, controllers.ReasonGrabServiceUnavailable)
+		c.Reason != redpacketv1alpha1.ReasonGrabServiceUnavailable || !strings.Contains(c.Message, "grabbing is open with 20 of 20 packets left") {
+		t.Errorf("Ready %+v with no grab replica, want False/%s saying grabbing is open", c, redpacketv1alpha1.ReasonGrabServiceUnavailable)
 	}
 	// Before any report, the controller put the counters from Redis into status, under
 	// a field manager of its own (not the one of its other status fields).
@@ -43,8 +43,8 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	})
 	for _, m := range a.ManagedFields {
 		if m.Manager == controllers.FieldManager && m.Subresource == "status" &&
-			(hasStatusField(t, string(m.FieldsV1.Raw), "f:remainingCount") || hasStatusField(t, string(m.FieldsV1.Raw), "f:claimedCount")) {
-			t.Errorf("%s owns the grab service's counters: %s", controllers.FieldManager, m.FieldsV1.Raw)
+			(hasStatusField(t, string(m.FieldsV1.GetRawBytes()), "f:remainingCount") || hasStatusField(t, string(m.FieldsV1.GetRawBytes()), "f:claimedCount")) {
+			t.Errorf("%s owns the grab service's counters: %s", controllers.FieldManager, string(m.FieldsV1.GetRawBytes()))
 		}
 	}
 
@@ -61,7 +61,7 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 		t.Errorf("finalizer %s missing: %v", controllers.Finalizer, a.Finalizers)
 	}
 	seeded := findCondition(a, redpacketv1alpha1.ConditionSeeded)
-	if seeded == nil || seeded.Status != metav1.ConditionTrue || seeded.Reason != controllers.ReasonCommitted {
+	if seeded == nil || seeded.Status != metav1.ConditionTrue || seeded.Reason != redpacketv1alpha1.ReasonCommitted {
 		t.Errorf("Seeded condition %+v, want True/Committed", seeded)
 	}
 	if a.Status.SeededTime == nil {
@@ -125,17 +125,17 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	if snap := e.snapshot(a); snap.State != lua.StateClosed || snap.CloseReason != lua.CloseExhausted {
 		t.Errorf("Redis state %q reason %q, want closed/exhausted", snap.State, snap.CloseReason)
 	}
-	if c := findCondition(a, redpacketv1alpha1.ConditionSettled); c == nil || c.Status != metav1.ConditionFalse || c.Reason != controllers.ReasonSettlementPending {
-		t.Errorf("Settled %+v before any delivery, want False/Pending", c)
+	if c := findCondition(a, redpacketv1alpha1.ConditionSettled); c == nil || c.Status != metav1.ConditionFalse || c.Reason != redpacketv1alpha1.ReasonSettlementPending {
+		t.Errorf("Settled %+v before any delivery, want False/SettlementPending", c)
 	}
 
 	if n := e.settleAll(a); n != count {
 		t.Fatalf("settled %d entries, want %d grants", n, count)
 	}
-	e.waitCondition("quiz", redpacketv1alpha1.ConditionSettled, metav1.ConditionTrue, controllers.ReasonAllSettled, 10*time.Second)
-	e.waitEvent("quiz", "Normal", controllers.ReasonCommitted)
+	e.waitCondition("quiz", redpacketv1alpha1.ConditionSettled, metav1.ConditionTrue, redpacketv1alpha1.ReasonAllSettled, 10*time.Second)
+	e.waitEvent("quiz", "Normal", redpacketv1alpha1.ReasonCommitted)
 	e.waitEvent("quiz", "Normal", string(redpacketv1alpha1.PhaseExhausted))
-	e.waitEvent("quiz", "Normal", controllers.ReasonAllSettled)
+	e.waitEvent("quiz", "Normal", redpacketv1alpha1.ReasonAllSettled)
 }
 
 // At endTime grabbing closes and status.refundedAmount is exactly total − granted,
@@ -147,10 +147,10 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 
 	const total, count = 10000, 50
 	end := metav1.NewTime(time.Now().Add(6 * time.Second).Truncate(time.Second))
-	a := e.create(e.activity("flash", total, count, withSettlement, func(a *redpacketv1alpha1.RedPacketActivity) {
+	e.create(e.activity("flash", total, count, withSettlement, func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.EndTime = &end
 	}))
-	a = e.waitPhase("flash", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	a := e.waitPhase("flash", redpacketv1alpha1.PhaseActive, 20*time.Second)
 
 	var granted int64
 	for i := range 7 {
@@ -208,8 +208,8 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 		}
 		e.ack(a, m)
 	}
-	a = e.waitCondition("flash", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, controllers.ReasonDeadLetters, 10*time.Second)
-	e.waitEvent("flash", "Warning", controllers.ReasonDeadLetters)
+	a = e.waitCondition("flash", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, redpacketv1alpha1.ReasonDeadLetters, 10*time.Second)
+	e.waitEvent("flash", "Warning", redpacketv1alpha1.ReasonDeadLetters)
 	if *a.Status.RefundedAmount != total-granted {
 		t.Errorf("refundedAmount changed to %d", *a.Status.RefundedAmount)
 	}
@@ -223,12 +223,12 @@ func TestScheduledActivityOpensAtStartTime(t *testing.T) {
 	e.startController(nil)
 
 	start := metav1.NewTime(time.Now().Add(8 * time.Second).Truncate(time.Second))
-	a := e.create(e.activity("later", 500, 5, func(a *redpacketv1alpha1.RedPacketActivity) {
+	e.create(e.activity("later", 500, 5, func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.StartTime = &start
 	}))
 	// Scheduled and Ready once a grab replica (its reporter) is up.
 	e.runReporter("later")
-	a = e.waitCondition("later", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseScheduled), 20*time.Second)
+	a := e.waitCondition("later", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseScheduled), 20*time.Second)
 	if time.Now().Before(start.Time) {
 		if res := e.grab(a, "eager"); res.Outcome != lua.NotStarted {
 			t.Errorf("grab before startTime: %+v, want not_started", res)

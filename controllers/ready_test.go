@@ -35,8 +35,8 @@ func TestReadyNeedsAGrabReplica(t *testing.T) {
 
 	start := metav1.NewTime(time.Now().Add(time.Hour).Truncate(time.Second))
 	e.create(e.activity("soon", 500, 5, func(a *redpacketv1alpha1.RedPacketActivity) { a.Spec.StartTime = &start }))
-	a := e.waitPhase("soon", redpacketv1alpha1.PhaseScheduled, 20*time.Second)
-	a = e.waitCondition("soon", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonGrabServiceUnavailable, 5*time.Second)
+	e.waitPhase("soon", redpacketv1alpha1.PhaseScheduled, 20*time.Second)
+	a := e.waitCondition("soon", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonGrabServiceUnavailable, 5*time.Second)
 	msg := findCondition(a, redpacketv1alpha1.ConditionReady).Message
 	if !strings.Contains(msg, "5 packets are seeded") || !strings.Contains(msg, "no grab replica is available") {
 		t.Errorf("Ready message %q, want it to say the packets are seeded but no grab replica is available", msg)
@@ -60,14 +60,14 @@ func TestReadyNeedsAGrabReplica(t *testing.T) {
 	}
 	setAvailable(1)
 	e.waitCondition("soon", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseScheduled), 5*time.Second)
-	e.waitCondition("soon", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionTrue, controllers.ReasonReplicasAvailable, time.Second)
+	e.waitCondition("soon", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionTrue, redpacketv1alpha1.ReasonReplicasAvailable, time.Second)
 	setAvailable(0)
-	e.waitCondition("soon", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonGrabServiceUnavailable, 5*time.Second)
+	e.waitCondition("soon", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonGrabServiceUnavailable, 5*time.Second)
 
 	// An open activity turns Ready with the grab service's first report.
 	e.create(e.activity("open", 500, 5))
 	e.waitPhase("open", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	a = e.waitCondition("open", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonGrabServiceUnavailable, 5*time.Second)
+	a = e.waitCondition("open", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonGrabServiceUnavailable, 5*time.Second)
 	if msg := findCondition(a, redpacketv1alpha1.ConditionReady).Message; !strings.Contains(msg, "grabbing is open with 5 of 5 packets left") {
 		t.Errorf("Ready message %q, want it to say grabbing is open", msg)
 	}
@@ -81,7 +81,7 @@ func TestReadyNeedsAGrabReplica(t *testing.T) {
 	report()
 	e.waitCondition("open", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseActive), 5*time.Second)
 	// The reports stop: stale after the report timeout, Ready turns False by itself.
-	e.waitCondition("open", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonGrabServiceUnavailable, 10*time.Second)
+	e.waitCondition("open", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonGrabServiceUnavailable, 10*time.Second)
 	// They resume (a new lastReportTime: the last one is over 2s old): the next report
 	// is let through at once.
 	report()
@@ -171,7 +171,7 @@ func statusFieldsByManager(t *testing.T, a *redpacketv1alpha1.RedPacketActivity)
 	owned := map[string]string{}
 	for _, m := range a.ManagedFields {
 		if m.Subresource == "status" && m.Operation == metav1.ManagedFieldsOperationApply {
-			owned[m.Manager] = string(m.FieldsV1.Raw)
+			owned[m.Manager] = string(m.FieldsV1.GetRawBytes())
 		}
 	}
 	for _, m := range []string{controllers.FieldManager, controllers.InitialCountersFieldManager, grabServiceManager} {

@@ -167,6 +167,13 @@ type RedPacketActivityReconciler struct {
 	Options Options
 	// Now is the controller's clock; nil means time.Now.
 	Now func() time.Time
+
+	// newStore, when set, replaces the activity stores on the cached Redis clients
+	// (storeFor); the phase tests set it.
+	newStore storeFactory
+	// statuses, when set, replaces the API server as the status writer
+	// (statusWriter); the phase tests set it.
+	statuses statusWriter
 }
 
 // +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities,verbs=get;list;watch;update;patch
@@ -254,11 +261,12 @@ func CacheOptions(namespaces ...string) cache.Options {
 
 // activityChangePredicate lets through the activity events the controller must act
 // on: spec changes (a new generation), annotation and label changes (also a way to
-// force a reconcile), deletion, and the status writes of the grab service that need a
-// prompt reaction: the last packet claimed, the first report, every claim of a closed
-// or deleted activity settled, and the first dead letter. Every other status write of
-// the grab service is ignored, so its reports do not cause a storm of reconciles; the
-// periodic resync of active activities notices the rest.
+// force a reconcile), deletion, and the four kinds of status writes of the grab
+// service that need a prompt reaction (grabServiceSignalPredicate): the first report
+// and any report while GrabServiceAvailable is not True, the last packet claimed,
+// every claim of a closed or deleted activity settled, and the first dead letter.
+// Every other status write of the grab service is ignored, so its reports do not cause
+// a storm of reconciles; the periodic resync of active activities notices the rest.
 func activityChangePredicate() predicate.Predicate {
 	return predicate.Or(
 		predicate.GenerationChangedPredicate{},
@@ -328,8 +336,9 @@ func allSettled(st *redpacketv1alpha1.RedPacketActivityStatus) bool {
 }
 
 // Reconcile moves one activity towards its spec: deletion first, then the finalizer,
-// then the ordered sub-reconcilers of reconcileNormal. The controller's status fields
-// are applied on the way out, whatever happened.
+// then the ordered steps of reconcileNormal. The controller's status fields are
+// applied once, on the way out, whatever happened (finishReconcile), on the deletion
+// path too; only an activity the controller has let go, or never held, gets none.
 func (r *RedPacketActivityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
 	log := ctrl.LoggerFrom(ctx)
 
@@ -345,29 +354,27 @@ func (r *RedPacketActivityReconciler) Reconcile(ctx context.Context, req ctrl.Re
 	// A worker of an earlier activity of the same name has no business any more.
 	r.Settlers.StopNamed(req.NamespacedName, activity.UID)
 
-	scope := newActivityScope(activity, r.now())
-
-	if !activity.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, scope)
+	deleting := !activity.DeletionTimestamp.IsZero()
+	if deleting && !controllerutil.ContainsFinalizer(activity, Finalizer) {
+		// Someone else let it go: nothing waits for settlement any more, and the
+		// activity is not the controller's to write.
+		r.Settlers.Stop(activity.UID)
+		return ctrl.Result{}, nil
 	}
 
+	scope := newActivityScope(activity, r.now())
+	defer func() {
+		result, retErr = r.finishReconcile(ctx, scope, result, retErr)
+	}()
+
+	if deleting {
+		return r.reconcileDelete(ctx, scope)
+	}
 	if !controllerutil.ContainsFinalizer(activity, Finalizer) {
 		if err := r.addFinalizer(ctx, activity); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-
-	defer func() {
-		staleIn, err := r.applyStatusAndStaleness(ctx, scope)
-		switch {
-		case err != nil && !isNotFoundOrGone(err):
-			retErr = kerrors.NewAggregate([]error{retErr, err})
-		case err == nil && retErr == nil && staleIn > 0:
-			// Come back when the last report turns stale, to say so.
-			result = lowestNonZeroResult(result, ctrl.Result{RequeueAfter: staleIn})
-		}
-	}()
-
 	result, retErr = r.reconcileNormal(ctx, scope)
 	if retErr != nil {
 		log.V(1).Info("reconcile stopped, retrying with backoff", "error", retErr.Error())
@@ -375,35 +382,31 @@ func (r *RedPacketActivityReconciler) Reconcile(ctx context.Context, req ctrl.Re
 	return result, retErr
 }
 
-// reconcileNormal runs the sub-reconcilers in order. Each one is idempotent and may
-// halt the chain (nothing after it can make sense yet); an error halts it too, and the
-// request is retried with backoff. The shortest requeue any of them asked for wins.
+// finishReconcile is the one status apply of a reconcile, on every path. The
+// generation counts as observed only when the reconcile was clean (no error, no step
+// halted); otherwise status keeps the generation observed before. It asks to come
+// back when the last grab report turns stale, to say so.
+func (r *RedPacketActivityReconciler) finishReconcile(ctx context.Context, s *activityScope, result ctrl.Result, retErr error) (ctrl.Result, error) {
+	if s.released {
+		return result, retErr
+	}
+	if retErr == nil && !s.halted {
+		s.status.ObservedGeneration = s.activity.Generation
+	}
+	staleIn, err := r.patchStatus(ctx, s)
+	switch {
+	case err != nil && !isNotFoundOrGone(err):
+		retErr = kerrors.NewAggregate([]error{retErr, err})
+	case err == nil && retErr == nil && staleIn > 0:
+		result = lowestNonZeroResult(result, ctrl.Result{RequeueAfter: staleIn})
+	}
+	return result, retErr
+}
+
+// reconcileNormal runs the steps of an activity that is not being deleted
+// (normalSteps), the seed step with the status patcher it needs.
 func (r *RedPacketActivityReconciler) reconcileNormal(ctx context.Context, s *activityScope) (ctrl.Result, error) {
-	steps := []struct {
-		name string
-		run  func(context.Context, *activityScope) (ctrl.Result, error)
-	}{
-		{"redis connection", r.reconcileRedisConnection},
-		{"validate and split", r.reconcileSplit},
-		{"seed", r.reconcileSeed},
-		{"load scripts", r.reconcileScripts},
-		{"open and configure", r.reconcileGate},
-		{"grab workload", r.reconcileGrabWorkload},
-		{"schedule and close", r.reconcileSchedule},
-		{"initial counters", r.reconcileInitialCounters},
-	}
-	var result ctrl.Result
-	for _, step := range steps {
-		stepResult, err := step.run(ctx, s)
-		if err != nil {
-			return ctrl.Result{}, fmt.Errorf("%s: %w", step.name, err)
-		}
-		result = lowestNonZeroResult(result, stepResult)
-		if s.halted {
-			break
-		}
-	}
-	return result, nil
+	return runSteps(ctx, s, r.normalSteps(r.patchStatusNow))
 }
 
 // addFinalizer adds the cleanup finalizer with an optimistic-lock patch.
@@ -434,14 +437,17 @@ func (r *RedPacketActivityReconciler) logger(ctx context.Context) logr.Logger {
 
 // lowestNonZeroResult returns the result that asks to come back sooner.
 func lowestNonZeroResult(a, b ctrl.Result) ctrl.Result {
+	return ctrl.Result{RequeueAfter: soonest(a.RequeueAfter, b.RequeueAfter)}
+}
+
+// soonest returns the shorter of two requeue delays, 0 meaning none.
+func soonest(a, b time.Duration) time.Duration {
 	switch {
-	case a.RequeueAfter == 0:
+	case a == 0:
 		return b
-	case b.RequeueAfter == 0:
+	case b == 0:
 		return a
-	case b.RequeueAfter < a.RequeueAfter:
-		return b
 	default:
-		return a
+		return min(a, b)
 	}
 }

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -17,7 +16,7 @@ import (
 )
 
 // reconcileDelete cleans a deleted activity's Redis keys up and then lets the
-// resource go.
+// resource go. Reconcile calls it only while the finalizer holds the activity.
 //
 // It first closes the activity as expired, so grabbing stops for good and the
 // unclaimed remainder is handed to settlement as the sponsor's refund. It then waits
@@ -30,7 +29,7 @@ import (
 // Warning event. If Redis does not hold the activity, there is nothing
 // to wait for. If Redis cannot be reached, it retries with backoff until the grace
 // period is over and then lets the resource go with a Warning event: the keys, if any
-// are left, have to be removed by hand.
+// are left, have to be removed by hand. decideDeletion makes that choice.
 //
 // While it waits, the operator runs a settlement worker of its own for the activity
 // (ensureDeletionSettlement, in r.Settlers), because the grab pods' workers may be
@@ -39,55 +38,52 @@ import (
 // propagation the grab pods keep settling too, as consumers of the same group. The
 // worker is stopped, and has stopped, before the keys are purged and before the
 // finalizer is removed, so nothing it does can recreate a key of a purged activity.
+//
+// Its status (Ready False with reason Deleting while it waits or retries) is applied
+// by Reconcile on the way out, like every other path's.
 func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *activityScope) (ctrl.Result, error) {
 	a := s.activity
-	if !controllerutil.ContainsFinalizer(a, Finalizer) {
-		// Someone else let it go: nothing waits for settlement any more.
-		r.Settlers.Stop(a.UID)
-		return ctrl.Result{}, nil
-	}
 	log := r.logger(ctx)
-	graceLeft := a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod).Sub(s.now)
+	purgeAt := a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod)
+	graceLeft := purgeAt.Sub(s.now)
 
 	conn, err := r.connectionFor(ctx, a)
 	if err == nil {
 		s.conn = conn
-		s.redis = r.Redis.Get(conn)
+		s.store = r.storeFor(conn, a.UID)
 		err = r.closeForDeletion(ctx, s)
 	}
 	if err != nil {
 		if graceLeft > 0 {
-			s.blockReady(ReasonDeleting, "the deleted activity's Redis keys cannot be cleaned up yet, retrying until %s: %v",
-				a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod).UTC().Format(time.RFC3339), err)
-			if serr := r.applyStatus(ctx, s); serr != nil && !isNotFoundOrGone(serr) {
-				err = errors.Join(err, serr)
-			}
+			s.notReady = notReady(redpacketv1alpha1.ReasonDeleting,
+				"the deleted activity's Redis keys cannot be cleaned up yet, retrying until %s: %v",
+				purgeAt.UTC().Format(time.RFC3339), err)
 			return ctrl.Result{}, fmt.Errorf("cleaning up the deleted activity: %w", err)
 		}
 		r.Settlers.Stop(a.UID)
 		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupAbandoned", "Delete",
 			"Redis could not be cleaned up within the cleanup grace period of %s; the activity's keys (rpa:{%s}:*) may be left behind: %v",
 			r.Options.CleanupGracePeriod, a.UID, err)
-		return ctrl.Result{}, r.removeFinalizer(ctx, a)
+		return ctrl.Result{}, r.letGo(ctx, s)
 	}
 
 	snap := s.snapshot
-	waiting := snap.Exists() && !settled(snap) && graceLeft > 0
-	if !waiting {
+	action := decideDeletion(snap, graceLeft)
+	if action != deletionWait {
 		// Whatever comes next deletes keys or lets the activity go: the worker must
 		// not outlive this point.
 		r.Settlers.Stop(a.UID)
 	}
-	switch {
-	case !snap.Exists() && snap.StagedCount == 0:
+	switch action {
+	case deletionLetGo:
 		log.Info("the deleted activity is not in Redis; letting it go")
-	case !snap.Exists() || settled(snap):
+	case deletionPurge:
 		if err := r.purge(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
 		r.Recorder.Eventf(a, nil, corev1.EventTypeNormal, "Purged", "Delete",
 			"settlement drained (%d claims, refund %d); the activity's Redis keys were deleted", snap.ClaimedCount, snap.Refunded)
-	case graceLeft <= 0:
+	case deletionPurgeKeepingUnsettled:
 		kept, err := r.purgeKeepingUnsettled(ctx, s)
 		if err != nil {
 			return ctrl.Result{}, err
@@ -95,7 +91,7 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupGracePeriodExpired", "Delete",
 			"settlement did not drain within %s (%s); the activity's Redis keys were deleted except %v, kept for %s to reconcile what was never credited",
 			r.Options.CleanupGracePeriod, snapshotDescribe(snap), kept, r.Options.UnsettledRetention)
-	default:
+	case deletionWait:
 		log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
 		if snap.State == lua.StateClosed {
 			s.recordClosed()
@@ -109,14 +105,57 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 		case !settlement.HasWebhook(a):
 			worker = "spec.settlement has no webhook to settle them with"
 		}
-		s.blockReady(ReasonDeleting, "%s (%s); purge at %s", waitingFor(snap), worker,
-			a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod).UTC().Format(time.RFC3339))
-		if err := r.applyStatus(ctx, s); err != nil && !isNotFoundOrGone(err) {
-			return ctrl.Result{}, fmt.Errorf("showing that the deletion waits for settlement: %w", err)
-		}
+		s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "%s (%s); purge at %s", waitingFor(snap), worker,
+			purgeAt.UTC().Format(time.RFC3339))
 		return ctrl.Result{RequeueAfter: min(r.Options.CleanupPollInterval, graceLeft+10*time.Millisecond)}, nil
 	}
-	return ctrl.Result{}, r.removeFinalizer(ctx, a)
+	return ctrl.Result{}, r.letGo(ctx, s)
+}
+
+// deletionAction is what a deletion does next.
+type deletionAction int
+
+const (
+	// deletionLetGo: Redis holds nothing of the activity; remove the finalizer.
+	deletionLetGo deletionAction = iota
+	// deletionPurge: settlement drained (or nothing was committed, only staged);
+	// delete every key, then remove the finalizer.
+	deletionPurge
+	// deletionPurgeKeepingUnsettled: the grace period is over before settlement
+	// drained; delete the keys except the settlement and dead-letter streams, then
+	// remove the finalizer.
+	deletionPurgeKeepingUnsettled
+	// deletionWait: wait for settlement to drain.
+	deletionWait
+)
+
+func (d deletionAction) String() string {
+	switch d {
+	case deletionLetGo:
+		return "let go"
+	case deletionPurge:
+		return "purge"
+	case deletionPurgeKeepingUnsettled:
+		return "purge keeping unsettled"
+	case deletionWait:
+		return "wait"
+	}
+	return fmt.Sprintf("deletionAction(%d)", int(d))
+}
+
+// decideDeletion decides what a deletion does next from the activity's snapshot
+// (read after closing it) and the time left of the grace period.
+func decideDeletion(snap lua.Snapshot, graceLeft time.Duration) deletionAction {
+	switch {
+	case !snap.Exists() && snap.StagedCount == 0:
+		return deletionLetGo
+	case !snap.Exists() || settled(snap):
+		return deletionPurge
+	case graceLeft <= 0:
+		return deletionPurgeKeepingUnsettled
+	default:
+		return deletionWait
+	}
 }
 
 // waitingFor says which settlements a deletion waits for.
@@ -133,18 +172,18 @@ func waitingFor(snap lua.Snapshot) string {
 func (r *RedPacketActivityReconciler) closeForDeletion(ctx context.Context, s *activityScope) error {
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	snap, err := lua.ReadSnapshot(rctx, s.redis, s.keys)
+	snap, err := s.store.Snapshot(rctx)
 	if err != nil {
 		return fmt.Errorf("reading the activity from Redis: %w", err)
 	}
 	if snap.Exists() && snap.State != lua.StateClosed {
-		res, err := lua.Close(rctx, s.redis, s.keys, lua.CloseExpired)
+		res, err := s.store.Close(rctx, lua.CloseExpired)
 		if err != nil {
 			return fmt.Errorf("closing the deleted activity: %w", err)
 		}
 		r.Recorder.Eventf(s.activity, nil, corev1.EventTypeNormal, "Closed", "Delete",
 			"grabbing closed for deletion; %d refunded to the sponsor, waiting for settlement to drain", res.Refunded)
-		if snap, err = lua.ReadSnapshot(rctx, s.redis, s.keys); err != nil {
+		if snap, err = s.store.Snapshot(rctx); err != nil {
 			return fmt.Errorf("reading the activity from Redis after closing it: %w", err)
 		}
 	}
@@ -157,7 +196,7 @@ func (r *RedPacketActivityReconciler) closeForDeletion(ctx context.Context, s *a
 func (r *RedPacketActivityReconciler) purge(ctx context.Context, s *activityScope) error {
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	if err := lua.Purge(rctx, s.redis, s.keys); err != nil {
+	if err := s.store.Purge(rctx); err != nil {
 		return fmt.Errorf("purging the activity's keys: %w", err)
 	}
 	return nil
@@ -168,11 +207,18 @@ func (r *RedPacketActivityReconciler) purge(ctx context.Context, s *activityScop
 func (r *RedPacketActivityReconciler) purgeKeepingUnsettled(ctx context.Context, s *activityScope) ([]string, error) {
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	kept, err := lua.PurgeKeepingUnsettled(rctx, s.redis, s.keys, r.Options.UnsettledRetention)
+	kept, err := s.store.PurgeKeepingUnsettled(rctx, r.Options.UnsettledRetention)
 	if err != nil {
 		return nil, fmt.Errorf("purging the activity's keys: %w", err)
 	}
 	return kept, nil
+}
+
+// letGo removes the finalizer. From here on the activity is not the controller's: no
+// status is applied on the way out.
+func (r *RedPacketActivityReconciler) letGo(ctx context.Context, s *activityScope) error {
+	s.released = true
+	return r.removeFinalizer(ctx, s.activity)
 }
 
 // removeFinalizer lets the activity go.

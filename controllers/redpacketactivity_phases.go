@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,54 +20,30 @@ import (
 	"redpacket.io/operator/lua/split"
 )
 
-// Condition reasons the controller sets, besides the phase names that Ready uses as
-// its reason while the activity is serviceable.
-const (
-	ReasonPending            = "Pending"
-	ReasonSeeding            = "Seeding"
-	ReasonCommitted          = "Committed"
-	ReasonSeedFailed         = "SeedFailed"
-	ReasonInvalidSpec        = "InvalidSpec"
-	ReasonSpecMismatch       = "SpecMismatch"
-	ReasonRedisConfigInvalid = "RedisConfigInvalid"
-	ReasonRedisUnavailable   = "RedisUnavailable"
-	ReasonDataLost           = redpacketv1alpha1.ReasonDataLost
-	ReasonNotAdopted         = "NotAdopted"
-	ReasonWorkloadFailed     = "WorkloadFailed"
-	ReasonReporting          = "Reporting"
-	ReasonReplicasAvailable  = "ReplicasAvailable"
-	ReasonNoReplicas         = "NoReplicaAvailable"
-	ReasonNotConfigured      = "NotConfigured"
-	ReasonDeadLetters        = "DeadLetters"
-	ReasonAllSettled         = "AllSettled"
-	ReasonSettlementPending  = "Pending"
-	ReasonDeleting           = "Deleting"
-	// ReasonGrabServiceUnavailable is Ready's reason while the packets are seeded and
-	// the phase is Scheduled, Active or Paused, but no grab replica is available.
-	ReasonGrabServiceUnavailable = redpacketv1alpha1.ReasonGrabServiceUnavailable
-)
-
 // dataLostRecheckPeriod is how often an activity whose data Redis lost is looked at
 // again (the data may be restored from a backup).
 const dataLostRecheckPeriod = time.Minute
 
-// activityScope carries one reconcile's facts from one sub-reconciler to the next.
+// activityScope carries one reconcile's facts from one step to the next: the
+// activity, the status the controller will apply (written by the steps, applied once
+// on the way out), and what the steps learned from Redis and the API server.
 type activityScope struct {
 	activity *redpacketv1alpha1.RedPacketActivity
-	keys     lua.Keys
 	// now is the controller's clock when the reconcile started.
 	now time.Time
 
 	// status holds the controller's status fields as they will be applied; it starts
 	// as the current ones.
 	status redpacketv1alpha1.RedPacketActivityStatus
-	// notReady, when set, is why Ready is False whatever the phase says.
+	// notReady, when set, is why Ready is False whatever the phase says: the blocker
+	// of the step that stopped the chain, or the deletion's.
 	notReady *readyBlocker
 	// phaseMessage explains the phase in Ready's message.
 	phaseMessage string
 
-	conn     lua.Conn
-	redis    redis.UniversalClient
+	conn lua.Conn
+	// store reaches the activity's data in Redis; set by the Redis connection step.
+	store    activityStore
 	redisNow time.Time
 	snapshot lua.Snapshot
 	// snapshotRead is true once snapshot holds what Redis said in this reconcile.
@@ -86,29 +61,108 @@ type activityScope struct {
 	workloadChecked bool
 	notAdopted      string
 
+	// halted is true once a step stopped the chain because it could not do its part.
+	// A halted reconcile does not observe the generation.
 	halted bool
+	// released is true once the deletion let the activity go (the finalizer is being
+	// removed): the activity is no longer the controller's, and no status is applied.
+	released bool
 }
 
+// readyBlocker is why Ready is False whatever the phase says.
 type readyBlocker struct {
 	reason  string
 	message string
 }
 
-func newActivityScope(a *redpacketv1alpha1.RedPacketActivity, now time.Time) *activityScope {
-	return &activityScope{
-		activity: a,
-		keys:     lua.KeysFor(string(a.UID)),
-		now:      now,
-		status:   controllerStatus(a.Status),
+// notReady returns a blocker with reason and a formatted message.
+func notReady(reason, format string, args ...any) *readyBlocker {
+	return &readyBlocker{reason: reason, message: fmt.Sprintf(format, args...)}
+}
+
+// stepResult is what one step of a reconcile decided, besides an error: when to look
+// at the activity again, whether the chain stops here, and why Ready is False. An
+// error stops the chain too (the request is retried with backoff); the result's
+// blocker still says why Ready is False.
+type stepResult struct {
+	// requeueAfter asks to reconcile again this soon; 0 asks nothing. The soonest
+	// any step asked for wins.
+	requeueAfter time.Duration
+	// halt stops the chain after this step: the step could not do its part, and no
+	// later step can make sense yet. A halted reconcile does not observe the
+	// generation.
+	halt bool
+	// blocker, when set, makes Ready False with its reason, whatever the phase says.
+	blocker *readyBlocker
+}
+
+// blocked is the result of a step that could not do its part: Ready is False with
+// reason and message, and the chain halts.
+func blocked(reason, format string, args ...any) stepResult {
+	return stepResult{halt: true, blocker: notReady(reason, format, args...)}
+}
+
+// statusPatcher persists the scope's status at once, in the middle of a reconcile,
+// with Ready False for progress meanwhile (nil: as the scope says). A step that must
+// make its progress durable before it goes on receives one in its signature; every
+// other status write happens once, on the way out of Reconcile.
+type statusPatcher func(ctx context.Context, s *activityScope, progress *readyBlocker) error
+
+// reconcileStep is one step of a reconcile.
+type reconcileStep struct {
+	name string
+	run  func(context.Context, *activityScope) (stepResult, error)
+}
+
+// normalSteps are the steps of an activity that is not being deleted, in order. The
+// seed step receives patch: Seeding must show while it writes, and Seeded must be on
+// the API server before the gate step opens grabbing. The initial counters step
+// writes its own fields, under its own field manager, through the status writer.
+func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconcileStep {
+	return []reconcileStep{
+		{"redis connection", r.reconcileRedisConnection},
+		{"validate and split", r.reconcileSplit},
+		{"seed", func(ctx context.Context, s *activityScope) (stepResult, error) {
+			return r.reconcileSeed(ctx, s, patch)
+		}},
+		{"load scripts", r.reconcileScripts},
+		{"open and configure", r.reconcileGate},
+		{"grab workload", r.reconcileGrabWorkload},
+		{"schedule and close", r.reconcileSchedule},
+		{"initial counters", func(ctx context.Context, s *activityScope) (stepResult, error) {
+			return r.reconcileInitialCounters(ctx, s, r.statusWriter())
+		}},
 	}
 }
 
-// halt stops the chain of sub-reconcilers after the current one.
-func (s *activityScope) halt() { s.halted = true }
+// runSteps runs the steps in order. Each is idempotent. A step's blocker makes Ready
+// False; a halt or an error stops the chain (an error is retried with backoff). The
+// soonest requeue any step asked for wins.
+func runSteps(ctx context.Context, s *activityScope, steps []reconcileStep) (ctrl.Result, error) {
+	var requeue time.Duration
+	for _, step := range steps {
+		res, err := step.run(ctx, s)
+		if res.blocker != nil {
+			s.notReady = res.blocker
+		}
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("%s: %w", step.name, err)
+		}
+		requeue = soonest(requeue, res.requeueAfter)
+		if res.halt {
+			s.halted = true
+			break
+		}
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
+}
 
-// blockReady makes Ready False with reason and message.
-func (s *activityScope) blockReady(reason, format string, args ...any) {
-	s.notReady = &readyBlocker{reason: reason, message: fmt.Sprintf(format, args...)}
+func newActivityScope(a *redpacketv1alpha1.RedPacketActivity, now time.Time) *activityScope {
+	return &activityScope{
+		activity: a,
+		now:      now,
+		status:   controllerStatus(a.Status),
+	}
 }
 
 // setCondition sets one of the controller's conditions on the status to apply.
@@ -124,38 +178,34 @@ func (s *activityScope) setCondition(condType string, status metav1.ConditionSta
 }
 
 // reconcileRedisConnection resolves the activity's Redis connection (the Secret named
-// by spec.redis, else the operator's default), takes a cached client for it and reads
-// the server clock and the activity's snapshot, which every later step decides on. A
-// missing or unusable Secret makes Ready False with RedisConfigInvalid, an unreachable
-// Redis with RedisUnavailable; both halt and are retried with backoff.
-func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+// by spec.redis, else the operator's default), takes the activity's store on it and
+// reads the server clock and the activity's snapshot, which every later step decides
+// on. A missing or unusable Secret makes Ready False with RedisConfigInvalid, an
+// unreachable Redis with RedisUnavailable; both halt and are retried with backoff.
+func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Context, s *activityScope) (stepResult, error) {
 	conn, err := r.connectionFor(ctx, s.activity)
 	if err != nil {
-		s.blockReady(ReasonRedisConfigInvalid, "%v", err)
-		s.halt()
-		return ctrl.Result{}, err
+		return blocked(redpacketv1alpha1.ReasonRedisConfigInvalid, "%v", err), err
 	}
 	s.conn = conn
-	s.redis = r.Redis.Get(conn)
+	s.store = r.storeFor(conn, s.activity.UID)
+	where := strings.Join(conn.Addresses, ",")
 
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	redisNow, err := s.redis.Time(rctx).Result()
+	redisNow, err := s.store.Time(rctx)
 	if err != nil {
-		s.blockReady(ReasonRedisUnavailable, "Redis at %s does not answer: %v", strings.Join(conn.Addresses, ","), err)
-		s.halt()
-		return ctrl.Result{}, fmt.Errorf("reading the Redis clock: %w", err)
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "Redis at %s does not answer: %v", where, err), err
 	}
-	snap, err := lua.ReadSnapshot(rctx, s.redis, s.keys)
+	snap, err := s.store.Snapshot(rctx)
 	if err != nil {
-		s.blockReady(ReasonRedisUnavailable, "reading the activity from Redis at %s: %v", strings.Join(conn.Addresses, ","), err)
-		s.halt()
-		return ctrl.Result{}, fmt.Errorf("reading the activity's snapshot: %w", err)
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "reading the activity from Redis at %s: %v", where, err),
+			fmt.Errorf("reading the activity's snapshot: %w", err)
 	}
 	s.redisNow = redisNow
 	s.snapshot = snap
 	s.snapshotRead = true
-	return ctrl.Result{}, nil
+	return stepResult{}, nil
 }
 
 // connectionFor returns the Redis connection of the activity.
@@ -190,32 +240,31 @@ func (r *RedPacketActivityReconciler) connectionFor(ctx context.Context, a *redp
 // seeded, is not split again. The split seed (spec.distribution.seed, else one derived
 // from the UID) goes into status either way. A spec that cannot be split makes the
 // activity Failed with reason InvalidSpec, without retries until the spec changes.
-func (r *RedPacketActivityReconciler) reconcileSplit(_ context.Context, s *activityScope) (ctrl.Result, error) {
+func (r *RedPacketActivityReconciler) reconcileSplit(_ context.Context, s *activityScope) (stepResult, error) {
 	params := splitParams(s.activity)
 	s.status.SplitSeed = &params.Seed
 	if s.snapshot.Exists() || statusShowsSeeded(s.activity.Status) {
-		return ctrl.Result{}, nil
+		return stepResult{}, nil
 	}
 	if err := validateSchedule(s.activity); err != nil {
-		return r.invalidSpec(s, err)
+		return invalidSpec(s, err), nil
 	}
 	amounts, err := split.Split(params)
 	if err != nil {
 		if errors.Is(err, split.ErrInvalidParams) {
-			return r.invalidSpec(s, err)
+			return invalidSpec(s, err), nil
 		}
-		return ctrl.Result{}, fmt.Errorf("splitting: %w", err)
+		return stepResult{}, fmt.Errorf("splitting: %w", err)
 	}
 	s.amounts = amounts
-	return ctrl.Result{}, nil
+	return stepResult{}, nil
 }
 
-func (r *RedPacketActivityReconciler) invalidSpec(s *activityScope, err error) (ctrl.Result, error) {
+// invalidSpec makes the activity Failed: the spec cannot be split.
+func invalidSpec(s *activityScope, err error) stepResult {
 	s.status.Phase = redpacketv1alpha1.PhaseFailed
-	s.blockReady(ReasonInvalidSpec, "%v", err)
-	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, ReasonInvalidSpec, "%v", err)
-	s.halt()
-	return ctrl.Result{}, nil
+	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, redpacketv1alpha1.ReasonInvalidSpec, "%v", err)
+	return blocked(redpacketv1alpha1.ReasonInvalidSpec, "%v", err)
 }
 
 // splitParams are the split parameters of the activity.
@@ -258,7 +307,7 @@ func statusShowsSeeded(st redpacketv1alpha1.RedPacketActivityStatus) bool {
 		return true
 	}
 	if c := meta.FindStatusCondition(st.Conditions, redpacketv1alpha1.ConditionSeeded); c != nil {
-		if c.Status == metav1.ConditionTrue || c.Reason == ReasonDataLost {
+		if c.Status == metav1.ConditionTrue || c.Reason == redpacketv1alpha1.ReasonDataLost {
 			return true
 		}
 	}
@@ -272,7 +321,8 @@ func statusRecordsSeeded(st redpacketv1alpha1.RedPacketActivityStatus) bool {
 }
 
 // reconcileSeed puts the packets into Redis exactly once per activity UID and records
-// that in status before anything can be grabbed.
+// that in status before anything can be grabbed. It is where an activity is seeded:
+// the one caller of the store's Seed (lua.Activity.Seed).
 //
 // If Redis holds the committed activity, it is adopted as it is. If it does not, but
 // the status (in the cache, or read fresh from the API server) says the activity was
@@ -280,46 +330,44 @@ func statusRecordsSeeded(st redpacketv1alpha1.RedPacketActivityStatus) bool {
 // activity is marked Failed with reason DataLost, a Warning event is emitted, and
 // grabbing stays closed (the grab script answers "missing"). Otherwise the packets are
 // staged in chunks and committed; the commit leaves the activity "ready" (closed to
-// grabs), and Seeded=True with the seeded time is applied to status before the next
-// step may open it. So if Redis loses the data before the status says Seeded, nobody
-// can have grabbed, and seeding again is safe.
-func (r *RedPacketActivityReconciler) reconcileSeed(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+// grabs), and Seeded=True with the seeded time is written to status through patch
+// before the next step may open it. So if Redis loses the data before the status says
+// Seeded, nobody can have grabbed, and seeding again is safe.
+func (r *RedPacketActivityReconciler) reconcileSeed(ctx context.Context, s *activityScope, patch statusPatcher) (stepResult, error) {
 	if !s.snapshot.Exists() {
 		lost, err := r.statusSaysSeeded(ctx, s)
 		if err != nil {
-			return ctrl.Result{}, err
+			return stepResult{}, err
 		}
 		if lost {
-			r.markDataLost(s)
-			return ctrl.Result{RequeueAfter: dataLostRecheckPeriod}, nil
+			return markDataLost(s), nil
 		}
-		if err := r.seed(ctx, s); err != nil {
-			return ctrl.Result{}, err
+		if res, err := r.seed(ctx, s, patch); err != nil {
+			return res, err
 		}
 	}
 
 	if s.snapshot.Count != s.activity.Spec.Count || s.snapshot.Total != s.activity.Spec.TotalAmount {
-		s.blockReady(ReasonSpecMismatch, "Redis holds %d packets summing to %d for this activity, the spec says %d summing to %d",
-			s.snapshot.Count, s.snapshot.Total, s.activity.Spec.Count, s.activity.Spec.TotalAmount)
-		s.halt()
-		return ctrl.Result{}, nil
+		return blocked(redpacketv1alpha1.ReasonSpecMismatch,
+			"Redis holds %d packets summing to %d for this activity, the spec says %d summing to %d",
+			s.snapshot.Count, s.snapshot.Total, s.activity.Spec.Count, s.activity.Spec.TotalAmount), nil
 	}
 
 	seededAt := metav1.NewTime(time.UnixMilli(s.snapshot.SeededMs).Truncate(time.Second))
 	if s.status.SeededTime == nil {
 		s.status.SeededTime = &seededAt
 	}
-	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionTrue, ReasonCommitted,
+	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionTrue, redpacketv1alpha1.ReasonCommitted,
 		"%d packets summing to %d are committed to Redis", s.snapshot.Count, s.snapshot.Total)
 
 	if !statusRecordsSeeded(s.activity.Status) {
 		// Record first, open afterwards: see the doc comment.
-		if err := r.applyStatus(ctx, s); err != nil {
-			return ctrl.Result{}, fmt.Errorf("recording Seeded before opening: %w", err)
+		if err := patch(ctx, s, nil); err != nil {
+			return stepResult{}, fmt.Errorf("recording Seeded before opening: %w", err)
 		}
 	}
 	s.seededRecorded = true
-	return ctrl.Result{}, nil
+	return stepResult{}, nil
 }
 
 // statusSaysSeeded checks the cached status and then, to rule out a stale cache, the
@@ -338,34 +386,37 @@ func (r *RedPacketActivityReconciler) statusSaysSeeded(ctx context.Context, s *a
 	return statusShowsSeeded(fresh.Status), nil
 }
 
-func (r *RedPacketActivityReconciler) markDataLost(s *activityScope) {
+// markDataLost makes the activity Failed: Redis lost what status says was seeded.
+func markDataLost(s *activityScope) stepResult {
 	where := strings.Join(s.conn.Addresses, ",")
 	s.status.Phase = redpacketv1alpha1.PhaseFailed
-	s.blockReady(ReasonDataLost,
-		"the activity was seeded but Redis at %s holds no data for it; it is never seeded again (that could pay twice) and grabbing stays closed", where)
-	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, ReasonDataLost,
+	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, redpacketv1alpha1.ReasonDataLost,
 		"Redis at %s no longer holds the activity's packets", where)
-	s.halt()
+	res := blocked(redpacketv1alpha1.ReasonDataLost,
+		"the activity was seeded but Redis at %s holds no data for it; it is never seeded again (that could pay twice) and grabbing stays closed", where)
+	res.requeueAfter = dataLostRecheckPeriod
+	return res
 }
 
-// seed stages and commits the packets, showing phase Seeding meanwhile.
-func (r *RedPacketActivityReconciler) seed(ctx context.Context, s *activityScope) error {
+// seed stages and commits the packets through the store, showing phase Seeding
+// (written through patch) meanwhile.
+func (r *RedPacketActivityReconciler) seed(ctx context.Context, s *activityScope, patch statusPatcher) (stepResult, error) {
 	a := s.activity
 	if s.amounts == nil {
-		return fmt.Errorf("no packets to seed")
+		return stepResult{}, fmt.Errorf("no packets to seed")
 	}
 	s.status.Phase = redpacketv1alpha1.PhaseSeeding
-	s.blockReady(ReasonSeeding, "seeding %d packets into Redis", a.Spec.Count)
-	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, ReasonSeeding,
+	seeding := notReady(redpacketv1alpha1.ReasonSeeding, "seeding %d packets into Redis", a.Spec.Count)
+	s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, redpacketv1alpha1.ReasonSeeding,
 		"seeding %d packets into Redis (%d staged)", a.Spec.Count, s.snapshot.StagedCount)
-	if err := r.applyStatus(ctx, s); err != nil {
-		return fmt.Errorf("showing phase Seeding: %w", err)
+	if err := patch(ctx, s, seeding); err != nil {
+		return stepResult{blocker: seeding}, fmt.Errorf("showing phase Seeding: %w", err)
 	}
 
 	sctx, cancel := context.WithTimeout(ctx, r.seedTimeout(a.Spec.Count))
 	defer cancel()
 	startMs, endMs := scheduleMs(a)
-	res, err := r.Seeder.Seed(sctx, s.redis, s.keys, s.amounts, lua.SeedParams{
+	res, err := s.store.Seed(sctx, s.amounts, lua.SeedParams{
 		Count:   a.Spec.Count,
 		Total:   a.Spec.TotalAmount,
 		StartMs: startMs,
@@ -374,23 +425,22 @@ func (r *RedPacketActivityReconciler) seed(ctx context.Context, s *activityScope
 		Sponsor: a.Spec.Sponsor,
 	})
 	if err != nil {
-		s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, ReasonSeedFailed, "seeding stopped: %v", err)
-		s.blockReady(ReasonSeedFailed, "seeding stopped, it resumes where it stood: %v", err)
-		return fmt.Errorf("seeding %d packets: %w", a.Spec.Count, err)
+		s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, redpacketv1alpha1.ReasonSeedFailed, "seeding stopped: %v", err)
+		return stepResult{blocker: notReady(redpacketv1alpha1.ReasonSeedFailed, "seeding stopped, it resumes where it stood: %v", err)},
+			fmt.Errorf("seeding %d packets: %w", a.Spec.Count, err)
 	}
 	rctx, rcancel := r.redisContext(ctx)
 	defer rcancel()
-	snap, err := lua.ReadSnapshot(rctx, s.redis, s.keys)
+	snap, err := s.store.Snapshot(rctx)
 	if err != nil {
-		return fmt.Errorf("reading the activity after seeding: %w", err)
+		return stepResult{blocker: seeding}, fmt.Errorf("reading the activity after seeding: %w", err)
 	}
 	if !snap.Exists() {
-		return fmt.Errorf("the activity is not in Redis right after seeding")
+		return stepResult{blocker: seeding}, fmt.Errorf("the activity is not in Redis right after seeding")
 	}
 	s.snapshot = snap
-	s.notReady = nil
 	r.logger(ctx).Info("seeded", "count", a.Spec.Count, "total", a.Spec.TotalAmount, "committedNow", res.Committed)
-	return nil
+	return stepResult{}, nil
 }
 
 // seedTimeout is the deadline of one seeding run; it grows with the packet count.
@@ -413,91 +463,90 @@ func scheduleMs(a *redpacketv1alpha1.RedPacketActivity) (startMs, endMs int64) {
 // cluster mode) and puts the grab script's SHA into status. The grab path falls back
 // to EVAL on NOSCRIPT anyway; loading ahead saves that round trip after a restart,
 // failover or SCRIPT FLUSH.
-func (r *RedPacketActivityReconciler) reconcileScripts(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+func (r *RedPacketActivityReconciler) reconcileScripts(ctx context.Context, s *activityScope) (stepResult, error) {
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	if err := lua.LoadAll(rctx, s.redis); err != nil {
-		s.blockReady(ReasonRedisUnavailable, "loading the scripts: %v", err)
-		s.halt()
-		return ctrl.Result{}, fmt.Errorf("loading the scripts: %w", err)
+	if err := s.store.LoadScripts(rctx); err != nil {
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "loading the scripts: %v", err), fmt.Errorf("loading the scripts: %w", err)
 	}
 	s.status.ScriptSHA = lua.GrabScript.SHA()
-	return ctrl.Result{}, nil
+	return stepResult{}, nil
 }
 
 // reconcileGate writes the schedule and the pause flag into Redis and opens a ready
 // activity to grabs, which is allowed only once status records Seeded. A closed
-// activity stays closed; spec.paused toggles the gate both ways.
-func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+// activity stays closed; spec.paused toggles the gate both ways. Afterwards the
+// snapshot holds the spec's window and pause flag, as Redis does.
+func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *activityScope) (stepResult, error) {
 	if !s.seededRecorded {
-		return ctrl.Result{}, fmt.Errorf("refusing to open an activity whose status does not record Seeded")
+		return stepResult{}, fmt.Errorf("refusing to open an activity whose status does not record Seeded")
 	}
 	if s.snapshot.State == lua.StateClosed {
-		return ctrl.Result{}, nil
+		return stepResult{}, nil
 	}
 	startMs, endMs := scheduleMs(s.activity)
 	paused := s.activity.Spec.Paused
 	if s.snapshot.State == lua.StateOpen && s.snapshot.Paused == paused &&
 		s.snapshot.StartMs == startMs && s.snapshot.EndMs == endMs {
-		return ctrl.Result{}, nil
+		return stepResult{}, nil
 	}
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	res, err := lua.Configure(rctx, s.redis, s.keys, startMs, endMs, paused, true)
+	res, err := s.store.Configure(rctx, startMs, endMs, paused, true)
 	if err != nil {
-		s.blockReady(ReasonRedisUnavailable, "configuring the activity: %v", err)
-		return ctrl.Result{}, fmt.Errorf("configuring the activity: %w", err)
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "configuring the activity: %v", err), fmt.Errorf("configuring the activity: %w", err)
 	}
 	if !res.Found {
-		return ctrl.Result{}, fmt.Errorf("configuring the activity: %w", lua.ErrMissing)
+		return stepResult{}, fmt.Errorf("configuring the activity: %w", lua.ErrMissing)
 	}
 	if res.State != lua.StateClosed {
 		s.snapshot.StartMs, s.snapshot.EndMs, s.snapshot.Paused = startMs, endMs, paused
 	}
 	s.snapshot.State = res.State
-	return ctrl.Result{}, nil
+	return stepResult{}, nil
 }
 
 // reconcileSchedule decides the phase from Redis and the Redis server clock (the one
-// the grab script gates on), and closes the activity when it is due: at endTime as
+// the grab script gates on) with lua.Snapshot.Phase, where the grab service decides
+// it too, and closes the activity when that phase says it is over: at endTime as
 // Expired, refunding the unclaimed remainder to the sponsor through the settlement
 // stream (status.refundedAmount is the close's exact figure), or as Exhausted once no
 // packet remains. It asks to come back at startTime and endTime, and every
 // ActiveResyncPeriod while Active or while a closed activity has not settled yet.
-func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *activityScope) (ctrl.Result, error) {
-	startMs, endMs := scheduleMs(s.activity)
+func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *activityScope) (stepResult, error) {
 	nowMs := s.redisNow.UnixMilli()
 	resync := r.Options.ActiveResyncPeriod
 	until := func(ms int64) time.Duration {
 		return max(time.Duration(ms-nowMs)*time.Millisecond, 50*time.Millisecond)
 	}
 
-	if s.snapshot.State != lua.StateClosed {
-		var reason lua.CloseReason
-		switch {
-		case endMs > 0 && nowMs >= endMs:
-			reason = lua.CloseExpired
-		case s.snapshot.RemainingCount == 0:
+	phase, ok := s.snapshot.Phase(s.redisNow)
+	if !ok {
+		return stepResult{}, fmt.Errorf("the activity is in state %q in Redis, from which no phase follows", s.snapshot.State)
+	}
+	if s.snapshot.State == lua.StateOpen && (phase == redpacketv1alpha1.PhaseExpired || phase == redpacketv1alpha1.PhaseExhausted) {
+		reason := lua.CloseExpired
+		if phase == redpacketv1alpha1.PhaseExhausted {
 			reason = lua.CloseExhausted
 		}
-		if reason != "" {
-			rctx, cancel := r.redisContext(ctx)
-			defer cancel()
-			res, err := lua.Close(rctx, s.redis, s.keys, reason)
-			if err != nil {
-				s.blockReady(ReasonRedisUnavailable, "closing the activity: %v", err)
-				return ctrl.Result{}, fmt.Errorf("closing the activity as %s: %w", reason, err)
-			}
-			switch res.Outcome {
-			case lua.Closed:
-				s.snapshot.State = lua.StateClosed
-				s.snapshot.CloseReason = res.Reason
-				s.snapshot.Refunded = res.Refunded
-				s.snapshot.RemainingCount = 0
-				r.logger(ctx).Info("closed", "reason", res.Reason, "refunded", res.Refunded)
-			case lua.CloseMissing:
-				return ctrl.Result{}, fmt.Errorf("closing the activity: %w", lua.ErrMissing)
-			}
+		rctx, cancel := r.redisContext(ctx)
+		defer cancel()
+		res, err := s.store.Close(rctx, reason)
+		if err != nil {
+			return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "closing the activity: %v", err),
+				fmt.Errorf("closing the activity as %s: %w", reason, err)
+		}
+		switch res.Outcome {
+		case lua.Closed:
+			s.snapshot.State = lua.StateClosed
+			s.snapshot.CloseReason = res.Reason
+			s.snapshot.Refunded = res.Refunded
+			s.snapshot.RemainingCount = 0
+			r.logger(ctx).Info("closed", "reason", res.Reason, "refunded", res.Refunded)
+		case lua.CloseMissing:
+			return stepResult{}, fmt.Errorf("closing the activity: %w", lua.ErrMissing)
+		default:
+			return stepResult{}, fmt.Errorf("closing the activity as %s: Redis says %q (the snapshot was stale)", reason, res.Outcome)
 		}
 	}
 
@@ -506,47 +555,55 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 		switch {
 		case settled(s.snapshot), s.activity.Spec.Settlement == nil:
 			// Nothing to wait for, or nothing that can move without a spec change.
-			return ctrl.Result{}, nil
+			return stepResult{}, nil
 		case s.snapshot.DeadCount > 0:
-			return ctrl.Result{RequeueAfter: 6 * resync}, nil
+			return stepResult{requeueAfter: 6 * resync}, nil
 		default:
-			return ctrl.Result{RequeueAfter: resync}, nil
+			return stepResult{requeueAfter: resync}, nil
 		}
 	}
 
-	var result ctrl.Result
-	if endMs > 0 {
-		result.RequeueAfter = until(endMs)
+	var res stepResult
+	if s.snapshot.EndMs > 0 {
+		res.requeueAfter = until(s.snapshot.EndMs)
 	}
-	switch {
-	case s.activity.Spec.Paused:
-		s.status.Phase = redpacketv1alpha1.PhasePaused
-		s.phaseMessage = fmt.Sprintf("grabbing is paused with %d of %d packets left", s.snapshot.RemainingCount, s.snapshot.Count)
-	case startMs > 0 && nowMs < startMs:
-		s.status.Phase = redpacketv1alpha1.PhaseScheduled
-		s.phaseMessage = fmt.Sprintf("%d packets are seeded; grabbing opens at %s", s.snapshot.Count, s.activity.Spec.StartTime.UTC().Format(time.RFC3339))
-		result = lowestNonZeroResult(result, ctrl.Result{RequeueAfter: until(startMs)})
-	default:
-		s.status.Phase = redpacketv1alpha1.PhaseActive
-		s.phaseMessage = fmt.Sprintf("grabbing is open with %d of %d packets left", s.snapshot.RemainingCount, s.snapshot.Count)
-		result = lowestNonZeroResult(result, ctrl.Result{RequeueAfter: resync})
+	s.status.Phase = phase
+	s.phaseMessage = phaseMessage(phase, s.snapshot)
+	switch phase {
+	case redpacketv1alpha1.PhaseScheduled:
+		res.requeueAfter = soonest(res.requeueAfter, until(s.snapshot.StartMs))
+	case redpacketv1alpha1.PhaseActive:
+		res.requeueAfter = soonest(res.requeueAfter, resync)
 	}
-	return result, nil
+	return res, nil
 }
 
-// recordClosed puts a closed activity's phase and exact refund into the status to
-// apply: Exhausted when every packet was claimed, else Expired.
+// recordClosed puts a closed activity's phase (lua.Snapshot.Phase: Exhausted when
+// every packet was claimed, else Expired) and exact refund into the status to apply.
 func (s *activityScope) recordClosed() {
 	refunded := s.snapshot.Refunded
 	s.status.RefundedAmount = &refunded
-	if s.snapshot.CloseReason == lua.CloseExhausted {
-		s.status.Phase = redpacketv1alpha1.PhaseExhausted
-		s.phaseMessage = fmt.Sprintf("all %d packets were claimed", s.snapshot.Count)
-		return
+	phase, _ := s.snapshot.Phase(s.redisNow)
+	s.status.Phase = phase
+	s.phaseMessage = phaseMessage(phase, s.snapshot)
+}
+
+// phaseMessage explains the phase that Redis says, for Ready's message.
+func phaseMessage(phase redpacketv1alpha1.Phase, snap lua.Snapshot) string {
+	switch phase {
+	case redpacketv1alpha1.PhaseExhausted:
+		return fmt.Sprintf("all %d packets were claimed", snap.Count)
+	case redpacketv1alpha1.PhaseExpired:
+		return fmt.Sprintf("grabbing closed at endTime; %d of %d packets were claimed and %d was refunded to the sponsor",
+			snap.ClaimedCount, snap.Count, snap.Refunded)
+	case redpacketv1alpha1.PhasePaused:
+		return fmt.Sprintf("grabbing is paused with %d of %d packets left", snap.RemainingCount, snap.Count)
+	case redpacketv1alpha1.PhaseScheduled:
+		return fmt.Sprintf("%d packets are seeded; grabbing opens at %s", snap.Count,
+			time.UnixMilli(snap.StartMs).UTC().Format(time.RFC3339))
+	default:
+		return fmt.Sprintf("grabbing is open with %d of %d packets left", snap.RemainingCount, snap.Count)
 	}
-	s.status.Phase = redpacketv1alpha1.PhaseExpired
-	s.phaseMessage = fmt.Sprintf("grabbing closed at endTime; %d of %d packets were claimed and %d was refunded to the sponsor",
-		s.snapshot.ClaimedCount, s.snapshot.Count, refunded)
 }
 
 // settled reports whether every claim and the refund have been credited.

@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -31,15 +30,15 @@ var controllerConditionTypes = []string{
 
 // warningReasons are the condition reasons whose arrival is reported as a Warning event.
 var warningReasons = map[string]bool{
-	ReasonDataLost:           true,
-	ReasonRedisConfigInvalid: true,
-	ReasonRedisUnavailable:   true,
-	ReasonInvalidSpec:        true,
-	ReasonSpecMismatch:       true,
-	ReasonSeedFailed:         true,
-	ReasonNotAdopted:         true,
-	ReasonWorkloadFailed:     true,
-	ReasonDeadLetters:        true,
+	redpacketv1alpha1.ReasonDataLost:           true,
+	redpacketv1alpha1.ReasonRedisConfigInvalid: true,
+	redpacketv1alpha1.ReasonRedisUnavailable:   true,
+	redpacketv1alpha1.ReasonInvalidSpec:        true,
+	redpacketv1alpha1.ReasonSpecMismatch:       true,
+	redpacketv1alpha1.ReasonSeedFailed:         true,
+	redpacketv1alpha1.ReasonNotAdopted:         true,
+	redpacketv1alpha1.ReasonWorkloadFailed:     true,
+	redpacketv1alpha1.ReasonDeadLetters:        true,
 }
 
 // readyPhases are the phases in which the activity serves grabs or finished cleanly.
@@ -88,9 +87,10 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 	return out
 }
 
-// computeStatus completes the scope's status with what is derived at the end of a
-// reconcile: the observed generation, the phase default and the Ready,
-// GrabServiceAvailable and Settled conditions. It also returns when the
+// computeStatus completes the scope's status with what is derived from it at the end
+// of a reconcile (and at a step's mid-way patch): the phase default and the Ready,
+// GrabServiceAvailable and Settled conditions. The observed generation is not its
+// business: Reconcile sets it only after a clean reconcile. It also returns when the
 // GrabServiceAvailable condition would turn stale by itself (0: never).
 //
 // Ready is True only when the activity can serve what its phase promises: in
@@ -99,14 +99,12 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 // GrabServiceUnavailable; Exhausted and Expired are Ready by themselves. So
 // kubectl wait --for=condition=Ready returns once grabs can be answered.
 func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacketv1alpha1.RedPacketActivityStatus, time.Duration) {
-	a := s.activity
-	s.status.ObservedGeneration = a.Generation
 	if s.status.Phase == "" {
 		s.status.Phase = redpacketv1alpha1.PhasePending
 	}
 
 	if meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionSeeded) == nil {
-		s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, ReasonPending, "the packets are not seeded yet")
+		s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, redpacketv1alpha1.ReasonPending, "the packets are not seeded yet")
 	}
 
 	staleIn := r.computeGrabServiceAvailable(s)
@@ -129,7 +127,7 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 			if grab != nil {
 				why = grab.Reason + ": " + grab.Message
 			}
-			s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonGrabServiceUnavailable,
+			s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonGrabServiceUnavailable,
 				"%s, but no grab replica is available to answer users (%s)", msg, why)
 			break
 		}
@@ -149,25 +147,25 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 func (r *RedPacketActivityReconciler) computeGrabServiceAvailable(s *activityScope) time.Duration {
 	const condType = redpacketv1alpha1.ConditionGrabServiceAvailable
 	if !s.workloadChecked {
-		if c := meta.FindStatusCondition(s.status.Conditions, condType); c != nil && c.Reason == ReasonNotAdopted {
+		if c := meta.FindStatusCondition(s.status.Conditions, condType); c != nil && c.Reason == redpacketv1alpha1.ReasonNotAdopted {
 			return 0
 		}
 	}
 	if s.notAdopted != "" {
-		s.setCondition(condType, metav1.ConditionFalse, ReasonNotAdopted, "%s", s.notAdopted)
+		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonNotAdopted, "%s", s.notAdopted)
 		return 0
 	}
 	timeout := r.Options.GrabReportTimeout
 	if lr := s.activity.Status.LastReportTime; lr != nil {
 		age := s.now.Sub(lr.Time)
 		if age < timeout {
-			s.setCondition(condType, metav1.ConditionTrue, ReasonReporting,
+			s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonReporting,
 				"a grab replica reported at %s", lr.UTC().Format(time.RFC3339))
 			return timeout - age + 100*time.Millisecond
 		}
 	}
 	if d := s.deployment; d != nil && d.Status.AvailableReplicas > 0 {
-		s.setCondition(condType, metav1.ConditionTrue, ReasonReplicasAvailable,
+		s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonReplicasAvailable,
 			"deployment %s has %d available replicas", d.Name, d.Status.AvailableReplicas)
 		return 0
 	}
@@ -175,7 +173,7 @@ func (r *RedPacketActivityReconciler) computeGrabServiceAvailable(s *activitySco
 	if s.activity.Status.LastReportTime != nil {
 		msg += fmt.Sprintf(" (last report %s)", s.activity.Status.LastReportTime.UTC().Format(time.RFC3339))
 	}
-	s.setCondition(condType, metav1.ConditionFalse, ReasonNoReplicas, "%s", msg)
+	s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonNoReplicas, "%s", msg)
 	return 0
 }
 
@@ -189,32 +187,32 @@ func computeSettled(s *activityScope) {
 		if s.snapshotRead {
 			claims = snap.ClaimedCount
 		}
-		s.setCondition(condType, metav1.ConditionFalse, ReasonNotConfigured,
+		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonNotConfigured,
 			"spec.settlement is absent; %d claims wait in the activity's stream until it is configured", claims)
 	case !s.snapshotRead:
 		// Nothing new is known; keep what the status says.
 		if meta.FindStatusCondition(s.status.Conditions, condType) == nil {
-			s.setCondition(condType, metav1.ConditionUnknown, ReasonPending, "Redis has not been read yet")
+			s.setCondition(condType, metav1.ConditionUnknown, redpacketv1alpha1.ReasonPending, "Redis has not been read yet")
 		}
 	case !snap.Exists():
-		reason := ReasonPending
-		if s.notReady != nil && s.notReady.reason == ReasonDataLost {
-			reason = ReasonDataLost
+		reason := redpacketv1alpha1.ReasonPending
+		if s.notReady != nil && s.notReady.reason == redpacketv1alpha1.ReasonDataLost {
+			reason = redpacketv1alpha1.ReasonDataLost
 		}
 		s.setCondition(condType, metav1.ConditionUnknown, reason, "Redis holds no data for the activity")
 	case snap.DeadCount > 0:
-		s.setCondition(condType, metav1.ConditionFalse, ReasonDeadLetters,
+		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonDeadLetters,
 			"%d deliveries were parked in the dead-letter stream after too many failures; %d of %d claims settled",
 			snap.DeadCount, snap.SettledCount, snap.ClaimedCount)
 	case settled(snap):
-		s.setCondition(condType, metav1.ConditionTrue, ReasonAllSettled,
+		s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonAllSettled,
 			"all %d claims (%d) and the refund (%d) are credited", snap.ClaimedCount, snap.ClaimedAmount, snap.Refunded)
 	default:
 		msg := fmt.Sprintf("%d of %d claims settled", snap.SettledCount, snap.ClaimedCount)
 		if snap.Refunded > 0 {
 			msg += fmt.Sprintf("; %d of the %d refund settled", snap.RefundSettled, snap.Refunded)
 		}
-		s.setCondition(condType, metav1.ConditionFalse, ReasonSettlementPending, "%s", msg)
+		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonSettlementPending, "%s", msg)
 	}
 }
 
@@ -234,49 +232,105 @@ func (r *RedPacketActivityReconciler) observeDeployment(ctx context.Context, s *
 	}
 }
 
-// applyStatus applies the controller's status fields with server-side apply on the
-// status subresource under FieldManager, forcing ownership of exactly those fields;
-// the grab service's counters are never part of the apply object, so they are never
-// touched. Nothing is sent when the fields are unchanged. Every condition transition
-// is reported as an event. On success the scope's view of the status is updated.
-func (r *RedPacketActivityReconciler) applyStatus(ctx context.Context, s *activityScope) error {
-	_, err := r.applyStatusAndStaleness(ctx, s)
-	return err
+// statusWriter is where the controller's status goes. In production that is the API
+// server (apiStatusWriter); the phase tests record what would be written.
+type statusWriter interface {
+	// applyStatus applies the controller's status fields st of activity a with
+	// server-side apply on the status subresource under FieldManager, forcing
+	// ownership of exactly those fields. The grab service's counters are never part
+	// of it, so they are never touched.
+	applyStatus(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, st redpacketv1alpha1.RedPacketActivityStatus) error
+	// applyInitialCounters applies the four counters of a seeded activity under
+	// InitialCountersFieldManager, without force (see reconcileInitialCounters).
+	applyInitialCounters(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, c initialCounters) error
 }
 
-func (r *RedPacketActivityReconciler) applyStatusAndStaleness(ctx context.Context, s *activityScope) (time.Duration, error) {
+// initialCounters are the grab service's counters the controller applies once.
+type initialCounters struct {
+	remainingCount, remainingAmount, claimedCount, claimedAmount int64
+}
+
+// apiStatusWriter writes status to the API server through c.
+type apiStatusWriter struct {
+	c client.Client
+}
+
+func (w apiStatusWriter) applyStatus(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, st redpacketv1alpha1.RedPacketActivityStatus) error {
+	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return fmt.Errorf("converting status: %w", err)
+	}
+	if err := w.c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(statusApplyObject(a, fields)),
+		client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying status: %w", err)
+	}
+	return nil
+}
+
+func (w apiStatusWriter) applyInitialCounters(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, c initialCounters) error {
+	obj := statusApplyObject(a, map[string]any{
+		"remainingCount":  c.remainingCount,
+		"remainingAmount": c.remainingAmount,
+		"claimedCount":    c.claimedCount,
+		"claimedAmount":   c.claimedAmount,
+	})
+	return w.c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(InitialCountersFieldManager))
+}
+
+// statusWriter returns the reconciler's status writer: the API server through Client
+// unless another one was set.
+func (r *RedPacketActivityReconciler) statusWriter() statusWriter {
+	if r.statuses != nil {
+		return r.statuses
+	}
+	return apiStatusWriter{c: r.Client}
+}
+
+// patchStatus computes the scope's status (computeStatus) and writes the controller's
+// fields through the status writer. Nothing is sent when they are unchanged. Every
+// condition transition is reported as an event. On success the scope's view of the
+// status is updated. It also returns when GrabServiceAvailable would turn stale by
+// itself (0: never).
+//
+// Reconcile calls it once, on the way out, whatever happened; a step that must make
+// its progress durable before it goes on calls it through the statusPatcher it
+// receives (patchStatusNow).
+func (r *RedPacketActivityReconciler) patchStatus(ctx context.Context, s *activityScope) (time.Duration, error) {
 	r.observeDeployment(ctx, s)
 	desired, staleIn := r.computeStatus(s)
 	current := controllerStatus(s.activity.Status)
 	if equality.Semantic.DeepEqual(current, desired) {
 		return staleIn, nil
 	}
-	obj, err := statusApplyObject(s.activity, desired)
-	if err != nil {
+	if err := r.statusWriter().applyStatus(ctx, s.activity, desired); err != nil {
 		return 0, err
-	}
-	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj),
-		client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-		return 0, fmt.Errorf("applying status: %w", err)
 	}
 	r.emitTransitionEvents(s.activity, current, desired)
 	mergeControllerStatus(&s.activity.Status, desired)
 	return staleIn, nil
 }
 
-// statusApplyObject builds the apply object: apiVersion, kind, name, namespace and the
-// controller's status fields, nothing else.
-func statusApplyObject(a *redpacketv1alpha1.RedPacketActivity, st redpacketv1alpha1.RedPacketActivityStatus) (*unstructured.Unstructured, error) {
-	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
-	if err != nil {
-		return nil, fmt.Errorf("converting status: %w", err)
+// patchStatusNow is the statusPatcher of the steps: patchStatus with Ready False for
+// progress meanwhile (nil: as the scope says).
+func (r *RedPacketActivityReconciler) patchStatusNow(ctx context.Context, s *activityScope, progress *readyBlocker) error {
+	if progress != nil {
+		saved := s.notReady
+		s.notReady = progress
+		defer func() { s.notReady = saved }()
 	}
+	_, err := r.patchStatus(ctx, s)
+	return err
+}
+
+// statusApplyObject builds a status apply object: apiVersion, kind, name, namespace
+// and the given status fields, nothing else.
+func statusApplyObject(a *redpacketv1alpha1.RedPacketActivity, fields map[string]any) *unstructured.Unstructured {
 	obj := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
 	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
 	obj.SetKind("RedPacketActivity")
 	obj.SetNamespace(a.Namespace)
 	obj.SetName(a.Name)
-	return obj, nil
+	return obj
 }
 
 // mergeControllerStatus writes the controller's fields of src into dst, keeping the
@@ -313,7 +367,7 @@ func (r *RedPacketActivityReconciler) emitTransitionEvents(a *redpacketv1alpha1.
 		}
 		if t == redpacketv1alpha1.ConditionSettled {
 			closed := after.Phase == redpacketv1alpha1.PhaseExhausted || after.Phase == redpacketv1alpha1.PhaseExpired
-			if now.Reason != ReasonDeadLetters && !(now.Status == metav1.ConditionTrue && closed) {
+			if now.Reason != redpacketv1alpha1.ReasonDeadLetters && !(now.Status == metav1.ConditionTrue && closed) {
 				continue
 			}
 		}
@@ -349,7 +403,7 @@ const InitialCountersFieldManager = "redpacket-controller-initial-counters"
 // service's first report: once Seeded is recorded and status.remainingCount is still
 // absent, it applies remainingCount, remainingAmount, claimedCount and claimedAmount
 // from this reconcile's Redis snapshot (one instant, so claimedAmount +
-// remainingAmount + refundedAmount == totalAmount holds) under
+// remainingAmount + refundedAmount == totalAmount holds) through w, under
 // InitialCountersFieldManager, and never again once they are present.
 //
 // Those fields belong to the grab service's reporter (grabsvc.FieldManager), which
@@ -360,33 +414,27 @@ const InitialCountersFieldManager = "redpacket-controller-initial-counters"
 // is refused with a conflict and the reporter's values stand. A failure here only
 // delays the columns; it is logged and retried at the next reconcile, without
 // holding up the rest.
-func (r *RedPacketActivityReconciler) reconcileInitialCounters(ctx context.Context, s *activityScope) (ctrl.Result, error) {
+func (r *RedPacketActivityReconciler) reconcileInitialCounters(ctx context.Context, s *activityScope, w statusWriter) (stepResult, error) {
 	if !s.seededRecorded || !s.snapshotRead || !s.snapshot.Exists() || s.activity.Status.RemainingCount != nil {
-		return ctrl.Result{}, nil
+		return stepResult{}, nil
 	}
 	snap := s.snapshot
-	counters := map[string]any{
-		"remainingCount":  snap.RemainingCount,
-		"remainingAmount": snap.RemainingAmount(),
-		"claimedCount":    snap.ClaimedCount,
-		"claimedAmount":   snap.ClaimedAmount,
+	c := initialCounters{
+		remainingCount:  snap.RemainingCount,
+		remainingAmount: snap.RemainingAmount(),
+		claimedCount:    snap.ClaimedCount,
+		claimedAmount:   snap.ClaimedAmount,
 	}
-	obj := &unstructured.Unstructured{Object: map[string]any{"status": counters}}
-	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
-	obj.SetKind("RedPacketActivity")
-	obj.SetNamespace(s.activity.Namespace)
-	obj.SetName(s.activity.Name)
-	err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(InitialCountersFieldManager))
+	err := w.applyInitialCounters(ctx, s.activity, c)
 	switch {
 	case err == nil:
 		st := &s.activity.Status
-		st.RemainingCount, st.ClaimedCount = &snap.RemainingCount, &snap.ClaimedCount
-		remainingAmount, claimedAmount := snap.RemainingAmount(), snap.ClaimedAmount
-		st.RemainingAmount, st.ClaimedAmount = &remainingAmount, &claimedAmount
+		st.RemainingCount, st.RemainingAmount = &c.remainingCount, &c.remainingAmount
+		st.ClaimedCount, st.ClaimedAmount = &c.claimedCount, &c.claimedAmount
 	case apierrors.IsConflict(err):
 		r.logger(ctx).V(1).Info("the grab service reported its counters first; not applying the initial ones")
 	case !isNotFoundOrGone(err):
 		r.logger(ctx).Error(err, "applying the initial counters failed; retrying at the next reconcile")
 	}
-	return ctrl.Result{}, nil
+	return stepResult{}, nil
 }

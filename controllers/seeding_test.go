@@ -55,7 +55,7 @@ func TestSeedingSurvivesRestartAndRepeatedReconciles(t *testing.T) {
 	if mid.Status.Phase != redpacketv1alpha1.PhaseSeeding {
 		t.Errorf("phase %s while seeding, want Seeding", mid.Status.Phase)
 	}
-	if c := findCondition(mid, redpacketv1alpha1.ConditionSeeded); c == nil || c.Status != metav1.ConditionFalse || c.Reason != controllers.ReasonSeeding {
+	if c := findCondition(mid, redpacketv1alpha1.ConditionSeeded); c == nil || c.Status != metav1.ConditionFalse || c.Reason != redpacketv1alpha1.ReasonSeeding {
 		t.Errorf("Seeded %+v while seeding, want False/Seeding", c)
 	}
 	for i := range 10 {
@@ -187,7 +187,7 @@ func TestSeedingRestartsWhenStagingVanishesBeforeCommit(t *testing.T) {
 			return errors.New("the controller stopped")
 		}}
 	})
-	a := e.create(e.activity("early", 1000, 500))
+	e.create(e.activity("early", 1000, 500))
 	select {
 	case <-reached:
 	case <-time.After(30 * time.Second):
@@ -200,7 +200,7 @@ func TestSeedingRestartsWhenStagingVanishesBeforeCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.startController(nil)
-	a = e.waitPhase("early", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	a := e.waitPhase("early", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	if snap := e.snapshot(a); snap.Count != 500 || snap.RemainingCount != 500 {
 		t.Fatalf("snapshot %+v, want 500 packets", snap)
 	}

@@ -40,7 +40,7 @@ func TestGrabServiceStatusFieldsSurviveReconciles(t *testing.T) {
 		"deadLetterCount": int64(0), "lastReportTime": reported.UTC().Format(time.RFC3339),
 	}
 	e.applyGrabServiceStatus("shared", counters)
-	e.waitCondition("shared", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionTrue, controllers.ReasonReporting, 5*time.Second)
+	e.waitCondition("shared", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionTrue, redpacketv1alpha1.ReasonReporting, 5*time.Second)
 
 	for i := range 5 {
 		e.bump("shared", i)
@@ -70,7 +70,7 @@ func TestGrabServiceStatusFieldsSurviveReconciles(t *testing.T) {
 	owned := map[string]string{}
 	for _, m := range a.ManagedFields {
 		if m.Subresource == "status" && m.Operation == metav1.ManagedFieldsOperationApply {
-			owned[m.Manager] = string(m.FieldsV1.Raw)
+			owned[m.Manager] = string(m.FieldsV1.GetRawBytes())
 		}
 	}
 	ctrlFields, grabFields := owned[controllers.FieldManager], owned[grabServiceManager]
@@ -95,7 +95,7 @@ func TestGrabServiceStatusFieldsSurviveReconciles(t *testing.T) {
 	}
 
 	// The report turns stale; the controller notices without any event.
-	e.waitCondition("shared", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionFalse, controllers.ReasonNoReplicas, 10*time.Second)
+	e.waitCondition("shared", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionFalse, redpacketv1alpha1.ReasonNoReplicas, 10*time.Second)
 }
 
 func hasStatusField(t *testing.T, fieldsV1, field string) bool {
@@ -127,14 +127,14 @@ func TestRedisConnectionProblemsAreReported(t *testing.T) {
 	e.create(e.activity("remote", 1000, 10, func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.Redis = &redpacketv1alpha1.RedisConnection{SecretRef: redpacketv1alpha1.SecretReference{Name: "redis-conn"}}
 	}))
-	a := e.waitCondition("remote", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonRedisConfigInvalid, 10*time.Second)
+	a := e.waitCondition("remote", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonRedisConfigInvalid, 10*time.Second)
 	if c := findCondition(a, redpacketv1alpha1.ConditionReady); !strings.Contains(c.Message, "redis-conn") {
 		t.Errorf("message %q does not name the Secret", c.Message)
 	}
 	if a.Status.Phase != redpacketv1alpha1.PhasePending {
 		t.Errorf("phase %s, want Pending", a.Status.Phase)
 	}
-	e.waitEvent("remote", "Warning", controllers.ReasonRedisConfigInvalid)
+	e.waitEvent("remote", "Warning", redpacketv1alpha1.ReasonRedisConfigInvalid)
 
 	// A Secret that points at a port nobody listens on.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -149,7 +149,7 @@ func TestRedisConnectionProblemsAreReported(t *testing.T) {
 	if err := e.c.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	e.waitCondition("remote", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, controllers.ReasonRedisUnavailable, 15*time.Second)
+	e.waitCondition("remote", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonRedisUnavailable, 15*time.Second)
 
 	// Point it at the test's Redis: the controller recovers on its own.
 	secret.StringData = map[string]string{"addresses": e.redis.Addr, "mode": "standalone"}
@@ -193,7 +193,7 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 	}
 	report(0, 0)
 	e.waitPhase("drained", redpacketv1alpha1.PhaseExhausted, 5*time.Second)
-	pending := e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, controllers.ReasonSettlementPending, 5*time.Second)
+	pending := e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, redpacketv1alpha1.ReasonSettlementPending, 5*time.Second)
 	if msg := findCondition(pending, redpacketv1alpha1.ConditionSettled).Message; msg != "0 of 2 claims settled" {
 		t.Errorf("Settled message %q of an exhausted activity, want %q (no refund to speak of)", msg, "0 of 2 claims settled")
 	}
@@ -202,7 +202,7 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 		t.Fatalf("settled %d entries, want 2 grants", n)
 	}
 	report(2, claimed)
-	e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionTrue, controllers.ReasonAllSettled, 5*time.Second)
+	e.waitCondition("drained", redpacketv1alpha1.ConditionSettled, metav1.ConditionTrue, redpacketv1alpha1.ReasonAllSettled, 5*time.Second)
 
 	e.create(e.activity("poisoned", 100, 3, withSettlement))
 	b := e.waitPhase("poisoned", redpacketv1alpha1.PhaseActive, 20*time.Second)
@@ -217,5 +217,5 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 		t.Fatalf("dead-lettering: ok=%v err=%v", ok, err)
 	}
 	e.applyGrabServiceStatus("poisoned", map[string]any{"claimedCount": int64(1), "deadLetterCount": int64(1)})
-	e.waitCondition("poisoned", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, controllers.ReasonDeadLetters, 5*time.Second)
+	e.waitCondition("poisoned", redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, redpacketv1alpha1.ReasonDeadLetters, 5*time.Second)
 }

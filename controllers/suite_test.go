@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -35,14 +36,20 @@ import (
 	"redpacket.io/operator/test/wait"
 )
 
-// cp is the package's one control plane (kube-apiserver + etcd).
+// cp is the package's one control plane (kube-apiserver + etcd). Under -short it is
+// not started, and every test that needs servers skips (needsServers).
 var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
+	flag.Parse()
 	if os.Getenv("RPA_TEST_LOG") != "" {
 		ctrl.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(1))))
 	} else {
 		ctrl.SetLogger(logr.Discard())
+	}
+	if testing.Short() {
+		// The phase tables and the pure rules need no server.
+		os.Exit(m.Run())
 	}
 	var err error
 	cp, err = controlplane.New()
@@ -71,8 +78,18 @@ type env struct {
 
 var managerSeq atomic.Int64
 
+// needsServers skips the test under -short, where TestMain starts no server. Every
+// test that uses the control plane or a Redis calls it first (newEnv does).
+func needsServers(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs kube-apiserver, etcd and Redis; run without -short")
+	}
+}
+
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	needsServers(t)
 	srv := redistest.Start(t)
 	return &env{t: t, ns: cp.Namespace(t), redis: srv, rdb: srv.Client(t), c: cp.Client}
 }

@@ -33,11 +33,11 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	e.startController(nil)
 	ctx := context.Background()
 
-	a := e.create(e.activity("owned", 1000, 10, withSettlement, func(a *redpacketv1alpha1.RedPacketActivity) {
+	e.create(e.activity("owned", 1000, 10, withSettlement, func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.GrabService.Auth = &redpacketv1alpha1.GrabAuth{TokenSecretRef: redpacketv1alpha1.SecretReference{Name: "grab-hmac"}}
 		a.Spec.Settlement.Webhook.SecretRef = &redpacketv1alpha1.SecretReference{Name: "balance-hmac"}
 	}))
-	a = e.waitPhase("owned", redpacketv1alpha1.PhaseActive, 20*time.Second)
+	a := e.waitPhase("owned", redpacketv1alpha1.PhaseActive, 20*time.Second)
 
 	key := client.ObjectKey{Namespace: e.ns, Name: "owned-grab"}
 	children := map[string]client.Object{
@@ -321,11 +321,11 @@ func TestForeignDeploymentIsNotAdopted(t *testing.T) {
 	e.startController(nil)
 	e.create(e.activity("taken", 1000, 10))
 
-	a := e.waitCondition("taken", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionFalse, controllers.ReasonNotAdopted, 20*time.Second)
+	a := e.waitCondition("taken", redpacketv1alpha1.ConditionGrabServiceAvailable, metav1.ConditionFalse, redpacketv1alpha1.ReasonNotAdopted, 20*time.Second)
 	if c := findCondition(a, redpacketv1alpha1.ConditionGrabServiceAvailable); !strings.Contains(c.Message, "Deployment taken-grab") {
 		t.Errorf("NotAdopted message %q does not name the Deployment", c.Message)
 	}
-	e.waitEvent("taken", "Warning", controllers.ReasonNotAdopted)
+	e.waitEvent("taken", "Warning", redpacketv1alpha1.ReasonNotAdopted)
 	e.bump("taken", 1)
 	e.bump("taken", 2)
 	time.Sleep(time.Second)

@@ -28,6 +28,7 @@ type kubectl struct {
 
 func newKubectl(t *testing.T) kubectl {
 	t.Helper()
+	needsControlPlane(t)
 	dir := t.TempDir()
 	k := kubectl{
 		bin:        filepath.Join(cp.BinDir, "kubectl"),

@@ -198,32 +198,6 @@ const (
 	PhaseFailed    Phase = "Failed"
 )
 
-// Condition types set on an activity.
-const (
-	// ConditionReady is true while the activity can serve grabs, or has finished
-	// cleanly. In the phases in which the grab service serves users (Scheduled,
-	// Active, Paused) that needs GrabServiceAvailable to be true as well; otherwise
-	// Ready is false with reason GrabServiceUnavailable. Exhausted and Expired are
-	// Ready without a grab replica: there is nothing left to serve.
-	ConditionReady = "Ready"
-	// ConditionSeeded is true once the packets are committed to Redis.
-	ConditionSeeded = "Seeded"
-	// ConditionGrabServiceAvailable is true when a grab replica reports or is available.
-	ConditionGrabServiceAvailable = "GrabServiceAvailable"
-	// ConditionSettled is true when every claim and refund has been credited.
-	ConditionSettled = "Settled"
-)
-
-// Condition reasons that scripts and people may rely on.
-const (
-	// ReasonDataLost means Redis no longer holds an activity that had been seeded.
-	ReasonDataLost = "DataLost"
-	// ReasonGrabServiceUnavailable is Ready's reason while the packets are seeded (and
-	// grabbing is scheduled, open or paused) but no grab replica is available to
-	// answer users.
-	ReasonGrabServiceUnavailable = "GrabServiceUnavailable"
-)
-
 // RedPacketActivityStatus is what the controller and the grab service observed.
 // The controller and the grab service's reporter write disjoint fields with
 // server-side apply under their own field managers.

@@ -58,6 +58,7 @@ func expectRejected(t *testing.T, err error, msg string) {
 }
 
 func TestImpossibleSpecsAreRejected(t *testing.T) {
+	needsControlPlane(t)
 	ns := cp.Namespace(t)
 	for _, tc := range []struct {
 		name   string
@@ -111,6 +112,7 @@ func TestImpossibleSpecsAreRejected(t *testing.T) {
 }
 
 func TestBoundariesAreAccepted(t *testing.T) {
+	needsControlPlane(t)
 	ns := cp.Namespace(t)
 	for _, tc := range []struct {
 		name   string
@@ -142,6 +144,7 @@ func TestBoundariesAreAccepted(t *testing.T) {
 }
 
 func TestDefaultsAreApplied(t *testing.T) {
+	needsControlPlane(t)
 	ctx := testCtx(t)
 	ns := cp.Namespace(t)
 	a := activity(ns, "defaults")
@@ -207,6 +210,7 @@ func TestDefaultsAreApplied(t *testing.T) {
 }
 
 func TestMoneyFieldsAreImmutable(t *testing.T) {
+	needsControlPlane(t)
 	ctx := testCtx(t)
 	ns := cp.Namespace(t)
 	a := activity(ns, "immutable")
@@ -261,6 +265,7 @@ func TestMoneyFieldsAreImmutable(t *testing.T) {
 }
 
 func TestStatusIsASubresource(t *testing.T) {
+	needsControlPlane(t)
 	ctx := testCtx(t)
 	ns := cp.Namespace(t)
 	a := activity(ns, "status")

@@ -1,0 +1,88 @@
+package v1alpha1
+
+// Condition types set on an activity. The controller owns all four; the grab
+// service's reporter sets none.
+const (
+	// ConditionReady is true while the activity can serve grabs, or has finished
+	// cleanly. In the phases in which the grab service serves users (Scheduled,
+	// Active, Paused) that needs GrabServiceAvailable to be true as well; otherwise
+	// Ready is false with reason GrabServiceUnavailable. Exhausted and Expired are
+	// Ready without a grab replica: there is nothing left to serve.
+	ConditionReady = "Ready"
+	// ConditionSeeded is true once the packets are committed to Redis.
+	ConditionSeeded = "Seeded"
+	// ConditionGrabServiceAvailable is true when a grab replica reports or is available.
+	ConditionGrabServiceAvailable = "GrabServiceAvailable"
+	// ConditionSettled is true when every claim and refund has been credited.
+	ConditionSettled = "Settled"
+)
+
+// Condition reasons that scripts and people may rely on. Every reason has its own
+// string, so a reason names one situation whatever condition carries it. Besides
+// these, Ready's reason is the phase's name (Pending, Seeding, Scheduled, Active,
+// Paused, Exhausted, Expired, Failed) when nothing more specific is wrong.
+const (
+	// ReasonPending: nothing is known yet. Seeded is False with it until seeding
+	// starts; Settled is Unknown with it until Redis is read or while Redis holds no
+	// data for the activity.
+	ReasonPending = "Pending"
+
+	// ReasonSeeding: the packets are being written into Redis (Seeded False, Ready
+	// False).
+	ReasonSeeding = "Seeding"
+	// ReasonCommitted: the packets are committed to Redis (Seeded True).
+	ReasonCommitted = "Committed"
+	// ReasonSeedFailed: seeding stopped with an error; it resumes where it stood
+	// (Seeded False, Ready False).
+	ReasonSeedFailed = "SeedFailed"
+	// ReasonInvalidSpec: the spec cannot be split into packets; the activity is
+	// Failed until the spec changes (Seeded False, Ready False).
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonSpecMismatch: Redis holds other figures for the activity than the spec
+	// declares (Ready False).
+	ReasonSpecMismatch = "SpecMismatch"
+	// ReasonDataLost means Redis no longer holds an activity that had been seeded. It
+	// is never seeded again; the activity is Failed (Seeded False, Ready False,
+	// Settled Unknown).
+	ReasonDataLost = "DataLost"
+
+	// ReasonRedisConfigInvalid: the activity's Redis connection is missing or
+	// unusable (Ready False).
+	ReasonRedisConfigInvalid = "RedisConfigInvalid"
+	// ReasonRedisUnavailable: Redis does not answer, or a script failed (Ready False).
+	ReasonRedisUnavailable = "RedisUnavailable"
+
+	// ReasonNotAdopted: an object of the grab workload's name exists and is not
+	// controlled by the activity; it is left alone (GrabServiceAvailable False).
+	ReasonNotAdopted = "NotAdopted"
+	// ReasonWorkloadFailed: the grab workload could not be applied (Ready False).
+	ReasonWorkloadFailed = "WorkloadFailed"
+	// ReasonReporting: a grab replica reported recently (GrabServiceAvailable True).
+	ReasonReporting = "Reporting"
+	// ReasonReplicasAvailable: the grab Deployment has available replicas
+	// (GrabServiceAvailable True).
+	ReasonReplicasAvailable = "ReplicasAvailable"
+	// ReasonNoReplicas: no grab replica is available and none reported recently
+	// (GrabServiceAvailable False).
+	ReasonNoReplicas = "NoReplicaAvailable"
+	// ReasonGrabServiceUnavailable is Ready's reason while the packets are seeded (and
+	// grabbing is scheduled, open or paused) but no grab replica is available to
+	// answer users.
+	ReasonGrabServiceUnavailable = "GrabServiceUnavailable"
+
+	// ReasonNotConfigured: spec.settlement is absent; claims wait in the activity's
+	// stream (Settled False).
+	ReasonNotConfigured = "NotConfigured"
+	// ReasonSettlementPending: some claims or the refund are not credited yet
+	// (Settled False).
+	ReasonSettlementPending = "SettlementPending"
+	// ReasonDeadLetters: deliveries were parked in the dead-letter stream after too
+	// many failures (Settled False).
+	ReasonDeadLetters = "DeadLetters"
+	// ReasonAllSettled: every claim and the refund are credited (Settled True).
+	ReasonAllSettled = "AllSettled"
+
+	// ReasonDeleting: the activity is deleted and waits for settlement to drain, or
+	// for Redis, before its keys are removed (Ready False).
+	ReasonDeleting = "Deleting"
+)

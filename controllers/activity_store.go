@@ -1,0 +1,56 @@
+package controllers
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"redpacket.io/operator/lua"
+)
+
+// activityStore is everything the controller does to one activity's data in Redis,
+// in the manner of an external client: observe it (the server clock and a snapshot
+// of every counter), create it (seed the packets exactly once), update it (load the
+// scripts, configure the gate, close it) and delete it (purge). The steps of a
+// reconcile reach Redis only through it, so each step can be run against a fake.
+//
+// lua.Activity is the production implementation.
+type activityStore interface {
+	// Time is the Redis server's clock, the one the grab script gates on.
+	Time(ctx context.Context) (time.Time, error)
+	// Snapshot reads every counter of the activity at one instant.
+	Snapshot(ctx context.Context) (lua.Snapshot, error)
+	// Seed stages and commits the packets exactly once.
+	Seed(ctx context.Context, amounts []int64, p lua.SeedParams) (lua.SeedResult, error)
+	// LoadScripts loads every script ahead of use, on every master.
+	LoadScripts(ctx context.Context) error
+	// Configure writes the schedule and the pause flag; open moves a ready activity
+	// to open.
+	Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (lua.ConfigureResult, error)
+	// Close ends grabbing for the given reason and refunds the remainder.
+	Close(ctx context.Context, reason lua.CloseReason) (lua.CloseResult, error)
+	// Purge deletes every key of the activity.
+	Purge(ctx context.Context) error
+	// PurgeKeepingUnsettled deletes the activity's keys except the settlement and
+	// dead-letter streams, kept for retention; it returns the keys kept.
+	PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error)
+}
+
+var _ activityStore = (*lua.Activity)(nil)
+
+// storeFactory returns the store of the activity with the given UID on the Redis
+// that conn names.
+type storeFactory func(conn lua.Conn, uid types.UID) activityStore
+
+// storeFor returns the store of the activity with the given UID: the reconciler's
+// factory when it has one (the phase tests), else the activity's handle on the cached
+// client for conn, seeding with the reconciler's Seeder.
+func (r *RedPacketActivityReconciler) storeFor(conn lua.Conn, uid types.UID) activityStore {
+	if r.newStore != nil {
+		return r.newStore(conn, uid)
+	}
+	h := lua.NewActivity(r.Redis.Get(conn), string(uid))
+	h.Seeder = r.Seeder
+	return h
+}

@@ -1,0 +1,378 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// The fakes of the phase tests: an in-memory activity store that behaves like the
+// Lua scripts, a status writer that records what would be written, and a reconciler
+// wired to them and to controller-runtime's fake client. Every call to the store and
+// the writer goes into one call log, so a test can check the order of Redis writes
+// and status writes.
+
+// callLog is the ordered record of the calls made to the fakes.
+type callLog struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (l *callLog) add(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, fmt.Sprintf(format, args...))
+}
+
+func (l *callLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.calls...)
+}
+
+// with returns the calls that start with prefix.
+func (l *callLog) with(prefix string) []string {
+	var out []string
+	for _, c := range l.all() {
+		if strings.HasPrefix(c, prefix) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (l *callLog) String() string { return strings.Join(l.all(), "\n") }
+
+// fakeStore is an activity's data in memory. It does what the scripts do: Seed
+// commits once, Configure opens a ready activity, Close refunds the remainder once,
+// the purges forget everything.
+type fakeStore struct {
+	log *callLog
+	// clock is the Redis server's clock.
+	clock time.Time
+	// snap is what Redis holds.
+	snap lua.Snapshot
+	// fail makes the named method return the error.
+	fail map[string]error
+
+	seeded     []int64
+	seedParams lua.SeedParams
+	retention  time.Duration
+}
+
+var _ activityStore = (*fakeStore)(nil)
+
+func (f *fakeStore) err(method string) error { return f.fail[method] }
+
+func (f *fakeStore) Time(context.Context) (time.Time, error) {
+	f.log.add("store.Time")
+	if err := f.err("Time"); err != nil {
+		return time.Time{}, err
+	}
+	return f.clock, nil
+}
+
+func (f *fakeStore) Snapshot(context.Context) (lua.Snapshot, error) {
+	f.log.add("store.Snapshot")
+	if err := f.err("Snapshot"); err != nil {
+		return lua.Snapshot{}, err
+	}
+	return f.snap, nil
+}
+
+func (f *fakeStore) Seed(_ context.Context, amounts []int64, p lua.SeedParams) (lua.SeedResult, error) {
+	f.log.add("store.Seed")
+	if err := f.err("Seed"); err != nil {
+		return lua.SeedResult{}, err
+	}
+	if f.snap.Exists() {
+		return lua.SeedResult{}, nil
+	}
+	f.seeded, f.seedParams = amounts, p
+	f.snap = lua.Snapshot{
+		State: lua.StateReady, Count: p.Count, Total: p.Total, RemainingCount: p.Count,
+		StartMs: p.StartMs, EndMs: p.EndMs, Paused: p.Paused, Sponsor: p.Sponsor,
+		SeededMs: f.clock.UnixMilli(),
+	}
+	return lua.SeedResult{Committed: true}, nil
+}
+
+func (f *fakeStore) LoadScripts(context.Context) error {
+	f.log.add("store.LoadScripts")
+	return f.err("LoadScripts")
+}
+
+func (f *fakeStore) Configure(_ context.Context, startMs, endMs int64, paused, open bool) (lua.ConfigureResult, error) {
+	f.log.add("store.Configure start=%d end=%d paused=%t open=%t", startMs, endMs, paused, open)
+	if err := f.err("Configure"); err != nil {
+		return lua.ConfigureResult{}, err
+	}
+	if !f.snap.Exists() {
+		return lua.ConfigureResult{}, nil
+	}
+	if f.snap.State != lua.StateClosed {
+		f.snap.StartMs, f.snap.EndMs, f.snap.Paused = startMs, endMs, paused
+		if open {
+			f.snap.State = lua.StateOpen
+		}
+	}
+	return lua.ConfigureResult{State: f.snap.State, Found: true}, nil
+}
+
+func (f *fakeStore) Close(_ context.Context, reason lua.CloseReason) (lua.CloseResult, error) {
+	f.log.add("store.Close %s", reason)
+	if err := f.err("Close"); err != nil {
+		return lua.CloseResult{}, err
+	}
+	switch {
+	case !f.snap.Exists():
+		return lua.CloseResult{Outcome: lua.CloseMissing}, nil
+	case f.snap.State == lua.StateClosed:
+		return lua.CloseResult{Outcome: lua.Closed, Reason: f.snap.CloseReason, Refunded: f.snap.Refunded}, nil
+	case reason == lua.CloseExhausted && f.snap.RemainingCount > 0:
+		return lua.CloseResult{Outcome: lua.CloseStillOpen}, nil
+	}
+	f.snap.State = lua.StateClosed
+	f.snap.CloseReason = reason
+	f.snap.Refunded = f.snap.Total - f.snap.ClaimedAmount
+	f.snap.RemainingCount = 0
+	return lua.CloseResult{Outcome: lua.Closed, Reason: reason, Refunded: f.snap.Refunded}, nil
+}
+
+func (f *fakeStore) Purge(context.Context) error {
+	f.log.add("store.Purge")
+	if err := f.err("Purge"); err != nil {
+		return err
+	}
+	f.snap = lua.Snapshot{}
+	return nil
+}
+
+func (f *fakeStore) PurgeKeepingUnsettled(_ context.Context, retention time.Duration) ([]string, error) {
+	f.log.add("store.PurgeKeepingUnsettled")
+	if err := f.err("PurgeKeepingUnsettled"); err != nil {
+		return nil, err
+	}
+	f.snap = lua.Snapshot{}
+	f.retention = retention
+	return []string{"rpa:{uid}:stream"}, nil
+}
+
+// fakeStatusWriter records the status writes instead of sending them.
+type fakeStatusWriter struct {
+	log *callLog
+	// applied are the controller's statuses, in the order written.
+	applied []redpacketv1alpha1.RedPacketActivityStatus
+	// counters are the initial counters written.
+	counters []initialCounters
+	// err and countersErr are returned by the writes.
+	err, countersErr error
+}
+
+var _ statusWriter = (*fakeStatusWriter)(nil)
+
+func (w *fakeStatusWriter) applyStatus(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, st redpacketv1alpha1.RedPacketActivityStatus) error {
+	w.log.add("status.apply %s", describeStatus(st))
+	if w.err != nil {
+		return w.err
+	}
+	w.applied = append(w.applied, *st.DeepCopy())
+	return nil
+}
+
+func (w *fakeStatusWriter) applyInitialCounters(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, c initialCounters) error {
+	w.log.add("status.counters %+v", c)
+	if w.countersErr != nil {
+		return w.countersErr
+	}
+	w.counters = append(w.counters, c)
+	return nil
+}
+
+// last is the last status written.
+func (w *fakeStatusWriter) last(t *testing.T) redpacketv1alpha1.RedPacketActivityStatus {
+	t.Helper()
+	if len(w.applied) == 0 {
+		t.Fatal("no status was written")
+	}
+	return w.applied[len(w.applied)-1]
+}
+
+// describeStatus is a one-line summary: the phase, the observed generation and each
+// condition as Type=Status/Reason.
+func describeStatus(st redpacketv1alpha1.RedPacketActivityStatus) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "phase=%s observed=%d", st.Phase, st.ObservedGeneration)
+	for _, t := range controllerConditionTypes {
+		if c := meta.FindStatusCondition(st.Conditions, t); c != nil {
+			fmt.Fprintf(&b, " %s=%s/%s", t, c.Status, c.Reason)
+		}
+	}
+	return b.String()
+}
+
+// condition returns "Status/Reason" of the condition, "" when absent.
+func condition(st redpacketv1alpha1.RedPacketActivityStatus, condType string) string {
+	c := meta.FindStatusCondition(st.Conditions, condType)
+	if c == nil {
+		return ""
+	}
+	return string(c.Status) + "/" + c.Reason
+}
+
+// conditionMessage returns the condition's message, "" when absent.
+func conditionMessage(st redpacketv1alpha1.RedPacketActivityStatus, condType string) string {
+	if c := meta.FindStatusCondition(st.Conditions, condType); c != nil {
+		return c.Message
+	}
+	return ""
+}
+
+// testNow is the controller's clock (and, unless a test says otherwise, Redis's) in
+// the phase tests.
+var testNow = time.Date(2026, 12, 31, 20, 0, 0, 0, time.UTC)
+
+// testActivity is an activity of 10 packets summing to 1000, at generation 2, with the
+// controller's finalizer.
+func testActivity(mutate ...func(*redpacketv1alpha1.RedPacketActivity)) *redpacketv1alpha1.RedPacketActivity {
+	a := &redpacketv1alpha1.RedPacketActivity{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "quiz", Namespace: "default", UID: types.UID("uid-1"), Generation: 2,
+			Finalizers: []string{Finalizer},
+		},
+		Spec: redpacketv1alpha1.RedPacketActivitySpec{
+			TotalAmount:  1000,
+			Count:        10,
+			Distribution: redpacketv1alpha1.Distribution{Type: redpacketv1alpha1.DistributionRandom, MinAmount: 1},
+			Sponsor:      "merchant-001",
+		},
+	}
+	for _, m := range mutate {
+		m(a)
+	}
+	return a
+}
+
+func withWebhook(a *redpacketv1alpha1.RedPacketActivity) {
+	a.Spec.Settlement = &redpacketv1alpha1.Settlement{
+		Webhook: &redpacketv1alpha1.Webhook{URL: "http://balance:8080/credit"}, MaxAttempts: 10,
+	}
+}
+
+// seededStatus makes the status record Seeded, as the API server holds it once the
+// seed step ran.
+func seededStatus(a *redpacketv1alpha1.RedPacketActivity) {
+	at := metav1.NewTime(testNow.Add(-time.Hour))
+	a.Status.SeededTime = &at
+	meta.SetStatusCondition(&a.Status.Conditions, metav1.Condition{
+		Type: redpacketv1alpha1.ConditionSeeded, Status: metav1.ConditionTrue,
+		Reason: redpacketv1alpha1.ReasonCommitted, ObservedGeneration: a.Generation, LastTransitionTime: at,
+	})
+}
+
+// openSnapshot is Redis holding the test activity open, in its window, untouched.
+func openSnapshot() lua.Snapshot {
+	return lua.Snapshot{State: lua.StateOpen, Count: 10, Total: 1000, RemainingCount: 10,
+		SeededMs: testNow.Add(-time.Hour).UnixMilli()}
+}
+
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := redpacketv1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// phaseTest is a reconciler wired to fakes, and the fakes.
+type phaseTest struct {
+	r      *RedPacketActivityReconciler
+	log    *callLog
+	store  *fakeStore
+	status *fakeStatusWriter
+	events *events.FakeRecorder
+	client client.Client
+}
+
+// newPhaseTest wires a reconciler to a fake store holding snap, a recording status
+// writer, and a fake API server holding objs.
+func newPhaseTest(t *testing.T, snap lua.Snapshot, objs ...client.Object) *phaseTest {
+	t.Helper()
+	log := &callLog{}
+	store := &fakeStore{log: log, clock: testNow, snap: snap}
+	writer := &fakeStatusWriter{log: log}
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
+		WithStatusSubresource(&redpacketv1alpha1.RedPacketActivity{}).
+		WithObjects(objs...).Build()
+	rec := events.NewFakeRecorder(100)
+	r := &RedPacketActivityReconciler{
+		Client:    c,
+		APIReader: c,
+		Recorder:  rec,
+		Settlers:  NewDeletionSettlers(),
+		Options: Options{
+			DefaultRedis:       lua.Conn{Addresses: []string{"redis.test:6379"}},
+			ActiveResyncPeriod: 5 * time.Second,
+		}.withDefaults(),
+		Now:      func() time.Time { return testNow },
+		newStore: func(lua.Conn, types.UID) activityStore { return store },
+		statuses: writer,
+	}
+	return &phaseTest{r: r, log: log, store: store, status: writer, events: rec, client: c}
+}
+
+// scope is a scope of a, with the store and Redis's clock and snapshot as the Redis
+// connection step leaves them.
+func (p *phaseTest) scope(a *redpacketv1alpha1.RedPacketActivity) *activityScope {
+	s := newActivityScope(a, testNow)
+	s.conn = p.r.Options.DefaultRedis
+	s.store = p.store
+	s.redisNow = p.store.clock
+	s.snapshot = p.store.snap
+	s.snapshotRead = true
+	return s
+}
+
+// eventReasons drains the recorded events: "Type Reason" each.
+func (p *phaseTest) eventReasons() []string {
+	var out []string
+	for {
+		select {
+		case e := <-p.events.Events:
+			typ, rest, _ := strings.Cut(e, " ")
+			reason, _, _ := strings.Cut(rest, " ")
+			out = append(out, typ+" "+reason)
+		default:
+			return out
+		}
+	}
+}
+
+// blockerReason is the reason of a result's blocker, "" when none.
+func blockerReason(res stepResult) string {
+	if res.blocker == nil {
+		return ""
+	}
+	return res.blocker.reason
+}
+
+func ptrTo[T any](v T) *T { return &v }
