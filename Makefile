@@ -45,6 +45,22 @@ test: redis node-packages controlplane ## Run every test: real Redis, a real API
 	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e/node)
 	$(GO) test $(TEST_FLAGS) -v ./test/e2e/node
 
+.PHONY: test-unit
+test-unit: ## Run the tests that need no server (go test -short): the controller's phase tables, pure rules, codecs. Seconds.
+	$(GO) test -short -count=1 ./api/... ./controllers/ ./lua/... ./test/printed/
+
+.PHONY: lint
+lint: ## go vet and staticcheck (a Go tool pinned in go.mod).
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+.PHONY: verify
+verify: ## Fail when generated files, formatting or go.mod/go.sum are not up to date.
+	$(MAKE) manifests generate
+	git diff --exit-code -- config/crd config/rbac api/v1alpha1/zz_generated.deepcopy.go
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt would change the files above"; exit 1; }
+	$(GO) mod tidy -diff
+
 ##@ Build
 
 .PHONY: build
