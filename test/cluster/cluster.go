@@ -269,6 +269,9 @@ func (c *Cluster) start(ctx context.Context) error {
 	if out, err := exec.Command("ip", "addr", "add", NodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
 		return fmt.Errorf("adding %s to lo: %v: %s", NodeIP, err, out)
 	}
+	if err := confineNetwork(); err != nil {
+		return err
+	}
 
 	// PKI.
 	ca, err := newAuthority(c.path("pki"))
@@ -633,6 +636,7 @@ func (c *Cluster) Stop() error {
 	if c.Dir != "" {
 		c.removeContainerLogLinks()
 	}
+	forgetConnections()
 	errs = append(errs, retryRestore(c.HostBefore)...)
 	if c.Dir != "" {
 		if err := os.RemoveAll(c.Dir); err != nil {

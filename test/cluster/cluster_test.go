@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,15 @@ func TestNodeServesPodsAndLeavesHostAsFound(t *testing.T) {
 	}()
 	if c.Started > 2*time.Minute {
 		t.Errorf("the node took %s to become Ready", c.Started)
+	}
+
+	// Nothing for the node's ranges may follow the default route off the machine,
+	// not even a ClusterIP that kube-proxy has not translated yet.
+	for _, addr := range []string{"10.252.0.77", "10.251.0.200"} {
+		out, err := exec.Command("ip", "route", "get", addr).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "dev "+BridgeName) {
+			t.Errorf("ip route get %s: %q (%v), want it on %s", addr, out, err, BridgeName)
+		}
 	}
 
 	labels := map[string]string{"app": "redis-probe"}

@@ -64,8 +64,9 @@ func (c *Cluster) cniConfig() string {
 }
 
 // kubeletConfig: cgroupfs on the host's cgroup v1, no swap check, webhook
-// authentication and authorization, every port on the node's address, and image GC
-// and eviction thresholds low enough that a small disk evicts nothing.
+// authentication and authorization, every port on the node's address, image GC and
+// eviction thresholds low enough that a small disk evicts nothing, and no resolver
+// for the pods (there is no cluster DNS, and pods ask nothing outside the machine).
 func (c *Cluster) kubeletConfig(ca *authority, serving certFiles) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -97,6 +98,7 @@ evictionHard:
   nodefs.available: "1%%"
   nodefs.inodesFree: "1%%"
   imagefs.available: "1%%"
+resolvConf: ""
 serializeImagePulls: false
 registerNode: true
 rotateCertificates: false
