@@ -40,8 +40,12 @@ redis: ## Make sure redis-server and its tools are installed.
 node-packages: ## Make sure containerd, runc, the CNI plugins, iptables, conntrack and nft are installed (root).
 	hack/ensure-node-packages.sh
 
+.PHONY: chromium
+chromium: ## Make sure Debian's chromium is installed (the rain page's browser tests; root).
+	hack/ensure-chromium.sh
+
 .PHONY: test
-test: redis node-packages controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
+test: redis node-packages chromium controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
 	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e/node)
 	$(GO) test $(TEST_FLAGS) -v ./test/e2e/node
 

@@ -6,7 +6,10 @@
 package grabsvc
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc/web"
 	"redpacket.io/operator/lua"
 )
 
@@ -58,6 +62,9 @@ type Config struct {
 	Log *slog.Logger
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
+	// Page serves the red-packet rain page (package web) at /, /rain.css and
+	// /rain.js: a canvas rain whose packets are grabbed through /v1/grab.
+	Page bool
 }
 
 // Server serves the grab API of one activity.
@@ -101,6 +108,11 @@ func NewServer(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("/readyz", s.handleReadyz)
 	if cfg.Gatherer != nil {
 		s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	if cfg.Page {
+		if err := registerPage(s.mux); err != nil {
+			return nil, err
+		}
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such endpoint: " + r.URL.Path})
@@ -151,6 +163,45 @@ func NewHTTPServer(addr string, h http.Handler) *http.Server {
 		IdleTimeout:       90 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 	}
+}
+
+// PageContentSecurityPolicy is the Content-Security-Policy of the rain page's
+// responses: its own script, style and images only, requests only to this service,
+// no inline code, no forms, no framing.
+const PageContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; " +
+	"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// registerPage serves the rain page's embedded files: index.html at / (exactly),
+// and rain.css and rain.js under their names.
+func registerPage(mux *http.ServeMux) error {
+	for _, f := range []struct{ path, file, contentType string }{
+		{"/{$}", "index.html", "text/html; charset=utf-8"},
+		{"/rain.css", "rain.css", "text/css; charset=utf-8"},
+		{"/rain.js", "rain.js", "text/javascript; charset=utf-8"},
+	} {
+		body, err := web.Files.ReadFile(f.file)
+		if err != nil {
+			return fmt.Errorf("grab server: the rain page: %w", err)
+		}
+		sum := sha256.Sum256(body)
+		etag := `"` + hex.EncodeToString(sum[:8]) + `"`
+		mux.HandleFunc(f.path, func(w http.ResponseWriter, r *http.Request) {
+			h := w.Header()
+			h.Set("Content-Security-Policy", PageContentSecurityPolicy)
+			h.Set("X-Content-Type-Options", "nosniff")
+			h.Set("Referrer-Policy", "no-referrer")
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				h.Set("Allow", "GET, HEAD")
+				writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "use GET on " + r.URL.Path})
+				return
+			}
+			h.Set("Content-Type", f.contentType)
+			h.Set("Cache-Control", "no-cache")
+			h.Set("ETag", etag)
+			http.ServeContent(w, r, f.file, time.Time{}, bytes.NewReader(body))
+		})
+	}
+	return nil
 }
 
 // grabResponse is the body of every /v1/grab answer.

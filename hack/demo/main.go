@@ -249,6 +249,7 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("grab service: %w (log: %s)", err, proc.Tail(grabLog, 3000))
 	}
 	fmt.Printf("    http://%s (POST /v1/grab), pid %d, log %s\n", grabAddr, gs.Pid(), rel(root, grabLog))
+	fmt.Printf("    the red-packet rain page, to play in a browser: http://%s/\n", grabAddr)
 
 	// Ready needs a grab replica that answers users, so the grab service starts first.
 	if err := kc.show(ctx, "wait", "--for=condition=Ready", "rpa/"+o.name, "--timeout=120s"); err != nil {
@@ -371,6 +372,7 @@ func (d *demo) printKeep(kubeconfig, grabAddr, redisAddr, uid string) {
     curl -s -X POST http://%s/v1/grab -d '{"userId":"user-00001"}'
     curl -s http://%s/v1/activity
     redis-cli -h %s -p %s HLEN 'rpa:{%s}:claims'
+    open http://%s/ in a browser: the red-packet rain page
 `, kubeconfig, filepath.Join(d.root, "bin", "kubectl"), d.opts.name, d.opts.name, d.opts.name,
-		grabAddr, grabAddr, hostOf(redisAddr), portOf(redisAddr), uid)
+		grabAddr, grabAddr, hostOf(redisAddr), portOf(redisAddr), uid, grabAddr)
 }

@@ -234,6 +234,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return err
 	}
 	grabURL := "http://" + strings.TrimSpace(ip) + ":8080"
+	fmt.Printf("    the red-packet rain page, to play in a browser on this machine: %s/\n", grabURL)
 	step("red-packet rain: %d concurrent users for %d packets, through the grab Service at %s", o.users, o.packets, grabURL)
 	rr := rain.Run(ctx, rain.Spec{URL: grabURL + "/v1/grab", Users: o.users, Connections: o.connections,
 		RetryEvery: o.retryEvery, Timeout: 30 * time.Second, RetryUnavailable: true, Progress: os.Stdout})
@@ -433,8 +434,9 @@ func (nd *nodeDemo) printKeep(grabURL, redisAddr, uid string) {
     redis-cli -h %s -p %s HLEN 'rpa:{%s}:claims'
     ls %s   # the node's components' logs
     ls %s   # the containers' logs, NAMESPACE_POD_UID/CONTAINER/0.log
+    open %s/ in a browser on this machine: the red-packet rain page (the grab Service's ClusterIP)
 `, nd.node.Kubeconfig, filepath.Join(nd.node.BinDir, "kubectl"), name, name, grabURL, grabURL,
-		hostOf(redisAddr), portOf(redisAddr), uid, filepath.Join(nd.node.Dir, "logs"), filepath.Join(nd.node.Dir, "pod-logs"))
+		hostOf(redisAddr), portOf(redisAddr), uid, filepath.Join(nd.node.Dir, "logs"), filepath.Join(nd.node.Dir, "pod-logs"), grabURL)
 }
 
 // memWatch samples the resident memory of the node and its pods every second.

@@ -68,7 +68,7 @@ type options struct {
 	reportInterval, refreshInterval            time.Duration
 	ratePerUser, ratePerClient                 float64
 	burstPerUser, burstPerClient, limitEntries int
-	settlement                                 bool
+	settlement, page                           bool
 	kubeconfig                                 string
 	shutdownDelay, shutdownTimeout             time.Duration
 	logLevel                                   string
@@ -99,6 +99,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.Float64Var(&o.ratePerClient, "rate-per-client", 0, "requests per second allowed per client address; 0: no limit")
 	fs.IntVar(&o.burstPerClient, "rate-burst-per-client", 0, "burst of the per-client limit; 0: the rate rounded up")
 	fs.IntVar(&o.limitEntries, "rate-limit-entries", grabsvc.DefaultMaxLimiterEntries, "most users (and clients) the rate limits track at once")
+	fs.BoolVar(&o.page, "page", true, "serve the red-packet rain page at / (false: / answers 404)")
 	fs.BoolVar(&o.settlement, "settlement", true, "run a settlement worker in this process when the activity has a webhook")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, in-cluster, or ~/.kube/config")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long readiness fails before the listener closes")
@@ -206,6 +207,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Metrics:       metrics,
 		Gatherer:      reg,
 		Log:           log,
+		Page:          o.page,
 	})
 	if err != nil {
 		return err
@@ -226,7 +228,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	hs := grabsvc.NewHTTPServer(o.listen, srv.Handler())
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	log.Info("grab service listening", "addr", ln.Addr().String(), "auth", tokens != nil,
-		"settlement", o.settlement)
+		"settlement", o.settlement, "page", o.page)
 
 	// Background work lives until the HTTP server has drained.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/rain"
 )
@@ -49,6 +50,16 @@ func TestRainThroughTheClusterIP(t *testing.T) {
 
 	url := grabURL(t, ns, name)
 	uid := string(activity(t, ns, name).UID)
+
+	// The grab pods serve the rain page, under its Content-Security-Policy.
+	page, err := http.Get(url + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Body.Close()
+	if page.StatusCode != http.StatusOK || page.Header.Get("Content-Security-Policy") != grabsvc.PageContentSecurityPolicy {
+		t.Fatalf("GET / from the grab pods: HTTP %d, CSP %q", page.StatusCode, page.Header.Get("Content-Security-Policy"))
+	}
 
 	// Without a token: 401, and nothing claimed.
 	resp, err := http.Post(url+"/v1/grab", "application/json", strings.NewReader(`{"userId":"nobody"}`))
