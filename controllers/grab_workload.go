@@ -370,6 +370,7 @@ func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPac
 	args := []string{
 		"--namespace=" + a.Namespace,
 		"--activity=" + a.Name,
+		"--activity-uid=" + string(a.UID),
 		fmt.Sprintf("--listen=:%d", grabPort),
 		"--settlement=true",
 		"--shutdown-delay=" + GrabShutdownDelay.String(),

@@ -106,7 +106,7 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	if !slices.Equal(c.Command, []string{"/grabsvc"}) {
 		t.Errorf("command %q, want /grabsvc", c.Command)
 	}
-	wantArgs := []string{"--namespace=" + e.ns, "--activity=owned", "--listen=:8080", "--settlement=true",
+	wantArgs := []string{"--namespace=" + e.ns, "--activity=owned", "--activity-uid=" + string(a.UID), "--listen=:8080", "--settlement=true",
 		"--shutdown-delay=5s", "--shutdown-timeout=20s",
 		"--token-key-file=/etc/redpacket/token/key", "--webhook-key-file=/etc/redpacket/webhook/key"}
 	if !slices.Equal(c.Args, wantArgs) {

@@ -65,6 +65,12 @@ type ActivitySource struct {
 	Client client.Reader
 	// Key names the activity.
 	Key types.NamespacedName
+	// UID, when set, is the one activity this source follows. A resource of the same
+	// name with another UID (the activity was deleted and created again, perhaps with
+	// other auth or settlement settings) is not this service's: it is never installed,
+	// and the last activity read stays current, so a grab pod left running by an
+	// orphaning deletion cannot serve its successor.
+	UID types.UID
 	// Refresh is the period of re-reads once found; 0 means 5s.
 	Refresh time.Duration
 	// Retry is the wait between reads until the activity is first found; 0 means 1s.
@@ -110,6 +116,9 @@ func (s *ActivitySource) Fetch(ctx context.Context) error {
 			return fmt.Errorf("activity %s not found: %w", s.Key, err)
 		}
 		return fmt.Errorf("reading activity %s: %w", s.Key, err)
+	}
+	if s.UID != "" && obj.UID != s.UID {
+		return fmt.Errorf("activity %s is another activity now (uid %s); this service serves uid %s only", s.Key, obj.UID, s.UID)
 	}
 	if cur := s.Current(); cur != nil && cur.Object.ResourceVersion == obj.ResourceVersion {
 		return nil

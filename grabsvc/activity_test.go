@@ -98,3 +98,40 @@ func TestActivitySourceWaitsThenFollowsChanges(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestActivitySourceFollowsOneUID checks that a source pinned to a UID never takes
+// up a new activity created under the same name after the first was deleted.
+func TestActivitySourceFollowsOneUID(t *testing.T) {
+	cp := controlPlane(t)
+	ns := cp.Namespace(t)
+	ctx := t.Context()
+	first := activityForStatus(ns, "again", 10, 100)
+	if err := cp.Client.Create(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	src := &ActivitySource{Client: cp.Client, Key: types.NamespacedName{Namespace: ns, Name: "again"}, UID: first.UID,
+		Log: slog.New(slog.DiscardHandler)}
+	if err := src.Fetch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Client.Delete(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	second := activityForStatus(ns, "again", 10, 100)
+	wait.Until(t, 10*time.Second, "the activity created again", func() (bool, string) {
+		return cp.Client.Create(ctx, second) == nil, ""
+	})
+	err := src.Fetch(ctx)
+	if err == nil {
+		t.Fatal("a source pinned to the first activity accepted its successor")
+	}
+	if cur := src.Current(); cur == nil || cur.Object.UID != first.UID {
+		t.Fatalf("current activity %v, want the first (uid %s)", cur, first.UID)
+	}
+
+	// Without a UID the source follows the name, as before.
+	free := &ActivitySource{Client: cp.Client, Key: src.Key, Log: slog.New(slog.DiscardHandler)}
+	if err := free.Fetch(ctx); err != nil || free.Current().Object.UID != second.UID {
+		t.Fatalf("an unpinned source: %v, %v", free.Current(), err)
+	}
+}

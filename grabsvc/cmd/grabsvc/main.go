@@ -62,6 +62,7 @@ func main() {
 // options are the command line of the grab service.
 type options struct {
 	namespace, activity, listen                string
+	activityUID                                string
 	redis                                      lua.Conn
 	redisTimeout                               time.Duration
 	tokenKeyFile, webhookKeyFile               string
@@ -87,6 +88,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.SetOutput(out)
 	fs.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "default"), "namespace of the RedPacketActivity")
 	fs.StringVar(&o.activity, "activity", "", "name of the RedPacketActivity (required)")
+	fs.StringVar(&o.activityUID, "activity-uid", "", "serve only the activity with this UID; empty: whichever has the name")
 	fs.StringVar(&o.listen, "listen", ":8080", "address of the HTTP API, probes and metrics")
 	finishRedis := redisFlags(fs, &o.redis)
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", grabsvc.DefaultRedisTimeout, "deadline of every Redis call on the grab path")
@@ -192,6 +194,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	source := &grabsvc.ActivitySource{
 		Client:  kube,
 		Key:     types.NamespacedName{Namespace: o.namespace, Name: o.activity},
+		UID:     types.UID(o.activityUID),
 		Refresh: o.refreshInterval,
 		Metrics: metrics,
 		Log:     log,
