@@ -51,7 +51,7 @@ test: redis node-packages chromium controlplane ## Run every test: real Redis, a
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no server (go test -short): the controller's phase tables, pure rules, codecs. Seconds.
-	$(GO) test -short -count=1 ./api/... ./controllers/ ./lua/... ./test/printed/
+	$(GO) test -short -count=1 ./api/... ./controllers/ ./lua/... ./test/history/ ./test/printed/
 
 .PHONY: lint
 lint: ## go vet and staticcheck (a Go tool pinned in go.mod).
@@ -87,6 +87,11 @@ demo: redis node-packages controlplane build ## A real node (or host processes),
 .PHONY: bench
 bench: redis controlplane build ## Measure the grab path against redis-benchmark and a no-op handler; writes docs/benchmarks.md.
 	$(GO) run ./hack/bench $(ARGS)
+
+SOAK_RUNS ?= 200
+.PHONY: soak
+soak: redis ## Check SOAK_RUNS (200) seeded rains under faults for linearizability; prints runs, operations, faults, violations, lost.
+	HISTORY_RUNS=$(SOAK_RUNS) $(GO) test -count=1 -timeout 60m -run TestRandomizedHistories -v ./test/history/
 
 ##@ Deployment
 

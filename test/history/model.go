@@ -1,0 +1,410 @@
+// Package history checks the red-packet activity's histories for linearizability:
+// randomized rains against a real redis-server, with faults injected between the grab
+// path and Redis and between the settlement worker and the balance system, every
+// call and return recorded and checked with porcupine against a sequential model of
+// one activity (Model). The package's tests are the harness; the model, the fault
+// proxy and the flaky webhook are plain code so the tests can feed them hand-made
+// histories.
+package history
+
+import (
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/anishathalye/porcupine"
+
+	"redpacket.io/operator/lua"
+)
+
+// Op is what an operation does.
+type Op string
+
+// The operations of the model: a user's grab, and the controller's gates.
+const (
+	OpGrab           Op = "grab"
+	OpOpen           Op = "open"            // Configure(paused=false, open=true) on a ready activity
+	OpPause          Op = "pause"           // Configure(paused=true, open=true)
+	OpResume         Op = "resume"          // Configure(paused=false, open=true)
+	OpCloseExpired   Op = "close-expired"   // Close(expired): always closes
+	OpCloseExhausted Op = "close-exhausted" // Close(exhausted): closes only when nothing is left
+)
+
+// Input is one call: the activity (histories are partitioned by it), the operation
+// and, for a grab, the user.
+type Input struct {
+	Activity string
+	Op       Op
+	User     string
+}
+
+// Output is one return. Unknown marks a call that timed out or failed: it may or may
+// not have taken effect. Such an operation is recorded with a return at the very end
+// of the history, so the checker may place it anywhere after its call, including
+// after every completed operation, where it is the same as never having happened.
+// An unknown grab's Packet, when set, is the packet its user holds at the end (see
+// Resolve); unset, the first later already_claimed of the user names it.
+type Output struct {
+	Unknown bool
+	// Resolved marks a grab whose call timed out or failed but which the final read
+	// shows granted Packet (see Resolve); it returns at the end of the history.
+	Resolved bool
+	// Outcome is a grab's outcome.
+	Outcome lua.Outcome
+	// Packet is the packet id of granted and already_claimed.
+	Packet string
+	// State is what Configure returned ("open", "closed"); for a close, the close
+	// outcome ("closed", "open").
+	State string
+	// Reason is the close reason a close returned.
+	Reason lua.CloseReason
+}
+
+// unknownClaim is the placeholder packet of a user whose grab had an unknown outcome
+// and is linearized as having taken a packet: which one is bound by the first later
+// already_claimed that names it.
+const unknownClaim = "?"
+
+// state is the model's state for one activity. It is never mutated once built:
+// steps that change it copy the maps.
+type state struct {
+	count     int // packets seeded, ids "1".."count"
+	remaining int
+	opened    bool
+	paused    bool
+	closed    lua.CloseReason   // "" while not closed
+	claims    map[string]string // user -> packet id (or unknownClaim)
+	held      map[string]string // packet id -> user
+	hash      uint64            // order-independent hash of claims, kept with them
+}
+
+func entryHash(user, packet string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(user))
+	h.Write([]byte{0})
+	h.Write([]byte(packet))
+	return h.Sum64()
+}
+
+func (s *state) gateHash() uint64 {
+	var g uint64
+	if s.opened {
+		g |= 1
+	}
+	if s.paused {
+		g |= 2
+	}
+	g |= uint64(len(s.closed)) << 2
+	return s.hash ^ uint64(s.remaining)*0x9e3779b97f4a7c15 ^ g*0xc2b2ae3d27d4eb4f
+}
+
+func (s *state) withGate() *state {
+	n := *s
+	return &n
+}
+
+// withClaim returns a copy of s in which user holds packet (unknownClaim: some packet
+// not yet named). A new claim takes one packet from remaining; binding an unknown
+// claim does not.
+func (s *state) withClaim(user, packet string) *state {
+	n := *s
+	n.claims = make(map[string]string, len(s.claims)+1)
+	for k, v := range s.claims {
+		n.claims[k] = v
+	}
+	n.held = make(map[string]string, len(s.held)+1)
+	for k, v := range s.held {
+		n.held[k] = v
+	}
+	if prev, ok := n.claims[user]; ok {
+		n.hash ^= entryHash(user, prev)
+	} else {
+		n.remaining--
+	}
+	n.claims[user] = packet
+	n.hash ^= entryHash(user, packet)
+	if packet != unknownClaim {
+		n.held[packet] = user
+	}
+	return &n
+}
+
+// grabbable says whether a grab by a user without a claim reaches LPOP (grab.lua's
+// gates in their order: closed, not open, paused).
+func (s *state) grabbable() bool { return s.closed == "" && s.opened && !s.paused }
+
+// freePacket says whether p is a packet id of the activity that nobody holds.
+func (s *state) freePacket(p string) bool {
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > s.count {
+		return false
+	}
+	_, taken := s.held[p]
+	return !taken
+}
+
+func (s *state) stepGrab(user string, out Output) (bool, *state) {
+	claim, has := s.claims[user]
+	if out.Unknown {
+		if has || !s.grabbable() || s.remaining == 0 {
+			return true, s
+		}
+		if out.Packet == "" {
+			return true, s.withClaim(user, unknownClaim)
+		}
+		// The user holds out.Packet at the end (see Resolve): if this call took a
+		// packet, it took that one.
+		if !s.freePacket(out.Packet) {
+			return false, s
+		}
+		return true, s.withClaim(user, out.Packet)
+	}
+	switch out.Outcome {
+	case lua.AlreadyClaimed:
+		switch {
+		case has && claim == out.Packet:
+			return true, s
+		case has && claim == unknownClaim && s.freePacket(out.Packet):
+			return true, s.withClaim(user, out.Packet)
+		case !has && s.grabbable() && s.remaining > 0 && s.freePacket(out.Packet):
+			// The grab path's client retries a command once after a connection
+			// error (lua.GrabClientOptions): the first run granted the packet, its
+			// reply was lost, and the retry answered already_claimed with the same
+			// packet. One call, one grant.
+			return true, s.withClaim(user, out.Packet)
+		}
+		return false, s
+	case lua.Granted:
+		if has || !s.grabbable() || s.remaining == 0 || !s.freePacket(out.Packet) {
+			return false, s
+		}
+		return true, s.withClaim(user, out.Packet)
+	}
+	if has {
+		return false, s // a user holding a packet is always answered already_claimed
+	}
+	switch out.Outcome {
+	case lua.SoldOut:
+		return s.closed == lua.CloseExhausted || s.grabbable() && s.remaining == 0, s
+	case lua.Ended:
+		return s.closed == lua.CloseExpired, s
+	case lua.NotStarted:
+		return s.closed == "" && !s.opened, s
+	case lua.Paused:
+		return s.closed == "" && s.opened && s.paused, s
+	}
+	return false, s
+}
+
+func (s *state) stepConfigure(paused bool, out Output) (bool, *state) {
+	if s.closed != "" {
+		return out.Unknown || out.State == string(lua.StateClosed), s
+	}
+	if !out.Unknown && out.State != string(lua.StateOpen) {
+		return false, s
+	}
+	n := s.withGate()
+	n.opened, n.paused = true, paused
+	return true, n
+}
+
+func (s *state) stepClose(reason lua.CloseReason, out Output) (bool, *state) {
+	if s.closed != "" {
+		return out.Unknown || out.State == string(lua.Closed) && out.Reason == s.closed, s
+	}
+	if reason == lua.CloseExhausted && s.remaining > 0 {
+		return out.Unknown || out.State == string(lua.CloseStillOpen), s
+	}
+	if !out.Unknown && (out.State != string(lua.Closed) || out.Reason != reason) {
+		return false, s
+	}
+	n := s.withGate()
+	n.closed = reason
+	return true, n
+}
+
+// Model returns the porcupine model of activities seeded with the given packet
+// counts (activity -> count), every one starting committed but not open ("ready").
+func Model(counts map[string]int) porcupine.Model {
+	return porcupine.Model{
+		Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+			by := map[string][]porcupine.Operation{}
+			var order []string
+			for _, op := range h {
+				a := op.Input.(Input).Activity
+				if _, ok := by[a]; !ok {
+					order = append(order, a)
+				}
+				by[a] = append(by[a], op)
+			}
+			out := make([][]porcupine.Operation, 0, len(order))
+			for _, a := range order {
+				out = append(out, by[a])
+			}
+			return out
+		},
+		// Init cannot see the partition, so the state starts without a count and
+		// takes it from the first operation's activity.
+		Init: func() interface{} { return (*state)(nil) },
+		Step: func(st, in, out interface{}) (bool, interface{}) {
+			s := st.(*state)
+			i, o := in.(Input), out.(Output)
+			if s == nil {
+				n := counts[i.Activity]
+				s = &state{count: n, remaining: n, claims: map[string]string{}, held: map[string]string{}}
+			}
+			var ok bool
+			var next *state
+			switch i.Op {
+			case OpGrab:
+				ok, next = s.stepGrab(i.User, o)
+			case OpOpen, OpResume:
+				ok, next = s.stepConfigure(false, o)
+			case OpPause:
+				ok, next = s.stepConfigure(true, o)
+			case OpCloseExpired:
+				ok, next = s.stepClose(lua.CloseExpired, o)
+			case OpCloseExhausted:
+				ok, next = s.stepClose(lua.CloseExhausted, o)
+			default:
+				return false, st
+			}
+			return ok, next
+		},
+		Hash: func(st interface{}) uint64 {
+			if s := st.(*state); s != nil {
+				return s.gateHash()
+			}
+			return 0
+		},
+		Equal: func(a, b interface{}) bool {
+			x, y := a.(*state), b.(*state)
+			if x == nil || y == nil {
+				return x == y
+			}
+			if x.count != y.count || x.remaining != y.remaining || x.opened != y.opened || x.paused != y.paused ||
+				x.closed != y.closed || x.hash != y.hash || len(x.claims) != len(y.claims) {
+				return false
+			}
+			for k, v := range x.claims {
+				if y.claims[k] != v {
+					return false
+				}
+			}
+			return true
+		},
+		DescribeOperation: func(in, out interface{}) string {
+			i, o := in.(Input), out.(Output)
+			var res string
+			switch {
+			case o.Unknown && o.Packet != "":
+				res = "unknown (user ends with " + o.Packet + ")"
+			case o.Unknown:
+				res = "unknown"
+			case i.Op == OpGrab && o.Resolved:
+				res = "unknown, resolved: granted " + o.Packet
+			case i.Op == OpGrab && o.Packet != "":
+				res = string(o.Outcome) + " " + o.Packet
+			case i.Op == OpGrab:
+				res = string(o.Outcome)
+			default:
+				res = strings.TrimSpace(o.State + " " + string(o.Reason))
+			}
+			if i.Op == OpGrab {
+				return fmt.Sprintf("grab(%s) -> %s", i.User, res)
+			}
+			return fmt.Sprintf("%s -> %s", i.Op, res)
+		},
+		DescribeState: func(st interface{}) string {
+			s := st.(*state)
+			if s == nil {
+				return "initial"
+			}
+			gate := "ready"
+			switch {
+			case s.closed != "":
+				gate = "closed(" + string(s.closed) + ")"
+			case s.opened && s.paused:
+				gate = "paused"
+			case s.opened:
+				gate = "open"
+			}
+			users := make([]string, 0, len(s.claims))
+			for u, p := range s.claims {
+				users = append(users, u+"="+p)
+			}
+			sort.Strings(users)
+			if len(users) > 12 {
+				users = append(users[:12], fmt.Sprintf("… %d more", len(s.claims)-12))
+			}
+			return fmt.Sprintf("%s, %d/%d left, claims {%s}", gate, s.remaining, s.count, strings.Join(users, ", "))
+		},
+	}
+}
+
+// Resolve prepares a recorded history for the checker with a final read of the claims
+// (activity -> user -> packet id, read after the run). Without it, every unknown grab
+// doubles the orders the checker may have to try (took a packet, or did not), which
+// does not finish for a few dozen of them. Each user holds at most one packet, so:
+//
+//   - an unknown grab of a user who holds nothing at the end, or of a user one of whose
+//     grabs answered granted, changed nothing; it is dropped (a call that changes
+//     nothing and answers nothing can always be placed);
+//   - the one unknown grab of a user who holds p at the end and was never answered
+//     granted or already_claimed is the grab that took p: it becomes granted p, with
+//     its return still at the end;
+//   - any other unknown grab of a user holding p took p or nothing, and carries p.
+//
+// A user holding a packet at the end whom no grab can have given it is a phantom
+// claim, returned by user for the caller to fail on. Resolve also returns how many
+// operations it dropped.
+func Resolve(history []porcupine.Operation, final map[string]map[string]string) (ops []porcupine.Operation, dropped int, phantoms []string) {
+	type key struct{ activity, user string }
+	granted, already, unknown := map[key]bool{}, map[key]bool{}, map[key]int{}
+	for _, op := range history {
+		in, o := op.Input.(Input), op.Output.(Output)
+		if in.Op != OpGrab {
+			continue
+		}
+		k := key{in.Activity, in.User}
+		switch {
+		case o.Unknown:
+			unknown[k]++
+		case o.Outcome == lua.Granted:
+			granted[k] = true
+		case o.Outcome == lua.AlreadyClaimed:
+			already[k] = true
+		}
+	}
+	for a, claims := range final {
+		for user := range claims {
+			k := key{a, user}
+			if !granted[k] && !already[k] && unknown[k] == 0 {
+				phantoms = append(phantoms, a+"/"+user)
+			}
+		}
+	}
+	sort.Strings(phantoms)
+	ops = make([]porcupine.Operation, 0, len(history))
+	for _, op := range history {
+		in, o := op.Input.(Input), op.Output.(Output)
+		if in.Op == OpGrab && o.Unknown {
+			k := key{in.Activity, in.User}
+			p, holds := final[in.Activity][in.User]
+			switch {
+			case !holds || granted[k]:
+				dropped++
+				continue
+			case unknown[k] == 1 && !already[k]:
+				o = Output{Outcome: lua.Granted, Packet: p, Resolved: true}
+			default:
+				o.Packet = p
+			}
+			op.Output = o
+		}
+		ops = append(ops, op)
+	}
+	return ops, dropped, phantoms
+}

@@ -1,0 +1,94 @@
+package history
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisProc is a redis-server with an append-only file fsynced on every write
+// (appendfsync always) that a fault can kill and restart on the same port: what it
+// acknowledged must survive.
+type redisProc struct {
+	Addr string
+	dir  string
+	port int
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+func startRedis(t *testing.T) *redisProc {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs redis-server; run without -short")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	r := &redisProc{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir(), port: port}
+	if err := r.start(); err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	t.Cleanup(r.kill)
+	return r
+}
+
+func (r *redisProc) start() error {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return fmt.Errorf("redis-server is not installed: %w", err)
+	}
+	cmd := exec.Command(bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "yes", "--appendfsync", "always", "--dir", r.dir, "--daemonize", "no",
+		"--logfile", filepath.Join(r.dir, "redis.log"))
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.cmd = cmd
+	r.mu.Unlock()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	defer func() { _ = c.Close() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server on %s does not answer: %w", r.Addr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// kill ends the server with SIGKILL, as a crash would.
+func (r *redisProc) kill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+// restart kills the server and starts it again on the same port from its AOF.
+func (r *redisProc) restart() error {
+	r.kill()
+	return r.start()
+}
