@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/test/rain"
 )
 
@@ -45,15 +49,16 @@ func TestDeleteWithEveryPropagation(t *testing.T) {
 	for _, p := range policies {
 		name := "del-" + p
 		took := eventually(t, 4*time.Minute, name+" to be gone", func() error {
-			out, err := env.node.Kubectl(t.Context(), "", "-n", ns, "get", "rpa", name, "--ignore-not-found", "-o", "name")
+			a := &redpacketv1alpha1.RedPacketActivity{}
+			err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, a)
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
 			if err != nil {
 				return err
 			}
-			if out != "" {
-				st := activity(t, ns, name).Status
-				return fmt.Errorf("still there: phase %s, settled %d of %d", st.Phase, val(st.SettledCount), val(st.ClaimedCount))
-			}
-			return nil
+			st := a.Status
+			return fmt.Errorf("still there: phase %s, settled %d of %d", st.Phase, val(st.SettledCount), val(st.ClaimedCount))
 		})
 		credited, refund := env.receiver.Credited(uids[p])
 		var sum int64
