@@ -20,11 +20,18 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/internal/version"
 	"redpacket.io/operator/lua"
 )
 
 // leaderElectionID names the Lease the operator's replicas compete for.
 const leaderElectionID = "redpacket-operator.redpacket.io"
+
+// DefaultMetricsAddr is where the metrics endpoint binds when --metrics-bind-address
+// is not given: loopback only, and not the grab service's :8080, so that the operator
+// and a grab service run by hand on one host do not collide. The install manifests
+// give :8080 explicitly: in the operator's pod, nothing else listens.
+const DefaultMetricsAddr = "127.0.0.1:8082"
 
 func main() {
 	var (
@@ -41,12 +48,17 @@ func main() {
 		cleanupGrace       time.Duration
 		unsettledRetention time.Duration
 		grabReportTimeout  time.Duration
+		grabTokenLifetime  time.Duration
 		redisTimeout       time.Duration
 		activeResync       time.Duration
 		concurrentRecons   int
 		redisClientIdleTTL time.Duration
+		allowImageOverride bool
+		allowedRedisHosts  string
+		showVersion        bool
 	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address the Prometheus metrics endpoint binds to (0 turns it off)")
+	flag.BoolVar(&showVersion, "version", false, "print the version and exit")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", DefaultMetricsAddr, "address the Prometheus metrics endpoint binds to (0 turns it off); the install manifests bind :8080 in the pod")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address /healthz and /readyz bind to")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active controller among the operator's replicas")
 	flag.StringVar(&redisAddresses, "redis-addresses", "127.0.0.1:6379", "default Redis: comma-separated host:port (one for standalone, seed nodes for cluster)")
@@ -59,13 +71,23 @@ func main() {
 	flag.DurationVar(&cleanupGrace, "cleanup-grace-period", controllers.DefaultCleanupGracePeriod, "how long deletion waits for settlement to drain before deleting the Redis keys anyway")
 	flag.DurationVar(&unsettledRetention, "unsettled-retention", controllers.DefaultUnsettledRetention, "how long the settlement and dead-letter streams of an activity deleted before settlement drained are kept")
 	flag.DurationVar(&grabReportTimeout, "grab-report-timeout", controllers.DefaultGrabReportTimeout, "how recent a grab replica's report must be for GrabServiceAvailable")
+	flag.DurationVar(&grabTokenLifetime, "grab-token-max-lifetime", controllers.DefaultGrabTokenMaxLifetime, "longest time ahead a user token's exp may lie; grab services refuse tokens beyond it (at least 1s)")
 	flag.DurationVar(&redisTimeout, "redis-timeout", controllers.DefaultRedisTimeout, "deadline of each Redis call (seeding gets more, growing with the packet count)")
 	flag.DurationVar(&activeResync, "active-resync-period", controllers.DefaultActiveResyncPeriod, "how often an active activity is looked at again")
 	flag.IntVar(&concurrentRecons, "max-concurrent-reconciles", 2, "how many activities are reconciled at once")
 	flag.DurationVar(&redisClientIdleTTL, "redis-client-idle-timeout", controllers.DefaultRedisIdleTimeout, "close a cached Redis client unused for this long")
+	flag.BoolVar(&allowImageOverride, "allow-grab-image-override", false, "let activities replace the grab image with spec.grabService.image (when false, such an activity gets Ready=False with reason GrabImageNotAllowed)")
+	flag.StringVar(&allowedRedisHosts, "allowed-redis-hosts", "", "comma-separated host names, IP addresses and CIDR networks that spec.redis may name besides the default Redis (empty: the default Redis only)")
 	logConfig := textlogger.NewConfig()
-	logConfig.AddFlags(flag.CommandLine)
+	// Registered here rather than with logConfig.AddFlags, whose help text speaks of a
+	// testing logger.
+	flag.Var(logConfig.Verbosity(), "v", "log verbosity: 0 logs what the operator does and its errors; 1 adds retries with backoff and deletions waiting for settlement; higher levels add controller-runtime's and client-go's detail")
+	flag.Var(logConfig.VModule(), "vmodule", "comma-separated pattern=N settings: log verbosity per source file")
 	flag.Parse()
+	if showVersion {
+		fmt.Println(version.String("manager"))
+		return
+	}
 
 	logger := textlogger.NewLogger(logConfig)
 	ctrl.SetLogger(logger)
@@ -74,6 +96,13 @@ func main() {
 
 	if grabReplicas < 0 || grabReplicas > 1000 {
 		fail(log.Error, fmt.Errorf("--grab-replicas=%d is outside 0..1000", grabReplicas), "invalid flags")
+	}
+	if grabTokenLifetime < time.Second {
+		fail(log.Error, fmt.Errorf("--grab-token-max-lifetime=%s is below 1s", grabTokenLifetime), "invalid flags")
+	}
+	allowedHosts, err := controllers.ParseRedisHosts(allowedRedisHosts)
+	if err != nil {
+		fail(log.Error, err, "invalid --allowed-redis-hosts")
 	}
 	defaultRedis, err := defaultRedisConn(redisAddresses, redisMode, redisUsername, redisPassword, redisTLS, os.Getenv)
 	if err != nil {
@@ -110,9 +139,12 @@ func main() {
 			CleanupGracePeriod:      cleanupGrace,
 			UnsettledRetention:      unsettledRetention,
 			GrabReportTimeout:       grabReportTimeout,
+			GrabTokenMaxLifetime:    grabTokenLifetime,
 			RedisTimeout:            redisTimeout,
 			ActiveResyncPeriod:      activeResync,
 			MaxConcurrentReconciles: concurrentRecons,
+			AllowGrabImageOverride:  allowImageOverride,
+			AllowedRedisHosts:       allowedHosts,
 		},
 	}
 	if err := reconciler.SetupWithManager(mgr); err != nil {
@@ -126,7 +158,8 @@ func main() {
 	}
 
 	log.Info("starting the manager", "redis", strings.Join(defaultRedis.Addresses, ","), "redisMode", defaultRedis.Mode,
-		"grabImage", grabImage, "leaderElection", leaderElect)
+		"grabImage", grabImage, "leaderElection", leaderElect,
+		"allowGrabImageOverride", allowImageOverride, "allowedRedisHosts", allowedHosts.String())
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		fail(log.Error, err, "running the manager")
 	}

@@ -254,7 +254,7 @@ func (r *RedPacketActivityReconciler) ensureDeletionSettlement(ctx context.Conte
 	fingerprint := cfg.Fingerprint() + "|" + hex.EncodeToString(connSum[:])
 	conn := s.conn
 	r.Settlers.Ensure(a.UID, client.ObjectKeyFromObject(a), fingerprint, func(ctx context.Context) {
-		rdb := conn.NewClient()
+		rdb := conn.NewClient(r.redisClientOptions(conn, false))
 		defer func() { _ = rdb.Close() }()
 		cfg.Redis = rdb
 		w, err := settlement.NewWorker(cfg)

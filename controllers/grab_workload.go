@@ -11,6 +11,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -22,9 +24,9 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
 )
 
 // Labels and annotations of the grab workload.
@@ -135,14 +137,20 @@ func grabSelector(a *redpacketv1alpha1.RedPacketActivity) map[string]string {
 // controller owner reference to the activity. An object of the same name that this
 // activity does not control is never adopted: nothing is applied, a Warning event is
 // emitted and GrabServiceAvailable says NotAdopted. An activity without spec.redis
-// also gets the Secret <activity>-grab-redis holding the operator's default Redis
-// connection, which the Deployment reads, so no password is part of the Deployment.
+// also gets the Secret <activity>-grab-redis holding the default Redis's address with
+// the activity's own Redis user and password (activityRedisSecretData), which the
+// Deployment reads, so no password is part of the Deployment; when the default Redis
+// cannot make that user, nothing is applied. A spec.grabService.image the operator
+// does not allow leaves the workload as it is (grabImageRefused).
 // The replica count comes from
 // spec.grabService.replicas (else the operator's default) when the Deployment is
 // created or that field changes; otherwise the live count is kept. status.endpoint
 // names the Service.
 func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context, s *activityScope) (stepResult, error) {
 	a := s.activity
+	if res, refused := r.grabImageRefused(a); refused {
+		return res, nil
+	}
 	s.workloadChecked = true
 	name := grabName(a)
 	key := client.ObjectKey{Namespace: a.Namespace, Name: name}
@@ -232,8 +240,13 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 		return stepResult{}, nil
 	}
 	if a.Spec.Redis == nil {
-		// The Secret first: the Deployment's pods read it.
-		data := r.defaultRedisSecretData()
+		// The Secret first: the Deployment's pods read it. It holds the activity's own
+		// Redis user (redis_acl.go).
+		data, res, err := r.activityRedisSecretData(ctx, s, redisSecret)
+		if err != nil || data == nil {
+			return res, err
+		}
+		annotateGrabPods(objects, data)
 		if redisSecret == nil || !secretDataEqual(redisSecret.Data, data) {
 			objects = append([]runtime.ApplyConfiguration{
 				corev1ac.Secret(grabRedisSecretName(a), a.Namespace).WithLabels(labels).WithOwnerReferences(owner).
@@ -241,8 +254,11 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 			}, objects...)
 		}
 	} else if redisSecret != nil {
-		// The activity names its own Secret now; the operator's credentials are not
-		// needed in its namespace any more.
+		// The activity names its own Secret now; its user on the default Redis and
+		// the Secret with its credentials are not needed any more.
+		if err := r.deleteActivityRedisUser(ctx, a); err != nil {
+			return stepResult{}, err
+		}
 		if err := r.Client.Delete(ctx, redisSecret, client.Preconditions{UID: &redisSecret.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return stepResult{}, fmt.Errorf("deleting secret %s: %w", redisSecret.Name, err)
 		}
@@ -259,6 +275,13 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 		if res, err := apply(scale, ReplicasFieldManager); err != nil {
 			return res, err
 		}
+	}
+	if err := r.reconcileGrabGuards(ctx, a, live, labels); err != nil {
+		var res stepResult
+		if !apierrors.IsConflict(err) {
+			res = blocked(redpacketv1alpha1.ReasonWorkloadFailed, "applying the grab workload: %v", err)
+		}
+		return res, err
 	}
 	s.status.Endpoint = grabEndpoint(a)
 	return stepResult{}, nil
@@ -297,23 +320,6 @@ func (r *RedPacketActivityReconciler) lookUpGrabRedisSecret(ctx context.Context,
 		return nil, fmt.Errorf("looking up Secret %s: %w", key.Name, err)
 	}
 	return secret, nil
-}
-
-// defaultRedisSecretData is the operator's default Redis connection in the format of
-// the Secret spec.redis.secretRef names.
-func (r *RedPacketActivityReconciler) defaultRedisSecretData() map[string][]byte {
-	d := r.Options.DefaultRedis
-	mode := d.Mode
-	if mode == "" {
-		mode = lua.ModeStandalone
-	}
-	return map[string][]byte{
-		"addresses": []byte(strings.Join(d.Addresses, ",")),
-		"mode":      []byte(mode),
-		"username":  []byte(d.Username),
-		"password":  []byte(d.Password),
-		"tls":       []byte(strconv.FormatBool(d.TLS)),
-	}
 }
 
 // secretDataEqual reports whether a Secret's data is exactly want.
@@ -387,6 +393,7 @@ func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPac
 	}
 	if auth := a.Spec.GrabService.Auth; auth != nil {
 		addKeyVolume("token-key", auth.TokenSecretRef.Name, tokenKeyDir, "--token-key-file")
+		args = append(args, "--token-max-lifetime="+r.Options.GrabTokenMaxLifetime.String())
 	}
 	if st := a.Spec.Settlement; st != nil && st.Webhook != nil && st.Webhook.SecretRef != nil {
 		addKeyVolume("webhook-key", st.Webhook.SecretRef.Name, webhookKeyDir, "--webhook-key-file")
@@ -410,11 +417,7 @@ func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPac
 			corev1.ResourceCPU:    resource.MustParse("100m"),
 			corev1.ResourceMemory: resource.MustParse("64Mi"),
 		})).
-		WithSecurityContext(corev1ac.SecurityContext().
-			WithAllowPrivilegeEscalation(false).
-			WithReadOnlyRootFilesystem(true).
-			WithRunAsNonRoot(true).
-			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))).
+		WithSecurityContext(grabContainerSecurityContext()).
 		WithVolumeMounts(mounts...)
 
 	return appsv1ac.Deployment(name, a.Namespace).
@@ -426,6 +429,11 @@ func (r *RedPacketActivityReconciler) grabDeployment(a *redpacketv1alpha1.RedPac
 				WithLabels(labels).
 				WithSpec(corev1ac.PodSpec().
 					WithServiceAccountName(name).
+					// The status reporter talks to the API server as the grab
+					// ServiceAccount, whose Role reaches this one activity only (and
+					// whose status writes the admission policy narrows to the reported
+					// fields), so the pod keeps its token.
+					WithAutomountServiceAccountToken(true).
 					WithTerminationGracePeriodSeconds(GrabTerminationGracePeriodSeconds()).
 					WithSecurityContext(corev1ac.PodSecurityContext().
 						WithRunAsNonRoot(true).
@@ -464,4 +472,147 @@ func (r *RedPacketActivityReconciler) grabEnv(a *redpacketv1alpha1.RedPacketActi
 				WithName(secretName).WithKey(e.secretKey).WithOptional(true))))
 	}
 	return env
+}
+
+// grabContainerSecurityContext is the grab container's security context: not root,
+// no privilege escalation, no capabilities at all, a read-only root filesystem (the
+// service writes no file; its keys are mounted read-only) and the runtime's default
+// seccomp profile (also set for the pod).
+func grabContainerSecurityContext() *corev1ac.SecurityContextApplyConfiguration {
+	return corev1ac.SecurityContext().
+		WithPrivileged(false).
+		WithAllowPrivilegeEscalation(false).
+		WithReadOnlyRootFilesystem(true).
+		WithRunAsNonRoot(true).
+		WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")).
+		WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))
+}
+
+// minReplicasForDisruptionBudget is the replica count from which the grab
+// Deployment gets a PodDisruptionBudget. With one replica a budget could only
+// block voluntary evictions (node drains) or allow them all, so there is none.
+const minReplicasForDisruptionBudget = 2
+
+// reconcileGrabGuards keeps the grab workload's NetworkPolicy and, while the
+// Deployment has minReplicasForDisruptionBudget replicas or more, its
+// PodDisruptionBudget, and deletes that budget when the replicas drop below. The
+// controller is their only writer: it creates them, and updates them when their
+// labels or spec drift.
+//
+// The NetworkPolicy <activity>-grab selects the grab pods and admits ingress on the
+// grab port only (TCP 8080: the grab API, the probes and /metrics share it);
+// egress is not restricted (Redis, the API server and the balance system's webhook
+// are wherever the activity says). The PodDisruptionBudget <activity>-grab allows one
+// grab pod at a time to be evicted, and always allows evicting a pod that is not
+// ready, so a broken replica never blocks a node drain.
+//
+// The replica count is the live Deployment's, unless this reconcile applies a new
+// one (replicasToApply): kubectl scale and autoscalers count. Both objects carry a
+// controller reference to the activity; one of the same name that the activity does
+// not control is left alone, with a Warning event.
+func (r *RedPacketActivityReconciler) reconcileGrabGuards(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity,
+	live *appsv1.Deployment, labels map[string]string) error {
+	name := grabName(a)
+	key := client.ObjectKey{Namespace: a.Namespace, Name: name}
+
+	policy := &networkingv1.NetworkPolicy{}
+	found, err := r.getChild(ctx, key, policy)
+	if err != nil {
+		return fmt.Errorf("looking up NetworkPolicy %s: %w", name, err)
+	}
+	if found && !metav1.IsControlledBy(policy, a) {
+		r.warnForeign(a, "NetworkPolicy", name)
+	} else if err := r.keepGrabChild(ctx, a, policy, labels, func() { policy.Spec = grabNetworkPolicySpec(a) }); err != nil {
+		return err
+	}
+
+	budget := &policyv1.PodDisruptionBudget{}
+	found, err = r.getChild(ctx, key, budget)
+	if err != nil {
+		return fmt.Errorf("looking up PodDisruptionBudget %s: %w", name, err)
+	}
+	switch {
+	case found && !metav1.IsControlledBy(budget, a):
+		r.warnForeign(a, "PodDisruptionBudget", name)
+	case r.grabReplicas(a, live) >= minReplicasForDisruptionBudget:
+		return r.keepGrabChild(ctx, a, budget, labels, func() { budget.Spec = grabDisruptionBudgetSpec(a) })
+	case found:
+		if err := r.Client.Delete(ctx, budget, client.Preconditions{UID: &budget.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting PodDisruptionBudget %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// keepGrabChild makes obj, named <activity>-grab, carry the grab workload's labels,
+// the activity's controller reference and the spec that setSpec writes into it:
+// it creates obj when absent and updates it when any of these drifted.
+func (r *RedPacketActivityReconciler) keepGrabChild(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity,
+	obj client.Object, labels map[string]string, setSpec func()) error {
+	kind := fmt.Sprintf("%T", obj)
+	if gvk, err := r.Client.GroupVersionKindFor(obj); err == nil {
+		kind = gvk.Kind
+	}
+	obj.SetName(grabName(a))
+	obj.SetNamespace(a.Namespace)
+	_, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error {
+		merged := maps.Clone(obj.GetLabels())
+		if merged == nil {
+			merged = map[string]string{}
+		}
+		maps.Copy(merged, labels)
+		obj.SetLabels(merged)
+		setSpec()
+		return controllerutil.SetControllerReference(a, obj, r.Client.Scheme())
+	})
+	if err != nil {
+		return fmt.Errorf("creating or updating %s %s: %w", kind, obj.GetName(), err)
+	}
+	return nil
+}
+
+// grabReplicas is the grab Deployment's replica count after this reconcile: what
+// replicasToApply applies, else the live count (1 when the live Deployment leaves
+// it unset, as the API server's default).
+func (r *RedPacketActivityReconciler) grabReplicas(a *redpacketv1alpha1.RedPacketActivity, live *appsv1.Deployment) int32 {
+	if replicas, _, ok := r.replicasToApply(a, live); ok {
+		return replicas
+	}
+	if live.Spec.Replicas == nil {
+		return 1
+	}
+	return *live.Spec.Replicas
+}
+
+// warnForeign emits a Warning event about an object of the grab workload's name
+// that the activity does not control and that is therefore left alone.
+func (r *RedPacketActivityReconciler) warnForeign(a *redpacketv1alpha1.RedPacketActivity, kind, name string) {
+	r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonNotAdopted, "Reconcile",
+		"%s %s already exists and is not controlled by this activity; leaving it alone (delete or rename it)", kind, name)
+}
+
+// grabNetworkPolicySpec selects the activity's grab pods and admits ingress on the
+// grab port only.
+func grabNetworkPolicySpec(a *redpacketv1alpha1.RedPacketActivity) networkingv1.NetworkPolicySpec {
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(grabPort)
+	return networkingv1.NetworkPolicySpec{
+		PodSelector: metav1.LabelSelector{MatchLabels: grabSelector(a)},
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+		}},
+	}
+}
+
+// grabDisruptionBudgetSpec allows one voluntary eviction of the activity's grab pods
+// at a time, and the eviction of unready ones always.
+func grabDisruptionBudgetSpec(a *redpacketv1alpha1.RedPacketActivity) policyv1.PodDisruptionBudgetSpec {
+	one := intstr.FromInt32(1)
+	alwaysAllow := policyv1.AlwaysAllow
+	return policyv1.PodDisruptionBudgetSpec{
+		Selector:                   &metav1.LabelSelector{MatchLabels: grabSelector(a)},
+		MaxUnavailable:             &one,
+		UnhealthyPodEvictionPolicy: &alwaysAllow,
+	}
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -38,14 +39,21 @@ func NewRedisClients() *RedisClients {
 	return &RedisClients{clients: map[string]*cachedRedisClient{}, now: time.Now}
 }
 
-// Get returns the cached client for conn, opening one when there is none.
-func (c *RedisClients) Get(conn lua.Conn) redis.UniversalClient {
+// Get returns the cached client for conn, opening one with opts (at most one; none:
+// go-redis's defaults) when there is none. Clients are cached by conn.Key() and by
+// whether opts check addresses (DialCheck) and make errors safe (SafeErrors): a
+// caller gives the same options for the same connection every time.
+func (c *RedisClients) Get(conn lua.Conn, opts ...lua.ClientOptions) redis.UniversalClient {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	key := conn.Key()
+	var o lua.ClientOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	key := fmt.Sprintf("%s|checked=%t|safe=%t", conn.Key(), o.DialCheck != nil, o.SafeErrors)
 	cached, ok := c.clients[key]
 	if !ok {
-		cached = &cachedRedisClient{client: conn.NewClient()}
+		cached = &cachedRedisClient{client: conn.NewClient(o)}
 		c.clients[key] = cached
 	}
 	cached.lastUsed = c.now()

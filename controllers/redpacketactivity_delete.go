@@ -22,7 +22,8 @@ import (
 // unclaimed remainder is handed to settlement as the sponsor's refund. It then waits
 // (asking to come back every CleanupPollInterval) until settlement has drained, every
 // grant and the refund credited, because the settlement stream lives in the keys it
-// is about to delete. Then it purges the keys and removes the finalizer. When
+// is about to delete. Then it purges the keys, removes the activity's own Redis user
+// from the default Redis (deleteActivityRedisUser), and removes the finalizer. When
 // CleanupGracePeriod has passed since the deletion was requested, it purges anyway,
 // except the settlement and dead-letter streams, which are kept for
 // UnsettledRetention as the record of what was never credited, and says so with a
@@ -95,6 +96,10 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 		log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
 		if snap.State == lua.StateClosed {
 			s.recordClosed()
+			if recorded, _ := redpacketv1alpha1.RecordedCounters(&s.activity.Status); recorded != snap.Counters() && snap.Fenced == "" {
+				// The refund and the final figures, whoever reports.
+				r.writeSnapshotCounters(ctx, s)
+			}
 		}
 		worker := "the operator is settling them"
 		switch err := r.ensureDeletionSettlement(ctx, s); {
@@ -108,6 +113,12 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 		s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "%s (%s); purge at %s", waitingFor(snap), worker,
 			purgeAt.UTC().Format(time.RFC3339))
 		return ctrl.Result{RequeueAfter: min(r.Options.CleanupPollInterval, graceLeft+10*time.Millisecond)}, nil
+	}
+	if a.Spec.Redis == nil {
+		// Its keys are gone: so goes its Redis user (redis_acl.go).
+		if err := r.deleteActivityRedisUser(ctx, a); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	return ctrl.Result{}, r.letGo(ctx, s)
 }
@@ -181,8 +192,10 @@ func (r *RedPacketActivityReconciler) closeForDeletion(ctx context.Context, s *a
 		if err != nil {
 			return fmt.Errorf("closing the deleted activity: %w", err)
 		}
-		r.Recorder.Eventf(s.activity, nil, corev1.EventTypeNormal, "Closed", "Delete",
-			"grabbing closed for deletion; %d refunded to the sponsor, waiting for settlement to drain", res.Refunded)
+		if res.Outcome == lua.Closed {
+			r.Recorder.Eventf(s.activity, nil, corev1.EventTypeNormal, "Closed", "Delete",
+				"grabbing closed for deletion; %d refunded to the sponsor, waiting for settlement to drain", res.Refunded)
+		}
 		if snap, err = s.store.Snapshot(rctx); err != nil {
 			return fmt.Errorf("reading the activity from Redis after closing it: %w", err)
 		}

@@ -108,7 +108,7 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	}
 	wantArgs := []string{"--namespace=" + e.ns, "--activity=owned", "--activity-uid=" + string(a.UID), "--listen=:8080", "--settlement=true",
 		"--shutdown-delay=5s", "--shutdown-timeout=20s",
-		"--token-key-file=/etc/redpacket/token/key", "--webhook-key-file=/etc/redpacket/webhook/key"}
+		"--token-key-file=/etc/redpacket/token/key", "--token-max-lifetime=24h0m0s", "--webhook-key-file=/etc/redpacket/webhook/key"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("args %q, want %q", c.Args, wantArgs)
 	}
@@ -176,9 +176,10 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	}
 }
 
-// The operator's default Redis password reaches the grab pods through an owned Secret,
-// never as a plain value in the Deployment; an activity that names its own Secret
-// uses that one, and the operator's Secret is removed from its namespace.
+// The grab pods' Redis credentials (the activity's own Redis user, never the
+// operator's password) reach them through an owned Secret, never as a plain value in
+// the Deployment; an activity that names its own Secret uses that one, and the
+// operator's Secret is removed from its namespace.
 func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -224,15 +225,17 @@ func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the Secret is not in the spec.redis.secretRef format: %v", err)
 	}
-	if conn.Password != password || len(conn.Addresses) != 1 || conn.Addresses[0] != srv.Addr || conn.Mode != lua.ModeStandalone {
-		t.Errorf("connection in the Secret %+v, want the operator's default", conn)
+	a := e.get("secretive")
+	if conn.Password == password || conn.Username != lua.ActivityUserName(string(a.UID)) || len(conn.Addresses) != 1 ||
+		conn.Addresses[0] != srv.Addr || conn.Mode != lua.ModeStandalone {
+		t.Errorf("connection in the Secret %+v, want the default Redis with the activity's own user", conn)
 	}
 
-	// Pointing the activity at its own Secret moves the Deployment to it and takes the
-	// operator's credentials out of the namespace.
+	// Pointing the activity at its own Secret (credentials the tenant brings) moves the
+	// Deployment to it and takes the activity's Secret out of the namespace.
 	own := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "own-redis", Namespace: e.ns},
-		Data:       secret.Data,
+		StringData: map[string]string{"addresses": srv.Addr, "mode": "standalone", "password": password},
 	}
 	if err := e.c.Create(ctx, own); err != nil {
 		t.Fatal(err)

@@ -1,8 +1,10 @@
 package lua
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -59,7 +61,7 @@ func ConnFromSecret(data map[string][]byte) (Conn, error) {
 		Mode:      strings.TrimSpace(string(data[SecretMode])),
 		Username:  string(data[SecretUsername]),
 		Password:  string(data[SecretPassword]),
-		TLS:       strings.TrimSpace(string(data[SecretTLS])) == "true",
+		TLS:       TLSEnabled(string(data[SecretTLS])),
 	}
 	if c.Mode == "" {
 		c.Mode = ModeStandalone
@@ -102,6 +104,18 @@ type ClientOptions struct {
 	RESP2 bool
 	// PoolSize is the number of connections per node; 0 keeps the default (10 per CPU).
 	PoolSize int
+	// DialCheck, when set, is asked before every connection the client opens (to
+	// the addresses given and, in cluster mode, to every node the cluster announces
+	// or redirects to); an error refuses the connection without attempting it, and
+	// the command fails with an error wrapping ErrAddressNotAllowed.
+	DialCheck func(addr string) error
+	// SafeErrors makes every command error a *SafeError, whose text is a fixed
+	// phrase without a byte of what the server sent (see MakeSafe): for errors that
+	// end up in a resource's status and events.
+	SafeErrors bool
+	// ErrorLog, with SafeErrors, receives every failed command's name and its error
+	// as it was before it was made safe, for the operator's log.
+	ErrorLog func(ctx context.Context, command string, err error)
 }
 
 // GrabClientOptions are the grab path's options: every socket wait bounded by
@@ -129,20 +143,62 @@ func (c Conn) NewClient(opts ...ClientOptions) redis.UniversalClient {
 		protocol = 2
 	}
 	timeout := max(o.Timeout, 0)
+	dialer := checkedDialer(o.DialCheck, timeout, tc)
 	if c.Mode == ModeCluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{
+		cc := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: c.Addresses, Username: c.Username, Password: c.Password, TLSConfig: tc,
 			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
 			ContextTimeoutEnabled: timeout > 0, MaxRetries: o.MaxRetries, Protocol: protocol,
-			PoolSize: o.PoolSize,
+			PoolSize: o.PoolSize, Dialer: dialer,
+			NewClient: func(opt *redis.Options) *redis.Client {
+				node := redis.NewClient(opt)
+				if o.SafeErrors {
+					node.AddHook(safeErrorsHook{log: o.ErrorLog})
+				}
+				return node
+			},
 		})
+		if o.SafeErrors {
+			cc.AddHook(safeErrorsHook{log: o.ErrorLog})
+		}
+		return cc
 	}
-	return redis.NewClient(&redis.Options{
+	rc := redis.NewClient(&redis.Options{
 		Addr: c.Addresses[0], Username: c.Username, Password: c.Password, TLSConfig: tc,
 		DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
 		ContextTimeoutEnabled: timeout > 0, MaxRetries: o.MaxRetries, Protocol: protocol,
-		PoolSize: o.PoolSize,
+		PoolSize: o.PoolSize, Dialer: dialer,
 	})
+	if o.SafeErrors {
+		rc.AddHook(safeErrorsHook{log: o.ErrorLog})
+	}
+	return rc
+}
+
+// defaultDialTimeout is go-redis's dial timeout, which checkedDialer uses when the
+// options set none.
+const defaultDialTimeout = 5 * time.Second
+
+// checkedDialer is a dialer that asks check before every connection, or nil (the
+// go-redis default dialer) when check is nil. It dials as go-redis's own does: TCP
+// with keep-alive, and TLS with tc when tc is set.
+func checkedDialer(check func(addr string) error, timeout time.Duration, tc *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if check == nil {
+		return nil
+	}
+	if timeout <= 0 {
+		timeout = defaultDialTimeout
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if err := check(addr); err != nil {
+			return nil, fmt.Errorf("dialing %s: %w: %w", addr, ErrAddressNotAllowed, err)
+		}
+		nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+		if tc == nil {
+			return nd.DialContext(ctx, network, addr)
+		}
+		return (&tls.Dialer{NetDialer: nd, Config: tc}).DialContext(ctx, network, addr)
+	}
 }
 
 // The auto-pipeliner runs scripts and plain commands alike: an activity's handle
@@ -198,3 +254,9 @@ func (p *PipelinedClient) Close() error {
 	}
 	return nil
 }
+
+// TLSEnabled reads a connection's tls value ("true", surrounding white space
+// ignored: a Secret written with echo carries a newline). Everything that reads it,
+// the controller from a Secret and the grab service from its environment, reads it
+// here, so one value never means TLS to one of them and plaintext to the other.
+func TLSEnabled(v string) bool { return strings.TrimSpace(v) == "true" }

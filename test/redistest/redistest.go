@@ -99,9 +99,11 @@ func startServer(dir string, extraArgs ...string) (*Server, error) {
 	return nil, fmt.Errorf("redis-server did not come up: %w", lastErr)
 }
 
-// Cluster is a Redis Cluster of masters only, each a real redis-server in cluster mode.
+// Cluster is a Redis Cluster, each node a real redis-server in cluster mode: masters
+// only (StartCluster), or masters with replicas (StartReplicatedCluster).
 type Cluster struct {
-	// Addrs are the masters' addresses.
+	// Addrs are the nodes' addresses: the masters' in a cluster of masters only, every
+	// node's (masters and replicas, as redis-cli assigned the roles) otherwise.
 	Addrs   []string
 	servers []*Server
 }
@@ -119,8 +121,27 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 	return c
 }
 
+// StartReplicatedCluster runs a cluster of masters (>= 3) with replicas replicas each
+// for the test, with every slot assigned and every replica in sync with its master,
+// and stops it at cleanup.
+func StartReplicatedCluster(tb testing.TB, masters, replicas int) *Cluster {
+	tb.Helper()
+	skipInShortMode(tb)
+	c, err := startCluster(tb.TempDir(), masters, replicas)
+	if err != nil {
+		tb.Fatalf("starting redis cluster: %v", err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
+}
+
 // StartClusterProcess runs a cluster of n masters outside of any test. The caller stops it.
 func StartClusterProcess(dir string, n int) (*Cluster, error) {
+	return startCluster(dir, n, 0)
+}
+
+func startCluster(dir string, masters, replicas int) (*Cluster, error) {
+	n := masters * (1 + replicas)
 	c := &Cluster{}
 	for i := 0; i < n; i++ {
 		sub := filepath.Join(dir, fmt.Sprintf("node-%d", i))
@@ -138,7 +159,7 @@ func StartClusterProcess(dir string, n int) (*Cluster, error) {
 		c.Addrs = append(c.Addrs, s.Addr)
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	out, err := exec.Command("redis-cli", args...).CombinedOutput()
 	if err != nil {
 		c.Stop()
@@ -148,7 +169,9 @@ func StartClusterProcess(dir string, n int) (*Cluster, error) {
 	for _, a := range c.Addrs {
 		for {
 			info, err := redisCLI(a, "cluster", "info")
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
+			repl, rerr := redisCLI(a, "info", "replication")
+			synced := rerr == nil && (strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up"))
+			if err == nil && strings.Contains(info, "cluster_state:ok") && synced {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -158,7 +181,50 @@ func StartClusterProcess(dir string, n int) (*Cluster, error) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	if replicas > 0 {
+		if err := c.listReplicas(deadline); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// listReplicas makes every replica show in every node's slot map (CLUSTER SLOTS),
+// which lists a replica only once it has received something from its master: each
+// master replicates a FLUSHALL of its (empty) data set.
+func (c *Cluster) listReplicas(deadline time.Time) error {
+	for _, a := range c.Addrs {
+		role, err := redisCLI(a, "role")
+		if err != nil {
+			return fmt.Errorf("ROLE of %s: %v: %s", a, err, role)
+		}
+		if strings.HasPrefix(role, "master") {
+			if out, err := redisCLI(a, "flushall"); err != nil {
+				return fmt.Errorf("FLUSHALL on %s: %v: %s", a, err, out)
+			}
+		}
+	}
+	// Each node learns the others' replication offsets through the cluster bus, so
+	// each node's own slot map is waited for.
+	for _, from := range c.Addrs {
+		for {
+			slots, err := redisCLI(from, "cluster", "slots")
+			listed := err == nil
+			for _, a := range c.Addrs {
+				_, port, _ := net.SplitHostPort(a)
+				listed = listed && strings.Contains(slots, "\n"+port+"\n")
+			}
+			if listed {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("not every node shows in CLUSTER SLOTS of %s: %v %s", from, err, slots)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // Client opens a cluster client, closed at the test's cleanup.

@@ -1,0 +1,210 @@
+package controllers
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// An activity on the operator's default Redis gets a Redis ACL user of its own
+// (lua.Activity.EnsureUser): its grab pods log in as that user, which may touch only
+// the activity's keys and run only what the grab service needs, so the operator's
+// own Redis credentials never leave the operator's namespace. The user's name and
+// password are in the Secret <activity>-grab-redis, next to the default Redis's
+// addresses. Deleting that Secret rotates the password; deleting the activity
+// removes the user. An activity with spec.redis brings its own credentials, and no
+// user is made for it.
+
+// AnnotationRedisCredentials, on the grab pods' template, is a digest of the Redis
+// user and password in <activity>-grab-redis. The pods read the Secret into their
+// environment when they start, so a new password (a rotation) changes the digest and
+// the Deployment rolls them.
+const AnnotationRedisCredentials = "redpacket.io/redis-credentials"
+
+// activityPasswordBytes is how many random bytes an activity's Redis password has;
+// it is written as hex.
+const activityPasswordBytes = 32
+
+// activityUsers is what the controller does to an activity's own Redis ACL user.
+// lua.Activity implements it.
+type activityUsers interface {
+	// EnsureUser makes Redis hold the user with exactly this password and rules.
+	EnsureUser(ctx context.Context, password string) (lua.UserChange, error)
+	// DeleteUser removes the user, and with it its connections.
+	DeleteUser(ctx context.Context) (int, error)
+}
+
+var _ activityUsers = (*lua.Activity)(nil)
+
+// defaultRedisConn is the operator's default Redis connection, standalone unless
+// it says otherwise.
+func (r *RedPacketActivityReconciler) defaultRedisConn() (lua.Conn, error) {
+	conn := r.Options.DefaultRedis
+	if conn.Mode == "" {
+		conn.Mode = lua.ModeStandalone
+	}
+	if err := conn.Validate(); err != nil {
+		return lua.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
+	}
+	return conn, nil
+}
+
+// usersOnDefaultRedis returns the manager of the activity's ACL user on the default
+// Redis: its store there (storeFor), which manages users too.
+func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.RedPacketActivity) (activityUsers, error) {
+	conn, err := r.defaultRedisConn()
+	if err != nil {
+		return nil, err
+	}
+	store := r.storeFor(conn, a.UID)
+	users, ok := store.(activityUsers)
+	if !ok {
+		return nil, fmt.Errorf("the activity's store (%T) cannot manage Redis users", store)
+	}
+	return users, nil
+}
+
+// activityRedisSecretData returns the data of <activity>-grab-redis for an activity
+// on the default Redis: the default Redis's addresses, mode and TLS setting, with the
+// activity's own user (lua.ActivityUserName) and password, never the operator's. It
+// first makes Redis hold that user with that password (EnsureUser, at every
+// reconcile, so a Redis that restarted without an ACL file, or a cluster node that
+// joined, gets it back).
+//
+// The password is the one existing (the Secret as it is, nil when there is none)
+// holds for the activity's user. When there is no Secret, which is how a rotation is
+// asked for, or it holds something else (an older operator's copy of its own
+// credentials), the password is a new random one: EnsureUser then replaces the user,
+// which closes every connection made with the old password, and the new Secret's
+// digest in AnnotationRedisCredentials rolls the grab pods.
+//
+// When the default Redis cannot give the activity a user (lua.ErrACLUnavailable) it
+// returns no data and a result whose blocker (Ready False, RedisACLUnavailable) says
+// so, without halting the chain; it deletes an existing Secret that holds the
+// operator's own credentials. The caller then applies no workload.
+func (r *RedPacketActivityReconciler) activityRedisSecretData(ctx context.Context, s *activityScope, existing *corev1.Secret) (map[string][]byte, stepResult, error) {
+	a := s.activity
+	conn, err := r.defaultRedisConn()
+	if err != nil {
+		return nil, blocked(redpacketv1alpha1.ReasonRedisConfigInvalid, "%v", err), err
+	}
+	users, err := r.usersOnDefaultRedis(a)
+	if err != nil {
+		return nil, stepResult{}, err
+	}
+	user := lua.ActivityUserName(string(a.UID))
+	password := ""
+	if existing != nil && string(existing.Data[lua.SecretUsername]) == user &&
+		len(existing.Data[lua.SecretPassword]) >= 2*activityPasswordBytes {
+		password = string(existing.Data[lua.SecretPassword])
+	} else if password, err = newActivityPassword(); err != nil {
+		return nil, stepResult{}, err
+	}
+
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	change, err := users.EnsureUser(rctx, password)
+	switch {
+	case errors.Is(err, lua.ErrACLUnavailable):
+		if err := r.deleteOperatorCredentials(ctx, existing); err != nil {
+			return nil, stepResult{}, err
+		}
+		return nil, stepResult{blocker: notReady(redpacketv1alpha1.ReasonRedisACLUnavailable,
+			"the operator's default Redis cannot give the activity a Redis user of its own: %v. The grab service is not "+
+				"deployed, so that the operator's own Redis credentials never reach this namespace; use Redis 6 or later "+
+				"with an operator user that may manage ACL users, or give the activity its own Redis with spec.redis",
+			lua.ErrACLUnavailable)}, nil
+	case err != nil:
+		return nil, blocked(redpacketv1alpha1.ReasonRedisUnavailable, "setting up the activity's Redis user: %v", err),
+			fmt.Errorf("setting up the activity's Redis user: %w", err)
+	}
+	if change.Set > 0 {
+		r.logger(ctx).Info("set the activity's Redis user", "user", user, "nodes", change.Nodes, "set", change.Set,
+			"rotated", change.Rotated)
+	}
+	return map[string][]byte{
+		lua.SecretAddresses: []byte(strings.Join(conn.Addresses, ",")),
+		lua.SecretMode:      []byte(conn.Mode),
+		lua.SecretUsername:  []byte(user),
+		lua.SecretPassword:  []byte(password),
+		lua.SecretTLS:       []byte(strconv.FormatBool(conn.TLS)),
+	}, stepResult{}, nil
+}
+
+// newActivityPassword is a random password for an activity's Redis user.
+func newActivityPassword() (string, error) {
+	b := make([]byte, activityPasswordBytes)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating a Redis password: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// deleteOperatorCredentials deletes secret (the activity's <activity>-grab-redis)
+// when it holds the operator's own Redis user and password, as operators before
+// per-activity users wrote it. nil is nothing to do.
+func (r *RedPacketActivityReconciler) deleteOperatorCredentials(ctx context.Context, secret *corev1.Secret) error {
+	if secret == nil || string(secret.Data[lua.SecretUsername]) != r.Options.DefaultRedis.Username ||
+		string(secret.Data[lua.SecretPassword]) != r.Options.DefaultRedis.Password {
+		return nil
+	}
+	if err := r.Client.Delete(ctx, secret, client.Preconditions{UID: &secret.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting secret %s, which holds the operator's Redis credentials: %w", secret.Name, err)
+	}
+	return nil
+}
+
+// redisCredentialsDigest is the value of AnnotationRedisCredentials for a Secret's
+// data: a hash of its user and password, from which neither can be learnt.
+func redisCredentialsDigest(data map[string][]byte) string {
+	h := sha256.New()
+	h.Write([]byte("redpacket.io/redis-credentials\x00"))
+	h.Write(data[lua.SecretUsername])
+	h.Write([]byte{0})
+	h.Write(data[lua.SecretPassword])
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// annotateGrabPods puts the credentials' digest (AnnotationRedisCredentials) on the
+// pod template of the grab Deployment among objects.
+func annotateGrabPods(objects []runtime.ApplyConfiguration, data map[string][]byte) {
+	for _, obj := range objects {
+		if d, ok := obj.(*appsv1ac.DeploymentApplyConfiguration); ok && d.Spec != nil && d.Spec.Template != nil {
+			d.Spec.Template.WithAnnotations(map[string]string{AnnotationRedisCredentials: redisCredentialsDigest(data)})
+		}
+	}
+}
+
+// deleteActivityRedisUser removes the activity's ACL user from the default Redis:
+// when the activity is gone, or names its own Redis now. A Redis that cannot manage
+// users cannot have been given one, so that is no error.
+func (r *RedPacketActivityReconciler) deleteActivityRedisUser(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity) error {
+	users, err := r.usersOnDefaultRedis(a)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	n, err := users.DeleteUser(rctx)
+	if err != nil && !errors.Is(err, lua.ErrACLUnavailable) {
+		return fmt.Errorf("removing the activity's Redis user: %w", err)
+	}
+	if n > 0 {
+		r.logger(ctx).Info("removed the activity's Redis user", "user", lua.ActivityUserName(string(a.UID)), "nodes", n)
+	}
+	return nil
+}
