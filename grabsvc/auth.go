@@ -13,8 +13,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc/settlement"
 )
+
+// DefaultTokenMaxLifetime is how far in the future a token's exp may lie unless
+// configured otherwise (--token-max-lifetime).
+const DefaultTokenMaxLifetime = 24 * time.Hour
 
 // TokenClaims is the payload of a user token: who may grab, in which activity, until when.
 type TokenClaims struct {
@@ -22,8 +29,32 @@ type TokenClaims struct {
 	UserID string `json:"userId"`
 	// Activity is "<namespace>/<name>" of the activity the token is good for.
 	Activity string `json:"activity"`
-	// Exp is the expiry in unix seconds; the token is refused from that second on.
+	// ActivityUID is the metadata.uid of that activity. It binds the token to this
+	// one activity: an activity deleted and created again under the same name has
+	// another UID, and the first one's tokens are refused by the second.
+	ActivityUID types.UID `json:"activityUID"`
+	// Exp is the expiry in unix seconds; the token is refused from that second on,
+	// and also when it lies further ahead than the verifier's maximum lifetime.
 	Exp int64 `json:"exp"`
+}
+
+// TokenAudience is what a token must name to be good for a grab: the activity's
+// "<namespace>/<name>" and its UID.
+type TokenAudience struct {
+	Activity string
+	UID      types.UID
+}
+
+// AudienceOf is the audience of the activity's tokens.
+func AudienceOf(a *Activity) TokenAudience {
+	return TokenAudience{Activity: a.Ref, UID: a.Object.UID}
+}
+
+// RequiresTokens reports whether the activity's spec asks for user tokens
+// (spec.grabService.auth). A grab service without a verification key must then
+// refuse every grab (TokenVerifier.Check).
+func RequiresTokens(o *redpacketv1alpha1.RedPacketActivity) bool {
+	return o.Spec.GrabService.Auth != nil
 }
 
 // Errors a token check returns. Each is answered with 401 unauthorized.
@@ -34,7 +65,18 @@ var (
 	ErrTokenExpired   = errors.New("the bearer token has expired")
 	ErrTokenActivity  = errors.New("the bearer token is for another activity")
 	ErrTokenUser      = errors.New("the bearer token is for another user")
+	// ErrTokenActivityUID also answers tokens minted without activityUID.
+	ErrTokenActivityUID = errors.New("the bearer token's activityUID is not this activity's metadata.uid " +
+		"(an activity created again under the same name has a new UID)")
+	// ErrTokenLifetime is answered like the others, with the limit in the message.
+	ErrTokenLifetime = errors.New("the bearer token's exp lies further ahead than this service's maximum token lifetime")
 )
+
+// ErrNoTokenKey is returned by a nil TokenVerifier's Check for an activity that
+// requires tokens: the service was started without a verification key, so it can
+// check no token and must grant nothing. It is answered with 503 unavailable.
+var ErrNoTokenKey = errors.New("this activity requires user tokens (spec.grabService.auth) but this grab service " +
+	"has no token verification key (--token-key-file); it grants nothing until it is restarted with the key")
 
 // maxTokenLen bounds the bearer token we are willing to decode.
 const maxTokenLen = 2048
@@ -54,16 +96,23 @@ func SignToken(key []byte, c TokenClaims) (string, error) {
 }
 
 // TokenVerifier checks user tokens against an HMAC key. The key can be replaced
-// while requests are served (a rotated Secret).
+// while requests are served (a rotated Secret). A nil *TokenVerifier stands for a
+// service started without a key: its Check refuses the grabs of an activity that
+// requires tokens and lets the others through.
 type TokenVerifier struct {
 	key atomic.Pointer[[]byte]
+	// MaxLifetime, when positive, refuses a token whose exp lies more than that far
+	// after now (ErrTokenLifetime): a leaked token is good for at most that long.
+	// NewTokenVerifier sets DefaultTokenMaxLifetime.
+	MaxLifetime time.Duration
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
 }
 
-// NewTokenVerifier returns a verifier for key, which must not be empty.
+// NewTokenVerifier returns a verifier for key, which must not be empty, with the
+// default maximum lifetime.
 func NewTokenVerifier(key []byte) (*TokenVerifier, error) {
-	v := &TokenVerifier{}
+	v := &TokenVerifier{MaxLifetime: DefaultTokenMaxLifetime}
 	if err := v.SetKey(key); err != nil {
 		return nil, err
 	}
@@ -94,10 +143,24 @@ func ReadKeyFile(path string) ([]byte, error) {
 	return key, nil
 }
 
-// Verify checks the Authorization header value of a grab by userID in activity
-// ("<namespace>/<name>"). It returns nil when the token is genuine, unexpired, for
-// this activity and for this user.
-func (v *TokenVerifier) Verify(authorization, activity, userID string) error {
+// Check decides whether a grab by userID in act may go on as far as tokens are
+// concerned. A verifier checks the Authorization header value (Verify). A nil
+// verifier, a service without a key, fails closed: ErrNoTokenKey for an activity
+// that requires tokens, nil for one that does not.
+func (v *TokenVerifier) Check(authorization string, act *Activity, userID string) error {
+	if v == nil {
+		if RequiresTokens(act.Object) {
+			return ErrNoTokenKey
+		}
+		return nil
+	}
+	return v.Verify(authorization, AudienceOf(act), userID)
+}
+
+// Verify checks the Authorization header value of a grab by userID for aud. It
+// returns nil when the token is genuine, unexpired, not longer-lived than
+// MaxLifetime allows, for this activity (name and UID) and for this user.
+func (v *TokenVerifier) Verify(authorization string, aud TokenAudience, userID string) error {
 	const prefix = "Bearer "
 	if authorization == "" {
 		return ErrTokenMissing
@@ -135,11 +198,18 @@ func (v *TokenVerifier) Verify(authorization, activity, userID string) error {
 	if v.Now != nil {
 		now = v.Now
 	}
-	if c.Exp <= now().Unix() {
+	nowSec := now().Unix()
+	if c.Exp <= nowSec {
 		return ErrTokenExpired
 	}
-	if c.Activity != activity {
+	if v.MaxLifetime > 0 && c.Exp-nowSec > int64(v.MaxLifetime/time.Second) {
+		return fmt.Errorf("%w (%s)", ErrTokenLifetime, v.MaxLifetime)
+	}
+	if c.Activity != aud.Activity {
 		return ErrTokenActivity
+	}
+	if c.ActivityUID != aud.UID {
+		return ErrTokenActivityUID
 	}
 	if c.UserID != userID {
 		return ErrTokenUser

@@ -127,7 +127,7 @@ func TestGrabUnauthorizedAndTokens(t *testing.T) {
 	act := testActivity("tokens")
 	h.useActivity(act, ones(4), 0, 0, false)
 	tok := func(user, activity string, exp time.Time) map[string]string {
-		s, err := SignToken(key, TokenClaims{UserID: user, Activity: activity, Exp: exp.Unix()})
+		s, err := SignToken(key, TokenClaims{UserID: user, Activity: activity, ActivityUID: act.Object.UID, Exp: exp.Unix()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,8 +161,8 @@ func TestBadInputsHaveNoRedisEffect(t *testing.T) {
 		return "Bearer " + s
 	}
 	future := time.Now().Add(time.Hour).Unix()
-	good := sign(TokenClaims{UserID: "u1", Activity: act.Ref, Exp: future})
-	forged, err := SignToken([]byte("not-the-key"), TokenClaims{UserID: "u1", Activity: act.Ref, Exp: future})
+	good := sign(TokenClaims{UserID: "u1", Activity: act.Ref, ActivityUID: act.Object.UID, Exp: future})
+	forged, err := SignToken([]byte("not-the-key"), TokenClaims{UserID: "u1", Activity: act.Ref, ActivityUID: act.Object.UID, Exp: future})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,8 +206,8 @@ func TestBadInputsHaveNoRedisEffect(t *testing.T) {
 		{"three parts", "POST", `{"userId":"u1"}`, good + ".x", 401, OutcomeUnauthorized, "malformed"},
 		{"bad signature", "POST", `{"userId":"u1"}`, "Bearer " + forged, 401, OutcomeUnauthorized, "signature"},
 		{"tampered payload", "POST", `{"userId":"u1"}`, "Bearer " + payload + "x." + sig, 401, OutcomeUnauthorized, ""},
-		{"expired token", "POST", `{"userId":"u1"}`, sign(TokenClaims{UserID: "u1", Activity: act.Ref, Exp: time.Now().Add(-time.Second).Unix()}), 401, OutcomeUnauthorized, "expired"},
-		{"other activity", "POST", `{"userId":"u1"}`, sign(TokenClaims{UserID: "u1", Activity: "default/other", Exp: future}), 401, OutcomeUnauthorized, "another activity"},
+		{"expired token", "POST", `{"userId":"u1"}`, sign(TokenClaims{UserID: "u1", Activity: act.Ref, ActivityUID: act.Object.UID, Exp: time.Now().Add(-time.Second).Unix()}), 401, OutcomeUnauthorized, "expired"},
+		{"other activity", "POST", `{"userId":"u1"}`, sign(TokenClaims{UserID: "u1", Activity: "default/other", ActivityUID: act.Object.UID, Exp: future}), 401, OutcomeUnauthorized, "another activity"},
 		{"other user", "POST", `{"userId":"u2"}`, good, 401, OutcomeUnauthorized, "another user"},
 	}
 	before := h.state(act.Keys)

@@ -650,7 +650,7 @@ func TestRainPageTokens(t *testing.T) {
 	ps := newPageServer(t, "auth-night", []int64{30, 40, 50}, start, end, func(c *Config) { c.Tokens = v })
 	ref := ps.obj.Namespace + "/" + ps.obj.Name
 
-	good, err := SignToken(key, TokenClaims{UserID: "tok-1", Activity: ref, Exp: time.Now().Add(5 * time.Minute).Unix()})
+	good, err := SignToken(key, TokenClaims{UserID: "tok-1", Activity: ref, ActivityUID: ps.obj.UID, Exp: time.Now().Add(5 * time.Minute).Unix()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -663,7 +663,7 @@ func TestRainPageTokens(t *testing.T) {
 	}
 	tb.clean()
 
-	forged, err := SignToken([]byte("not-the-key"), TokenClaims{UserID: "tok-2", Activity: ref, Exp: time.Now().Add(5 * time.Minute).Unix()})
+	forged, err := SignToken([]byte("not-the-key"), TokenClaims{UserID: "tok-2", Activity: ref, ActivityUID: ps.obj.UID, Exp: time.Now().Add(5 * time.Minute).Unix()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -490,22 +490,23 @@ func TestTokens(t *testing.T) {
 	}
 	now := time.Unix(1_700_000_000, 0)
 	v.Now = func() time.Time { return now }
-	tok, err := SignToken(key, TokenClaims{UserID: "u", Activity: "ns/a", Exp: now.Unix() + 1})
+	aud := TokenAudience{Activity: "ns/a", UID: "uid-a"}
+	tok, err := SignToken(key, TokenClaims{UserID: "u", Activity: "ns/a", ActivityUID: "uid-a", Exp: now.Unix() + 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := v.Verify("Bearer "+tok, "ns/a", "u"); err != nil {
+	if err := v.Verify("Bearer "+tok, aud, "u"); err != nil {
 		t.Fatalf("valid token: %v", err)
 	}
 	// Padded base64url is accepted too.
 	p, s, _ := strings.Cut(tok, ".")
 	pad := func(x string) string { return x + strings.Repeat("=", (4-len(x)%4)%4) }
-	if err := v.Verify("Bearer "+pad(p)+"."+pad(s), "ns/a", "u"); err != nil {
+	if err := v.Verify("Bearer "+pad(p)+"."+pad(s), aud, "u"); err != nil {
 		t.Fatalf("padded token: %v", err)
 	}
 	// Exactly at exp the token is expired.
 	now = now.Add(time.Second)
-	if err := v.Verify("Bearer "+tok, "ns/a", "u"); err != ErrTokenExpired {
+	if err := v.Verify("Bearer "+tok, aud, "u"); err != ErrTokenExpired {
 		t.Fatalf("token at exp: %v", err)
 	}
 	// A rotated key refuses old tokens.
@@ -513,7 +514,7 @@ func TestTokens(t *testing.T) {
 	if err := v.SetKey([]byte("k2")); err != nil {
 		t.Fatal(err)
 	}
-	if err := v.Verify("Bearer "+tok, "ns/a", "u"); err != ErrTokenSignature {
+	if err := v.Verify("Bearer "+tok, aud, "u"); err != ErrTokenSignature {
 		t.Fatalf("token after key rotation: %v", err)
 	}
 	if _, err := NewTokenVerifier(nil); err == nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -128,11 +129,23 @@ func namespace(t *testing.T, name string) string {
 	return name
 }
 
-// tokens signs user tokens for one activity.
+// tokens signs user tokens for one activity, bound to its UID, which is read once,
+// on the first token (the activity exists by then). Safe for concurrent use.
 func tokens(t *testing.T, ns, name string) func(string) string {
+	uid := sync.OnceValues(func() (types.UID, error) {
+		a := &redpacketv1alpha1.RedPacketActivity{}
+		if err := env.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, a); err != nil {
+			return "", fmt.Errorf("reading activity %s/%s for its UID: %w", ns, name, err)
+		}
+		return a.UID, nil
+	})
 	return func(user string) string {
+		id, err := uid()
+		if err != nil {
+			t.Error(err)
+		}
 		tok, err := grabsvc.SignToken(tokenKey, grabsvc.TokenClaims{UserID: user, Activity: ns + "/" + name,
-			Exp: time.Now().Add(time.Hour).Unix()})
+			ActivityUID: id, Exp: time.Now().Add(time.Hour).Unix()})
 		if err != nil {
 			t.Error(err)
 		}
