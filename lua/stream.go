@@ -145,6 +145,105 @@ func decodeMessages(msgs []redis.XMessage) []StreamEntry {
 	return out
 }
 
+// ErrForged is wrapped by the reason VerifyEntries gives for an entry that no script
+// of the activity wrote.
+var ErrForged = errors.New("forged settlement entry")
+
+// ErrNotInRedis is returned by VerifyEntries when the activity's meta hash holds no
+// state (its keys were deleted, or never written): nothing can be verified then.
+var ErrNotInRedis = errors.New("the activity is not in Redis")
+
+// claimValue is the value grab.lua stores in the claims hash for a user, in the same
+// atomic step that appends the grant's stream entry: "<packetId>:<amount>", the
+// packet as it was seeded.
+func claimValue(packetID, amount string) string { return packetID + ":" + amount }
+
+// VerifyEntries checks each well-formed entry against what the activity's scripts
+// recorded in the same atomic step that wrote it, so an entry appended to the
+// stream by anyone else (XADD with the activity's Redis credentials) is told apart:
+//
+//   - a grant (grab.lua) must match its user's claim: HGET claims <user> equals
+//     "<packet>:<amount>" of the entry;
+//   - the refund (close.lua) must match the close: the meta hash's state is closed,
+//     its refunded amount is not zero (close.lua writes no refund of nothing) and
+//     equals the entry's amount, its sponsor is the entry's user, and the packet is
+//     "refund". The sponsor is not changed once the activity is closed.
+//
+// Fields the check does not read (at, currency, any other) are not compared. The
+// claims hash and the close fields never change once written, so a verdict holds
+// for as long as the keys exist. It returns, by entry id, why each entry that does
+// not match is forged (wrapping ErrForged); genuine and malformed entries are not in
+// the map. All reads go in one pipeline. When the meta hash holds no state it
+// returns ErrNotInRedis, and any Redis error with context.
+//
+// The check trusts the claims hash and the meta hash: it defeats an entry appended
+// on its own (a wrong user, packet or amount, an unknown packet, a refund of an open
+// activity), not a writer who also edits those hashes.
+func (a *Activity) VerifyEntries(ctx context.Context, entries []StreamEntry) (map[string]error, error) {
+	forged := map[string]error{}
+	if len(entries) == 0 {
+		return forged, nil
+	}
+	pipe := a.c.Pipeline()
+	meta := pipe.HMGet(ctx, a.keys.Meta, fieldState, fieldRefunded, fieldSponsor)
+	claims := make([]*redis.StringCmd, len(entries))
+	for i, e := range entries {
+		if e.Malformed == nil && e.Kind == KindGrant {
+			claims[i] = pipe.HGet(ctx, a.keys.Claims, e.UserID)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("verifying settlement entries against %s: %w", a.keys.Claims, err)
+	}
+	m, err := meta.Result()
+	if err != nil {
+		return nil, fmt.Errorf("verifying settlement entries: reading %s: %w", a.keys.Meta, err)
+	}
+	str := func(v any) (string, bool) {
+		s, ok := v.(string)
+		return s, ok
+	}
+	state, ok := str(m[0])
+	if !ok {
+		return nil, fmt.Errorf("verifying settlement entries: %w (%s holds no state)", ErrNotInRedis, a.keys.Meta)
+	}
+	refunded, _ := str(m[1])
+	sponsor, _ := str(m[2])
+	for i, e := range entries {
+		if e.Malformed != nil {
+			continue
+		}
+		packet, amount := e.Fields[entryPacket], e.Fields[entryAmount]
+		switch e.Kind {
+		case KindGrant:
+			held, err := claims[i].Result()
+			switch {
+			case errors.Is(err, redis.Nil):
+				forged[e.ID] = fmt.Errorf("%w: user %q holds no packet in the claims hash", ErrForged, e.UserID)
+			case err != nil:
+				return nil, fmt.Errorf("verifying settlement entry %s: reading the claim of %q: %w", e.ID, e.UserID, err)
+			case held != claimValue(packet, amount):
+				forged[e.ID] = fmt.Errorf("%w: the entry grants packet %q of %s to user %q, whose claim is %q",
+					ErrForged, packet, amount, e.UserID, held)
+			}
+		case KindRefund:
+			switch {
+			case State(state) != StateClosed:
+				forged[e.ID] = fmt.Errorf("%w: a refund entry, but the activity is %s, not closed", ErrForged, state)
+			case packet != RefundPacketID:
+				forged[e.ID] = fmt.Errorf("%w: a refund entry with packet %q, not %q", ErrForged, packet, RefundPacketID)
+			case refunded == "0" || refunded == "":
+				forged[e.ID] = fmt.Errorf("%w: a refund entry, but the close refunded nothing", ErrForged)
+			case amount != refunded:
+				forged[e.ID] = fmt.Errorf("%w: a refund of %s, but the close refunded %s", ErrForged, amount, refunded)
+			case e.UserID != sponsor:
+				forged[e.ID] = fmt.Errorf("%w: a refund to %q, but the sponsor is %q", ErrForged, e.UserID, sponsor)
+			}
+		}
+	}
+	return forged, nil
+}
+
 // ErrNoGroup is wrapped by the errors of consumer-group reads when the group does
 // not exist (Redis answered NOGROUP).
 var ErrNoGroup = errors.New("the consumer group does not exist")

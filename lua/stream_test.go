@@ -2,7 +2,9 @@ package lua_test
 
 import (
 	"errors"
+	"fmt"
 	"maps"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -369,4 +371,159 @@ func TestMeasurementHelpers(t *testing.T) {
 	if after, err := lua.UsedMemory(ctx, c); err != nil || after <= before {
 		t.Fatalf("used memory %d after seeding, %d before, %v", after, before, err)
 	}
+}
+
+// VerifyEntries accepts exactly the entries the activity's scripts wrote: a grant
+// that matches its user's claim, the refund that matches the close, whatever other
+// fields they carry; every other entry appended to the stream is forged, with a
+// reason that says what does not match.
+func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	amounts := splitOrFail(t, split.TypeRandom, 10_000, 20)
+	k := seedOpen(t, ctx, c, "verify", amounts)
+	a := lua.NewActivity(c, "verify")
+	alice := grabOne(t, c, k, "alice")
+	bob := grabOne(t, c, k, "bob")
+	if alice.Outcome != lua.Granted || bob.Outcome != lua.Granted {
+		t.Fatalf("grabs: %+v, %+v", alice, bob)
+	}
+	xadd := func(fields ...string) string {
+		t.Helper()
+		id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: fields}).Result()
+		if err != nil {
+			t.Fatalf("xadd: %v", err)
+		}
+		return id
+	}
+	amount := func(n int64) string { return strconv.FormatInt(n, 10) }
+	forgedWant := map[string]string{ // entry id -> what the reason must mention
+		// Mallory claims Alice's packet: Mallory holds no packet.
+		xadd("kind", "grant", "packet", alice.PacketID, "user", "mallory", "amount", amount(alice.Amount), "at", "1"): "holds no packet",
+		// Bob's entry for Alice's packet.
+		xadd("kind", "grant", "packet", alice.PacketID, "user", "bob", "amount", amount(alice.Amount), "at", "1"): "whose claim is",
+		// Alice's packet for more money.
+		xadd("kind", "grant", "packet", alice.PacketID, "user", "alice", "amount", amount(alice.Amount+1), "at", "1"): "whose claim is",
+		// A packet that does not exist, to Alice.
+		xadd("kind", "grant", "packet", "no-such-packet", "user", "alice", "amount", amount(alice.Amount), "at", "1"): "whose claim is",
+		// A refund of an open activity.
+		xadd("kind", "refund", "packet", "refund", "user", sponsor, "amount", "5", "at", "1"): "not closed",
+	}
+	// The genuine entries, as grab.lua wrote them (with whatever fields it adds), and
+	// one that carries a field nobody knows: the check ignores unknown fields.
+	extra := xadd("kind", "grant", "packet", bob.PacketID, "user", "bob", "amount", amount(bob.Amount), "at", "1",
+		"currency", "CNY", "note", "x")
+	malformed := xadd("kind", "gift")
+
+	msgs, err := c.XRange(ctx, k.Stream, "-", "+").Result()
+	if err != nil {
+		t.Fatalf("xrange: %v", err)
+	}
+	var entries []lua.StreamEntry
+	for _, m := range msgs {
+		f := map[string]string{}
+		for name, v := range m.Values {
+			f[name] = v.(string)
+		}
+		entries = append(entries, lua.DecodeStreamEntry(m.ID, f))
+	}
+	forged, err := a.VerifyEntries(ctx, entries)
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	for _, e := range entries {
+		reason, isForged := forged[e.ID]
+		want, shouldBe := forgedWant[e.ID]
+		switch {
+		case shouldBe && !isForged:
+			t.Errorf("forged entry %s %v passed", e.ID, e.Fields)
+		case shouldBe && (!errors.Is(reason, lua.ErrForged) || !strings.Contains(reason.Error(), want)):
+			t.Errorf("entry %s: reason %q, want ErrForged mentioning %q", e.ID, reason, want)
+		case !shouldBe && isForged:
+			t.Errorf("entry %s %v called forged: %v", e.ID, e.Fields, reason)
+		}
+	}
+	if _, ok := forged[extra]; ok {
+		t.Errorf("an entry matching its claim with unknown fields was called forged")
+	}
+	if _, ok := forged[malformed]; ok {
+		t.Errorf("a malformed entry got a verdict; it is dead-lettered as malformed")
+	}
+
+	// After the close, the refund close.lua wrote passes; one for another amount,
+	// another payee or another packet does not.
+	res, err := lua.Close(ctx, c, k, lua.CloseExpired)
+	if err != nil || res.Refunded <= 0 {
+		t.Fatalf("close: %+v, %v", res, err)
+	}
+	last, err := c.XRevRangeN(ctx, k.Stream, "+", "-", 1).Result()
+	if err != nil || len(last) != 1 || last[0].Values["kind"] != lua.KindRefund {
+		t.Fatalf("the refund entry: %v, %v", last, err)
+	}
+	refund := map[string]string{}
+	for name, v := range last[0].Values {
+		refund[name] = v.(string)
+	}
+	with := func(name, value string) map[string]string {
+		f := maps.Clone(refund)
+		f[name] = value
+		return f
+	}
+	cases := []struct {
+		fields map[string]string
+		want   string // "" for genuine
+	}{
+		{refund, ""},
+		{with("amount", amount(res.Refunded+1)), "but the close refunded"},
+		{with("user", "mallory"), "but the sponsor is"},
+		{with("packet", "p1"), "with packet"},
+	}
+	for i, tc := range cases {
+		e := lua.DecodeStreamEntry(fmt.Sprintf("%d-1", i+1), tc.fields)
+		forged, err := a.VerifyEntries(ctx, []lua.StreamEntry{e})
+		if err != nil {
+			t.Fatalf("verify refund: %v", err)
+		}
+		reason := forged[e.ID]
+		if tc.want == "" && reason != nil || tc.want != "" && (reason == nil || !strings.Contains(reason.Error(), tc.want)) {
+			t.Errorf("refund %v: verdict %v, want %q", tc.fields, reason, tc.want)
+		}
+	}
+
+	// Without the activity's keys nothing can be verified, and nothing is called forged.
+	if err := a.Purge(ctx); err != nil {
+		t.Fatalf("purge: %v", err)
+	}
+	if _, err := a.VerifyEntries(ctx, entries); !errors.Is(err, lua.ErrNotInRedis) {
+		t.Fatalf("verify without the activity: %v, want ErrNotInRedis", err)
+	}
+}
+
+// The cost of verifying one batch of the settlement worker (DefaultBatchSize = 64
+// grants) in one pipeline, against a real redis-server on loopback.
+func BenchmarkVerifyEntries(b *testing.B) {
+	ctx := testCtx(b)
+	c := redistest.Start(b).Client(b)
+	k := seedOpen(b, ctx, c, "verify-bench", splitOrFail(b, split.TypeFixed, 6_400, 64))
+	for i := range 64 {
+		if res, err := lua.Grab(ctx, c, k, "u"+strconv.Itoa(i)); err != nil || res.Outcome != lua.Granted {
+			b.Fatalf("grab: %+v, %v", res, err)
+		}
+	}
+	a := lua.NewActivity(c, "verify-bench")
+	if err := a.EnsureGroup(ctx, "g"); err != nil {
+		b.Fatal(err)
+	}
+	entries, err := a.ReadNew(ctx, "g", "w", 64, 0)
+	if err != nil || len(entries) != 64 {
+		b.Fatalf("read: %d entries, %v", len(entries), err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		forged, err := a.VerifyEntries(ctx, entries)
+		if err != nil || len(forged) != 0 {
+			b.Fatalf("verify: %v, %v", forged, err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/64, "ns/entry")
 }

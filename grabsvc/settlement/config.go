@@ -26,6 +26,11 @@ const (
 	DefaultConcurrency = 8
 	DefaultMaxHeld     = 1024
 	DefaultBlock       = time.Second
+
+	DefaultRetryConcurrency   = 8
+	DefaultHedgeAfter         = 500 * time.Millisecond
+	DefaultHealthyBackoffBase = 100 * time.Millisecond
+	DefaultHealthyBackoffMax  = time.Second
 )
 
 // Config configures one settlement worker of one activity.
@@ -63,7 +68,9 @@ type Config struct {
 	// entries go idle this long.
 	ClaimIdle time.Duration
 	// HTTPClient sends the deliveries; nil means a client with DefaultHTTPTimeout.
-	// Unless it sets CheckRedirect itself, the worker uses a copy that follows no
+	// Without a Transport of its own, the worker's copy gets one that keeps an idle
+	// connection for every delivery that may be in flight. Unless it sets
+	// CheckRedirect itself, the worker uses a copy that follows no
 	// redirect: a 3xx answer is a failed delivery, since a followed 301, 302 or 303
 	// turns the POST into a GET without the body, whose 2xx would settle a claim the
 	// balance system never saw.
@@ -71,18 +78,48 @@ type Config struct {
 	// Registerer receives the worker's metrics; nil leaves them unregistered.
 	Registerer prometheus.Registerer
 
-	// BackoffBase is the delay before the first retry; it doubles with every failed
-	// delivery up to BackoffMax, with jitter. 0 means DefaultBackoffBase.
+	// BackoffBase is the delay before the first retry while the balance system fails
+	// most deliveries (it is down or overloaded: more than half of the last 32
+	// deliveries failed); it doubles with every failed delivery of the entry up to
+	// BackoffMax, with jitter. 0 means DefaultBackoffBase.
 	BackoffBase time.Duration
-	// BackoffMax caps the retry delay; 0 means DefaultBackoffMax.
+	// BackoffMax caps that retry delay; 0 means DefaultBackoffMax.
 	BackoffMax time.Duration
+	// HealthyBackoffBase is the delay before the first retry while the balance system
+	// answers most deliveries with a 2xx, so a failure is the entry's bad luck and a
+	// retry soon is likely to pass; it doubles up to HealthyBackoffMax, with jitter.
+	// 0 means the smaller of DefaultHealthyBackoffBase and BackoffBase.
+	HealthyBackoffBase time.Duration
+	// HealthyBackoffMax caps that retry delay; 0 means the smaller of
+	// DefaultHealthyBackoffMax and BackoffMax.
+	HealthyBackoffMax time.Duration
 	// BatchSize is how many entries one read or claim takes; 0 means DefaultBatchSize.
 	BatchSize int
-	// Concurrency is how many deliveries run at once; 0 means DefaultConcurrency.
+	// Concurrency is how many first deliveries of entries run at once; 0 means
+	// DefaultConcurrency.
 	Concurrency int
+	// RetryConcurrency is how many retries (deliveries of entries delivered before,
+	// by this worker or another, hedges included, and the retried acknowledgements
+	// and dead-letterings) run at once, in parallel with the first deliveries:
+	// a retry never waits for a first delivery's slot, nor a first delivery for a
+	// retry's, so at most Concurrency + RetryConcurrency deliveries are in flight.
+	// 0 means DefaultRetryConcurrency.
+	RetryConcurrency int
 	// MaxHeld caps the entries this worker holds (delivering or waiting to retry);
 	// 0 means DefaultMaxHeld.
 	MaxHeld int
+	// HedgeAfter is how long a delivery may go unanswered before the worker sends the
+	// entry again (a hedge, in the retry lane, with the same body and
+	// Idempotency-Key), so a delivery the balance system holds costs about this long
+	// rather than the HTTP timeout: whichever answer comes first with a 2xx settles
+	// the entry and the other request is cancelled. With the retry lane full, the
+	// unanswered delivery is cancelled and the entry goes first in that lane's
+	// queue instead. The worker waits at least four times the usual latency of
+	// answered deliveries, does not hedge while the balance system fails most
+	// deliveries or leaves most of them unanswered this long, and never spends the
+	// entry's last allowed attempt on a hedge. Each hedge counts as a delivery
+	// towards MaxAttempts. 0 means DefaultHedgeAfter; negative: never hedge.
+	HedgeAfter time.Duration
 	// Block is how long one read waits for new entries; 0 means DefaultBlock. Keep it
 	// short: it bounds how fast the worker notices cancellation.
 	Block time.Duration
@@ -137,11 +174,6 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: DefaultHTTPTimeout}
 	}
-	if cfg.HTTPClient.CheckRedirect == nil {
-		c := *cfg.HTTPClient
-		c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-		cfg.HTTPClient = &c
-	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = DefaultBackoffBase
 	}
@@ -151,11 +183,40 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.BackoffMax < cfg.BackoffBase {
 		cfg.BackoffMax = cfg.BackoffBase
 	}
+	if cfg.HealthyBackoffBase <= 0 {
+		cfg.HealthyBackoffBase = min(DefaultHealthyBackoffBase, cfg.BackoffBase)
+	}
+	if cfg.HealthyBackoffMax <= 0 {
+		cfg.HealthyBackoffMax = min(DefaultHealthyBackoffMax, cfg.BackoffMax)
+	}
+	if cfg.HealthyBackoffMax < cfg.HealthyBackoffBase {
+		cfg.HealthyBackoffMax = cfg.HealthyBackoffBase
+	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.RetryConcurrency <= 0 {
+		cfg.RetryConcurrency = DefaultRetryConcurrency
+	}
+	if cfg.HedgeAfter == 0 {
+		cfg.HedgeAfter = DefaultHedgeAfter
+	}
+	if cfg.HTTPClient.CheckRedirect == nil || cfg.HTTPClient.Transport == nil {
+		c := *cfg.HTTPClient
+		if c.CheckRedirect == nil {
+			c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		}
+		if c.Transport == nil {
+			// http.DefaultTransport keeps two idle connections per host: every
+			// delivery beyond two in flight would open a new one.
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.MaxIdleConnsPerHost = cfg.Concurrency + cfg.RetryConcurrency
+			c.Transport = t
+		}
+		cfg.HTTPClient = &c
 	}
 	if cfg.MaxHeld <= 0 {
 		cfg.MaxHeld = DefaultMaxHeld

@@ -26,6 +26,7 @@ type metrics struct {
 	lag         prometheus.Observer
 	deliveries  *prometheus.CounterVec
 	retries     prometheus.Counter
+	hedges      prometheus.Counter
 	deadLetters prometheus.Counter
 	pending     prometheus.Gauge
 }
@@ -54,6 +55,13 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		Help:        "Failed settlement deliveries scheduled for another attempt.",
 		ConstLabels: labels,
 	})
+	hedges := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace:   "redpacket",
+		Subsystem:   "settlement",
+		Name:        "hedges_total",
+		Help:        "Second deliveries of an entry sent while its first went unanswered past the hedge delay.",
+		ConstLabels: labels,
+	})
 	dead := prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace:   "redpacket",
 		Subsystem:   "settlement",
@@ -68,7 +76,7 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		Help:        "Entries read by the consumer group and not yet acknowledged (all consumers).",
 		ConstLabels: labels,
 	})
-	m := &metrics{lag: lag, deliveries: deliveries, retries: retries, deadLetters: dead, pending: pending}
+	m := &metrics{lag: lag, deliveries: deliveries, retries: retries, hedges: hedges, deadLetters: dead, pending: pending}
 	if reg == nil {
 		return m, nil
 	}
@@ -80,6 +88,9 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		return nil, err
 	}
 	if m.retries, err = register(reg, retries); err != nil {
+		return nil, err
+	}
+	if m.hedges, err = register(reg, hedges); err != nil {
 		return nil, err
 	}
 	if m.deadLetters, err = register(reg, dead); err != nil {

@@ -118,10 +118,15 @@ func (w *Worker) deliveryCounts(ctx context.Context, entries []lua.StreamEntry) 
 	return counts
 }
 
-// send hands entries to the scheduler, reserving room for them first.
+// send verifies entries (see verify) and hands them to the scheduler, reserving room
+// for them first.
 func (w *Worker) send(ctx context.Context, out chan<- []acquired, entries []lua.StreamEntry, counts map[string]int64, at time.Time) {
 	if len(entries) == 0 {
 		return
+	}
+	forged, ok := w.verify(ctx, entries)
+	if !ok {
+		return // shutting down; the entries stay pending for the next owner
 	}
 	batch := make([]acquired, len(entries))
 	for i, e := range entries {
@@ -129,7 +134,7 @@ func (w *Worker) send(ctx context.Context, out chan<- []acquired, entries []lua.
 		if n < 1 {
 			n = 1
 		}
-		batch[i] = acquired{entry: e, attempts: n, at: at}
+		batch[i] = acquired{entry: e, forged: forged[e.ID], attempts: n, at: at}
 	}
 	w.held.Add(int64(len(batch)))
 	select {
@@ -145,4 +150,27 @@ func (w *Worker) updatePending(ctx context.Context) {
 		return
 	}
 	w.m.pending.Set(float64(n))
+}
+
+// verify checks entries against the claims and the close (lua.Activity.VerifyEntries)
+// and returns why each forged one is, by id. It retries until Redis answers: an
+// entry is never delivered unverified. It returns false when ctx ended first.
+func (w *Worker) verify(ctx context.Context, entries []lua.StreamEntry) (map[string]error, bool) {
+	for failures := 0; ; failures++ {
+		forged, err := w.redis.VerifyEntries(ctx, entries)
+		if err == nil {
+			return forged, true
+		}
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		if errors.Is(err, lua.ErrNotInRedis) {
+			w.log.Error("settlement entries cannot be verified: the activity's keys are gone; not delivering them", "err", err)
+		} else {
+			w.log.Warn("verifying settlement entries", "err", err)
+		}
+		if !sleep(ctx, retryPause(failures)) {
+			return nil, false
+		}
+	}
 }

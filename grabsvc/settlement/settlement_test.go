@@ -297,6 +297,8 @@ func TestPoisonEntryIsDeadLetteredAndReplayed(t *testing.T) {
 	cfg.Concurrency = 2
 	cfg.BackoffBase = time.Second // the poison entry takes over a second to give up on
 	cfg.BackoffMax = time.Second
+	cfg.HealthyBackoffBase = time.Second
+	cfg.HealthyBackoffMax = time.Second
 	cfg.Registerer = reg
 	startWorker(t, cfg)
 
@@ -451,14 +453,97 @@ func TestNewWorkerChecksConfig(t *testing.T) {
 }
 
 func TestBackoffGrowsWithJitterUpToTheCap(t *testing.T) {
-	w := &Worker{cfg: Config{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}}
+	w := &Worker{cfg: Config{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+		HealthyBackoffBase: 10 * time.Millisecond, HealthyBackoffMax: 50 * time.Millisecond}}
 	for attempts, want := range map[int64]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond,
 		3: 400 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 60: time.Second} {
 		for range 50 {
-			if d := w.backoff(attempts); d < want/2 || d > want {
+			if d := w.backoff(attempts, false); d < want/2 || d > want {
 				t.Fatalf("backoff after %d attempts %s, want in [%s, %s]", attempts, d, want/2, want)
 			}
 		}
+	}
+	// While the balance system is healthy, the short base and cap apply.
+	for attempts, want := range map[int64]time.Duration{1: 10 * time.Millisecond, 2: 20 * time.Millisecond,
+		3: 40 * time.Millisecond, 4: 50 * time.Millisecond, 60: 50 * time.Millisecond} {
+		for range 50 {
+			if d := w.backoff(attempts, true); d < want/2 || d > want {
+				t.Fatalf("healthy backoff after %d attempts %s, want in [%s, %s]", attempts, d, want/2, want)
+			}
+		}
+	}
+}
+
+// The balance system is healthy while at most half of the latest 32 deliveries
+// failed, and only the latest 32 count.
+func TestHealthFollowsTheLatestDeliveries(t *testing.T) {
+	var h health
+	if !h.healthy() {
+		t.Fatal("unhealthy before any delivery")
+	}
+	for i := range healthQuorum {
+		if !h.healthy() {
+			t.Fatalf("unhealthy after %d failures, fewer than the quorum", i)
+		}
+		h.record(false)
+	}
+	if h.healthy() {
+		t.Fatalf("healthy after %d failures and no success", healthQuorum)
+	}
+	for range healthQuorum {
+		h.record(true)
+	}
+	if !h.healthy() {
+		t.Fatal("unhealthy with half of the deliveries failed")
+	}
+	for range healthWindow {
+		h.record(false)
+	}
+	if h.healthy() || h.fails != healthWindow || h.n != healthWindow {
+		t.Fatalf("after a window of failures: healthy %v, %d failures in %d", h.healthy(), h.fails, h.n)
+	}
+	for range healthWindow / 2 {
+		h.record(true)
+	}
+	if !h.healthy() {
+		t.Fatal("unhealthy with half of the window successes")
+	}
+	// 30 % of deliveries failing at random leaves it healthy.
+	h = health{}
+	for i := range 1000 {
+		h.record(i%10 >= 3)
+		if i >= healthWindow && !h.healthy() {
+			t.Fatalf("unhealthy at delivery %d with 30%% failing", i)
+		}
+	}
+}
+
+// Defaults of the retry settings: the healthy backoff never exceeds the other.
+func TestRetryDefaults(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	cfg := Config{Redis: rdb, Keys: lua.KeysFor("u"), ActivityUID: "u", Consumer: "c"}
+	w, err := NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.cfg.RetryConcurrency != DefaultRetryConcurrency || w.cfg.HealthyBackoffBase != DefaultHealthyBackoffBase ||
+		w.cfg.HealthyBackoffMax != DefaultHealthyBackoffMax || w.transport == nil ||
+		w.transport.MaxIdleConnsPerHost != DefaultConcurrency+DefaultRetryConcurrency {
+		t.Fatalf("defaults: %+v", w.cfg)
+	}
+	cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 20*time.Millisecond
+	cfg.HTTPClient = &http.Client{Transport: &http.Transport{}}
+	w, err = NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.cfg.HealthyBackoffBase != 10*time.Millisecond || w.cfg.HealthyBackoffMax != 20*time.Millisecond {
+		t.Fatalf("healthy backoff %s..%s above the backoff %s..%s", w.cfg.HealthyBackoffBase,
+			w.cfg.HealthyBackoffMax, cfg.BackoffBase, cfg.BackoffMax)
+	}
+	if w.transport != nil || w.cfg.HTTPClient.Transport != cfg.HTTPClient.Transport {
+		t.Fatal("the configured transport was replaced")
 	}
 }
 
@@ -505,6 +590,8 @@ func TestLiveWorkerKeepsItsEntriesWhileBackingOff(t *testing.T) {
 	cfgA.ClaimIdle = 300 * time.Millisecond
 	cfgA.BackoffBase = 5 * time.Second
 	cfgA.BackoffMax = 5 * time.Second
+	cfgA.HealthyBackoffBase = 5 * time.Second
+	cfgA.HealthyBackoffMax = 5 * time.Second
 	_, stopA := startWorker(t, cfgA)
 	eventually(t, 10*time.Second, "worker A holding every entry", func() bool {
 		return rcv.requestsOn("/a") == 10 && a.pendingOf(t, DefaultGroup, "worker-a") == 10

@@ -8,8 +8,23 @@
 // it as settled (lua.Ack), so the settled counters are exact and never count an
 // entry twice.
 //
-// Failed deliveries are retried with exponential backoff and jitter without holding
-// up other entries. Deliveries are counted by Redis itself (the pending entry's
+// Before an entry is delivered it is checked against what the script that wrote it
+// recorded in the same atomic step (lua.Activity.VerifyEntries): a grant against its
+// user's claim, the refund against the close. An entry that does not match was
+// appended by someone else and is dead-lettered at once, with the reason, never
+// delivered.
+//
+// First deliveries and retries run in parallel, each within its own bound
+// (Concurrency and RetryConcurrency), so a failing delivery never holds up the
+// entries behind it, and retries never wait behind new work. A delivery left
+// unanswered past HedgeAfter is sent again (a hedge, same body and Idempotency-Key)
+// and the loser cancelled, so one the balance system holds costs about HedgeAfter,
+// not the HTTP timeout; an entry has at most two deliveries in flight, and two never
+// include its last allowed attempt. Failed deliveries are retried with exponential backoff and jitter, from a short delay
+// while the balance system answers most deliveries (a failure is then the entry's
+// bad luck) and from a long one while it fails most of them (it is down: waiting
+// saves the entries' attempts); when it recovers, entries waiting out a long delay
+// are brought forward. Deliveries are counted by Redis itself (the pending entry's
 // delivery counter, raised by every read, claim and retry), so the count survives a
 // worker's death; an entry delivered MaxAttempts times without success moves to the
 // dead-letter stream (lua.DeadLetter), once. A worker re-reads its own pending
@@ -27,12 +42,12 @@
 package settlement
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,10 +67,14 @@ type Worker struct {
 	log   *slog.Logger
 	held  atomic.Int64  // entries read or claimed and not yet finished
 	space chan struct{} // signalled when held goes down
+	// transport is the HTTP transport the worker made for itself (nil when the
+	// configured client brought one); its idle connections close when Run returns.
+	transport *http.Transport
 }
 
 // NewWorker checks cfg, fills in its defaults and registers the metrics.
 func NewWorker(cfg Config) (*Worker, error) {
+	ownTransport := cfg.HTTPClient == nil || cfg.HTTPClient.Transport == nil
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -65,8 +84,12 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("activity", cfg.Activity, "consumer", cfg.Consumer)
-	return &Worker{cfg: cfg, redis: lua.NewActivity(cfg.Redis, cfg.ActivityUID), m: m, log: log,
-		space: make(chan struct{}, 1)}, nil
+	w := &Worker{cfg: cfg, redis: lua.NewActivity(cfg.Redis, cfg.ActivityUID), m: m, log: log,
+		space: make(chan struct{}, 1)}
+	if ownTransport {
+		w.transport, _ = cfg.HTTPClient.Transport.(*http.Transport)
+	}
+	return w, nil
 }
 
 // Run delivers entries until ctx is done, then waits for its deliveries in flight to
@@ -84,6 +107,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	if !w.ensureGroup(ctx) {
 		return nil
+	}
+	if w.transport != nil {
+		defer w.transport.CloseIdleConnections()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -114,211 +140,10 @@ func (w *Worker) ensureGroup(ctx context.Context) bool {
 	}
 }
 
-// step is what an entry needs next.
-type step int
-
-const (
-	stepDeliver    step = iota // POST it (and acknowledge on success)
-	stepAck                    // delivered; the acknowledgement failed and is retried
-	stepDeadLetter             // given up; parking it failed and is retried
-)
-
-// entry is one stream entry this worker holds. Only the scheduling goroutine
-// touches it; jobs get copies of what they need.
-type entry struct {
-	id       string
-	entry    lua.StreamEntry // Malformed says why it cannot be delivered, if it cannot
-	attempts int64           // deliveries counted by Redis so far
-	fresh    bool            // the read or claim that brought it in counted the next delivery
-	touched  time.Time
-	step     step
-	lastErr  string
-	inflight bool
-	removed  bool
-	due      time.Time
-}
-
-// acquired is an entry read or claimed by the reader.
-type acquired struct {
-	entry    lua.StreamEntry
-	attempts int64
-	at       time.Time
-}
-
-// outcome is how a job ended.
-type outcome int
-
-const (
-	outcomeDone  outcome = iota // acknowledged or dead-lettered (by this worker or another)
-	outcomeRetry                // try again after a backoff
-	outcomeLost                 // another consumer owns it now
-)
-
-// job is one attempt at an entry's next step.
-type job struct {
-	id       string
-	entry    lua.StreamEntry
-	step     step
-	claim    bool          // re-claim before delivering: counts the delivery and checks ownership
-	minIdle  time.Duration // for the re-claim
-	attempts int64
-	lastErr  string
-}
-
-type result struct {
-	id       string
-	outcome  outcome
-	step     step
-	attempts int64
-	lastErr  string
-}
-
-// schedule owns the held entries: it starts due jobs up to Concurrency, applies
-// their results, schedules retries and keeps the held entries fresh.
-func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
-	entries := map[string]*entry{}
-	var ready []*entry
-	delayed := &entryHeap{}
-	results := make(chan result, w.cfg.Concurrency)
-	inflight := 0
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	heartbeat := time.NewTicker(w.cfg.ClaimIdle / 3)
-	defer heartbeat.Stop()
-
-	for {
-		for inflight < w.cfg.Concurrency && len(ready) > 0 {
-			e := ready[0]
-			ready = ready[1:]
-			if e.removed {
-				continue
-			}
-			j := w.jobFor(e, time.Now())
-			e.inflight = true
-			inflight++
-			go func() { results <- w.runJob(ctx, j) }()
-		}
-		var timerC <-chan time.Time
-		if delayed.Len() > 0 {
-			timer.Reset(time.Until((*delayed)[0].due))
-			timerC = timer.C
-		}
-
-		select {
-		case <-ctx.Done():
-			for ; inflight > 0; inflight-- {
-				<-results
-			}
-			return
-		case batch := <-batches:
-			for _, a := range batch {
-				if e, ok := entries[a.entry.ID]; ok {
-					// Claimed back from our own pending list: it sat idle too long.
-					e.attempts = max(e.attempts, a.attempts)
-					e.touched = a.at
-					w.release(1)
-					continue
-				}
-				e := &entry{id: a.entry.ID, entry: a.entry, attempts: a.attempts, fresh: true, touched: a.at}
-				entries[e.id] = e
-				ready = append(ready, e)
-			}
-		case r := <-results:
-			inflight--
-			e := entries[r.id]
-			if e == nil {
-				continue
-			}
-			e.inflight = false
-			switch r.outcome {
-			case outcomeDone, outcomeLost:
-				e.removed = true
-				delete(entries, e.id)
-				w.release(1)
-			case outcomeRetry:
-				e.step, e.lastErr = r.step, r.lastErr
-				e.attempts = max(e.attempts, r.attempts)
-				e.due = time.Now().Add(w.backoff(e.attempts))
-				heap.Push(delayed, e)
-			}
-		case <-timerC:
-			now := time.Now()
-			for delayed.Len() > 0 && !(*delayed)[0].due.After(now) {
-				e := heap.Pop(delayed).(*entry)
-				if !e.removed {
-					ready = append(ready, e)
-				}
-			}
-		case <-heartbeat.C:
-			for _, e := range w.refresh(ctx, entries) {
-				e.removed = true
-				delete(entries, e.id)
-				w.release(1)
-			}
-		}
-	}
-}
-
-// jobFor prepares the next attempt at e.
-func (w *Worker) jobFor(e *entry, now time.Time) job {
-	j := job{id: e.id, entry: e.entry, step: e.step, attempts: e.attempts, lastErr: e.lastErr}
-	if e.step == stepDeliver && e.entry.Malformed == nil {
-		if e.fresh {
-			e.fresh = false
-		} else {
-			j.claim = true
-			j.minIdle = w.leaseIdle(e, now)
-			e.touched = now
-		}
-	}
-	return j
-}
-
-// leaseIdle is the min-idle time for re-claiming e: smaller than its idle time if
-// this worker still owns it, larger if another worker took it over since (which
-// happens only after the entry sat idle ClaimIdle).
-func (w *Worker) leaseIdle(e *entry, now time.Time) time.Duration {
-	return max(0, now.Sub(e.touched)-w.cfg.ClaimIdle/2)
-}
-
-// refresh resets the idle time of held entries not touched for a third of
-// ClaimIdle, so live workers' entries are never taken over. It returns the entries
-// (not in flight) that another worker owns now or that are no longer pending.
-func (w *Worker) refresh(ctx context.Context, entries map[string]*entry) []*entry {
-	now := time.Now()
-	var stale []*entry
-	var held []lua.HeldEntry
-	for _, e := range entries {
-		if now.Sub(e.touched) < w.cfg.ClaimIdle/3 {
-			continue
-		}
-		stale = append(stale, e)
-		held = append(held, lua.HeldEntry{ID: e.id, MinIdle: w.leaseIdle(e, now)})
-	}
-	if len(held) == 0 {
-		return nil
-	}
-	owned, err := w.redis.RefreshHeld(ctx, w.cfg.Group, w.cfg.Consumer, held)
-	if err != nil && ctx.Err() == nil {
-		w.log.Warn("refreshing held settlement entries", "err", err)
-	}
-	var lost []*entry
-	for _, e := range stale {
-		mine, answered := owned[e.id]
-		switch {
-		case !answered:
-		case mine:
-			e.touched = now
-		case !e.inflight:
-			lost = append(lost, e)
-		}
-	}
-	return lost
-}
-
-// runJob performs one attempt at an entry's next step.
+// runJob performs one attempt at an entry's next step. A job cancelled through ctx
+// (shutdown, or its entry's other delivery won) leaves the entry pending.
 func (w *Worker) runJob(ctx context.Context, j job) result {
-	r := result{id: j.id, outcome: outcomeRetry, step: j.step, attempts: j.attempts, lastErr: j.lastErr}
+	r := result{id: j.id, seq: j.seq, lane: j.lane, outcome: outcomeRetry, step: j.step, attempts: j.attempts, lastErr: j.lastErr}
 	if j.claim {
 		mine, err := w.redis.ClaimForRetry(ctx, w.cfg.Group, w.cfg.Consumer, j.id, j.minIdle)
 		if err != nil {
@@ -328,7 +153,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 			return r
 		}
 		if !mine {
-			return result{id: j.id, outcome: outcomeLost}
+			return result{id: j.id, seq: j.seq, lane: j.lane, outcome: outcomeLost}
 		}
 		r.attempts++
 	}
@@ -338,8 +163,8 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	case stepDeadLetter:
 		return w.deadLetter(ctx, j, r)
 	}
-	if j.entry.Malformed != nil {
-		r.lastErr = "malformed entry: " + j.entry.Malformed.Error()
+	if j.undeliverable != nil {
+		r.lastErr = j.undeliverable.Error()
 		return w.deadLetter(ctx, j, r)
 	}
 	if r.attempts > int64(w.cfg.MaxAttempts) {
@@ -348,13 +173,15 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		}
 		return w.deadLetter(ctx, j, r)
 	}
-	err := w.post(ctx, w.delivery(j.entry))
+	err := w.postTimed(ctx, j, &r)
 	if err == nil {
+		r.posted = postedOK
 		return w.ack(ctx, j, r)
 	}
 	if ctx.Err() != nil {
 		return r // shutting down: the entry stays pending for the next owner
 	}
+	r.posted = postedFailed
 	var de *deliveryError
 	if errors.As(err, &de) && de.status != 0 {
 		w.m.deliveries.WithLabelValues(ResultRejected).Inc()
@@ -369,6 +196,25 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	w.log.Debug("settlement delivery failed; retrying", "entry", j.id, "packet", j.entry.PacketID,
 		"attempts", r.attempts, "err", err)
 	return r
+}
+
+// postTimed delivers j's entry and records in r how long it took; when the answer
+// takes longer than j.hedgeAfter, it says so on j.slow meanwhile.
+func (w *Worker) postTimed(ctx context.Context, j job, r *result) error {
+	if j.hedgeAfter > 0 && j.slow != nil {
+		t := time.AfterFunc(j.hedgeAfter, func() {
+			select {
+			case j.slow <- slowNotice{id: j.id, seq: j.seq}:
+			case <-ctx.Done():
+			}
+		})
+		defer t.Stop()
+	}
+	start := time.Now()
+	err := w.post(ctx, w.delivery(j.entry))
+	r.took = time.Since(start)
+	r.slow = j.hedgeAfter > 0 && r.took >= j.hedgeAfter
+	return err
 }
 
 // ack acknowledges a delivered entry and counts it as settled, once.
@@ -406,22 +252,33 @@ func (w *Worker) deadLetter(ctx context.Context, j job, r result) result {
 	}
 	if parked {
 		w.m.deadLetters.Inc()
-		w.log.Warn("settlement entry dead-lettered", "entry", j.id, "packet", j.entry.PacketID,
-			"attempts", r.attempts, "err", r.lastErr)
+		if errors.Is(j.undeliverable, lua.ErrForged) {
+			w.log.Error("settlement entry not written by the activity's scripts dead-lettered, not delivered",
+				"entry", j.id, "fields", j.entry.Fields, "err", r.lastErr)
+		} else {
+			w.log.Warn("settlement entry dead-lettered", "entry", j.id, "packet", j.entry.PacketID,
+				"attempts", r.attempts, "err", r.lastErr)
+		}
 	}
 	r.outcome = outcomeDone
 	return r
 }
 
-// backoff is the delay after the given number of failed deliveries: BackoffBase
-// doubled per attempt, capped at BackoffMax, with "equal jitter" (uniform in the
-// upper half) so retries of many entries spread out.
-func (w *Worker) backoff(attempts int64) time.Duration {
-	d := w.cfg.BackoffBase
-	for i := int64(1); i < attempts && d < w.cfg.BackoffMax; i++ {
+// backoff is the delay after the given number of failed deliveries: the base
+// doubled per attempt, capped, with "equal jitter" (uniform in the upper half) so
+// retries of many entries spread out. While the balance system is healthy the base
+// and cap are HealthyBackoffBase and HealthyBackoffMax, else BackoffBase and
+// BackoffMax.
+func (w *Worker) backoff(attempts int64, healthy bool) time.Duration {
+	base, limit := w.cfg.BackoffBase, w.cfg.BackoffMax
+	if healthy {
+		base, limit = w.cfg.HealthyBackoffBase, w.cfg.HealthyBackoffMax
+	}
+	d := base
+	for i := int64(1); i < attempts && d < limit; i++ {
 		d *= 2
 	}
-	d = min(d, w.cfg.BackoffMax)
+	d = min(d, limit)
 	half := d / 2
 	return half + rand.N(d-half+1)
 }
@@ -451,23 +308,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// entryHeap orders entries waiting to retry by due time.
-type entryHeap []*entry
-
-func (h entryHeap) Len() int           { return len(h) }
-func (h entryHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h entryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-
-// Push adds an entry (heap.Interface).
-func (h *entryHeap) Push(x any) { *h = append(*h, x.(*entry)) }
-
-// Pop removes the last entry (heap.Interface).
-func (h *entryHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return e
 }
