@@ -28,6 +28,19 @@ type activityStore interface {
 	// Configure writes the schedule and the pause flag; open moves a ready activity
 	// to open.
 	Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (lua.ConfigureResult, error)
+	// ConfigureWith writes the schedule, the pause flag and the payee; it writes
+	// nothing to a fenced activity.
+	ConfigureWith(ctx context.Context, st lua.Settings) (lua.ConfigureResult, error)
+	// Fence stops an activity whose Redis rolled back; it returns the fence's reason.
+	Fence(ctx context.Context, why string) (string, error)
+	// Accept lifts the fence and starts a new epoch, provided Redis is at epoch seen.
+	Accept(ctx context.Context, seen int64) (int64, error)
+	// CheckFsync checks that the activity's master fsyncs every write before it
+	// answers (wraps lua.ErrDurabilityNotMet when not).
+	CheckFsync(ctx context.Context) error
+	// CheckReplicas checks that the activity's master has at least n replicas
+	// connected (wraps lua.ErrDurabilityNotMet when not).
+	CheckReplicas(ctx context.Context, n int) error
 	// Close ends grabbing for the given reason and refunds the remainder.
 	Close(ctx context.Context, reason lua.CloseReason) (lua.CloseResult, error)
 	// Purge deletes every key of the activity.
@@ -45,12 +58,13 @@ type storeFactory func(conn lua.Conn, uid types.UID) activityStore
 
 // storeFor returns the store of the activity with the given UID: the reconciler's
 // factory when it has one (the phase tests), else the activity's handle on the cached
-// client for conn, seeding with the reconciler's Seeder.
+// client for conn (redisClient: its errors are safe for status, and a connection from
+// spec.redis dials only allowed addresses), seeding with the reconciler's Seeder.
 func (r *RedPacketActivityReconciler) storeFor(conn lua.Conn, uid types.UID) activityStore {
 	if r.newStore != nil {
 		return r.newStore(conn, uid)
 	}
-	h := lua.NewActivity(r.Redis.Get(conn), string(uid))
+	h := lua.NewActivity(r.redisClient(conn), string(uid))
 	h.Seeder = r.Seeder
 	return h
 }

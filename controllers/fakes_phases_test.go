@@ -117,21 +117,71 @@ func (f *fakeStore) LoadScripts(context.Context) error {
 	return f.err("LoadScripts")
 }
 
-func (f *fakeStore) Configure(_ context.Context, startMs, endMs int64, paused, open bool) (lua.ConfigureResult, error) {
-	f.log.add("store.Configure start=%d end=%d paused=%t open=%t", startMs, endMs, paused, open)
+func (f *fakeStore) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (lua.ConfigureResult, error) {
+	return f.ConfigureWith(ctx, lua.Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
+}
+
+func (f *fakeStore) ConfigureWith(_ context.Context, st lua.Settings) (lua.ConfigureResult, error) {
+	f.log.add("store.Configure start=%d end=%d paused=%t open=%t", st.StartMs, st.EndMs, st.Paused, st.Open)
 	if err := f.err("Configure"); err != nil {
 		return lua.ConfigureResult{}, err
 	}
 	if !f.snap.Exists() {
 		return lua.ConfigureResult{}, nil
 	}
+	if f.snap.Fenced != "" {
+		return lua.ConfigureResult{Found: true, Fenced: true}, nil
+	}
 	if f.snap.State != lua.StateClosed {
-		f.snap.StartMs, f.snap.EndMs, f.snap.Paused = startMs, endMs, paused
-		if open {
+		f.snap.StartMs, f.snap.EndMs, f.snap.Paused = st.StartMs, st.EndMs, st.Paused
+		if st.Open {
 			f.snap.State = lua.StateOpen
+		}
+		if st.Sponsor != "" {
+			f.snap.Sponsor, f.snap.Currency = st.Sponsor, st.Currency
 		}
 	}
 	return lua.ConfigureResult{State: f.snap.State, Found: true}, nil
+}
+
+func (f *fakeStore) CheckFsync(context.Context) error {
+	f.log.add("store.CheckFsync")
+	return f.err("CheckFsync")
+}
+
+func (f *fakeStore) CheckReplicas(_ context.Context, n int) error {
+	f.log.add("store.CheckReplicas %d", n)
+	return f.err("CheckReplicas")
+}
+
+func (f *fakeStore) Fence(_ context.Context, why string) (string, error) {
+	f.log.add("store.Fence %s", why)
+	if err := f.err("Fence"); err != nil {
+		return "", err
+	}
+	if !f.snap.Exists() {
+		return "", nil
+	}
+	if f.snap.Fenced == "" {
+		f.snap.Fenced = why
+	}
+	return f.snap.Fenced, nil
+}
+
+func (f *fakeStore) Accept(_ context.Context, seen int64) (int64, error) {
+	f.log.add("store.Accept %d", seen)
+	if err := f.err("Accept"); err != nil {
+		return 0, err
+	}
+	if !f.snap.Exists() {
+		return 0, lua.ErrMissing
+	}
+	if f.snap.Epoch != seen {
+		return 0, lua.ErrEpochMoved
+	}
+	f.snap.Fenced = ""
+	f.snap.Epoch++
+	return f.snap.Epoch, nil
 }
 
 func (f *fakeStore) Close(_ context.Context, reason lua.CloseReason) (lua.CloseResult, error) {
@@ -142,6 +192,8 @@ func (f *fakeStore) Close(_ context.Context, reason lua.CloseReason) (lua.CloseR
 	switch {
 	case !f.snap.Exists():
 		return lua.CloseResult{Outcome: lua.CloseMissing}, nil
+	case f.snap.Fenced != "":
+		return lua.CloseResult{Outcome: lua.CloseFenced}, nil
 	case f.snap.State == lua.StateClosed:
 		return lua.CloseResult{Outcome: lua.Closed, Reason: f.snap.CloseReason, Refunded: f.snap.Refunded}, nil
 	case reason == lua.CloseExhausted && f.snap.RemainingCount > 0:
@@ -178,13 +230,16 @@ type fakeStatusWriter struct {
 	log *callLog
 	// applied are the controller's statuses, in the order written.
 	applied []redpacketv1alpha1.RedPacketActivityStatus
-	// counters are the initial counters written.
-	counters []initialCounters
+	// counters are the money counters written.
+	counters []redpacketv1alpha1.Counters
 	// err and countersErr are returned by the writes.
 	err, countersErr error
 }
 
-var _ statusWriter = (*fakeStatusWriter)(nil)
+var (
+	_ statusWriter   = (*fakeStatusWriter)(nil)
+	_ countersWriter = (*fakeStatusWriter)(nil)
+)
 
 func (w *fakeStatusWriter) applyStatus(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, st redpacketv1alpha1.RedPacketActivityStatus) error {
 	w.log.add("status.apply %s", describeStatus(st))
@@ -195,8 +250,8 @@ func (w *fakeStatusWriter) applyStatus(_ context.Context, _ *redpacketv1alpha1.R
 	return nil
 }
 
-func (w *fakeStatusWriter) applyInitialCounters(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, c initialCounters) error {
-	w.log.add("status.counters %+v", c)
+func (w *fakeStatusWriter) applyCounters(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, c redpacketv1alpha1.Counters, epoch int64, allowLower bool) error {
+	w.log.add("status.counters %+v epoch=%d lower=%t", c, epoch, allowLower)
 	if w.countersErr != nil {
 		return w.countersErr
 	}
@@ -288,7 +343,7 @@ func seededStatus(a *redpacketv1alpha1.RedPacketActivity) {
 // openSnapshot is Redis holding the test activity open, in its window, untouched.
 func openSnapshot() lua.Snapshot {
 	return lua.Snapshot{State: lua.StateOpen, Count: 10, Total: 1000, RemainingCount: 10,
-		SeededMs: testNow.Add(-time.Hour).UnixMilli()}
+		SeededMs: testNow.Add(-time.Hour).UnixMilli(), Sponsor: "merchant-001", Currency: "CNY"}
 }
 
 func testScheme(t *testing.T) *runtime.Scheme {
@@ -336,6 +391,7 @@ func newPhaseTest(t *testing.T, snap lua.Snapshot, objs ...client.Object) *phase
 		Now:      func() time.Time { return testNow },
 		newStore: func(lua.Conn, types.UID) activityStore { return store },
 		statuses: writer,
+		counters: writer,
 	}
 	return &phaseTest{r: r, log: log, store: store, status: writer, events: rec, client: c}
 }

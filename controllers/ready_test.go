@@ -108,6 +108,7 @@ func TestPrinterColumnsBeforeAndAfterReports(t *testing.T) {
 	cols := e.waitColumns("columns", "REMAINING", "10")
 	want := map[string]string{
 		"TOTAL": "1000", "COUNT": "10", "REMAINING": "10", "CLAIMED": "0", "PHASE": "Scheduled", "CLAIMED-AMOUNT": "0",
+		"SETTLED": "0", "REFUNDED": "0",
 		"START": start.UTC().Format(time.RFC3339), "END": end.UTC().Format(time.RFC3339),
 	}
 	for k, v := range want {
@@ -118,8 +119,8 @@ func TestPrinterColumnsBeforeAndAfterReports(t *testing.T) {
 	counters := []string{"f:remainingCount", "f:remainingAmount", "f:claimedCount", "f:claimedAmount"}
 	owned := statusFieldsByManager(t, e.get("columns"))
 	for _, f := range counters {
-		if !hasStatusField(t, owned[controllers.InitialCountersFieldManager], f) {
-			t.Errorf("%s does not own status.%s before any report: %v", controllers.InitialCountersFieldManager, f, owned)
+		if !hasStatusField(t, owned[controllers.CountersFieldManager], f) {
+			t.Errorf("%s does not own status.%s before any report: %v", controllers.CountersFieldManager, f, owned)
 		}
 		if hasStatusField(t, owned[controllers.FieldManager], f) {
 			t.Errorf("%s owns status.%s", controllers.FieldManager, f)
@@ -154,8 +155,8 @@ func TestPrinterColumnsBeforeAndAfterReports(t *testing.T) {
 		if !hasStatusField(t, owned[grabServiceManager], f) {
 			t.Errorf("%s does not own status.%s after its report: %v", grabServiceManager, f, owned)
 		}
-		if hasStatusField(t, owned[controllers.InitialCountersFieldManager], f) {
-			t.Errorf("%s still owns status.%s after the grab service's report", controllers.InitialCountersFieldManager, f)
+		if hasStatusField(t, owned[controllers.CountersFieldManager], f) {
+			t.Errorf("%s still owns status.%s after the grab service's report", controllers.CountersFieldManager, f)
 		}
 	}
 	cols = e.columns("columns")
@@ -174,7 +175,7 @@ func statusFieldsByManager(t *testing.T, a *redpacketv1alpha1.RedPacketActivity)
 			owned[m.Manager] = string(m.FieldsV1.GetRawBytes())
 		}
 	}
-	for _, m := range []string{controllers.FieldManager, controllers.InitialCountersFieldManager, grabServiceManager} {
+	for _, m := range []string{controllers.FieldManager, controllers.CountersFieldManager, grabServiceManager} {
 		if owned[m] == "" {
 			owned[m] = "{}"
 		}

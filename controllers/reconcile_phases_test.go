@@ -101,10 +101,35 @@ func TestReconcileWritesStatusOnceOnEveryPath(t *testing.T) {
 			wantStore: []string{"store.Time", "store.Snapshot"}, wantEvents: []string{"Warning InvalidSpec"},
 		},
 		{
-			name:       "Redis lost a seeded activity: halted, looked at again in a minute",
+			name:       "Redis lost a seeded activity: halted for good (observed, Stalled), looked at again in a minute",
 			mutate:     []func(*redpacketv1alpha1.RedPacketActivity){observed, seededStatus},
-			wantWrites: []string{"Failed Ready=False/DataLost"}, wantObserved: 1, wantRequeue: dataLostRecheckPeriod,
+			wantWrites: []string{"Failed Ready=False/DataLost"}, wantObserved: 2, wantRequeue: dataLostRecheckPeriod,
 			wantStore: []string{"store.Time", "store.Snapshot"}, wantEvents: []string{"Warning DataLost"},
+		},
+		{
+			name: "Redis rolled back below status: fenced, Failed and Stalled for good, nothing reopened or closed",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, seededStatus, func(a *redpacketv1alpha1.RedPacketActivity) {
+				redpacketv1alpha1.SetCounters(&a.Status, redpacketv1alpha1.Counters{RemainingCount: 6, RemainingAmount: 600, ClaimedCount: 4, ClaimedAmount: 400})
+			}},
+			snap:       unsettled,
+			wantWrites: []string{"Failed Ready=False/RedisRolledBack"}, wantObserved: 2, wantRequeue: dataLostRecheckPeriod,
+			wantStore: []string{"store.Time", "store.Snapshot", "store.Fence"}, wantEvents: []string{"Warning RedisRolledBack"},
+		},
+		{
+			name: "SCRIPT LOAD fails: endTime still closes the activity and refunds, the error is retried",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, seededStatus, func(a *redpacketv1alpha1.RedPacketActivity) {
+				end := metav1.NewTime(testNow.Add(-time.Minute))
+				a.Spec.EndTime = &end
+			}},
+			snap: func() lua.Snapshot {
+				s := unsettled
+				s.EndMs = testNow.Add(-time.Minute).UnixMilli()
+				s.Sponsor, s.Currency = "merchant-001", "CNY"
+				return s
+			}(),
+			fail:       map[string]error{"LoadScripts": errRedisDown},
+			wantWrites: []string{"Expired Ready=False/RedisUnavailable"}, wantObserved: 1, wantErr: true,
+			wantStore: []string{"store.Time", "store.Snapshot", "store.LoadScripts", "store.Close expired"},
 		},
 		{
 			name:       "deleted, settlement pending: closed, then waits with one write",

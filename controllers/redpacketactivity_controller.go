@@ -12,6 +12,8 @@ import (
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -59,6 +61,8 @@ const (
 	DefaultActiveResyncPeriod  = 5 * time.Second
 	DefaultCleanupPollInterval = 2 * time.Second
 	DefaultMaxBackoff          = time.Minute
+	// DefaultGrabTokenMaxLifetime matches the grab service's own default.
+	DefaultGrabTokenMaxLifetime = 24 * time.Hour
 )
 
 // Options are the operator-wide settings of the controller.
@@ -78,6 +82,10 @@ type Options struct {
 	// activity deleted before settlement drained are kept, so the claims and refunds
 	// never credited can still be reconciled by hand.
 	UnsettledRetention time.Duration
+	// GrabTokenMaxLifetime is passed to the grab services of activities with
+	// spec.grabService.auth as --token-max-lifetime: a user token whose exp lies
+	// further ahead is refused. Zero or less means DefaultGrabTokenMaxLifetime.
+	GrabTokenMaxLifetime time.Duration
 	// GrabReportTimeout is how recent status.lastReportTime must be for the grab service
 	// to count as available.
 	GrabReportTimeout time.Duration
@@ -103,6 +111,14 @@ type Options struct {
 	Name string
 	// SkipNameValidation lets several controllers share a name (tests).
 	SkipNameValidation bool
+	// AllowGrabImageOverride lets spec.grabService.image replace GrabImage. When
+	// false (the default), an activity that names another image gets Ready False
+	// with reason GrabImageNotAllowed and its grab workload is left as it is.
+	AllowGrabImageOverride bool
+	// AllowedRedisHosts are the hosts and networks spec.redis may name besides the
+	// default Redis's own addresses; the zero value allows none. Any other address
+	// is refused with reason RedisNotAllowed before a connection is attempted.
+	AllowedRedisHosts RedisHosts
 }
 
 func (o Options) withDefaults() Options {
@@ -117,6 +133,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.UnsettledRetention <= 0 {
 		o.UnsettledRetention = DefaultUnsettledRetention
+	}
+	if o.GrabTokenMaxLifetime <= 0 {
+		o.GrabTokenMaxLifetime = DefaultGrabTokenMaxLifetime
 	}
 	if o.GrabReportTimeout <= 0 {
 		o.GrabReportTimeout = DefaultGrabReportTimeout
@@ -174,6 +193,9 @@ type RedPacketActivityReconciler struct {
 	// statuses, when set, replaces the API server as the status writer
 	// (statusWriter); the phase tests set it.
 	statuses statusWriter
+	// counters, when set, replaces the API server as the money counters' writer
+	// (the phase tests).
+	counters countersWriter
 }
 
 // +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities,verbs=get;list;watch;update;patch
@@ -183,6 +205,8 @@ type RedPacketActivityReconciler struct {
 // +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -220,6 +244,10 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketActivity{}, builder.WithPredicates(activityChangePredicate())).
 		Owns(&appsv1.Deployment{}).
+		// Their spec changes and deletions only: a PodDisruptionBudget's status moves
+		// with every pod's readiness.
+		Owns(&networkingv1.NetworkPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
 			SkipNameValidation:      &skip,
@@ -236,18 +264,21 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // CacheOptions are the manager's cache settings the controller relies on: the kinds of
 // the grab workload are cached only when they carry the operator's managed-by label, so
 // the cache holds the operator's own objects rather than every Deployment, Service,
-// ServiceAccount, Role and RoleBinding of the cluster. Objects the cache does not hold
-// are looked up on the API server directly before anything is applied. namespaces,
-// when given, restrict the whole cache to them.
+// ServiceAccount, Role, RoleBinding, NetworkPolicy and PodDisruptionBudget of the
+// cluster. Objects the cache does not hold are looked up on the API server directly
+// before anything is applied. namespaces, when given, restrict the whole cache to
+// them.
 func CacheOptions(namespaces ...string) cache.Options {
 	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{labelManagedBy: managedByValue})}
 	opts := cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
-			&appsv1.Deployment{}:     managed,
-			&corev1.Service{}:        managed,
-			&corev1.ServiceAccount{}: managed,
-			&rbacv1.Role{}:           managed,
-			&rbacv1.RoleBinding{}:    managed,
+			&appsv1.Deployment{}:            managed,
+			&corev1.Service{}:               managed,
+			&corev1.ServiceAccount{}:        managed,
+			&rbacv1.Role{}:                  managed,
+			&rbacv1.RoleBinding{}:           managed,
+			&networkingv1.NetworkPolicy{}:   managed,
+			&policyv1.PodDisruptionBudget{}: managed,
 		},
 	}
 	if len(namespaces) > 0 {
@@ -347,6 +378,7 @@ func (r *RedPacketActivityReconciler) Reconcile(ctx context.Context, req ctrl.Re
 		if apierrors.IsNotFound(err) {
 			// Gone: nothing is left to settle from here.
 			r.Settlers.StopNamed(req.NamespacedName, "")
+			forgetActivityMetrics(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("getting activity %s: %w", req.NamespacedName, err)
@@ -390,10 +422,11 @@ func (r *RedPacketActivityReconciler) finishReconcile(ctx context.Context, s *ac
 	if s.released {
 		return result, retErr
 	}
-	if retErr == nil && !s.halted {
+	if retErr == nil && (!s.halted || s.final) {
 		s.status.ObservedGeneration = s.activity.Generation
 	}
 	staleIn, err := r.patchStatus(ctx, s)
+	observeActivityMetrics(s)
 	switch {
 	case err != nil && !isNotFoundOrGone(err):
 		retErr = kerrors.NewAggregate([]error{retErr, err})

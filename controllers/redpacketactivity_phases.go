@@ -62,8 +62,15 @@ type activityScope struct {
 	notAdopted      string
 
 	// halted is true once a step stopped the chain because it could not do its part.
-	// A halted reconcile does not observe the generation.
+	// A halted reconcile does not observe the generation, unless final is set too.
 	halted bool
+	// final is true when the step that halted reached a final outcome for this spec
+	// (DataLost, RedisRolledBack): nothing will change without a person, so the
+	// generation counts as observed, and kstatus reads Stalled as Failed.
+	final bool
+	// stalled, when set, is why the activity cannot go on without a person: the
+	// Stalled condition is True with its reason, and absent otherwise.
+	stalled *readyBlocker
 	// released is true once the deletion let the activity go (the finalizer is being
 	// removed): the activity is no longer the controller's, and no status is applied.
 	released bool
@@ -94,6 +101,9 @@ type stepResult struct {
 	halt bool
 	// blocker, when set, makes Ready False with its reason, whatever the phase says.
 	blocker *readyBlocker
+	// final marks a halt that is the final outcome for this spec: the generation is
+	// still observed.
+	final bool
 }
 
 // blocked is the result of a step that could not do its part: Ready is False with
@@ -112,49 +122,67 @@ type statusPatcher func(ctx context.Context, s *activityScope, progress *readyBl
 type reconcileStep struct {
 	name string
 	run  func(context.Context, *activityScope) (stepResult, error)
+	// keepGoing lets the later steps run when this one fails or halts: its failure
+	// must never hold up closing and refunding. Its blocker still makes Ready False,
+	// its error is still returned (after the chain), and the reconcile is not clean.
+	keepGoing bool
 }
 
 // normalSteps are the steps of an activity that is not being deleted, in order. The
 // seed step receives patch: Seeding must show while it writes, and Seeded must be on
-// the API server before the gate step opens grabbing. The initial counters step
-// writes its own fields, under its own field manager, through the status writer.
+// the API server before the gate step opens grabbing. The counters step writes its
+// own fields, under its own field manager, through the counters writer. Loading the
+// scripts and applying the grab workload keep going when they fail: closing at
+// endTime and refunding the sponsor never wait on them.
 func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconcileStep {
 	return []reconcileStep{
-		{"redis connection", r.reconcileRedisConnection},
-		{"validate and split", r.reconcileSplit},
-		{"seed", func(ctx context.Context, s *activityScope) (stepResult, error) {
+		{name: "redis connection", run: r.reconcileRedisConnection},
+		{name: "rollback fence", run: r.reconcileFence},
+		{name: "validate and split", run: r.reconcileSplit},
+		{name: "seed", run: func(ctx context.Context, s *activityScope) (stepResult, error) {
 			return r.reconcileSeed(ctx, s, patch)
 		}},
-		{"load scripts", r.reconcileScripts},
-		{"open and configure", r.reconcileGate},
-		{"grab workload", r.reconcileGrabWorkload},
-		{"schedule and close", r.reconcileSchedule},
-		{"initial counters", func(ctx context.Context, s *activityScope) (stepResult, error) {
-			return r.reconcileInitialCounters(ctx, s, r.statusWriter())
-		}},
+		{name: "load scripts", run: r.reconcileScripts, keepGoing: true},
+		{name: "durability", run: r.reconcileDurability},
+		{name: "open and configure", run: r.reconcileGate},
+		{name: "grab workload", run: r.reconcileGrabWorkload, keepGoing: true},
+		{name: "schedule and close", run: r.reconcileSchedule},
+		{name: "counters", run: r.reconcileCounters},
 	}
 }
 
 // runSteps runs the steps in order. Each is idempotent. A step's blocker makes Ready
-// False; a halt or an error stops the chain (an error is retried with backoff). The
-// soonest requeue any step asked for wins.
+// False; a halt or an error stops the chain (an error is retried with backoff),
+// except after a keepGoing step, whose error is returned once the chain has run and
+// whose halt only marks the reconcile as not clean. The soonest requeue any step
+// asked for wins.
 func runSteps(ctx context.Context, s *activityScope, steps []reconcileStep) (ctrl.Result, error) {
 	var requeue time.Duration
+	var deferred []error
 	for _, step := range steps {
 		res, err := step.run(ctx, s)
 		if res.blocker != nil {
 			s.notReady = res.blocker
 		}
 		if err != nil {
-			return ctrl.Result{}, fmt.Errorf("%s: %w", step.name, err)
+			err = fmt.Errorf("%s: %w", step.name, err)
+			if !step.keepGoing {
+				return ctrl.Result{}, errors.Join(append(deferred, err)...)
+			}
+			deferred = append(deferred, err)
+			continue
 		}
 		requeue = soonest(requeue, res.requeueAfter)
 		if res.halt {
 			s.halted = true
+			if step.keepGoing {
+				continue
+			}
+			s.final = res.final
 			break
 		}
 	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
+	return ctrl.Result{RequeueAfter: requeue}, errors.Join(deferred...)
 }
 
 func newActivityScope(a *redpacketv1alpha1.RedPacketActivity, now time.Time) *activityScope {
@@ -181,11 +209,12 @@ func (s *activityScope) setCondition(condType string, status metav1.ConditionSta
 // by spec.redis, else the operator's default), takes the activity's store on it and
 // reads the server clock and the activity's snapshot, which every later step decides
 // on. A missing or unusable Secret makes Ready False with RedisConfigInvalid, an
-// unreachable Redis with RedisUnavailable; both halt and are retried with backoff.
+// address the operator does not allow with RedisNotAllowed, an unreachable Redis with
+// RedisUnavailable; all halt and are retried with backoff.
 func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Context, s *activityScope) (stepResult, error) {
 	conn, err := r.connectionFor(ctx, s.activity)
 	if err != nil {
-		return blocked(redpacketv1alpha1.ReasonRedisConfigInvalid, "%v", err), err
+		return blocked(connectionFailureReason(err), "%v", err), err
 	}
 	s.conn = conn
 	s.store = r.storeFor(conn, s.activity.UID)
@@ -230,6 +259,9 @@ func (r *RedPacketActivityReconciler) connectionFor(ctx context.Context, a *redp
 	}
 	conn, err := lua.ConnFromSecret(secret.Data)
 	if err != nil {
+		return lua.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
+	}
+	if err := r.checkRedisAllowed(conn); err != nil { // the operator's policy, redis_policy.go
 		return lua.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
 	}
 	return conn, nil
@@ -395,6 +427,8 @@ func markDataLost(s *activityScope) stepResult {
 	res := blocked(redpacketv1alpha1.ReasonDataLost,
 		"the activity was seeded but Redis at %s holds no data for it; it is never seeded again (that could pay twice) and grabbing stays closed", where)
 	res.requeueAfter = dataLostRecheckPeriod
+	res.final = true
+	s.stalled = res.blocker
 	return res
 }
 
@@ -417,12 +451,13 @@ func (r *RedPacketActivityReconciler) seed(ctx context.Context, s *activityScope
 	defer cancel()
 	startMs, endMs := scheduleMs(a)
 	res, err := s.store.Seed(sctx, s.amounts, lua.SeedParams{
-		Count:   a.Spec.Count,
-		Total:   a.Spec.TotalAmount,
-		StartMs: startMs,
-		EndMs:   endMs,
-		Paused:  a.Spec.Paused,
-		Sponsor: a.Spec.Sponsor,
+		Count:    a.Spec.Count,
+		Total:    a.Spec.TotalAmount,
+		StartMs:  startMs,
+		EndMs:    endMs,
+		Paused:   a.Spec.Paused,
+		Sponsor:  a.Spec.Sponsor,
+		Currency: currencyOf(a),
 	})
 	if err != nil {
 		s.setCondition(redpacketv1alpha1.ConditionSeeded, metav1.ConditionFalse, redpacketv1alpha1.ReasonSeedFailed, "seeding stopped: %v", err)
@@ -473,9 +508,11 @@ func (r *RedPacketActivityReconciler) reconcileScripts(ctx context.Context, s *a
 	return stepResult{}, nil
 }
 
-// reconcileGate writes the schedule and the pause flag into Redis and opens a ready
-// activity to grabs, which is allowed only once status records Seeded. A closed
-// activity stays closed; spec.paused toggles the gate both ways. Afterwards the
+// reconcileGate writes the schedule, the pause flag and the payee (spec.sponsor, who
+// gets the refund at close, and spec.currency, recorded in later grants' settlement
+// entries) into Redis and opens a ready activity to grabs, which is allowed only once
+// status records Seeded. A closed activity stays closed; spec.paused toggles the gate
+// both ways; a fenced one is never written. Afterwards the
 // snapshot holds the spec's window and pause flag, as Redis does.
 func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *activityScope) (stepResult, error) {
 	if !s.seededRecorded {
@@ -486,18 +523,28 @@ func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *acti
 	}
 	startMs, endMs := scheduleMs(s.activity)
 	paused := s.activity.Spec.Paused
+	sponsor, currency := s.activity.Spec.Sponsor, currencyOf(s.activity)
 	if s.snapshot.State == lua.StateOpen && s.snapshot.Paused == paused &&
-		s.snapshot.StartMs == startMs && s.snapshot.EndMs == endMs {
+		s.snapshot.StartMs == startMs && s.snapshot.EndMs == endMs &&
+		(sponsor == "" || s.snapshot.Sponsor == sponsor && s.snapshot.Currency == currency) {
 		return stepResult{}, nil
 	}
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	res, err := s.store.Configure(rctx, startMs, endMs, paused, true)
+	res, err := s.store.ConfigureWith(rctx, lua.Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: true,
+		Sponsor: sponsor, Currency: currency})
 	if err != nil {
 		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "configuring the activity: %v", err), fmt.Errorf("configuring the activity: %w", err)
 	}
 	if !res.Found {
 		return stepResult{}, fmt.Errorf("configuring the activity: %w", lua.ErrMissing)
+	}
+	if res.Fenced {
+		// A grab replica fenced it since the snapshot: the next reconcile says so.
+		return stepResult{halt: true, requeueAfter: r.Options.ActiveResyncPeriod}, fmt.Errorf("configuring the activity: it is fenced in Redis")
+	}
+	if sponsor != "" {
+		s.snapshot.Sponsor, s.snapshot.Currency = sponsor, currency
 	}
 	if res.State != lua.StateClosed {
 		s.snapshot.StartMs, s.snapshot.EndMs, s.snapshot.Paused = startMs, endMs, paused
@@ -545,6 +592,8 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 			r.logger(ctx).Info("closed", "reason", res.Reason, "refunded", res.Refunded)
 		case lua.CloseMissing:
 			return stepResult{}, fmt.Errorf("closing the activity: %w", lua.ErrMissing)
+		case lua.CloseFenced:
+			return stepResult{halt: true, requeueAfter: r.Options.ActiveResyncPeriod}, fmt.Errorf("closing the activity: it is fenced in Redis")
 		default:
 			return stepResult{}, fmt.Errorf("closing the activity as %s: Redis says %q (the snapshot was stale)", reason, res.Outcome)
 		}
@@ -579,10 +628,9 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 }
 
 // recordClosed puts a closed activity's phase (lua.Snapshot.Phase: Exhausted when
-// every packet was claimed, else Expired) and exact refund into the status to apply.
+// every packet was claimed, else Expired) into the status to apply. The exact refund
+// goes into status with the other money counters (reconcileCounters).
 func (s *activityScope) recordClosed() {
-	refunded := s.snapshot.Refunded
-	s.status.RefundedAmount = &refunded
 	phase, _ := s.snapshot.Phase(s.redisNow)
 	s.status.Phase = phase
 	s.phaseMessage = phaseMessage(phase, s.snapshot)
@@ -609,4 +657,12 @@ func phaseMessage(phase redpacketv1alpha1.Phase, snap lua.Snapshot) string {
 // settled reports whether every claim and the refund have been credited.
 func settled(snap lua.Snapshot) bool {
 	return snap.SettledCount == snap.ClaimedCount && snap.RefundSettled == snap.Refunded
+}
+
+// currencyOf is the activity's currency, CNY when the spec leaves it out.
+func currencyOf(a *redpacketv1alpha1.RedPacketActivity) string {
+	if a.Spec.Currency == "" {
+		return "CNY"
+	}
+	return a.Spec.Currency
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -110,6 +111,7 @@ func TestRedisConnectionStep(t *testing.T) {
 				tc.mutate(a)
 			}
 			p := newPhaseTest(t, openSnapshot(), tc.objs...)
+			p.r.Options.AllowedRedisHosts = MustParseRedisHosts("a,b") // the hosts the Secrets name
 			if tc.defaultRedis != nil {
 				p.r.Options.DefaultRedis = *tc.defaultRedis
 			}
@@ -655,10 +657,12 @@ func TestScheduleStep(t *testing.T) {
 				t.Errorf("requeue after %s, want %s", res.requeueAfter, tc.wantRequeue)
 			}
 			switch {
-			case tc.wantRefund == nil && s.status.RefundedAmount != nil:
-				t.Errorf("refundedAmount %d of an open activity", *s.status.RefundedAmount)
-			case tc.wantRefund != nil && (s.status.RefundedAmount == nil || *s.status.RefundedAmount != *tc.wantRefund):
-				t.Errorf("refundedAmount %v, want %d", s.status.RefundedAmount, *tc.wantRefund)
+			case s.status.RefundedAmount != nil:
+				t.Errorf("refundedAmount %d in the controller's status: it travels with the other money counters", *s.status.RefundedAmount)
+			case tc.wantRefund == nil && s.snapshot.Refunded != 0:
+				t.Errorf("refund %d of an open activity", s.snapshot.Refunded)
+			case tc.wantRefund != nil && s.snapshot.Refunded != *tc.wantRefund:
+				t.Errorf("refund %d, want %d", s.snapshot.Refunded, *tc.wantRefund)
 			}
 			if tc.wantMessage != "" && s.phaseMessage != tc.wantMessage {
 				t.Errorf("phase message %q, want %q", s.phaseMessage, tc.wantMessage)
@@ -670,34 +674,67 @@ func TestScheduleStep(t *testing.T) {
 	}
 }
 
-func TestInitialCountersStep(t *testing.T) {
-	reported := int64(7)
+// The counters step writes every money counter together, from one snapshot, when the
+// grab service's reports cannot be relied on; otherwise it leaves them to the reports.
+func TestCountersStep(t *testing.T) {
 	conflict := apierrors.NewConflict(schema.GroupResource{Group: "redpacket.io", Resource: "redpacketactivities"}, "quiz", errors.New("conflict"))
+	at := func(d time.Duration) *metav1.Time { t := metav1.NewTime(testNow.Add(d)); return &t }
+	// The snapshot of every case but the closed ones: 3 of 10 claimed, 250 of 1000.
+	claimed := func(s lua.Snapshot) lua.Snapshot {
+		s.ClaimedCount, s.ClaimedAmount, s.RemainingCount = 3, 250, 7
+		return s
+	}
+	closedSnap := claimed(openSnapshot())
+	closedSnap.State, closedSnap.CloseReason, closedSnap.Refunded, closedSnap.RemainingCount = lua.StateClosed, lua.CloseExpired, 750, 0
+	fenced := claimed(openSnapshot())
+	fenced.Fenced = "rolled_back"
 	cases := []struct {
-		name         string
-		recorded     bool
-		snap         lua.Snapshot
-		reported     *int64
-		err          error
-		wantWrite    bool
-		wantInStatus bool
+		name       string
+		recorded   bool
+		snap       lua.Snapshot
+		status     func(*redpacketv1alpha1.RedPacketActivityStatus)
+		err        error
+		wantWrite  bool
+		wantStatus bool
 	}{
-		{name: "seeded, recorded, no counters yet: applied", recorded: true, snap: openSnapshot(), wantWrite: true, wantInStatus: true},
-		{name: "not recorded yet: not applied", snap: openSnapshot()},
-		{name: "the grab service reported already: never again", recorded: true, snap: openSnapshot(), reported: &reported},
-		{name: "the grab service got there first: its values stand", recorded: true, snap: openSnapshot(), err: conflict, wantWrite: true},
-		{name: "Redis holds nothing", recorded: true},
+		{name: "seeded, recorded, no counters yet: all of them, zeros included", recorded: true, snap: claimed(openSnapshot()), wantWrite: true, wantStatus: true},
+		{name: "not recorded yet: nothing", snap: claimed(openSnapshot())},
+		{name: "Redis holds nothing: nothing", recorded: true},
+		{name: "fenced: nothing", recorded: true, snap: fenced},
+		{name: "a replica reports: left to it", recorded: true, snap: claimed(openSnapshot()),
+			status: func(st *redpacketv1alpha1.RedPacketActivityStatus) {
+				redpacketv1alpha1.SetCounters(st, redpacketv1alpha1.Counters{RemainingCount: 8, RemainingAmount: 900, ClaimedCount: 2, ClaimedAmount: 100})
+				st.LastReportTime = at(-2 * time.Second)
+			}},
+		{name: "no replica reported lately: written", recorded: true, snap: claimed(openSnapshot()), wantWrite: true, wantStatus: true,
+			status: func(st *redpacketv1alpha1.RedPacketActivityStatus) {
+				redpacketv1alpha1.SetCounters(st, redpacketv1alpha1.Counters{RemainingCount: 8, RemainingAmount: 900, ClaimedCount: 2, ClaimedAmount: 100})
+				st.LastReportTime = at(-time.Hour)
+			}},
+		{name: "closed: the refund arrives with the close, whoever reports", recorded: true, snap: closedSnap, wantWrite: true, wantStatus: true,
+			status: func(st *redpacketv1alpha1.RedPacketActivityStatus) {
+				redpacketv1alpha1.SetCounters(st, redpacketv1alpha1.Counters{RemainingCount: 7, RemainingAmount: 750, ClaimedCount: 3, ClaimedAmount: 250})
+				st.LastReportTime = at(-time.Second)
+			}},
+		{name: "unchanged: nothing", recorded: true, snap: claimed(openSnapshot()),
+			status: func(st *redpacketv1alpha1.RedPacketActivityStatus) {
+				redpacketv1alpha1.SetCounters(st, redpacketv1alpha1.Counters{RemainingCount: 7, RemainingAmount: 750, ClaimedCount: 3, ClaimedAmount: 250})
+			}},
+		{name: "the status moved meanwhile: skipped without error", recorded: true, snap: claimed(openSnapshot()), err: conflict, wantWrite: true},
+		{name: "the status is ahead: skipped without error", recorded: true, snap: claimed(openSnapshot()), err: errCountersStale, wantWrite: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			a := testActivity()
-			a.Status.RemainingCount = tc.reported
+			if tc.status != nil {
+				tc.status(&a.Status)
+			}
+			before := a.Status.DeepCopy()
 			p := newPhaseTest(t, tc.snap)
 			p.status.countersErr = tc.err
 			s := p.scope(a)
-			s.snapshot.ClaimedCount, s.snapshot.ClaimedAmount, s.snapshot.RemainingCount = 3, 250, 7
 			s.seededRecorded = tc.recorded
-			res, err := p.r.reconcileInitialCounters(context.Background(), s, p.status)
+			res, err := p.r.reconcileCounters(context.Background(), s)
 			if err != nil || res.halt || res.blocker != nil {
 				t.Fatalf("a counters failure must not hold anything up: %+v %v", res, err)
 			}
@@ -706,19 +743,21 @@ func TestInitialCountersStep(t *testing.T) {
 				t.Fatalf("counter writes %q, want one: %t", writes, tc.wantWrite)
 			}
 			if tc.wantWrite && tc.err == nil {
-				want := initialCounters{remainingCount: 7, remainingAmount: 750, claimedCount: 3, claimedAmount: 250}
-				if p.status.counters[0] != want {
-					t.Errorf("counters %+v, want %+v (one instant: claimed + remaining = total)", p.status.counters[0], want)
+				got := p.status.counters[0]
+				if got != tc.snap.Counters() {
+					t.Errorf("counters %+v, want the snapshot's %+v", got, tc.snap.Counters())
+				}
+				if got.ClaimedAmount+got.RemainingAmount+got.RefundedAmount != a.Spec.TotalAmount {
+					t.Errorf("counters %+v do not add up to the total %d", got, a.Spec.TotalAmount)
 				}
 			}
-			st := a.Status
 			switch {
-			case tc.wantInStatus:
-				if st.RemainingCount == nil || *st.RemainingCount != 7 || st.ClaimedAmount == nil || *st.ClaimedAmount != 250 {
-					t.Errorf("scope's activity status counters: remaining %v claimed amount %v, want 7 and 250", st.RemainingCount, st.ClaimedAmount)
+			case tc.wantStatus:
+				if c, _ := redpacketv1alpha1.RecordedCounters(&a.Status); c != tc.snap.Counters() || a.Status.RefundedAmount == nil || a.Status.SettledCount == nil {
+					t.Errorf("scope's activity status counters %+v, want every one of %+v", c, tc.snap.Counters())
 				}
-			case tc.reported == nil && (st.RemainingCount != nil || st.ClaimedAmount != nil):
-				t.Errorf("counters in the scope's activity status although none was applied")
+			case !equality.Semantic.DeepEqual(before, &a.Status):
+				t.Errorf("the scope's activity status changed although nothing was written")
 			}
 		})
 	}
@@ -755,6 +794,29 @@ func TestRunSteps(t *testing.T) {
 				step("c", stepResult{}, nil),
 			},
 			wantRan: "ab", wantRequeue: time.Minute, wantHalted: true, wantBlocker: "DataLost",
+		},
+		{
+			name: "a keepGoing step's error does not stop the chain; it is returned at the end",
+			steps: []reconcileStep{
+				step("a", stepResult{}, nil),
+				{name: "b", keepGoing: true, run: func(_ context.Context, s *activityScope) (stepResult, error) {
+					s.phaseMessage += "b"
+					return stepResult{blocker: notReady("WorkloadFailed", "quota")}, errRedisDown
+				}},
+				step("c", stepResult{requeueAfter: time.Second}, nil),
+			},
+			wantRan: "abc", wantErr: "b: " + errRedisDown.Error(), wantBlocker: "WorkloadFailed",
+		},
+		{
+			name: "a keepGoing step's halt does not stop the chain; the reconcile is not clean",
+			steps: []reconcileStep{
+				{name: "a", keepGoing: true, run: func(_ context.Context, s *activityScope) (stepResult, error) {
+					s.phaseMessage += "a"
+					return blocked("GrabImageNotAllowed", "no"), nil
+				}},
+				step("b", stepResult{requeueAfter: time.Second}, nil),
+			},
+			wantRan: "ab", wantRequeue: time.Second, wantHalted: true, wantBlocker: "GrabImageNotAllowed",
 		},
 		{
 			name:    "an error stops the chain, named by its step; the blocker still counts",
@@ -799,8 +861,8 @@ func TestNormalStepsOrder(t *testing.T) {
 	for _, s := range p.r.normalSteps(p.r.patchStatusNow) {
 		names = append(names, s.name)
 	}
-	want := []string{"redis connection", "validate and split", "seed", "load scripts", "open and configure",
-		"grab workload", "schedule and close", "initial counters"}
+	want := []string{"redis connection", "rollback fence", "validate and split", "seed", "load scripts", "durability", "open and configure",
+		"grab workload", "schedule and close", "counters"}
 	if !slices.Equal(names, want) {
 		t.Errorf("steps %q, want %q", names, want)
 	}

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -26,11 +27,14 @@ var controllerConditionTypes = []string{
 	redpacketv1alpha1.ConditionReady,
 	redpacketv1alpha1.ConditionGrabServiceAvailable,
 	redpacketv1alpha1.ConditionSettled,
+	redpacketv1alpha1.ConditionStalled,
 }
 
 // warningReasons are the condition reasons whose arrival is reported as a Warning event.
 var warningReasons = map[string]bool{
 	redpacketv1alpha1.ReasonDataLost:           true,
+	redpacketv1alpha1.ReasonRedisRolledBack:    true,
+	redpacketv1alpha1.ReasonDurabilityNotMet:   true,
 	redpacketv1alpha1.ReasonRedisConfigInvalid: true,
 	redpacketv1alpha1.ReasonRedisUnavailable:   true,
 	redpacketv1alpha1.ReasonInvalidSpec:        true,
@@ -39,6 +43,10 @@ var warningReasons = map[string]bool{
 	redpacketv1alpha1.ReasonNotAdopted:         true,
 	redpacketv1alpha1.ReasonWorkloadFailed:     true,
 	redpacketv1alpha1.ReasonDeadLetters:        true,
+	// The operator's policy refused what the spec asks (redis_policy.go, redis_acl.go).
+	redpacketv1alpha1.ReasonGrabImageNotAllowed: true,
+	redpacketv1alpha1.ReasonRedisNotAllowed:     true,
+	redpacketv1alpha1.ReasonRedisACLUnavailable: true,
 }
 
 // readyPhases are the phases in which the activity serves grabs or finished cleanly.
@@ -79,10 +87,6 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 	}
 	if st.SeededTime != nil {
 		out.SeededTime = st.SeededTime.DeepCopy()
-	}
-	if st.RefundedAmount != nil {
-		v := *st.RefundedAmount
-		out.RefundedAmount = &v
 	}
 	return out
 }
@@ -137,6 +141,7 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 	}
 
 	computeSettled(s)
+	s.stalledCondition()
 	return controllerStatus(s.status), staleIn
 }
 
@@ -240,14 +245,6 @@ type statusWriter interface {
 	// ownership of exactly those fields. The grab service's counters are never part
 	// of it, so they are never touched.
 	applyStatus(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, st redpacketv1alpha1.RedPacketActivityStatus) error
-	// applyInitialCounters applies the four counters of a seeded activity under
-	// InitialCountersFieldManager, without force (see reconcileInitialCounters).
-	applyInitialCounters(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, c initialCounters) error
-}
-
-// initialCounters are the grab service's counters the controller applies once.
-type initialCounters struct {
-	remainingCount, remainingAmount, claimedCount, claimedAmount int64
 }
 
 // apiStatusWriter writes status to the API server through c.
@@ -265,16 +262,6 @@ func (w apiStatusWriter) applyStatus(ctx context.Context, a *redpacketv1alpha1.R
 		return fmt.Errorf("applying status: %w", err)
 	}
 	return nil
-}
-
-func (w apiStatusWriter) applyInitialCounters(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, c initialCounters) error {
-	obj := statusApplyObject(a, map[string]any{
-		"remainingCount":  c.remainingCount,
-		"remainingAmount": c.remainingAmount,
-		"claimedCount":    c.claimedCount,
-		"claimedAmount":   c.claimedAmount,
-	})
-	return w.c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(InitialCountersFieldManager))
 }
 
 // statusWriter returns the reconciler's status writer: the API server through Client
@@ -342,7 +329,6 @@ func mergeControllerStatus(dst *redpacketv1alpha1.RedPacketActivityStatus, src r
 	dst.Endpoint = src.Endpoint
 	dst.SplitSeed = src.SplitSeed
 	dst.SeededTime = src.SeededTime
-	dst.RefundedAmount = src.RefundedAmount
 	for _, c := range src.Conditions {
 		meta.SetStatusCondition(&dst.Conditions, c)
 	}
@@ -394,47 +380,65 @@ func snapshotDescribe(snap lua.Snapshot) string {
 		snap.State, snap.ClaimedCount, snap.Count, snap.SettledCount, snap.Refunded, snap.RefundSettled, snap.DeadCount)
 }
 
-// InitialCountersFieldManager applies the grab service's counters once, before the
-// grab service first reports, so that kubectl get shows REMAINING and CLAIMED from
-// the moment the packets are seeded. See reconcileInitialCounters.
-const InitialCountersFieldManager = "redpacket-controller-initial-counters"
-
-// reconcileInitialCounters gives a seeded activity its counters before the grab
-// service's first report: once Seeded is recorded and status.remainingCount is still
-// absent, it applies remainingCount, remainingAmount, claimedCount and claimedAmount
-// from this reconcile's Redis snapshot (one instant, so claimedAmount +
-// remainingAmount + refundedAmount == totalAmount holds) through w, under
-// InitialCountersFieldManager, and never again once they are present.
+// reconcileCounters writes the money counters from this reconcile's Redis snapshot
+// (one instant, so claimedAmount + remainingAmount + refundedAmount == totalAmount
+// holds in what it writes) when the grab service's reports cannot be relied on to:
 //
-// Those fields belong to the grab service's reporter (grabsvc.FieldManager), which
-// applies them with force and so takes them over at its first report. The controller
-// therefore applies them under a manager of its own, never under FieldManager (whose
-// every apply would then have to carry them, and would fight the reporter), and
-// without force: if the reporter got there first and holds other values, the apply
-// is refused with a conflict and the reporter's values stand. A failure here only
-// delays the columns; it is logged and retried at the next reconcile, without
-// holding up the rest.
-func (r *RedPacketActivityReconciler) reconcileInitialCounters(ctx context.Context, s *activityScope, w statusWriter) (stepResult, error) {
-	if !s.seededRecorded || !s.snapshotRead || !s.snapshot.Exists() || s.activity.Status.RemainingCount != nil {
+//   - once Seeded is recorded and status has no counters yet, so that they read 0,
+//     not blank, from the moment the activity is Ready, and kubectl get shows
+//     REMAINING and CLAIMED before the first report;
+//   - once the activity is closed in Redis and status differs from the snapshot, so
+//     that the refund and the final figures arrive with the close and not with the
+//     next report;
+//   - while no grab replica reported within GrabReportTimeout and status differs,
+//     so that the figures stay true with the grab Deployment scaled to 0 or failing.
+//
+// The counters writer never writes a snapshot that is behind the live status (the
+// fence step has ruled out a rollback, so that only means a report got there first)
+// and uses the live resourceVersion as a precondition; either way the write is just
+// skipped and the next reconcile looks again. A failure here only delays the figures:
+// it is logged, without holding up the rest.
+func (r *RedPacketActivityReconciler) reconcileCounters(ctx context.Context, s *activityScope) (stepResult, error) {
+	if !s.seededRecorded || !s.snapshotRead || !s.snapshot.Exists() || s.snapshot.Fenced != "" {
 		return stepResult{}, nil
 	}
-	snap := s.snapshot
-	c := initialCounters{
-		remainingCount:  snap.RemainingCount,
-		remainingAmount: snap.RemainingAmount(),
-		claimedCount:    snap.ClaimedCount,
-		claimedAmount:   snap.ClaimedAmount,
+	c := s.snapshot.Counters()
+	recorded, any := redpacketv1alpha1.RecordedCounters(&s.activity.Status)
+	switch {
+	case !any:
+	case recorded == c:
+		return stepResult{}, nil
+	case s.snapshot.State == lua.StateClosed:
+	case !r.grabReportRecent(s):
+	default:
+		return stepResult{}, nil
 	}
-	err := w.applyInitialCounters(ctx, s.activity, c)
+	r.writeSnapshotCounters(ctx, s)
+	return stepResult{}, nil
+}
+
+// writeSnapshotCounters writes the snapshot's money counters through the counters
+// writer, never lower than the live status; a status that moved meanwhile, or is
+// ahead, is left as it is. Failures are logged: they only delay the figures.
+func (r *RedPacketActivityReconciler) writeSnapshotCounters(ctx context.Context, s *activityScope) {
+	c := s.snapshot.Counters()
+	var epoch int64
+	if s.activity.Status.RedisEpoch != nil {
+		epoch = *s.activity.Status.RedisEpoch
+	}
+	err := r.counterWriter().applyCounters(ctx, s.activity, c, epoch, false)
 	switch {
 	case err == nil:
-		st := &s.activity.Status
-		st.RemainingCount, st.RemainingAmount = &c.remainingCount, &c.remainingAmount
-		st.ClaimedCount, st.ClaimedAmount = &c.claimedCount, &c.claimedAmount
-	case apierrors.IsConflict(err):
-		r.logger(ctx).V(1).Info("the grab service reported its counters first; not applying the initial ones")
+		redpacketv1alpha1.SetCounters(&s.activity.Status, c)
+	case errors.Is(err, errCountersStale), apierrors.IsConflict(err):
+		r.logger(ctx).V(1).Info("the status moved since the snapshot; not writing the counters this time")
 	case !isNotFoundOrGone(err):
-		r.logger(ctx).Error(err, "applying the initial counters failed; retrying at the next reconcile")
+		r.logger(ctx).Error(err, "writing the counters failed; retrying at the next reconcile")
 	}
-	return stepResult{}, nil
+}
+
+// grabReportRecent reports whether a grab replica reported within GrabReportTimeout.
+func (r *RedPacketActivityReconciler) grabReportRecent(s *activityScope) bool {
+	last := s.activity.Status.LastReportTime
+	return last != nil && s.now.Sub(last.Time) < r.Options.GrabReportTimeout
 }

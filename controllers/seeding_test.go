@@ -10,6 +10,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
@@ -149,6 +150,12 @@ func TestDataLostIsNeverReseeded(t *testing.T) {
 	}
 	if a.Status.SeededTime == nil {
 		t.Errorf("seededTime was dropped")
+	}
+	if c := findCondition(a, redpacketv1alpha1.ConditionStalled); c == nil || c.Status != metav1.ConditionTrue || c.Reason != redpacketv1alpha1.ReasonDataLost {
+		t.Errorf("Stalled %+v, want True/DataLost", c)
+	}
+	if got := kstatusOf(t, a); got != status.FailedStatus {
+		t.Errorf("kstatus %s after data loss, want Failed (observedGeneration %d of %d)", got, a.Status.ObservedGeneration, a.Generation)
 	}
 	e.waitEvent("fragile", "Warning", redpacketv1alpha1.ReasonDataLost)
 

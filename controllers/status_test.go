@@ -32,11 +32,19 @@ func TestGrabServiceStatusFieldsSurviveReconciles(t *testing.T) {
 		t.Errorf("GrabServiceAvailable %+v with no pod and no report, want False", c)
 	}
 
+	// Three real grants, reported as the reporter would: status never records more
+	// than Redis holds (that would be a rollback, and fence the activity).
+	for _, u := range []string{"u1", "u2", "u3"} {
+		if res := e.grab(a, u); res.Outcome != lua.Granted {
+			t.Fatalf("grab: %+v", res)
+		}
+	}
+	snap := e.snapshot(a)
 	reported := metav1.NewTime(time.Now().Truncate(time.Second))
 	counters := map[string]any{
-		"remainingCount": int64(7), "remainingAmount": int64(640),
-		"claimedCount": int64(3), "claimedAmount": int64(360),
-		"settledCount": int64(2), "settledAmount": int64(250),
+		"remainingCount": snap.RemainingCount, "remainingAmount": snap.RemainingAmount(),
+		"claimedCount": snap.ClaimedCount, "claimedAmount": snap.ClaimedAmount,
+		"settledCount": int64(0), "settledAmount": int64(0),
 		"deadLetterCount": int64(0), "lastReportTime": reported.UTC().Format(time.RFC3339),
 	}
 	e.applyGrabServiceStatus("shared", counters)
@@ -121,7 +129,10 @@ func keysOf(m map[string]string) []string {
 func TestRedisConnectionProblemsAreReported(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.startController(nil)
+	e.startController(func(r *controllers.RedPacketActivityReconciler) {
+		// The dead port below is on loopback, and spec.redis may name it.
+		r.Options.AllowedRedisHosts = controllers.MustParseRedisHosts("127.0.0.1")
+	})
 	ctx := context.Background()
 
 	e.create(e.activity("remote", 1000, 10, func(a *redpacketv1alpha1.RedPacketActivity) {

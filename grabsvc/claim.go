@@ -45,12 +45,15 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the activity has not been read from the API server yet; retry later")
 		return
 	}
-	if s.cfg.Tokens != nil {
-		if err := s.cfg.Tokens.Verify(r.Header.Get("Authorization"), act.Ref, userID); err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="grab"`)
-			s.refuse(w, http.StatusUnauthorized, OutcomeUnauthorized, err.Error())
+	// Fails closed: without a key, an activity that requires tokens gets 503.
+	if err := s.cfg.Tokens.Check(r.Header.Get("Authorization"), act, userID); err != nil {
+		if errors.Is(err, ErrNoTokenKey) {
+			s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, err.Error())
 			return
 		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="grab"`)
+		s.refuse(w, http.StatusUnauthorized, OutcomeUnauthorized, err.Error())
+		return
 	}
 	if ok, wait := s.cfg.UserLimiter.Allow(userID, now); !ok {
 		s.rateLimited(w, wait, "too many grabs for this user; retry later")
@@ -58,7 +61,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 
 	start := time.Now()
-	res, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID)
+	res, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID, s.cfg.Guard.Mark(act))
 	s.metrics.ClaimLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
@@ -69,15 +72,35 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, msg)
 		return
 	}
+	if res.Outcome == lua.Granted || res.Outcome == lua.AlreadyClaimed {
+		// With durability Replicas, a packet is announced only once enough replicas
+		// hold it (a repeat too: its first answer may have been this 503).
+		if waiter := s.durable.of(s.cfg.Durable, act); waiter != nil {
+			if err := waiter.Wait(r.Context()); err != nil {
+				s.metrics.RedisErrors.WithLabelValues("replicas").Inc()
+				s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable,
+					"the packet is not yet on enough replicas; retry: the same packet is returned once it is")
+				return
+			}
+		}
+	}
 	switch res.Outcome {
-	case lua.Granted, lua.AlreadyClaimed:
+	case lua.Granted:
+		s.cfg.Guard.Saw(act.Object.UID, res.Seen)
+		s.metrics.countOutcome(string(res.Outcome))
+		writePacket(w, string(res.Outcome), res.PacketID, res.Amount)
+	case lua.AlreadyClaimed:
 		s.metrics.countOutcome(string(res.Outcome))
 		writePacket(w, string(res.Outcome), res.PacketID, res.Amount)
 	case lua.SoldOut, lua.NotStarted, lua.Ended, lua.Paused:
 		s.metrics.countOutcome(string(res.Outcome))
 		writeJSON(w, http.StatusConflict, grabResponse{Outcome: string(res.Outcome)})
 	case lua.Missing:
+		s.cfg.Guard.SetProblem(act.Object.UID, problemMissing)
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the activity's packets are not in the packet store; the operator reports this on the resource")
+	case lua.Fenced:
+		s.cfg.Guard.SetProblem(act.Object.UID, problemFenced)
+		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store came back older than what was already granted, so nothing is granted until an operator reconciles it; the operator reports this on the resource")
 	default:
 		s.log.Error("grab script returned an unknown outcome", "outcome", string(res.Outcome), "activity", act.Ref)
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store gave an unexpected answer")
@@ -104,10 +127,10 @@ var (
 // most the Redis deadline. It is callWithDeadline for the hot path: pooled timers and
 // reply slots, and no wait on the request's context (a client that went away costs
 // at most the deadline).
-func (s *Server) grab(ctx context.Context, h *lua.Activity, userID string) (lua.GrabResult, error) {
+func (s *Server) grab(ctx context.Context, h *lua.Activity, userID string, mark lua.Watermark) (lua.GrabResult, error) {
 	c := grabCalls.Get().(*grabCall)
 	go func() {
-		c.res, c.err = h.Grab(ctx, userID)
+		c.res, c.err = h.GrabAbove(ctx, userID, mark)
 		c.ch <- struct{}{}
 	}()
 	t := grabTimers.Get().(*time.Timer)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,39 +28,30 @@ const (
 	DefaultReportTimeout   = 5 * time.Second
 )
 
-// Counters are the status fields the grab service owns, all from one snapshot.
-type Counters struct {
-	RemainingCount  int64
-	RemainingAmount int64
-	ClaimedCount    int64
-	ClaimedAmount   int64
-	SettledCount    int64
-	SettledAmount   int64
-	DeadLetterCount int64
-}
+// Counters are the status fields the grab service reports, all from one snapshot.
+type Counters = redpacketv1alpha1.Counters
 
 // CountersFrom takes the reported counters from a snapshot.
-func CountersFrom(s lua.Snapshot) Counters {
-	return Counters{
-		RemainingCount:  s.RemainingCount,
-		RemainingAmount: s.RemainingAmount(),
-		ClaimedCount:    s.ClaimedCount,
-		ClaimedAmount:   s.ClaimedAmount,
-		SettledCount:    s.SettledCount,
-		SettledAmount:   s.SettledAmount,
-		DeadLetterCount: s.DeadCount,
-	}
-}
+func CountersFrom(s lua.Snapshot) Counters { return s.Counters() }
 
 // Reporter writes the activity's counters from Redis into its status with
 // server-side apply under FieldManager, forcing ownership of exactly its own
-// fields: remainingCount, remainingAmount, claimedCount, claimedAmount,
-// settledCount, settledAmount, deadLetterCount and lastReportTime. It applies at
-// most once per Interval and only when the counters changed, except for a
-// heartbeat every Heartbeat that refreshes lastReportTime. Replicas of the grab
-// service all apply under the same manager and converge on the latest snapshot.
-// The reporter runs on its own goroutine with its own timeouts, so a slow or
-// absent API server never touches the grab path.
+// fields: the money counters (redpacketv1alpha1.Counters: remaining, claimed,
+// refunded, settled, dead letters; all from one snapshot, so they add up to the
+// total) and lastReportTime. It applies at most once per Interval and only when the
+// counters changed, except for a heartbeat every Heartbeat that refreshes
+// lastReportTime.
+//
+// Each report reads the live activity first and Redis second, so that every
+// counter the live status records comes from a snapshot taken before this one. It
+// never lowers a recorded counter: a snapshot below the live status (or fenced, or
+// of an earlier epoch) means Redis rolled back, and the reporter fences the activity
+// in Redis (fence.lua), marks it on the Guard (so /readyz fails) and writes nothing.
+// The apply carries the live resourceVersion as its precondition, so a report never
+// overwrites a status that moved since it was read (another replica's report, the
+// controller's); it is simply skipped until the next tick. The reporter runs on its
+// own goroutine with its own timeouts, so a slow or absent API server never touches
+// the grab path.
 type Reporter struct {
 	// Client writes the status subresource.
 	Client client.Client
@@ -79,6 +71,9 @@ type Reporter struct {
 	Log *slog.Logger
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
+	// Guard, shared with the Server, receives the status's watermark and why the
+	// activity cannot be served; nil means a private one.
+	Guard *RollbackGuard
 
 	mu          sync.Mutex
 	handles     handles
@@ -107,8 +102,8 @@ func (r *Reporter) Run(ctx context.Context) {
 	}
 }
 
-// ReportOnce reads a snapshot and applies it when it changed or the heartbeat is
-// due. It returns whether it applied.
+// ReportOnce reads the live activity and a snapshot, and applies the counters when
+// they changed or the heartbeat is due. It returns whether it applied.
 func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -116,11 +111,28 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	if act == nil {
 		return false, nil
 	}
+	if r.Guard == nil {
+		r.Guard = &RollbackGuard{}
+	}
+	uid := act.Object.UID
 	timeout := r.Timeout
 	if timeout <= 0 {
 		timeout = DefaultReportTimeout
 	}
-	snap, err := callWithDeadline(ctx, timeout, r.handles.of(r.Redis, act).Snapshot)
+	live, err := callWithDeadline(ctx, timeout, func(ctx context.Context) (*redpacketv1alpha1.RedPacketActivity, error) {
+		o := &redpacketv1alpha1.RedPacketActivity{}
+		return o, r.Client.Get(ctx, client.ObjectKeyFromObject(act.Object), o)
+	})
+	if err != nil {
+		r.countFailure("read")
+		return false, fmt.Errorf("reading the live status of %s: %w", act.Ref, err)
+	}
+	if live.UID != uid {
+		return false, fmt.Errorf("activity %s was replaced (uid %s, now %s)", act.Ref, uid, live.UID)
+	}
+	r.Guard.Saw(uid, statusMark(&live.Status))
+	h := r.handles.of(r.Redis, act)
+	snap, err := callWithDeadline(ctx, timeout, h.Snapshot)
 	if err != nil {
 		r.countFailure("snapshot")
 		return false, fmt.Errorf("reading the counters: %w", err)
@@ -128,26 +140,56 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	if !snap.Exists() {
 		// Redis does not hold the activity: there is nothing true to report, and the
 		// controller tells that story on the resource.
+		r.Guard.SetProblem(uid, problemMissing)
 		return false, nil
 	}
-	c := CountersFrom(snap)
+	if why := snap.RolledBack(&live.Status); why != "" {
+		r.Guard.SetProblem(uid, problemFenced)
+		if snap.Fenced == "" {
+			if _, err := callWithDeadline(ctx, timeout, func(ctx context.Context) (string, error) {
+				return h.Fence(ctx, "rolled_back")
+			}); err != nil {
+				r.countFailure("fence")
+				return false, fmt.Errorf("fencing the rolled-back activity (%s): %w", why, err)
+			}
+			r.logger().Error("Redis rolled back: the activity is fenced and grants nothing until an operator accepts its state",
+				"activity", act.Ref, "why", why)
+		}
+		return false, nil
+	}
+	r.Guard.SetProblem(uid, "")
+	// Redis never goes below what it once held, short of a rollback.
+	r.Guard.Saw(uid, snap.Watermark())
+	if live.Status.RedisEpoch == nil && snap.Epoch > 0 || live.Status.RedisEpoch != nil && snap.Epoch > *live.Status.RedisEpoch {
+		// An accept started a new epoch that status does not record yet: the
+		// controller writes the accepted counters first.
+		return false, nil
+	}
+	c := snap.Counters()
 	now := r.now()
 	heartbeat := r.Heartbeat
 	if heartbeat <= 0 {
 		heartbeat = DefaultReportHeartbeat
 	}
-	changed := act.Object.UID != r.lastUID || c != r.last
+	recorded, _ := redpacketv1alpha1.RecordedCounters(&live.Status)
+	changed := uid != r.lastUID || c != r.last || c != recorded
 	if !changed && now.Sub(r.lastApplied) < heartbeat {
 		return false, nil
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := r.Client.Status().Apply(actx, client.ApplyConfigurationFromUnstructured(statusApply(act.Object, c, now)),
+	obj := statusApply(live, c, now)
+	obj.SetResourceVersion(live.ResourceVersion)
+	if err := r.Client.Status().Apply(actx, client.ApplyConfigurationFromUnstructured(obj),
 		client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		if apierrors.IsConflict(err) {
+			// The status moved since it was read: the next tick reads it again.
+			return false, nil
+		}
 		r.countFailure("apply")
 		return false, fmt.Errorf("applying the status of %s: %w", act.Ref, err)
 	}
-	r.lastUID, r.last, r.lastApplied = act.Object.UID, c, now
+	r.lastUID, r.last, r.lastApplied = uid, c, now
 	if r.Metrics != nil {
 		r.Metrics.reportSucceeded(now)
 		kind := "heartbeat"
@@ -161,6 +203,8 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 
 // statusApply builds the apply object: identity plus only the reporter's fields.
 func statusApply(o *redpacketv1alpha1.RedPacketActivity, c Counters, now time.Time) *unstructured.Unstructured {
+	status := c.StatusFields()
+	status["lastReportTime"] = now.UTC().Format(time.RFC3339)
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": redpacketv1alpha1.GroupVersion.String(),
 		"kind":       "RedPacketActivity",
@@ -168,16 +212,7 @@ func statusApply(o *redpacketv1alpha1.RedPacketActivity, c Counters, now time.Ti
 			"name":      o.Name,
 			"namespace": o.Namespace,
 		},
-		"status": map[string]any{
-			"remainingCount":  c.RemainingCount,
-			"remainingAmount": c.RemainingAmount,
-			"claimedCount":    c.ClaimedCount,
-			"claimedAmount":   c.ClaimedAmount,
-			"settledCount":    c.SettledCount,
-			"settledAmount":   c.SettledAmount,
-			"deadLetterCount": c.DeadLetterCount,
-			"lastReportTime":  now.UTC().Format(time.RFC3339),
-		},
+		"status": status,
 	}}
 }
 

@@ -397,12 +397,12 @@ func TestAPIServerOutageDoesNotTouchGrabs(t *testing.T) {
 		slowest = max(slowest, time.Since(t0))
 	}
 	took := time.Since(start)
-	if f := counterValue(t, reg, "redpacket_grab_report_failures_total", "stage", "apply"); f != 0 {
+	if f := counterValue(t, reg, "redpacket_grab_report_failures_total", "stage", "read"); f != 0 {
 		t.Fatalf("the hung report ended early (%v failures): the test did not overlap it with the grabs", f)
 	}
 	cancel()
 	<-done
-	if f := counterValue(t, reg, "redpacket_grab_report_failures_total", "stage", "apply"); f != 1 {
+	if f := counterValue(t, reg, "redpacket_grab_report_failures_total", "stage", "read"); f != 1 {
 		t.Fatalf("failed reports counted: %v, want 1", f)
 	}
 	t.Logf("100 grabs in %s during a hung report, slowest %s", took.Round(time.Millisecond), slowest.Round(time.Microsecond))

@@ -47,7 +47,9 @@ type Config struct {
 	// handle); /readyz fails while Redis does not answer. The plain client under the
 	// auto-pipeliner (lua.PipelinedClient.Client) is the one to use.
 	Ping redis.Cmdable
-	// Tokens, when set, requires a valid user token on every grab.
+	// Tokens, when set, requires a valid user token on every grab. When nil, an
+	// activity whose spec asks for tokens (spec.grabService.auth) is refused every
+	// grab with 503 and /readyz fails: the service fails closed.
 	Tokens *TokenVerifier
 	// UserLimiter and ClientLimiter limit grabs per user id and per client address;
 	// nil means no limit.
@@ -65,6 +67,12 @@ type Config struct {
 	// Page serves the red-packet rain page (package web) at /, /rain.css and
 	// /rain.js: a canvas rain whose packets are grabbed through /v1/grab.
 	Page bool
+	// Guard carries the watermark sent with every grab and why the activity cannot
+	// be served; share it with the Reporter. nil means a private one.
+	Guard *RollbackGuard
+	// Durable is the plain client (never the auto-pipeliner) on which grants wait for
+	// replicas when the activity's spec.durability.mode is Replicas. nil means Ping.
+	Durable redis.Cmdable
 }
 
 // Server serves the grab API of one activity.
@@ -78,6 +86,7 @@ type Server struct {
 	mux      *http.ServeMux
 	redis    handles // the activity's handle on cfg.Redis
 	ping     handles // the activity's handle on cfg.Ping
+	durable  durableWaiters
 }
 
 // NewServer returns a server for cfg.
@@ -91,6 +100,12 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, timeout: cfg.RedisTimeout, metrics: cfg.Metrics, log: cfg.Log, now: cfg.Now}
 	if s.timeout <= 0 {
 		s.timeout = DefaultRedisTimeout
+	}
+	if s.cfg.Guard == nil {
+		s.cfg.Guard = &RollbackGuard{}
+	}
+	if s.cfg.Durable == nil {
+		s.cfg.Durable = s.cfg.Ping
 	}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(prometheus.NewRegistry())
@@ -131,7 +146,9 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 func (s *Server) SetDraining() { s.draining.Store(true) }
 
 // Ready reports whether the server should receive traffic: it is not draining, the
-// activity has been read and Redis answers a ping within the Redis deadline.
+// activity has been read, it is neither fenced after a Redis rollback nor missing
+// from Redis, it does not require tokens that this service cannot check (every grab
+// would be refused), and Redis answers a ping within the Redis deadline.
 func (s *Server) Ready(ctx context.Context) (bool, string) {
 	if s.draining.Load() {
 		return false, "shutting down"
@@ -139,6 +156,12 @@ func (s *Server) Ready(ctx context.Context) (bool, string) {
 	act := s.cfg.Activity()
 	if act == nil {
 		return false, "the activity has not been read from the API server yet"
+	}
+	if why := s.cfg.Guard.Problem(act.Object.UID); why != "" {
+		return false, why
+	}
+	if s.cfg.Tokens == nil && RequiresTokens(act.Object) {
+		return false, "the activity requires user tokens and this grab service has no verification key (--token-key-file)"
 	}
 	if s.cfg.Ping != nil {
 		h := s.ping.of(s.cfg.Ping, act)

@@ -26,7 +26,26 @@ const (
 	Paused         Outcome = "paused"
 	// Missing means Redis holds no committed activity under these keys.
 	Missing Outcome = "missing"
+	// Fenced means the activity is fenced: its Redis came back older than what was
+	// acknowledged (see grab.lua), and nothing is granted until the state is accepted.
+	Fenced Outcome = "fenced"
 )
+
+// Watermark is what a caller has already seen an activity's Redis reach: the
+// claimed_count, within an epoch. A Redis below it has rolled back. The zero value
+// checks nothing.
+type Watermark struct {
+	Epoch        int64
+	ClaimedCount int64
+}
+
+// Raise returns the higher of w and o: a later epoch wins whatever its count.
+func (w Watermark) Raise(o Watermark) Watermark {
+	if o.Epoch > w.Epoch || (o.Epoch == w.Epoch && o.ClaimedCount > w.ClaimedCount) {
+		return o
+	}
+	return w
+}
 
 // GrabResult is the decision on one claim. PacketID and Amount are set for Granted
 // and AlreadyClaimed.
@@ -34,21 +53,37 @@ type GrabResult struct {
 	Outcome  Outcome
 	PacketID string
 	Amount   int64
+	// Seen is set for Granted: the claimed_count this grant raised and its epoch, a
+	// watermark Redis must never fall below again.
+	Seen Watermark
 }
 
-// Grab decides one claim for userID. The user id travels as an ARGV, never a KEY.
+// Grab decides one claim for userID, checking no watermark. The user id travels as
+// an ARGV, never a KEY.
 func Grab(ctx context.Context, c redis.Scripter, k Keys, userID string) (GrabResult, error) {
-	vals, err := GrabScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Claims, k.Stream}, userID).Slice()
+	return GrabAbove(ctx, c, k, userID, Watermark{})
+}
+
+// GrabAbove decides one claim for userID on a Redis that must be at or above mark;
+// a Redis below it is fenced and the answer is Fenced.
+func GrabAbove(ctx context.Context, c redis.Scripter, k Keys, userID string, mark Watermark) (GrabResult, error) {
+	vals, err := GrabScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Claims, k.Stream},
+		userID, mark.ClaimedCount, mark.Epoch).Slice()
 	if err != nil {
 		return GrabResult{}, fmt.Errorf("grab script: %w", err)
 	}
-	if len(vals) != 3 {
-		return GrabResult{}, fmt.Errorf("grab script: %d values in reply, want 3", len(vals))
+	if len(vals) != 3 && len(vals) != 5 {
+		return GrabResult{}, fmt.Errorf("grab script: %d values in reply, want 3 or 5", len(vals))
 	}
 	outcome, _ := vals[0].(string)
 	id, _ := vals[1].(string)
 	amount, _ := vals[2].(int64)
-	return GrabResult{Outcome: Outcome(outcome), PacketID: id, Amount: amount}, nil
+	res := GrabResult{Outcome: Outcome(outcome), PacketID: id, Amount: amount}
+	if len(vals) == 5 {
+		res.Seen.ClaimedCount, _ = vals[3].(int64)
+		res.Seen.Epoch, _ = vals[4].(int64)
+	}
+	return res, nil
 }
 
 // SeedParams are the activity's facts written at commit.
@@ -59,6 +94,8 @@ type SeedParams struct {
 	EndMs   int64
 	Paused  bool
 	Sponsor string
+	// Currency is recorded in every settlement entry.
+	Currency string
 }
 
 // DefaultChunkSize is how many packets one staging call appends.
@@ -136,7 +173,7 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 		paused = "1"
 	}
 	n, err := SeedCommitScript.Run(ctx, c, []string{k.Meta, k.Staging, k.Packets},
-		p.Count, p.Total, p.StartMs, p.EndMs, paused, p.Sponsor).Int64()
+		p.Count, p.Total, p.StartMs, p.EndMs, paused, p.Sponsor, p.Currency).Int64()
 	if err != nil {
 		return SeedResult{}, fmt.Errorf("seed commit: %w", err)
 	}
@@ -168,23 +205,80 @@ func fingerprint(amounts []int64) string {
 }
 
 // ConfigureResult says what Configure found: the state afterwards, and whether Redis
-// holds the activity at all (when it does not, nothing was written).
+// holds the activity at all (when it does not, nothing was written). Fenced is true
+// when the activity is fenced after a rollback: nothing was written either.
 type ConfigureResult struct {
-	State State
-	Found bool
+	State  State
+	Found  bool
+	Fenced bool
+}
+
+// Settings are what configure.lua writes: the schedule, the pause flag, whether to
+// open a ready activity, and the payee of the refund and the currency of later
+// settlement entries (both kept as they are when Sponsor is empty).
+type Settings struct {
+	StartMs, EndMs int64
+	Paused, Open   bool
+	Sponsor        string
+	Currency       string
 }
 
 // Configure writes the schedule and pause flag of a committed activity; open moves a
 // ready activity to open.
 func Configure(ctx context.Context, c redis.Scripter, k Keys, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
-	state, err := ConfigureScript.Run(ctx, c, []string{k.Meta}, startMs, endMs, boolArg(paused), boolArg(open)).Text()
+	return ConfigureWith(ctx, c, k, Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
+}
+
+// ConfigureWith writes the settings of a committed activity.
+func ConfigureWith(ctx context.Context, c redis.Scripter, k Keys, st Settings) (ConfigureResult, error) {
+	args := []any{st.StartMs, st.EndMs, boolArg(st.Paused), boolArg(st.Open)}
+	if st.Sponsor != "" {
+		args = append(args, st.Sponsor, st.Currency)
+	}
+	state, err := ConfigureScript.Run(ctx, c, []string{k.Meta}, args...).Text()
 	if err != nil {
 		return ConfigureResult{}, fmt.Errorf("configure script: %w", err)
 	}
-	if state == string(Missing) {
+	switch state {
+	case string(Missing):
 		return ConfigureResult{}, nil
+	case string(Fenced):
+		return ConfigureResult{Found: true, Fenced: true}, nil
 	}
 	return ConfigureResult{State: State(state), Found: true}, nil
+}
+
+// Fence stops the activity after a rollback (fence.lua) and returns the fence's
+// reason, the first one written; "" when Redis does not hold the activity.
+func Fence(ctx context.Context, c redis.Scripter, k Keys, why string) (string, error) {
+	got, err := FenceScript.Run(ctx, c, []string{k.Meta}, why).Text()
+	if err != nil {
+		return "", fmt.Errorf("fence script: %w", err)
+	}
+	if got == string(Missing) {
+		return "", nil
+	}
+	return got, nil
+}
+
+// ErrEpochMoved is returned by Accept when Redis is no longer at the epoch the
+// caller decided on.
+var ErrEpochMoved = errors.New("the activity's Redis epoch moved since it was read")
+
+// Accept lifts the fence and starts a new epoch (accept.lua), provided Redis is
+// still at epoch seen. It returns the new epoch.
+func Accept(ctx context.Context, c redis.Scripter, k Keys, seen int64) (int64, error) {
+	n, err := AcceptScript.Run(ctx, c, []string{k.Meta}, seen).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("accept script: %w", err)
+	}
+	switch n {
+	case -1:
+		return 0, ErrMissing
+	case -2:
+		return 0, ErrEpochMoved
+	}
+	return n, nil
 }
 
 // CloseReason is why an activity closed.
@@ -208,6 +302,8 @@ const (
 	CloseStillOpen CloseOutcome = "open"
 	// CloseMissing: Redis does not hold the activity.
 	CloseMissing CloseOutcome = "missing"
+	// CloseFenced: the activity is fenced after a rollback; nothing changed.
+	CloseFenced CloseOutcome = "fenced"
 )
 
 // CloseResult says what Close found or did.
@@ -256,6 +352,16 @@ type Snapshot struct {
 	EndMs          int64
 	SeededMs       int64
 	Sponsor        string
+	Currency       string
+	// Fenced is the fence's reason when the activity is fenced after a rollback.
+	Fenced string
+	// Epoch counts the rollbacks accepted by an operator (0 before any).
+	Epoch int64
+}
+
+// Watermark is the snapshot's claimed count within its epoch.
+func (s Snapshot) Watermark() Watermark {
+	return Watermark{Epoch: s.Epoch, ClaimedCount: s.ClaimedCount}
 }
 
 // Exists reports whether Redis holds the committed activity.
@@ -290,6 +396,7 @@ var snapshotInts = map[string]func(*Snapshot) *int64{
 	fieldStartMs:        func(s *Snapshot) *int64 { return &s.StartMs },
 	fieldEndMs:          func(s *Snapshot) *int64 { return &s.EndMs },
 	fieldSeededMs:       func(s *Snapshot) *int64 { return &s.SeededMs },
+	fieldEpoch:          func(s *Snapshot) *int64 { return &s.Epoch },
 	fieldRemainingCount: func(s *Snapshot) *int64 { return &s.RemainingCount },
 	fieldStagedCount:    func(s *Snapshot) *int64 { return &s.StagedCount },
 }
@@ -309,6 +416,10 @@ func decodeSnapshot(vals []string) (Snapshot, error) {
 			snap.CloseReason = CloseReason(v)
 		case fieldSponsor:
 			snap.Sponsor = v
+		case fieldCurrency:
+			snap.Currency = v
+		case fieldFenced:
+			snap.Fenced = v
 		case fieldPaused:
 			snap.Paused = v == "1"
 		default:
@@ -356,11 +467,13 @@ func DeadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, l
 	return n == 1, nil
 }
 
-// Purge deletes every key of the activity.
+// Purge deletes every key of the activity with UNLINK: the memory of a large
+// activity (millions of packets and claims) is freed off the event loop, so a shared
+// Redis does not stall while it goes.
 func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
-	// One DEL per key keeps cluster clients happy whatever their slot checks.
+	// One UNLINK per key keeps cluster clients happy whatever their slot checks.
 	for _, key := range k.All() {
-		if err := c.Del(ctx, key).Err(); err != nil {
+		if err := c.Unlink(ctx, key).Err(); err != nil {
 			return fmt.Errorf("deleting %s: %w", key, err)
 		}
 	}
@@ -372,7 +485,7 @@ func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
 // credited; those two are kept for retention, then expire. It returns the keys kept.
 func PurgeKeepingUnsettled(ctx context.Context, c redis.Cmdable, k Keys, retention time.Duration) ([]string, error) {
 	for _, key := range []string{k.Meta, k.Staging, k.Packets, k.Claims} {
-		if err := c.Del(ctx, key).Err(); err != nil {
+		if err := c.Unlink(ctx, key).Err(); err != nil {
 			return nil, fmt.Errorf("deleting %s: %w", key, err)
 		}
 	}

@@ -2,12 +2,18 @@
 -- KEYS[1] meta, KEYS[2] packets, KEYS[3] stream
 -- ARGV[1] reason: "expired" (always closes) or "exhausted" (closes only when no
 -- packet is left)
--- Returns {result, reason, refunded}; result is closed, open (not exhausted yet) or
--- missing. Closing twice returns the first close's figures.
+-- Returns {result, reason, refunded}; result is closed, open (not exhausted yet),
+-- missing, or fenced (the activity is fenced after a rollback: its counters cannot be
+-- trusted to compute a refund, so nothing is written). Closing twice returns the
+-- first close's figures. The refund goes to the sponsor the meta hash holds now
+-- (configure keeps it current).
 local m = redis.call('HMGET', KEYS[1], 'state', 'close_reason', 'refunded', 'total',
-  'claimed_amount', 'sponsor')
+  'claimed_amount', 'sponsor', 'fenced', 'currency')
 if not m[1] then
   return {'missing', '', 0}
+end
+if m[7] then
+  return {'fenced', '', 0}
 end
 if m[1] == 'closed' then
   return {'closed', m[2], tonumber(m[3])}
@@ -18,12 +24,12 @@ if ARGV[1] == 'exhausted' and left > 0 then
 end
 local refund = tonumber(m[4]) - tonumber(m[5])
 local refundStr = string.format('%d', refund)
-redis.call('DEL', KEYS[2])
+redis.call('UNLINK', KEYS[2])
 redis.call('HSET', KEYS[1], 'state', 'closed', 'close_reason', ARGV[1], 'refunded', refundStr)
 if refund > 0 then
   local t = redis.call('TIME')
   redis.call('XADD', KEYS[3], '*', 'kind', 'refund', 'packet', 'refund', 'user', m[6],
-    'amount', refundStr,
+    'amount', refundStr, 'currency', m[8] or '',
     'at', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
 end
 return {'closed', ARGV[1], refund}

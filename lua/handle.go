@@ -38,9 +38,15 @@ func NewActivity(c redis.Cmdable, uid string) *Activity {
 // Keys are the activity's keys.
 func (a *Activity) Keys() Keys { return a.keys }
 
-// Grab decides one claim for userID (grab.lua).
+// Grab decides one claim for userID (grab.lua), checking no watermark.
 func (a *Activity) Grab(ctx context.Context, userID string) (GrabResult, error) {
 	return Grab(ctx, a.c, a.keys, userID)
+}
+
+// GrabAbove decides one claim for userID on a Redis that must not be below mark: a
+// Redis that rolled back below it is fenced and the answer is Fenced (grab.lua).
+func (a *Activity) GrabAbove(ctx context.Context, userID string, mark Watermark) (GrabResult, error) {
+	return GrabAbove(ctx, a.c, a.keys, userID, mark)
 }
 
 // Seed stages and commits the packets exactly once (see Seeder).
@@ -51,6 +57,23 @@ func (a *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (See
 // Configure writes the schedule and pause flag; open moves a ready activity to open.
 func (a *Activity) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
 	return Configure(ctx, a.c, a.keys, startMs, endMs, paused, open)
+}
+
+// ConfigureWith writes the settings: the schedule, the pause flag, opening, and the
+// refund's payee and the currency of later settlement entries. It writes nothing to
+// a fenced activity.
+func (a *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
+	return ConfigureWith(ctx, a.c, a.keys, st)
+}
+
+// Fence stops the activity after a rollback; see Fence.
+func (a *Activity) Fence(ctx context.Context, why string) (string, error) {
+	return Fence(ctx, a.c, a.keys, why)
+}
+
+// Accept lifts the fence and starts a new epoch, provided Redis is at epoch seen.
+func (a *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
+	return Accept(ctx, a.c, a.keys, seen)
 }
 
 // Close ends grabbing for the given reason and refunds the remainder.
@@ -163,4 +186,53 @@ func (s Snapshot) Phase(now time.Time) (redpacketv1alpha1.Phase, bool) {
 		}
 	}
 	return "", false
+}
+
+// Counters are the snapshot's money counters, the status fields they are reported as.
+func (s Snapshot) Counters() redpacketv1alpha1.Counters {
+	return redpacketv1alpha1.Counters{
+		RemainingCount:  s.RemainingCount,
+		RemainingAmount: s.RemainingAmount(),
+		ClaimedCount:    s.ClaimedCount,
+		ClaimedAmount:   s.ClaimedAmount,
+		RefundedAmount:  s.Refunded,
+		SettledCount:    s.SettledCount,
+		SettledAmount:   s.SettledAmount,
+		DeadLetterCount: s.DeadCount,
+	}
+}
+
+// RolledBack says how this snapshot of a Redis is older than what the status st
+// already records, or "" when it is not. A Redis is older when it is fenced, when
+// its epoch is below status.redisEpoch, when in the same epoch a cumulative counter
+// is below the recorded one, or when it holds open an activity that the status
+// records as closed. A snapshot of a later epoch than the status is not compared:
+// the status has not caught up with an accept yet.
+func (s Snapshot) RolledBack(st *redpacketv1alpha1.RedPacketActivityStatus) string {
+	if !s.Exists() {
+		return ""
+	}
+	if s.Fenced != "" {
+		return "the activity is fenced in Redis (" + s.Fenced + ")"
+	}
+	var epoch int64
+	if st.RedisEpoch != nil {
+		epoch = *st.RedisEpoch
+	}
+	switch {
+	case s.Epoch < epoch:
+		return fmt.Sprintf("Redis is at epoch %d, status records epoch %d: it was restored from before an accepted rollback", s.Epoch, epoch)
+	case s.Epoch > epoch:
+		return ""
+	}
+	if recorded, ok := redpacketv1alpha1.RecordedCounters(st); ok {
+		if why := s.Counters().Behind(recorded); why != "" {
+			return why
+		}
+	}
+	closed := st.Phase == redpacketv1alpha1.PhaseExhausted || st.Phase == redpacketv1alpha1.PhaseExpired
+	if closed && s.State != StateClosed {
+		return fmt.Sprintf("Redis holds the activity in state %q, status records it %s", s.State, st.Phase)
+	}
+	return ""
 }

@@ -62,6 +62,9 @@ const (
 	fieldRefundSettled = "refund_settled"
 	fieldDeadCount     = "dead_count"
 	fieldSeededMs      = "seeded_ms"
+	fieldCurrency      = "currency"
+	fieldFenced        = "fenced"
+	fieldEpoch         = "epoch"
 	// The snapshot's list lengths, reported under these names.
 	fieldRemainingCount = "remaining_count"
 	fieldStagedCount    = "staged_count"

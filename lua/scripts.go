@@ -96,6 +96,10 @@ var (
 	settleAckSrc string
 	//go:embed dead_letter.lua
 	deadLetterSrc string
+	//go:embed fence.lua
+	fenceSrc string
+	//go:embed accept.lua
+	acceptSrc string
 )
 
 // The activity's scripts.
@@ -116,12 +120,17 @@ var (
 	SettleAckScript = newScript("settle_ack", settleAckSrc)
 	// DeadLetterScript parks an undeliverable entry, once.
 	DeadLetterScript = newScript("dead_letter", deadLetterSrc)
+	// FenceScript stops an activity whose Redis rolled back.
+	FenceScript = newScript("fence", fenceSrc)
+	// AcceptScript lifts a fence and starts a new epoch.
+	AcceptScript = newScript("accept", acceptSrc)
 )
 
 // AllScripts lists every script, for loading them all at once.
 func AllScripts() []*Script {
 	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
-		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript}
+		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript,
+		FenceScript, AcceptScript}
 }
 
 // LoadAll loads every script on every master.

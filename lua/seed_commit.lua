@@ -1,7 +1,7 @@
 -- seed_commit: turn a complete staging list into the activity, atomically and once.
 -- KEYS[1] meta, KEYS[2] staging, KEYS[3] packets
 -- ARGV[1] count, ARGV[2] total, ARGV[3] start ms, ARGV[4] end ms, ARGV[5] paused (0|1),
--- ARGV[6] sponsor
+-- ARGV[6] sponsor, ARGV[7] currency (recorded in every settlement entry)
 -- Returns 1 when this call committed, 0 when the activity was already committed.
 -- The activity is left in state "ready": grabbing opens with the configure script.
 if redis.call('HEXISTS', KEYS[1], 'state') == 1 then
@@ -15,7 +15,7 @@ local t = redis.call('TIME')
 redis.call('RENAME', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1],
   'state', 'ready', 'count', ARGV[1], 'total', ARGV[2],
-  'start_ms', ARGV[3], 'end_ms', ARGV[4], 'paused', ARGV[5], 'sponsor', ARGV[6],
+  'start_ms', ARGV[3], 'end_ms', ARGV[4], 'paused', ARGV[5], 'sponsor', ARGV[6], 'currency', ARGV[7] or '',
   'claimed_count', 0, 'claimed_amount', 0, 'refunded', 0,
   'settled_count', 0, 'settled_amount', 0, 'refund_settled', 0, 'dead_count', 0,
   'seeded_ms', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))

@@ -1,6 +1,6 @@
 package v1alpha1
 
-// Condition types set on an activity. The controller owns all four; the grab
+// Condition types set on an activity. The controller owns all of them; the grab
 // service's reporter sets none.
 const (
 	// ConditionReady is true while the activity can serve grabs, or has finished
@@ -15,7 +15,19 @@ const (
 	ConditionGrabServiceAvailable = "GrabServiceAvailable"
 	// ConditionSettled is true when every claim and refund has been credited.
 	ConditionSettled = "Settled"
+	// ConditionStalled is true, with the reason, while the activity cannot go on
+	// without a person: its data was lost (DataLost) or its Redis rolled back
+	// (RedisRolledBack). kstatus, which Flux and kpt use, reports such an object
+	// Failed. It is absent otherwise.
+	ConditionStalled = "Stalled"
 )
+
+// AnnotationAcceptRedisState is how a person lifts the fence of an activity whose
+// Redis rolled back, after reconciling the balances: its value is the epoch shown in
+// status.redisEpoch (0 before any accept). The controller then takes the Redis state
+// as it is, starts a new epoch and lets the activity go on. A value that is not the
+// current epoch does nothing, so the annotation can stay.
+const AnnotationAcceptRedisState = "redpacket.io/accept-redis-state"
 
 // Condition reasons that scripts and people may rely on. Every reason has its own
 // string, so a reason names one situation whatever condition carries it. Besides
@@ -45,6 +57,22 @@ const (
 	// is never seeded again; the activity is Failed (Seeded False, Ready False,
 	// Settled Unknown).
 	ReasonDataLost = "DataLost"
+
+	// ReasonRedisRolledBack means Redis came back older than what the resource
+	// records (fewer claims or settlements, an earlier epoch, an open activity that
+	// status records as closed): a failover to a lagging replica, an AOF everysec
+	// crash or a restored backup. The activity is fenced in Redis and grants
+	// nothing, is never reopened or closed from those counters, and is Failed (Ready
+	// False, Stalled True) until AnnotationAcceptRedisState accepts the state.
+	ReasonRedisRolledBack = "RedisRolledBack"
+	// ReasonRedisStateAccepted is the event reason when a person accepted the Redis
+	// state of a fenced activity.
+	ReasonRedisStateAccepted = "RedisStateAccepted"
+
+	// ReasonDurabilityNotMet: the activity's Redis does not give the durability
+	// spec.durability asks for (AOF appendfsync always, or enough replicas); a
+	// ready activity is not opened (Ready False).
+	ReasonDurabilityNotMet = "DurabilityNotMet"
 
 	// ReasonRedisConfigInvalid: the activity's Redis connection is missing or
 	// unusable (Ready False).
@@ -85,4 +113,19 @@ const (
 	// ReasonDeleting: the activity is deleted and waits for settlement to drain, or
 	// for Redis, before its keys are removed (Ready False).
 	ReasonDeleting = "Deleting"
+
+	// ReasonGrabImageNotAllowed: spec.grabService.image names an image other than
+	// the operator's, and the operator does not allow that
+	// (--allow-grab-image-override); the grab workload is left as it is (Ready False).
+	ReasonGrabImageNotAllowed = "GrabImageNotAllowed"
+	// ReasonRedisNotAllowed: spec.redis names an address that is neither the
+	// operator's default Redis nor among the hosts it allows (--allowed-redis-hosts);
+	// nothing connects to it (Ready False).
+	ReasonRedisNotAllowed = "RedisNotAllowed"
+	// ReasonRedisACLUnavailable: the activity uses the operator's default Redis, which
+	// cannot give it a Redis ACL user of its own (no ACL before Redis 6, or the
+	// operator's Redis user may not manage users). The grab workload is not deployed,
+	// so the operator's own credentials never reach the activity's namespace (Ready
+	// False).
+	ReasonRedisACLUnavailable = "RedisACLUnavailable"
 )

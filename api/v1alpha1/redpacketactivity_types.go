@@ -61,6 +61,50 @@ type RedisConnection struct {
 	SecretRef SecretReference `json:"secretRef"`
 }
 
+// DurabilityMode says what must hold a grant before the user is told about it.
+type DurabilityMode string
+
+// The durability modes; docs/operations.md says what each promises and costs.
+const (
+	// DurabilityNone answers a grab as soon as the primary ran it: a crash of the
+	// primary's machine (AOF everysec) or a failover can lose the last second of
+	// acknowledged grants. The rollback fence keeps them from being granted again.
+	DurabilityNone DurabilityMode = "None"
+	// DurabilityFsync requires the Redis primary to run with appendonly yes and
+	// appendfsync always, so that every grab is on disk before its answer leaves
+	// Redis. The controller checks the server's configuration and does not open the
+	// activity while it does not hold.
+	DurabilityFsync DurabilityMode = "Fsync"
+	// DurabilityReplicas answers a grab only once durability.replicas replicas have
+	// it (WAIT, batched across grabs); a grab whose WAIT falls short answers 503
+	// unavailable, and the packet stays granted to the user, returned by a retry.
+	DurabilityReplicas DurabilityMode = "Replicas"
+)
+
+// Durability says when a grab may be answered.
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Replicas' || self.replicas >= 1",message="durability.replicas must be at least 1 with mode Replicas"
+type Durability struct {
+	// mode is None (the default), Fsync or Replicas.
+	// +kubebuilder:validation:Enum=None;Fsync;Replicas
+	// +kubebuilder:default=None
+	// +optional
+	Mode DurabilityMode `json:"mode,omitempty"`
+
+	// replicas is how many replicas must hold a grant before it is answered, with
+	// mode Replicas.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=5
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// timeoutMilliseconds bounds the wait for replicas; a grab that waited this long
+	// answers 503. Defaults to 200.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	TimeoutMilliseconds int32 `json:"timeoutMilliseconds,omitempty"`
+}
+
 // GrabAuth turns on signed user tokens for the grab service.
 type GrabAuth struct {
 	// tokenSecretRef names a Secret whose key "key" is the HMAC-SHA256 key that signs
@@ -167,6 +211,11 @@ type RedPacketActivitySpec struct {
 	// +optional
 	Sponsor string `json:"sponsor,omitempty"`
 
+	// durability says what must hold a grant before the user is told about it.
+	// Absent means None.
+	// +optional
+	Durability *Durability `json:"durability,omitempty"`
+
 	// redis names the Redis that holds the activity. Absent means the operator's
 	// default connection.
 	// +optional
@@ -232,9 +281,20 @@ type RedPacketActivityStatus struct {
 	// +optional
 	SeededTime *metav1.Time `json:"seededTime,omitempty"`
 
-	// remainingCount is the number of packets not yet claimed. It, remainingAmount,
-	// claimedCount and claimedAmount are set once by the controller from Redis when
-	// the activity is seeded, and from then on by the grab service's reports.
+	// redisEpoch counts the Redis rollbacks that a person accepted for this activity
+	// (see the redpacket.io/accept-redis-state annotation); absent means 0. A Redis
+	// whose epoch is below it was restored from before an accept, and is fenced.
+	// +optional
+	RedisEpoch *int64 `json:"redisEpoch,omitempty"`
+
+	// remainingCount is the number of packets not yet claimed. The money counters
+	// (remainingCount, remainingAmount, claimedCount, claimedAmount, refundedAmount,
+	// settledCount, settledAmount, deadLetterCount) are always written together from
+	// one Redis snapshot, so claimedAmount + remainingAmount + refundedAmount equals
+	// totalAmount in every status anyone reads. The controller writes them when the
+	// activity becomes Ready (all zero but remaining) and when no grab replica
+	// reports; the grab service's reports write them otherwise. None of the
+	// cumulative counters is ever lowered: a Redis behind them has rolled back.
 	// +optional
 	RemainingCount *int64 `json:"remainingCount,omitempty"`
 
@@ -259,7 +319,7 @@ type RedPacketActivityStatus struct {
 	SettledAmount *int64 `json:"settledAmount,omitempty"`
 
 	// refundedAmount is the unclaimed remainder returned to the sponsor when the
-	// activity closed, in minor units.
+	// activity closed, in minor units; 0 until it closes.
 	// +optional
 	RefundedAmount *int64 `json:"refundedAmount,omitempty"`
 
@@ -277,9 +337,14 @@ type RedPacketActivityStatus struct {
 
 // RedPacketActivity is one red-packet activity: a total split into packets that users
 // grab once each, served from Redis by atomic scripts.
+//
+// Its name must be a DNS label of at most 58 characters, so that the grab workload's
+// name, <name>-grab, is a valid DNS label and label value: otherwise the grab
+// Deployment could never be created, and the API server refuses the activity instead.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=rpa,categories=redpacket
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 58 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label of at most 58 characters (lower-case letters, digits and '-'), so that <name>-grab names the grab workload"
 // +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.spec.totalAmount`
 // +kubebuilder:printcolumn:name="Count",type=integer,JSONPath=`.spec.count`
 // +kubebuilder:printcolumn:name="Remaining",type=integer,JSONPath=`.status.remainingCount`

@@ -6,7 +6,10 @@
 //	(c) the HTTP claim path (the grab service binary) under a Go load generator,
 //	(d) against a no-op Go HTTP handler under the same load;
 //	(e) seeding 1,000,000 packets;
-//	(f) Redis memory per claimed packet.
+//	(f) Redis memory per claimed packet;
+//	(g) settlement: grants credited per second, and 500 grants under a failing balance system;
+//	(h) the grab path under each durability mode (None, Fsync, Replicas 1);
+//	(i) our grab script against seed article 000's, through redis-benchmark -P 16.
 //
 // It prints the figures and the ratios b/a(-P16) and c/d, and writes them with the
 // machine's details to docs/benchmarks.md. Every loop is bounded by a request count
@@ -26,6 +29,7 @@ import (
 	"time"
 
 	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/grabsvc/settlement"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
@@ -49,6 +53,12 @@ type options struct {
 	memPackets   int64
 	serveNoop    string
 	skipBuild    bool
+
+	settleGrants        int
+	settleFailingGrants int
+	settleTimeout       time.Duration
+	settleLimit         time.Duration
+	settlementOnly      bool
 }
 
 func main() {
@@ -69,6 +79,11 @@ func main() {
 	flag.Int64Var(&o.memPackets, "memory-packets", 200000, "packets claimed in the memory measurement")
 	flag.StringVar(&o.serveNoop, "serve-noop", "", "internal: serve the no-op handler on this address and nothing else")
 	flag.BoolVar(&o.skipBuild, "skip-build", false, "use bin/grabsvc as it is instead of building it")
+	flag.IntVar(&o.settleGrants, "settlement-grants", 2000, "grants credited by the healthy settlement run")
+	flag.IntVar(&o.settleFailingGrants, "settlement-failing-grants", 500, "grants credited by the settlement run under the failure mix")
+	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")
+	flag.DurationVar(&o.settleLimit, "settlement-limit", 10*time.Minute, "give a settlement run up this long")
+	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g); print them, write nothing")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -102,6 +117,10 @@ type results struct {
 	seedTook   time.Duration
 	seedCount  int64
 	mem        memoryFigures
+	settleOK   settlementRun
+	settleBad  settlementRun
+	durable    durabilityRun
+	seedScript seedScriptRun
 	opts       options
 	loadBefore string
 	loadAfter  string
@@ -149,6 +168,14 @@ func run(ctx context.Context, o options) error {
 	r.machine = readMachine(ctx, rc)
 	fmt.Printf("redis-server %s on %s; %d CPUs (%s); load average %s\n\n",
 		r.machine.RedisVersion, srv.Addr, r.machine.CPUs, r.machine.CPUModel, r.loadBefore)
+
+	// (g) Settlement, healthy and under the failure mix.
+	if r.settleOK, r.settleBad, err = measureSettlements(ctx, o, srv.Addr); err != nil {
+		return err
+	}
+	if o.settlementOnly {
+		return nil
+	}
 
 	// (e) Seeding.
 	fmt.Printf("(e) seeding %d packets ... ", o.seedPackets)
@@ -237,6 +264,16 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := goPlain.Purge(ctx); err != nil {
 		return err
+	}
+
+	// (i) Our grab script against the seed's.
+	if r.seedScript, err = measureSeedScript(ctx, rc, srv.Addr, o.benchClients, o.requestsP16); err != nil {
+		return fmt.Errorf("seed script: %w", err)
+	}
+
+	// (h) Durability modes, each on its own servers.
+	if r.durable, err = measureDurability(ctx, work, o.goWorkers, o.goDuration, o.goPackets); err != nil {
+		return fmt.Errorf("durability: %w", err)
 	}
 
 	// (c) and (d) HTTP.

@@ -146,6 +146,9 @@ func (r results) summary() string {
 		float64(r.seedCount)/r.seedTook.Seconds())
 	fmt.Fprintf(&b, "(f) Redis memory: %.0f bytes per claimed packet (%.0f as a seeded packet, +%.0f when claimed)\n",
 		r.mem.perClaimed(), r.mem.perSeeded(), r.mem.perClaimDelta())
+	b.WriteString(r.durable.summary())
+	b.WriteString(r.seedScript.summary())
+	b.WriteString(settlementSummary(r.settleOK, r.settleBad))
 	return b.String()
 }
 
@@ -223,6 +226,10 @@ func (r results) markdown() string {
 	p("the `packets` list entry it came from is freed. Both stay until the activity is deleted, so\n")
 	p("plan about %.0f MB of Redis per million claims (user ids here are about 8 bytes;\n", mem.perClaimed()*1e6/1e6)
 	p("longer ids cost their length again in both structures).\n\n")
+
+	b.WriteString(r.durable.markdown())
+	b.WriteString(r.seedScript.markdown())
+	b.WriteString(settlementMarkdown(r.settleOK, r.settleBad))
 
 	p("## Command\n\n")
 	p("```\nmake bench            # = go run ./hack/bench\ngo run ./hack/bench -h  # the knobs: requests, goroutines, clients, durations\n```\n\n")

@@ -7,6 +7,7 @@
 //
 //	grabsvc --activity NAME [flags]                      serve the activity
 //	grabsvc replay-dead-letters --activity NAME [flags]  move its dead letters back into the settlement stream
+//	grabsvc --version                                    print the version
 package main
 
 import (
@@ -38,6 +39,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/grabsvc/settlement"
+	"redpacket.io/operator/internal/version"
 	"redpacket.io/operator/lua"
 )
 
@@ -45,6 +47,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
+	if versionRequested(os.Args[1:]) {
+		fmt.Println(version.String("grabsvc"))
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == replayCommand {
 		err = replayDeadLetters(ctx, os.Args[2:], os.Stdout, os.Stderr)
 	} else {
@@ -59,6 +65,20 @@ func main() {
 	}
 }
 
+// versionRequested reports whether the command line asks for the version: --version
+// (or -version) before any "--", in either command.
+func versionRequested(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--version", "-version", "--version=true", "-version=true":
+			return true
+		}
+	}
+	return false
+}
+
 // options are the command line of the grab service.
 type options struct {
 	namespace, activity, listen                string
@@ -66,6 +86,7 @@ type options struct {
 	redis                                      lua.Conn
 	redisTimeout                               time.Duration
 	tokenKeyFile, webhookKeyFile               string
+	tokenMaxLifetime                           time.Duration
 	reportInterval, refreshInterval            time.Duration
 	ratePerUser, ratePerClient                 float64
 	burstPerUser, burstPerClient, limitEntries int
@@ -92,7 +113,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.listen, "listen", ":8080", "address of the HTTP API, probes and metrics")
 	finishRedis := redisFlags(fs, &o.redis)
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", grabsvc.DefaultRedisTimeout, "deadline of every Redis call on the grab path")
-	fs.StringVar(&o.tokenKeyFile, "token-key-file", "", "file holding the HMAC key of user tokens; empty: tokens are not required")
+	fs.StringVar(&o.tokenKeyFile, "token-key-file", "", "file holding the HMAC key of user tokens; empty: tokens are not required, "+
+		"and an activity with spec.grabService.auth gets 503 on every grab")
+	fs.DurationVar(&o.tokenMaxLifetime, "token-max-lifetime", grabsvc.DefaultTokenMaxLifetime,
+		"longest time ahead a user token's exp may lie; a token beyond it is refused (at least 1s)")
 	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "file holding the HMAC key that signs settlement deliveries; empty: unsigned")
 	fs.DurationVar(&o.reportInterval, "report-interval", grabsvc.DefaultReportInterval, "shortest time between two status reports")
 	fs.DurationVar(&o.refreshInterval, "activity-refresh", 5*time.Second, "how often the activity is re-read from the API server")
@@ -107,6 +131,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long readiness fails before the listener closes")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -121,6 +146,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	if o.ratePerUser < 0 || o.ratePerClient < 0 {
 		return o, errors.New("rate limits must not be negative")
+	}
+	if o.tokenMaxLifetime < time.Second {
+		return o, errors.New("--token-max-lifetime must be at least 1s")
 	}
 	if o.reportInterval <= 0 || o.refreshInterval <= 0 || o.redisTimeout <= 0 {
 		return o, errors.New("--report-interval, --activity-refresh and --redis-timeout must be positive")
@@ -181,6 +209,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if tokens, err = grabsvc.NewTokenVerifier(key); err != nil {
 			return fmt.Errorf("--token-key-file: %w", err)
 		}
+		tokens.MaxLifetime = o.tokenMaxLifetime
+	} else {
+		log.Warn("no --token-key-file: grabs carry no user token; if the activity asks for tokens " +
+			"(spec.grabService.auth), every grab is refused with 503")
 	}
 
 	rc, err := o.redis.NewPipelinedClient(lua.GrabClientOptions(o.redisTimeout))
@@ -199,7 +231,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Metrics: metrics,
 		Log:     log,
 	}
+	// One guard for the grab path and the reporter: the watermark every grab carries,
+	// and whether the activity is fenced or missing (then /readyz fails).
+	guard := &grabsvc.RollbackGuard{}
 	srv, err := grabsvc.NewServer(grabsvc.Config{
+		Guard:         guard,
 		Redis:         rc.Pipeliner,
 		Activity:      source.Current,
 		Ping:          rc.Client,
@@ -216,6 +252,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	reporter := &grabsvc.Reporter{
+		Guard:    guard,
 		Client:   kube,
 		Redis:    rc.Pipeliner,
 		Activity: source.Current,
@@ -245,7 +282,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		settle.redis = settlementRedis
 	}
 	changed := make(chan struct{}, 1)
-	source.OnChange = func(*grabsvc.Activity) {
+	missingKey := false
+	source.OnChange = func(a *grabsvc.Activity) {
+		// Fail closed, loudly: Check refuses every grab; say why once per episode.
+		if missing := tokens == nil && grabsvc.RequiresTokens(a.Object); missing != missingKey {
+			missingKey = missing
+			if missing {
+				log.Error("refusing every grab with 503", "err", grabsvc.ErrNoTokenKey)
+			}
+		}
 		select {
 		case changed <- struct{}{}:
 		default:

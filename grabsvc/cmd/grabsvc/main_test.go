@@ -198,7 +198,7 @@ func TestBinary(t *testing.T) {
 	wait.Until(t, 10*time.Second, "readiness", func() (bool, string) { return status(base+"/readyz") == 200, "" })
 
 	token := func(user string) map[string]string {
-		s, err := grabsvc.SignToken(tokenKey, grabsvc.TokenClaims{UserID: user, Activity: ns + "/quiz", Exp: time.Now().Add(time.Minute).Unix()})
+		s, err := grabsvc.SignToken(tokenKey, grabsvc.TokenClaims{UserID: user, Activity: ns + "/quiz", ActivityUID: rpa.UID, Exp: time.Now().Add(time.Minute).Unix()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +286,7 @@ func TestBinary(t *testing.T) {
 func TestFlags(t *testing.T) {
 	t.Setenv("REDIS_ADDRESSES", "a:1,b:2")
 	t.Setenv("REDIS_MODE", "cluster")
-	t.Setenv("REDIS_TLS", "true")
+	t.Setenv("REDIS_TLS", "true\n") // as a Secret written with echo holds it
 	t.Setenv("REDIS_PASSWORD", "s3cret")
 	var help bytes.Buffer
 	if _, err := parseFlags([]string{"--help"}, &help); err == nil || strings.Contains(help.String(), "s3cret") {

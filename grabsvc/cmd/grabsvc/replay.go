@@ -32,8 +32,7 @@ func redisFlags(fs *flag.FlagSet, conn *lua.Conn) func() error {
 	mode := fs.String("redis-mode", envOr("REDIS_MODE", lua.ModeStandalone), "standalone or cluster (env REDIS_MODE)")
 	username := fs.String("redis-username", os.Getenv("REDIS_USERNAME"), "Redis ACL user name (env REDIS_USERNAME)")
 	password := fs.String("redis-password", "", "Redis password (env REDIS_PASSWORD)")
-	tlsDefault, _ := strconv.ParseBool(envOr("REDIS_TLS", "false"))
-	useTLS := fs.Bool("redis-tls", tlsDefault, "connect to Redis with TLS (env REDIS_TLS)")
+	useTLS := fs.Bool("redis-tls", lua.TLSEnabled(os.Getenv("REDIS_TLS")), "connect to Redis with TLS (env REDIS_TLS: \"true\")")
 	return func() error {
 		if *password == "" {
 			// Read here rather than as the flag's default, so --help never shows it.

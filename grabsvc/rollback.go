@@ -1,0 +1,139 @@
+package grabsvc
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/types"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// RollbackGuard is what one grab service knows about how far its activity's Redis
+// has got, shared by the grab path and the reporter. Its watermark (the highest
+// claimed count seen, within an epoch) goes with every grab, so that the grab script
+// fences a Redis that came back older than what was acknowledged instead of granting
+// from it (see grab.lua). It rises with every grant answered and with every status
+// read from the API server; it never falls within an epoch.
+//
+// It also holds why the service cannot serve its activity (the activity is fenced,
+// or its data is not in Redis): /readyz then answers 503, so that a Service stops
+// routing to a replica whose every grab would be refused.
+//
+// The zero value is ready to use.
+type RollbackGuard struct {
+	cur atomic.Pointer[guardState]
+}
+
+type guardState struct {
+	uid     types.UID
+	mark    lua.Watermark
+	problem string
+}
+
+// statusMark is the watermark a status records.
+func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus) lua.Watermark {
+	var w lua.Watermark
+	if st.RedisEpoch != nil {
+		w.Epoch = *st.RedisEpoch
+	}
+	if st.ClaimedCount != nil {
+		w.ClaimedCount = *st.ClaimedCount
+	}
+	return w
+}
+
+// Mark is the watermark to send with a grab of act: the higher of what this service
+// saw and what act's status records.
+func (g *RollbackGuard) Mark(act *Activity) lua.Watermark {
+	w := statusMark(&act.Object.Status)
+	if cur := g.cur.Load(); cur != nil && cur.uid == act.Object.UID {
+		return cur.mark.Raise(w)
+	}
+	return w
+}
+
+// Saw raises the watermark of activity uid to w.
+func (g *RollbackGuard) Saw(uid types.UID, w lua.Watermark) {
+	g.update(uid, func(st *guardState) { st.mark = st.mark.Raise(w) })
+}
+
+// SetProblem records why activity uid cannot be served; "" clears it.
+func (g *RollbackGuard) SetProblem(uid types.UID, why string) {
+	g.update(uid, func(st *guardState) { st.problem = why })
+}
+
+// Problem is why activity uid cannot be served, "" when it can.
+func (g *RollbackGuard) Problem(uid types.UID) string {
+	if cur := g.cur.Load(); cur != nil && cur.uid == uid {
+		return cur.problem
+	}
+	return ""
+}
+
+// update applies f to a copy of the state of uid (a fresh one when the guard held
+// another activity's) and installs it, retrying when another goroutine got there
+// first.
+func (g *RollbackGuard) update(uid types.UID, f func(*guardState)) {
+	for {
+		cur := g.cur.Load()
+		next := &guardState{uid: uid}
+		if cur != nil && cur.uid == uid {
+			*next = *cur
+		}
+		f(next)
+		if cur != nil && *cur == *next {
+			return
+		}
+		if g.cur.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// Why a grab service cannot serve its activity, as /readyz says.
+const (
+	problemMissing = "the activity's data is not in Redis (the operator reports DataLost on the resource)"
+	problemFenced  = "the activity is fenced: its Redis came back older than what was granted (the operator reports RedisRolledBack on the resource)"
+)
+
+// durableWaiters keeps the ReplicaWaiter of the current activity, built from its
+// spec.durability; nil when the activity answers grabs without waiting for replicas.
+type durableWaiters struct {
+	cur atomic.Pointer[durableWaiter]
+}
+
+type durableWaiter struct {
+	uid      types.UID
+	replicas int32
+	timeout  int32
+	w        *lua.ReplicaWaiter
+}
+
+// DefaultReplicaTimeout is how long a grab waits for replicas when
+// spec.durability.timeoutMilliseconds is not set.
+const DefaultReplicaTimeout = 200 * time.Millisecond
+
+// of returns the waiter for act on c, nil when act's durability is not Replicas.
+func (ws *durableWaiters) of(c redis.Cmdable, act *Activity) *lua.ReplicaWaiter {
+	d := act.Object.Spec.Durability
+	if c == nil || d == nil || d.Mode != redpacketv1alpha1.DurabilityReplicas || d.Replicas < 1 {
+		return nil
+	}
+	cur := ws.cur.Load()
+	if cur != nil && cur.uid == act.Object.UID && cur.replicas == d.Replicas && cur.timeout == d.TimeoutMilliseconds {
+		return cur.w
+	}
+	timeout := DefaultReplicaTimeout
+	if d.TimeoutMilliseconds > 0 {
+		timeout = time.Duration(d.TimeoutMilliseconds) * time.Millisecond
+	}
+	next := &durableWaiter{uid: act.Object.UID, replicas: d.Replicas, timeout: d.TimeoutMilliseconds,
+		w: lua.NewReplicaWaiter(c, string(act.Object.UID), int(d.Replicas), timeout)}
+	if ws.cur.CompareAndSwap(cur, next) {
+		return next.w
+	}
+	return ws.of(c, act)
+}

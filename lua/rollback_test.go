@@ -1,0 +1,138 @@
+package lua_test
+
+import (
+	"errors"
+	"testing"
+
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/redistest"
+)
+
+// A grab with a watermark above what Redis holds fences the activity: nothing is
+// granted again, configure does not reopen it and close does not refund from it,
+// until Accept starts a new epoch; then earlier watermarks no longer count, and a
+// Redis restored from before the accept is fenced again.
+func TestRollbackFence(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	k := seedOpen(t, ctx, c, "rolled", []int64{100, 200, 300, 400, 500, 600})
+
+	var seen lua.Watermark
+	for i, u := range []string{"u1", "u2", "u3"} {
+		res, err := lua.GrabAbove(ctx, c, k, u, seen)
+		if err != nil || res.Outcome != lua.Granted {
+			t.Fatalf("grab %s: %+v %v", u, res, err)
+		}
+		if res.Seen != (lua.Watermark{ClaimedCount: int64(i + 1)}) {
+			t.Fatalf("grant %d reported watermark %+v", i+1, res.Seen)
+		}
+		seen = seen.Raise(res.Seen)
+	}
+	// A snapshot taken now, restored below: the rollback.
+	dump, err := c.Dump(ctx, k.Meta).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapAt1 := func() {
+		t.Helper()
+		// Back to one claim: meta says 1, u2 and u3 are gone from claims, their
+		// packets are back in the list.
+		if err := c.HSet(ctx, k.Meta, "claimed_count", 1).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapAt1()
+
+	res, err := lua.GrabAbove(ctx, c, k, "u4", seen)
+	if err != nil || res.Outcome != lua.Fenced {
+		t.Fatalf("grab above a rolled-back Redis: %+v %v, want fenced", res, err)
+	}
+	// Fenced for everyone, whatever watermark they carry. A repeat still reads its
+	// own claim: whatever an older Redis holds in claims did happen.
+	if res, err := lua.Grab(ctx, c, k, "u5"); err != nil || res.Outcome != lua.Fenced {
+		t.Fatalf("grab after the fence: %+v %v, want fenced", res, err)
+	}
+	if res, err := lua.Grab(ctx, c, k, "u2"); err != nil || res.Outcome != lua.AlreadyClaimed || res.PacketID != "2" {
+		t.Fatalf("repeat after the fence: %+v %v, want already_claimed of packet 2", res, err)
+	}
+	snap, err := lua.ReadSnapshot(ctx, c, k)
+	if err != nil || snap.Fenced != "rolled_back" || snap.RemainingCount != 3 {
+		t.Fatalf("snapshot after the fence: %+v %v", snap, err)
+	}
+	if cr, err := lua.Configure(ctx, c, k, 0, 0, false, true); err != nil || !cr.Fenced {
+		t.Fatalf("configure of a fenced activity: %+v %v, want fenced", cr, err)
+	}
+	if cl, err := lua.Close(ctx, c, k, lua.CloseExpired); err != nil || cl.Outcome != lua.CloseFenced {
+		t.Fatalf("close of a fenced activity: %+v %v, want fenced", cl, err)
+	}
+	if n, err := c.XLen(ctx, k.Stream).Result(); err != nil || n != 3 {
+		t.Fatalf("stream holds %d entries (%v), want the 3 grants and no refund", n, err)
+	}
+
+	// Accepting an epoch that is not Redis's does nothing.
+	if _, err := lua.Accept(ctx, c, k, 4); !errors.Is(err, lua.ErrEpochMoved) {
+		t.Fatalf("accept of epoch 4: %v, want ErrEpochMoved", err)
+	}
+	epoch, err := lua.Accept(ctx, c, k, 0)
+	if err != nil || epoch != 1 {
+		t.Fatalf("accept: %d %v, want epoch 1", epoch, err)
+	}
+	// The old watermark (epoch 0, 3 claims) no longer fences.
+	res, err = lua.GrabAbove(ctx, c, k, "u6", seen)
+	if err != nil || res.Outcome != lua.Granted || res.Seen != (lua.Watermark{Epoch: 1, ClaimedCount: 2}) {
+		t.Fatalf("grab after the accept: %+v %v, want granted at epoch 1, count 2", res, err)
+	}
+	seen = seen.Raise(res.Seen)
+
+	// A Redis restored from before the accept carries epoch 0: fenced again.
+	if err := c.RestoreReplace(ctx, k.Meta, 0, dump).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := lua.GrabAbove(ctx, c, k, "u7", seen); err != nil || res.Outcome != lua.Fenced {
+		t.Fatalf("grab on a Redis restored from before the accept: %+v %v, want fenced", res, err)
+	}
+}
+
+// The payee: configure keeps the sponsor and currency current, the refund goes to
+// the sponsor of close time, and each settlement entry keeps the currency of its own
+// grant.
+func TestPayeeKeptCurrent(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	k := lua.KeysFor("payee")
+	if _, err := (lua.Seeder{}).Seed(ctx, c, k, []int64{10, 20, 30}, lua.SeedParams{Count: 3, Total: 60, Currency: "CNY"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lua.Configure(ctx, c, k, 0, 0, false, true); err != nil {
+		t.Fatal(err)
+	}
+	first, err := lua.Grab(ctx, c, k, "early")
+	if err != nil || first.Outcome != lua.Granted {
+		t.Fatalf("grab: %+v %v", first, err)
+	}
+	// Settlement and the sponsor are added after creation; the currency changes.
+	if _, err := lua.ConfigureWith(ctx, c, k, lua.Settings{Open: true, Sponsor: "merchant-late", Currency: "HKD"}); err != nil {
+		t.Fatal(err)
+	}
+	second, err := lua.Grab(ctx, c, k, "late")
+	if err != nil || second.Outcome != lua.Granted {
+		t.Fatalf("grab: %+v %v", second, err)
+	}
+	closed, err := lua.Close(ctx, c, k, lua.CloseExpired)
+	if err != nil || closed.Refunded != 60-first.Amount-second.Amount {
+		t.Fatalf("close: %+v %v", closed, err)
+	}
+	entries, err := c.XRange(ctx, k.Stream, "-", "+").Result()
+	if err != nil || len(entries) != 3 {
+		t.Fatalf("stream: %d entries, %v", len(entries), err)
+	}
+	want := []struct{ kind, user, currency string }{
+		{"grant", "early", "CNY"}, {"grant", "late", "HKD"}, {"refund", "merchant-late", "HKD"},
+	}
+	for i, w := range want {
+		v := entries[i].Values
+		if v["kind"] != w.kind || v["user"] != w.user || v["currency"] != w.currency {
+			t.Errorf("entry %d: %v, want kind %s user %s currency %s", i, v, w.kind, w.user, w.currency)
+		}
+	}
+}
