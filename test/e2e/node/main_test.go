@@ -1,6 +1,6 @@
 // Package node is the end-to-end suite on a real single-node Kubernetes
-// (test/cluster): the operator installed from its rendered manifests and its own
-// image as a 2-replica Deployment with leader election, the dev Redis as a pod, and
+// (test/cluster): the operator installed with its Helm chart (through the Helm
+// library) and its own image as a 2-replica Deployment with leader election, the dev Redis as a pod, and
 // every activity's grab Deployment as pods, all driven through the real kubectl. The
 // host reaches the grab service and Redis through their Services' ClusterIPs; the
 // pods reach this test's balance receiver at the node's address.
@@ -113,11 +113,13 @@ func runMain(m *testing.M) int {
 		return fail(err)
 	}
 
-	installed, err := node.Install(ctx, version)
+	// The rain test rolls an activity's grab Deployment to a rebuilt image through
+	// spec.grabService.image, which the operator refuses unless allowed.
+	installed, err := node.InstallChart(ctx, version, map[string]any{"grab": map[string]any{"allowImageOverride": true}})
 	if err != nil {
 		return fail(err)
 	}
-	logf("dev Redis Available at %s in %s; operator Available (2 replicas) %s after install",
+	logf("dev Redis Available at %s in %s; operator Available (2 replicas) %s after helm install",
 		installed.RedisAddr, installed.RedisReady.Round(100*time.Millisecond), installed.OperatorReady.Round(100*time.Millisecond))
 	env.redis = redis.NewClient(&redis.Options{Addr: installed.RedisAddr})
 	defer env.redis.Close()
@@ -140,7 +142,7 @@ func runMain(m *testing.M) int {
 		}
 		out, _ := node.Kubectl(context.Background(), "", "get", "pods", "-A", "-o", "wide")
 		fmt.Fprintf(os.Stderr, "--- pods\n%s\n", out)
-		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete"} {
+		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete", "e2e-plugin"} {
 			logs, _ := node.Kubectl(context.Background(), "", "-n", ns, "logs", "-l", "app.kubernetes.io/name",
 				"--all-containers", "--tail=40", "--prefix", "--max-log-requests=10")
 			fmt.Fprintf(os.Stderr, "--- logs in %s\n%s\n", ns, logs)

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"fmt"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Labels the monitors select by. The operator's metrics Service carries
+// operatorSelector (config/manager/metrics_service.yaml); every grab pod carries
+// grabSelector (controllers/grab_workload.go), and its label redpacket.io/activity
+// names its activity (grabActivityMetaLabel, as service discovery presents it).
+var (
+	operatorSelector = map[string]string{
+		"app.kubernetes.io/name":      "redpacket-operator",
+		"app.kubernetes.io/component": "controller",
+	}
+	grabSelector = map[string]string{
+		"app.kubernetes.io/name":       "redpacket-grab",
+		"app.kubernetes.io/managed-by": "redpacket-operator",
+	}
+)
+
+const (
+	grabActivityMetaLabel = "__meta_kubernetes_pod_label_redpacket_io_activity"
+	// operatorJob is the job label Prometheus gives the operator's targets: the
+	// prometheus-operator names a ServiceMonitor's job after the Service, and the
+	// install manifests name the metrics Service so.
+	operatorJob    = "redpacket-controller-manager-metrics"
+	scrapeInterval = monitoringv1.Duration("30s")
+)
+
+// monitorLabels are the labels every monitoring object carries in config/.
+func monitorLabels(component string) map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/name":      "redpacket-operator",
+		"app.kubernetes.io/component": component,
+	}
+}
+
+// serviceMonitor scrapes the operator's metrics Service. honorLabels keeps the
+// activity gauges' own namespace label (the activity's namespace) instead of
+// renaming it to exported_namespace in favour of the operator pod's namespace.
+func serviceMonitor() *monitoringv1.ServiceMonitor {
+	return &monitoringv1.ServiceMonitor{
+		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.ServiceMonitorsKind},
+		ObjectMeta: metav1.ObjectMeta{Name: "controller-manager", Labels: monitorLabels("controller")},
+		Spec: monitoringv1.ServiceMonitorSpec{
+			Selector: metav1.LabelSelector{MatchLabels: operatorSelector},
+			Endpoints: []monitoringv1.Endpoint{{
+				Port:        "metrics",
+				Path:        "/metrics",
+				Interval:    scrapeInterval,
+				HonorLabels: true,
+			}},
+		},
+	}
+}
+
+// podMonitor scrapes every grab pod, in every namespace, on its http port, and
+// names the activity in a "name" label (the pod's namespace is the activity's), so
+// that grab and settlement series join the operator's activity gauges on
+// (namespace, name).
+func podMonitor() *monitoringv1.PodMonitor {
+	port := "http"
+	return &monitoringv1.PodMonitor{
+		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.PodMonitorsKind},
+		ObjectMeta: metav1.ObjectMeta{Name: "grab", Labels: monitorLabels("grab")},
+		Spec: monitoringv1.PodMonitorSpec{
+			Selector:          metav1.LabelSelector{MatchLabels: grabSelector},
+			NamespaceSelector: monitoringv1.NamespaceSelector{Any: true},
+			PodMetricsEndpoints: []monitoringv1.PodMetricsEndpoint{{
+				Port:     &port,
+				Path:     "/metrics",
+				Interval: scrapeInterval,
+				RelabelConfigs: []monitoringv1.RelabelConfig{{
+					Action:       "replace",
+					SourceLabels: []monitoringv1.LabelName{grabActivityMetaLabel},
+					TargetLabel:  "name",
+				}},
+			}},
+		},
+	}
+}
+
+// alert is one alerting rule.
+type alert struct {
+	name, expr, forDuration, severity, summary, description string
+}
+
+// alertGroups are the alerts, by the component whose metrics they read. Every one
+// says what an on-call person must act on; docs/monitoring.md has what to do.
+// config/prometheus/tests/ has a promtool test of each firing and of each staying
+// silent.
+var alertGroups = []struct {
+	name   string
+	alerts []alert
+}{
+	{"redpacket-grab", []alert{
+		{
+			name: "RedPacketGrabErrors",
+			expr: `sum by (namespace, name) (rate(redpacket_grab_requests_total{outcome="unavailable"}[5m]))
+  / sum by (namespace, name) (rate(redpacket_grab_requests_total[5m])) > 0.05`,
+			forDuration: "5m", severity: "critical",
+			summary:     "Grab service of {{ $labels.namespace }}/{{ $labels.name }} answers 503 to {{ $value | humanizePercentage }} of grabs",
+			description: "Users of {{ $labels.namespace }}/{{ $labels.name }} are turned away with 503 (unavailable): the grab service cannot reach Redis or its calls time out. Check Redis and redpacket_grab_redis_errors_total.",
+		},
+		{
+			name:        "RedPacketGrabRedisErrors",
+			expr:        `sum by (namespace, name) (rate(redpacket_grab_redis_errors_total[5m])) > 0.1`,
+			forDuration: "5m", severity: "warning",
+			summary:     "Grab service of {{ $labels.namespace }}/{{ $labels.name }} sees Redis errors ({{ $value | humanize }}/s)",
+			description: "Redis calls of the grab service fail or run past their deadline. Check the activity's Redis (spec.redis or the operator's default) and the grab pods' logs.",
+		},
+		{
+			name:        "RedPacketGrabReporterStale",
+			expr:        `max by (namespace, name, pod) (redpacket_grab_report_lag_seconds) > 60`,
+			forDuration: "2m", severity: "warning",
+			summary:     "Grab pod {{ $labels.pod }} of {{ $labels.namespace }}/{{ $labels.name }} has not reported status for {{ $value | humanizeDuration }}",
+			description: "The grab service could not write the activity's status counters: it cannot reach the API server or Redis. kubectl get shows stale counts and GrabServiceAvailable may turn False. Check redpacket_grab_report_failures_total and the pod's log.",
+		},
+	}},
+	{"redpacket-settlement", []alert{
+		{
+			name:        "RedPacketSettlementLagging",
+			expr:        `histogram_quantile(0.99, sum by (namespace, name, le) (rate(redpacket_settlement_lag_seconds_bucket[10m]))) > 300`,
+			forDuration: "10m", severity: "warning",
+			summary:     "Claims of {{ $labels.namespace }}/{{ $labels.name }} take {{ $value | humanizeDuration }} to be credited (p99)",
+			description: "The balance system acknowledges settlement deliveries late: users see their packet but not the money. Check the webhook's latency and errors (redpacket_settlement_deliveries_total by result).",
+		},
+		{
+			name: "RedPacketSettlementStuck",
+			expr: `max by (namespace, name) (redpacket_settlement_pending_entries) > 0
+unless on (namespace, name)
+  sum by (namespace, name) (increase(redpacket_settlement_deliveries_total{result=~"settled|already_settled"}[15m])) > 0`,
+			forDuration: "15m", severity: "critical",
+			summary:     "Settlement of {{ $labels.namespace }}/{{ $labels.name }} delivered nothing for 15 minutes with {{ $value }} claims pending",
+			description: "No claim was credited while claims wait: the balance system rejects or does not answer the webhook. Deliveries are retried; after spec.settlement.maxAttempts they go to the dead-letter stream.",
+		},
+		{
+			name:        "RedPacketSettlementDeadLettering",
+			expr:        `sum by (namespace, name) (increase(redpacket_settlement_dead_letters_total[15m])) > 0`,
+			forDuration: "0m", severity: "critical",
+			summary:     "Settlement of {{ $labels.namespace }}/{{ $labels.name }} parked {{ $value | humanize }} claims in the dead-letter stream",
+			description: "Deliveries failed spec.settlement.maxAttempts times and were parked: those users are not credited until the dead letters are replayed (docs/operations.md).",
+		},
+	}},
+	{"redpacket-activity", []alert{
+		{
+			name:        "RedPacketActivityDeadLetters",
+			expr:        `max by (namespace, name) (redpacket_activity_dead_letters) > 0`,
+			forDuration: "15m", severity: "warning",
+			summary:     "{{ $labels.namespace }}/{{ $labels.name }} has {{ $value }} dead-lettered settlement deliveries",
+			description: "Claims in the dead-letter stream are not credited to users. Fix the balance system, then replay them (docs/operations.md).",
+		},
+		{
+			name: "RedPacketActivityNotReady",
+			expr: `max by (namespace, name) (redpacket_activity_ready) == 0
+unless on (namespace, name)
+  max by (namespace, name) (redpacket_activity_phase{phase=~"Exhausted|Expired|Failed"}) == 1`,
+			forDuration: "10m", severity: "warning",
+			summary:     "{{ $labels.namespace }}/{{ $labels.name }} has not been Ready for 10 minutes",
+			description: "The activity is not serving what its phase promises (no grab replica, Redis unavailable, seeding stuck, deletion waiting for settlement). kubectl describe rpa shows the Ready condition's reason and message.",
+		},
+		{
+			name:        "RedPacketActivityStalled",
+			expr:        `max by (namespace, name, reason) (redpacket_activity_stalled) == 1`,
+			forDuration: "1m", severity: "critical",
+			summary:     "{{ $labels.namespace }}/{{ $labels.name }} is stalled: {{ $labels.reason }}",
+			description: "The activity cannot go on without a person: its Redis lost its data (DataLost) or rolled back (RedisRolledBack), so grabbing is fenced to avoid paying twice. Follow docs/operations.md before accepting the Redis state.",
+		},
+		{
+			name: "RedPacketActivityFailed",
+			expr: `max by (namespace, name) (redpacket_activity_phase{phase="Failed"}) == 1
+unless on (namespace, name)
+  max by (namespace, name) (redpacket_activity_stalled) == 1`,
+			forDuration: "5m", severity: "critical",
+			summary:     "{{ $labels.namespace }}/{{ $labels.name }} is in phase Failed",
+			description: "The activity is Failed (for example DataLost or an invalid spec) and grabbing stays closed. kubectl describe rpa says why.",
+		},
+		{
+			name:        "RedPacketConservationError",
+			expr:        `max by (namespace, name) (abs(redpacket_activity_conservation_error)) > 0`,
+			forDuration: "5m", severity: "critical",
+			summary:     "Money of {{ $labels.namespace }}/{{ $labels.name }} does not add up: off by {{ $value }} minor units",
+			description: "claimedAmount + remainingAmount + refundedAmount differs from totalAmount in the activity's status. Stop and reconcile the activity's Redis stream against the balance system before anything else is paid.",
+		},
+	}},
+	{"redpacket-operator", []alert{
+		{
+			name:        "RedPacketOperatorDown",
+			expr:        fmt.Sprintf(`absent(up{job=%q} == 1)`, operatorJob),
+			forDuration: "10m", severity: "critical",
+			summary:     "No redpacket-operator replica has been scraped for 10 minutes",
+			description: "Without the operator no activity is seeded, opened, closed or refunded on schedule, and deleted activities are not cleaned up. Check the redpacket-controller-manager Deployment.",
+		},
+	}},
+}
+
+// prometheusRule holds alertGroups.
+func prometheusRule() *monitoringv1.PrometheusRule {
+	rule := &monitoringv1.PrometheusRule{
+		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.PrometheusRuleKind},
+		ObjectMeta: metav1.ObjectMeta{Name: "alerts", Labels: monitorLabels("alerts")},
+	}
+	for _, g := range alertGroups {
+		group := monitoringv1.RuleGroup{Name: g.name}
+		for _, a := range g.alerts {
+			r := monitoringv1.Rule{
+				Alert:       a.name,
+				Expr:        intstr.FromString(a.expr),
+				Labels:      map[string]string{"severity": a.severity},
+				Annotations: map[string]string{"summary": a.summary, "description": a.description},
+			}
+			if a.forDuration != "0m" {
+				d := monitoringv1.Duration(a.forDuration)
+				r.For = &d
+			}
+			group.Rules = append(group.Rules, r)
+		}
+		rule.Spec.Groups = append(rule.Spec.Groups, group)
+	}
+	return rule
+}
