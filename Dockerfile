@@ -16,11 +16,14 @@ RUN go mod download
 COPY api/ api/
 COPY controllers/ controllers/
 COPY grabsvc/ grabsvc/
+COPY internal/version/ internal/version/
 COPY lua/ lua/
 COPY main.go ./
 ARG TARGETARCH
-RUN GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w" -o /out/manager . && \
-    GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w" -o /out/grabsvc ./grabsvc/cmd/grabsvc
+# The version --version prints: docker build --build-arg VERSION=$(git describe --tags --always --dirty)
+ARG VERSION=dev
+RUN GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w -X redpacket.io/operator/internal/version.version=${VERSION}" -o /out/manager . && \
+    GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w -X redpacket.io/operator/internal/version.version=${VERSION}" -o /out/grabsvc ./grabsvc/cmd/grabsvc
 
 FROM scratch
 # CA roots for Redis over TLS and https webhooks.

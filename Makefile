@@ -5,6 +5,8 @@ CONTROLLER_GEN ?= $(GO) tool controller-gen
 KUBECTL ?= bin/kubectl
 TEST_FLAGS ?= -count=1 -timeout 30m
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Stamps VERSION into every binary; each one prints it for --version.
+LDFLAGS ?= -X redpacket.io/operator/internal/version.version=$(VERSION)
 
 .PHONY: all
 all: build
@@ -19,6 +21,10 @@ manifests: ## Generate the CRD and the manager's RBAC role.
 .PHONY: generate
 generate: ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+
+.PHONY: chart
+chart: controlplane ## Generate the monitors, alert rules and dashboard (config/prometheus, config/grafana), Argo CD's health check patch and the Helm chart (charts/redpacket-operator) from config/.
+	$(GO) run ./hack/chart
 
 .PHONY: fmt
 fmt: ## gofmt the tree.
@@ -44,14 +50,18 @@ node-packages: ## Make sure containerd, runc, the CNI plugins, iptables, conntra
 chromium: ## Make sure Debian's chromium is installed (the rain page's browser tests; root).
 	hack/ensure-chromium.sh
 
+.PHONY: prometheus
+prometheus: ## Make sure promtool (Debian's prometheus package) is installed, for the alert rule tests (root).
+	hack/ensure-prometheus.sh
+
 .PHONY: test
-test: redis node-packages chromium controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
+test: redis node-packages chromium prometheus controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
 	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e/node)
 	$(GO) test $(TEST_FLAGS) -v ./test/e2e/node
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no server (go test -short): the controller's phase tables, pure rules, codecs. Seconds.
-	$(GO) test -short -count=1 ./api/... ./controllers/ ./lua/... ./test/history/ ./test/printed/
+	$(GO) test -short -count=1 ./api/... ./controllers/ ./lua/... ./test/history/ ./test/printed/ ./internal/... ./hack/release/
 
 .PHONY: lint
 lint: ## go vet and staticcheck (a Go tool pinned in go.mod).
@@ -60,17 +70,19 @@ lint: ## go vet and staticcheck (a Go tool pinned in go.mod).
 
 .PHONY: verify
 verify: ## Fail when generated files, formatting or go.mod/go.sum are not up to date.
-	$(MAKE) manifests generate
-	git diff --exit-code -- config/crd config/rbac api/v1alpha1/zz_generated.deepcopy.go
+	$(MAKE) manifests generate chart
+	git diff --exit-code -- config/crd config/rbac api/v1alpha1/zz_generated.deepcopy.go \
+		config/prometheus config/grafana config/argocd charts
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt would change the files above"; exit 1; }
 	$(GO) mod tidy -diff
 
 ##@ Build
 
 .PHONY: build
-build: ## Build the operator and the grab service into bin/ (static binaries).
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/manager .
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/grabsvc ./grabsvc/cmd/grabsvc
+build: ## Build the operator, the grab service and the kubectl plugin (kubectl-rpa) into bin/ (static binaries, VERSION stamped in).
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/manager .
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/grabsvc ./grabsvc/cmd/grabsvc
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-rpa ./cmd/kubectl-rpa
 
 .PHONY: image
 image: ## Build the operator, pause and Redis images into dist/ as tarballs, without Docker.
@@ -98,6 +110,10 @@ soak: redis ## Check SOAK_RUNS (200) seeded rains under faults for linearizabili
 .PHONY: render
 render: controlplane ## Render the install manifests for image redpacket-operator:$(VERSION) into dist/install.yaml.
 	hack/render-install.sh $(VERSION) dist/install.yaml
+
+.PHONY: release
+release: redis render image ## Everything a release ships, in dist/: install.yaml, the images, the Helm chart, kubectl-rpa for linux and darwin (amd64, arm64), each with a .sha256.
+	$(GO) run ./hack/release --out dist --version $(VERSION)
 
 .PHONY: deploy
 deploy: render ## Render the manifests and apply them to the current cluster.

@@ -29,11 +29,16 @@ func moduleRoot(ctx context.Context, dir string) (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
+// versionVariable is the variable that holds a binary's version (internal/version).
+const versionVariable = "redpacket.io/operator/internal/version.version"
+
 // goBuild builds the main package pkg of the module at root into the file out as a
-// static Linux binary for the host's architecture: CGO_ENABLED=0, -trimpath, and
-// no symbol table or DWARF (-ldflags="-s -w"). The same sources give the same bytes.
-func goBuild(ctx context.Context, root, pkg, out string) error {
-	cmd := exec.CommandContext(ctx, goCommand, "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+// static Linux binary for the host's architecture: CGO_ENABLED=0, -trimpath, no
+// symbol table or DWARF (-ldflags="-s -w"), and version stamped in for --version.
+// The same sources and version give the same bytes.
+func goBuild(ctx context.Context, root, pkg, out, version string) error {
+	cmd := exec.CommandContext(ctx, goCommand, "build", "-trimpath",
+		"-ldflags=-s -w -X "+versionVariable+"="+version, "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
 	var stderr bytes.Buffer

@@ -76,10 +76,10 @@ func (b *builder) operator(ctx context.Context) (built, error) {
 	}
 	manager := filepath.Join(b.work, "manager")
 	grabsvc := filepath.Join(b.work, "grabsvc")
-	if err := goBuild(ctx, b.root, ".", manager); err != nil {
+	if err := goBuild(ctx, b.root, ".", manager, b.version); err != nil {
 		return built{}, err
 	}
-	if err := goBuild(ctx, b.root, "./grabsvc/cmd/grabsvc", grabsvc); err != nil {
+	if err := goBuild(ctx, b.root, "./grabsvc/cmd/grabsvc", grabsvc, b.version); err != nil {
 		return built{}, err
 	}
 	img, err := operatorImage(manager, grabsvc, b.caCerts)
@@ -96,7 +96,7 @@ func (b *builder) pause(ctx context.Context) (built, error) {
 		return built{}, err
 	}
 	bin := filepath.Join(b.work, "pause")
-	if err := goBuild(ctx, b.root, "./hack/pause", bin); err != nil {
+	if err := goBuild(ctx, b.root, "./hack/pause", bin, b.version); err != nil {
 		return built{}, err
 	}
 	img, err := pauseImage(bin)

@@ -1,0 +1,137 @@
+package rpactl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+)
+
+// redisFlags say how the plugin reaches an activity's Redis from the user's machine.
+type redisFlags struct {
+	secret, addr, mode string
+}
+
+func (f *redisFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.secret, "redis-secret", "", "a Secret in the namespace in the connection format (addresses, mode, username, password, tls); default: the one spec.redis.secretRef names")
+	fl.StringVar(&f.addr, "redis-addr", "", "comma-separated host:port to dial instead of the Secret's addresses, such as 127.0.0.1:6379 through kubectl port-forward; required for an activity on the operator's default Redis")
+	fl.StringVar(&f.mode, "redis-mode", lua.ModeStandalone, "standalone or cluster, when no Secret says")
+}
+
+// errDefaultRedis says why the plugin cannot find the operator's default Redis.
+var errDefaultRedis = errors.New("the activity has no spec.redis and uses the operator's default Redis, which is configured " +
+	"in the operator's flags and usually reachable only inside the cluster: pass --redis-addr (for example 127.0.0.1:6379 " +
+	"after kubectl -n redpacket-system port-forward service/redis 6379) or --redis-secret")
+
+// connection returns the Redis connection of an activity as this machine can dial
+// it: the Secret named by --redis-secret, else by spec.redis.secretRef (parsed by
+// lua.ConnFromSecret, as the controller does), with its addresses replaced by
+// --redis-addr when given; without a Secret, --redis-addr and --redis-mode with the
+// password from $REDIS_PASSWORD.
+func (f *redisFlags) connection(ctx context.Context, s *session, a *redpacketv1alpha1.RedPacketActivity) (lua.Conn, string, error) {
+	secretName, what := f.secret, "--redis-secret"
+	if secretName == "" && a.Spec.Redis != nil {
+		secretName, what = a.Spec.Redis.SecretRef.Name, "spec.redis.secretRef"
+	}
+	var conn lua.Conn
+	var source string
+	switch {
+	case secretName != "":
+		sec, err := s.secret(ctx, secretName, what)
+		if err != nil {
+			return lua.Conn{}, "", err
+		}
+		if conn, err = lua.ConnFromSecret(sec.Data); err != nil {
+			return lua.Conn{}, "", fmt.Errorf("secret %s/%s: %w", s.namespace, secretName, err)
+		}
+		source = "secret " + secretName
+	case f.addr != "":
+		conn = lua.Conn{Mode: strings.TrimSpace(f.mode), Password: os.Getenv("REDIS_PASSWORD")}
+		source = "--redis-addr"
+	default:
+		return lua.Conn{}, "", fmt.Errorf("redpacketactivity %s/%s: %w", a.Namespace, a.Name, errDefaultRedis)
+	}
+	if f.addr != "" {
+		conn.Addresses = lua.ParseAddresses(f.addr)
+		if secretName != "" {
+			source += " at --redis-addr"
+		}
+	}
+	if err := conn.Validate(); err != nil {
+		return lua.Conn{}, "", err
+	}
+	return conn, source + " (" + strings.Join(conn.Addresses, ",") + ")", nil
+}
+
+func newReplayCommand(flags *kubeFlags, streams Streams) *cobra.Command {
+	var (
+		rf      redisFlags
+		max     int
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "replay-dead-letters NAME",
+		Short: "Move an activity's dead-lettered settlement entries back into its settlement stream",
+		Long: `Move the settlement entries that were parked after too many failed deliveries back
+into the activity's settlement stream, oldest first, in atomic steps (lua/replay_dead.lua);
+the settlement workers then deliver them again with the same Idempotency-Key. Fix the
+cause first: each parked entry holds the balance system's last answer.
+
+The plugin talks to the activity's Redis directly. It reads the connection from the
+Secret that spec.redis.secretRef names (or --redis-secret), but the addresses there
+are usually cluster-internal: reach Redis with kubectl port-forward and pass
+--redis-addr. An activity on the operator's default Redis needs --redis-addr.`,
+		Example: `  kubectl -n redpacket-system port-forward service/redis 6379 &
+  kubectl rpa replay-dead-letters quiz-night --redis-addr 127.0.0.1:6379`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if max < 0 {
+				return errors.New("--max must not be negative")
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			s, err := flags.connect()
+			if err != nil {
+				return err
+			}
+			a, err := s.activity(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			conn, where, err := rf.connection(ctx, s, a)
+			if err != nil {
+				return err
+			}
+			rdb := conn.NewClient(lua.ClientOptions{Timeout: 10 * time.Second})
+			defer func() { _ = rdb.Close() }()
+			h := lua.NewActivity(rdb, string(a.UID))
+			snap, err := h.Snapshot(ctx)
+			if err != nil {
+				return fmt.Errorf("reading activity %s/%s from Redis via %s: %w", a.Namespace, a.Name, where, err)
+			}
+			if !snap.Exists() {
+				return fmt.Errorf("no data of activity %s/%s (uid %s) in the Redis reached via %s: is it the activity's Redis?",
+					a.Namespace, a.Name, a.UID, where)
+			}
+			moved, err := h.ReplayDeadLetters(ctx, max)
+			if err != nil {
+				return fmt.Errorf("activity %s/%s: %w", a.Namespace, a.Name, err)
+			}
+			_, err = fmt.Fprintf(streams.Out, "moved %d of %d dead letters of %s/%s back into the settlement stream\n",
+				moved, snap.DeadCount, a.Namespace, a.Name)
+			return err
+		},
+	}
+	rf.register(cmd)
+	cmd.Flags().IntVar(&max, "max", 0, "move at most this many, oldest first; 0: all")
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "deadline of the whole command")
+	return cmd
+}
