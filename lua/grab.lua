@@ -22,8 +22,10 @@ local user = ARGV[1]
 
 local prev = redis.call('HGET', KEYS[3], user)
 if prev then
+  -- "<packetId>:<amount>:<stream entry id>"
   local sep = string.find(prev, ':', 1, true)
-  return {'already_claimed', string.sub(prev, 1, sep - 1), tonumber(string.sub(prev, sep + 1))}
+  local sep2 = string.find(prev, ':', sep + 1, true)
+  return {'already_claimed', string.sub(prev, 1, sep - 1), tonumber(string.sub(prev, sep + 1, sep2 - 1))}
 end
 
 local m = redis.call('HMGET', KEYS[1], 'state', 'paused', 'start_ms', 'end_ms', 'close_reason',
@@ -72,9 +74,11 @@ local sep = string.find(packet, ':', 1, true)
 local id = string.sub(packet, 1, sep - 1)
 local amount = string.sub(packet, sep + 1)
 
-redis.call('HSET', KEYS[3], user, packet)
+-- The claim names its settlement entry, so settlement can tell the one entry this
+-- grant wrote from any copy appended later.
+local entry = redis.call('XADD', KEYS[4], '*', 'kind', 'grant', 'packet', id, 'user', user,
+  'amount', amount, 'currency', m[9] or '', 'at', string.format('%d', now))
+redis.call('HSET', KEYS[3], user, packet .. ':' .. entry)
 local claimed = redis.call('HINCRBY', KEYS[1], 'claimed_count', 1)
 redis.call('HINCRBY', KEYS[1], 'claimed_amount', amount)
-redis.call('XADD', KEYS[4], '*', 'kind', 'grant', 'packet', id, 'user', user,
-  'amount', amount, 'currency', m[9] or '', 'at', string.format('%d', now))
 return {'granted', id, tonumber(amount), claimed, epoch}

@@ -3,8 +3,6 @@ package lua
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -107,6 +105,8 @@ func (a *Activity) Ping(ctx context.Context) error {
 type Claim struct {
 	PacketID string
 	Amount   int64
+	// EntryID is the id of the settlement stream entry the grant wrote.
+	EntryID string
 }
 
 // Claims reads the whole claims hash: who holds which packet, by user id. It reads
@@ -119,12 +119,11 @@ func (a *Activity) Claims(ctx context.Context) (map[string]Claim, error) {
 	}
 	claims := make(map[string]Claim, len(raw))
 	for user, v := range raw {
-		id, amount, ok := strings.Cut(v, ":")
-		n, perr := strconv.ParseInt(amount, 10, 64)
-		if !ok || perr != nil {
-			return nil, fmt.Errorf("claims hash %s: user %q holds %q, not <packetId>:<amount>", a.keys.Claims, user, v)
+		c, ok := parseClaim(v)
+		if !ok {
+			return nil, fmt.Errorf("claims hash %s: user %q holds %q, not <packetId>:<amount>:<entryId>", a.keys.Claims, user, v)
 		}
-		claims[user] = Claim{PacketID: id, Amount: n}
+		claims[user] = c
 	}
 	return claims, nil
 }

@@ -217,10 +217,20 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k lua.Keys, amount
 		if !ok {
 			t.Fatalf("claims hash has user %s whom no caller saw granted", user)
 		}
-		if want := g.PacketID + ":" + strconv.FormatInt(g.Amount, 10); entry != want {
+		// "<packetId>:<amount>:<stream entry id>"
+		packet, entryID, ok := strings.Cut(entry, ":")
+		if ok {
+			var amount string
+			amount, entryID, ok = strings.Cut(entryID, ":")
+			packet += ":" + amount
+		}
+		if !ok || entryID == "" {
+			t.Fatalf("claim of %s is %q, not <packetId>:<amount>:<entryId>", user, entry)
+		}
+		if want := g.PacketID + ":" + strconv.FormatInt(g.Amount, 10); packet != want {
 			t.Fatalf("claim of %s is %q, caller saw %q", user, entry, want)
 		}
-		claimedAmount += mark(entry, "claims")
+		claimedAmount += mark(packet, "claims")
 	}
 
 	left, err := c.LRange(ctx, k.Packets, 0, -1).Result()

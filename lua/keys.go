@@ -11,7 +11,7 @@
 //	rpa:{uid}:meta     hash: state, schedule, totals and every counter
 //	rpa:{uid}:staging  list: packets written in chunks before the commit
 //	rpa:{uid}:packets  list: the unclaimed packets, "<packetId>:<amount>"
-//	rpa:{uid}:claims   hash: userId -> "<packetId>:<amount>"
+//	rpa:{uid}:claims   hash: userId -> "<packetId>:<amount>:<stream entry id>"
 //	rpa:{uid}:stream   stream: one entry per grant and per refund, for settlement
 //	rpa:{uid}:dead     stream: deliveries parked after too many failures
 package lua

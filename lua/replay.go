@@ -21,7 +21,7 @@ func ReplayDead(ctx context.Context, c redis.Scripter, k Keys, limit int) (int, 
 	if limit < 1 {
 		return 0, fmt.Errorf("replaying dead letters: limit %d, want at least 1", limit)
 	}
-	n, err := ReplayDeadScript.Run(ctx, c, []string{k.Meta, k.Stream, k.DeadLetters}, limit).Int64()
+	n, err := ReplayDeadScript.Run(ctx, c, []string{k.Meta, k.Stream, k.DeadLetters, k.Claims}, limit).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("replay dead letters: %w", err)
 	}

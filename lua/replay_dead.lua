@@ -1,26 +1,45 @@
 -- replay_dead: move dead-lettered entries back into the settlement stream, oldest first.
--- KEYS[1] meta, KEYS[2] stream, KEYS[3] dead-letter stream
+-- KEYS[1] meta, KEYS[2] stream, KEYS[3] dead-letter stream, KEYS[4] claims
 -- ARGV[1] how many entries to move at most (>= 1)
 -- Each moved entry is appended to the stream as a new entry with its original fields
--- (kind, packet, user, amount, at; the dead letter's own "entry" and "error" fields
--- are dropped), deleted from the dead-letter stream, and dead_count goes down by one,
--- all in one step, so the consumer group delivers it again.
+-- (kind, packet, user, amount, currency, at; the dead letter's own "entry" and
+-- "error" fields are dropped), deleted from the dead-letter stream, and dead_count
+-- goes down by one, all in one step, so the consumer group delivers it again. A
+-- grant's claim names the stream entry its grant wrote; when the claim names the
+-- dead-lettered entry, it is moved to the new one, so settlement still finds the
+-- grant genuine. A claim that names another entry is left alone: a forged entry
+-- stays forged when replayed.
 -- Returns the number of entries moved.
 local entries = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', ARGV[1])
 for _, e in ipairs(entries) do
   local f = e[2]
   local out = {}
+  local original, kind, packet, user, amount
   for i = 1, #f, 2 do
-    if f[i] ~= 'entry' and f[i] ~= 'error' then
-      out[#out + 1] = f[i]
-      out[#out + 1] = f[i + 1]
+    local name, value = f[i], f[i + 1]
+    if name == 'entry' then
+      original = value
+    elseif name ~= 'error' then
+      out[#out + 1] = name
+      out[#out + 1] = value
+      if name == 'kind' then kind = value
+      elseif name == 'packet' then packet = value
+      elseif name == 'user' then user = value
+      elseif name == 'amount' then amount = value
+      end
     end
   end
   if #out == 0 then
     -- A dead letter without payload still goes back, so it is not stuck here forever.
     out = {'entry', e[1]}
   end
-  redis.call('XADD', KEYS[2], '*', unpack(out))
+  local id = redis.call('XADD', KEYS[2], '*', unpack(out))
+  if kind == 'grant' and original and packet and user and amount then
+    local claim = packet .. ':' .. amount .. ':'
+    if redis.call('HGET', KEYS[4], user) == claim .. original then
+      redis.call('HSET', KEYS[4], user, claim .. id)
+    end
+  end
   redis.call('XDEL', KEYS[3], e[1])
 end
 if #entries > 0 then

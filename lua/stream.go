@@ -154,16 +154,33 @@ var ErrForged = errors.New("forged settlement entry")
 var ErrNotInRedis = errors.New("the activity is not in Redis")
 
 // claimValue is the value grab.lua stores in the claims hash for a user, in the same
-// atomic step that appends the grant's stream entry: "<packetId>:<amount>", the
-// packet as it was seeded.
-func claimValue(packetID, amount string) string { return packetID + ":" + amount }
+// atomic step that appends the grant's stream entry: "<packetId>:<amount>:<entryId>",
+// the packet as it was seeded and the id of that entry.
+func claimValue(packetID, amount, entryID string) string {
+	return packetID + ":" + amount + ":" + entryID
+}
+
+// parseClaim reads a claims hash value.
+func parseClaim(v string) (Claim, bool) {
+	id, rest, ok := strings.Cut(v, ":")
+	if !ok {
+		return Claim{}, false
+	}
+	amount, entry, ok := strings.Cut(rest, ":")
+	n, err := strconv.ParseInt(amount, 10, 64)
+	if !ok || err != nil || id == "" || entry == "" {
+		return Claim{}, false
+	}
+	return Claim{PacketID: id, Amount: n, EntryID: entry}, true
+}
 
 // VerifyEntries checks each well-formed entry against what the activity's scripts
 // recorded in the same atomic step that wrote it, so an entry appended to the
 // stream by anyone else (XADD with the activity's Redis credentials) is told apart:
 //
 //   - a grant (grab.lua) must match its user's claim: HGET claims <user> equals
-//     "<packet>:<amount>" of the entry;
+//     "<packet>:<amount>:<entry id>" of the entry, so a verbatim copy of a genuine
+//     entry (another id) is forged too;
 //   - the refund (close.lua) must match the close: the meta hash's state is closed,
 //     its refunded amount is not zero (close.lua writes no refund of nothing) and
 //     equals the entry's amount, its sponsor is the entry's user, and the packet is
@@ -222,8 +239,8 @@ func (a *Activity) VerifyEntries(ctx context.Context, entries []StreamEntry) (ma
 				forged[e.ID] = fmt.Errorf("%w: user %q holds no packet in the claims hash", ErrForged, e.UserID)
 			case err != nil:
 				return nil, fmt.Errorf("verifying settlement entry %s: reading the claim of %q: %w", e.ID, e.UserID, err)
-			case held != claimValue(packet, amount):
-				forged[e.ID] = fmt.Errorf("%w: the entry grants packet %q of %s to user %q, whose claim is %q",
+			case held != claimValue(packet, amount, e.ID):
+				forged[e.ID] = fmt.Errorf("%w: the entry grants packet %q of %s to user %q, whose claim is %q (an entry must be the one its grant wrote)",
 					ErrForged, packet, amount, e.UserID, held)
 			}
 		case KindRefund:
