@@ -41,7 +41,7 @@ func ActivityUserName(uid string) string { return "rpa-" + uid }
 // (Redis checks the commands a script calls against the caller's ACL). Seeding,
 // configuring, closing and purging are the controller's, under the operator's user.
 func grabSideScripts() []*Script {
-	return []*Script{GrabScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript}
+	return []*Script{GrabScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript, EnsureGroupScript}
 }
 
 // activityUserDirectCommands are the commands the grab pods send themselves, besides
@@ -58,8 +58,13 @@ var activityUserDirectCommands = []string{
 }
 
 // scriptCall finds the commands a Lua script calls: redis.call('NAME', ...) and
-// redis.pcall('NAME', ...) with a literal name, the only form the scripts use.
-var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'`)
+// redis.pcall('NAME', ...) with a literal name, the only form the scripts use, and
+// the literal argument after it, which names the subcommand of a container command.
+var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?`)
+
+// containerCommands are the commands whose subcommands are granted one by one
+// (XGROUP CREATE, never XGROUP DESTROY).
+var containerCommands = map[string]bool{"xgroup": true, "xinfo": true, "object": true, "memory": true}
 
 // ActivityUserCommands lists, sorted and in lower case, every command the activity's
 // user may run: activityUserDirectCommands and every command grabSideScripts call.
@@ -70,7 +75,11 @@ func ActivityUserCommands() []string {
 	}
 	for _, s := range grabSideScripts() {
 		for _, m := range scriptCall.FindAllStringSubmatch(s.Source(), -1) {
-			set[strings.ToLower(m[1])] = true
+			name := strings.ToLower(m[1])
+			if containerCommands[name] {
+				name += "|" + strings.ToLower(m[2])
+			}
+			set[name] = true
 		}
 	}
 	out := make([]string, 0, len(set))

@@ -100,6 +100,8 @@ var (
 	fenceSrc string
 	//go:embed accept.lua
 	acceptSrc string
+	//go:embed ensure_group.lua
+	ensureGroupSrc string
 )
 
 // The activity's scripts.
@@ -124,13 +126,16 @@ var (
 	FenceScript = newScript("fence", fenceSrc)
 	// AcceptScript lifts a fence and starts a new epoch.
 	AcceptScript = newScript("accept", acceptSrc)
+	// EnsureGroupScript creates the settlement consumer group, never the stream of a
+	// purged activity.
+	EnsureGroupScript = newScript("ensure_group", ensureGroupSrc)
 )
 
 // AllScripts lists every script, for loading them all at once.
 func AllScripts() []*Script {
 	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
 		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript,
-		FenceScript, AcceptScript}
+		FenceScript, AcceptScript, EnsureGroupScript}
 }
 
 // LoadAll loads every script on every master.

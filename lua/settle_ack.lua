@@ -2,9 +2,12 @@
 -- KEYS[1] meta, KEYS[2] stream
 -- ARGV[1] consumer group, ARGV[2] entry id, ARGV[3] kind (grant|refund), ARGV[4] amount
 -- Returns 1 when this call settled the entry, 0 when it had been acknowledged before
--- (by a worker that took it over, say), so nothing is ever counted twice.
+-- (by a worker that took it over, say), so nothing is ever counted twice. Once the
+-- activity's meta hash is purged (its unsettled streams kept for retention), the
+-- entry is acknowledged but nothing is counted: the counters are not brought back as
+-- a key without a TTL.
 local n = redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
-if n == 1 then
+if n == 1 and redis.call('HEXISTS', KEYS[1], 'state') == 1 then
   if ARGV[3] == 'refund' then
     redis.call('HINCRBY', KEYS[1], 'refund_settled', ARGV[4])
   else

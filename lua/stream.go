@@ -275,12 +275,17 @@ func groupErr(what string, err error) error {
 }
 
 // EnsureGroup creates the consumer group at the start of the settlement stream (so
-// it reads every entry ever written), creating the stream too if need be. A group
-// that exists already is left as it is.
+// it reads every entry ever written), creating the stream too if need be
+// (ensure_group.lua). A group that exists already is left as it is. When neither the
+// activity nor its stream is in Redis (purged), nothing is created and the error
+// wraps ErrMissing.
 func (a *Activity) EnsureGroup(ctx context.Context, group string) error {
-	err := a.c.XGroupCreateMkStream(ctx, a.keys.Stream, group, "0").Err()
-	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+	res, err := EnsureGroupScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Stream}, group).Text()
+	if err != nil {
 		return fmt.Errorf("creating consumer group %s on %s: %w", group, a.keys.Stream, err)
+	}
+	if res == string(Missing) {
+		return fmt.Errorf("creating consumer group %s on %s: %w", group, a.keys.Stream, ErrMissing)
 	}
 	return nil
 }

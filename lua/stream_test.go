@@ -254,6 +254,10 @@ func TestDeliveryCountsPageThroughPendingEntries(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	const group, n = "settlement", 1300
 	a := lua.NewActivity(c, "paging")
+	// The activity is in Redis (its group is created only then).
+	if err := c.HSet(ctx, a.Keys().Meta, "state", "open").Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := a.EnsureGroup(ctx, group); err != nil {
 		t.Fatal(err)
 	}
@@ -523,4 +527,58 @@ func BenchmarkVerifyEntries(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/64, "ns/entry")
+}
+
+// A worker that runs late, after the activity was purged with its unsettled streams
+// kept for retention, brings back no key without a TTL: creating its group, acking
+// and dead-lettering leave the meta hash gone and every remaining key expiring.
+func TestLateWorkerAfterPurgeRecreatesNoKeyWithoutTTL(t *testing.T) {
+	ctx := testCtx(t)
+	c := redistest.Start(t).Client(t)
+	k := seedOpen(t, ctx, c, "purged", []int64{10, 20, 30})
+	a := lua.NewActivity(c, "purged")
+	for _, u := range []string{"u1", "u2"} {
+		if res, err := a.Grab(ctx, u); err != nil || res.Outcome != lua.Granted {
+			t.Fatalf("grab: %+v %v", res, err)
+		}
+	}
+	const group = "settlement"
+	if err := a.EnsureGroup(ctx, group); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := a.ReadNew(ctx, group, "w1", 10, 0)
+	if err != nil || len(entries) != 2 {
+		t.Fatalf("read: %d entries, %v", len(entries), err)
+	}
+	if _, err := a.PurgeKeepingUnsettled(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Ack(ctx, group, entries[0].ID, lua.KindGrant, 10); err != nil || !ok {
+		t.Fatalf("late ack: %v %v", ok, err)
+	}
+	if ok, err := a.DeadLetter(ctx, group, entries[1].ID, "late", map[string]any{"kind": "grant"}); err != nil || ok {
+		t.Fatalf("late dead letter: %v %v; want nothing written", ok, err)
+	}
+	keys, err := c.Keys(ctx, "rpa:{purged}:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range keys {
+		if key == k.Meta {
+			t.Errorf("the purged meta hash came back")
+		}
+		if ttl, err := c.PTTL(ctx, key).Result(); err != nil || ttl <= 0 {
+			t.Errorf("key %s has no TTL (%v, %v)", key, ttl, err)
+		}
+	}
+	// With everything gone, creating the group creates nothing.
+	if err := c.Del(ctx, keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.EnsureGroup(ctx, group); !errors.Is(err, lua.ErrMissing) {
+		t.Fatalf("creating the group of a purged activity: %v, want ErrMissing", err)
+	}
+	if n, err := c.Exists(ctx, k.Stream).Result(); err != nil || n != 0 {
+		t.Fatalf("the stream of a purged activity was created (%d, %v)", n, err)
+	}
 }
