@@ -11,9 +11,10 @@ import (
 // latency to every chunk it forwards, stalls all traffic for a while (calls time out
 // and the held bytes arrive late, so a command the client gave up on may still run),
 // and resets every open connection at once (both sides closed with SO_LINGER 0, a
-// reply in flight is lost after the command ran).
+// reply in flight is lost after the command ran). Retarget moves it to another
+// upstream, as a failover moves a service address to the promoted server.
 //
-// About 150 lines are enough here, and a toxiproxy process is not needed: the
+// Under 200 lines are enough here, and a toxiproxy process is not needed: the
 // harness needs exactly three faults on one loopback hop, switched by the test's own
 // fault goroutine from a seeded schedule, in-process so a run is one `go test` with
 // nothing else to install, start, or reach over an admin API. Bandwidth limits,
@@ -21,7 +22,7 @@ import (
 // protocol's requests and replies are small, and what matters to the checker is only
 // whether a command ran, ran late, or ran without its reply reaching the caller.
 type Proxy struct {
-	upstream string
+	upstream atomic.Pointer[string]
 	ln       net.Listener
 
 	latency    atomic.Int64 // nanoseconds added per forwarded chunk
@@ -39,7 +40,8 @@ func NewProxy(upstream string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{upstream: upstream, ln: ln, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, conns: map[net.Conn]struct{}{}}
+	p.upstream.Store(&upstream)
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -58,6 +60,10 @@ func (p *Proxy) Stall(d time.Duration) { p.stallUntil.Store(time.Now().Add(d).Un
 func (p *Proxy) Reset() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.resetLocked()
+}
+
+func (p *Proxy) resetLocked() int {
 	n := 0
 	for c := range p.conns {
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -70,6 +76,17 @@ func (p *Proxy) Reset() int {
 	return n / 2
 }
 
+// Retarget sends every later connection to upstream instead, and resets every open
+// one, as a failover that moves a virtual address to another server does: a
+// connection opened afterwards never reaches the old upstream. An upstream nobody listens on cuts the link:
+// every connection attempt is then accepted and closed at once.
+func (p *Proxy) Retarget(upstream string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.upstream.Store(&upstream)
+	p.resetLocked()
+}
+
 // Close stops listening, resets every connection and waits for the forwarders.
 func (p *Proxy) Close() {
 	p.mu.Lock()
@@ -80,16 +97,24 @@ func (p *Proxy) Close() {
 	p.wg.Wait()
 }
 
-func (p *Proxy) track(cs ...net.Conn) bool {
+// track registers a connection pair dialed to upstream; it refuses the pair when
+// the proxy is closed or was retargeted since the dial.
+func (p *Proxy) track(upstream string, cs ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || *p.upstream.Load() != upstream {
 		return false
 	}
 	for _, c := range cs {
 		p.conns[c] = struct{}{}
 	}
 	return true
+}
+
+func (p *Proxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
 }
 
 func (p *Proxy) untrack(c net.Conn) {
@@ -106,15 +131,19 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		up, err := net.DialTimeout("tcp", p.upstream, 2*time.Second)
+		target := *p.upstream.Load()
+		up, err := net.DialTimeout("tcp", target, 2*time.Second)
 		if err != nil {
 			_ = down.Close()
 			continue
 		}
-		if !p.track(down, up) {
+		if !p.track(target, down, up) {
 			_ = down.Close()
 			_ = up.Close()
-			return
+			if p.isClosed() {
+				return
+			}
+			continue
 		}
 		p.wg.Add(2)
 		go p.pipe(up, down)
