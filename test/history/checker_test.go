@@ -27,6 +27,21 @@ func openOp(call, ret int64) porcupine.Operation {
 	return op(9, Input{Op: OpOpen}, Output{State: string(lua.StateOpen)}, call, ret)
 }
 
+// The window of the time-gate cases, in Redis clock milliseconds: grabs are served
+// from windowStart to just before windowEnd.
+const windowStart, windowEnd = 1000, 2000
+
+// openWindowOp opens activity "A" with the window.
+func openWindowOp(call, ret int64) porcupine.Operation {
+	return op(9, Input{Op: OpOpen, StartMs: windowStart, EndMs: windowEnd}, Output{State: string(lua.StateOpen)}, call, ret)
+}
+
+// timedGrabOp is a grab whose script ran while the Redis clock read between lo and
+// hi (hi 0: unknown outcome, no upper bound); ret < 0 means an unknown outcome.
+func timedGrabOp(client int, user string, outcome lua.Outcome, packet string, call, ret, lo, hi int64) porcupine.Operation {
+	return op(client, Input{Op: OpGrab, User: user, NotBeforeMs: lo, NotAfterMs: hi}, Output{Outcome: outcome, Packet: packet}, call, ret)
+}
+
 // TestCheckerCatchesViolations feeds the checker hand-made histories: each broken
 // one must be reported non-linearizable, each sound one accepted.
 func TestCheckerCatchesViolations(t *testing.T) {
@@ -107,6 +122,27 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			grabOp(1, "u2", lua.Granted, "2", 3, 4),
 			grabOp(2, "u3", lua.SoldOut, "", 5, 6),
 		}, true},
+		{"valid: of two hinted unknown grabs, one ran paused and the other took the packet", 2, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpPause}, Output{State: "open"}, 2, 3),
+			op(0, Input{Op: OpGrab, User: "u1"}, Output{Unknown: true, Packet: "1"}, 4, 1<<40),
+			op(9, Input{Op: OpResume}, Output{State: "open"}, 5, 6),
+			op(0, Input{Op: OpGrab, User: "u1"}, Output{Unknown: true, Packet: "1"}, 7, 1<<40),
+			grabOp(1, "u2", lua.Granted, "2", 8, 9),
+			grabOp(2, "u3", lua.SoldOut, "", 10, 11),
+		}, true},
+		{"valid: a hinted unknown grab returning with its user's first already_claimed", 2, []porcupine.Operation{
+			openOp(0, 1),
+			op(0, Input{Op: OpGrab, User: "u1"}, Output{Unknown: true, Packet: "1"}, 2, 6),
+			grabOp(1, "u2", lua.Granted, "2", 3, 4),
+			grabOp(0, "u1", lua.AlreadyClaimed, "1", 5, 6),
+			grabOp(2, "u3", lua.SoldOut, "", 7, 8),
+		}, true},
+		{"a hinted unknown grab cannot take its packet after the activity sold out", 1, []porcupine.Operation{
+			openOp(0, 1),
+			grabOp(1, "u2", lua.Granted, "1", 2, 3),
+			op(0, Input{Op: OpGrab, User: "u1"}, Output{Unknown: true, Packet: "1"}, 4, 1<<40),
+		}, false},
 		{"a resolved unknown grab cannot share its packet", 2, []porcupine.Operation{
 			openOp(0, 1),
 			op(0, Input{Op: OpGrab, User: "u1"}, Output{Unknown: true, Packet: "1"}, 2, 1<<40),
@@ -125,6 +161,61 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			op(9, Input{Op: OpCloseExhausted}, Output{State: "closed", Reason: lua.CloseExhausted}, 18, 19),
 			grabOp(1, "u3", lua.SoldOut, "", 20, 21),
 		}, true},
+		{"a fenced activity: configure answered fenced", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpPause}, Output{State: string(lua.Fenced)}, 2, 3),
+		}, false},
+		{"a fenced activity: close answered fenced", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpCloseExpired}, Output{State: string(lua.CloseFenced)}, 2, 3),
+		}, false},
+		// The time gates: grab.lua reads the Redis clock, which the history bounds
+		// per grab by the wall clock at its call and return.
+		{"time gate: not_started after the window's start", 3, []porcupine.Operation{
+			openWindowOp(0, 1),
+			timedGrabOp(0, "u1", lua.NotStarted, "", 2, 3, 1005, 1010),
+		}, false},
+		{"time gate: ended before the window's end", 3, []porcupine.Operation{
+			openWindowOp(0, 1),
+			timedGrabOp(0, "u1", lua.Ended, "", 2, 3, 1500, 1990),
+		}, false},
+		{"time gate: granted before the window's start", 3, []porcupine.Operation{
+			openWindowOp(0, 1),
+			timedGrabOp(0, "u1", lua.Granted, "1", 2, 3, 900, 999),
+		}, false},
+		{"time gate: granted at the window's end", 3, []porcupine.Operation{
+			openWindowOp(0, 1),
+			timedGrabOp(0, "u1", lua.Granted, "1", 2, 3, 2000, 2001),
+		}, false},
+		{"time gate: sold_out after the window's end (ended comes first)", 1, []porcupine.Operation{
+			openWindowOp(0, 1),
+			timedGrabOp(0, "u1", lua.Granted, "1", 2, 3, 1100, 1101),
+			timedGrabOp(1, "u2", lua.SoldOut, "", 4, 5, 2100, 2101),
+		}, false},
+		{"time gate: an unknown grab called after the end cannot explain a claim", 3, []porcupine.Operation{
+			openWindowOp(0, 1),
+			timedGrabOp(0, "u1", "", "", 2, -1, 2050, 0),
+			timedGrabOp(1, "u1", lua.AlreadyClaimed, "1", 4, 5, 2060, 2070),
+		}, false},
+		{"time gate: the window a configure wrote is the one checked", 3, []porcupine.Operation{
+			openWindowOp(0, 1),
+			op(9, Input{Op: OpPause, StartMs: windowStart, EndMs: 3000}, Output{State: "open"}, 2, 3),
+			op(9, Input{Op: OpResume, StartMs: windowStart, EndMs: 3000}, Output{State: "open"}, 4, 5),
+			timedGrabOp(0, "u1", lua.Ended, "", 6, 7, 2500, 2501), // the end moved to 3000
+		}, false},
+		{"valid: grabs around the window's gates", 3, []porcupine.Operation{
+			timedGrabOp(0, "u0", lua.NotStarted, "", 0, 1, 800, 801), // before the open
+			openWindowOp(2, 3),
+			timedGrabOp(0, "u1", lua.NotStarted, "", 4, 5, 998, 1002), // straddles the start
+			timedGrabOp(1, "u2", lua.Granted, "1", 4, 5, 998, 1002),
+			timedGrabOp(2, "u3", "", "", 6, -1, 1500, 0),             // unknown: took packet 2
+			timedGrabOp(0, "u4", lua.Granted, "3", 7, 8, 1990, 2003), // straddles the end
+			timedGrabOp(1, "u5", lua.Ended, "", 7, 8, 1990, 2003),
+			timedGrabOp(2, "u3", lua.AlreadyClaimed, "2", 9, 10, 2010, 2011),
+			timedGrabOp(0, "u6", lua.Ended, "", 9, 10, 2010, 2011),
+			op(9, Input{Op: OpCloseExpired}, Output{State: "closed", Reason: lua.CloseExpired}, 11, 12),
+			timedGrabOp(0, "u6", lua.Ended, "", 13, 14, 2100, 2101),
+		}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -141,8 +232,8 @@ func TestCheckerCatchesViolations(t *testing.T) {
 }
 
 // TestResolve drops the unknown grabs that changed nothing, turns the one unknown
-// grab of a user into the grant the final read shows, hints the others, and finds
-// phantom claims.
+// grab of a user into the grant the final read shows, hints the others (returning
+// with the user's first already_claimed when there is one), and finds phantom claims.
 func TestResolve(t *testing.T) {
 	h := []porcupine.Operation{
 		op(0, Input{Op: OpGrab, User: "u1"}, Output{}, 0, -1), // holds nothing: dropped
@@ -152,15 +243,22 @@ func TestResolve(t *testing.T) {
 		grabOp(3, "u4", lua.Granted, "9", 0, 1),
 		op(3, Input{Op: OpGrab, User: "u4"}, Output{}, 2, -1), // u4 was answered granted: dropped
 		grabOp(4, "u5", lua.Paused, "", 0, 1),                 // u5 holds 6, never given: phantom
+		op(5, Input{Op: OpGrab, User: "u6"}, Output{}, 3, -1), // hinted 5, returns at 6
+		grabOp(6, "u6", lua.AlreadyClaimed, "5", 5, 6),
+		grabOp(6, "u6", lua.AlreadyClaimed, "5", 8, 9),
+		op(5, Input{Op: OpGrab, User: "u6"}, Output{}, 7, -1), // called after u6 held 5: dropped
 	}
-	got, dropped, phantoms := Resolve(h, map[string]map[string]string{"A": {"u2": "7", "u3": "8", "u4": "9", "u5": "6"}})
-	if dropped != 2 || len(got) != 5 || len(phantoms) != 1 || phantoms[0] != "A/u5" {
+	got, dropped, phantoms := Resolve(h, map[string]map[string]string{"A": {"u2": "7", "u3": "8", "u4": "9", "u5": "6", "u6": "5"}})
+	if dropped != 3 || len(got) != 8 || len(phantoms) != 1 || phantoms[0] != "A/u5" {
 		t.Fatalf("Resolve: dropped %d, phantoms %v, got %+v", dropped, phantoms, got)
 	}
 	if o := got[0].Output.(Output); o.Unknown || !o.Resolved || o.Outcome != lua.Granted || o.Packet != "7" {
 		t.Errorf("u2's grab resolved to %+v", o)
 	}
-	if o := got[1].Output.(Output); !o.Unknown || o.Packet != "8" {
-		t.Errorf("u3's grab resolved to %+v", o)
+	if o := got[1].Output.(Output); !o.Unknown || o.Packet != "8" || got[1].Return != 1<<40 {
+		t.Errorf("u3's grab resolved to %+v returning at %d", o, got[1].Return)
+	}
+	if o := got[5].Output.(Output); !o.Unknown || o.Packet != "5" || got[5].Return != 6 {
+		t.Errorf("u6's first grab resolved to %+v returning at %d, want hinted 5 returning at 6", o, got[5].Return)
 	}
 }

@@ -1,6 +1,7 @@
 // Package history checks the red-packet activity's histories for linearizability:
-// randomized rains against a real redis-server, with faults injected between the grab
-// path and Redis and between the settlement worker and the balance system, every
+// randomized rains through real grab servers (grabsvc) against a real redis-server,
+// with faults injected between the services and Redis, between the settlement
+// worker and the balance system, and on the services themselves (restarts), every
 // call and return recorded and checked with porcupine against a sequential model of
 // one activity (Model). The package's tests are the harness; the model, the fault
 // proxy and the flaky webhook are plain code so the tests can feed them hand-made
@@ -38,6 +39,14 @@ type Input struct {
 	Activity string
 	Op       Op
 	User     string
+	// StartMs and EndMs are, for open, pause and resume, the window Configure writes:
+	// unix milliseconds on the Redis server's clock, 0 for an open side.
+	StartMs, EndMs int64
+	// NotBeforeMs and NotAfterMs bound, for a grab, the Redis server's clock (unix
+	// milliseconds, as grab.lua reads it with TIME) when its script can have run: at
+	// or after NotBeforeMs and, unless NotAfterMs is 0, at or before NotAfterMs. A
+	// grab whose outcome is unknown has no upper bound: its command may run late.
+	NotBeforeMs, NotAfterMs int64
 }
 
 // Output is one return. Unknown marks a call that timed out or failed: it may or may
@@ -45,7 +54,9 @@ type Input struct {
 // of the history, so the checker may place it anywhere after its call, including
 // after every completed operation, where it is the same as never having happened.
 // An unknown grab's Packet, when set, is the packet its user holds at the end (see
-// Resolve); unset, the first later already_claimed of the user names it.
+// Resolve): the grab took that packet, or it changed nothing and is placed where its
+// user already holds it. Unset, a grab that took a packet leaves it to the first
+// later already_claimed of the user to name.
 type Output struct {
 	Unknown bool
 	// Resolved marks a grab whose call timed out or failed but which the final read
@@ -74,6 +85,8 @@ type state struct {
 	remaining int
 	opened    bool
 	paused    bool
+	startMs   int64 // the window Configure wrote, 0 for an open side
+	endMs     int64
 	closed    lua.CloseReason   // "" while not closed
 	claims    map[string]string // user -> packet id (or unknownClaim)
 	held      map[string]string // packet id -> user
@@ -97,7 +110,8 @@ func (s *state) gateHash() uint64 {
 		g |= 2
 	}
 	g |= uint64(len(s.closed)) << 2
-	return s.hash ^ uint64(s.remaining)*0x9e3779b97f4a7c15 ^ g*0xc2b2ae3d27d4eb4f
+	return s.hash ^ uint64(s.remaining)*0x9e3779b97f4a7c15 ^ g*0xc2b2ae3d27d4eb4f ^
+		uint64(s.startMs)*0x165667b19e3779f9 ^ uint64(s.endMs)*0x27d4eb2f165667c5
 }
 
 func (s *state) withGate() *state {
@@ -131,9 +145,45 @@ func (s *state) withClaim(user, packet string) *state {
 	return &n
 }
 
-// grabbable says whether a grab by a user without a claim reaches LPOP (grab.lua's
-// gates in their order: closed, not open, paused).
+// grabbable says whether a grab by a user without a claim passes grab.lua's state
+// gates (in their order: closed, not open, paused) and reaches its clock.
 func (s *state) grabbable() bool { return s.closed == "" && s.opened && !s.paused }
+
+// someTime says whether the Redis clock can have read some t with from <= t and,
+// unless until is 0, t < until while in's script ran.
+func someTime(in Input, from, until int64) bool {
+	lo := max(from, in.NotBeforeMs)
+	if in.NotAfterMs != 0 && lo > in.NotAfterMs {
+		return false
+	}
+	return until == 0 || lo < until
+}
+
+// reachesPop says whether a grab by a user without a claim can reach LPOP: it passes
+// the state gates and then the window, on the Redis clock when its script ran.
+func (s *state) reachesPop(in Input) bool {
+	return s.grabbable() && someTime(in, s.startMs, s.endMs)
+}
+
+// mayAnswerNotStarted says whether a grab by a user without a claim can answer
+// not_started: the activity is not open yet, or it is and the clock is before the
+// window's start.
+func (s *state) mayAnswerNotStarted(in Input) bool {
+	if s.closed != "" {
+		return false
+	}
+	return !s.opened || !s.paused && s.startMs > 0 && someTime(in, 0, s.startMs)
+}
+
+// mayAnswerEnded says whether a grab by a user without a claim can answer ended: the
+// activity was closed as expired, or it is open and the clock is at or past the
+// window's end (and past its start, which grab.lua checks first).
+func (s *state) mayAnswerEnded(in Input) bool {
+	if s.closed != "" {
+		return s.closed == lua.CloseExpired
+	}
+	return s.opened && !s.paused && s.endMs > 0 && someTime(in, max(s.startMs, s.endMs), 0)
+}
 
 // freePacket says whether p is a packet id of the activity that nobody holds.
 func (s *state) freePacket(p string) bool {
@@ -145,18 +195,25 @@ func (s *state) freePacket(p string) bool {
 	return !taken
 }
 
-func (s *state) stepGrab(user string, out Output) (bool, *state) {
+func (s *state) stepGrab(in Input, out Output) (bool, *state) {
+	user := in.User
 	claim, has := s.claims[user]
 	if out.Unknown {
-		if has || !s.grabbable() || s.remaining == 0 {
-			return true, s
+		if has {
+			return true, s // a grab of a user holding a packet changes nothing
 		}
 		if out.Packet == "" {
+			if !s.reachesPop(in) || s.remaining == 0 {
+				return true, s
+			}
 			return true, s.withClaim(user, unknownClaim)
 		}
-		// The user holds out.Packet at the end (see Resolve): if this call took a
-		// packet, it took that one.
-		if !s.freePacket(out.Packet) {
+		// The user holds out.Packet at the end (see Resolve): this call took that
+		// packet, or it changed nothing. A call that changed nothing is placed where
+		// its user already holds the packet (always possible before its return, see
+		// Resolve), never where it could have taken it, so the checker does not try
+		// every subset of such calls as no-ops.
+		if !s.reachesPop(in) || s.remaining == 0 || !s.freePacket(out.Packet) {
 			return false, s
 		}
 		return true, s.withClaim(user, out.Packet)
@@ -168,7 +225,7 @@ func (s *state) stepGrab(user string, out Output) (bool, *state) {
 			return true, s
 		case has && claim == unknownClaim && s.freePacket(out.Packet):
 			return true, s.withClaim(user, out.Packet)
-		case !has && s.grabbable() && s.remaining > 0 && s.freePacket(out.Packet):
+		case !has && s.reachesPop(in) && s.remaining > 0 && s.freePacket(out.Packet):
 			// The grab path's client retries a command once after a connection
 			// error (lua.GrabClientOptions): the first run granted the packet, its
 			// reply was lost, and the retry answered already_claimed with the same
@@ -177,7 +234,7 @@ func (s *state) stepGrab(user string, out Output) (bool, *state) {
 		}
 		return false, s
 	case lua.Granted:
-		if has || !s.grabbable() || s.remaining == 0 || !s.freePacket(out.Packet) {
+		if has || !s.reachesPop(in) || s.remaining == 0 || !s.freePacket(out.Packet) {
 			return false, s
 		}
 		return true, s.withClaim(user, out.Packet)
@@ -187,18 +244,18 @@ func (s *state) stepGrab(user string, out Output) (bool, *state) {
 	}
 	switch out.Outcome {
 	case lua.SoldOut:
-		return s.closed == lua.CloseExhausted || s.grabbable() && s.remaining == 0, s
+		return s.closed == lua.CloseExhausted || s.reachesPop(in) && s.remaining == 0, s
 	case lua.Ended:
-		return s.closed == lua.CloseExpired, s
+		return s.mayAnswerEnded(in), s
 	case lua.NotStarted:
-		return s.closed == "" && !s.opened, s
+		return s.mayAnswerNotStarted(in), s
 	case lua.Paused:
 		return s.closed == "" && s.opened && s.paused, s
 	}
 	return false, s
 }
 
-func (s *state) stepConfigure(paused bool, out Output) (bool, *state) {
+func (s *state) stepConfigure(in Input, paused bool, out Output) (bool, *state) {
 	if s.closed != "" {
 		return out.Unknown || out.State == string(lua.StateClosed), s
 	}
@@ -207,6 +264,7 @@ func (s *state) stepConfigure(paused bool, out Output) (bool, *state) {
 	}
 	n := s.withGate()
 	n.opened, n.paused = true, paused
+	n.startMs, n.endMs = in.StartMs, in.EndMs
 	return true, n
 }
 
@@ -259,11 +317,11 @@ func Model(counts map[string]int) porcupine.Model {
 			var next *state
 			switch i.Op {
 			case OpGrab:
-				ok, next = s.stepGrab(i.User, o)
+				ok, next = s.stepGrab(i, o)
 			case OpOpen, OpResume:
-				ok, next = s.stepConfigure(false, o)
+				ok, next = s.stepConfigure(i, false, o)
 			case OpPause:
-				ok, next = s.stepConfigure(true, o)
+				ok, next = s.stepConfigure(i, true, o)
 			case OpCloseExpired:
 				ok, next = s.stepClose(lua.CloseExpired, o)
 			case OpCloseExhausted:
@@ -285,6 +343,7 @@ func Model(counts map[string]int) porcupine.Model {
 				return x == y
 			}
 			if x.count != y.count || x.remaining != y.remaining || x.opened != y.opened || x.paused != y.paused ||
+				x.startMs != y.startMs || x.endMs != y.endMs ||
 				x.closed != y.closed || x.hash != y.hash || len(x.claims) != len(y.claims) {
 				return false
 			}
@@ -313,7 +372,17 @@ func Model(counts map[string]int) porcupine.Model {
 				res = strings.TrimSpace(o.State + " " + string(o.Reason))
 			}
 			if i.Op == OpGrab {
-				return fmt.Sprintf("grab(%s) -> %s", i.User, res)
+				at := ""
+				switch {
+				case i.NotBeforeMs != 0 && i.NotAfterMs != 0:
+					at = fmt.Sprintf(" [redis ms %d..%d]", i.NotBeforeMs, i.NotAfterMs)
+				case i.NotBeforeMs != 0:
+					at = fmt.Sprintf(" [redis ms %d..]", i.NotBeforeMs)
+				}
+				return fmt.Sprintf("grab(%s)%s -> %s", i.User, at, res)
+			}
+			if i.StartMs != 0 || i.EndMs != 0 {
+				return fmt.Sprintf("%s [window %d..%d] -> %s", i.Op, i.StartMs, i.EndMs, res)
 			}
 			return fmt.Sprintf("%s -> %s", i.Op, res)
 		},
@@ -339,6 +408,9 @@ func Model(counts map[string]int) porcupine.Model {
 			if len(users) > 12 {
 				users = append(users[:12], fmt.Sprintf("… %d more", len(s.claims)-12))
 			}
+			if s.startMs != 0 || s.endMs != 0 {
+				gate += fmt.Sprintf(" [window %d..%d]", s.startMs, s.endMs)
+			}
 			return fmt.Sprintf("%s, %d/%d left, claims {%s}", gate, s.remaining, s.count, strings.Join(users, ", "))
 		},
 	}
@@ -350,19 +422,26 @@ func Model(counts map[string]int) porcupine.Model {
 // does not finish for a few dozen of them. Each user holds at most one packet, so:
 //
 //   - an unknown grab of a user who holds nothing at the end, or of a user one of whose
-//     grabs answered granted, changed nothing; it is dropped (a call that changes
+//     grabs answered granted, or one called after a grab of the same user had already
+//     returned already_claimed, changed nothing; it is dropped (a call that changes
 //     nothing and answers nothing can always be placed);
 //   - the one unknown grab of a user who holds p at the end and was never answered
 //     granted or already_claimed is the grab that took p: it becomes granted p, with
 //     its return still at the end;
 //   - any other unknown grab of a user holding p took p or nothing, and carries p.
+//     When the user was answered already_claimed later, the grab returns with the
+//     first such answer instead of at the end: it took p before that answer or
+//     changed nothing, and a grab that changed nothing can be placed right after the
+//     answer. This keeps the orders the checker tries local to the overlapping calls
+//     instead of spanning the rest of the history.
 //
 // A user holding a packet at the end whom no grab can have given it is a phantom
 // claim, returned by user for the caller to fail on. Resolve also returns how many
 // operations it dropped.
 func Resolve(history []porcupine.Operation, final map[string]map[string]string) (ops []porcupine.Operation, dropped int, phantoms []string) {
 	type key struct{ activity, user string }
-	granted, already, unknown := map[key]bool{}, map[key]bool{}, map[key]int{}
+	granted, unknown := map[key]bool{}, map[key]int{}
+	firstAlready := map[key]int64{} // the earliest return of an already_claimed answer
 	for _, op := range history {
 		in, o := op.Input.(Input), op.Output.(Output)
 		if in.Op != OpGrab {
@@ -375,13 +454,15 @@ func Resolve(history []porcupine.Operation, final map[string]map[string]string) 
 		case o.Outcome == lua.Granted:
 			granted[k] = true
 		case o.Outcome == lua.AlreadyClaimed:
-			already[k] = true
+			if r, ok := firstAlready[k]; !ok || op.Return < r {
+				firstAlready[k] = op.Return
+			}
 		}
 	}
 	for a, claims := range final {
 		for user := range claims {
 			k := key{a, user}
-			if !granted[k] && !already[k] && unknown[k] == 0 {
+			if _, already := firstAlready[k]; !granted[k] && !already && unknown[k] == 0 {
 				phantoms = append(phantoms, a+"/"+user)
 			}
 		}
@@ -393,14 +474,18 @@ func Resolve(history []porcupine.Operation, final map[string]map[string]string) 
 		if in.Op == OpGrab && o.Unknown {
 			k := key{in.Activity, in.User}
 			p, holds := final[in.Activity][in.User]
+			alreadyRet, already := firstAlready[k]
 			switch {
-			case !holds || granted[k]:
+			case !holds || granted[k] || already && alreadyRet <= op.Call:
 				dropped++
 				continue
-			case unknown[k] == 1 && !already[k]:
+			case unknown[k] == 1 && !already:
 				o = Output{Outcome: lua.Granted, Packet: p, Resolved: true}
 			default:
 				o.Packet = p
+				if already {
+					op.Return = min(op.Return, alreadyRet)
+				}
 			}
 			op.Output = o
 		}

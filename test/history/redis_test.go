@@ -42,6 +42,16 @@ func startRedis(t *testing.T) *redisProc {
 		t.Fatalf("starting redis-server: %v", err)
 	}
 	t.Cleanup(r.kill)
+	// Durable mode: every acknowledged write is on disk before its reply, so a
+	// SIGKILL loses none, and acknowledged-grants-lost must be 0.
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer func() { _ = c.Close() }()
+	for param, want := range map[string]string{"appendonly": "yes", "appendfsync": "always"} {
+		got, err := c.ConfigGet(context.Background(), param).Result()
+		if err != nil || got[param] != want {
+			t.Fatalf("redis-server %s = %q (%v), want %q", param, got[param], err, want)
+		}
+	}
 	return r
 }
 
