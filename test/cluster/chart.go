@@ -31,19 +31,9 @@ func (c *Cluster) InstallChart(ctx context.Context, version string, values map[s
 	if err != nil {
 		return in, err
 	}
-	start := time.Now()
-	if _, err := c.Kubectl(ctx, "", "apply", "-k", filepath.Join(root, "config", "dev-redis")); err != nil {
+	if err := c.installDevRedis(ctx, root, &in); err != nil {
 		return in, err
 	}
-	if _, err := c.Kubectl(ctx, "", "-n", OperatorNamespace, "rollout", "status", "deployment/redis", "--timeout=180s"); err != nil {
-		return in, err
-	}
-	ip, err := c.Kubectl(ctx, "", "-n", OperatorNamespace, "get", "service", "redis", "-o", "jsonpath={.spec.clusterIP}")
-	if err != nil {
-		return in, err
-	}
-	in.RedisAddr = ip + ":6379"
-	in.RedisReady = time.Since(start)
 
 	ch, err := loader.Load(filepath.Join(root, "charts", "redpacket-operator"))
 	if err != nil {
@@ -67,7 +57,7 @@ func (c *Cluster) InstallChart(ctx context.Context, version string, values map[s
 	install.ReleaseName = ReleaseName
 	install.Namespace = namespace
 	install.Timeout = 3 * time.Minute
-	start = time.Now()
+	start := time.Now()
 	rel, err := install.RunWithContext(ctx, ch, vals)
 	if err != nil {
 		return in, fmt.Errorf("helm install %s: %w", ReleaseName, err)

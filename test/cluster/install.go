@@ -44,19 +44,9 @@ func (c *Cluster) Install(ctx context.Context, version string) (Installed, error
 	if err != nil {
 		return in, err
 	}
-	start := time.Now()
-	if _, err := c.Kubectl(ctx, "", "apply", "-k", filepath.Join(root, "config", "dev-redis")); err != nil {
+	if err := c.installDevRedis(ctx, root, &in); err != nil {
 		return in, err
 	}
-	if _, err := c.Kubectl(ctx, "", "-n", OperatorNamespace, "rollout", "status", "deployment/redis", "--timeout=180s"); err != nil {
-		return in, err
-	}
-	ip, err := c.Kubectl(ctx, "", "-n", OperatorNamespace, "get", "service", "redis", "-o", "jsonpath={.spec.clusterIP}")
-	if err != nil {
-		return in, err
-	}
-	in.RedisAddr = ip + ":6379"
-	in.RedisReady = time.Since(start)
 
 	rendered := filepath.Join(c.Dir, "install.yaml")
 	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "render-install.sh"), version, rendered)
@@ -72,7 +62,7 @@ func (c *Cluster) Install(ctx context.Context, version string) (Installed, error
 		return in, fmt.Errorf("the install manifests no longer name %s as the default Redis", defaultRedisAddress)
 	}
 	manifests := strings.ReplaceAll(string(b), defaultRedisAddress, in.RedisAddr)
-	start = time.Now()
+	start := time.Now()
 	if _, err := c.Kubectl(ctx, manifests, "apply", "--server-side", "-f", "-"); err != nil {
 		return in, err
 	}
@@ -81,4 +71,24 @@ func (c *Cluster) Install(ctx context.Context, version string) (Installed, error
 	}
 	in.OperatorReady = time.Since(start)
 	return in, nil
+}
+
+// installDevRedis applies config/dev-redis (the operator's namespace and a Redis),
+// waits until the Redis is Available, and records its Service's ClusterIP address
+// (the node has no cluster DNS) and how long it took in in.
+func (c *Cluster) installDevRedis(ctx context.Context, root string, in *Installed) error {
+	start := time.Now()
+	if _, err := c.Kubectl(ctx, "", "apply", "-k", filepath.Join(root, "config", "dev-redis")); err != nil {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, "", "-n", OperatorNamespace, "rollout", "status", "deployment/redis", "--timeout=180s"); err != nil {
+		return err
+	}
+	ip, err := c.Kubectl(ctx, "", "-n", OperatorNamespace, "get", "service", "redis", "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		return err
+	}
+	in.RedisAddr = ip + ":6379"
+	in.RedisReady = time.Since(start)
+	return nil
 }
