@@ -6,7 +6,10 @@ package controlplane
 import (
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -91,7 +94,53 @@ func New() (*ControlPlane, error) {
 		_ = env.Stop()
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
-	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, BinDir: binDir, env: env}, nil
+	cp := &ControlPlane{Config: cfg, Client: c, Scheme: scheme, BinDir: binDir, env: env}
+	if testing.Testing() {
+		// Programs (the demo, the benchmark) handle their own signals and tear down
+		// themselves.
+		running.add(cp)
+	}
+	return cp, nil
+}
+
+// running are the control planes a test binary started and has not stopped yet. An
+// interrupted test run (Ctrl-C, or a SIGTERM from a timeout) stops them before it exits, so that no
+// kube-apiserver or etcd outlives it: envtest starts them in process groups of their
+// own, which the terminal's signal does not reach.
+var running = &controlPlanes{set: map[*ControlPlane]bool{}}
+
+type controlPlanes struct {
+	mu       sync.Mutex
+	set      map[*ControlPlane]bool
+	watching bool
+}
+
+func (r *controlPlanes) add(cp *ControlPlane) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.set[cp] = true
+	if r.watching {
+		return
+	}
+	r.watching = true
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		r.mu.Lock()
+		for cp := range r.set {
+			_ = cp.env.Stop()
+		}
+		r.mu.Unlock()
+		fmt.Fprintf(os.Stderr, "control plane: stopped on %v\n", s)
+		os.Exit(1)
+	}()
+}
+
+func (r *controlPlanes) remove(cp *ControlPlane) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.set, cp)
 }
 
 // Start starts a control plane for the test and stops it at cleanup.
@@ -107,6 +156,7 @@ func Start(tb testing.TB) *ControlPlane {
 
 // Stop stops the API server and etcd.
 func (cp *ControlPlane) Stop() error {
+	running.remove(cp)
 	return cp.env.Stop()
 }
 
