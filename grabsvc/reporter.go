@@ -107,6 +107,10 @@ func (r *Reporter) Run(ctx context.Context) {
 func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		// Shutting down: not a failed report.
+		return false, err
+	}
 	act := r.Activity()
 	if act == nil {
 		return false, nil
