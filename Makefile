@@ -101,9 +101,11 @@ bench: redis controlplane build ## Measure the grab path against redis-benchmark
 	$(GO) run ./hack/bench $(ARGS)
 
 SOAK_RUNS ?= 200
+SOAK_OPERATOR_RUNS ?= $(SOAK_RUNS)
 .PHONY: soak
-soak: redis ## Check SOAK_RUNS (200) seeded rains under faults for linearizability; prints runs, operations, faults, violations, lost.
-	HISTORY_RUNS=$(SOAK_RUNS) $(GO) test -count=1 -timeout 60m -run TestRandomizedHistories -v ./test/history/
+soak: redis controlplane ## Check SOAK_RUNS (200) seeded rains under faults for linearizability with the stand-in controller and SOAK_OPERATOR_RUNS with the real one; prints runs, operations, faults, violations, lost, real-controller restarts.
+	HISTORY_RUNS=$(SOAK_RUNS) HISTORY_OPERATOR_RUNS=$(SOAK_OPERATOR_RUNS) $(GO) test -count=1 -timeout 60m \
+		-run '^(TestRandomizedHistories|TestHistoriesWithOperator)$$' -v ./test/history/
 
 ##@ Deployment
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 )
 
@@ -169,6 +170,40 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			openOp(0, 1),
 			op(9, Input{Op: OpCloseExpired}, Output{State: string(lua.CloseFenced)}, 2, 3),
 		}, false},
+		// Spec edits of the real controller (operator_test.go): an edit superseded
+		// before the controller reported it is an unknown outcome bounded by the
+		// later edit's report.
+		{"a bounded unknown pause cannot take effect after its return", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpPause}, Output{Unknown: true, Bounded: true}, 2, 3),
+			grabOp(0, "u1", lua.Granted, "1", 4, 5),
+		}, false},
+		{"valid: an unbounded unknown pause may never take effect", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpPause}, Output{Unknown: true}, 2, 1<<40),
+			grabOp(0, "u1", lua.Granted, "1", 4, 5),
+		}, true},
+		{"valid: a superseded pause placed before the resume that superseded it", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpPause}, Output{Unknown: true, Bounded: true}, 2, 6),
+			op(9, Input{Op: OpResume}, Output{State: "open"}, 3, 6),
+			grabOp(0, "u1", lua.Granted, "1", 7, 8),
+		}, true},
+		{"valid: a pause the controller reported closed, paused answers before its own close", 1, []porcupine.Operation{
+			op(8, Input{Op: OpCloseExhausted}, Output{State: "closed", Reason: lua.CloseExhausted}, 0, 20),
+			openOp(0, 1),
+			grabOp(0, "u1", lua.Granted, "1", 2, 3),
+			grabOp(1, "u2", lua.SoldOut, "", 4, 5),
+			op(9, Input{Op: OpPause}, Output{Unknown: true, Bounded: true}, 6, 20),
+			grabOp(1, "u3", lua.Paused, "", 8, 9),
+			grabOp(1, "u3", lua.SoldOut, "", 21, 22),
+		}, true},
+		{"the controller's close-exhausted cannot close with a packet left", 2, []porcupine.Operation{
+			op(8, Input{Op: OpCloseExhausted}, Output{State: "closed", Reason: lua.CloseExhausted}, 0, 20),
+			openOp(0, 1),
+			grabOp(0, "u1", lua.Granted, "1", 2, 3),
+			grabOp(1, "u2", lua.Ended, "", 21, 22),
+		}, false},
 		// The time gates: grab.lua reads the Redis clock, which the history bounds
 		// per grab by the wall clock at its call and return.
 		{"time gate: not_started after the window's start", 3, []porcupine.Operation{
@@ -260,5 +295,37 @@ func TestResolve(t *testing.T) {
 	}
 	if o := got[5].Output.(Output); !o.Unknown || o.Packet != "5" || got[5].Return != 6 {
 		t.Errorf("u6's first grab resolved to %+v returning at %d, want hinted 5 returning at 6", o, got[5].Return)
+	}
+}
+
+// TestEditOutput maps the phase the controller reports for a spec edit to the
+// model's output, and finds the phases that contradict the edit.
+func TestEditOutput(t *testing.T) {
+	cases := []struct {
+		op    Op
+		phase redpacketv1alpha1.Phase
+		out   Output
+		ok    bool
+	}{
+		{OpOpen, redpacketv1alpha1.PhaseActive, Output{State: "open"}, true},
+		{OpOpen, redpacketv1alpha1.PhaseScheduled, Output{State: "open"}, true},
+		{OpOpen, redpacketv1alpha1.PhasePaused, Output{State: "open"}, false},
+		{OpPause, redpacketv1alpha1.PhasePaused, Output{State: "open"}, true},
+		{OpPause, redpacketv1alpha1.PhaseActive, Output{State: "open"}, false},
+		{OpResume, redpacketv1alpha1.PhaseActive, Output{State: "open"}, true},
+		{OpResume, redpacketv1alpha1.PhasePaused, Output{State: "open"}, false},
+		{OpPause, redpacketv1alpha1.PhaseExhausted, Output{Unknown: true, Bounded: true}, true},
+		{OpResume, redpacketv1alpha1.PhaseExpired, Output{Unknown: true, Bounded: true}, true},
+		{OpCloseExpired, redpacketv1alpha1.PhaseExpired, Output{State: "closed", Reason: lua.CloseExpired}, true},
+		{OpCloseExpired, redpacketv1alpha1.PhaseExhausted, Output{State: "closed", Reason: lua.CloseExhausted}, true},
+		{OpCloseExpired, redpacketv1alpha1.PhaseActive, Output{State: "open"}, false},
+		{OpResume, redpacketv1alpha1.PhaseFailed, Output{State: "phase Failed"}, false},
+		{OpOpen, redpacketv1alpha1.PhaseSeeding, Output{State: "phase Seeding"}, false},
+	}
+	for _, c := range cases {
+		out, ok := editOutput(c.op, c.phase)
+		if out != c.out || ok != c.ok {
+			t.Errorf("editOutput(%s, %s) = %+v, %t; want %+v, %t", c.op, c.phase, out, ok, c.out, c.ok)
+		}
 	}
 }

@@ -13,9 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/lua"
@@ -47,14 +44,11 @@ type grabInstance struct {
 	done chan struct{}
 }
 
-// newGrabService starts the first grab server for the activity with the given UID;
-// timeout is the server's Redis deadline (Config.RedisTimeout), the grab clients'
-// socket timeout too, as in the grab service's command.
-func newGrabService(uid, redisAddr string, timeout time.Duration) (*grabService, error) {
-	obj := &redpacketv1alpha1.RedPacketActivity{
-		ObjectMeta: metav1.ObjectMeta{Name: uid, Namespace: "default", UID: types.UID(uid), ResourceVersion: "1"},
-		Spec:       redpacketv1alpha1.RedPacketActivitySpec{Currency: "CNY"},
-	}
+// newGrabService starts the first grab server for the activity obj (its UID names
+// the activity's Redis keys); timeout is the server's Redis deadline
+// (Config.RedisTimeout), the grab clients' socket timeout too, as in the grab
+// service's command.
+func newGrabService(obj *redpacketv1alpha1.RedPacketActivity, redisAddr string, timeout time.Duration) (*grabService, error) {
 	g := &grabService{activity: grabsvc.NewActivity(obj), redis: redisAddr, timeout: timeout}
 	inst, err := g.start()
 	if err != nil {

@@ -21,9 +21,13 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/redis/go-redis/v9"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc/settlement"
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/rain"
 )
 
@@ -83,12 +87,17 @@ type activitySpec struct {
 type ctrlOp struct {
 	at time.Duration
 	op Op
+	// auto marks the reconcile's own close once a window has ended, which the real
+	// controller does by itself (it is no spec edit).
+	auto bool
 }
 
 // scenario is everything a seed decides: the activities, the rain, the controller's
 // operations and the fault schedule. The interleaving is the machine's.
 type scenario struct {
-	seed       uint64
+	seed uint64
+	// operator runs the real controller (operatorScenario) instead of the stand-in.
+	operator   bool
 	clients    int
 	deadline   time.Duration
 	window     time.Duration
@@ -122,7 +131,7 @@ func newScenario(seed uint64) scenario {
 			spec.startAt = time.Duration(100+r.IntN(300)) * time.Millisecond
 			spec.endAt = max(spec.startAt+200*time.Millisecond, sc.window*time.Duration(65+r.IntN(31))/100)
 			// The reconcile closes the activity once the Redis clock passes the end.
-			spec.ctrl = append(spec.ctrl, ctrlOp{at: spec.endAt + time.Duration(r.IntN(150))*time.Millisecond, op: OpCloseExpired})
+			spec.ctrl = append(spec.ctrl, ctrlOp{at: spec.endAt + time.Duration(r.IntN(150))*time.Millisecond, op: OpCloseExpired, auto: true})
 		} else if r.IntN(3) == 0 { // an early end racing the rain
 			spec.ctrl = append(spec.ctrl, ctrlOp{at: sc.window/2 + time.Duration(r.Int64N(int64(sc.window/2))), op: OpCloseExpired})
 		}
@@ -174,7 +183,8 @@ func (r *recorder) add(client int, in Input, out Output, call, ret time.Time) {
 }
 
 // history returns the operations with every unknown outcome returning after the
-// last completed one: the checker may place it anywhere after its call.
+// last completed one, unless it is Bounded: the checker may place it anywhere after
+// its call.
 func (r *recorder) history() []porcupine.Operation {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -184,7 +194,7 @@ func (r *recorder) history() []porcupine.Operation {
 	}
 	ops := append([]porcupine.Operation(nil), r.ops...)
 	for i := range ops {
-		if o := ops[i].Output.(Output); o.Unknown || o.Resolved {
+		if o := ops[i].Output.(Output); o.Unknown && !o.Bounded || o.Resolved {
 			ops[i].Return = last + int64(time.Hour)
 		}
 	}
@@ -201,7 +211,9 @@ type runStats struct {
 	// ctrlCut and ctrlReissued are controller calls cut by a restart and calls a
 	// restarted controller re-issued.
 	ctrlCut, ctrlReissued int
-	check                 time.Duration
+	// op is what the real controller did in runs with the operator.
+	op    operatorStats
+	check time.Duration
 }
 
 func (st *runStats) add(o runStats) {
@@ -214,6 +226,7 @@ func (st *runStats) add(o runStats) {
 	st.lost += o.lost
 	st.ctrlCut += o.ctrlCut
 	st.ctrlReissued += o.ctrlReissued
+	st.op.add(o.op)
 	st.check = max(st.check, o.check)
 	for _, m := range []struct{ to, from *map[string]int }{{&st.faults, &o.faults}, {&st.outcomes, &o.outcomes}} {
 		if *m.to == nil {
@@ -249,8 +262,12 @@ func formatCounts(m map[string]int, keys []string) string {
 var grabOutcomeKeys = []string{string(lua.Granted), string(lua.AlreadyClaimed), string(lua.SoldOut),
 	string(lua.NotStarted), string(lua.Ended), string(lua.Paused), "503", "no-answer"}
 
-// checkTimeout bounds one history's check; a check that times out fails the run.
-const checkTimeout = 30 * time.Second
+// checkTimeout bounds one history's check; a check that times out fails the run. A
+// check slower than slowCheck leaves its history as a failed one does.
+const (
+	checkTimeout = 30 * time.Second
+	slowCheck    = 10 * time.Second
+)
 
 // outputDir is where failed runs leave their visualization and seed.
 func outputDir() string {
@@ -260,7 +277,7 @@ func outputDir() string {
 	return filepath.Join(os.TempDir(), "redpacket-history")
 }
 
-// writeFailure leaves porcupine's visualization of a failed history, the history
+// writeFailure leaves porcupine's visualization of a failed (or slow) history, the history
 // itself as JSON (history.json: one object per operation, times in nanoseconds from
 // the run's start) and its seed in outputDir()/<seed>/, and returns the
 // visualization's path.
@@ -286,8 +303,35 @@ func writeFailure(model porcupine.Model, info porcupine.LinearizationInfo, histo
 // controllerTimeout is the deadline of each of the controller's Redis calls.
 const controllerTimeout = 300 * time.Millisecond
 
-func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
+// harness is what runs share: the Redis server and, for runs with the real
+// controller, the control plane (nil for the stand-in's runs).
+type harness struct {
+	srv *redisProc
+	cp  *controlplane.ControlPlane
+}
+
+// runActivity is one activity as a run knows it once it exists: its UID (the key of
+// its Redis data and of its history's partition), the object its grab service serves,
+// and its packet count and total.
+type runActivity struct {
+	uid   string
+	obj   *redpacketv1alpha1.RedPacketActivity
+	count int
+	total int64
+}
+
+// fakeActivity is the object of an activity the stand-in seeds itself: the grab
+// service needs only its UID, name and currency.
+func fakeActivity(uid string) *redpacketv1alpha1.RedPacketActivity {
+	return &redpacketv1alpha1.RedPacketActivity{
+		ObjectMeta: metav1.ObjectMeta{Name: uid, Namespace: "default", UID: types.UID(uid), ResourceVersion: "1"},
+		Spec:       redpacketv1alpha1.RedPacketActivitySpec{Currency: "CNY"},
+	}
+}
+
+func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	t.Helper()
+	srv := h.srv
 	st := runStats{faults: map[string]int{}, outcomes: map[string]int{}}
 	ctx := context.Background()
 	proxy, err := NewProxy(srv.Addr)
@@ -315,9 +359,47 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 	}
 	defer ctrlProxy.Close()
 	links := []*Proxy{proxy, ctrlProxy}
-	rec := &recorder{base: time.Now()}
-	ctrl := newController(ctrlProxy.Addr(), controllerTimeout, rec)
-	defer ctrl.Close()
+
+	// The controller: the stand-in, which seeds the activities here and calls
+	// Configure and Close itself, or the real one, which seeds and opens the
+	// activities it is given and acts on spec edits.
+	// start is the instant the schedule's times (faults, controller operations, the
+	// rain's pace) count from.
+	var (
+		rec   *recorder
+		ctrl  *controller
+		opr   *operator
+		start time.Time
+		acts  = make([]runActivity, len(sc.activities))
+	)
+	if h.cp == nil {
+		rec = &recorder{base: time.Now()}
+		start = rec.base
+		ctrl = newController(ctrlProxy.Addr(), controllerTimeout, rec)
+		defer ctrl.Close()
+		for i, a := range sc.activities {
+			var total int64
+			for _, v := range a.amounts {
+				total += v
+			}
+			if _, err := lua.NewActivity(direct, a.uid).Seed(ctx, a.amounts, lua.SeedParams{
+				Count: int64(len(a.amounts)), Total: total, Sponsor: "sponsor-" + a.uid}); err != nil {
+				t.Fatalf("seeding %s: %v", a.uid, err)
+			}
+			var startMs, endMs int64
+			if a.endAt > 0 {
+				startMs, endMs = rec.base.Add(a.startAt).UnixMilli(), rec.base.Add(a.endAt).UnixMilli()
+			}
+			ctrl.track(a.uid, sc.clients+i, startMs, endMs)
+			acts[i] = runActivity{uid: a.uid, obj: fakeActivity(a.uid), count: len(a.amounts), total: total}
+		}
+	} else {
+		opr = startOperator(t, h.cp, srv.Addr, ctrlProxy)
+		defer opr.Stop()
+		rec = &recorder{base: time.Now()}
+		acts, start = opr.Create(rec, &sc, hook.URL+"/credit", direct)
+	}
+
 	counts := map[string]int{}
 	var totals = map[string]int64{}
 	svcs := map[string]*grabService{}
@@ -325,22 +407,9 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 	wctx, stopWorkers := context.WithCancel(ctx)
 	var workers sync.WaitGroup
 	defer func() { stopWorkers(); workers.Wait() }()
-	for i, a := range sc.activities {
-		var total int64
-		for _, v := range a.amounts {
-			total += v
-		}
-		counts[a.uid], totals[a.uid] = len(a.amounts), total
-		if _, err := lua.NewActivity(direct, a.uid).Seed(ctx, a.amounts, lua.SeedParams{
-			Count: int64(len(a.amounts)), Total: total, Sponsor: "sponsor-" + a.uid}); err != nil {
-			t.Fatalf("seeding %s: %v", a.uid, err)
-		}
-		var startMs, endMs int64
-		if a.endAt > 0 {
-			startMs, endMs = rec.base.Add(a.startAt).UnixMilli(), rec.base.Add(a.endAt).UnixMilli()
-		}
-		ctrl.track(a.uid, sc.clients+i, startMs, endMs)
-		svc, err := newGrabService(a.uid, proxy.Addr(), sc.deadline)
+	for _, a := range acts {
+		counts[a.uid], totals[a.uid] = a.count, a.total
+		svc, err := newGrabService(a.obj, proxy.Addr(), sc.deadline)
 		if err != nil {
 			t.Fatalf("grab service of %s: %v", a.uid, err)
 		}
@@ -350,7 +419,7 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 		wc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		defer func() { _ = wc.Close() }()
 		w, err := settlement.NewWorker(settlement.Config{
-			Redis: wc, Keys: lua.KeysFor(a.uid), Activity: "default/" + a.uid, ActivityUID: a.uid, Currency: "CNY",
+			Redis: wc, Keys: lua.KeysFor(a.uid), Activity: a.obj.Namespace + "/" + a.obj.Name, ActivityUID: a.uid, Currency: "CNY",
 			WebhookURL: hook.URL + "/credit", MaxAttempts: 100000, Consumer: "history", ClaimIdle: time.Second,
 			HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}, BackoffBase: 10 * time.Millisecond,
 			BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond,
@@ -379,7 +448,7 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 	go func() {
 		defer close(faultsDone)
 		for _, f := range sc.faults {
-			time.Sleep(time.Until(rec.base.Add(f.at)))
+			time.Sleep(time.Until(start.Add(f.at)))
 			switch f.kind {
 			case faultLatency:
 				for _, p := range links {
@@ -415,22 +484,33 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 					t.Errorf("restarting the grab service: %v", err)
 				}
 			case faultControllerRestart:
+				var heldUntil time.Time
 				if f.hold > 0 {
 					ctrlProxy.Stall(f.hold)
+					heldUntil = time.Now().Add(f.hold)
 					time.Sleep(f.hold / 2)
 				}
-				ctrl.Restart(f.dur)
+				if opr != nil {
+					opr.Restart(f.dur, heldUntil)
+				} else {
+					ctrl.Restart(f.dur)
+				}
 			}
 		}
 	}()
-	// The controller's schedule, one goroutine per activity.
-	for _, a := range sc.activities {
+	// The controller's schedule, one goroutine per activity: the stand-in's calls,
+	// or the spec edits the real controller is to act on.
+	for i, a := range sc.activities {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for _, c := range a.ctrl {
-				time.Sleep(time.Until(rec.base.Add(c.at)))
-				ctrl.Apply(a.uid, c.op)
+				time.Sleep(time.Until(start.Add(c.at)))
+				if opr != nil {
+					opr.Apply(i, c.op)
+				} else {
+					ctrl.Apply(a.uid, c.op)
+				}
 			}
 		}()
 	}
@@ -440,9 +520,9 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 	var all []attempt
 	for k := 0; ; k++ {
 		more := false
-		for _, a := range sc.activities {
+		for i, a := range sc.activities {
 			if k < len(a.attempts) {
-				all = append(all, attempt{a.uid, a.attempts[k]})
+				all = append(all, attempt{acts[i].uid, a.attempts[k]})
 				more = true
 			}
 		}
@@ -490,23 +570,31 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 	}
 	wg.Wait()
 	<-faultsDone
-	time.Sleep(time.Until(rec.base.Add(faultEnd)))
-	ctrl.Wait()
-	ctrl.Close()
-	// The end: every activity is closed, which refunds the remainder.
-	for i, a := range sc.activities {
-		act := lua.NewActivity(direct, a.uid)
-		for try := 0; ; try++ {
-			if closeDirect(rec, sc.clients+i, act, a.uid) {
-				break
-			}
-			if try == 20 {
-				t.Fatalf("seed %d: closing %s failed 20 times", sc.seed, a.uid)
+	time.Sleep(time.Until(start.Add(faultEnd)))
+	if opr == nil {
+		ctrl.Wait()
+		ctrl.Close()
+		// The end: every activity is closed, which refunds the remainder.
+		for i, a := range acts {
+			act := lua.NewActivity(direct, a.uid)
+			for try := 0; ; try++ {
+				if closeDirect(rec, sc.clients+i, act, a.uid) {
+					break
+				}
+				if try == 20 {
+					t.Fatalf("seed %d: closing %s failed 20 times", sc.seed, a.uid)
+				}
 			}
 		}
+		st.ctrlCut, st.ctrlReissued = ctrl.cut, ctrl.reissued
+	} else {
+		// The end: the controller acts on the edits still pending, then closes every
+		// activity on an edit of its endTime, which refunds the remainder.
+		opr.Wait(editWait)
+		opr.CloseAll(direct)
+		opr.Flush()
 	}
 	history := rec.history()
-	st.ctrlCut, st.ctrlReissued = ctrl.cut, ctrl.reissued
 	// firstAlready counts grabs answered already_claimed with no earlier call of the
 	// same user that could have claimed: the grab path's client retried after a lost
 	// reply (see stepGrab).
@@ -535,7 +623,7 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 
 	// Settlement drains: every claim and the refund reach the balance system.
 	deadline := time.Now().Add(60 * time.Second)
-	for _, a := range sc.activities {
+	for _, a := range acts {
 		act := lua.NewActivity(direct, a.uid)
 		for {
 			snap, err := act.Snapshot(ctx)
@@ -553,7 +641,7 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 
 	// The final read of the claims, which also resolves the unknown grabs.
 	final := map[string]map[string]string{}
-	for _, a := range sc.activities {
+	for _, a := range acts {
 		claims, err := lua.NewActivity(direct, a.uid).Claims(ctx)
 		if err != nil {
 			t.Fatalf("claims: %v", err)
@@ -584,6 +672,14 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 		}
 		t.Errorf("seed %d: history of %d operations is %s (not linearizable, or the check timed out); visualization %s; replay with HISTORY_SEED=%d",
 			sc.seed, len(history), res, path, sc.seed)
+	} else if st.check > slowCheck {
+		// Not a failure, but close to one: leave the history for a look at what
+		// made the search long.
+		path, err := writeFailure(model, info, history, sc.seed, fmt.Sprint(sc.faults))
+		if err != nil {
+			t.Errorf("writing the visualization: %v", err)
+		}
+		t.Logf("seed %d: the check took %v (the limit is %v); visualization %s", sc.seed, st.check.Round(time.Millisecond), checkTimeout, path)
 	}
 
 	// Conservation and acknowledged grants.
@@ -601,7 +697,7 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 	if tot.Conflicts != 0 || tot.UsersCreditedTwice != 0 || tot.BadRequests != 0 {
 		t.Errorf("seed %d: balance system: %+v", sc.seed, tot)
 	}
-	for _, a := range sc.activities {
+	for i, a := range acts {
 		act := lua.NewActivity(direct, a.uid)
 		claims, err := act.Claims(ctx)
 		if err != nil {
@@ -646,6 +742,15 @@ func runScenario(t *testing.T, srv *redisProc, sc scenario) runStats {
 				t.Errorf("seed %d: %s: %s was acknowledged packet %s, never credited", sc.seed, a.uid, user, p)
 			}
 		}
+		if opr != nil {
+			// The controller's account of the end: its status counters are Redis's,
+			// the claims are the history's grants, and the refund is the rest.
+			opr.CheckStatus(i, act, sc.seed, a.total, claimed, len(claims), len(acked[a.uid]))
+		}
+	}
+	if opr != nil {
+		st.op = opr.Stats()
+		st.violations += st.op.contradictions
 	}
 	return st
 }
@@ -671,28 +776,47 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// TestRandomizedHistories runs seeded rains under faults and checks every history
-// (HISTORY_RUNS runs, default 6; HISTORY_SEED replays one seed). It ends with the
-// table of all runs: operations checked, faults injected by kind, violations and
-// acknowledged grants lost (both must be 0), and the grabs' answers.
+// TestRandomizedHistories runs seeded rains under faults with the stand-in controller
+// and checks every history (HISTORY_RUNS runs, default 6; HISTORY_SEED replays one
+// seed). It ends with the table of all runs: operations checked, faults injected by
+// kind, violations and acknowledged grants lost (both must be 0), and the grabs'
+// answers.
 func TestRandomizedHistories(t *testing.T) {
 	srv := startRedis(t)
-	runs := envInt("HISTORY_RUNS", 6)
-	base := uint64(time.Now().UnixNano())
+	runSeeds(t, harness{srv: srv}, envInt("HISTORY_RUNS", 6), newScenario)
+}
+
+// seeds returns the seeds of a test's runs: HISTORY_SEED alone, or runs seeds from
+// the clock.
+func seeds(t *testing.T, runs int) []uint64 {
+	t.Helper()
 	if s := os.Getenv("HISTORY_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
 			t.Fatalf("HISTORY_SEED=%q: %v", s, err)
 		}
-		base, runs = n, 1
+		return []uint64{n}
 	}
+	base := uint64(time.Now().UnixNano())
+	out := make([]uint64, runs)
+	for i := range out {
+		out[i] = base + uint64(i)
+	}
+	return out
+}
+
+// runSeeds runs and checks the scenarios of the seeds, logs one line per run, stops
+// at the first failed run, and ends with the table of all runs.
+func runSeeds(t *testing.T, h harness, runs int, scenarioOf func(uint64) scenario) {
+	t.Helper()
 	var sum runStats
-	windowed := 0
+	windowed, done := 0, 0
 	start := time.Now()
-	for i := 0; i < runs; i++ {
-		sc := newScenario(base + uint64(i))
+	for _, seed := range seeds(t, runs) {
+		sc := scenarioOf(seed)
 		begin := time.Now()
-		st := runScenario(t, srv, sc)
+		st := runScenario(t, h, sc)
+		done++
 		var windows []string
 		for _, a := range sc.activities {
 			if a.endAt > 0 {
@@ -700,14 +824,17 @@ func TestRandomizedHistories(t *testing.T) {
 				windows = append(windows, fmt.Sprintf("%s %v..%v", a.uid, a.startAt, a.endAt))
 			}
 		}
-		t.Logf("seed %d: %d clients, %d+%d packets, windows %v, %d ops (%d granted, %d unknown of which %d changed nothing, %d first-call already_claimed; answers %s; controller calls cut %d, re-issued %d), faults %v: %d violations, %d lost (%v, check %v)",
+		ctrlLine := fmt.Sprintf("controller calls cut %d, re-issued %d", st.ctrlCut, st.ctrlReissued)
+		if sc.operator {
+			ctrlLine = "operator: " + st.op.String()
+		}
+		t.Logf("seed %d: %d clients, %d+%d packets, windows %v, %d ops (%d granted, %d unknown of which %d changed nothing, %d first-call already_claimed; answers %s; %s), faults %v: %d violations, %d lost (%v, check %v)",
 			sc.seed, sc.clients, len(sc.activities[0].amounts), len(sc.activities[1].amounts), windows, st.ops, st.granted, st.unknown, st.dropped, st.firstAlready,
-			formatCounts(st.outcomes, grabOutcomeKeys), st.ctrlCut, st.ctrlReissued,
+			formatCounts(st.outcomes, grabOutcomeKeys), ctrlLine,
 			sc.faults, st.violations, st.lost, time.Since(begin).Round(time.Millisecond), st.check.Round(time.Millisecond))
 		sum.add(st)
 		if t.Failed() {
-			t.Logf("stopping after seed %d; replay with HISTORY_SEED=%d", sc.seed, sc.seed)
-			runs = i + 1
+			t.Logf("stopping after seed %d; replay with HISTORY_SEED=%d go test -run '^%s$' ./test/history/", sc.seed, sc.seed, t.Name())
 			break
 		}
 	}
@@ -715,14 +842,19 @@ func TestRandomizedHistories(t *testing.T) {
 	for _, n := range sum.faults {
 		nFaults += n
 	}
-	t.Logf("\n%-5s %-11s %-7s %-11s %-26s\n%-5d %-11d %-7d %-11d %-26d\n"+
+	ctrlLine := fmt.Sprintf("stand-in controller calls cut %d, re-issued %d", sum.ctrlCut, sum.ctrlReissued)
+	if h.cp != nil {
+		ctrlLine = "real controller: " + sum.op.String()
+	}
+	t.Logf("\n%-5s %-11s %-7s %-11s %-26s %-14s\n%-5d %-11d %-7d %-11d %-26d %-14d\n"+
 		"faults by kind:   %s\n"+
 		"grab answers:     %s\n"+
-		"unknown outcomes: %d (%d changed nothing); first-call already_claimed %d; windowed activities %d; controller calls cut %d, re-issued %d\n"+
+		"unknown outcomes: %d (%d changed nothing); first-call already_claimed %d; windowed activities %d\n"+
+		"%s\n"+
 		"(%v; slowest check %v)",
-		"runs", "operations", "faults", "violations", "acknowledged-grants-lost",
-		runs, sum.ops, nFaults, sum.violations, sum.lost,
+		"runs", "operations", "faults", "violations", "acknowledged-grants-lost", "real-restarts",
+		done, sum.ops, nFaults, sum.violations, sum.lost, sum.op.restarts,
 		formatCounts(sum.faults, faultKinds), formatCounts(sum.outcomes, grabOutcomeKeys),
-		sum.unknown, sum.dropped, sum.firstAlready, windowed, sum.ctrlCut, sum.ctrlReissued,
+		sum.unknown, sum.dropped, sum.firstAlready, windowed, ctrlLine,
 		time.Since(start).Round(time.Millisecond), sum.check.Round(time.Millisecond))
 }

@@ -71,6 +71,12 @@ type Output struct {
 	State string
 	// Reason is the close reason a close returned.
 	Reason lua.CloseReason
+	// Bounded marks an unknown outcome whose effect, if it had one, took place before
+	// the recorded return: the history keeps that return instead of moving it to the
+	// end. A spec edit that a later edit superseded before the controller reported
+	// acting on it is one (see operator_test.go): every write the controller made for
+	// it came before the status that reports the later edit.
+	Bounded bool
 }
 
 // unknownClaim is the placeholder packet of a user whose grab had an unknown outcome
@@ -360,6 +366,8 @@ func Model(counts map[string]int) porcupine.Model {
 			switch {
 			case o.Unknown && o.Packet != "":
 				res = "unknown (user ends with " + o.Packet + ")"
+			case o.Unknown && o.Bounded:
+				res = "unknown, superseded by the return"
 			case o.Unknown:
 				res = "unknown"
 			case i.Op == OpGrab && o.Resolved:
