@@ -181,10 +181,10 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	msgs := e.readPending(a)
 	var refunds, grants int
 	for _, m := range msgs {
-		switch m.Values["kind"] {
+		switch d := decodeEntry(m); d.Kind {
 		case lua.KindRefund:
 			refunds++
-			if m.Values["user"] != "merchant-001" || m.Values["amount"] != fmt.Sprint(total-granted) {
+			if d.UserID != "merchant-001" || d.Amount != total-granted {
 				t.Errorf("refund entry %v, want %d for merchant-001", m.Values, total-granted)
 			}
 		case lua.KindGrant:
@@ -198,7 +198,7 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	// Settle all but one grant, which is parked as a dead letter.
 	parked := false
 	for _, m := range msgs {
-		if !parked && m.Values["kind"] == lua.KindGrant {
+		if !parked && decodeEntry(m).Kind == lua.KindGrant {
 			parked = true
 			ok, err := lua.DeadLetter(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, "HTTP 422: unknown account", m.Values)
 			if err != nil || !ok {

@@ -395,14 +395,19 @@ func (e *env) readPending(a *redpacketv1alpha1.RedPacketActivity) []redis.XMessa
 	return out
 }
 
+// decodeEntry decodes one settlement stream entry.
+func decodeEntry(m redis.XMessage) lua.StreamEntry {
+	return lua.DecodeMessages([]redis.XMessage{m})[0]
+}
+
 // ack settles one delivered entry.
 func (e *env) ack(a *redpacketv1alpha1.RedPacketActivity, m redis.XMessage) {
 	e.t.Helper()
-	amount, err := strconv.ParseInt(m.Values["amount"].(string), 10, 64)
-	if err != nil {
-		e.t.Fatalf("entry %s amount: %v", m.ID, err)
+	d := decodeEntry(m)
+	if d.Malformed != nil {
+		e.t.Fatalf("entry %s: %v", m.ID, d.Malformed)
 	}
-	ok, err := lua.Ack(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, m.Values["kind"].(string), amount)
+	ok, err := lua.Ack(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, d.Kind, d.Amount)
 	if err != nil || !ok {
 		e.t.Fatalf("acking %s: ok=%v err=%v", m.ID, ok, err)
 	}

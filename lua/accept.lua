@@ -15,4 +15,6 @@ if epoch ~= tonumber(ARGV[1]) then
   return -2
 end
 redis.call('HDEL', KEYS[1], 'fenced')
+-- The gate carries the epoch: the next grab writes it again (see grab.lua).
+redis.call('HSET', KEYS[1], 'gate', '-')
 return redis.call('HINCRBY', KEYS[1], 'epoch', 1)

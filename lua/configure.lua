@@ -23,8 +23,10 @@ end
 if ARGV[4] == '1' then
   state = 'open'
 end
+-- The gate cached what the fields said; "-" sends the next grab to the fields, and
+-- it writes the gate again from them (see grab.lua).
 redis.call('HSET', KEYS[1], 'start_ms', ARGV[1], 'end_ms', ARGV[2], 'paused', ARGV[3],
-  'state', state)
+  'state', state, 'gate', '-')
 if ARGV[5] then
   redis.call('HSET', KEYS[1], 'sponsor', ARGV[5], 'currency', ARGV[6] or '')
 end

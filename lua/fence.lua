@@ -12,5 +12,7 @@ end
 if m[2] then
   return m[2]
 end
-redis.call('HSET', KEYS[1], 'fenced', ARGV[1])
+-- A fenced activity is never plainly open: no grab takes the gate's fast path
+-- (see grab.lua).
+redis.call('HSET', KEYS[1], 'fenced', ARGV[1], 'gate', '-')
 return ARGV[1]

@@ -1,84 +1,132 @@
 -- grab: decide one claim atomically.
 -- KEYS[1] meta, KEYS[2] packets, KEYS[3] claims, KEYS[4] stream
 -- ARGV[1] user id
--- ARGV[2] watermark: the claimed_count this Redis has already been seen to reach
+-- ARGV[2] watermark: the claimed count this Redis has already been seen to reach
 --         (0 = none), ARGV[3] the epoch that watermark was seen in (0 before any
---         accepted rollback)
--- Returns {outcome, packetId, amount[, claimedCount, epoch]}; outcome is one of granted,
--- already_claimed, sold_out, not_started, ended, paused, missing, fenced. A grant also
--- returns the claimed_count it raised and the epoch, the caller's next watermark. A
--- closed activity answers sold_out when every packet was claimed and ended when its
--- time ran out.
+--         accepted rollback); without ARGV[2] nothing is checked
+-- Returns, for a grant, one string: "<packetId>:<amount>:<claimedCount>:<epoch>:<currency>",
+-- the packet as it was seeded, the claimed count this grant raised and the epoch
+-- (the caller's next watermark) and the currency. Any other outcome is a list:
+-- {'already_claimed', '<packetId>:<amount>:<entryId>'} (the user's claim as stored)
+-- or {outcome} for sold_out, not_started, ended, paused, missing and fenced.
+-- lua.GrabAbove splits the strings: a grant costs the server no reply list and no
+-- more string work than it must do. A closed activity answers sold_out when every
+-- packet was claimed and ended when its time ran out.
+--
+-- The gate: the meta field "gate" says in one read what the grab of an open
+-- activity needs: "<epoch>:<currency>" while the activity is plainly open (state
+-- open, not paused, not fenced) without a window, "w<start_ms>:<end_ms>:<epoch>:<currency>"
+-- with one, and "-" otherwise. Every script that changes the state, the pause flag,
+-- the window, the fence, the epoch or the currency sets it to "-" in the same step
+-- (configure, close, fence, accept, and this script when it fences), and this script
+-- writes it from the full fields the first time it finds the activity plainly open
+-- again. A gate that is "-" or absent (an activity written before the gate existed)
+-- takes the slow path, which reads every field and answers as before. seed_commit
+-- writes the gate, the epoch and the claimed amount first, so the meta hash finds
+-- them without walking its other fields. TIME is read only when there is a window.
 --
 -- The fence: a Redis that comes back older than it was (a failover to a lagging
--- replica, an AOF everysec crash, a restored backup) holds a claimed_count below what
--- was already acknowledged, or an epoch below the one the caller knows. Granting from
--- it would hand out again packets that were granted. So a watermark above the count,
--- or an epoch above Redis's, fences the activity: the "fenced" field is written and
--- every later grab answers fenced, until an operator accepts the state as it is.
--- Every other read and check comes before the first write. Amounts travel as the
--- decimal strings they were seeded as, never through a Lua number.
-local user = ARGV[1]
+-- replica, an AOF everysec crash, a restored backup) holds fewer claims than were
+-- already acknowledged, or an epoch below the one the caller knows. Granting from it
+-- would hand out again packets that were granted. So a watermark above the claims
+-- count, or an epoch above Redis's, fences the activity: the "fenced" field is
+-- written and every later grab answers fenced, until an operator accepts the state
+-- as it is. The claimed count is the length of the claims hash, which holds one
+-- field per grant and nothing else.
+--
+-- Every other read and check comes before the first write (the gate's rewrite only
+-- caches what the fields say). The settlement entry packs the grant into one field,
+-- "grant" = "<packetId>:<amount>:<epoch>:<currency>:<userId>" (the user id last, as
+-- it may hold ':'); its time is the entry id's, the Redis clock in milliseconds.
+-- Amounts travel as the decimal strings they were seeded as, never through a Lua
+-- number.
+local user, meta, claims = ARGV[1], KEYS[1], KEYS[3]
 
-local prev = redis.call('HGET', KEYS[3], user)
+local prev = redis.call('HGET', claims, user)
 if prev then
-  -- "<packetId>:<amount>:<stream entry id>"
-  local sep = string.find(prev, ':', 1, true)
-  local sep2 = string.find(prev, ':', sep + 1, true)
-  return {'already_claimed', string.sub(prev, 1, sep - 1), tonumber(string.sub(prev, sep + 1, sep2 - 1))}
+  return {'already_claimed', prev}
 end
 
-local m = redis.call('HMGET', KEYS[1], 'state', 'paused', 'start_ms', 'end_ms', 'close_reason',
-  'fenced', 'claimed_count', 'epoch', 'currency')
-local state = m[1]
-if not state then
-  return {'missing', '', 0}
-end
-if m[6] then
-  return {'fenced', '', 0}
-end
-local epoch = tonumber(m[8]) or 0
-local seenEpoch = tonumber(ARGV[3]) or 0
-if seenEpoch > epoch or (seenEpoch == epoch and (tonumber(m[7]) or 0) < (tonumber(ARGV[2]) or 0)) then
-  redis.call('HSET', KEYS[1], 'fenced', 'rolled_back')
-  return {'fenced', '', 0}
-end
-if state == 'closed' then
-  if m[5] == 'exhausted' then
-    return {'sold_out', '', 0}
+-- tail is "<epoch>:<currency>"; startMs is set when there is a window.
+local gate = redis.call('HGET', meta, 'gate')
+local tail, startMs, endMs, s
+if gate and gate ~= '-' then
+  if string.byte(gate) == 119 then -- 'w'
+    local a = string.find(gate, ':', 2, true)
+    local b = string.find(gate, ':', a + 1, true)
+    startMs, endMs = tonumber(string.sub(gate, 2, a - 1)), tonumber(string.sub(gate, a + 1, b - 1))
+    tail = string.sub(gate, b + 1)
+  else
+    tail = gate
   end
-  return {'ended', '', 0}
+else
+  s = redis.call('HMGET', meta, 'state', 'paused', 'start_ms', 'end_ms', 'close_reason', 'fenced',
+    'epoch', 'currency')
+  if not s[1] then
+    return {'missing'}
+  end
+  if s[6] then
+    return {'fenced'}
+  end
+  tail = (s[7] or '0') .. ':' .. (s[8] or '')
 end
-if state ~= 'open' then
-  return {'not_started', '', 0}
+
+local n = redis.call('HLEN', claims)
+local mark = ARGV[2]
+if mark then
+  local seen, epoch = ARGV[3] or '0', string.match(tail, '^%d+')
+  local behind
+  if seen == epoch then
+    behind = mark ~= '0' and n < (tonumber(mark) or 0)
+  else
+    behind = (tonumber(seen) or 0) > tonumber(epoch)
+  end
+  if behind then
+    redis.call('HSET', meta, 'fenced', 'rolled_back', 'gate', '-')
+    return {'fenced'}
+  end
 end
-if m[2] == '1' then
-  return {'paused', '', 0}
+
+if s then
+  if s[1] == 'closed' then
+    if s[5] == 'exhausted' then
+      return {'sold_out'}
+    end
+    return {'ended'}
+  end
+  if s[1] ~= 'open' then
+    return {'not_started'}
+  end
+  if s[2] == '1' then
+    return {'paused'}
+  end
+  startMs, endMs = tonumber(s[3]) or 0, tonumber(s[4]) or 0
+  if startMs == 0 and endMs == 0 then
+    startMs = nil
+    redis.call('HSET', meta, 'gate', tail)
+  else
+    redis.call('HSET', meta, 'gate', string.format('w%d:%d:', startMs, endMs) .. tail)
+  end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local startMs = tonumber(m[3]) or 0
-local endMs = tonumber(m[4]) or 0
-if now < startMs then
-  return {'not_started', '', 0}
-end
-if endMs > 0 and now >= endMs then
-  return {'ended', '', 0}
+
+if startMs then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if now < startMs then
+    return {'not_started'}
+  end
+  if endMs > 0 and now >= endMs then
+    return {'ended'}
+  end
 end
 
 local packet = redis.call('LPOP', KEYS[2])
 if not packet then
-  return {'sold_out', '', 0}
+  return {'sold_out'}
 end
-local sep = string.find(packet, ':', 1, true)
-local id = string.sub(packet, 1, sep - 1)
-local amount = string.sub(packet, sep + 1)
-
 -- The claim names its settlement entry, so settlement can tell the one entry this
 -- grant wrote from any copy appended later.
-local entry = redis.call('XADD', KEYS[4], '*', 'kind', 'grant', 'packet', id, 'user', user,
-  'amount', amount, 'currency', m[9] or '', 'at', string.format('%d', now))
-redis.call('HSET', KEYS[3], user, packet .. ':' .. entry)
-local claimed = redis.call('HINCRBY', KEYS[1], 'claimed_count', 1)
-redis.call('HINCRBY', KEYS[1], 'claimed_amount', amount)
-return {'granted', id, tonumber(amount), claimed, epoch}
+local entry = redis.call('XADD', KEYS[4], '*', 'grant', packet .. ':' .. tail .. ':' .. user)
+redis.call('HSET', claims, user, packet .. ':' .. entry)
+redis.call('HINCRBY', meta, 'claimed_amount', string.sub(packet, string.find(packet, ':', 1, true) + 1))
+return packet .. ':' .. (n + 1) .. ':' .. tail

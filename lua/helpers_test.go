@@ -255,35 +255,28 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k lua.Keys, amount
 	}
 	streamGrants := map[string]bool{}
 	var refunds int64
-	for _, e := range entries {
-		kind, _ := e.Values["kind"].(string)
-		user, _ := e.Values["user"].(string)
-		packet, _ := e.Values["packet"].(string)
-		amount, _ := e.Values["amount"].(string)
-		switch kind {
-		case lua.KindGrant:
-			g, ok := grants[user]
-			if !ok || g.PacketID != packet || strconv.FormatInt(g.Amount, 10) != amount {
-				t.Fatalf("stream grant %v does not match the caller's grant %+v", e.Values, g)
-			}
-			if streamGrants[user] {
-				t.Fatalf("stream has two grants for %s", user)
-			}
-			streamGrants[user] = true
-		case lua.KindRefund:
-			if user != sponsor || packet != "refund" {
-				t.Fatalf("refund entry %v: want user %s and packet refund", e.Values, sponsor)
-			}
-			n, err := strconv.ParseInt(amount, 10, 64)
-			if err != nil {
-				t.Fatalf("refund amount %q: %v", amount, err)
-			}
-			refunds += n
-		default:
-			t.Fatalf("stream entry of kind %q: %v", kind, e.Values)
+	for _, e := range lua.DecodeMessages(entries) {
+		if e.Malformed != nil {
+			t.Fatalf("stream entry %s %v: %v", e.ID, e.Fields, e.Malformed)
 		}
-		if _, err := strconv.ParseInt(fmt.Sprint(e.Values["at"]), 10, 64); err != nil {
-			t.Fatalf("stream entry %v: at is not unix ms", e.Values)
+		switch e.Kind {
+		case lua.KindGrant:
+			g, ok := grants[e.UserID]
+			if !ok || g.PacketID != e.PacketID || g.Amount != e.Amount {
+				t.Fatalf("stream grant %v does not match the caller's grant %+v", e.Fields, g)
+			}
+			if streamGrants[e.UserID] {
+				t.Fatalf("stream has two grants for %s", e.UserID)
+			}
+			streamGrants[e.UserID] = true
+		case lua.KindRefund:
+			if e.UserID != sponsor || e.PacketID != "refund" {
+				t.Fatalf("refund entry %v: want user %s and packet refund", e.Fields, sponsor)
+			}
+			refunds += e.Amount
+		}
+		if e.At.IsZero() || e.At.Year() < 2000 {
+			t.Fatalf("stream entry %s %v: time %v", e.ID, e.Fields, e.At)
 		}
 	}
 	if len(streamGrants) != len(grants) {

@@ -37,8 +37,9 @@ const replayChunk = 500
 // moved.
 //
 // Each entry is moved atomically, in steps of at most 500 (ReplayDead): it is
-// appended to the stream as a new entry with its original fields (kind, packet,
-// user, amount, at), deleted from the dead-letter stream, and the activity's
+// appended to the stream as a new entry with its original fields (a grant's packed
+// field, plus an "at" field with the original entry's time, or the refund's kind,
+// packet, user, amount, currency and at), deleted from the dead-letter stream, and the activity's
 // dead_count (status deadLetterCount) goes down by one. The running settlement
 // workers then deliver it again like any new claim, with the same Idempotency-Key as
 // before, so the balance system credits it at most once even if an earlier delivery

@@ -2,10 +2,12 @@
 -- KEYS[1] meta, KEYS[2] stream, KEYS[3] dead-letter stream, KEYS[4] claims
 -- ARGV[1] how many entries to move at most (>= 1)
 -- Each moved entry is appended to the stream as a new entry with its original fields
--- (kind, packet, user, amount, currency, at; the dead letter's own "entry" and
--- "error" fields are dropped), deleted from the dead-letter stream, and dead_count
--- goes down by one, all in one step, so the consumer group delivers it again. A
--- grant's claim names the stream entry its grant wrote; when the claim names the
+-- (a grant's packed "grant" field, or kind, packet, user, amount, currency, at; the
+-- dead letter's own "entry" and "error" fields are dropped), deleted from the
+-- dead-letter stream, and dead_count goes down by one, all in one step, so the
+-- consumer group delivers it again. A packed grant takes its time from its entry id,
+-- so the moved copy gets an "at" field with the original entry's time. A grant's
+-- claim names the stream entry its grant wrote; when the claim names the
 -- dead-lettered entry, it is moved to the new one, so settlement still finds the
 -- grant genuine. A claim that names another entry is left alone: a forged entry
 -- stays forged when replayed.
@@ -14,7 +16,7 @@ local entries = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', ARGV[1])
 for _, e in ipairs(entries) do
   local f = e[2]
   local out = {}
-  local original, kind, packet, user, amount
+  local original, kind, packet, user, amount, at, packed
   for i = 1, #f, 2 do
     local name, value = f[i], f[i + 1]
     if name == 'entry' then
@@ -22,16 +24,36 @@ for _, e in ipairs(entries) do
     elseif name ~= 'error' then
       out[#out + 1] = name
       out[#out + 1] = value
-      if name == 'kind' then kind = value
+      if name == 'grant' then
+        packed = true
+        -- "<packetId>:<amount>:<epoch>:<currency>:<userId>"
+        local a = string.find(value, ':', 1, true)
+        local b = a and string.find(value, ':', a + 1, true)
+        local c = b and string.find(value, ':', b + 1, true)
+        local d = c and string.find(value, ':', c + 1, true)
+        if d then
+          kind = 'grant'
+          packet = string.sub(value, 1, a - 1)
+          amount = string.sub(value, a + 1, b - 1)
+          user = string.sub(value, d + 1)
+        end
+      elseif name == 'kind' then kind = value
       elseif name == 'packet' then packet = value
       elseif name == 'user' then user = value
       elseif name == 'amount' then amount = value
+      elseif name == 'at' then at = value
       end
     end
   end
   if #out == 0 then
     -- A dead letter without payload still goes back, so it is not stuck here forever.
     out = {'entry', e[1]}
+  elseif packed and not at and original then
+    local ms = string.match(original, '^(%d+)')
+    if ms then
+      out[#out + 1] = 'at'
+      out[#out + 1] = ms
+    end
   end
   local id = redis.call('XADD', KEYS[2], '*', unpack(out))
   if kind == 'grant' and original and packet and user and amount then

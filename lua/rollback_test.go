@@ -35,9 +35,9 @@ func TestRollbackFence(t *testing.T) {
 	}
 	snapAt1 := func() {
 		t.Helper()
-		// Back to one claim: meta says 1, u2 and u3 are gone from claims, their
-		// packets are back in the list.
-		if err := c.HSet(ctx, k.Meta, "claimed_count", 1).Err(); err != nil {
+		// Back to one claim: u2 and u3 are gone from claims (its length is the
+		// claimed count).
+		if err := c.HDel(ctx, k.Claims, "u2", "u3").Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -52,8 +52,8 @@ func TestRollbackFence(t *testing.T) {
 	if res, err := lua.Grab(ctx, c, k, "u5"); err != nil || res.Outcome != lua.Fenced {
 		t.Fatalf("grab after the fence: %+v %v, want fenced", res, err)
 	}
-	if res, err := lua.Grab(ctx, c, k, "u2"); err != nil || res.Outcome != lua.AlreadyClaimed || res.PacketID != "2" {
-		t.Fatalf("repeat after the fence: %+v %v, want already_claimed of packet 2", res, err)
+	if res, err := lua.Grab(ctx, c, k, "u1"); err != nil || res.Outcome != lua.AlreadyClaimed || res.PacketID != "1" {
+		t.Fatalf("repeat after the fence: %+v %v, want already_claimed of packet 1", res, err)
 	}
 	snap, err := lua.ReadSnapshot(ctx, c, k)
 	if err != nil || snap.Fenced != "rolled_back" || snap.RemainingCount != 3 {
@@ -129,10 +129,10 @@ func TestPayeeKeptCurrent(t *testing.T) {
 	want := []struct{ kind, user, currency string }{
 		{"grant", "early", "CNY"}, {"grant", "late", "HKD"}, {"refund", "merchant-late", "HKD"},
 	}
-	for i, w := range want {
-		v := entries[i].Values
-		if v["kind"] != w.kind || v["user"] != w.user || v["currency"] != w.currency {
-			t.Errorf("entry %d: %v, want kind %s user %s currency %s", i, v, w.kind, w.user, w.currency)
+	for i, e := range lua.DecodeMessages(entries) {
+		w := want[i]
+		if e.Malformed != nil || e.Kind != w.kind || e.UserID != w.user || e.Currency != w.currency {
+			t.Errorf("entry %d: %v, want kind %s user %s currency %s", i, e.Fields, w.kind, w.user, w.currency)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
-	"strconv"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -149,7 +148,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 				t.Fatalf("reading the stream: %v %v", entries, err)
 			}
 			msg := entries[0].Messages[0]
-			amount, _ := strconv.ParseInt(msg.Values["amount"].(string), 10, 64)
+			amount := lua.DecodeMessages([]redis.XMessage{msg})[0].Amount
 			if ok, err := lua.Ack(ctx, via, k, "g", msg.ID, lua.KindGrant, amount); err != nil || !ok {
 				t.Fatalf("ack after flush: %v, %v", ok, err)
 			}

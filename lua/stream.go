@@ -11,18 +11,26 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Fields of a settlement stream entry, as grab.lua and close.lua write them (and
-// dead_letter.lua and replay_dead.lua carry them over).
+// Fields of a settlement stream entry (dead_letter.lua and replay_dead.lua carry
+// them over). A grant, as grab.lua writes it, is one field, entryGrant =
+// "<packetId>:<amount>:<epoch>:<currency>:<userId>" (the user id last: it may hold
+// ':'), and happened at its entry id's time; replay_dead.lua adds entryAt to a grant
+// it moves, so the grant keeps its own time. A refund (close.lua) and a grant
+// written before the packed form have the fields kind, packet, user, amount,
+// currency and at.
 const (
-	entryKind   = "kind"
-	entryPacket = "packet"
-	entryUser   = "user"
-	entryAmount = "amount"
-	entryAt     = "at"
+	entryGrant    = "grant"
+	entryKind     = "kind"
+	entryPacket   = "packet"
+	entryUser     = "user"
+	entryAmount   = "amount"
+	entryCurrency = "currency"
+	entryAt       = "at"
 )
 
 // entryFields are the fields DecodeStreamEntry reads.
-var entryFields = map[string]bool{entryKind: true, entryPacket: true, entryUser: true, entryAmount: true, entryAt: true}
+var entryFields = map[string]bool{entryGrant: true, entryKind: true, entryPacket: true, entryUser: true,
+	entryAmount: true, entryCurrency: true, entryAt: true}
 
 // RefundPacketID is the packet id of the refund entry close.lua writes.
 const RefundPacketID = "refund"
@@ -45,6 +53,9 @@ type StreamEntry struct {
 	UserID string
 	// Amount is in minor units, never negative.
 	Amount int64
+	// Currency is the activity's currency when the entry was written (display only;
+	// deliveries carry the spec's).
+	Currency string
 	// At is when the grant or refund happened, by the Redis server's clock, to the
 	// millisecond (UTC).
 	At time.Time
@@ -52,12 +63,18 @@ type StreamEntry struct {
 	Fields map[string]string
 	// Malformed says why the fields are not a grant or refund; nil when they are.
 	Malformed error
+
+	// amount is Amount as the entry spells it, which is what the claim records.
+	amount string
 }
 
-// DecodeStreamEntry decodes the settlement stream entry id with the given fields:
-// kind (grant or refund), packet and user (not empty), amount (a non-negative
-// integer) and at (unix milliseconds). Fields it does not know are ignored. When
-// the fields do not decode, the entry's Malformed says why.
+// DecodeStreamEntry decodes the settlement stream entry id with the given fields: a
+// packed grant (field grant, "<packetId>:<amount>:<epoch>:<currency>:<userId>", at
+// the entry id's time unless an at field says otherwise), or the fields kind (grant or
+// refund), packet, user, amount, currency and at (unix milliseconds). Packet and user
+// must not be empty and the amount must be a non-negative integer. Fields it does
+// not know are ignored. When the fields do not decode, the entry's Malformed says
+// why.
 func DecodeStreamEntry(id string, fields map[string]string) StreamEntry {
 	e := StreamEntry{ID: id, Fields: fields}
 	if err := e.decode(); err != nil {
@@ -67,6 +84,9 @@ func DecodeStreamEntry(id string, fields map[string]string) StreamEntry {
 }
 
 func (e *StreamEntry) decode() error {
+	if packed, ok := e.Fields[entryGrant]; ok {
+		return e.decodePacked(packed)
+	}
 	str := func(name string) (string, error) {
 		v, ok := e.Fields[name]
 		if !ok {
@@ -87,26 +107,66 @@ func (e *StreamEntry) decode() error {
 	if e.UserID, err = str(entryUser); err != nil {
 		return err
 	}
-	amount, err := str(entryAmount)
-	if err != nil {
+	if e.amount, err = str(entryAmount); err != nil {
 		return err
 	}
-	if e.Amount, err = strconv.ParseInt(amount, 10, 64); err != nil || e.Amount < 0 {
-		return fmt.Errorf("amount %q is not a non-negative integer", amount)
+	if e.Amount, err = strconv.ParseInt(e.amount, 10, 64); err != nil || e.Amount < 0 {
+		return fmt.Errorf("amount %q is not a non-negative integer", e.amount)
 	}
+	e.Currency = e.Fields[entryCurrency]
 	at, err := str(entryAt)
 	if err != nil {
 		return err
 	}
-	ms, err := strconv.ParseInt(at, 10, 64)
-	if err != nil {
-		return fmt.Errorf("at %q is not unix milliseconds", at)
+	if e.At, err = parseAt(at); err != nil {
+		return err
 	}
-	e.At = time.UnixMilli(ms).UTC()
 	if e.PacketID == "" || e.UserID == "" {
 		return errors.New("empty packet or user")
 	}
 	return nil
+}
+
+// decodePacked decodes a packed grant, "<packetId>:<amount>:<epoch>:<currency>:<userId>"
+// (the epoch the grant was made in is checked, not kept).
+func (e *StreamEntry) decodePacked(v string) error {
+	e.Kind = KindGrant
+	parts := strings.SplitN(v, ":", 5)
+	if len(parts) != 5 {
+		return fmt.Errorf("grant %q is not <packetId>:<amount>:<epoch>:<currency>:<userId>", v)
+	}
+	e.PacketID, e.amount, e.Currency, e.UserID = parts[0], parts[1], parts[3], parts[4]
+	var err error
+	if e.Amount, err = strconv.ParseInt(e.amount, 10, 64); err != nil || e.Amount < 0 {
+		return fmt.Errorf("amount %q is not a non-negative integer", e.amount)
+	}
+	if epoch, err := strconv.ParseInt(parts[2], 10, 64); err != nil || epoch < 0 {
+		return fmt.Errorf("epoch %q is not a non-negative integer", parts[2])
+	}
+	if at, ok := e.Fields[entryAt]; ok {
+		if e.At, err = parseAt(at); err != nil {
+			return err
+		}
+	} else {
+		ms, _, ok := parseStreamID(e.ID)
+		if !ok {
+			return fmt.Errorf("entry id %q has no time", e.ID)
+		}
+		e.At = time.UnixMilli(int64(ms)).UTC()
+	}
+	if e.PacketID == "" || e.UserID == "" {
+		return errors.New("empty packet or user")
+	}
+	return nil
+}
+
+// parseAt reads an at field, unix milliseconds.
+func parseAt(at string) (time.Time, error) {
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("at %q is not unix milliseconds", at)
+	}
+	return time.UnixMilli(ms).UTC(), nil
 }
 
 // FieldValues are the entry's raw fields in the form DeadLetter takes them.
@@ -117,6 +177,11 @@ func (e StreamEntry) FieldValues() map[string]any {
 	}
 	return out
 }
+
+// DecodeMessages decodes settlement stream entries as go-redis reads them (XRANGE,
+// XREADGROUP): each as DecodeStreamEntry does, and Malformed when a field it reads
+// is not a string.
+func DecodeMessages(msgs []redis.XMessage) []StreamEntry { return decodeMessages(msgs) }
 
 // decodeMessages decodes the entries of a go-redis stream reply.
 func decodeMessages(msgs []redis.XMessage) []StreamEntry {
@@ -230,7 +295,7 @@ func (a *Activity) VerifyEntries(ctx context.Context, entries []StreamEntry) (ma
 		if e.Malformed != nil {
 			continue
 		}
-		packet, amount := e.Fields[entryPacket], e.Fields[entryAmount]
+		packet, amount := e.PacketID, e.amount
 		switch e.Kind {
 		case KindGrant:
 			held, err := claims[i].Result()

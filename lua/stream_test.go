@@ -62,6 +62,22 @@ func TestDecodeStreamEntry(t *testing.T) {
 		{"empty packet", with("packet", ""), lua.StreamEntry{}, "empty packet or user"},
 		{"empty user", with("user", ""), lua.StreamEntry{}, "empty packet or user"},
 		{"replayed without payload", map[string]string{"entry": "1-1"}, lua.StreamEntry{}, `field "kind" missing`},
+
+		// The packed grant grab.lua writes: its time is the entry id's.
+		{"packed grant", map[string]string{"grant": "7:123:0:CNY:alice"},
+			lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, Currency: "CNY", At: at}, ""},
+		{"packed grant, user id with colons", map[string]string{"grant": "7:123:0::a:b:"},
+			lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "a:b:", Amount: 123, At: at}, ""},
+		{"packed grant, replayed with its time", map[string]string{"grant": "7:123:2:CNY:alice", "at": "0"},
+			lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, Currency: "CNY", At: time.UnixMilli(0).UTC()}, ""},
+		{"packed grant, huge amount", map[string]string{"grant": "7:9007199254740993:0:CNY:alice"},
+			lua.StreamEntry{Kind: lua.KindGrant, PacketID: "7", UserID: "alice", Amount: 9007199254740993, Currency: "CNY", At: at}, ""},
+		{"packed grant without user", map[string]string{"grant": "7:123:0:alice"}, lua.StreamEntry{}, "is not <packetId>:<amount>:<epoch>:<currency>:<userId>"},
+		{"packed grant, bad amount", map[string]string{"grant": "7:-3:0:CNY:alice"}, lua.StreamEntry{}, `amount "-3" is not a non-negative integer`},
+		{"packed grant, empty packet", map[string]string{"grant": ":3:0:CNY:alice"}, lua.StreamEntry{}, "empty packet or user"},
+		{"packed grant, empty user", map[string]string{"grant": "7:3:0:CNY:"}, lua.StreamEntry{}, "empty packet or user"},
+		{"packed grant, bad at", map[string]string{"grant": "7:3:0:CNY:alice", "at": "soon"}, lua.StreamEntry{}, `at "soon" is not unix milliseconds`},
+		{"packed grant, bad epoch", map[string]string{"grant": "7:3:x:CNY:alice"}, lua.StreamEntry{}, `epoch "x" is not a non-negative integer`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,7 +98,8 @@ func TestDecodeStreamEntry(t *testing.T) {
 				t.Fatalf("malformed: %v", e.Malformed)
 			}
 			w := tc.want
-			if e.Kind != w.Kind || e.PacketID != w.PacketID || e.UserID != w.UserID || e.Amount != w.Amount || !e.At.Equal(w.At) {
+			if e.Kind != w.Kind || e.PacketID != w.PacketID || e.UserID != w.UserID || e.Amount != w.Amount ||
+				e.Currency != w.Currency || !e.At.Equal(w.At) {
 				t.Fatalf("decoded %+v, want %+v", e, w)
 			}
 			if fv := e.FieldValues(); len(fv) != len(tc.fields) {
@@ -141,7 +158,7 @@ func TestConsumerGroupOperations(t *testing.T) {
 	for _, e := range dead {
 		g := grants[e.UserID]
 		if e.Malformed != nil || e.Kind != lua.KindGrant || e.PacketID != g.PacketID || e.Amount != g.Amount ||
-			e.At.IsZero() || e.Fields["packet"] != g.PacketID {
+			e.At.IsZero() || e.Fields["grant"] != fmt.Sprintf("%s:%d:0::%s", g.PacketID, g.Amount, e.UserID) {
 			t.Fatalf("entry %+v, granted %+v", e, g)
 		}
 	}
@@ -334,14 +351,21 @@ func TestReplayDeadLettersMovesAtMostMax(t *testing.T) {
 	if err != nil || len(all) != 5 {
 		t.Fatalf("stream: %d entries, %v; want 3 + 2 replayed", len(all), err)
 	}
+	// A packed grant takes its time from its id, so its copy also carries the
+	// original's time: it decodes to the same grant at the same instant.
 	for i, m := range all[3:] {
-		if len(m.Values) != len(orig[i].Values) {
+		if len(m.Values) != len(orig[i].Values)+1 {
 			t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
 		}
 		for f, v := range orig[i].Values {
 			if m.Values[f] != v {
 				t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
 			}
+		}
+		got, want := lua.DecodeMessages([]redis.XMessage{m})[0], lua.DecodeMessages(orig[i : i+1])[0]
+		if got.Malformed != nil || want.Malformed != nil || got.At != want.At || got.PacketID != want.PacketID ||
+			got.UserID != want.UserID || got.Amount != want.Amount || got.Kind != lua.KindGrant {
+			t.Fatalf("replayed entry decodes to %+v, original to %+v", got, want)
 		}
 	}
 	if n, err := a.ReplayDeadLetters(ctx, 0); err != nil || n != 1 {
@@ -416,6 +440,11 @@ func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
 		// not the entry his grant wrote (it would be credited and counted twice).
 		xadd("kind", "grant", "packet", bob.PacketID, "user", "bob", "amount", amount(bob.Amount), "at", "1",
 			"currency", "CNY"): "the one its grant wrote",
+		// The same in the packed form grab.lua writes.
+		xadd("grant", alice.PacketID+":"+amount(alice.Amount)+":0::mallory"): "holds no packet",
+		xadd("grant", alice.PacketID+":"+amount(alice.Amount+1)+":0::alice"): "whose claim is",
+		xadd("grant", alice.PacketID+":0"+amount(alice.Amount)+":0::alice"):  "whose claim is",
+		xadd("grant", bob.PacketID+":"+amount(bob.Amount)+":0::bob"):         "the one its grant wrote",
 	}
 	malformed := xadd("kind", "gift")
 

@@ -62,6 +62,10 @@ func TestForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 		xadd("kind", "grant", "packet", "p-999999", "user", "mallory", "amount", "5000", "at", "1", "currency", "CNY"):          "mallory",
 		xadd("kind", "refund", "packet", lua.RefundPacketID, "user", "mallory", "amount", "5000", "at", "1"):                    "mallory",
 		xadd("kind", "refund", "packet", lua.RefundPacketID, "user", "merchant-001", "amount", "5000", "at", "1", "extra", "x"): "merchant-001",
+		// The packed form grab.lua writes: Alice's packet to Mallory, and a verbatim
+		// copy of Bob's genuine entry (not the one his grant wrote).
+		xadd("grant", alice.packet+":"+amount(alice.amount)+":0:CNY:mallory"): "mallory",
+		xadd("grant", bob.packet+":"+amount(bob.amount)+":0::"+bob.user):      bob.user,
 	}
 	for id, g := range a.grab(t, 10, 10) {
 		grants[id] = g
@@ -110,7 +114,7 @@ func TestForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 		if e, _ := d.Values["error"].(string); !strings.Contains(e, lua.ErrForged.Error()) {
 			t.Errorf("dead letter of %s: error %q, want it to say the entry is forged", id, e)
 		}
-		if d.Values["user"] != user {
+		if e := lua.DecodeMessages([]redis.XMessage{d})[0]; e.Malformed != nil || e.UserID != user {
 			t.Errorf("dead letter of %s lost its fields: %v", id, d.Values)
 		}
 	}

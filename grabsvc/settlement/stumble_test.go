@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"redpacket.io/operator/lua"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -96,7 +97,7 @@ func TestStumblingBalanceSystemCreditsEveryGrantOnce(t *testing.T) {
 		t.Errorf("the poison entry was delivered %d times, want MaxAttempts = %d", n, cfg.MaxAttempts)
 	}
 	dead, err := rdb.XRange(context.Background(), a.keys.DeadLetters, "-", "+").Result()
-	if err != nil || len(dead) != 1 || dead[0].Values["packet"] != poison.packet {
+	if err != nil || len(dead) != 1 || lua.DecodeMessages(dead)[0].PacketID != poison.packet {
 		t.Fatalf("dead letters %v, %v; want the poison entry %s only", dead, err, poison.packet)
 	}
 	if e, _ := dead[0].Values["error"].(string); !strings.Contains(e, "422") {

@@ -479,17 +479,15 @@ func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Activity) redisView {
 		t.Fatalf("reading the stream: %v", err)
 	}
 	byPacket := map[string]string{}
-	for _, e := range entries {
-		if e.Values["kind"] != lua.KindGrant {
+	for _, e := range lua.DecodeMessages(entries) {
+		if e.Malformed != nil {
+			t.Fatalf("stream entry %s %v: %v", e.ID, e.Fields, e.Malformed)
+		}
+		if e.Kind != lua.KindGrant {
 			continue
 		}
 		v.entries++
-		user, _ := e.Values["user"].(string)
-		packet, _ := e.Values["packet"].(string)
-		amount, err := strconv.ParseInt(fmt.Sprint(e.Values["amount"]), 10, 64)
-		if err != nil {
-			t.Fatalf("stream entry %s: amount %v: %v", e.ID, e.Values["amount"], err)
-		}
+		user, packet, amount := e.UserID, e.PacketID, e.Amount
 		if _, ok := v.grants[user]; ok {
 			v.dupUsers = append(v.dupUsers, user)
 		}

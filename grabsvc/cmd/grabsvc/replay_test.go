@@ -112,11 +112,11 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	users := map[string]bool{}
-	for _, m := range news[3:] {
-		if _, ok := m.Values["error"]; ok || m.Values["kind"] != lua.KindGrant || m.Values["amount"] != "10" {
-			t.Fatalf("replayed entry %s: %v", m.ID, m.Values)
+	for _, e := range lua.DecodeMessages(news[3:]) {
+		if _, ok := e.Fields["error"]; ok || e.Malformed != nil || e.Kind != lua.KindGrant || e.Amount != 10 {
+			t.Fatalf("replayed entry %s: %v", e.ID, e.Fields)
 		}
-		users[m.Values["user"].(string)] = true
+		users[e.UserID] = true
 	}
 	if len(users) != 3 {
 		t.Fatalf("replayed users: %v", users)
