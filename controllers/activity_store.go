@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 )
 
@@ -15,7 +16,8 @@ import (
 // scripts, configure the gate, close it) and delete it (purge). The steps of a
 // reconcile reach Redis only through it, so each step can be run against a fake.
 //
-// lua.Activity is the production implementation.
+// lua.Shards is the production implementation: an activity spread over
+// spec.shards hash tags, which with one shard is exactly lua.Activity.
 type activityStore interface {
 	// Time is the Redis server's clock, the one the grab script gates on.
 	Time(ctx context.Context) (time.Time, error)
@@ -50,21 +52,42 @@ type activityStore interface {
 	PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error)
 }
 
-var _ activityStore = (*lua.Activity)(nil)
+var _ activityStore = (*lua.Shards)(nil)
 
 // storeFactory returns the store of the activity with the given UID on the Redis
 // that conn names.
 type storeFactory func(conn lua.Conn, uid types.UID) activityStore
 
-// storeFor returns the store of the activity with the given UID: the reconciler's
-// factory when it has one (the phase tests), else the activity's handle on the cached
-// client for conn (redisClient: its errors are safe for status, and a connection from
-// spec.redis dials only allowed addresses), seeding with the reconciler's Seeder.
-func (r *RedPacketActivityReconciler) storeFor(conn lua.Conn, uid types.UID) activityStore {
+// storeFor returns the store of activity a: the reconciler's factory when it has one
+// (the phase tests), else the activity's handle over its spec.shards shards on the
+// cached client for conn (redisClient: its errors are safe for status, and a
+// connection from spec.redis dials only allowed addresses), seeding with the
+// reconciler's Seeder.
+func (r *RedPacketActivityReconciler) storeFor(conn lua.Conn, a *redpacketv1alpha1.RedPacketActivity) activityStore {
 	if r.newStore != nil {
-		return r.newStore(conn, uid)
+		return r.newStore(conn, a.UID)
 	}
-	h := lua.NewActivity(r.redisClient(conn), string(uid))
+	c := r.redisClient(conn)
+	h := lua.NewShards(c, string(a.UID), a.Spec.ShardCount())
 	h.Seeder = r.Seeder
+	if d := a.Spec.Durability; d != nil && d.Mode == redpacketv1alpha1.DurabilityReplicas && d.Replicas > 0 && h.N() > 1 {
+		// Transfers the controller finishes (Resolve) wait for the replicas as the grab
+		// service's do; they are rare, so each wait has a waiter of its own.
+		timeout := grabsvcReplicaTimeout(d)
+		h.Replicated = func(ctx context.Context, shard int) error {
+			w := lua.NewReplicaWaiter(c, lua.ShardUID(string(a.UID), shard, h.N()), int(d.Replicas), timeout)
+			defer func() { _ = w.Close() }()
+			return w.Wait(ctx)
+		}
+	}
 	return h
+}
+
+// grabsvcReplicaTimeout is how long a wait for replicas may take under d: its
+// timeoutMilliseconds, or the grab service's default.
+func grabsvcReplicaTimeout(d *redpacketv1alpha1.Durability) time.Duration {
+	if d.TimeoutMilliseconds > 0 {
+		return time.Duration(d.TimeoutMilliseconds) * time.Millisecond
+	}
+	return lua.DefaultReplicaTimeout
 }

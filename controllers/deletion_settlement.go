@@ -257,14 +257,15 @@ func (r *RedPacketActivityReconciler) ensureDeletionSettlement(ctx context.Conte
 		rdb := conn.NewClient(r.redisClientOptions(conn, false))
 		defer func() { _ = rdb.Close() }()
 		cfg.Redis = rdb
-		w, err := settlement.NewWorker(cfg)
+		ws, err := settlement.NewShardWorkers(cfg, a.Spec.ShardCount())
 		if err != nil {
 			// The worker ends; the next poll of the deletion starts it again.
 			cfg.Logger.Error("creating the settlement worker of the deleted activity failed", "activity", cfg.Activity, "err", err)
 			return
 		}
-		cfg.Logger.Info("settling the deleted activity's claims from the operator", "webhook", cfg.WebhookURL, "consumer", cfg.Consumer)
-		if err := w.Run(ctx); err != nil && ctx.Err() == nil {
+		cfg.Logger.Info("settling the deleted activity's claims from the operator", "webhook", cfg.WebhookURL, "consumer", cfg.Consumer,
+			"shards", len(ws))
+		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
 			cfg.Logger.Error("the settlement worker of the deleted activity stopped", "err", err)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
 )
 
 // conditionStalled is the condition a fenced or DataLost activity carries (True, with
@@ -47,6 +48,7 @@ type ActivityMetrics struct {
 	refundedAmount   *prometheus.GaugeVec
 	deadLetters      *prometheus.GaugeVec
 	conservation     *prometheus.GaugeVec
+	redisImbalance   *prometheus.GaugeVec
 
 	// mu orders observe and forget of one activity, so a forget that follows an
 	// observe is never undone by it.
@@ -80,6 +82,10 @@ func NewActivityMetrics(reg prometheus.Registerer) *ActivityMetrics {
 		deadLetters:      gauge("dead_letters", "status.deadLetterCount: settlement deliveries parked after too many failures."),
 		conservation: gauge("conservation_error", "totalAmount - (claimedAmount + remainingAmount + refundedAmount) from one status, in minor units; "+
 			"must be 0. Exported only when all three status amounts are set."),
+		redisImbalance: gauge("redis_imbalance", "Packets (unit=packets) or minor units (unit=amount) out of place in Redis, from a reading of every shard "+
+			"while no packet moved between them: each open shard's listed plus claimed packets against its count, the shards' counts and totals "+
+			"plus packets in transfer against the activity's, and after close claimed plus refunded against the total. Must be 0. "+
+			"Set at every resync of a seeded activity.", "unit"),
 	}
 	reg.MustRegister(m.collectors()...)
 	return m
@@ -88,7 +94,7 @@ func NewActivityMetrics(reg prometheus.Registerer) *ActivityMetrics {
 func (m *ActivityMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.phase, m.ready, m.stalled, m.totalAmount, m.packets, m.remainingPackets,
 		m.remainingAmount, m.claimedPackets, m.claimedAmount, m.settledPackets, m.settledAmount, m.refundedAmount,
-		m.deadLetters, m.conservation}
+		m.deadLetters, m.conservation, m.redisImbalance}
 }
 
 // Observe sets the activity's gauges from a (its spec and status as last seen). A
@@ -129,6 +135,14 @@ func (m *ActivityMetrics) Observe(a *redpacketv1alpha1.RedPacketActivity) {
 		conservation = &diff
 	}
 	setOptional(m.conservation, ns, name, conservation)
+}
+
+// ObserveImbalance sets the activity's Redis imbalance (reconcileConservation).
+func (m *ActivityMetrics) ObserveImbalance(ns, name string, im lua.Imbalance) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.redisImbalance.WithLabelValues(ns, name, "packets").Set(float64(im.Count))
+	m.redisImbalance.WithLabelValues(ns, name, "amount").Set(float64(im.Amount))
 }
 
 // Forget deletes every series of the activity: it is gone.

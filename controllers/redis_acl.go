@@ -70,7 +70,7 @@ func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.R
 	if err != nil {
 		return nil, err
 	}
-	store := r.storeFor(conn, a.UID)
+	store := r.storeFor(conn, a)
 	users, ok := store.(activityUsers)
 	if !ok {
 		return nil, fmt.Errorf("the activity's store (%T) cannot manage Redis users", store)

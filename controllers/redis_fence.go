@@ -46,14 +46,18 @@ func (r *RedPacketActivityReconciler) reconcileFence(ctx context.Context, s *act
 	if accept, ok := s.activity.Annotations[redpacketv1alpha1.AnnotationAcceptRedisState]; ok && accept == strconv.FormatInt(s.snapshot.Epoch, 10) {
 		return r.acceptRedisState(ctx, s, why)
 	}
-	if s.snapshot.Fenced == "" {
+	if !s.snapshot.FullyFenced() {
+		// Fencing is idempotent: a shard fenced already keeps its reason, and every
+		// other shard of a sharded activity is fenced too.
 		rctx, cancel := r.redisContext(ctx)
 		defer cancel()
 		if _, err := s.store.Fence(rctx, fenceReasonRolledBack); err != nil {
 			return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "fencing the rolled-back activity: %v", err),
 				fmt.Errorf("fencing the activity: %w", err)
 		}
-		s.snapshot.Fenced = fenceReasonRolledBack
+		if s.snapshot.Fenced == "" {
+			s.snapshot.Fenced = fenceReasonRolledBack
+		}
 		r.logger(ctx).Info("Redis rolled back; the activity is fenced", "why", why)
 	}
 	return markRolledBack(s, why), nil

@@ -51,7 +51,7 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 	conn, err := r.connectionFor(ctx, a)
 	if err == nil {
 		s.conn = conn
-		s.store = r.storeFor(conn, a.UID)
+		s.store = r.storeFor(conn, a)
 		err = r.closeForDeletion(ctx, s)
 	}
 	if err != nil {

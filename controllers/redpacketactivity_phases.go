@@ -148,6 +148,7 @@ func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconci
 		{name: "grab workload", run: r.reconcileGrabWorkload, keepGoing: true},
 		{name: "schedule and close", run: r.reconcileSchedule},
 		{name: "counters", run: r.reconcileCounters},
+		{name: "conservation", run: r.reconcileConservation},
 	}
 }
 
@@ -217,7 +218,7 @@ func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Conte
 		return blocked(connectionFailureReason(err), "%v", err), err
 	}
 	s.conn = conn
-	s.store = r.storeFor(conn, s.activity.UID)
+	s.store = r.storeFor(conn, s.activity)
 	where := strings.Join(conn.Addresses, ",")
 
 	rctx, cancel := r.redisContext(ctx)

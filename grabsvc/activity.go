@@ -36,24 +36,35 @@ func NewActivity(obj *redpacketv1alpha1.RedPacketActivity) *Activity {
 	}
 }
 
-// handles keeps the Redis handle (lua.Activity) of the current activity on one
+// handles keeps the Redis handle (lua.Shards) of the current activity on one
 // client, so the hot path builds it once per activity, not once per call. The
 // zero value is ready to use; the client must be the same on every call.
 type handles struct {
 	cur atomic.Pointer[handle]
+	// replicated, when set, gives each new handle its Replicated (lua.Shards): how a
+	// transfer between shards waits for replicas.
+	replicated func(shard int) func(context.Context) error
 }
 
 type handle struct {
 	uid types.UID
-	h   *lua.Activity
+	h   *lua.Shards
 }
 
-// of returns the handle of act on c.
-func (hs *handles) of(c redis.Cmdable, act *Activity) *lua.Activity {
+// of returns the handle of act, over its spec.shards shards, on c.
+func (hs *handles) of(c redis.Cmdable, act *Activity) *lua.Shards {
 	if cur := hs.cur.Load(); cur != nil && cur.uid == act.Object.UID {
 		return cur.h
 	}
-	h := &handle{uid: act.Object.UID, h: lua.NewActivity(c, string(act.Object.UID))}
+	h := &handle{uid: act.Object.UID, h: lua.NewShards(c, string(act.Object.UID), act.Object.Spec.ShardCount())}
+	if hs.replicated != nil {
+		h.h.Replicated = func(ctx context.Context, shard int) error {
+			if wait := hs.replicated(shard); wait != nil {
+				return wait(ctx)
+			}
+			return nil
+		}
+	}
 	hs.cur.Store(h)
 	return h.h
 }

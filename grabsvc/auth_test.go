@@ -203,7 +203,8 @@ func TestStatusPolicyAllowsExactlyTheReportedFields(t *testing.T) {
 		}
 	}
 	act := testActivity("fields")
-	applied := statusApply(act.Object, Counters{}, time.Now())
+	// A sharded activity's report, which carries every field the reporter writes.
+	applied := statusApply(act.Object, Counters{}, &redpacketv1alpha1.ShardWatermarks{Epoch: 0, ClaimedCounts: []int64{1, 2}}, time.Now())
 	status, _ := applied.Object["status"].(map[string]any)
 	var reported []string
 	for k := range status {

@@ -61,7 +61,9 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 
 	start := time.Now()
-	res, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID, s.cfg.Guard.Mark(act))
+	res, shard, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID, func(i int) lua.Watermark {
+		return s.cfg.Guard.MarkShard(act, i)
+	})
 	s.metrics.ClaimLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
@@ -75,7 +77,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	if res.Outcome == lua.Granted || res.Outcome == lua.AlreadyClaimed {
 		// With durability Replicas, a packet is announced only once enough replicas
 		// hold it (a repeat too: its first answer may have been this 503).
-		if waiter := s.durable.of(s.cfg.Durable, act); waiter != nil {
+		if waiter := s.durable.of(s.cfg.Durable, act, shard); waiter != nil {
 			if err := waiter.Wait(r.Context()); err != nil {
 				s.metrics.RedisErrors.WithLabelValues("replicas").Inc()
 				s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable,
@@ -86,7 +88,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 	switch res.Outcome {
 	case lua.Granted:
-		s.cfg.Guard.Saw(act.Object.UID, res.Seen)
+		s.cfg.Guard.SawShard(act.Object.UID, shard, act.Object.Spec.ShardCount(), res.Seen)
 		s.metrics.countOutcome(string(res.Outcome))
 		writePacket(w, string(res.Outcome), res.PacketID, res.Amount)
 	case lua.AlreadyClaimed:
@@ -109,9 +111,10 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 
 // grabCall carries one claim to the goroutine that runs it and its answer back.
 type grabCall struct {
-	res lua.GrabResult
-	err error
-	ch  chan struct{}
+	res   lua.GrabResult
+	shard int
+	err   error
+	ch    chan struct{}
 }
 
 var (
@@ -123,14 +126,16 @@ var (
 	}}
 )
 
-// grab runs the grab script through the activity's handle h and waits for it at
-// most the Redis deadline. It is callWithDeadline for the hot path: pooled timers and
+// grab decides the claim on the user's home shard through the activity's handle h
+// (lua.Shards.Grab: the grab script, and a refill from the other shards when the home
+// shard ran dry) and waits for it at most the Redis deadline. It returns the home
+// shard with the result. It is callWithDeadline for the hot path: pooled timers and
 // reply slots, and no wait on the request's context (a client that went away costs
 // at most the deadline).
-func (s *Server) grab(ctx context.Context, h *lua.Activity, userID string, mark lua.Watermark) (lua.GrabResult, error) {
+func (s *Server) grab(ctx context.Context, h *lua.Shards, userID string, markOf func(int) lua.Watermark) (lua.GrabResult, int, error) {
 	c := grabCalls.Get().(*grabCall)
 	go func() {
-		c.res, c.err = h.GrabAbove(ctx, userID, mark)
+		c.res, c.shard, c.err = h.Grab(ctx, userID, markOf)
 		c.ch <- struct{}{}
 	}()
 	t := grabTimers.Get().(*time.Timer)
@@ -140,14 +145,14 @@ func (s *Server) grab(ctx context.Context, h *lua.Activity, userID string, mark 
 		// Since Go 1.23 a stopped timer never delivers a stale tick, so it can be reused.
 		t.Stop()
 		grabTimers.Put(t)
-		res, err := c.res, c.err
+		res, shard, err := c.res, c.shard, c.err
 		*c = grabCall{ch: c.ch}
 		grabCalls.Put(c)
-		return res, err
+		return res, shard, err
 	case <-t.C:
 		grabTimers.Put(t)
 		// c belongs to the running call now and is never reused.
-		return lua.GrabResult{}, fmt.Errorf("grab: %w", context.DeadlineExceeded)
+		return lua.GrabResult{}, 0, fmt.Errorf("grab: %w", context.DeadlineExceeded)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -55,7 +56,7 @@ func CountersFrom(s lua.Snapshot) Counters { return s.Counters() }
 type Reporter struct {
 	// Client writes the status subresource.
 	Client client.Client
-	// Redis reads the snapshot, through the activity's handle (lua.NewActivity).
+	// Redis reads the snapshot, through the activity's handle (lua.NewShards).
 	Redis redis.Cmdable
 	// Activity returns the current activity, nil until it has been read.
 	Activity func() *Activity
@@ -134,22 +135,35 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	if live.UID != uid {
 		return false, fmt.Errorf("activity %s was replaced (uid %s, now %s)", act.Ref, uid, live.UID)
 	}
-	r.Guard.Saw(uid, statusMark(&live.Status))
+	n := act.Object.Spec.ShardCount()
+	if n == 1 {
+		// The status's counters are the one shard's.
+		r.Guard.Saw(uid, statusMark(&live.Status))
+	} else {
+		for i := range n {
+			r.Guard.SawShard(uid, i, n, lua.ShardMark(&live.Status, i))
+		}
+	}
 	h := r.handles.of(r.Redis, act)
-	snap, err := callWithDeadline(ctx, timeout, h.Snapshot)
+	view, err := callWithDeadline(ctx, timeout, h.ReadShards)
 	if err != nil {
 		r.countFailure("snapshot")
 		return false, fmt.Errorf("reading the counters: %w", err)
 	}
+	snap := view.Activity
 	if !snap.Exists() {
 		// Redis does not hold the activity: there is nothing true to report, and the
 		// controller tells that story on the resource.
 		r.Guard.SetProblem(uid, problemMissing)
 		return false, nil
 	}
-	if why := snap.RolledBack(&live.Status); why != "" {
+	why := view.RolledBack(&live.Status)
+	if why == "" && view.Steady && view.Duplicated() {
+		why = "the shards hold more packets than were seeded (a master forgot a transfer between shards)"
+	}
+	if why != "" {
 		r.Guard.SetProblem(uid, problemFenced)
-		if snap.Fenced == "" {
+		if !snap.FullyFenced() {
 			if _, err := callWithDeadline(ctx, timeout, func(ctx context.Context) (string, error) {
 				return h.Fence(ctx, "rolled_back")
 			}); err != nil {
@@ -163,7 +177,9 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	}
 	r.Guard.SetProblem(uid, "")
 	// Redis never goes below what it once held, short of a rollback.
-	r.Guard.Saw(uid, snap.Watermark())
+	for i, sh := range view.Shards {
+		r.Guard.SawShard(uid, i, n, sh.Watermark())
+	}
 	if live.Status.RedisEpoch == nil && snap.Epoch > 0 || live.Status.RedisEpoch != nil && snap.Epoch > *live.Status.RedisEpoch {
 		// An accept started a new epoch that status does not record yet: the
 		// controller writes the accepted counters first.
@@ -176,13 +192,14 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 		heartbeat = DefaultReportHeartbeat
 	}
 	recorded, _ := redpacketv1alpha1.RecordedCounters(&live.Status)
-	changed := uid != r.lastUID || c != r.last || c != recorded
+	marks := view.Watermarks(&live.Status)
+	changed := uid != r.lastUID || c != r.last || c != recorded || !sameWatermarks(marks, live.Status.ShardWatermarks)
 	if !changed && now.Sub(r.lastApplied) < heartbeat {
 		return false, nil
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	obj := statusApply(live, c, now)
+	obj := statusApply(live, c, marks, now)
 	obj.SetResourceVersion(live.ResourceVersion)
 	if err := r.Client.Status().Apply(actx, client.ApplyConfigurationFromUnstructured(obj),
 		client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
@@ -205,10 +222,18 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// statusApply builds the apply object: identity plus only the reporter's fields.
-func statusApply(o *redpacketv1alpha1.RedPacketActivity, c Counters, now time.Time) *unstructured.Unstructured {
+// statusApply builds the apply object: identity plus only the reporter's fields
+// (the counters, the shards' watermarks of a sharded activity, the report time).
+func statusApply(o *redpacketv1alpha1.RedPacketActivity, c Counters, marks *redpacketv1alpha1.ShardWatermarks, now time.Time) *unstructured.Unstructured {
 	status := c.StatusFields()
 	status["lastReportTime"] = now.UTC().Format(time.RFC3339)
+	if marks != nil {
+		counts := make([]any, len(marks.ClaimedCounts))
+		for i, n := range marks.ClaimedCounts {
+			counts[i] = n
+		}
+		status["shardWatermarks"] = map[string]any{"epoch": marks.Epoch, "claimedCounts": counts}
+	}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": redpacketv1alpha1.GroupVersion.String(),
 		"kind":       "RedPacketActivity",
@@ -238,4 +263,12 @@ func (r *Reporter) logger() *slog.Logger {
 		return r.Log
 	}
 	return slog.Default()
+}
+
+// sameWatermarks reports whether a and b hold the same figures.
+func sameWatermarks(a, b *redpacketv1alpha1.ShardWatermarks) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Epoch == b.Epoch && slices.Equal(a.ClaimedCounts, b.ClaimedCounts)
 }

@@ -23,8 +23,20 @@ import (
 // routing to a replica whose every grab would be refused.
 //
 // The zero value is ready to use.
+//
+// A sharded activity has a watermark per shard, each the highest claimed count seen
+// on that shard: from grants, from the reporter's reading of the shard, and from
+// status.shardWatermarks (the status's counters are sums over the shards, so they
+// raise no shard's watermark).
 type RollbackGuard struct {
-	cur atomic.Pointer[guardState]
+	cur    atomic.Pointer[guardState]
+	shards atomic.Pointer[shardMarks]
+}
+
+// shardMarks are the watermarks of the shards of one sharded activity.
+type shardMarks struct {
+	uid   types.UID
+	marks []atomic.Pointer[lua.Watermark]
 }
 
 type guardState struct {
@@ -53,6 +65,52 @@ func (g *RollbackGuard) Mark(act *Activity) lua.Watermark {
 		return cur.mark.Raise(w)
 	}
 	return w
+}
+
+// MarkShard is the watermark to send with a grab on shard i of act: Mark(act) when
+// act has one shard.
+func (g *RollbackGuard) MarkShard(act *Activity, i int) lua.Watermark {
+	n := act.Object.Spec.ShardCount()
+	if n == 1 {
+		return g.Mark(act)
+	}
+	w := lua.ShardMark(&act.Object.Status, i)
+	if sm := g.shards.Load(); sm != nil && sm.uid == act.Object.UID && i < len(sm.marks) {
+		if seen := sm.marks[i].Load(); seen != nil {
+			return seen.Raise(w)
+		}
+	}
+	return w
+}
+
+// SawShard raises the watermark of shard i of the n shards of activity uid to w: Saw
+// when n is 1.
+func (g *RollbackGuard) SawShard(uid types.UID, i, n int, w lua.Watermark) {
+	if n <= 1 {
+		g.Saw(uid, w)
+		return
+	}
+	sm := g.shards.Load()
+	if sm == nil || sm.uid != uid || len(sm.marks) != n {
+		next := &shardMarks{uid: uid, marks: make([]atomic.Pointer[lua.Watermark], n)}
+		if !g.shards.CompareAndSwap(sm, next) {
+			g.SawShard(uid, i, n, w)
+			return
+		}
+		sm = next
+	}
+	for {
+		cur := sm.marks[i].Load()
+		next := w
+		if cur != nil {
+			if next = cur.Raise(w); next == *cur {
+				return
+			}
+		}
+		if sm.marks[i].CompareAndSwap(cur, &next) {
+			return
+		}
+	}
 }
 
 // Saw raises the watermark of activity uid to w.
@@ -109,31 +167,37 @@ type durableWaiter struct {
 	uid      types.UID
 	replicas int32
 	timeout  int32
-	w        *lua.ReplicaWaiter
+	// w is the waiter of each shard: WAIT must run on the master that took the grant.
+	w []*lua.ReplicaWaiter
 }
 
 // DefaultReplicaTimeout is how long a grab waits for replicas when
 // spec.durability.timeoutMilliseconds is not set.
-const DefaultReplicaTimeout = 200 * time.Millisecond
+const DefaultReplicaTimeout = lua.DefaultReplicaTimeout
 
-// of returns the waiter for act on c, nil when act's durability is not Replicas.
-func (ws *durableWaiters) of(c redis.Cmdable, act *Activity) *lua.ReplicaWaiter {
+// of returns the waiter for shard i of act on c, nil when act's durability is not
+// Replicas.
+func (ws *durableWaiters) of(c redis.Cmdable, act *Activity, i int) *lua.ReplicaWaiter {
 	d := act.Object.Spec.Durability
 	if c == nil || d == nil || d.Mode != redpacketv1alpha1.DurabilityReplicas || d.Replicas < 1 {
 		return nil
 	}
 	cur := ws.cur.Load()
 	if cur != nil && cur.uid == act.Object.UID && cur.replicas == d.Replicas && cur.timeout == d.TimeoutMilliseconds {
-		return cur.w
+		return cur.w[i]
 	}
 	timeout := DefaultReplicaTimeout
 	if d.TimeoutMilliseconds > 0 {
 		timeout = time.Duration(d.TimeoutMilliseconds) * time.Millisecond
 	}
+	n := act.Object.Spec.ShardCount()
 	next := &durableWaiter{uid: act.Object.UID, replicas: d.Replicas, timeout: d.TimeoutMilliseconds,
-		w: lua.NewReplicaWaiter(c, string(act.Object.UID), int(d.Replicas), timeout)}
-	if ws.cur.CompareAndSwap(cur, next) {
-		return next.w
+		w: make([]*lua.ReplicaWaiter, n)}
+	for k := range next.w {
+		next.w[k] = lua.NewReplicaWaiter(c, lua.ShardUID(string(act.Object.UID), k, n), int(d.Replicas), timeout)
 	}
-	return ws.of(c, act)
+	if ws.cur.CompareAndSwap(cur, next) {
+		return next.w[i]
+	}
+	return ws.of(c, act, i)
 }

@@ -98,6 +98,18 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("grab server: no activity source")
 	}
 	s := &Server{cfg: cfg, timeout: cfg.RedisTimeout, metrics: cfg.Metrics, log: cfg.Log, now: cfg.Now}
+	// A transfer between the shards of an activity with durability Replicas waits for
+	// the replicas of both masters, as a grant does (lua.Shards.Replicated).
+	s.redis.replicated = func(shard int) func(context.Context) error {
+		act := s.cfg.Activity()
+		if act == nil {
+			return nil
+		}
+		if w := s.durable.of(s.cfg.Durable, act, shard); w != nil {
+			return w.Wait
+		}
+		return nil
+	}
 	if s.timeout <= 0 {
 		s.timeout = DefaultRedisTimeout
 	}

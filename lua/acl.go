@@ -35,25 +35,30 @@ var ErrACLUnavailable = errors.New("the Redis server cannot manage ACL users for
 // ActivityUserName is the name of the Redis ACL user of the activity with the given UID.
 func ActivityUserName(uid string) string { return "rpa-" + uid }
 
-// grabSideScripts are the scripts the grab pods run: the grab, the reporter's
+// grabSideScripts are the scripts the grab pods run: the grab, the refill of a
+// sharded activity's dry shard (the transfers and the stock reading), the reporter's
 // snapshot, the settlement worker's acknowledgement and dead-lettering, and the
 // replay of dead letters. Every command they call is granted to the activity's user
 // (Redis checks the commands a script calls against the caller's ACL). Seeding,
 // configuring, closing and purging are the controller's, under the operator's user.
 func grabSideScripts() []*Script {
-	return []*Script{GrabScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript, EnsureGroupScript}
+	return []*Script{GrabScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript, EnsureGroupScript,
+		TransferOutScript, TransferInScript, TransferDoneScript, StockScript}
 }
 
 // activityUserDirectCommands are the commands the grab pods send themselves, besides
 // what their scripts call: the scripts (EVALSHA, and EVAL when the script cache lost
-// them), the readiness ping, the settlement worker's consumer group and its check of
-// entries against the claims and meta hashes (stream.go), and what a cluster client
+// them), the readiness ping, WAIT (durability Replicas: ReplicaWaiter; WAIT touches
+// no key), the settlement worker's consumer group and its check of
+// entries against the claims and meta hashes (stream.go), the reading of a sharded
+// activity's transfer journals (shards.go), and what a cluster client
 // asks to learn the slot map and the commands' key positions (COMMAND, which only
 // describes commands). AUTH and HELLO need no grant. A method of Activity that the
 // grab pods call and that sends another command must add it here.
 var activityUserDirectCommands = []string{
-	"evalsha", "eval", "ping", "time",
+	"evalsha", "eval", "ping", "time", "wait",
 	"xgroup|create", "xreadgroup", "xautoclaim", "xpending", "xclaim", "xlen", "hget", "hmget",
+	"hgetall", "hexists",
 	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
 }
 
@@ -90,10 +95,22 @@ func ActivityUserCommands() []string {
 	return out
 }
 
-// keyPattern is the ACL key pattern of the activity's keys: every key with its hash
-// tag, rpa:{uid}:*. ACL glob patterns treat the braces as plain characters.
-func (k Keys) keyPattern() string {
-	return strings.TrimSuffix(k.Meta, "meta") + "*"
+// keyPatterns are the ACL key patterns of the activity's keys: every key with its
+// hash tag, rpa:{uid}:*, and every key of its shards when it is sharded,
+// rpa:{uid.N}:* for N of one or two digits (MaxShards is 64). ACL glob patterns
+// treat the braces as plain characters.
+func (k Keys) keyPatterns() []string {
+	base := strings.TrimSuffix(k.Meta, "}:meta")
+	return []string{base + "}:*", base + ".[0-9]}:*", base + ".[0-9][0-9]}:*"}
+}
+
+// keyRules are the key patterns as ACL SETUSER rules and as ACL GETUSER lists them.
+func (k Keys) keyRules() []string {
+	ps := k.keyPatterns()
+	for i, p := range ps {
+		ps[i] = "~" + p
+	}
+	return ps
 }
 
 // userName is the activity's ACL user name, read back from its hash tag.
@@ -115,7 +132,11 @@ func passwordHash(password string) string {
 // held before; on; the one password; the activity's keys; no Pub/Sub channel; and
 // ActivityUserCommands only.
 func (k Keys) userRules(hash string) []any {
-	rules := []any{"reset", "on", "#" + hash, "~" + k.keyPattern(), "resetchannels", "-@all"}
+	rules := []any{"reset", "on", "#" + hash}
+	for _, p := range k.keyRules() {
+		rules = append(rules, p)
+	}
+	rules = append(rules, "resetchannels", "-@all")
 	for _, c := range ActivityUserCommands() {
 		rules = append(rules, "+"+c)
 	}
@@ -151,7 +172,7 @@ func (a *Activity) EnsureUser(ctx context.Context, password string) (UserChange,
 	name := a.keys.userName()
 	hash := passwordHash(password)
 	rules := a.keys.userRules(hash)
-	want := wantUser{hash: hash, keys: "~" + a.keys.keyPattern(), commands: commandTokens(rules)}
+	want := wantUser{hash: hash, keys: strings.Join(a.keys.keyRules(), " "), commands: commandTokens(rules)}
 	var (
 		mu     sync.Mutex
 		change UserChange

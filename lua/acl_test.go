@@ -3,6 +3,7 @@ package lua_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -283,17 +284,19 @@ func TestEnsureUserWithoutACLPermission(t *testing.T) {
 }
 
 // Every command the scripts of the grab pods call is granted, and none of the
-// controller's writes.
+// controller's writes. RPUSH is granted for the refill of a sharded activity's dry
+// shard (transfer_in.lua), on the activity's own keys only; a packet pushed outside
+// a transfer shows as an imbalance of the shard (lua.ShardsView.Conservation).
 func TestActivityUserCommands(t *testing.T) {
 	got := lua.ActivityUserCommands()
 	for _, want := range []string{"evalsha", "eval", "ping", "time", "hget", "hmget", "hset", "hincrby", "hgetall",
 		"llen", "lpop", "xadd", "xack", "xrange", "xdel", "xgroup|create", "xreadgroup", "xautoclaim", "xpending",
-		"xclaim", "cluster|slots"} {
+		"xclaim", "cluster|slots", "rpush", "hdel", "hexists"} {
 		if !slices.Contains(got, want) {
 			t.Errorf("%s is not granted: %v", want, got)
 		}
 	}
-	for _, never := range []string{"del", "unlink", "rename", "rpush", "flushall", "config", "script", "acl", "keys",
+	for _, never := range []string{"del", "unlink", "rename", "flushall", "config", "script", "acl", "keys",
 		"scan", "expire", "pexpire", "client", "debug", "xgroup", "xgroup|destroy", "xtrim"} {
 		if slices.Contains(got, never) {
 			t.Errorf("%s is granted: %v", never, got)
@@ -430,4 +433,52 @@ func masterOf(ctx context.Context, node *redis.Client) string {
 		}
 	}
 	return ""
+}
+
+// The user of a sharded activity reaches every shard of it: the grab on a home shard,
+// the refill that moves packets from another shard, the reading of every shard and
+// their journals. A key of another activity stays out of reach, including one whose
+// name starts like a shard's.
+func TestActivityUserReachesEveryShard(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	srv, op := protectedRedis(t)
+	const own, shards = "act-sharded", 3
+	amounts := splitOrFail(t, split.TypeFixed, 300, 6)
+	admin := lua.NewShards(op, own, shards)
+	if _, err := admin.Seed(ctx, amounts, lua.SeedParams{Count: 6, Total: 300, Sponsor: sponsor}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := admin.ConfigureWith(ctx, lua.Settings{Open: true}); err != nil || r.State != lua.StateOpen {
+		t.Fatalf("opening: %+v %v", r, err)
+	}
+	other := seedOpen(t, ctx, op, "act-sharded.9x", splitOrFail(t, split.TypeFixed, 600, 6))
+	if _, err := admin.EnsureUser(ctx, "sharded-pw-0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	c := userConn([]string{srv.Addr}, lua.ModeStandalone, own, "sharded-pw-0123456789").NewClient()
+	t.Cleanup(func() { _ = c.Close() })
+	h := lua.NewShards(c, own, shards)
+	// Three users at home on shard 0, which holds two packets: the third refills.
+	var users []string
+	for k := 0; len(users) < 3; k++ {
+		if u := fmt.Sprintf("u%d", k); h.Home(u) == 0 {
+			users = append(users, u)
+		}
+	}
+	for _, u := range users {
+		if r, _, err := h.Grab(ctx, u, nil); err != nil || r.Outcome != lua.Granted {
+			t.Fatalf("grab of %s as the activity's user: %+v, %v", u, r, err)
+		}
+	}
+	v, err := h.ReadShards(ctx)
+	if err != nil || !v.Conservation().Zero() || v.Activity.ClaimedCount != 3 {
+		t.Fatalf("reading the shards as the activity's user: %+v, %v", v.Activity, err)
+	}
+	if _, err := h.Resolve(ctx); err != nil {
+		t.Fatalf("resolving transfers as the activity's user: %v", err)
+	}
+	if err := c.HGet(ctx, other.Meta, "state").Err(); !isNoPerm(err) {
+		t.Fatalf("reading another activity's meta (%s): %v, want NOPERM", other.Meta, err)
+	}
 }

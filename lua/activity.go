@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,23 +68,73 @@ func Grab(ctx context.Context, c redis.Scripter, k Keys, userID string) (GrabRes
 // GrabAbove decides one claim for userID on a Redis that must be at or above mark;
 // a Redis below it is fenced and the answer is Fenced.
 func GrabAbove(ctx context.Context, c redis.Scripter, k Keys, userID string, mark Watermark) (GrabResult, error) {
-	vals, err := GrabScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Claims, k.Stream},
-		userID, mark.ClaimedCount, mark.Epoch).Slice()
+	reply, err := GrabScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Claims, k.Stream},
+		userID, mark.ClaimedCount, mark.Epoch).Result()
 	if err != nil {
 		return GrabResult{}, fmt.Errorf("grab script: %w", err)
 	}
-	if len(vals) != 3 && len(vals) != 5 {
-		return GrabResult{}, fmt.Errorf("grab script: %d values in reply, want 3 or 5", len(vals))
-	}
-	outcome, _ := vals[0].(string)
-	id, _ := vals[1].(string)
-	amount, _ := vals[2].(int64)
-	res := GrabResult{Outcome: Outcome(outcome), PacketID: id, Amount: amount}
-	if len(vals) == 5 {
-		res.Seen.ClaimedCount, _ = vals[3].(int64)
-		res.Seen.Epoch, _ = vals[4].(int64)
+	res, err := decodeGrab(reply)
+	if err != nil {
+		return GrabResult{}, fmt.Errorf("grab script: %w", err)
 	}
 	return res, nil
+}
+
+// decodeGrab reads the grab script's reply: for a grant one string,
+// "<packetId>:<amount>:<claimedCount>:<epoch>:<currency>"; otherwise a list,
+// {already_claimed, "<packetId>:<amount>:<entryId>"} (the user's claim as stored) or
+// {outcome} alone. The script hands the packet, the claim and the counters on as
+// strings and they are split here, off the server.
+func decodeGrab(reply any) (GrabResult, error) {
+	if grant, ok := reply.(string); ok {
+		return decodeGrant(grant)
+	}
+	vals, ok := reply.([]any)
+	if !ok || len(vals) == 0 {
+		return GrabResult{}, fmt.Errorf("reply %v (%T) is neither a grant nor an outcome", reply, reply)
+	}
+	outcome, ok := vals[0].(string)
+	if !ok {
+		return GrabResult{}, fmt.Errorf("outcome is %T, not a string", vals[0])
+	}
+	res := GrabResult{Outcome: Outcome(outcome)}
+	switch res.Outcome {
+	case Granted:
+		return GrabResult{}, errors.New("a grant answered as a list")
+	case AlreadyClaimed:
+		if len(vals) != 2 {
+			return GrabResult{}, fmt.Errorf("%d values in already_claimed, want 2", len(vals))
+		}
+		raw, _ := vals[1].(string)
+		c, ok := parseClaim(raw)
+		if !ok {
+			return GrabResult{}, fmt.Errorf("claim %q is not <packetId>:<amount>:<entryId>", raw)
+		}
+		res.PacketID, res.Amount = c.PacketID, c.Amount
+	default:
+		if len(vals) != 1 {
+			return GrabResult{}, fmt.Errorf("%d values in outcome %q, want 1", len(vals), outcome)
+		}
+	}
+	return res, nil
+}
+
+// decodeGrant reads a grant, "<packetId>:<amount>:<claimedCount>:<epoch>:<currency>".
+func decodeGrant(v string) (GrabResult, error) {
+	parts := strings.SplitN(v, ":", 5)
+	if len(parts) != 5 || parts[0] == "" {
+		return GrabResult{}, fmt.Errorf("grant %q is not <packetId>:<amount>:<claimedCount>:<epoch>:<currency>", v)
+	}
+	var nums [3]int64
+	for i, p := range parts[1:4] {
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || n < 0 {
+			return GrabResult{}, fmt.Errorf("grant %q: %q is not a non-negative integer", v, p)
+		}
+		nums[i] = n
+	}
+	return GrabResult{Outcome: Granted, PacketID: parts[0], Amount: nums[0],
+		Seen: Watermark{ClaimedCount: nums[1], Epoch: nums[2]}}, nil
 }
 
 // SeedParams are the activity's facts written at commit.
@@ -111,6 +162,22 @@ type Seeder struct {
 	// AfterChunk, when set, runs after each staged chunk with the staged length. An
 	// error stops seeding there, as a crash would.
 	AfterChunk func(staged int64) error
+	// ScriptOnly stages every chunk through seed_stage.lua, never with the
+	// optimistic transaction (stageDirect); for tests of the script.
+	ScriptOnly bool
+	// IDStride and IDOffset number the packets: packet i (from 0) gets the id
+	// i*IDStride + IDOffset + 1. The zero values number them 1, 2, 3, ...; shard k of
+	// n gets stride n and offset k, so ids stay unique across an activity's shards.
+	IDStride, IDOffset int64
+}
+
+// packetID is the id of the i-th packet (from 0) this seeder stages.
+func (s Seeder) packetID(i int64) int64 {
+	stride := s.IDStride
+	if stride <= 0 {
+		stride = 1
+	}
+	return i*stride + s.IDOffset + 1
 }
 
 // SeedResult says what Seed did.
@@ -152,9 +219,9 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 		args := make([]any, 0, end-staged+2)
 		args = append(args, staged, fp)
 		for i := staged; i < end; i++ {
-			args = append(args, strconv.FormatInt(i+1, 10)+":"+strconv.FormatInt(amounts[i], 10))
+			args = append(args, strconv.FormatInt(s.packetID(i), 10)+":"+strconv.FormatInt(amounts[i], 10))
 		}
-		next, err := s.stage(ctx, c, k, staged, fp, args)
+		next, err := s.stageChunk(ctx, c, k, staged, fp, args)
 		if err != nil {
 			return SeedResult{}, err
 		}
@@ -178,6 +245,20 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 		return SeedResult{}, fmt.Errorf("seed commit: %w", err)
 	}
 	return SeedResult{Committed: n == 1}, nil
+}
+
+// stageChunk appends one chunk (args: the offset and fingerprint, then the packets)
+// with a plain RPUSH in an optimistic transaction when the client can run one
+// (stageDirect), and through seed_stage.lua otherwise, or when staging holds another
+// split.
+func (s Seeder) stageChunk(ctx context.Context, c redis.Scripter, k Keys, offset int64, fp string, args []any) (int64, error) {
+	if w, ok := c.(watcher); ok && !s.ScriptOnly {
+		n, err := stageDirect(ctx, w, k, offset, fp, args[2:])
+		if !errors.Is(err, errStageByScript) {
+			return n, err
+		}
+	}
+	return s.stage(ctx, c, k, offset, fp, args)
 }
 
 // stage runs one staging call; args is the offset and fingerprint followed by the
@@ -318,7 +399,13 @@ type CloseResult struct {
 // Close ends grabbing atomically and refunds the remainder to the sponsor through
 // the activity's stream. Closing twice returns the first close's figures.
 func Close(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason) (CloseResult, error) {
-	vals, err := CloseScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Stream}, string(reason)).Slice()
+	return closeWith(ctx, c, k, reason, true)
+}
+
+// closeWith runs close.lua; without refundEntry the close writes no refund entry
+// (a shard of a sharded activity, whose one refund is written by refund_activity).
+func closeWith(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason, refundEntry bool) (CloseResult, error) {
+	vals, err := CloseScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Stream}, string(reason), boolArg(refundEntry)).Slice()
 	if err != nil {
 		return CloseResult{}, fmt.Errorf("close script: %w", err)
 	}
@@ -357,7 +444,21 @@ type Snapshot struct {
 	Fenced string
 	// Epoch counts the rollbacks accepted by an operator (0 before any).
 	Epoch int64
+
+	// Shard 0 of a sharded activity also holds the activity's own count and total,
+	// and once every shard closed, its one refund (shards.go).
+	activityCount, activityTotal, activityRefund int64
+	activityReason                               CloseReason
+	activityRefunded                             bool
+	// partlyFenced is true when some shards of a sharded activity are fenced and
+	// others not yet.
+	partlyFenced bool
 }
+
+// FullyFenced reports whether the activity is fenced everywhere: Fenced is set and,
+// for a sharded activity, every shard is fenced. A fence found on one shard must be
+// spread to the others (Fence), so that no shard grants while one rolled back.
+func (s Snapshot) FullyFenced() bool { return s.Fenced != "" && !s.partlyFenced }
 
 // Watermark is the snapshot's claimed count within its epoch.
 func (s Snapshot) Watermark() Watermark {
@@ -375,7 +476,7 @@ func (s Snapshot) RemainingAmount() int64 { return s.Total - s.ClaimedAmount - s
 // snapshot does not know, such as the staging fingerprint, are skipped), so the
 // order of fields in Redis or in the script means nothing.
 func ReadSnapshot(ctx context.Context, c redis.Scripter, k Keys) (Snapshot, error) {
-	vals, err := SnapshotScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Staging}).StringSlice()
+	vals, err := SnapshotScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Staging, k.Claims}).StringSlice()
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot script: %w", err)
 	}
@@ -399,6 +500,12 @@ var snapshotInts = map[string]func(*Snapshot) *int64{
 	fieldEpoch:          func(s *Snapshot) *int64 { return &s.Epoch },
 	fieldRemainingCount: func(s *Snapshot) *int64 { return &s.RemainingCount },
 	fieldStagedCount:    func(s *Snapshot) *int64 { return &s.StagedCount },
+	fieldActivityCount:  func(s *Snapshot) *int64 { return &s.activityCount },
+	fieldActivityTotal:  func(s *Snapshot) *int64 { return &s.activityTotal },
+	fieldActivityRefund: func(s *Snapshot) *int64 {
+		s.activityRefunded = true
+		return &s.activityRefund
+	},
 }
 
 // decodeSnapshot decodes the snapshot script's flat list of names and values.
@@ -420,6 +527,8 @@ func decodeSnapshot(vals []string) (Snapshot, error) {
 			snap.Currency = v
 		case fieldFenced:
 			snap.Fenced = v
+		case fieldActivityReason:
+			snap.activityReason = CloseReason(v)
 		case fieldPaused:
 			snap.Paused = v == "1"
 		default:
@@ -484,7 +593,7 @@ func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
 // dead-letter stream, which still record claims and refunds that were never
 // credited; those two are kept for retention, then expire. It returns the keys kept.
 func PurgeKeepingUnsettled(ctx context.Context, c redis.Cmdable, k Keys, retention time.Duration) ([]string, error) {
-	for _, key := range []string{k.Meta, k.Staging, k.Packets, k.Claims} {
+	for _, key := range []string{k.Meta, k.Staging, k.Packets, k.Claims, k.Transfers, k.Applied} {
 		if err := c.Unlink(ctx, key).Err(); err != nil {
 			return nil, fmt.Errorf("deleting %s: %w", key, err)
 		}

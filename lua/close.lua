@@ -1,7 +1,10 @@
 -- close: end grabbing for good and refund the unclaimed remainder to the sponsor.
 -- KEYS[1] meta, KEYS[2] packets, KEYS[3] stream
 -- ARGV[1] reason: "expired" (always closes) or "exhausted" (closes only when no
--- packet is left)
+-- packet is left); ARGV[2] "0" closes a shard of a sharded activity: no refund
+-- entry, and "refunded" stays 0 (the shard refunds nothing itself; the activity's one
+-- refund is written on shard 0 by refund_activity.lua, so a refund entry on any other
+-- shard is forged); anything else or nothing refunds the remainder
 -- Returns {result, reason, refunded}; result is closed, open (not exhausted yet),
 -- missing, or fenced (the activity is fenced after a rollback: its counters cannot be
 -- trusted to compute a refund, so nothing is written). Closing twice returns the
@@ -25,8 +28,14 @@ end
 local refund = tonumber(m[4]) - tonumber(m[5])
 local refundStr = string.format('%d', refund)
 redis.call('UNLINK', KEYS[2])
-redis.call('HSET', KEYS[1], 'state', 'closed', 'close_reason', ARGV[1], 'refunded', refundStr)
-if refund > 0 then
+-- The gate goes to "-": no grab takes the fast path of an open activity any more
+-- (see grab.lua).
+local recorded = refundStr
+if ARGV[2] == '0' then
+  recorded = '0'
+end
+redis.call('HSET', KEYS[1], 'state', 'closed', 'close_reason', ARGV[1], 'refunded', recorded, 'gate', '-')
+if refund > 0 and ARGV[2] ~= '0' then
   local t = redis.call('TIME')
   redis.call('XADD', KEYS[3], '*', 'kind', 'refund', 'packet', 'refund', 'user', m[6],
     'amount', refundStr, 'currency', m[8] or '',

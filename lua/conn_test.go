@@ -15,8 +15,8 @@ import (
 func TestKeysShareOneHashTag(t *testing.T) {
 	k := lua.KeysFor("abc-123")
 	all := k.All()
-	if len(all) != 6 {
-		t.Fatalf("%d keys, want 6", len(all))
+	if len(all) != 8 {
+		t.Fatalf("%d keys, want 8", len(all))
 	}
 	seen := map[string]bool{}
 	for _, key := range all {

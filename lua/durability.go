@@ -75,6 +75,10 @@ func (a *Activity) CheckReplicas(ctx context.Context, n int) error {
 	return nil
 }
 
+// DefaultReplicaTimeout is how long a wait for replicas may take when
+// spec.durability.timeoutMilliseconds is not set.
+const DefaultReplicaTimeout = 200 * time.Millisecond
+
 // ErrNotReplicated says that a grant did not reach enough replicas in time. The
 // grant stands in Redis; a retry returns it as already_claimed once it has.
 var ErrNotReplicated = errors.New("the grant did not reach enough replicas in time")

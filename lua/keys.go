@@ -8,12 +8,20 @@
 // Every key of an activity carries the hash tag {<uid>}, so an activity lives on one
 // Redis Cluster slot and every script can touch all of its keys.
 //
-//	rpa:{uid}:meta     hash: state, schedule, totals and every counter
+//	rpa:{uid}:meta     hash: state, schedule, totals and every counter but the
+//	                   claimed count, and the grab script's gate (grab.lua)
 //	rpa:{uid}:staging  list: packets written in chunks before the commit
 //	rpa:{uid}:packets  list: the unclaimed packets, "<packetId>:<amount>"
-//	rpa:{uid}:claims   hash: userId -> "<packetId>:<amount>:<stream entry id>"
+//	rpa:{uid}:claims   hash: userId -> "<packetId>:<amount>:<stream entry id>", one
+//	                   field per grant and nothing else: its length is the claimed count
 //	rpa:{uid}:stream   stream: one entry per grant and per refund, for settlement
+//	                   (a grant is one field, see stream.go)
 //	rpa:{uid}:dead     stream: deliveries parked after too many failures
+//	rpa:{uid}:xout     hash: transfers to another shard not yet known applied
+//	rpa:{uid}:xin      hash: transfers from other shards applied here
+//
+// A sharded activity (spec.shards > 1) is one such set of keys per shard, each under
+// the hash tag {<uid>.<i>} (shards.go).
 package lua
 
 // Keys are the Redis keys of one activity.
@@ -24,6 +32,10 @@ type Keys struct {
 	Claims      string
 	Stream      string
 	DeadLetters string
+	// Transfers is the journal of packets moved out to another shard (shards.go).
+	Transfers string
+	// Applied records the transfers from other shards that were applied here.
+	Applied string
 }
 
 // KeysFor returns the keys of the activity with the given UID.
@@ -36,12 +48,14 @@ func KeysFor(uid string) Keys {
 		Claims:      p + "claims",
 		Stream:      p + "stream",
 		DeadLetters: p + "dead",
+		Transfers:   p + "xout",
+		Applied:     p + "xin",
 	}
 }
 
 // All lists every key of the activity, for deletion.
 func (k Keys) All() []string {
-	return []string{k.Meta, k.Staging, k.Packets, k.Claims, k.Stream, k.DeadLetters}
+	return []string{k.Meta, k.Staging, k.Packets, k.Claims, k.Stream, k.DeadLetters, k.Transfers, k.Applied}
 }
 
 // Meta hash fields.
@@ -54,7 +68,7 @@ const (
 	fieldEndMs         = "end_ms"
 	fieldPaused        = "paused"
 	fieldSponsor       = "sponsor"
-	fieldClaimedCount  = "claimed_count"
+	fieldClaimedCount  = "claimed_count" // not a meta field: the snapshot's HLEN of the claims hash
 	fieldClaimedAmount = "claimed_amount"
 	fieldRefunded      = "refunded"
 	fieldSettledCount  = "settled_count"
@@ -65,6 +79,8 @@ const (
 	fieldCurrency      = "currency"
 	fieldFenced        = "fenced"
 	fieldEpoch         = "epoch"
+	// fieldStagingFP is the fingerprint of the split being staged (seed_stage.lua).
+	fieldStagingFP = "staging_fp"
 	// The snapshot's list lengths, reported under these names.
 	fieldRemainingCount = "remaining_count"
 	fieldStagedCount    = "staged_count"

@@ -102,6 +102,16 @@ var (
 	acceptSrc string
 	//go:embed ensure_group.lua
 	ensureGroupSrc string
+	//go:embed transfer_out.lua
+	transferOutSrc string
+	//go:embed transfer_in.lua
+	transferInSrc string
+	//go:embed transfer_done.lua
+	transferDoneSrc string
+	//go:embed stock.lua
+	stockSrc string
+	//go:embed refund_activity.lua
+	refundActivitySrc string
 )
 
 // The activity's scripts.
@@ -129,13 +139,24 @@ var (
 	// EnsureGroupScript creates the settlement consumer group, never the stream of a
 	// purged activity.
 	EnsureGroupScript = newScript("ensure_group", ensureGroupSrc)
+	// TransferOutScript moves packets from a shard's list into its journal.
+	TransferOutScript = newScript("transfer_out", transferOutSrc)
+	// TransferInScript applies a journalled transfer on its destination, once.
+	TransferInScript = newScript("transfer_in", transferInSrc)
+	// TransferDoneScript removes an applied transfer from its source's journal.
+	TransferDoneScript = newScript("transfer_done", transferDoneSrc)
+	// StockScript reads a shard's transfer sequence and stock at one instant.
+	StockScript = newScript("stock", stockSrc)
+	// RefundActivityScript writes a sharded activity's one refund, once.
+	RefundActivityScript = newScript("refund_activity", refundActivitySrc)
 )
 
 // AllScripts lists every script, for loading them all at once.
 func AllScripts() []*Script {
 	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
 		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript,
-		FenceScript, AcceptScript, EnsureGroupScript}
+		FenceScript, AcceptScript, EnsureGroupScript, TransferOutScript, TransferInScript,
+		TransferDoneScript, StockScript, RefundActivityScript}
 }
 
 // LoadAll loads every script on every master.

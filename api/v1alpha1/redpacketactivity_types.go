@@ -159,6 +159,25 @@ type Settlement struct {
 	MaxAttempts int32 `json:"maxAttempts,omitempty"`
 }
 
+// ShardWatermarks are the shards' claimed counts within one Redis epoch.
+type ShardWatermarks struct {
+	// epoch is the Redis epoch the counts were read in (status.redisEpoch then).
+	Epoch int64 `json:"epoch"`
+
+	// claimedCounts are the shards' claimed counts, shard 0 first.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	ClaimedCounts []int64 `json:"claimedCounts"`
+}
+
+// ShardCount is the number of shards of the activity: spec.shards, 1 when unset.
+func (s *RedPacketActivitySpec) ShardCount() int {
+	if s.Shards < 1 {
+		return 1
+	}
+	return int(s.Shards)
+}
+
 // RedPacketActivitySpec declares one red-packet activity. Every amount is an integer
 // in the currency's minor unit (fen, cents).
 // +kubebuilder:validation:XValidation:rule="self.count < 1 || self.totalAmount / self.count >= self.distribution.minAmount",message="totalAmount must be at least count × distribution.minAmount"
@@ -166,6 +185,8 @@ type Settlement struct {
 // +kubebuilder:validation:XValidation:rule="self.count < 1 || !has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || (self.totalAmount + self.count - 1) / self.count <= self.distribution.maxAmount",message="totalAmount must not exceed count × distribution.maxAmount"
 // +kubebuilder:validation:XValidation:rule="!has(self.startTime) || !has(self.endTime) || timestamp(self.endTime) > timestamp(self.startTime)",message="endTime must be after startTime"
 // +kubebuilder:validation:XValidation:rule="!has(self.settlement) || !has(self.settlement.webhook) || has(self.sponsor)",message="sponsor is required with settlement.webhook: refunds of unclaimed money are credited to it"
+// +kubebuilder:validation:XValidation:rule="!has(self.shards) || self.shards <= self.count",message="shards must not exceed count: every shard starts with at least one packet"
+// +kubebuilder:validation:XValidation:rule="!has(self.shards) || self.shards <= 1 || (has(self.durability) && self.durability.mode != 'None')",message="shards above 1 need durability Fsync or Replicas: a master that forgot a transfer between shards after a crash or failover would hand its packets out twice"
 type RedPacketActivitySpec struct {
 	// totalAmount is the money split into packets, in minor units. Immutable.
 	// +kubebuilder:validation:Minimum=1
@@ -215,6 +236,21 @@ type RedPacketActivitySpec struct {
 	// Absent means None.
 	// +optional
 	Durability *Durability `json:"durability,omitempty"`
+
+	// shards spreads the activity over this many Redis hash tags, so that a Redis
+	// Cluster can serve one hot activity from several masters. Each user is decided
+	// by one home shard (a stable hash of the user id); a shard that runs dry refills
+	// from the others in journalled transfers, so no packet is stranded while users
+	// wait. Default 1 (one hash tag, as an unsharded activity). Immutable: changing it
+	// would move users to other home shards. At most count. Above 1 it needs
+	// durability Fsync or Replicas (Replicas when the masters have replicas that may
+	// be promoted: transfers then wait for them too).
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="shards is immutable"
+	// +optional
+	Shards int32 `json:"shards,omitempty"`
 
 	// redis names the Redis that holds the activity. Absent means the operator's
 	// default connection.
@@ -286,6 +322,15 @@ type RedPacketActivityStatus struct {
 	// whose epoch is below it was restored from before an accept, and is fenced.
 	// +optional
 	RedisEpoch *int64 `json:"redisEpoch,omitempty"`
+
+	// shardWatermarks are the claimed counts of each shard of a sharded activity
+	// (spec.shards > 1) as the grab service last read them, never lowered within an
+	// epoch. The counters above are sums over the shards, so a shard that came back
+	// behind while the others went on granting could hide in them; a grab service
+	// compares each shard with its own figure here, and fences the activity when one
+	// is behind.
+	// +optional
+	ShardWatermarks *ShardWatermarks `json:"shardWatermarks,omitempty"`
 
 	// remainingCount is the number of packets not yet claimed. The money counters
 	// (remainingCount, remainingAmount, claimedCount, claimedAmount, refundedAmount,

@@ -98,6 +98,20 @@ func TestImpossibleSpecsAreRejected(t *testing.T) {
 		{"webhook without scheme", func(s *v1alpha1.RedPacketActivitySpec) {
 			s.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "balance:8080/credit"}}
 		}, "webhook url must start with http:// or https://"},
+		{"more shards than the maximum", func(s *v1alpha1.RedPacketActivitySpec) { s.Shards = 65 },
+			"spec.shards in body should be less than or equal to 64"},
+		{"negative shards", func(s *v1alpha1.RedPacketActivitySpec) { s.Shards = -1 },
+			"spec.shards in body should be greater than or equal to 1"},
+		{"more shards than packets", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.Count, s.TotalAmount, s.Shards = 3, 300, 4
+			s.Durability = &v1alpha1.Durability{Mode: v1alpha1.DurabilityFsync}
+		}, "shards must not exceed count"},
+		{"shards without durability", func(s *v1alpha1.RedPacketActivitySpec) { s.Shards = 2 },
+			"shards above 1 need durability Fsync or Replicas"},
+		{"shards with durability None", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.Shards = 2
+			s.Durability = &v1alpha1.Durability{Mode: v1alpha1.DurabilityNone}
+		}, "shards above 1 need durability Fsync or Replicas"},
 		{"webhook without a sponsor", func(s *v1alpha1.RedPacketActivitySpec) {
 			s.Sponsor = ""
 			s.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "http://balance:8080/credit"}}
@@ -132,6 +146,14 @@ func TestBoundariesAreAccepted(t *testing.T) {
 			s.StartTime, s.EndTime = at("2026-12-31T20:00:00Z"), at("2026-12-31T20:00:01Z")
 		}},
 		{"only an end", func(s *v1alpha1.RedPacketActivitySpec) { s.EndTime = at("2026-12-31T20:00:01Z") }},
+		{"most shards", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.Shards = 64
+			s.Durability = &v1alpha1.Durability{Mode: v1alpha1.DurabilityFsync}
+		}},
+		{"as many shards as packets", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.Count, s.TotalAmount, s.Shards = 4, 400, 4
+			s.Durability = &v1alpha1.Durability{Mode: v1alpha1.DurabilityReplicas, Replicas: 1}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := activity(ns, strings.ReplaceAll(strings.ReplaceAll(tc.name, " ", "-"), "×", "x"))
@@ -174,6 +196,9 @@ func TestDefaultsAreApplied(t *testing.T) {
 	}
 	if s.TotalAmount != 200_000 || s.Count != 5000 || s.Sponsor != "merchant-001" {
 		t.Errorf("spec %+v does not keep what was sent", s)
+	}
+	if s.Shards != 1 {
+		t.Errorf("shards %d, want the default 1", s.Shards)
 	}
 	if s.StartTime != nil || s.EndTime != nil || s.Paused || s.Redis != nil || s.GrabService.Replicas != nil {
 		t.Errorf("spec %+v gained values nobody set", s)
@@ -231,6 +256,7 @@ func TestMoneyFieldsAreImmutable(t *testing.T) {
 		{"distribution max", func(s *v1alpha1.RedPacketActivitySpec) { s.Distribution.MaxAmount = 1000 }, "distribution is immutable"},
 		{"distribution seed", func(s *v1alpha1.RedPacketActivitySpec) { s.Distribution.Seed = ptr.To[int64](8) }, "distribution is immutable"},
 		{"distribution seed removed", func(s *v1alpha1.RedPacketActivitySpec) { s.Distribution.Seed = nil }, "distribution is immutable"},
+		{"shards", func(s *v1alpha1.RedPacketActivitySpec) { s.Shards = 2 }, "shards is immutable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cur := &v1alpha1.RedPacketActivity{}

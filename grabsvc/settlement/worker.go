@@ -83,13 +83,59 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newWorker(cfg, m, lua.NewActivity(cfg.Redis, cfg.ActivityUID), ownTransport), nil
+}
+
+// NewShardWorkers checks cfg and returns one worker per shard of an activity spread
+// over n shards (lua.Shards): worker i delivers shard i's stream in its own consumer
+// group, all of them under one set of metrics. Deliveries carry the activity's UID,
+// so Idempotency-Keys are those of an unsharded activity (packet ids are unique
+// across shards). With n <= 1 it is NewWorker.
+func NewShardWorkers(cfg Config, n int) ([]*Worker, error) {
+	if n <= 1 {
+		w, err := NewWorker(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return []*Worker{w}, nil
+	}
+	ownTransport := cfg.HTTPClient == nil || cfg.HTTPClient.Transport == nil
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Activity)
+	if err != nil {
+		return nil, err
+	}
+	ws := make([]*Worker, n)
+	for i := range ws {
+		// One transport for all of them: the first worker closes its idle connections.
+		ws[i] = newWorker(cfg, m, lua.NewActivity(cfg.Redis, lua.ShardUID(cfg.ActivityUID, i, n)), ownTransport && i == 0)
+	}
+	return ws, nil
+}
+
+// RunAll runs every worker (NewShardWorkers) until ctx is done and returns their
+// errors joined.
+func RunAll(ctx context.Context, ws []*Worker) error {
+	errs := make([]error, len(ws))
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		wg.Go(func() { errs[i] = w.Run(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// newWorker is a worker of cfg (already checked) on the stream of h.
+func newWorker(cfg Config, m *metrics, h *lua.Activity, ownTransport bool) *Worker {
 	log := cfg.Logger.With("activity", cfg.Activity, "consumer", cfg.Consumer)
-	w := &Worker{cfg: cfg, redis: lua.NewActivity(cfg.Redis, cfg.ActivityUID), m: m, log: log,
-		space: make(chan struct{}, 1)}
+	w := &Worker{cfg: cfg, redis: h, m: m, log: log, space: make(chan struct{}, 1)}
 	if ownTransport {
 		w.transport, _ = cfg.HTTPClient.Transport.(*http.Transport)
 	}
-	return w, nil
+	return w
 }
 
 // Run delivers entries until ctx is done, then waits for its deliveries in flight to

@@ -187,6 +187,13 @@ unless on (namespace, name)
 			summary:     "Money of {{ $labels.namespace }}/{{ $labels.name }} does not add up: off by {{ $value }} minor units",
 			description: "claimedAmount + remainingAmount + refundedAmount differs from totalAmount in the activity's status. Stop and reconcile the activity's Redis stream against the balance system before anything else is paid.",
 		},
+		{
+			name:        "RedPacketRedisImbalance",
+			expr:        `max by (namespace, name, unit) (redpacket_activity_redis_imbalance) > 0`,
+			forDuration: "2m", severity: "critical",
+			summary:     "Redis holds {{ $value }} {{ $labels.unit }} of {{ $labels.namespace }}/{{ $labels.name }} out of place",
+			description: "A reading of every shard found packets or money that are in none of the places they can be (listed, claimed, in transfer between shards, refunded), or in two. Pause the activity and compare its claims and stream with the balance system before anything else is paid.",
+		},
 	}},
 	{"redpacket-operator", []alert{
 		{

@@ -112,7 +112,7 @@ are usually cluster-internal: reach Redis with kubectl port-forward and pass
 			}
 			rdb := conn.NewClient(lua.ClientOptions{Timeout: 10 * time.Second})
 			defer func() { _ = rdb.Close() }()
-			h := lua.NewActivity(rdb, string(a.UID))
+			h := lua.NewShards(rdb, string(a.UID), a.Spec.ShardCount())
 			snap, err := h.Snapshot(ctx)
 			if err != nil {
 				return fmt.Errorf("reading activity %s/%s from Redis via %s: %w", a.Namespace, a.Name, where, err)

@@ -297,6 +297,8 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 		switch {
 		case !hasSeries(manager, "redpacket_activity_conservation_error", activity):
 			return false, "no conservation error series of the activity (refundedAmount not set yet)"
+		case !hasSeries(manager, "redpacket_activity_redis_imbalance", map[string]string{"namespace": ns, "name": "dash", "unit": "packets"}):
+			return false, "no Redis imbalance series of the activity (no conservation check yet)"
 		case !hasSeries(manager, "redpacket_activity_phase", map[string]string{"namespace": ns, "name": "dash", "phase": "Exhausted"}):
 			return false, "no phase series"
 		case gaugeValue(manager, "redpacket_activity_claimed_amount", activity) != 600:
@@ -308,6 +310,11 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 		}
 		return true, ""
 	})
+	for _, unit := range []string{"packets", "amount"} {
+		if v := gaugeValue(manager, "redpacket_activity_redis_imbalance", map[string]string{"namespace": ns, "name": "dash", "unit": unit}); v != 0 {
+			t.Errorf("redpacket_activity_redis_imbalance{unit=%q} = %v, want 0", unit, v)
+		}
+	}
 
 	exported := map[string]dto.MetricType{}
 	for _, fams := range []map[string]*dto.MetricFamily{manager, grab} {
@@ -356,7 +363,7 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 
 	// Labels: a small fixed set, never a user id.
 	allowed := map[string]bool{"namespace": true, "name": true, "phase": true, "reason": true, "outcome": true,
-		"op": true, "stage": true, "kind": true, "result": true, "activity": true, "le": true}
+		"op": true, "stage": true, "kind": true, "result": true, "activity": true, "le": true, "unit": true}
 	for _, fams := range []map[string]*dto.MetricFamily{manager, grab} {
 		for name, f := range fams {
 			if !strings.HasPrefix(name, "redpacket_") {

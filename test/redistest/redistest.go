@@ -106,6 +106,7 @@ type Cluster struct {
 	// node's (masters and replicas, as redis-cli assigned the roles) otherwise.
 	Addrs   []string
 	servers []*Server
+	args    []string // every node's redis-server arguments beyond the defaults
 }
 
 // StartCluster runs a cluster of n masters (n >= 3) for the test, with every slot
@@ -135,22 +136,51 @@ func StartReplicatedCluster(tb testing.TB, masters, replicas int) *Cluster {
 	return c
 }
 
+// StartClusterWith runs a cluster of n masters (n >= 3) whose nodes also get
+// extraArgs (persistence settings, for one), and stops it at cleanup.
+func StartClusterWith(tb testing.TB, n int, extraArgs ...string) *Cluster {
+	tb.Helper()
+	skipInShortMode(tb)
+	c, err := startCluster(tb.TempDir(), n, 0, extraArgs...)
+	if err != nil {
+		tb.Fatalf("starting redis cluster: %v", err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
+}
+
 // StartClusterProcess runs a cluster of n masters outside of any test. The caller stops it.
 func StartClusterProcess(dir string, n int) (*Cluster, error) {
 	return startCluster(dir, n, 0)
 }
 
-func startCluster(dir string, masters, replicas int) (*Cluster, error) {
+// Kill ends node i with SIGKILL (Server.Kill); its files and port stay for Restart.
+func (c *Cluster) Kill(i int) error { return c.servers[i].Kill() }
+
+// Restart starts node i again on its files and port with the arguments it first had
+// (its nodes.conf brings it back into the cluster as the master of its slots), and
+// waits until the cluster answers on every node.
+func (c *Cluster) Restart(i int) error {
+	s := c.servers[i]
+	ns, err := RestartProcess(s.dir, s.Addr, c.args...)
+	if err != nil {
+		return err
+	}
+	c.servers[i] = ns
+	return c.waitOK(time.Now().Add(30 * time.Second))
+}
+
+func startCluster(dir string, masters, replicas int, extraArgs ...string) (*Cluster, error) {
 	n := masters * (1 + replicas)
-	c := &Cluster{}
+	c := &Cluster{args: append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "5000"}, extraArgs...)}
 	for i := 0; i < n; i++ {
 		sub := filepath.Join(dir, fmt.Sprintf("node-%d", i))
 		if err := os.MkdirAll(sub, 0o755); err != nil {
 			c.Stop()
 			return nil, err
 		}
-		s, err := startServer(sub, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000")
+		s, err := startServer(sub, c.args...)
 		if err != nil {
 			c.Stop()
 			return nil, err
@@ -166,6 +196,21 @@ func startCluster(dir string, masters, replicas int) (*Cluster, error) {
 		return nil, fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
 	}
 	deadline := time.Now().Add(30 * time.Second)
+	if err := c.waitOK(deadline); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	if replicas > 0 {
+		if err := c.listReplicas(deadline); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// waitOK waits until every node says cluster_state:ok and every replica is in sync.
+func (c *Cluster) waitOK(deadline time.Time) error {
 	for _, a := range c.Addrs {
 		for {
 			info, err := redisCLI(a, "cluster", "info")
@@ -175,19 +220,12 @@ func startCluster(dir string, masters, replicas int) (*Cluster, error) {
 				break
 			}
 			if time.Now().After(deadline) {
-				c.Stop()
-				return nil, fmt.Errorf("cluster node %s not ok: %v %s", a, err, info)
+				return fmt.Errorf("cluster node %s not ok: %v %s", a, err, info)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	if replicas > 0 {
-		if err := c.listReplicas(deadline); err != nil {
-			c.Stop()
-			return nil, err
-		}
-	}
-	return c, nil
+	return nil
 }
 
 // listReplicas makes every replica show in every node's slot map (CLUSTER SLOTS),

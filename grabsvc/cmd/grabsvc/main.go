@@ -372,15 +372,15 @@ func (s *settlementRunner) reconcile(ctx context.Context) {
 	if s.restarter.Key() == key {
 		return
 	}
-	w, err := settlement.NewWorker(cfg)
+	ws, err := settlement.NewShardWorkers(cfg, act.Object.Spec.ShardCount())
 	if err != nil {
 		s.log.Error("creating the settlement worker failed", "err", err)
 		return
 	}
 	s.log.Info("starting the settlement worker", "webhook", cfg.WebhookURL, "consumer", cfg.Consumer,
-		"maxAttempts", cfg.MaxAttempts)
+		"maxAttempts", cfg.MaxAttempts, "shards", len(ws))
 	s.restarter.Set(ctx, key, func(ctx context.Context) {
-		if err := w.Run(ctx); err != nil && ctx.Err() == nil {
+		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
 			s.log.Error("settlement worker stopped", "err", err)
 		}
 	})

@@ -121,7 +121,7 @@ func replayDeadLetters(ctx context.Context, args []string, stdout, stderr io.Wri
 
 	rdb := o.redis.NewClient()
 	defer func() { _ = rdb.Close() }()
-	moved, err := lua.NewActivity(rdb, string(obj.UID)).ReplayDeadLetters(ctx, o.max)
+	moved, err := lua.NewShards(rdb, string(obj.UID), obj.Spec.ShardCount()).ReplayDeadLetters(ctx, o.max)
 	if err != nil {
 		return fmt.Errorf("activity %s: %w", key, err)
 	}

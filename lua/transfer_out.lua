@@ -1,0 +1,51 @@
+-- transfer_out: the first half of moving packets from one shard of an activity to
+-- another (shards live on different Redis masters, so no one script can do both).
+-- KEYS[1] meta, KEYS[2] packets, KEYS[3] transfers (journal) of the source shard
+-- ARGV[1] transfer id, ARGV[2] destination shard index, ARGV[3] most packets to take
+-- Returns {result, journal entry}; result is moved (the entry was written now),
+-- pending (this id was journalled before: the same entry again), empty (no packet to
+-- give), or missing / fenced / closed / ended, when the source gives nothing.
+--
+-- The packets leave the list and enter the journal in one step, and the shard's
+-- count and total drop by what left, so at every instant each packet is in exactly
+-- one place: a list, a claim, or a journal entry that no destination has applied.
+-- The journal entry "<dest>|<count>|<amount>|<id>:<amount>,..." stays until the
+-- source hears that the destination applied it (transfer_done), so a crash between
+-- the halves loses nothing: whoever finds the entry finishes the move.
+local prev = redis.call('HGET', KEYS[3], ARGV[1])
+if prev then
+  return {'pending', prev}
+end
+local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'end_ms')
+if not m[1] then
+  return {'missing', ''}
+end
+if m[2] then
+  return {'fenced', ''}
+end
+if m[1] == 'closed' then
+  return {'closed', ''}
+end
+local endMs = tonumber(m[3]) or 0
+if endMs > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= endMs then
+    return {'ended', ''}
+  end
+end
+local taken = redis.call('LPOP', KEYS[2], tonumber(ARGV[3]))
+if not taken then
+  return {'empty', ''}
+end
+local amount = 0
+for i = 1, #taken do
+  local p = taken[i]
+  amount = amount + tonumber(string.sub(p, string.find(p, ':', 1, true) + 1))
+end
+local amountStr = string.format('%d', amount)
+local entry = ARGV[2] .. '|' .. #taken .. '|' .. amountStr .. '|' .. table.concat(taken, ',')
+redis.call('HSET', KEYS[3], ARGV[1], entry)
+redis.call('HINCRBY', KEYS[1], 'count', -#taken)
+redis.call('HINCRBY', KEYS[1], 'total', '-' .. amountStr)
+redis.call('HINCRBY', KEYS[1], 'transfer_seq', 1)
+return {'moved', entry}
