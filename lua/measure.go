@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -43,8 +44,21 @@ func (a *Activity) KeyMemory(ctx context.Context) (KeyMemory, error) {
 }
 
 // UsedMemory is the server's used_memory (INFO memory), in bytes: a measurement
-// helper.
+// helper. It first waits until no object is waiting to be freed in the background
+// (lazyfree_pending_objects 0): keys deleted with UNLINK are freed by another thread,
+// and memory they still hold would be counted against what is measured next.
 func UsedMemory(ctx context.Context, c redis.Cmdable) (int64, error) {
+	for {
+		pending, err := infoField(ctx, c, "memory", "lazyfree_pending_objects")
+		if err != nil || pending == "0" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	v, err := infoField(ctx, c, "memory", "used_memory")
 	if err != nil {
 		return 0, err

@@ -9,7 +9,9 @@
 //	(f) Redis memory per claimed packet;
 //	(g) settlement: grants credited per second, and 500 grants under a failing balance system;
 //	(h) the grab path under each durability mode (None, Fsync, Replicas 1);
-//	(i) our grab script against seed article 000's, through redis-benchmark -P 16.
+//	(i) our grab script against seed article 000's, through redis-benchmark -P 16;
+//	(j) one activity over one master and over two (spec.shards), and a model of more;
+//	(k) splitting and seeding 10,000,000 packets, the CRD's limit.
 //
 // It prints the figures and the ratios b/a(-P16) and c/d, and writes them with the
 // machine's details to docs/benchmarks.md. Every loop is bounded by a request count
@@ -37,28 +39,30 @@ import (
 
 // options are the benchmark's knobs.
 type options struct {
-	out          string
-	benchClients int
-	requestsP1   int
-	requestsP16  int
-	rbPackets    int64
-	goWorkers    int
-	goDuration   time.Duration
-	goPackets    int64
-	httpClients  int
-	httpDuration time.Duration
-	httpWarmup   time.Duration
-	httpPackets  int64
-	seedPackets  int64
-	memPackets   int64
-	serveNoop    string
-	skipBuild    bool
+	out            string
+	benchClients   int
+	requestsP1     int
+	requestsP16    int
+	rbPackets      int64
+	goWorkers      int
+	goDuration     time.Duration
+	goPackets      int64
+	httpClients    int
+	httpDuration   time.Duration
+	httpWarmup     time.Duration
+	httpPackets    int64
+	seedPackets    int64
+	seedMaxPackets int64
+	memPackets     int64
+	serveNoop      string
+	skipBuild      bool
 
 	settleGrants        int
 	settleFailingGrants int
 	settleTimeout       time.Duration
 	settleLimit         time.Duration
 	settlementOnly      bool
+	scaleOnly           bool
 }
 
 func main() {
@@ -76,6 +80,7 @@ func main() {
 	flag.DurationVar(&o.httpWarmup, "http-warmup", time.Second, "unmeasured warm-up before each HTTP run")
 	flag.Int64Var(&o.httpPackets, "http-packets", 1000000, "packets seeded for the HTTP claim path (also its request cap)")
 	flag.Int64Var(&o.seedPackets, "seed-packets", 1000000, "packets in the seeding measurement")
+	flag.Int64Var(&o.seedMaxPackets, "seed-max-packets", 10000000, "packets in the split-and-seed measurement at the CRD's limit (0 skips it)")
 	flag.Int64Var(&o.memPackets, "memory-packets", 200000, "packets claimed in the memory measurement")
 	flag.StringVar(&o.serveNoop, "serve-noop", "", "internal: serve the no-op handler on this address and nothing else")
 	flag.BoolVar(&o.skipBuild, "skip-build", false, "use bin/grabsvc as it is instead of building it")
@@ -84,6 +89,7 @@ func main() {
 	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")
 	flag.DurationVar(&o.settleLimit, "settlement-limit", 10*time.Minute, "give a settlement run up this long")
 	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g); print them, write nothing")
+	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -121,6 +127,8 @@ type results struct {
 	settleBad  settlementRun
 	durable    durabilityRun
 	seedScript seedScriptRun
+	scale      scaleRun
+	seedMax    seedMaxRun
 	opts       options
 	loadBefore string
 	loadAfter  string
@@ -168,6 +176,15 @@ func run(ctx context.Context, o options) error {
 	r.machine = readMachine(ctx, rc)
 	fmt.Printf("redis-server %s on %s; %d CPUs (%s); load average %s\n\n",
 		r.machine.RedisVersion, srv.Addr, r.machine.CPUs, r.machine.CPUModel, r.loadBefore)
+
+	if o.scaleOnly {
+		s, err := measureScale(ctx, work, o.benchClients, o.requestsP16)
+		if err != nil {
+			return err
+		}
+		fmt.Print(s.summary())
+		return nil
+	}
 
 	// (g) Settlement, healthy and under the failure mix.
 	if r.settleOK, r.settleBad, err = measureSettlements(ctx, o, srv.Addr); err != nil {
@@ -229,7 +246,8 @@ func run(ctx context.Context, o options) error {
 	// The script must really have granted: a NOSCRIPT or error reply would count as a
 	// request too. Random user ids may repeat now and then (already_claimed).
 	if total := int64(o.requestsP1 + o.requestsP16); r.rbGranted < total*95/100 {
-		return fmt.Errorf("redis-benchmark: only %d of %d calls granted a packet", r.rbGranted, total)
+		return fmt.Errorf("redis-benchmark: only %d of %d calls granted a packet (claimed %d before, %d after; %d left)",
+			r.rbGranted, total, before.ClaimedCount, after.ClaimedCount, after.RemainingCount)
 	}
 	if err := rb.Purge(ctx); err != nil {
 		return err
@@ -269,6 +287,21 @@ func run(ctx context.Context, o options) error {
 	// (i) Our grab script against the seed's.
 	if r.seedScript, err = measureSeedScript(ctx, rc, srv.Addr, o.benchClients, o.requestsP16); err != nil {
 		return fmt.Errorf("seed script: %w", err)
+	}
+
+	// (j) One activity over one master and over two.
+	if r.scale, err = measureScale(ctx, work, o.benchClients, o.requestsP16); err != nil {
+		return fmt.Errorf("scale: %w", err)
+	}
+
+	// (k) An activity at the CRD's limit.
+	if o.seedMaxPackets > 0 {
+		fmt.Printf("(k) splitting and seeding %d packets ... ", o.seedMaxPackets)
+		if r.seedMax, err = measureSeedMax(ctx, rc, o.seedMaxPackets); err != nil {
+			return fmt.Errorf("seeding at the limit: %w", err)
+		}
+		fmt.Printf("%s (split %s, seed %s)\n", r.seedMax.took().Round(time.Millisecond),
+			r.seedMax.split.Round(time.Millisecond), r.seedMax.seed.Round(time.Millisecond))
 	}
 
 	// (h) Durability modes, each on its own servers.
