@@ -46,15 +46,12 @@ func skewedUsers(n int, weights []float64, seed uint64) []string {
 
 // grabCall is one grab as its caller saw it.
 type grabCall struct {
-	user        string
-	call, ret   time.Time
-	res         lua.GrabResult
-	err         error
-	home        int
-	packetID    string
-	amount      int64
-	granted     bool
-	alreadyHeld bool
+	user      string
+	call, ret time.Time
+	res       lua.GrabResult
+	err       error
+	home      int
+	granted   bool
 }
 
 // shardedRain runs users against the activity from workers goroutines, while a
@@ -329,8 +326,8 @@ func seedOpenShards(t *testing.T, ctx context.Context, act *lua.Shards, amounts 
 func checkShardPlacement(t *testing.T, ctx context.Context, cluster *redistest.Cluster, act *lua.Shards) {
 	t.Helper()
 	cc := cluster.Client(t)
-	masters := map[string]bool{}
-	slots, err := cc.ClusterSlots(ctx).Result()
+	masters := map[int]bool{}
+	shards, err := cc.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,9 +336,11 @@ func checkShardPlacement(t *testing.T, ctx context.Context, cluster *redistest.C
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range slots {
-			if slot >= int64(r.Start) && slot <= int64(r.End) {
-				masters[r.Nodes[0].Addr] = true
+		for m, sh := range shards {
+			for _, r := range sh.Slots {
+				if slot >= r.Start && slot <= r.End {
+					masters[m] = true
+				}
 			}
 		}
 	}
