@@ -84,6 +84,10 @@ func New() (*ControlPlane, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 	}
+	// Service addresses for long runs: every activity's grab workload has a Service,
+	// and without a kube-controller-manager nothing deletes them with their
+	// namespaces. envtest's default /24 runs out after about 250 of them.
+	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.0.0.0/16")
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting envtest: %w", err)
