@@ -74,16 +74,11 @@ type Worker struct {
 
 // NewWorker checks cfg, fills in its defaults and registers the metrics.
 func NewWorker(cfg Config) (*Worker, error) {
-	ownTransport := cfg.HTTPClient == nil || cfg.HTTPClient.Transport == nil
-	cfg, err := cfg.withDefaults()
+	ws, err := newWorkers(cfg, 1)
 	if err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.Activity)
-	if err != nil {
-		return nil, err
-	}
-	return newWorker(cfg, m, lua.NewActivity(cfg.Redis, cfg.ActivityUID), ownTransport), nil
+	return ws[0], nil
 }
 
 // NewShardWorkers checks cfg and returns one worker per shard of an activity spread
@@ -92,13 +87,12 @@ func NewWorker(cfg Config) (*Worker, error) {
 // so Idempotency-Keys are those of an unsharded activity (packet ids are unique
 // across shards). With n <= 1 it is NewWorker.
 func NewShardWorkers(cfg Config, n int) ([]*Worker, error) {
-	if n <= 1 {
-		w, err := NewWorker(cfg)
-		if err != nil {
-			return nil, err
-		}
-		return []*Worker{w}, nil
-	}
+	return newWorkers(cfg, max(n, 1))
+}
+
+// newWorkers checks cfg, fills in its defaults, registers the metrics once and
+// returns a worker for each of the n shards' streams.
+func newWorkers(cfg Config, n int) ([]*Worker, error) {
 	ownTransport := cfg.HTTPClient == nil || cfg.HTTPClient.Transport == nil
 	cfg, err := cfg.withDefaults()
 	if err != nil {
