@@ -67,17 +67,6 @@ func restoreShard(t *testing.T, ctx context.Context, c redis.Cmdable, img shardI
 	}
 }
 
-func openShards(t *testing.T, ctx context.Context, act *lua.Shards, amounts []int64) {
-	t.Helper()
-	p := lua.SeedParams{Count: int64(len(amounts)), Total: sum(amounts), Sponsor: "sponsor", Currency: "CNY"}
-	if _, err := act.Seed(ctx, amounts, p); err != nil {
-		t.Fatalf("seeding: %v", err)
-	}
-	if r, err := act.ConfigureWith(ctx, lua.Settings{Open: true}); err != nil || r.State != lua.StateOpen {
-		t.Fatalf("opening: %+v, %v", r, err)
-	}
-}
-
 // A source shard whose master comes back without its last transfer_out (with
 // durability Fsync a crash cannot do that and with Replicas a transfer waits for the
 // replicas, so it takes a restored backup) holds the moved packets again while the
@@ -90,7 +79,7 @@ func TestShardSourceRollbackIsSeenAsDuplication(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	act := lua.NewShards(c, "rv-src-rollback", 2)
 	// Shard 0: packets 1 (100) and 3 (300); shard 1: packets 2 (200) and 4 (400).
-	openShards(t, ctx, act, []int64{100, 200, 300, 400})
+	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400})
 	on0, on1 := usersOn("z", 0, 2, 3), usersOn("o", 1, 2, 2)
 
 	// The grab pod's watermarks, as grabsvc keeps them (RollbackGuard.SawShard).
@@ -160,7 +149,7 @@ func TestShardRollbackCaughtByStatusWatermarks(t *testing.T) {
 	for i := range amounts {
 		amounts[i] = int64(10 + i)
 	}
-	openShards(t, ctx, act, amounts)
+	seedOpenShards(t, ctx, act, amounts)
 	on0, on1 := usersOn("z", 0, 2, 10), usersOn("o", 1, 2, 6)
 
 	grant := func(u string) lua.GrabResult {
@@ -222,7 +211,7 @@ func TestSoldOutIsRememberedForASecondOnly(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
 	act := lua.NewShards(c, "rv-soldout", 2)
-	openShards(t, ctx, act, []int64{100, 200, 300, 400})
+	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400})
 	on0, on1 := usersOn("z", 0, 2, 4), usersOn("o", 1, 2, 2)
 
 	backup := dumpShard(t, ctx, c, act.Shard(1).Keys())
@@ -271,7 +260,7 @@ func TestActivityUserCanWaitForReplicas(t *testing.T) {
 	srv, op := protectedRedis(t)
 	const own = "rv-acl-wait"
 	admin := lua.NewShards(op, own, 2)
-	openShards(t, ctx, admin, []int64{10, 20, 30, 40})
+	seedOpenShards(t, ctx, admin, []int64{10, 20, 30, 40})
 	if _, err := admin.EnsureUser(ctx, "rv-wait-pw-0123456789"); err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +285,7 @@ func TestShardedCloseRefundsOnlyFromACompleteReading(t *testing.T) {
 	c := srv.Client(t)
 	act := lua.NewShards(c, "rv-refund", 2)
 	amounts := []int64{100, 200, 300, 400}
-	openShards(t, ctx, act, amounts)
+	seedOpenShards(t, ctx, act, amounts)
 	r, _, err := act.Grab(ctx, usersOn("o", 1, 2, 1)[0], nil)
 	if err != nil || r.Outcome != lua.Granted {
 		t.Fatalf("grab: %+v %v", r, err)
@@ -356,7 +345,7 @@ func TestForgedRefundOnAShardIsRefused(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
 	act := lua.NewShards(c, "rv-forged-refund", 2)
-	openShards(t, ctx, act, []int64{100, 200, 300, 400})
+	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400})
 	if r, _, err := act.Grab(ctx, usersOn("o", 1, 2, 1)[0], nil); err != nil || r.Outcome != lua.Granted {
 		t.Fatalf("grab: %+v %v", r, err)
 	}
@@ -373,7 +362,7 @@ func TestForgedRefundOnAShardIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.XAdd(ctx, &redis.XAddArgs{Stream: s1.Keys().Stream, Values: []string{
-		"kind", "refund", "packet", "refund", "user", "sponsor", "amount", share, "currency", "CNY", "at", "1",
+		"kind", "refund", "packet", "refund", "user", "merchant-001", "amount", share, "currency", "CNY", "at", "1",
 	}}).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +401,7 @@ func TestShardDestinationRollbackIsFenced(t *testing.T) {
 	ctx := testCtx(t)
 	c := redistest.Start(t).Client(t)
 	act := lua.NewShards(c, "rv-dst-rollback", 2)
-	openShards(t, ctx, act, []int64{100, 200, 300, 400, 500, 600})
+	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400, 500, 600})
 	on0 := usersOn("z", 0, 2, 6)
 	marks := make([]lua.Watermark, 2)
 	markOf := func(i int) lua.Watermark { return marks[i] }
@@ -463,7 +452,7 @@ func TestShardedCloseDuringRefillsFromTwoProcesses(t *testing.T) {
 	amounts := testAmounts(3000)
 	a1 := lua.NewShards(c, uid, shards)
 	a1.TransferBatch = 16
-	openShards(t, ctx, a1, amounts)
+	seedOpenShards(t, ctx, a1, amounts)
 	a2 := lua.NewShards(c, uid, shards)
 	a2.TransferBatch = 16
 	users := skewedUsers(6000, []float64{60, 20, 15, 5}, 7)
@@ -574,7 +563,7 @@ func TestShardedSoldOutWithRefillsFromTwoProcesses(t *testing.T) {
 	for _, h := range handles {
 		h.TransferBatch = 8
 	}
-	openShards(t, ctx, handles[0], amounts)
+	seedOpenShards(t, ctx, handles[0], amounts)
 	stop := make(chan struct{})
 	var resolver = make(chan struct{})
 	go func() {
@@ -664,7 +653,7 @@ func TestShardTransfersInterruptedBetweenHalves(t *testing.T) {
 	amounts := testAmounts(1500)
 	act := lua.NewShards(c, uid, shards)
 	act.TransferBatch = 8
-	openShards(t, ctx, act, amounts)
+	seedOpenShards(t, ctx, act, amounts)
 	users := skewedUsers(2500, []float64{70, 15, 10, 5}, 5)
 	rain := &shardedRain{calls: make([]grabCall, len(users))}
 	next := make(chan int)
@@ -715,7 +704,7 @@ func TestShardedCloseWithJournalPending(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	act := lua.NewShards(c, "rv-journal-close", 3)
 	amounts := testAmounts(30)
-	openShards(t, ctx, act, amounts)
+	seedOpenShards(t, ctx, act, amounts)
 	var claimed int64
 	for _, u := range usersOn("z", 2, 3, 4) {
 		r, _, err := act.Grab(ctx, u, nil)
@@ -745,7 +734,7 @@ func TestShardedCloseWithJournalPending(t *testing.T) {
 	}
 	// Close(exhausted) with a transfer journalled finishes the move first and stays open.
 	act2 := lua.NewShards(c, "rv-journal-exh", 3)
-	openShards(t, ctx, act2, amounts)
+	seedOpenShards(t, ctx, act2, amounts)
 	k := act2.Shard(1).Keys()
 	if err := lua.TransferOutScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Transfers}, "dead-mover-2", 0, 100).Err(); err != nil {
 		t.Fatal(err)
