@@ -28,8 +28,9 @@ var _ shardsReader = (*lua.Shards)(nil)
 // anything else is a bug or a Redis that lost writes, and the alert pages. Before it
 // reads, it finishes the transfers a grab pod left half-done (an open activity only:
 // a closed one refunds them). When a steady reading shows a shard behind its figure
-// in status.shardWatermarks, or more packets than were seeded, it fences every shard
-// (a rollback the summed counters can hide). It never halts the chain.
+// in status.shardWatermarks, claims lost from a shard whose list kept its place, or
+// more packets than were seeded, it fences every shard (a rollback the summed
+// counters can hide). It never halts the chain.
 func (r *RedPacketActivityReconciler) reconcileConservation(ctx context.Context, s *activityScope) (stepResult, error) {
 	reader, ok := s.store.(shardsReader)
 	if !ok || !s.seededRecorded || !s.snapshotRead || !s.snapshot.Exists() || s.snapshot.Fenced != "" {
@@ -58,6 +59,9 @@ func (r *RedPacketActivityReconciler) reconcileConservation(ctx context.Context,
 	// The activity as one was compared with the status by the fence step; here each
 	// shard is, against its own watermark.
 	why := view.ShardBehind(&s.activity.Status)
+	if why == "" {
+		why = view.ClaimsLost()
+	}
 	if why == "" && view.Duplicated() {
 		why = "the shards hold more packets than were seeded"
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,12 +104,12 @@ func TestSeedingSurvivesRestartAndRepeatedReconciles(t *testing.T) {
 	}
 	var sum int64
 	for i, p := range all {
-		id, amount, _ := strings.Cut(p, ":")
-		n, err := strconv.ParseInt(amount, 10, 64)
-		if err != nil || id != strconv.Itoa(i+1) || n != want[i] {
-			t.Fatalf("packet %d is %q, want %d:%d", i, p, i+1, want[i])
+		packet, err := lua.ParseListedPacket(p)
+		if err != nil || packet.ID != strconv.Itoa(i+1) || packet.Amount != want[i] ||
+			packet.CountBefore != int64(i) || packet.AmountBefore != sum {
+			t.Fatalf("packet %d is %q, want %d:%d@%d:%d", i, p, i+1, want[i], i, sum)
 		}
-		sum += n
+		sum += packet.Amount
 	}
 	if sum != total {
 		t.Fatalf("packets sum to %d, want %d", sum, total)

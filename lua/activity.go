@@ -80,8 +80,8 @@ func GrabAbove(ctx context.Context, c redis.Scripter, k Keys, userID string, mar
 	return res, nil
 }
 
-// decodeGrab reads the grab script's reply: for a grant one string,
-// "<packetId>:<amount>:<claimedCount>:<epoch>:<currency>"; otherwise a list,
+// decodeGrab reads the grab script's reply: for a grant one string (decodeGrant);
+// otherwise a list,
 // {already_claimed, "<packetId>:<amount>:<entryId>"} (the user's claim as stored) or
 // {outcome} alone. The script hands the packet, the claim and the counters on as
 // strings and they are split here, off the server.
@@ -119,22 +119,36 @@ func decodeGrab(reply any) (GrabResult, error) {
 	return res, nil
 }
 
-// decodeGrant reads a grant, "<packetId>:<amount>:<claimedCount>:<epoch>:<currency>".
+// decodeGrant reads a grant,
+// "<packetId>:<amount>@<countBefore>:<amountBefore>:<epoch>:<currency>": the packet
+// as it was listed, then the gate's epoch and currency. The count this grant raised,
+// the caller's next watermark, is countBefore + 1.
 func decodeGrant(v string) (GrabResult, error) {
-	parts := strings.SplitN(v, ":", 5)
-	if len(parts) != 5 || parts[0] == "" {
-		return GrabResult{}, fmt.Errorf("grant %q is not <packetId>:<amount>:<claimedCount>:<epoch>:<currency>", v)
+	bad := func(what string) (GrabResult, error) {
+		return GrabResult{}, fmt.Errorf("grant %q is not <packetId>:<amount>@<countBefore>:<amountBefore>:<epoch>:<currency>: %s", v, what)
 	}
-	var nums [3]int64
-	for i, p := range parts[1:4] {
+	packet, rest, ok := strings.Cut(v, "@")
+	if !ok {
+		return bad("no '@'")
+	}
+	id, amount, ok := strings.Cut(packet, ":")
+	if !ok || id == "" {
+		return bad("no packet id")
+	}
+	parts := strings.SplitN(rest, ":", 4)
+	if len(parts) != 4 {
+		return bad("too few fields")
+	}
+	var nums [4]int64
+	for i, p := range []string{amount, parts[0], parts[1], parts[2]} {
 		n, err := strconv.ParseInt(p, 10, 64)
 		if err != nil || n < 0 {
-			return GrabResult{}, fmt.Errorf("grant %q: %q is not a non-negative integer", v, p)
+			return bad(fmt.Sprintf("%q is not a non-negative integer", p))
 		}
 		nums[i] = n
 	}
-	return GrabResult{Outcome: Granted, PacketID: parts[0], Amount: nums[0],
-		Seen: Watermark{ClaimedCount: nums[1], Epoch: nums[2]}}, nil
+	return GrabResult{Outcome: Granted, PacketID: id, Amount: nums[0],
+		Seen: Watermark{ClaimedCount: nums[1] + 1, Epoch: nums[3]}}, nil
 }
 
 // SeedParams are the activity's facts written at commit.
@@ -214,12 +228,15 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 	if err != nil {
 		return SeedResult{}, err
 	}
+	sums := prefixSums{amounts: amounts}
 	for staged >= 0 && staged < p.Count {
 		end := min(staged+int64(chunk), p.Count)
 		args := make([]any, 0, end-staged+2)
 		args = append(args, staged, fp)
+		before := sums.upTo(staged)
 		for i := staged; i < end; i++ {
-			args = append(args, strconv.FormatInt(s.packetID(i), 10)+":"+strconv.FormatInt(amounts[i], 10))
+			args = append(args, packetEntry(s.packetID(i), amounts[i], i, before))
+			before += amounts[i]
 		}
 		next, err := s.stageChunk(ctx, c, k, staged, fp, args)
 		if err != nil {
@@ -245,6 +262,41 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 		return SeedResult{}, fmt.Errorf("seed commit: %w", err)
 	}
 	return SeedResult{Committed: n == 1}, nil
+}
+
+// packetEntry is a packet as the packets list holds it,
+// "<id>:<amount>@<countBefore>:<amountBefore>": the packets and the money claimed
+// from the list before it, which the seeder, numbering the list from its head, gives
+// as the packets ahead of it (see grab.lua: the head's numbers are the claimed count
+// and amount, so no grab reads or raises a counter).
+func packetEntry(id, amount, countBefore, amountBefore int64) string {
+	b := make([]byte, 0, 48)
+	b = strconv.AppendInt(b, id, 10)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, amount, 10)
+	b = append(b, '@')
+	b = strconv.AppendInt(b, countBefore, 10)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, amountBefore, 10)
+	return string(b)
+}
+
+// prefixSums reads sums of amounts[:n] for n that mostly grow, as staging's offset
+// does, in one pass over the amounts.
+type prefixSums struct {
+	amounts []int64
+	n, sum  int64
+}
+
+// upTo returns the sum of amounts[:n].
+func (p *prefixSums) upTo(n int64) int64 {
+	if n < p.n {
+		p.n, p.sum = 0, 0
+	}
+	for ; p.n < n; p.n++ {
+		p.sum += p.amounts[p.n]
+	}
+	return p.sum
 }
 
 // stageChunk appends one chunk (args: the offset and fingerprint, then the packets)

@@ -25,7 +25,20 @@ local left = redis.call('LLEN', KEYS[2])
 if ARGV[1] == 'exhausted' and left > 0 then
   return {'open', '', 0}
 end
-local refund = tonumber(m[4]) - tonumber(m[5])
+-- The claimed amount is read as snapshot.lua reads it (the head's <amountBefore>,
+-- the total when nothing is listed, the claimed_amount field for a head seeded
+-- without '@') and recorded, since the list it comes from goes now.
+local claimed = m[5] or '0'
+if left == 0 then
+  claimed = m[4]
+else
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  local at = string.find(head, '@', 1, true)
+  if at then
+    claimed = string.sub(head, string.find(head, ':', at + 1, true) + 1)
+  end
+end
+local refund = tonumber(m[4]) - tonumber(claimed)
 local refundStr = string.format('%d', refund)
 redis.call('UNLINK', KEYS[2])
 -- The gate goes to "-": no grab takes the fast path of an open activity any more
@@ -34,7 +47,8 @@ local recorded = refundStr
 if ARGV[2] == '0' then
   recorded = '0'
 end
-redis.call('HSET', KEYS[1], 'state', 'closed', 'close_reason', ARGV[1], 'refunded', recorded, 'gate', '-')
+redis.call('HSET', KEYS[1], 'state', 'closed', 'close_reason', ARGV[1], 'refunded', recorded, 'gate', '-',
+  'claimed_amount', claimed)
 if refund > 0 and ARGV[2] ~= '0' then
   local t = redis.call('TIME')
   redis.call('XADD', KEYS[3], '*', 'kind', 'refund', 'packet', 'refund', 'user', m[6],

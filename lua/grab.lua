@@ -4,14 +4,20 @@
 -- ARGV[2] watermark: the claimed count this Redis has already been seen to reach
 --         (0 = none), ARGV[3] the epoch that watermark was seen in (0 before any
 --         accepted rollback); without ARGV[2] nothing is checked
--- Returns, for a grant, one string: "<packetId>:<amount>:<claimedCount>:<epoch>:<currency>",
--- the packet as it was seeded, the claimed count this grant raised and the epoch
--- (the caller's next watermark) and the currency. Any other outcome is a list:
--- {'already_claimed', '<packetId>:<amount>:<entryId>'} (the user's claim as stored)
--- or {outcome} for sold_out, not_started, ended, paused, missing and fenced.
--- lua.GrabAbove splits the strings: a grant costs the server no reply list and no
+-- Returns, for a grant, one string:
+-- "<packetId>:<amount>@<countBefore>:<amountBefore>:<epoch>:<currency>", the packet as
+-- it was listed (what was claimed from its list before it: the count this grant
+-- raised is countBefore + 1, the caller's next watermark with the epoch) and the
+-- currency. Any other outcome is a list: {'already_claimed',
+-- '<packetId>:<amount>:<entryId>'} (the user's claim as stored) or {outcome} for
+-- sold_out, not_started, ended, paused, missing and fenced. lua.GrabAbove splits the
+-- strings: a grant costs the server no reply list, no number written as text and no
 -- more string work than it must do. A closed activity answers sold_out when every
 -- packet was claimed and ended when its time ran out.
+--
+-- A grant is five commands on the gate's path: HGET claims, HGET gate, LPOP, XADD,
+-- HSET claims. No counter is read or raised: the popped packet carries the claimed
+-- count and amount (see the packets, below).
 --
 -- The gate: the meta field "gate" says in one read what the grab of an open
 -- activity needs: "<epoch>:<currency>" while the activity is plainly open (state
@@ -22,24 +28,30 @@
 -- writes it from the full fields the first time it finds the activity plainly open
 -- again. A gate that is "-" or absent (an activity written before the gate existed)
 -- takes the slow path, which reads every field and answers as before. seed_commit
--- writes the gate, the epoch and the claimed amount first, so the meta hash finds
--- them without walking its other fields. TIME is read only when there is a window.
+-- writes the gate and the epoch first, so the meta hash finds them without walking
+-- its other fields. TIME is read only when there is a window.
 --
 -- The fence: a Redis that comes back older than it was (a failover to a lagging
 -- replica, an AOF everysec crash, a restored backup) holds fewer claims than were
 -- already acknowledged, or an epoch below the one the caller knows. Granting from it
--- would hand out again packets that were granted. So a watermark above the claims
+-- would hand out again packets that were granted. So a watermark above the claimed
 -- count, or an epoch above Redis's, fences the activity: the "fenced" field is
 -- written and every later grab answers fenced, until an operator accepts the state
 -- as it is. The claimed count is the length of the claims hash, which holds one
--- field per grant and nothing else.
+-- field per grant and nothing else; on the gate's path it is read from the popped
+-- packet, which carries it in every state Redis can come back in (a restored Redis
+-- is one consistent earlier moment: its claims and its list together), and a
+-- packet popped from a Redis behind the watermark is pushed back before the fence is
+-- written. A claims hash lost on its own, with the list kept, is no such moment:
+-- the controller's conservation check (claimed + listed = count, every resync)
+-- fences it.
 --
--- Every other read and check comes before the first write (the gate's rewrite only
--- caches what the fields say). The settlement entry packs the grant into one field,
--- "grant" = "<packetId>:<amount>:<epoch>:<currency>:<userId>" (the user id last, as
--- it may hold ':'); its time is the entry id's, the Redis clock in milliseconds.
--- Amounts travel as the decimal strings they were seeded as, never through a Lua
--- number.
+-- Every other read and check comes before the first write, but for that push back
+-- (the gate's rewrite only caches what the fields say). The settlement entry packs
+-- the grant into one field, "grant" = "<packetId>:<amount>:<epoch>:<currency>:<userId>"
+-- (the user id last, as it may hold ':'); its time is the entry id's, the Redis clock
+-- in milliseconds. Amounts travel as the decimal strings they were seeded as, never
+-- through a Lua number.
 local user, meta, claims = ARGV[1], KEYS[1], KEYS[3]
 
 local prev = redis.call('HGET', claims, user)
@@ -71,15 +83,24 @@ else
   tail = (s[7] or '0') .. ':' .. (s[8] or '')
 end
 
-local n = redis.call('HLEN', claims)
-local mark = ARGV[2]
+-- The watermark. A later epoch than Redis's fences now. Within the epoch, the claimed
+-- count is compared with it: on the slow path (every answer but a grant of an open
+-- activity is decided there) now, with HLEN; on the gate's path after the pop, with
+-- the count the popped packet carries, which is the claims hash's length in any state
+-- Redis can come back in (see below).
+local mark, markN = ARGV[2], nil
 if mark then
-  local seen, epoch = ARGV[3] or '0', string.match(tail, '^%d+')
-  local behind
-  if seen == epoch then
-    behind = mark ~= '0' and n < (tonumber(mark) or 0)
-  else
-    behind = (tonumber(seen) or 0) > tonumber(epoch)
+  -- The epochs are compared as text first (tail starts "<epoch>:"): no number is read
+  -- unless they differ.
+  local seen, behind = ARGV[3] or '0', false
+  if string.find(tail, seen, 1, true) ~= 1 or string.byte(tail, #seen + 1) ~= 58 then -- ':'
+    behind = (tonumber(seen) or 0) > tonumber(string.match(tail, '^%d+'))
+  elseif mark ~= '0' then
+    markN = tonumber(mark) or 0
+    if s then
+      behind = redis.call('HLEN', claims) < markN
+      markN = nil
+    end
   end
   if behind then
     redis.call('HSET', meta, 'fenced', 'rolled_back', 'gate', '-')
@@ -120,13 +141,41 @@ if startMs then
   end
 end
 
-local packet = redis.call('LPOP', KEYS[2])
-if not packet then
+local listed = redis.call('LPOP', KEYS[2])
+if not listed then
   return {'sold_out'}
+end
+-- A packet is listed as "<packetId>:<amount>@<countBefore>:<amountBefore>": what was
+-- claimed from this list before it, in packets and in money. The seeder numbers the
+-- list from 0, transfers take from its tail and append numbered on from the meta
+-- count and total (transfer_out.lua, transfer_in.lua), and every pop from the head is
+-- one claim, so the head's numbers are the claims hash's length and the claimed
+-- amount: no counter is read or raised here (snapshot.lua). A packet seeded before
+-- the numbering (no '@') reads HLEN and raises the claimed_amount field, as every
+-- grant did then.
+local packet, n = listed, nil
+local at = string.find(listed, '@', 1, true)
+if at then
+  packet = string.sub(listed, 1, at - 1)
+  if markN then
+    n = tonumber(string.sub(listed, at + 1, string.find(listed, ':', at + 1, true) - 1))
+  end
+else
+  n = redis.call('HLEN', claims)
+end
+if markN and n < markN then
+  -- Rolled back: the packet goes back where it was, and nothing else was written.
+  redis.call('LPUSH', KEYS[2], listed)
+  redis.call('HSET', meta, 'fenced', 'rolled_back', 'gate', '-')
+  return {'fenced'}
+end
+if not at then
+  local amount = string.sub(packet, string.find(packet, ':', 1, true) + 1)
+  local after = redis.call('HINCRBY', meta, 'claimed_amount', amount)
+  listed = packet .. string.format('@%d:%d', n, after - tonumber(amount))
 end
 -- The claim names its settlement entry, so settlement can tell the one entry this
 -- grant wrote from any copy appended later.
 local entry = redis.call('XADD', KEYS[4], '*', 'grant', packet .. ':' .. tail .. ':' .. user)
 redis.call('HSET', claims, user, packet .. ':' .. entry)
-redis.call('HINCRBY', meta, 'claimed_amount', string.sub(packet, string.find(packet, ':', 1, true) + 1))
-return packet .. ':' .. (n + 1) .. ':' .. tail
+return listed .. ':' .. tail

@@ -11,9 +11,10 @@ func TestDecodeGrab(t *testing.T) {
 		reply any
 		want  GrabResult
 	}{
-		{"17:250:3:0:CNY", GrabResult{Outcome: Granted, PacketID: "17", Amount: 250, Seen: Watermark{ClaimedCount: 3}}},
-		{"17:250:3:2:", GrabResult{Outcome: Granted, PacketID: "17", Amount: 250, Seen: Watermark{Epoch: 2, ClaimedCount: 3}}},
-		{"9:999999999999999:10000000:0:USD", GrabResult{Outcome: Granted, PacketID: "9", Amount: 999999999999999, Seen: Watermark{ClaimedCount: 10000000}}},
+		{"17:250@2:400:0:CNY", GrabResult{Outcome: Granted, PacketID: "17", Amount: 250, Seen: Watermark{ClaimedCount: 3}}},
+		{"17:250@2:400:2:", GrabResult{Outcome: Granted, PacketID: "17", Amount: 250, Seen: Watermark{Epoch: 2, ClaimedCount: 3}}},
+		{"17:250@0:0:0:HK:D", GrabResult{Outcome: Granted, PacketID: "17", Amount: 250, Seen: Watermark{ClaimedCount: 1}}},
+		{"9:999999999999999@9999999:999999999999999:0:USD", GrabResult{Outcome: Granted, PacketID: "9", Amount: 999999999999999, Seen: Watermark{ClaimedCount: 10000000}}},
 		{[]any{"already_claimed", "17:250:1796100000000-3"}, GrabResult{Outcome: AlreadyClaimed, PacketID: "17", Amount: 250}},
 		{[]any{"sold_out"}, GrabResult{Outcome: SoldOut}},
 		{[]any{"fenced"}, GrabResult{Outcome: Fenced}},
@@ -28,11 +29,13 @@ func TestDecodeGrab(t *testing.T) {
 		reply any
 		why   string
 	}{
-		{"17:250:3:0", "is not <packetId>"},
-		{":250:3:0:CNY", "is not <packetId>"},
-		{"17:-1:3:0:CNY", "not a non-negative integer"},
-		{"17:250:x:0:CNY", "not a non-negative integer"},
-		{"17:250:3:1.5:CNY", "not a non-negative integer"},
+		{"17:250:3:0:CNY", "no '@'"},
+		{"17:250@2:400:0", "too few fields"},
+		{":250@2:400:0:CNY", "no packet id"},
+		{"17@2:400:0:CNY", "no packet id"},
+		{"17:-1@2:400:0:CNY", "not a non-negative integer"},
+		{"17:250@x:400:0:CNY", "not a non-negative integer"},
+		{"17:250@2:400:1.5:CNY", "not a non-negative integer"},
 		{[]any{"granted", "17:250", int64(3), int64(0)}, "a grant answered as a list"},
 		{[]any{"already_claimed", "17:250"}, "is not <packetId>:<amount>:<entryId>"},
 		{[]any{"already_claimed"}, "want 2"},

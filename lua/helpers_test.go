@@ -193,13 +193,13 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k lua.Keys, amount
 	}
 	seen := make([]bool, count+1)
 	mark := func(entry, where string) int64 {
-		id, amount, ok := strings.Cut(entry, ":")
-		if !ok {
-			t.Fatalf("%s entry %q is not <id>:<amount>", where, entry)
+		p, err := lua.ParseListedPacket(entry)
+		if err != nil {
+			t.Fatalf("%s entry: %v", where, err)
 		}
-		n, err1 := strconv.ParseInt(id, 10, 64)
-		a, err2 := strconv.ParseInt(amount, 10, 64)
-		if err1 != nil || err2 != nil || n < 1 || n > count {
+		n, err1 := strconv.ParseInt(p.ID, 10, 64)
+		a := p.Amount
+		if err1 != nil || n < 1 || n > count {
 			t.Fatalf("%s entry %q: bad packet id or amount", where, entry)
 		}
 		if seen[n] {
@@ -237,8 +237,15 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k lua.Keys, amount
 	if err != nil {
 		t.Fatalf("reading packets: %v", err)
 	}
+	// Each listed packet is numbered with what was claimed plus what is listed ahead
+	// of it: the head's numbers are the claimed count and amount.
 	var remainingAmount int64
-	for _, entry := range left {
+	for i, entry := range left {
+		p, err := lua.ParseListedPacket(entry)
+		if err == nil && (p.CountBefore != int64(len(claims)+i) || p.AmountBefore != claimedAmount+remainingAmount) {
+			t.Fatalf("listed packet %d is %q: want %d claimed + %d listed ahead, of %d + %d",
+				i, entry, len(claims), i, claimedAmount, remainingAmount)
+		}
 		remainingAmount += mark(entry, "packets")
 	}
 	if snap.State != lua.StateClosed {

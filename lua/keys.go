@@ -11,7 +11,8 @@
 //	rpa:{uid}:meta     hash: state, schedule, totals and every counter but the
 //	                   claimed count, and the grab script's gate (grab.lua)
 //	rpa:{uid}:staging  list: packets written in chunks before the commit
-//	rpa:{uid}:packets  list: the unclaimed packets, "<packetId>:<amount>"
+//	rpa:{uid}:packets  list: the unclaimed packets, "<packetId>:<amount>@<countBefore>:<amountBefore>",
+//	                   what was claimed from the list before each (grab.lua)
 //	rpa:{uid}:claims   hash: userId -> "<packetId>:<amount>:<stream entry id>", one
 //	                   field per grant and nothing else: its length is the claimed count
 //	rpa:{uid}:stream   stream: one entry per grant and per refund, for settlement
@@ -23,6 +24,12 @@
 // A sharded activity (spec.shards > 1) is one such set of keys per shard, each under
 // the hash tag {<uid>.<i>} (shards.go).
 package lua
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // Keys are the Redis keys of one activity.
 type Keys struct {
@@ -99,3 +106,41 @@ const (
 	// StateClosed means grabbing ended for good (expired or exhausted).
 	StateClosed State = "closed"
 )
+
+// ListedPacket is one entry of a packets list.
+type ListedPacket struct {
+	ID     string
+	Amount int64
+	// CountBefore and AmountBefore are what was claimed from the packet's list before
+	// it: the claims made there so far plus the packets ahead of it (see grab.lua).
+	// Numbered is false for an entry seeded before packets carried them
+	// ("<id>:<amount>").
+	CountBefore, AmountBefore int64
+	Numbered                  bool
+}
+
+// ParseListedPacket reads a packets-list entry,
+// "<id>:<amount>@<countBefore>:<amountBefore>" or "<id>:<amount>".
+func ParseListedPacket(entry string) (ListedPacket, error) {
+	body, numbers, numbered := strings.Cut(entry, "@")
+	id, amount, ok := strings.Cut(body, ":")
+	if !ok || id == "" {
+		return ListedPacket{}, fmt.Errorf("packet %q is not <id>:<amount>@<countBefore>:<amountBefore>", entry)
+	}
+	p := ListedPacket{ID: id, Numbered: numbered}
+	var err error
+	if p.Amount, err = strconv.ParseInt(amount, 10, 64); err != nil || p.Amount <= 0 {
+		return ListedPacket{}, fmt.Errorf("packet %q: amount %q is not a positive integer", entry, amount)
+	}
+	if !numbered {
+		return p, nil
+	}
+	count, money, ok := strings.Cut(numbers, ":")
+	if p.CountBefore, err = strconv.ParseInt(count, 10, 64); !ok || err != nil || p.CountBefore < 0 {
+		return ListedPacket{}, fmt.Errorf("packet %q: %q is not <countBefore>:<amountBefore>", entry, numbers)
+	}
+	if p.AmountBefore, err = strconv.ParseInt(money, 10, 64); err != nil || p.AmountBefore < 0 {
+		return ListedPacket{}, fmt.Errorf("packet %q: %q is not <countBefore>:<amountBefore>", entry, numbers)
+	}
+	return p, nil
+}

@@ -17,6 +17,10 @@ func TestRollbackFence(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	k := seedOpen(t, ctx, c, "rolled", []int64{100, 200, 300, 400, 500, 600})
 
+	listed, err := c.LRange(ctx, k.Packets, 0, 2).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var seen lua.Watermark
 	for i, u := range []string{"u1", "u2", "u3"} {
 		res, err := lua.GrabAbove(ctx, c, k, u, seen)
@@ -35,9 +39,12 @@ func TestRollbackFence(t *testing.T) {
 	}
 	snapAt1 := func() {
 		t.Helper()
-		// Back to one claim: u2 and u3 are gone from claims (its length is the
-		// claimed count).
+		// Back to one claim: u2 and u3 are gone from claims and their packets are
+		// listed again, as a Redis restored from that moment holds them.
 		if err := c.HDel(ctx, k.Claims, "u2", "u3").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.LPush(ctx, k.Packets, listed[2], listed[1]).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -56,7 +63,7 @@ func TestRollbackFence(t *testing.T) {
 		t.Fatalf("repeat after the fence: %+v %v, want already_claimed of packet 1", res, err)
 	}
 	snap, err := lua.ReadSnapshot(ctx, c, k)
-	if err != nil || snap.Fenced != "rolled_back" || snap.RemainingCount != 3 {
+	if err != nil || snap.Fenced != "rolled_back" || snap.RemainingCount != 5 {
 		t.Fatalf("snapshot after the fence: %+v %v", snap, err)
 	}
 	if cr, err := lua.Configure(ctx, c, k, 0, 0, false, true); err != nil || !cr.Fenced {

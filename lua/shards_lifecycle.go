@@ -496,7 +496,27 @@ func (v ShardsView) RolledBack(st *redpacketv1alpha1.RedPacketActivityStatus) st
 	if why := v.Activity.RolledBack(st); why != "" {
 		return why
 	}
+	if why := v.ClaimsLost(); why != "" {
+		return why
+	}
 	return v.ShardBehind(st)
+}
+
+// ClaimsLost says which open shard holds fewer claims than were popped from its list,
+// or "" when none does. Every pop from a list is one claim, so an open shard's claims
+// and list add up to its count; fewer means claims vanished while the list kept its
+// place (a key deleted or evicted on its own, a partial restore). The grab script
+// reads the claimed count from the popped packet, not from the claims hash, and the
+// users of the lost claims could claim again: the reporter and the controller fence
+// such an activity.
+func (v ShardsView) ClaimsLost() string {
+	for i, sh := range v.Shards {
+		if sh.Exists() && (sh.State == StateOpen || sh.State == StateReady) && sh.RemainingCount+sh.ClaimedCount < sh.Count {
+			return fmt.Sprintf("shard %d holds %d claims and %d listed packets of %d: claims were lost",
+				i, sh.ClaimedCount, sh.RemainingCount, sh.Count)
+		}
+	}
+	return ""
 }
 
 // ShardBehind says which shard of a sharded activity holds fewer claims than its

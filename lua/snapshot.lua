@@ -1,16 +1,40 @@
 -- snapshot: read every counter of an activity at one instant.
 -- KEYS[1] meta, KEYS[2] packets, KEYS[3] staging, KEYS[4] claims
 -- Returns a flat list of field names and values: every field of the meta hash that
--- is set, then remaining_count (LLEN packets), staged_count (LLEN staging) and
+-- is set, then remaining_count (LLEN packets), staged_count (LLEN staging),
 -- claimed_count (HLEN claims: the claims hash holds one field per grant and nothing
--- else, so grab.lua keeps no counter of its own; a claimed_count field that an
--- earlier version kept in the meta hash is left out). The activity is not in Redis
--- when "state" is absent.
+-- else) and claimed_amount. grab.lua keeps no counter of either: fields of those
+-- names that the meta hash holds are left out, and claimed_amount is read as
+-- claimedAmount says (see there). The activity is not in Redis when "state" is absent.
+--
+-- claimedAmount: the list holds the packets not yet claimed, in the order grab.lua
+-- pops them, each "<packetId>:<amount>@<countBefore>:<amountBefore>" (see grab.lua),
+-- so at every instant total = claimed + listed and the head's <amountBefore> is the
+-- claimed amount. An empty list means all of the total was claimed (or, before the
+-- commit, that nothing is there to count); a closed activity keeps the figure
+-- close.lua recorded; a head seeded without '@' (before the numbering) is counted by
+-- the claimed_amount field that grab.lua then raises.
+local function claimedAmount(fields, head)
+  if fields.state == 'closed' then
+    return fields.claimed_amount or '0'
+  end
+  if not head then
+    return fields.total or '0'
+  end
+  local at = string.find(head, '@', 1, true)
+  if at then
+    return string.sub(head, string.find(head, ':', at + 1, true) + 1)
+  end
+  return fields.claimed_amount or '0'
+end
+
 local meta = redis.call('HGETALL', KEYS[1])
-local out = {}
+local out, fields = {}, {}
 for i = 1, #meta, 2 do
-  if meta[i] ~= 'claimed_count' then
-    out[#out + 1] = meta[i]
+  local f = meta[i]
+  fields[f] = meta[i + 1]
+  if f ~= 'claimed_count' and f ~= 'claimed_amount' then
+    out[#out + 1] = f
     out[#out + 1] = meta[i + 1]
   end
 end
@@ -20,4 +44,6 @@ out[#out + 1] = 'staged_count'
 out[#out + 1] = tostring(redis.call('LLEN', KEYS[3]))
 out[#out + 1] = 'claimed_count'
 out[#out + 1] = tostring(redis.call('HLEN', KEYS[4]))
+out[#out + 1] = 'claimed_amount'
+out[#out + 1] = claimedAmount(fields, redis.call('LINDEX', KEYS[2], 0))
 return out

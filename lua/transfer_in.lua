@@ -8,7 +8,7 @@
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
   return 'applied'
 end
-local m = redis.call('HMGET', KEYS[1], 'state', 'fenced')
+local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'count', 'total')
 if not m[1] then
   return 'missing'
 end
@@ -18,9 +18,25 @@ end
 if m[1] == 'closed' then
   return 'closed'
 end
-local batch = 1000
-for i = 4, #ARGV, batch do
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + batch - 1, #ARGV)))
+-- Each packet is appended numbered on from the shard's count and total,
+-- "<id>:<amount>@<countBefore>:<amountBefore>": the list ends where count and total
+-- say (count = claimed + listed, and so the total), so its head still says what was
+-- claimed (grab.lua, snapshot.lua).
+local count, before = tonumber(m[3]) or 0, tonumber(m[4]) or 0
+local batch, chunk = 1000, {}
+for i = 4, #ARGV do
+  local p = ARGV[i]
+  local at = string.find(p, '@', 1, true)
+  if at then
+    p = string.sub(p, 1, at - 1)
+  end
+  chunk[#chunk + 1] = p .. string.format('@%d:%d', count, before)
+  count = count + 1
+  before = before + tonumber(string.sub(p, string.find(p, ':', 1, true) + 1))
+  if #chunk == batch or i == #ARGV then
+    redis.call('RPUSH', KEYS[2], unpack(chunk))
+    chunk = {}
+  end
 end
 redis.call('HINCRBY', KEYS[1], 'count', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'total', ARGV[3])

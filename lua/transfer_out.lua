@@ -33,13 +33,21 @@ if endMs > 0 then
     return {'ended', ''}
   end
 end
-local taken = redis.call('LPOP', KEYS[2], tonumber(ARGV[3]))
+-- The packets leave from the tail, the end grab.lua does not pop: the list stays
+-- numbered from its head, so its head still says the claimed amount (snapshot.lua).
+-- The journal carries them as "<id>:<amount>", without their place in this list.
+local taken = redis.call('RPOP', KEYS[2], tonumber(ARGV[3]))
 if not taken then
   return {'empty', ''}
 end
 local amount = 0
 for i = 1, #taken do
   local p = taken[i]
+  local at = string.find(p, '@', 1, true)
+  if at then
+    p = string.sub(p, 1, at - 1)
+    taken[i] = p
+  end
   amount = amount + tonumber(string.sub(p, string.find(p, ':', 1, true) + 1))
 end
 local amountStr = string.format('%d', amount)

@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -502,12 +501,11 @@ func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Activity) redisView {
 		t.Fatalf("reading the packets list: %v", err)
 	}
 	for _, p := range left {
-		id, amount, _ := strings.Cut(p, ":")
-		n, err := strconv.ParseInt(amount, 10, 64)
+		packet, err := lua.ParseListedPacket(p)
 		if err != nil {
-			t.Fatalf("packet %q: %v", p, err)
+			t.Fatal(err)
 		}
-		v.unclaimed[id] = n
+		v.unclaimed[packet.ID] = packet.Amount
 	}
 	return v
 }
