@@ -39,23 +39,27 @@ import (
 
 // options are the benchmark's knobs.
 type options struct {
-	out            string
-	benchClients   int
-	requestsP1     int
-	requestsP16    int
-	rbPackets      int64
-	goWorkers      int
-	goDuration     time.Duration
-	goPackets      int64
-	httpClients    int
-	httpDuration   time.Duration
-	httpWarmup     time.Duration
-	httpPackets    int64
-	seedPackets    int64
-	seedMaxPackets int64
-	memPackets     int64
-	serveNoop      string
-	skipBuild      bool
+	out          string
+	benchClients int
+	requestsP1   int
+	requestsP16  int
+	// seedScriptRequests and seedScriptRounds size the comparison with the seed's
+	// script (i).
+	seedScriptRequests, seedScriptRounds int
+	seedScriptOnly                       bool
+	rbPackets                            int64
+	goWorkers                            int
+	goDuration                           time.Duration
+	goPackets                            int64
+	httpClients                          int
+	httpDuration                         time.Duration
+	httpWarmup                           time.Duration
+	httpPackets                          int64
+	seedPackets                          int64
+	seedMaxPackets                       int64
+	memPackets                           int64
+	serveNoop                            string
+	skipBuild                            bool
 
 	settleGrants        int
 	settleFailingGrants int
@@ -71,6 +75,8 @@ func main() {
 	flag.IntVar(&o.benchClients, "benchmark-clients", 50, "redis-benchmark connections (-c)")
 	flag.IntVar(&o.requestsP1, "requests-p1", 200000, "redis-benchmark requests at -P 1")
 	flag.IntVar(&o.requestsP16, "requests-p16", 1000000, "redis-benchmark requests at -P 16")
+	flag.IntVar(&o.seedScriptRequests, "seed-script-requests", 400000, "redis-benchmark requests in each run of the comparison with the seed's script")
+	flag.IntVar(&o.seedScriptRounds, "seed-script-rounds", 5, "rounds of the comparison with the seed's script (ours, the seed's, ours with a watermark)")
 	flag.Int64Var(&o.rbPackets, "benchmark-packets", 2000000, "packets seeded for redis-benchmark, so it never sells out")
 	flag.IntVar(&o.goWorkers, "goroutines", 256, "concurrent callers on the Go claim path")
 	flag.DurationVar(&o.goDuration, "go-duration", 5*time.Second, "duration of each Go claim-path run")
@@ -89,6 +95,7 @@ func main() {
 	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")
 	flag.DurationVar(&o.settleLimit, "settlement-limit", 10*time.Minute, "give a settlement run up this long")
 	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g); print them, write nothing")
+	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
 	flag.Parse()
 
@@ -177,6 +184,14 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("redis-server %s on %s; %d CPUs (%s); load average %s\n\n",
 		r.machine.RedisVersion, srv.Addr, r.machine.CPUs, r.machine.CPUModel, r.loadBefore)
 
+	if o.seedScriptOnly {
+		s, err := measureSeedScript(ctx, rc, srv.Addr, o.benchClients, o.seedScriptRequests, o.seedScriptRounds)
+		if err != nil {
+			return err
+		}
+		fmt.Print(s.summary())
+		return nil
+	}
 	if o.scaleOnly {
 		s, err := measureScale(ctx, work, o.benchClients, o.requestsP16)
 		if err != nil {
@@ -285,7 +300,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// (i) Our grab script against the seed's.
-	if r.seedScript, err = measureSeedScript(ctx, rc, srv.Addr, o.benchClients, o.requestsP16); err != nil {
+	if r.seedScript, err = measureSeedScript(ctx, rc, srv.Addr, o.benchClients, o.seedScriptRequests, o.seedScriptRounds); err != nil {
 		return fmt.Errorf("seed script: %w", err)
 	}
 
