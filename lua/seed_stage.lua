@@ -1,7 +1,7 @@
 -- seed_stage: append one chunk of packets to the staging list, exactly once.
 -- KEYS[1] meta, KEYS[2] staging
 -- ARGV[1] offset: how many packets precede this chunk; ARGV[2] fingerprint of the
--- whole split; ARGV[3..] "<packetId>:<amount>"
+-- whole split; ARGV[3..] "<packetId>:<amount>@<countBefore>:<amountBefore>" (see grab.lua)
 -- Returns -1 when the activity is already committed, else the staging length after
 -- the call. A chunk is appended only when the staging list ends exactly at its
 -- offset, so a retried or concurrent seeder can never stage a packet twice. Staging
