@@ -115,6 +115,13 @@ func TestServiceWithoutKeyFailsClosed(t *testing.T) {
 	}
 
 	open, logs := start()
+	// /readyz is 503 from the start without a key, so it cannot say when the service
+	// has read the activity; until then a grab is refused for that reason instead.
+	wait.Until(t, 15*time.Second, "the activity read", func() (bool, string) {
+		_, body := post(t, open+"/v1/grab", `{"userId":"u1"}`, nil)
+		msg, _ := body["error"].(string)
+		return !strings.Contains(msg, "has not been read"), msg
+	})
 	for _, header := range []map[string]string{nil, token(rpa.UID, time.Minute)} {
 		code, body := post(t, open+"/v1/grab", `{"userId":"u1"}`, header)
 		msg, _ := body["error"].(string)
