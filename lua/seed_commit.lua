@@ -4,7 +4,9 @@
 -- ARGV[6] sponsor, ARGV[7] currency (recorded in every settlement entry)
 -- Returns 1 when this call committed, 0 when the activity was already committed.
 -- The activity is left in state "ready": grabbing opens with the configure script.
--- The claimed count is the length of the claims hash (snapshot.lua), not a field.
+-- The claimed count is the length of the claims hash and the claimed amount is read
+-- from the head packet's numbering (snapshot.lua); claimed_amount starts at 0 for the
+-- close to record over.
 if redis.call('HEXISTS', KEYS[1], 'state') == 1 then
   return 0
 end
@@ -17,8 +19,8 @@ redis.call('RENAME', KEYS[2], KEYS[3])
 -- The grab script's fields come first: a small hash is one list that HGET walks
 -- from its start (see grab.lua, the gate).
 redis.call('HSET', KEYS[1],
-  'gate', '-', 'epoch', 0, 'claimed_amount', 0,
-  'state', 'ready', 'count', ARGV[1], 'total', ARGV[2],
+  'gate', '-', 'epoch', 0,
+  'state', 'ready', 'claimed_amount', 0, 'count', ARGV[1], 'total', ARGV[2],
   'start_ms', ARGV[3], 'end_ms', ARGV[4], 'paused', ARGV[5], 'sponsor', ARGV[6], 'currency', ARGV[7] or '',
   'refunded', 0,
   'settled_count', 0, 'settled_amount', 0, 'refund_settled', 0, 'dead_count', 0,
