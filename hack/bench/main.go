@@ -189,7 +189,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return err
 		}
-		fmt.Print(s.summary())
+		fmt.Print(s.summary(), "\n", s.sharesMarkdown())
 		return nil
 	}
 	if o.scaleOnly {

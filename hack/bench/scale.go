@@ -290,30 +290,58 @@ func evalshaUsec(ctx context.Context, c *redis.Client) (float64, error) {
 }
 
 // evalshaStats is INFO commandstats' calls and usec_per_call of EVALSHA.
-func evalshaStats(ctx context.Context, c *redis.Client) (int64, float64, error) {
+func evalshaStats(ctx context.Context, c redis.Cmdable) (int64, float64, error) {
+	stats, err := commandStats(ctx, c)
+	if err != nil {
+		return 0, 0, err
+	}
+	st, ok := stats["evalsha"]
+	if !ok {
+		return 0, 0, fmt.Errorf("INFO commandstats has no EVALSHA line")
+	}
+	return st.calls, st.usecPerCall(), nil
+}
+
+// cmdStat is one command's line of INFO commandstats: how often it ran and its
+// server time in all, commands called from scripts included.
+type cmdStat struct {
+	calls int64
+	usec  float64
+}
+
+func (s cmdStat) usecPerCall() float64 {
+	if s.calls == 0 {
+		return 0
+	}
+	return s.usec / float64(s.calls)
+}
+
+// commandStats reads INFO commandstats, by lower-case command name.
+func commandStats(ctx context.Context, c redis.Cmdable) (map[string]cmdStat, error) {
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return 0, 0, fmt.Errorf("INFO commandstats: %w", err)
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
 	}
+	stats := map[string]cmdStat{}
 	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
-		if !ok {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd {
 			continue
 		}
-		var calls int64
-		var usec float64
+		var st cmdStat
 		for _, f := range strings.Split(rest, ",") {
 			k, v, _ := strings.Cut(f, "=")
 			switch k {
 			case "calls":
-				calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec_per_call":
-				usec, _ = strconv.ParseFloat(v, 64)
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, _ = strconv.ParseFloat(v, 64)
 			}
 		}
-		return calls, usec, nil
+		stats[name] = st
 	}
-	return 0, 0, fmt.Errorf("INFO commandstats has no EVALSHA line")
+	return stats, nil
 }
 
 // projected is the model's grants per second with n masters: n × the measured

@@ -56,6 +56,9 @@ type seedScriptRun struct {
 	requests             int
 	clients              int
 	ours, seed, oursMark latencies // the median round's, for the table
+	// stats are INFO commandstats of every round's runs of each script, added up:
+	// each command's share of a grab.
+	stats [3]map[string]cmdStat // ours, the seed's, ours with a watermark
 }
 
 // seedScriptRound is one turn of the three runs.
@@ -84,6 +87,9 @@ func medianBy(rounds []seedScriptRound, f func(seedScriptRound) float64) float64
 // with a watermark, in that order, rounds times.
 func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr string, clients, requests, rounds int) (seedScriptRun, error) {
 	r := seedScriptRun{requests: requests, clients: clients}
+	for i := range r.stats {
+		r.stats[i] = map[string]cmdStat{}
+	}
 	packets := int64(requests)*int64(rounds) + int64(requests)/10
 	fmt.Printf("    seeding %d packets for each script ... ", packets)
 	for _, uid := range []string{"bench-ours", "bench-ours-mark"} {
@@ -120,19 +126,19 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 		// would measure the already_claimed answer instead.
 		users := func(what string) string { return fmt.Sprintf("u:%d:%s:", i, what) }
 		fmt.Printf("(i) round %d of %d, redis-benchmark -P 16, %d requests each: ours ... ", i+1, rounds, requests)
-		if round.ours, err = benchmarkGrants(ctx, rc, "ours", ours.Claims, func() (latencies, error) {
+		if round.ours, err = benchmarkGrants(ctx, rc, "ours", ours.Claims, r.stats[0], func() (latencies, error) {
 			return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{ours.Meta, ours.Packets, ours.Claims, ours.Stream}, users("ours"), clients, requests)
 		}); err != nil {
 			return r, err
 		}
 		fmt.Printf("%.0f/s, the seed's ... ", round.ours.Rate())
-		if round.seed, err = benchmarkGrants(ctx, rc, "seed", "seed:{bench}:users", func() (latencies, error) {
+		if round.seed, err = benchmarkGrants(ctx, rc, "seed", "seed:{bench}:users", r.stats[1], func() (latencies, error) {
 			return benchmarkScript(ctx, addr, sha, []string{"seed:{bench}:users", list, "seed:{bench}:consumed"}, users("seed"), clients, requests)
 		}); err != nil {
 			return r, err
 		}
 		fmt.Printf("%.0f/s, ours with a watermark ... ", round.seed.Rate())
-		if round.oursMark, err = benchmarkGrants(ctx, rc, "ours with a watermark", marked.Claims, func() (latencies, error) {
+		if round.oursMark, err = benchmarkGrants(ctx, rc, "ours with a watermark", marked.Claims, r.stats[2], func() (latencies, error) {
 			return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{marked.Meta, marked.Packets, marked.Claims, marked.Stream}, users("mark"), clients, requests, "1", "0")
 		}); err != nil {
 			return r, err
@@ -167,15 +173,33 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 }
 
 // benchmarkGrants runs one benchmark and checks that at least 99 % of its calls
-// wrote a claim into the hash claims (what): the figure is then one of grants.
-func benchmarkGrants(ctx context.Context, rc redis.UniversalClient, what, claims string, run func() (latencies, error)) (latencies, error) {
+// wrote a claim into the hash claims (what): the figure is then one of grants. It
+// adds the run's INFO commandstats to stats (reset before the run).
+func benchmarkGrants(ctx context.Context, rc redis.UniversalClient, what, claims string, stats map[string]cmdStat, run func() (latencies, error)) (latencies, error) {
 	before, err := rc.HLen(ctx, claims).Result()
 	if err != nil {
 		return latencies{}, err
 	}
+	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
+		return latencies{}, fmt.Errorf("CONFIG RESETSTAT: %w", err)
+	}
 	l, err := run()
 	if err != nil {
 		return l, err
+	}
+	got, err := commandStats(ctx, rc)
+	if err != nil {
+		return l, err
+	}
+	for name, st := range got {
+		// The benchmark's own CONFIG GETs, the reset and this INFO are not the script's.
+		if strings.HasPrefix(name, "config|") || name == "info" {
+			continue
+		}
+		sum := stats[name]
+		sum.calls += st.calls
+		sum.usec += st.usec
+		stats[name] = sum
 	}
 	after, err := rc.HLen(ctx, claims).Result()
 	if err != nil {
@@ -247,5 +271,45 @@ func (s seedScriptRun) markdown() string {
 	}
 	p("\n**ours ÷ seed = %.2f** (goal ≥ 1.0, median of %d rounds); with a watermark %.2f.\n\n",
 		medianBy(s.rounds, seedScriptRound.ratio), len(s.rounds), medianBy(s.rounds, seedScriptRound.markRatio))
+	b.WriteString(s.sharesMarkdown())
+	return b.String()
+}
+
+// sharesMarkdown is each command's share of a grab, from INFO commandstats of every
+// round: the commands each script called per EVALSHA and their server time, and what
+// is left of the EVALSHA's time for Lua itself (its calls into Redis, its string
+// work, the reply).
+func (s seedScriptRun) sharesMarkdown() string {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("### Each command's share\n\n")
+	p("INFO commandstats of every round's runs of each script (reset before each run), per EVALSHA:\n")
+	p("the commands the script called and their server time, and the EVALSHA's time less theirs,\n")
+	p("which is Lua's: the calls into Redis, the script's string work and its reply.\n\n")
+	p("| script | command | calls per grab | µs per call | µs per grab |\n|---|---|---:|---:|---:|\n")
+	for i, name := range []string{"ours", "seed 000", "ours, with a watermark"} {
+		stats := s.stats[i]
+		eval := stats["evalsha"]
+		if eval.calls == 0 {
+			continue
+		}
+		names := make([]string, 0, len(stats))
+		for n := range stats {
+			if n != "evalsha" {
+				names = append(names, n)
+			}
+		}
+		sort.Strings(names)
+		var inside float64
+		for _, n := range names {
+			st := stats[n]
+			perGrab := st.usec / float64(eval.calls)
+			inside += perGrab
+			p("| %s | `%s` | %.2f | %.2f | %.2f |\n", name, strings.ToUpper(n), float64(st.calls)/float64(eval.calls), st.usecPerCall(), perGrab)
+		}
+		p("| %s | Lua and the calls into Redis | | | %.2f |\n", name, eval.usecPerCall()-inside)
+		p("| %s | **EVALSHA in all** | 1 | | **%.2f** |\n", name, eval.usecPerCall())
+	}
+	p("\n")
 	return b.String()
 }
