@@ -43,8 +43,8 @@
 -- is one consistent earlier moment: its claims and its list together), and a
 -- packet popped from a Redis behind the watermark is pushed back before the fence is
 -- written. A claims hash lost on its own, with the list kept, is no such moment:
--- the controller's conservation check (claimed + listed = count, every resync)
--- fences it.
+-- lua.ShardsView.ClaimsLost (claimed + listed = count), read by the grab service's
+-- reporter at every report and by the controller at every resync, fences it.
 --
 -- Every other read and check comes before the first write, but for that push back
 -- (the gate's rewrite only caches what the fields say). The settlement entry packs
