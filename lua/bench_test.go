@@ -96,7 +96,7 @@ func BenchmarkSeed1M(b *testing.B) {
 	if _, err := lua.Configure(ctx, c, k, 0, 0, false, true); err != nil {
 		b.Fatal(err)
 	}
-	ap, err := c.AutoPipeline()
+	ap, err := c.AutoPipelineWithOptions(lua.GrabPipelineOptions())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func testClusterSeedScenario(t *testing.T, cluster *redistest.Cluster) {
 func testClusterAutoPipelineAfterFlush(t *testing.T, cluster *redistest.Cluster) {
 	ctx := testCtx(t)
 	cc := cluster.Client(t)
-	ap, err := cc.AutoPipeline()
+	ap, err := cc.AutoPipelineWithOptions(lua.GrabPipelineOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,9 +230,9 @@ func (c Conn) NewPipelinedClient(o ClientOptions) (*PipelinedClient, error) {
 	)
 	switch cc := rc.(type) {
 	case *redis.Client:
-		ap, err = cc.AutoPipeline()
+		ap, err = cc.AutoPipelineWithOptions(GrabPipelineOptions())
 	case *redis.ClusterClient:
-		ap, err = cc.AutoPipeline()
+		ap, err = cc.AutoPipelineWithOptions(GrabPipelineOptions())
 	default:
 		err = fmt.Errorf("no auto-pipeliner for redis client of type %T", rc)
 	}
@@ -241,6 +241,27 @@ func (c Conn) NewPipelinedClient(o ClientOptions) (*PipelinedClient, error) {
 		return nil, fmt.Errorf("starting the redis auto-pipeliner: %w", err)
 	}
 	return &PipelinedClient{Client: rc, Pipeliner: ap}, nil
+}
+
+// grabPipelineFlushDelay is how long the auto-pipeliner's writer may wait for a
+// batch to grow once enough commands are in flight (go-redis arms the wait only
+// above a depth of 128 in flight, so a lightly loaded service never waits).
+const grabPipelineFlushDelay = 100 * time.Microsecond
+
+// GrabPipelineOptions are the auto-pipeliner's options on the grab path: go-redis's
+// blocking defaults (one ordered stream, batches of up to 300 commands), full duplex
+// (one held connection per Redis node, its writer and reader streaming, so a batch
+// is written while the replies of the one before are read) and a short wait for
+// larger batches under load. On two shared cores they raise the claim path's
+// throughput by about a third over the half-duplex defaults (docs/benchmarks.md).
+// As on the half-duplex path, a command that a broken connection left unanswered
+// may be run again (MaxRetries): the grab script answers a repeat with the user's
+// packet, and a transfer is journalled under its ID, so a second run changes nothing.
+func GrabPipelineOptions() *redis.AutoPipelineOptions {
+	o := redis.DefaultBlockingAutoPipelineOptions()
+	o.FullDuplex = true
+	o.MaxFlushDelay = grabPipelineFlushDelay
+	return o
 }
 
 // Close stops the pipeliner (flushing what it accepted) and closes the client.

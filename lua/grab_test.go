@@ -78,7 +78,7 @@ func TestTenThousandPacketsTwentyThousandUsers(t *testing.T) {
 			c := redistest.Start(t).Client(t)
 			var via redis.Scripter = c
 			if variant == "autopipeline" {
-				ap, err := c.AutoPipeline()
+				ap, err := c.AutoPipelineWithOptions(lua.GrabPipelineOptions())
 				if err != nil {
 					t.Fatalf("auto-pipeliner: %v", err)
 				}

@@ -80,7 +80,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 			c := redistest.Start(t).Client(t)
 			var via redisClient = c
 			if variant == "autopipeline" {
-				ap, err := c.AutoPipeline()
+				ap, err := c.AutoPipelineWithOptions(lua.GrabPipelineOptions())
 				if err != nil {
 					t.Fatal(err)
 				}

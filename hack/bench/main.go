@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/grabsvc/settlement"
 	"redpacket.io/operator/lua"
@@ -125,6 +127,7 @@ type results struct {
 	rbGranted  int64
 	goPlain    latencies
 	goAuto     latencies
+	goHalf     latencies
 	httpGrab   latencies
 	httpNoop   latencies
 	seedTook   time.Duration
@@ -276,7 +279,7 @@ func run(ctx context.Context, o options) error {
 	}
 	fmt.Println(took.Round(time.Millisecond))
 	fmt.Printf("(b) Go lua.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	if r.goPlain, err = goClaims(ctx, goPlain, "plain:", o.goWorkers, o.goDuration, o.goPackets/2); err != nil {
+	if r.goPlain, err = goClaims(ctx, goPlain, "plain:", o.goWorkers, o.goDuration, o.goPackets/3); err != nil {
 		return err
 	}
 	fmt.Println(rateLine(r.goPlain))
@@ -286,14 +289,34 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("grab service redis clients: %w", err)
 	}
 	fmt.Printf("(b) Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goAuto, err = goClaims(ctx, lua.NewActivity(gc.Pipeliner, "bench-go"), "auto:", o.goWorkers, o.goDuration, o.goPackets/2)
+	r.goAuto, err = goClaims(ctx, lua.NewActivity(gc.Pipeliner, "bench-go"), "auto:", o.goWorkers, o.goDuration, o.goPackets/3)
+	if err != nil {
+		_ = gc.Close()
+		return err
+	}
+	fmt.Println(rateLine(r.goAuto))
+	// The same clients through go-redis's default (half-duplex) auto-pipeliner, to
+	// show what lua.GrabPipelineOptions are worth.
+	half, err := gc.Client.(*redis.Client).AutoPipeline()
+	if err != nil {
+		_ = gc.Close()
+		return fmt.Errorf("go-redis default auto-pipeliner: %w", err)
+	}
+	fmt.Printf("(b) Go lua.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
+	r.goHalf, err = goClaims(ctx, lua.NewActivity(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets/3)
+	_ = half.Close()
 	_ = gc.Close()
 	if err != nil {
 		return err
 	}
-	fmt.Println(rateLine(r.goAuto))
-	if err := checkGranted("Go claim path", r.goAuto); err != nil {
-		return err
+	fmt.Println(rateLine(r.goHalf))
+	for _, run := range []struct {
+		name string
+		l    latencies
+	}{{"Go claim path", r.goAuto}, {"Go claim path (default auto-pipelining)", r.goHalf}} {
+		if err := checkGranted(run.name, run.l); err != nil {
+			return err
+		}
 	}
 	if err := goPlain.Purge(ctx); err != nil {
 		return err
