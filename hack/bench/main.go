@@ -295,17 +295,23 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	fmt.Println(rateLine(r.goAuto))
-	// The same clients through go-redis's default (half-duplex) auto-pipeliner, to
-	// show what lua.GrabPipelineOptions are worth.
-	half, err := gc.Client.(*redis.Client).AutoPipeline()
+	_ = gc.Close()
+	// A client with the same options through go-redis's default (half-duplex)
+	// auto-pipeliner, to show what lua.GrabPipelineOptions are worth. A client
+	// keeps the first auto-pipeliner it makes, so this is a client of its own.
+	hc, ok := conn.NewClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout)).(*redis.Client)
+	if !ok {
+		return fmt.Errorf("the benchmark's redis client is not a standalone client")
+	}
+	half, err := hc.AutoPipeline()
 	if err != nil {
-		_ = gc.Close()
+		_ = hc.Close()
 		return fmt.Errorf("go-redis default auto-pipeliner: %w", err)
 	}
 	fmt.Printf("(b) Go lua.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
 	r.goHalf, err = goClaims(ctx, lua.NewActivity(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets/3)
 	_ = half.Close()
-	_ = gc.Close()
+	_ = hc.Close()
 	if err != nil {
 		return err
 	}
