@@ -27,8 +27,10 @@ import (
 // of the same script; HTTPClaim / NoopHTTP is the HTTP claim path against a no-op Go
 // handler under the same load generator.
 const (
-	// claimGoroutines are the concurrent callers of the Redis claim path.
-	claimGoroutines = 256
+	// claimGoroutines are the concurrent callers of the Redis claim path: as many
+	// calls in flight as redis-benchmark keeps (connections × pipeline depth), as
+	// both are closed loops.
+	claimGoroutines = rbClients * rbPipeline
 	// httpClients are the concurrent keep-alive HTTP clients.
 	httpClients = 64
 	// rbClients and rbPipeline are redis-benchmark's -c and -P.

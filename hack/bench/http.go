@@ -23,10 +23,18 @@ import (
 // benchActivity is the name of the activity the HTTP measurement grabs from.
 const benchActivity = "bench"
 
+// httpPair is (c) and (d) under one load.
+type httpPair struct {
+	clients    int
+	grab, noop latencies
+}
+
 // measureHTTP runs (d) the no-op handler and (c) the grab service binary, each in its
-// own process, under the same Go load generator. The grab service looks its activity
-// up in a local control plane; the benchmark seeds the activity's packets itself.
-func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, rc redis.Cmdable) (grab, noop latencies, err error) {
+// own process, under the same Go load generator: low with o.httpClients clients and
+// high with o.httpClientsHigh (none when that is 0). The grab service looks its
+// activity up in a local control plane; the benchmark seeds the activity's packets
+// itself.
+func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, rc redis.Cmdable) (low, high httpPair, err error) {
 	ctrllog.SetLogger(logr.Discard())
 	grabBin := filepath.Join(root, "bin", "grabsvc")
 	if !o.skipBuild {
@@ -34,21 +42,21 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", grabBin, "./grabsvc/cmd/grabsvc")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
-			return grab, noop, fmt.Errorf("building the grab service: %w", err)
+			return low, high, fmt.Errorf("building the grab service: %w", err)
 		}
 	}
 	if err := ensureControlPlane(ctx, root); err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 	fmt.Println("    starting a local control plane ...")
 	cp, err := controlplane.New()
 	if err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 	defer func() { _ = cp.Stop() }()
 	kubeconfig := filepath.Join(work, "kubeconfig")
 	if err := cp.Kubeconfig(kubeconfig); err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 
 	rpa := &redpacketv1alpha1.RedPacketActivity{
@@ -61,46 +69,46 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		},
 	}
 	if err := cp.Client.Create(ctx, rpa); err != nil {
-		return grab, noop, fmt.Errorf("creating the benchmark activity: %w", err)
+		return low, high, fmt.Errorf("creating the benchmark activity: %w", err)
 	}
 	uid := string(rpa.UID)
 	fmt.Printf("    seeding %d packets for the HTTP claim path ... ", o.httpPackets)
 	took, err := seedActivity(ctx, rc, uid, o.httpPackets)
 	if err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 	fmt.Println(took.Round(time.Millisecond))
 
 	grabAddr, err := proc.FreeAddr()
 	if err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 	gp, err := proc.Start("grabsvc", filepath.Join(work, "grabsvc.log"), nil, grabBin,
 		"--namespace", "default", "--activity", benchActivity, "--listen", grabAddr,
 		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr, "--settlement=false")
 	if err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 	defer gp.Stop(10 * time.Second)
 	if err := proc.WaitHTTP(ctx, gp, "http://"+grabAddr+"/readyz", 60*time.Second); err != nil {
-		return grab, noop, fmt.Errorf("grab service: %w (log: %s)", err, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
+		return low, high, fmt.Errorf("grab service: %w (log: %s)", err, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
 	}
 
 	self, err := os.Executable()
 	if err != nil {
-		return grab, noop, fmt.Errorf("finding the benchmark binary: %w", err)
+		return low, high, fmt.Errorf("finding the benchmark binary: %w", err)
 	}
 	noopAddr, err := proc.FreeAddr()
 	if err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 	np, err := proc.Start("no-op server", filepath.Join(work, "noop.log"), nil, self, "--serve-noop", noopAddr)
 	if err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 	defer np.Stop(5 * time.Second)
 	if err := proc.WaitHTTP(ctx, np, "http://"+noopAddr+"/", 30*time.Second); err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
 
 	body := func(prefix string) func(int64) []byte {
@@ -108,33 +116,45 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 			return []byte(`{"userId":"` + prefix + strconv.FormatInt(i, 10) + `"}`)
 		}
 	}
-	spec := loadSpec{Clients: o.httpClients, Duration: o.httpDuration, Warmup: o.httpWarmup, Max: o.httpPackets / 2}
-
-	fmt.Printf("(d) no-op Go handler, %d keep-alive clients, %s ... ", o.httpClients, o.httpDuration)
-	spec.URL, spec.Body = "http://"+noopAddr+"/v1/grab", body("n")
-	if noop, err = runHTTPLoad(ctx, spec); err != nil {
-		return grab, noop, fmt.Errorf("no-op load: %w", err)
+	// Each load runs the no-op handler, then the grab service, with as many clients.
+	run := func(clients int) (pair httpPair, err error) {
+		pair.clients = clients
+		spec := loadSpec{Clients: clients, Duration: o.httpDuration, Warmup: o.httpWarmup, Max: o.httpPackets / 4}
+		fmt.Printf("(d) no-op Go handler, %d keep-alive clients, %s ... ", clients, o.httpDuration)
+		spec.URL, spec.Body = "http://"+noopAddr+"/v1/grab", body(fmt.Sprintf("n%d-", clients))
+		if pair.noop, err = runHTTPLoad(ctx, spec); err != nil {
+			return pair, fmt.Errorf("no-op load: %w", err)
+		}
+		fmt.Println(rateLine(pair.noop))
+		fmt.Printf("(c) grab service POST /v1/grab, %d keep-alive clients, %s ... ", clients, o.httpDuration)
+		spec.URL, spec.Body = "http://"+grabAddr+"/v1/grab", body(fmt.Sprintf("h%d-", clients))
+		if pair.grab, err = runHTTPLoad(ctx, spec); err != nil {
+			return pair, fmt.Errorf("grab load: %w", err)
+		}
+		fmt.Println(rateLine(pair.grab))
+		if pair.grab.Errors > 0 || pair.grab.ByStatus["200"] == 0 {
+			return pair, fmt.Errorf("grab service answers: %v (log: %s)", pair.grab.ByStatus, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
+		}
+		return pair, nil
 	}
-	fmt.Println(rateLine(noop))
-
-	fmt.Printf("(c) grab service POST /v1/grab, %d keep-alive clients, %s ... ", o.httpClients, o.httpDuration)
-	spec.URL, spec.Body = "http://"+grabAddr+"/v1/grab", body("h")
-	if grab, err = runHTTPLoad(ctx, spec); err != nil {
-		return grab, noop, fmt.Errorf("grab load: %w", err)
+	if low, err = run(o.httpClients); err != nil {
+		return low, high, err
 	}
-	fmt.Println(rateLine(grab))
-
-	if grab.Errors > 0 || grab.ByStatus["200"] == 0 {
-		return grab, noop, fmt.Errorf("grab service answers: %v (log: %s)", grab.ByStatus, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
+	granted := low.grab.ByStatus["200"]
+	if o.httpClientsHigh > 0 {
+		if high, err = run(o.httpClientsHigh); err != nil {
+			return low, high, err
+		}
+		granted += high.grab.ByStatus["200"]
 	}
 	snap, err := lua.NewActivity(rc, uid).Snapshot(ctx)
 	if err != nil {
-		return grab, noop, err
+		return low, high, err
 	}
-	if snap.ClaimedCount < grab.ByStatus["200"] {
-		return grab, noop, fmt.Errorf("grab service answered %d grants but Redis counts %d", grab.ByStatus["200"], snap.ClaimedCount)
+	if snap.ClaimedCount < granted {
+		return low, high, fmt.Errorf("grab service answered %d grants but Redis counts %d", granted, snap.ClaimedCount)
 	}
-	return grab, noop, nil
+	return low, high, nil
 }
 
 // ensureControlPlane builds the control-plane binaries when bin/ lacks them.

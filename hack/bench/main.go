@@ -54,6 +54,7 @@ type options struct {
 	goDuration                           time.Duration
 	goPackets                            int64
 	httpClients                          int
+	httpClientsHigh                      int
 	httpDuration                         time.Duration
 	httpWarmup                           time.Duration
 	httpPackets                          int64
@@ -80,10 +81,11 @@ func main() {
 	flag.IntVar(&o.seedScriptRequests, "seed-script-requests", 400000, "redis-benchmark requests in each run of the comparison with the seed's script")
 	flag.IntVar(&o.seedScriptRounds, "seed-script-rounds", 5, "rounds of the comparison with the seed's script (ours, the seed's, ours with a watermark)")
 	flag.Int64Var(&o.rbPackets, "benchmark-packets", 2000000, "packets seeded for redis-benchmark, so it never sells out")
-	flag.IntVar(&o.goWorkers, "goroutines", 256, "concurrent callers on the Go claim path")
+	flag.IntVar(&o.goWorkers, "goroutines", 0, "concurrent callers on the Go claim path (0: the calls redis-benchmark keeps in flight at -P 16, -benchmark-clients × 16)")
 	flag.DurationVar(&o.goDuration, "go-duration", 5*time.Second, "duration of each Go claim-path run")
 	flag.Int64Var(&o.goPackets, "go-packets", 2000000, "packets seeded for the Go claim path (also its request cap)")
 	flag.IntVar(&o.httpClients, "http-clients", 64, "concurrent keep-alive HTTP clients")
+	flag.IntVar(&o.httpClientsHigh, "http-clients-high", 256, "concurrent keep-alive HTTP clients of the second HTTP load (0: none)")
 	flag.DurationVar(&o.httpDuration, "http-duration", 5*time.Second, "measured duration of each HTTP run")
 	flag.DurationVar(&o.httpWarmup, "http-warmup", time.Second, "unmeasured warm-up before each HTTP run")
 	flag.Int64Var(&o.httpPackets, "http-packets", 1000000, "packets seeded for the HTTP claim path (also its request cap)")
@@ -100,6 +102,11 @@ func main() {
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
 	flag.Parse()
+	if o.goWorkers <= 0 {
+		// The ratio b/a compares two closed loops, so each gets the same number of
+		// calls in flight: redis-benchmark's connections times its pipeline depth.
+		o.goWorkers = o.benchClients * 16
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -130,6 +137,7 @@ type results struct {
 	goHalf     latencies
 	httpGrab   latencies
 	httpNoop   latencies
+	httpHigh   httpPair
 	seedTook   time.Duration
 	seedCount  int64
 	mem        memoryFigures
@@ -354,9 +362,11 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// (c) and (d) HTTP.
-	if r.httpGrab, r.httpNoop, err = measureHTTP(ctx, o, root, work, srv.Addr, rc); err != nil {
+	low, high, err := measureHTTP(ctx, o, root, work, srv.Addr, rc)
+	if err != nil {
 		return err
 	}
+	r.httpGrab, r.httpNoop, r.httpHigh = low.grab, low.noop, high
 
 	r.took = time.Since(start)
 	r.loadAfter = loadAverage()

@@ -137,12 +137,19 @@ func (r results) summary() string {
 	row("(b) Go lua.Grab, plain pooled client", r.goPlain)
 	row("(b) Go lua.Grab, auto-pipelining", r.goAuto)
 	row("(b) Go lua.Grab, go-redis default auto-pipelining", r.goHalf)
-	row("(c) HTTP POST /v1/grab (grab service)", r.httpGrab)
-	row("(d) HTTP no-op Go handler", r.httpNoop)
+	row(fmt.Sprintf("(c) HTTP POST /v1/grab (grab service), %d clients", r.opts.httpClients), r.httpGrab)
+	row(fmt.Sprintf("(d) HTTP no-op Go handler, %d clients", r.opts.httpClients), r.httpNoop)
+	if h := r.httpHigh; h.clients > 0 {
+		row(fmt.Sprintf("(c) HTTP POST /v1/grab (grab service), %d clients", h.clients), h.grab)
+		row(fmt.Sprintf("(d) HTTP no-op Go handler, %d clients", h.clients), h.noop)
+	}
 	fmt.Fprintf(&b, "\nratio b/a(-P16) = %.2f   (auto-pipelined Go claim path / redis-benchmark -P 16)\n",
 		ratio(r.goAuto.Rate(), r.rbP16.Rate()))
-	fmt.Fprintf(&b, "ratio c/d       = %.2f   (grab service / no-op handler, same load generator)\n",
-		ratio(r.httpGrab.Rate(), r.httpNoop.Rate()))
+	fmt.Fprintf(&b, "ratio c/d       = %.2f   (grab service / no-op handler, same load generator, %d clients)\n",
+		ratio(r.httpGrab.Rate(), r.httpNoop.Rate()), r.opts.httpClients)
+	if h := r.httpHigh; h.clients > 0 {
+		fmt.Fprintf(&b, "ratio c/d       = %.2f   (the same, %d clients)\n", ratio(h.grab.Rate(), h.noop.Rate()), h.clients)
+	}
 	fmt.Fprintf(&b, "(e) seeding %d packets: %s (%.0f packets/s)\n", r.seedCount, r.seedTook.Round(time.Millisecond),
 		float64(r.seedCount)/r.seedTook.Seconds())
 	fmt.Fprintf(&b, "(f) Redis memory: %.0f bytes per claimed packet (%.0f as a seeded packet, +%.0f when claimed)\n",
@@ -190,9 +197,17 @@ func (r results) markdown() string {
 	row("(b) Go `lua.Grab`, go-redis auto-pipelining, its defaults", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goHalf)
 	row("(c) HTTP `POST /v1/grab`, grab service", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpGrab)
 	row("(d) HTTP no-op Go handler", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpNoop)
+	if h := r.httpHigh; h.clients > 0 {
+		row("(c) HTTP `POST /v1/grab`, grab service", fmt.Sprintf("%d keep-alive clients, %s", h.clients, o.httpDuration), h.grab)
+		row("(d) HTTP no-op Go handler", fmt.Sprintf("%d keep-alive clients, %s", h.clients, o.httpDuration), h.noop)
+	}
 	p("\n| ratio | value | goal |\n|---|---:|---:|\n")
 	p("| b/a(-P16): auto-pipelined Go claim path / `redis-benchmark -P 16` | **%.2f** | ≥ 0.9 |\n", ratio(r.goAuto.Rate(), r.rbP16.Rate()))
-	p("| c/d: grab service / no-op handler under the same load | **%.2f** | ≥ 0.7 |\n\n", ratio(r.httpGrab.Rate(), r.httpNoop.Rate()))
+	p("| c/d: grab service / no-op handler under the same load, %d clients | **%.2f** | ≥ 0.7 |\n", o.httpClients, ratio(r.httpGrab.Rate(), r.httpNoop.Rate()))
+	if h := r.httpHigh; h.clients > 0 {
+		p("| c/d: the same, %d clients | **%.2f** | ≥ 0.7 |\n", h.clients, ratio(h.grab.Rate(), h.noop.Rate()))
+	}
+	p("\n")
 	p("Outcomes: redis-benchmark granted %d packets in %d calls (random user ids repeat now and\n", r.rbGranted, o.requestsP1+o.requestsP16)
 	p("then); Go auto-pipelining %s; grab service HTTP statuses %s.\n\n", fmtCounts(r.goAuto.ByStatus), fmtCounts(r.httpGrab.ByStatus))
 	p("What is measured:\n\n")
@@ -201,19 +216,28 @@ func (r results) markdown() string {
 	p("  (`HGET` of the user's claim, `HGET` of the gate that says the activity is open and has no\n")
 	p("  window, so no `TIME`; `LPOP` of a packet that carries the claimed count and amount before\n")
 	p("  it; `XADD` of one packed field; `HSET` of the claim; the grant answered as one string).\n")
-	p("* **(b)** `lua.Grab` (EVALSHA with EVAL fallback) from %d goroutines, each call a fresh user,\n", o.goWorkers)
-	p("  through a plain client with a pool of 64 connections, through the grab service's own\n")
+	p("* **(b)** `lua.Grab` (EVALSHA with EVAL fallback) from %d goroutines in a closed loop, each call a\n", o.goWorkers)
+	p("  fresh user: as many calls in flight as redis-benchmark's %d connections at -P 16 keep, since a\n", o.benchClients)
+	p("  closed loop's rate is its calls in flight over its latency. Each run is one of these:\n")
+	p("  a plain client with a pool of 64 connections; the grab service's own\n")
 	p("  clients (`lua.Conn.NewPipelinedClient` with `lua.GrabClientOptions` and its 500 ms socket\n")
 	p("  timeouts: go-redis's auto-pipeliner, which batches concurrent callers' commands into\n")
 	p("  pipelines, with `lua.GrabPipelineOptions`: full duplex, so one batch is written while the\n")
 	p("  replies of the one before are read, and a wait of up to 100 µs for a larger batch once more\n")
-	p("  than 128 commands are in flight), and through the same client's auto-pipeliner with go-redis's\n")
-	p("  defaults (half duplex: one batch per round trip), for comparison.\n")
+	p("  than 128 commands are in flight); and a client with the same options through go-redis's\n")
+	p("  default auto-pipeliner (half duplex: one batch per round trip), for comparison.\n")
 	p("* **(c)** the grab service binary (`bin/grabsvc`, its own process, status reporter on, settlement\n")
 	p("  off) serving `POST /v1/grab` with a fresh user per request, and **(d)** a Go `net/http` handler\n")
 	p("  that reads the body and writes a fixed JSON answer, also its own process. Both are driven by the\n")
 	p("  benchmark's Go load generator: %d keep-alive HTTP/1.1 clients in a closed loop, %s warm-up,\n", o.httpClients, o.httpWarmup)
-	p("  then %s measured; latency is per request, as the client sees it.\n\n", o.httpDuration)
+	p("  then %s measured; latency is per request, as the client sees it.", o.httpDuration)
+	if r.httpHigh.clients > 0 {
+		p(" Then both again with %d\n", r.httpHigh.clients)
+		p("  clients, to tell a cost of waiting for Redis (which more requests in flight would hide: a\n")
+		p("  closed loop's rate is its requests in flight over its latency) from a cost in CPU (which\n")
+		p("  they would not).")
+	}
+	p("\n\n")
 	p("Reading the figures: at -P 16 redis-benchmark times each request from its pipeline's\n")
 	p("write to its reply, so its latencies are those of a batch of 16. During (c) three busy\n")
 	p("processes share the %d CPUs (the load generator, the grab service and redis-server), during\n", m.CPUs)
