@@ -224,7 +224,7 @@ func (r results) markdown() string {
 	p("  timeouts: go-redis's auto-pipeliner, which batches concurrent callers' commands into\n")
 	p("  pipelines, with `lua.GrabPipelineOptions`: full duplex, so one batch is written while the\n")
 	p("  replies of the one before are read, and a wait of up to 100 µs for a larger batch once more\n")
-	p("  than 128 commands are in flight); and a client with the same options through go-redis's\n")
+	p("  than 64 commands are in flight); and a client with the same options through go-redis's\n")
 	p("  default auto-pipeliner (half duplex: one batch per round trip), for comparison.\n")
 	p("* **(c)** the grab service binary (`bin/grabsvc`, its own process, status reporter on, settlement\n")
 	p("  off) serving `POST /v1/grab` with a fresh user per request, and **(d)** a Go `net/http` handler\n")
