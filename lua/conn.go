@@ -258,8 +258,10 @@ const grabPipelineWindow = 8192
 // blocking defaults (one ordered stream, batches of up to 300 commands), full duplex
 // (one held connection per Redis node, its writer and reader streaming, so a batch
 // is written while the replies of the one before are read) and a short wait for
-// larger batches under load. On two shared cores they raise the claim path's
-// throughput by 15-35 % over the half-duplex defaults (docs/benchmarks.md). On
+// larger batches under load. On two shared cores they raised the claim path's
+// throughput over the half-duplex defaults by 10-23 % in make bench runs (the two
+// "(b) ... auto-pipelining" rows of docs/benchmarks.md) and by 30-40 % in
+// BenchmarkClaimPath with 256 callers. On
 // the HTTP path (BenchmarkHTTPClaim with 64 and 256 clients) the smaller window did
 // as well as a half-duplex pipeliner with the same wait, which had been 5-12 %
 // ahead of full duplex with go-redis's default window.
