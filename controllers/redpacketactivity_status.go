@@ -145,10 +145,14 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 	return controllerStatus(s.status), staleIn
 }
 
-// computeGrabServiceAvailable sets GrabServiceAvailable: True while a grab replica has
-// reported within GrabReportTimeout (this also works where no pod runs a kubelet) or
-// the Deployment has available replicas; False when the workload could not be adopted
-// or nothing is up. It returns when a fresh report turns stale.
+// computeGrabServiceAvailable sets GrabServiceAvailable. Where a Deployment controller
+// acts on the grab Deployment (its status has an observedGeneration), the Deployment
+// decides: True while it has an available replica, since the grab Service routes only to
+// those; a replica that reports before its readiness probe passed does not count. Where
+// nothing acts on it (a control plane without kube-controller-manager, grab replicas run
+// as host processes), a report within GrabReportTimeout makes it True. False when the
+// workload could not be adopted or nothing is up. It returns when a fresh report that
+// decided turns stale.
 func (r *RedPacketActivityReconciler) computeGrabServiceAvailable(s *activityScope) time.Duration {
 	const condType = redpacketv1alpha1.ConditionGrabServiceAvailable
 	if !s.workloadChecked {
@@ -160,8 +164,23 @@ func (r *RedPacketActivityReconciler) computeGrabServiceAvailable(s *activitySco
 		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonNotAdopted, "%s", s.notAdopted)
 		return 0
 	}
+	d := s.deployment
+	if d != nil && d.Status.AvailableReplicas > 0 {
+		s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonReplicasAvailable,
+			"deployment %s has %d available replicas", d.Name, d.Status.AvailableReplicas)
+		return 0
+	}
 	timeout := r.Options.GrabReportTimeout
-	if lr := s.activity.Status.LastReportTime; lr != nil {
+	lr := s.activity.Status.LastReportTime
+	if d != nil && d.Status.ObservedGeneration > 0 {
+		msg := fmt.Sprintf("deployment %s has no available replica of %d", d.Name, d.Status.Replicas)
+		if lr != nil {
+			msg += fmt.Sprintf(" (last report %s; the grab Service routes only to available replicas)", lr.UTC().Format(time.RFC3339))
+		}
+		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonNoReplicas, "%s", msg)
+		return 0
+	}
+	if lr != nil {
 		age := s.now.Sub(lr.Time)
 		if age < timeout {
 			s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonReporting,
@@ -169,14 +188,9 @@ func (r *RedPacketActivityReconciler) computeGrabServiceAvailable(s *activitySco
 			return timeout - age + 100*time.Millisecond
 		}
 	}
-	if d := s.deployment; d != nil && d.Status.AvailableReplicas > 0 {
-		s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonReplicasAvailable,
-			"deployment %s has %d available replicas", d.Name, d.Status.AvailableReplicas)
-		return 0
-	}
 	msg := fmt.Sprintf("no grab replica is available and none reported in the last %s", timeout)
-	if s.activity.Status.LastReportTime != nil {
-		msg += fmt.Sprintf(" (last report %s)", s.activity.Status.LastReportTime.UTC().Format(time.RFC3339))
+	if lr != nil {
+		msg += fmt.Sprintf(" (last report %s)", lr.UTC().Format(time.RFC3339))
 	}
 	s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonNoReplicas, "%s", msg)
 	return 0

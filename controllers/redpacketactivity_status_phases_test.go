@@ -163,6 +163,21 @@ func TestConditionSummary(t *testing.T) {
 			wantPhase: redpacketv1alpha1.PhaseActive, wantReady: "True/Active", wantGrab: "True/ReplicasAvailable",
 		},
 		{
+			name: "a report before the Deployment has an available replica: not Ready", phase: redpacketv1alpha1.PhaseActive,
+			phaseMessage: "grabbing is open", mutate: report(time.Second), workloadChecked: true,
+			deployment: &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "quiz-grab"},
+				Status: appsv1.DeploymentStatus{ObservedGeneration: 1, Replicas: 2, UnavailableReplicas: 2}},
+			wantPhase: redpacketv1alpha1.PhaseActive, wantReady: "False/GrabServiceUnavailable", wantGrab: "False/NoReplicaAvailable",
+			wantReadyMsg: "deployment quiz-grab has no available replica of 2 (last report 2026-12-31T19:59:59Z",
+		},
+		{
+			name: "a report where no Deployment controller acts: Ready", phase: redpacketv1alpha1.PhaseActive,
+			phaseMessage: "grabbing is open", mutate: report(time.Second), workloadChecked: true,
+			deployment: &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "quiz-grab"}},
+			wantPhase:  redpacketv1alpha1.PhaseActive, wantReady: "True/Active", wantGrab: "True/Reporting",
+			wantStaleIn: timeout - time.Second + 100*time.Millisecond,
+		},
+		{
 			name: "Active with no replica: not Ready", phase: redpacketv1alpha1.PhaseActive, phaseMessage: "grabbing is open with 10 of 10 packets left",
 			workloadChecked: true,
 			wantPhase:       redpacketv1alpha1.PhaseActive, wantReady: "False/GrabServiceUnavailable",
