@@ -50,3 +50,15 @@ func TestDecodeGrab(t *testing.T) {
 		}
 	}
 }
+
+// Reading a grant runs once per grant on the claim path: it allocates nothing.
+func TestDecodeGrantAllocatesNothing(t *testing.T) {
+	reply := any("17:250@2:400:0:CNY")
+	if n := testing.AllocsPerRun(1000, func() {
+		if _, err := decodeGrab(reply); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("decodeGrab of a grant: %v allocations, want 0", n)
+	}
+}

@@ -24,13 +24,16 @@ import (
 type Activity struct {
 	c    redis.Cmdable
 	keys Keys
+	// grabCall is the grab script's call on keys, its fixed arguments boxed once.
+	grabCall *grabCall
 	// Seeder stages and commits the packets; its zero value is what production uses.
 	Seeder Seeder
 }
 
 // NewActivity returns the handle of the activity with the given UID on client c.
 func NewActivity(c redis.Cmdable, uid string) *Activity {
-	return &Activity{c: c, keys: KeysFor(uid)}
+	k := KeysFor(uid)
+	return &Activity{c: c, keys: k, grabCall: newGrabCall(k)}
 }
 
 // Keys are the activity's keys.
@@ -38,13 +41,13 @@ func (a *Activity) Keys() Keys { return a.keys }
 
 // Grab decides one claim for userID (grab.lua), checking no watermark.
 func (a *Activity) Grab(ctx context.Context, userID string) (GrabResult, error) {
-	return Grab(ctx, a.c, a.keys, userID)
+	return a.grabCall.grab(ctx, a.c, userID, Watermark{})
 }
 
 // GrabAbove decides one claim for userID on a Redis that must not be below mark: a
 // Redis that rolled back below it is fenced and the answer is Fenced (grab.lua).
 func (a *Activity) GrabAbove(ctx context.Context, userID string, mark Watermark) (GrabResult, error) {
-	return GrabAbove(ctx, a.c, a.keys, userID, mark)
+	return a.grabCall.grab(ctx, a.c, userID, mark)
 }
 
 // Seed stages and commits the packets exactly once (see Seeder).
