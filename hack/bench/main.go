@@ -19,6 +19,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -26,6 +27,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -49,7 +52,7 @@ type options struct {
 	// script (i).
 	seedScriptRequests, seedScriptRounds int
 	seedScriptOnly                       bool
-	rbPackets                            int64
+	claimRounds                          int
 	goWorkers                            int
 	goDuration                           time.Duration
 	goPackets                            int64
@@ -70,6 +73,7 @@ type options struct {
 	settleLimit         time.Duration
 	settlementOnly      bool
 	scaleOnly           bool
+	claimOnly           bool
 }
 
 func main() {
@@ -80,10 +84,10 @@ func main() {
 	flag.IntVar(&o.requestsP16, "requests-p16", 1000000, "redis-benchmark requests at -P 16")
 	flag.IntVar(&o.seedScriptRequests, "seed-script-requests", 400000, "redis-benchmark requests in each run of the comparison with the seed's script")
 	flag.IntVar(&o.seedScriptRounds, "seed-script-rounds", 5, "rounds of the comparison with the seed's script (ours, the seed's, ours with a watermark)")
-	flag.Int64Var(&o.rbPackets, "benchmark-packets", 2000000, "packets seeded for redis-benchmark, so it never sells out")
+	flag.IntVar(&o.claimRounds, "claim-rounds", 3, "rounds of redis-benchmark -P 16 and the Go claim path, alternating; b/a is the median round's")
 	flag.IntVar(&o.goWorkers, "goroutines", 0, "concurrent callers on the Go claim path (0: the calls redis-benchmark keeps in flight at -P 16, -benchmark-clients × 16)")
 	flag.DurationVar(&o.goDuration, "go-duration", 5*time.Second, "duration of each Go claim-path run")
-	flag.Int64Var(&o.goPackets, "go-packets", 2000000, "packets seeded for the Go claim path (also its request cap)")
+	flag.Int64Var(&o.goPackets, "go-packets", 1000000, "cap on the grabs of each Go claim-path run (as many packets are seeded per run)")
 	flag.IntVar(&o.httpClients, "http-clients", 64, "concurrent keep-alive HTTP clients")
 	flag.IntVar(&o.httpClientsHigh, "http-clients-high", 256, "concurrent keep-alive HTTP clients of the second HTTP load (0: none)")
 	flag.DurationVar(&o.httpDuration, "http-duration", 5*time.Second, "measured duration of each HTTP run")
@@ -101,6 +105,7 @@ func main() {
 	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g); print them, write nothing")
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
+	flag.BoolVar(&o.claimOnly, "claim-only", false, "run only the claim path, redis-benchmark (a) and Go (b); print them, write nothing")
 	flag.Parse()
 	if o.goWorkers <= 0 {
 		// The ratio b/a compares two closed loops, so each gets the same number of
@@ -126,30 +131,32 @@ func main() {
 
 // results are every figure of one run.
 type results struct {
-	machine    machineInfo
-	started    time.Time
-	took       time.Duration
-	rbP1       latencies
-	rbP16      latencies
-	rbGranted  int64
-	goPlain    latencies
-	goAuto     latencies
-	goHalf     latencies
-	httpGrab   latencies
-	httpNoop   latencies
-	httpHigh   httpPair
-	seedTook   time.Duration
-	seedCount  int64
-	mem        memoryFigures
-	settleOK   settlementRun
-	settleBad  settlementRun
-	durable    durabilityRun
-	seedScript seedScriptRun
-	scale      scaleRun
-	seedMax    seedMaxRun
-	opts       options
-	loadBefore string
-	loadAfter  string
+	machine   machineInfo
+	started   time.Time
+	took      time.Duration
+	rbP1      latencies
+	rbP16     latencies
+	rbGranted int64
+	goPlain   latencies
+	goAuto    latencies
+	goHalf    latencies
+	// claimRounds are the rounds of b/a; rbP16 and goAuto are the median round's.
+	claimRounds []claimRound
+	httpGrab    latencies
+	httpNoop    latencies
+	httpHigh    httpPair
+	seedTook    time.Duration
+	seedCount   int64
+	mem         memoryFigures
+	settleOK    settlementRun
+	settleBad   settlementRun
+	durable     durabilityRun
+	seedScript  seedScriptRun
+	scale       scaleRun
+	seedMax     seedMaxRun
+	opts        options
+	loadBefore  string
+	loadAfter   string
 }
 
 func run(ctx context.Context, o options) error {
@@ -212,6 +219,15 @@ func run(ctx context.Context, o options) error {
 		return nil
 	}
 
+	if o.claimOnly {
+		if err := measureClaimPath(ctx, o, conn, srv.Addr, rc, &r); err != nil {
+			return err
+		}
+		fmt.Printf("\nratio b/a(-P16) = %.2f   (auto-pipelined Go claim path / redis-benchmark -P 16)\n",
+			ratio(r.goAuto.Rate(), r.rbP16.Rate()))
+		return nil
+	}
+
 	// (g) Settlement, healthy and under the failure mix.
 	if r.settleOK, r.settleBad, err = measureSettlements(ctx, o, srv.Addr); err != nil {
 		return err
@@ -239,100 +255,8 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("%.0f bytes per claimed packet (%.0f seeded, %.0f more when claimed)\n",
 		r.mem.perClaimed(), r.mem.perSeeded(), r.mem.perClaimDelta())
 
-	// (a) redis-benchmark against the grab script.
-	rb := lua.NewActivity(rc, "bench-rb")
-	fmt.Printf("    seeding %d packets for redis-benchmark ... ", o.rbPackets)
-	took, err := seedActivity(ctx, rc, "bench-rb", o.rbPackets)
-	if err != nil {
-		return err
-	}
-	fmt.Println(took.Round(time.Millisecond))
-	before, err := rb.Snapshot(ctx)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 1, %d requests ... ", o.requestsP1)
-	if r.rbP1, err = redisBenchmark(ctx, srv.Addr, rb.Keys(), 1, o.benchClients, o.requestsP1); err != nil {
-		return err
-	}
-	fmt.Println(rateLine(r.rbP1))
-	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 16, %d requests ... ", o.requestsP16)
-	if r.rbP16, err = redisBenchmark(ctx, srv.Addr, rb.Keys(), 16, o.benchClients, o.requestsP16); err != nil {
-		return err
-	}
-	fmt.Println(rateLine(r.rbP16))
-	after, err := rb.Snapshot(ctx)
-	if err != nil {
-		return err
-	}
-	r.rbGranted = after.ClaimedCount - before.ClaimedCount
-	if after.RemainingCount == 0 {
-		return fmt.Errorf("redis-benchmark sold the activity out; raise -benchmark-packets")
-	}
-	// The script must really have granted: a NOSCRIPT or error reply would count as a
-	// request too. Random user ids may repeat now and then (already_claimed).
-	if total := int64(o.requestsP1 + o.requestsP16); r.rbGranted < total*95/100 {
-		return fmt.Errorf("redis-benchmark: only %d of %d calls granted a packet (claimed %d before, %d after; %d left)",
-			r.rbGranted, total, before.ClaimedCount, after.ClaimedCount, after.RemainingCount)
-	}
-	if err := rb.Purge(ctx); err != nil {
-		return err
-	}
-
-	// (b) The Go claim path: plain pooled client, then auto-pipelining.
-	goPlain := lua.NewActivity(rc, "bench-go")
-	fmt.Printf("    seeding %d packets for the Go claim path ... ", o.goPackets)
-	if took, err = seedActivity(ctx, rc, "bench-go", o.goPackets); err != nil {
-		return err
-	}
-	fmt.Println(took.Round(time.Millisecond))
-	fmt.Printf("(b) Go lua.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	if r.goPlain, err = goClaims(ctx, goPlain, "plain:", o.goWorkers, o.goDuration, o.goPackets/3); err != nil {
-		return err
-	}
-	fmt.Println(rateLine(r.goPlain))
-	// The grab service's own clients: the same options and auto-pipeliner it serves with.
-	gc, err := conn.NewPipelinedClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout))
-	if err != nil {
-		return fmt.Errorf("grab service redis clients: %w", err)
-	}
-	fmt.Printf("(b) Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goAuto, err = goClaims(ctx, lua.NewActivity(gc.Pipeliner, "bench-go"), "auto:", o.goWorkers, o.goDuration, o.goPackets/3)
-	if err != nil {
-		_ = gc.Close()
-		return err
-	}
-	fmt.Println(rateLine(r.goAuto))
-	_ = gc.Close()
-	// A client with the same options through go-redis's default (half-duplex)
-	// auto-pipeliner, to show what lua.GrabPipelineOptions are worth. A client
-	// keeps the first auto-pipeliner it makes, so this is a client of its own.
-	hc, ok := conn.NewClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout)).(*redis.Client)
-	if !ok {
-		return fmt.Errorf("the benchmark's redis client is not a standalone client")
-	}
-	half, err := hc.AutoPipeline()
-	if err != nil {
-		_ = hc.Close()
-		return fmt.Errorf("go-redis default auto-pipeliner: %w", err)
-	}
-	fmt.Printf("(b) Go lua.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goHalf, err = goClaims(ctx, lua.NewActivity(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets/3)
-	_ = half.Close()
-	_ = hc.Close()
-	if err != nil {
-		return err
-	}
-	fmt.Println(rateLine(r.goHalf))
-	for _, run := range []struct {
-		name string
-		l    latencies
-	}{{"Go claim path", r.goAuto}, {"Go claim path (default auto-pipelining)", r.goHalf}} {
-		if err := checkGranted(run.name, run.l); err != nil {
-			return err
-		}
-	}
-	if err := goPlain.Purge(ctx); err != nil {
+	// (a) and (b): the claim path.
+	if err := measureClaimPath(ctx, o, conn, srv.Addr, rc, &r); err != nil {
 		return err
 	}
 
@@ -396,6 +320,11 @@ func rateLine(l latencies) string {
 	return fmt.Sprintf("%.0f/s  p50 %s  p99 %s", l.Rate(), fmtDur(l.P50), fmtDur(l.P99))
 }
 
+// fmtMicros prints a duration in microseconds with two decimals.
+func fmtMicros(d time.Duration) string {
+	return fmt.Sprintf("%.2f µs", float64(d)/float64(time.Microsecond))
+}
+
 // fmtDur prints a latency in milliseconds with three decimals.
 func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.3f ms", float64(d)/float64(time.Millisecond))
@@ -412,4 +341,189 @@ func loadAverage() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// claimRound is one round of the claim path's ratio: redis-benchmark -P 16 against
+// the grab script, then the grab service's Go claim path, one after the other on the
+// same server.
+type claimRound struct {
+	rb, goAuto latencies
+	// rbGranted is how many packets redis-benchmark's calls granted.
+	rbGranted int64
+	// rbCPU and goCPU are redis-server's CPU time (user and system) per call
+	// during each run.
+	rbCPU, goCPU time.Duration
+}
+
+// redisCPU is redis-server's CPU time so far, user and system (INFO cpu).
+func redisCPU(ctx context.Context, rc redis.Cmdable) (time.Duration, error) {
+	info, err := rc.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("INFO cpu %s=%q: %w", k, v, err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
+// perCall is the CPU redis-server spent during f, divided by the calls f reports.
+func perCall(ctx context.Context, rc redis.Cmdable, f func() (int64, error)) (time.Duration, error) {
+	before, err := redisCPU(ctx, rc)
+	if err != nil {
+		return 0, err
+	}
+	calls, err := f()
+	if err != nil {
+		return 0, err
+	}
+	after, err := redisCPU(ctx, rc)
+	if err != nil || calls == 0 {
+		return 0, err
+	}
+	return (after - before) / time.Duration(calls), nil
+}
+
+func (c claimRound) ratio() float64 { return ratio(c.goAuto.Rate(), c.rb.Rate()) }
+
+// measureClaimPath runs (a), redis-benchmark against the grab script at -P 1, then
+// o.claimRounds rounds of redis-benchmark -P 16 and the Go claim path on the grab
+// service's auto-pipelining client, alternating, and then (b) on a plain client and
+// on go-redis's default auto-pipeliner. The machine's speed drifts by tens of per
+// cent within minutes, so b/a is the median round's, each round's two runs a few
+// seconds apart. redis-benchmark and the Go runs grab from activities of their own
+// on the server at addr; every run must really grant.
+func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string, rc redis.UniversalClient, r *results) error {
+	rb := lua.NewActivity(rc, "bench-rb")
+	rbPackets := int64(o.requestsP1+o.claimRounds*o.requestsP16) * 11 / 10
+	fmt.Printf("    seeding %d packets for redis-benchmark ... ", rbPackets)
+	took, err := seedActivity(ctx, rc, "bench-rb", rbPackets)
+	if err != nil {
+		return err
+	}
+	fmt.Println(took.Round(time.Millisecond))
+	claimed := func() (int64, error) {
+		snap, err := rb.Snapshot(ctx)
+		return snap.ClaimedCount, err
+	}
+	// benchmark runs redis-benchmark and checks that its calls granted: a NOSCRIPT or
+	// error reply counts as a request too. Random user ids repeat now and then
+	// (already_claimed), so 95 % must grant.
+	benchmark := func(pipeline, requests int) (latencies, int64, error) {
+		before, err := claimed()
+		if err != nil {
+			return latencies{}, 0, err
+		}
+		l, err := redisBenchmark(ctx, addr, rb.Keys(), pipeline, o.benchClients, requests)
+		if err != nil {
+			return latencies{}, 0, err
+		}
+		after, err := claimed()
+		if err != nil {
+			return latencies{}, 0, err
+		}
+		if granted := after - before; granted < int64(requests)*95/100 {
+			return latencies{}, 0, fmt.Errorf("redis-benchmark -P %d: only %d of %d calls granted a packet (claimed %d before, %d after)",
+				pipeline, granted, requests, before, after)
+		}
+		return l, after - before, nil
+	}
+	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 1, %d requests ... ", o.requestsP1)
+	var granted int64
+	if r.rbP1, granted, err = benchmark(1, o.requestsP1); err != nil {
+		return err
+	}
+	r.rbGranted += granted
+	fmt.Println(rateLine(r.rbP1))
+
+	goAct := lua.NewActivity(rc, "bench-go")
+	goPackets := o.goPackets * int64(o.claimRounds+2)
+	fmt.Printf("    seeding %d packets for the Go claim path ... ", goPackets)
+	if took, err = seedActivity(ctx, rc, "bench-go", goPackets); err != nil {
+		return err
+	}
+	fmt.Println(took.Round(time.Millisecond))
+	// The grab service's own clients: the same options and auto-pipeliner it serves with.
+	gc, err := conn.NewPipelinedClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout))
+	if err != nil {
+		return fmt.Errorf("grab service redis clients: %w", err)
+	}
+	defer func() { _ = gc.Close() }()
+	auto := lua.NewActivity(gc.Pipeliner, "bench-go")
+	r.claimRounds = nil
+	for i := range o.claimRounds {
+		var round claimRound
+		fmt.Printf("(a) round %d: redis-benchmark EVALSHA grab -P 16, %d requests ... ", i+1, o.requestsP16)
+		if round.rbCPU, err = perCall(ctx, rc, func() (int64, error) {
+			round.rb, round.rbGranted, err = benchmark(16, o.requestsP16)
+			return round.rb.Requests, err
+		}); err != nil {
+			return err
+		}
+		fmt.Printf("%s  Redis CPU %s per call\n", rateLine(round.rb), fmtMicros(round.rbCPU))
+		fmt.Printf("(b) round %d: Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", i+1, o.goWorkers, o.goDuration)
+		if round.goCPU, err = perCall(ctx, rc, func() (int64, error) {
+			round.goAuto, err = goClaims(ctx, auto, fmt.Sprintf("auto%d:", i), o.goWorkers, o.goDuration, o.goPackets)
+			return round.goAuto.Requests, err
+		}); err != nil {
+			return err
+		}
+		if err := checkGranted("Go claim path", round.goAuto); err != nil {
+			return err
+		}
+		fmt.Printf("%s  Redis CPU %s per call  b/a %.2f\n", rateLine(round.goAuto), fmtMicros(round.goCPU), round.ratio())
+		r.rbGranted += round.rbGranted
+		r.claimRounds = append(r.claimRounds, round)
+	}
+	median := medianRound(r.claimRounds)
+	r.rbP16, r.goAuto = median.rb, median.goAuto
+
+	fmt.Printf("(b) Go lua.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
+	if r.goPlain, err = goClaims(ctx, goAct, "plain:", o.goWorkers, o.goDuration, o.goPackets); err != nil {
+		return err
+	}
+	fmt.Println(rateLine(r.goPlain))
+	// A client with the same options through go-redis's default (half-duplex)
+	// auto-pipeliner, to show what lua.GrabPipelineOptions are worth. A client
+	// keeps the first auto-pipeliner it makes, so this is a client of its own.
+	hc, ok := conn.NewClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout)).(*redis.Client)
+	if !ok {
+		return fmt.Errorf("the benchmark's redis client is not a standalone client")
+	}
+	half, err := hc.AutoPipeline()
+	if err != nil {
+		_ = hc.Close()
+		return fmt.Errorf("go-redis default auto-pipeliner: %w", err)
+	}
+	fmt.Printf("(b) Go lua.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
+	r.goHalf, err = goClaims(ctx, lua.NewActivity(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets)
+	_ = half.Close()
+	_ = hc.Close()
+	if err != nil {
+		return err
+	}
+	fmt.Println(rateLine(r.goHalf))
+	if err := checkGranted("Go claim path (default auto-pipelining)", r.goHalf); err != nil {
+		return err
+	}
+	if err := rb.Purge(ctx); err != nil {
+		return err
+	}
+	return goAct.Purge(ctx)
+}
+
+// medianRound is the round whose ratio is the median (of an even number, the lower
+// of the middle two).
+func medianRound(rounds []claimRound) claimRound {
+	sorted := slices.Clone(rounds)
+	slices.SortFunc(sorted, func(a, b claimRound) int { return cmp.Compare(a.ratio(), b.ratio()) })
+	return sorted[(len(sorted)-1)/2]
 }
