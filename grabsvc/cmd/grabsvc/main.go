@@ -18,6 +18,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -82,6 +84,7 @@ func versionRequested(args []string) bool {
 // options are the command line of the grab service.
 type options struct {
 	namespace, activity, listen                string
+	pprofListen                                string
 	activityUID                                string
 	redis                                      lua.Conn
 	redisTimeout                               time.Duration
@@ -111,6 +114,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.activity, "activity", "", "name of the RedPacketActivity (required)")
 	fs.StringVar(&o.activityUID, "activity-uid", "", "serve only the activity with this UID; empty: whichever has the name")
 	fs.StringVar(&o.listen, "listen", ":8080", "address of the HTTP API, probes and metrics")
+	fs.StringVar(&o.pprofListen, "pprof-listen", "", "address serving Go's profiles under /debug/pprof/; empty: none. Bind it to loopback or a port no Service exposes")
 	finishRedis := redisFlags(fs, &o.redis)
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", grabsvc.DefaultRedisTimeout, "deadline of every Redis call on the grab path")
 	fs.StringVar(&o.tokenKeyFile, "token-key-file", "", "file holding the HMAC key of user tokens; empty: tokens are not required, "+
@@ -270,6 +274,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("grab service listening", "addr", ln.Addr().String(), "auth", tokens != nil,
 		"settlement", o.settlement, "page", o.page)
 
+	if o.pprofListen != "" {
+		pl, err := net.Listen("tcp", o.pprofListen)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", o.pprofListen, err)
+		}
+		ps := newPprofServer()
+		defer func() { _ = ps.Close() }()
+		go func() { _ = ps.Serve(pl) }()
+		log.Info("serving profiles", "addr", pl.Addr().String())
+	}
+
 	// Background work lives until the HTTP server has drained.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
@@ -424,4 +439,16 @@ func consumerName() string {
 		host = "grabsvc"
 	}
 	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+// newPprofServer serves Go's profiles (net/http/pprof) and nothing else, on a
+// listener of its own: the API's listener never serves them.
+func newPprofServer() *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 }

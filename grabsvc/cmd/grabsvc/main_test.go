@@ -143,7 +143,7 @@ func TestBinary(t *testing.T) {
 	}
 	first, second := newReceiver(t, webhookKey), newReceiver(t, webhookKey)
 
-	addr := freeAddr(t)
+	addr, pprofAddr := freeAddr(t), freeAddr(t)
 	base := "http://" + addr
 	logs := &syncBuffer{}
 	ctx, stop := context.WithCancel(context.Background())
@@ -155,6 +155,7 @@ func TestBinary(t *testing.T) {
 			"--redis-addresses", rs.Addr, "--report-interval", "200ms", "--activity-refresh", "200ms",
 			"--shutdown-delay", "300ms", "--webhook-key-file", filepath.Join(dir, "webhook-key"),
 			"--token-key-file", filepath.Join(dir, "token-key"), "--rate-per-user", "100",
+			"--pprof-listen", pprofAddr,
 		}, logs)
 	}()
 	defer func() {
@@ -167,6 +168,13 @@ func TestBinary(t *testing.T) {
 	wait.Until(t, 10*time.Second, "the listener", func() (bool, string) { return status(base+"/healthz") == 200, "" })
 	if s := status(base + "/readyz"); s != http.StatusServiceUnavailable {
 		t.Fatalf("readyz without the activity: %d", s)
+	}
+	// Profiles are served on --pprof-listen only, never on the API's listener.
+	if s := status("http://" + pprofAddr + "/debug/pprof/"); s != http.StatusOK {
+		t.Errorf("GET /debug/pprof/ on --pprof-listen: %d, want 200", s)
+	}
+	if s := status(base + "/debug/pprof/"); s != http.StatusNotFound {
+		t.Errorf("GET /debug/pprof/ on --listen: %d, want 404", s)
 	}
 
 	rpa := &redpacketv1alpha1.RedPacketActivity{
