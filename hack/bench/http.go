@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -83,9 +86,16 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 	if err != nil {
 		return low, high, err
 	}
-	gp, err := proc.Start("grabsvc", filepath.Join(work, "grabsvc.log"), nil, grabBin,
-		"--namespace", "default", "--activity", benchActivity, "--listen", grabAddr,
-		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr, "--settlement=false")
+	grabArgs := []string{"--namespace", "default", "--activity", benchActivity, "--listen", grabAddr,
+		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr, "--settlement=false"}
+	var pprofAddr string
+	if o.grabProfile != "" {
+		if pprofAddr, err = proc.FreeAddr(); err != nil {
+			return low, high, err
+		}
+		grabArgs = append(grabArgs, "--pprof-listen", pprofAddr)
+	}
+	gp, err := proc.Start("grabsvc", filepath.Join(work, "grabsvc.log"), nil, grabBin, grabArgs...)
 	if err != nil {
 		return low, high, err
 	}
@@ -116,22 +126,36 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 			return []byte(`{"userId":"` + prefix + strconv.FormatInt(i, 10) + `"}`)
 		}
 	}
+	redisMeter := cpuMeter{name: "redis-server", read: func() (time.Duration, error) { return redisCPU(ctx, rc) }}
 	// Each load runs the no-op handler, then the grab service, with as many clients.
 	run := func(clients int) (pair httpPair, err error) {
 		pair.clients = clients
 		spec := loadSpec{Clients: clients, Duration: o.httpDuration, Warmup: o.httpWarmup, Max: o.httpPackets / 4}
 		fmt.Printf("(d) no-op Go handler, %d keep-alive clients, %s ... ", clients, o.httpDuration)
 		spec.URL, spec.Body = "http://"+noopAddr+"/v1/grab", body(fmt.Sprintf("n%d-", clients))
+		spec.Meters = []cpuMeter{procCPU(serverMeter, np.Pid()), redisMeter, selfCPU()}
 		if pair.noop, err = runHTTPLoad(ctx, spec); err != nil {
 			return pair, fmt.Errorf("no-op load: %w", err)
 		}
-		fmt.Println(rateLine(pair.noop))
+		fmt.Printf("%s  CPU per request %s\n", rateLine(pair.noop), fmtCPU(pair.noop.CPU))
 		fmt.Printf("(c) grab service POST /v1/grab, %d keep-alive clients, %s ... ", clients, o.httpDuration)
 		spec.URL, spec.Body = "http://"+grabAddr+"/v1/grab", body(fmt.Sprintf("h%d-", clients))
+		spec.Meters = []cpuMeter{procCPU(serverMeter, gp.Pid()), redisMeter, selfCPU()}
+		profiled := make(chan error, 1)
+		if pprofAddr != "" && clients == o.httpClients {
+			go func() {
+				profiled <- fetchProfile(ctx, "http://"+pprofAddr, o.httpWarmup, o.httpDuration, o.grabProfile)
+			}()
+		} else {
+			profiled <- nil
+		}
 		if pair.grab, err = runHTTPLoad(ctx, spec); err != nil {
 			return pair, fmt.Errorf("grab load: %w", err)
 		}
-		fmt.Println(rateLine(pair.grab))
+		if err := <-profiled; err != nil {
+			return pair, fmt.Errorf("profiling the grab service: %w", err)
+		}
+		fmt.Printf("%s  CPU per request %s\n", rateLine(pair.grab), fmtCPU(pair.grab.CPU))
 		if pair.grab.Errors > 0 || pair.grab.ByStatus["200"] == 0 {
 			return pair, fmt.Errorf("grab service answers: %v (log: %s)", pair.grab.ByStatus, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
 		}
@@ -171,4 +195,56 @@ func ensureControlPlane(ctx context.Context, root string) error {
 		}
 	}
 	return nil
+}
+
+// serverMeter names the HTTP server's process in a run's CPU figures.
+const serverMeter = "server"
+
+// cpuMeterOrder is the order the CPU figures are printed in.
+var cpuMeterOrder = []string{serverMeter, "redis-server", "load generator"}
+
+// fmtCPU prints a run's CPU time per request, by process, and their sum.
+func fmtCPU(cpu map[string]time.Duration) string {
+	var b strings.Builder
+	var total time.Duration
+	for _, name := range cpuMeterOrder {
+		if d, ok := cpu[name]; ok {
+			fmt.Fprintf(&b, "%s %s, ", name, fmtMicros(d))
+			total += d
+		}
+	}
+	fmt.Fprintf(&b, "in all %s", fmtMicros(total))
+	return b.String()
+}
+
+// fetchProfile waits out the warm-up, then records the grab service's CPU profile
+// for the measured duration into path.
+func fetchProfile(ctx context.Context, base string, warmup, dur time.Duration, path string) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(warmup):
+	}
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, max(1, int(dur.Seconds())))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -8,10 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -27,6 +30,77 @@ type latencies struct {
 	P50, P99, Max time.Duration
 	// ByStatus counts HTTP statuses or outcomes.
 	ByStatus map[string]int64
+	// CPU is, per meter of the run, the CPU time spent per operation.
+	CPU map[string]time.Duration
+}
+
+// cpuMeter reads one process's CPU time so far (user and system).
+type cpuMeter struct {
+	name string
+	read func() (time.Duration, error)
+}
+
+// procCPU meters the process pid from /proc/<pid>/stat (utime and stime, in clock
+// ticks of 1/100 s as Linux reports them to user space).
+func procCPU(name string, pid int) cpuMeter {
+	return cpuMeter{name: name, read: func() (time.Duration, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, err
+		}
+		// The command name, field 2, is in parentheses and may hold spaces.
+		_, rest, ok := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if !ok || len(f) < 13 {
+			return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+		}
+		var ticks int64
+		for _, v := range f[11:13] { // utime and stime, fields 14 and 15
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+			}
+			ticks += n
+		}
+		return time.Duration(ticks) * 10 * time.Millisecond, nil
+	}}
+}
+
+// selfCPU meters this process: during a load run, the load generator.
+func selfCPU() cpuMeter {
+	return cpuMeter{name: "load generator", read: func() (time.Duration, error) {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			return 0, err
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+	}}
+}
+
+// metered runs f and returns its latencies with l.CPU filled from meters: each
+// meter's CPU time during f over the operations f counted.
+func metered(meters []cpuMeter, f func() (latencies, error)) (latencies, error) {
+	before := make([]time.Duration, len(meters))
+	for i, m := range meters {
+		v, err := m.read()
+		if err != nil {
+			return latencies{}, fmt.Errorf("reading the CPU time of %s: %w", m.name, err)
+		}
+		before[i] = v
+	}
+	l, err := f()
+	if err != nil || l.Requests == 0 {
+		return l, err
+	}
+	l.CPU = map[string]time.Duration{}
+	for i, m := range meters {
+		v, err := m.read()
+		if err != nil {
+			return l, fmt.Errorf("reading the CPU time of %s: %w", m.name, err)
+		}
+		l.CPU[m.name] = (v - before[i]) / time.Duration(l.Requests)
+	}
+	return l, nil
 }
 
 // Rate is operations per second.
@@ -132,6 +206,8 @@ type loadSpec struct {
 	Max      int64
 	// Body returns the body of request number i (unique across workers).
 	Body func(i int64) []byte
+	// Meters are read before and after the measured part.
+	Meters []cpuMeter
 }
 
 // runHTTPLoad is the Go load generator: keep-alive HTTP/1.1 clients in a closed loop,
@@ -185,17 +261,19 @@ func runHTTPLoad(ctx context.Context, spec loadSpec) (latencies, error) {
 		}
 	}
 
-	l, _, err := closedLoop(ctx, spec.Clients, spec.Duration, spec.Max, func(mctx context.Context, _ int64) (string, error) {
-		code, err := send(mctx)
-		if err != nil {
-			if mctx.Err() != nil {
-				return "", errCutOff // cut off by the end of the run, not a failure
+	return metered(spec.Meters, func() (latencies, error) {
+		l, _, err := closedLoop(ctx, spec.Clients, spec.Duration, spec.Max, func(mctx context.Context, _ int64) (string, error) {
+			code, err := send(mctx)
+			if err != nil {
+				if mctx.Err() != nil {
+					return "", errCutOff // cut off by the end of the run, not a failure
+				}
+				return "", err
 			}
-			return "", err
-		}
-		return strconv.Itoa(code), nil
+			return strconv.Itoa(code), nil
+		})
+		return l, err
 	})
-	return l, err
 }
 
 // noopResponse is what the no-op handler answers: the size of a granted answer.

@@ -74,6 +74,8 @@ type options struct {
 	settlementOnly      bool
 	scaleOnly           bool
 	claimOnly           bool
+	httpOnly            bool
+	grabProfile         string
 }
 
 func main() {
@@ -105,6 +107,8 @@ func main() {
 	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g); print them, write nothing")
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
+	flag.StringVar(&o.grabProfile, "grab-cpu-profile", "", "write the grab service's CPU profile during (c) at -http-clients to this file (go tool pprof bin/grabsvc FILE)")
+	flag.BoolVar(&o.httpOnly, "http-only", false, "run only the HTTP measurements, (c) and (d); print them, write nothing")
 	flag.BoolVar(&o.claimOnly, "claim-only", false, "run only the claim path, redis-benchmark (a) and Go (b); print them, write nothing")
 	flag.Parse()
 	if o.goWorkers <= 0 {
@@ -219,6 +223,12 @@ func run(ctx context.Context, o options) error {
 		return nil
 	}
 
+	if o.httpOnly {
+		if _, _, err := measureHTTP(ctx, o, root, work, srv.Addr, rc); err != nil {
+			return err
+		}
+		return nil
+	}
 	if o.claimOnly {
 		if err := measureClaimPath(ctx, o, conn, srv.Addr, rc, &r); err != nil {
 			return err
