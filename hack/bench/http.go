@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,11 +28,19 @@ import (
 // benchActivity is the name of the activity the HTTP measurement grabs from.
 const benchActivity = "bench"
 
-// httpPair is (c) and (d) under one load.
+// httpPair is (c) and (d) under one load: grab and noop are the median round's.
 type httpPair struct {
 	clients    int
 	grab, noop latencies
+	rounds     []httpRound
+	// granted is how many grants the grab service answered in all rounds.
+	granted int64
 }
+
+// httpRound is one round of c/d: the no-op handler, then the grab service.
+type httpRound struct{ grab, noop latencies }
+
+func (h httpRound) ratio() float64 { return ratio(h.grab.Rate(), h.noop.Rate()) }
 
 // measureHTTP runs (d) the no-op handler and (c) the grab service binary, each in its
 // own process, under the same Go load generator: low with o.httpClients clients and
@@ -127,49 +137,67 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		}
 	}
 	redisMeter := cpuMeter{name: "redis-server", read: func() (time.Duration, error) { return redisCPU(ctx, rc) }}
-	// Each load runs the no-op handler, then the grab service, with as many clients.
-	run := func(clients int) (pair httpPair, err error) {
-		pair.clients = clients
-		spec := loadSpec{Clients: clients, Duration: o.httpDuration, Warmup: o.httpWarmup, Max: o.httpPackets / 4}
-		fmt.Printf("(d) no-op Go handler, %d keep-alive clients, %s ... ", clients, o.httpDuration)
-		spec.URL, spec.Body = "http://"+noopAddr+"/v1/grab", body(fmt.Sprintf("n%d-", clients))
+	// round runs the no-op handler, then the grab service, with as many clients; the
+	// grab service is profiled in the first round at the first load.
+	round := func(clients, n int) (h httpRound, err error) {
+		spec := loadSpec{Clients: clients, Duration: o.httpDuration, Warmup: o.httpWarmup, Max: o.httpPackets / 8}
+		fmt.Printf("(d) round %d: no-op Go handler, %d keep-alive clients, %s ... ", n, clients, o.httpDuration)
+		spec.URL, spec.Body = "http://"+noopAddr+"/v1/grab", body(fmt.Sprintf("n%d-%d-", clients, n))
 		spec.Meters = []cpuMeter{procCPU(serverMeter, np.Pid()), redisMeter, selfCPU()}
-		if pair.noop, err = runHTTPLoad(ctx, spec); err != nil {
-			return pair, fmt.Errorf("no-op load: %w", err)
+		if h.noop, err = runHTTPLoad(ctx, spec); err != nil {
+			return h, fmt.Errorf("no-op load: %w", err)
 		}
-		fmt.Printf("%s  CPU per request %s\n", rateLine(pair.noop), fmtCPU(pair.noop.CPU))
-		fmt.Printf("(c) grab service POST /v1/grab, %d keep-alive clients, %s ... ", clients, o.httpDuration)
-		spec.URL, spec.Body = "http://"+grabAddr+"/v1/grab", body(fmt.Sprintf("h%d-", clients))
+		fmt.Printf("%s  CPU per request %s\n", rateLine(h.noop), fmtCPU(h.noop.CPU))
+		fmt.Printf("(c) round %d: grab service POST /v1/grab, %d keep-alive clients, %s ... ", n, clients, o.httpDuration)
+		spec.URL, spec.Body = "http://"+grabAddr+"/v1/grab", body(fmt.Sprintf("h%d-%d-", clients, n))
 		spec.Meters = []cpuMeter{procCPU(serverMeter, gp.Pid()), redisMeter, selfCPU()}
 		profiled := make(chan error, 1)
-		if pprofAddr != "" && clients == o.httpClients {
+		if pprofAddr != "" && clients == o.httpClients && n == 1 {
 			go func() {
 				profiled <- fetchProfile(ctx, "http://"+pprofAddr, o.httpWarmup, o.httpDuration, o.grabProfile)
 			}()
 		} else {
 			profiled <- nil
 		}
-		if pair.grab, err = runHTTPLoad(ctx, spec); err != nil {
-			return pair, fmt.Errorf("grab load: %w", err)
+		if h.grab, err = runHTTPLoad(ctx, spec); err != nil {
+			return h, fmt.Errorf("grab load: %w", err)
 		}
 		if err := <-profiled; err != nil {
-			return pair, fmt.Errorf("profiling the grab service: %w", err)
+			return h, fmt.Errorf("profiling the grab service: %w", err)
 		}
-		fmt.Printf("%s  CPU per request %s\n", rateLine(pair.grab), fmtCPU(pair.grab.CPU))
-		if pair.grab.Errors > 0 || pair.grab.ByStatus["200"] == 0 {
-			return pair, fmt.Errorf("grab service answers: %v (log: %s)", pair.grab.ByStatus, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
+		fmt.Printf("%s  CPU per request %s  c/d %.2f\n", rateLine(h.grab), fmtCPU(h.grab.CPU), h.ratio())
+		if h.grab.Errors > 0 || h.grab.ByStatus["200"] == 0 {
+			return h, fmt.Errorf("grab service answers: %v (log: %s)", h.grab.ByStatus, proc.Tail(filepath.Join(work, "grabsvc.log"), 2000))
 		}
+		return h, nil
+	}
+	// run is o.httpRounds rounds under one load; the pair's figures are the median
+	// round's, as for b/a.
+	run := func(clients int) (pair httpPair, err error) {
+		pair.clients = clients
+		for n := 1; n <= max(1, o.httpRounds); n++ {
+			h, err := round(clients, n)
+			if err != nil {
+				return pair, err
+			}
+			pair.rounds = append(pair.rounds, h)
+			pair.granted += h.grab.ByStatus["200"]
+		}
+		sorted := slices.Clone(pair.rounds)
+		slices.SortFunc(sorted, func(a, b httpRound) int { return cmp.Compare(a.ratio(), b.ratio()) })
+		median := sorted[(len(sorted)-1)/2]
+		pair.grab, pair.noop = median.grab, median.noop
 		return pair, nil
 	}
 	if low, err = run(o.httpClients); err != nil {
 		return low, high, err
 	}
-	granted := low.grab.ByStatus["200"]
+	granted := low.granted
 	if o.httpClientsHigh > 0 {
 		if high, err = run(o.httpClientsHigh); err != nil {
 			return low, high, err
 		}
-		granted += high.grab.ByStatus["200"]
+		granted += high.granted
 	}
 	snap, err := lua.NewActivity(rc, uid).Snapshot(ctx)
 	if err != nil {

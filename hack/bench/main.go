@@ -75,6 +75,7 @@ type options struct {
 	scaleOnly           bool
 	claimOnly           bool
 	httpOnly            bool
+	httpRounds          int
 	grabProfile         string
 }
 
@@ -94,7 +95,7 @@ func main() {
 	flag.IntVar(&o.httpClientsHigh, "http-clients-high", 256, "concurrent keep-alive HTTP clients of the second HTTP load (0: none)")
 	flag.DurationVar(&o.httpDuration, "http-duration", 5*time.Second, "measured duration of each HTTP run")
 	flag.DurationVar(&o.httpWarmup, "http-warmup", time.Second, "unmeasured warm-up before each HTTP run")
-	flag.Int64Var(&o.httpPackets, "http-packets", 1000000, "packets seeded for the HTTP claim path (also its request cap)")
+	flag.Int64Var(&o.httpPackets, "http-packets", 2000000, "packets seeded for the HTTP claim path (also its request cap)")
 	flag.Int64Var(&o.seedPackets, "seed-packets", 1000000, "packets in the seeding measurement")
 	flag.Int64Var(&o.seedMaxPackets, "seed-max-packets", 10000000, "packets in the split-and-seed measurement at the CRD's limit (0 skips it)")
 	flag.Int64Var(&o.memPackets, "memory-packets", 200000, "packets claimed in the memory measurement")
@@ -108,6 +109,7 @@ func main() {
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
 	flag.StringVar(&o.grabProfile, "grab-cpu-profile", "", "write the grab service's CPU profile during (c) at -http-clients to this file (go tool pprof bin/grabsvc FILE)")
+	flag.IntVar(&o.httpRounds, "http-rounds", 3, "rounds of (d) and (c), alternating, at each HTTP load; c/d is the median round's")
 	flag.BoolVar(&o.httpOnly, "http-only", false, "run only the HTTP measurements, (c) and (d); print them, write nothing")
 	flag.BoolVar(&o.claimOnly, "claim-only", false, "run only the claim path, redis-benchmark (a) and Go (b); print them, write nothing")
 	flag.Parse()
@@ -149,6 +151,7 @@ type results struct {
 	httpGrab    latencies
 	httpNoop    latencies
 	httpHigh    httpPair
+	httpLow     httpPair
 	seedTook    time.Duration
 	seedCount   int64
 	mem         memoryFigures
@@ -300,7 +303,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	r.httpGrab, r.httpNoop, r.httpHigh = low.grab, low.noop, high
+	r.httpGrab, r.httpNoop, r.httpLow, r.httpHigh = low.grab, low.noop, low, high
 
 	r.took = time.Since(start)
 	r.loadAfter = loadAverage()

@@ -195,11 +195,11 @@ func (r results) markdown() string {
 	row("(b) Go `lua.Grab`, plain pooled client", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goPlain)
 	row("(b) Go `lua.Grab`, go-redis auto-pipelining, the grab service's options (median round)", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goAuto)
 	row("(b) Go `lua.Grab`, go-redis auto-pipelining, its defaults", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goHalf)
-	row("(c) HTTP `POST /v1/grab`, grab service", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpGrab)
-	row("(d) HTTP no-op Go handler", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpNoop)
+	row("(c) HTTP `POST /v1/grab`, grab service (median round)", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpGrab)
+	row("(d) HTTP no-op Go handler (median round)", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpNoop)
 	if h := r.httpHigh; h.clients > 0 {
-		row("(c) HTTP `POST /v1/grab`, grab service", fmt.Sprintf("%d keep-alive clients, %s", h.clients, o.httpDuration), h.grab)
-		row("(d) HTTP no-op Go handler", fmt.Sprintf("%d keep-alive clients, %s", h.clients, o.httpDuration), h.noop)
+		row("(c) HTTP `POST /v1/grab`, grab service (median round)", fmt.Sprintf("%d keep-alive clients, %s", h.clients, o.httpDuration), h.grab)
+		row("(d) HTTP no-op Go handler (median round)", fmt.Sprintf("%d keep-alive clients, %s", h.clients, o.httpDuration), h.noop)
 	}
 	p("\nb/a is measured in %d rounds, each redis-benchmark -P 16 and then the Go claim path on the\n", len(r.claimRounds))
 	p("grab service's client, a few seconds apart; the table above shows the median round:\n\n")
@@ -207,9 +207,21 @@ func (r results) markdown() string {
 	for i, c := range r.claimRounds {
 		p("| %d | %.0f | %s | %.0f | %s | %.2f |\n", i+1, c.rb.Rate(), fmtMicros(c.rbCPU), c.goAuto.Rate(), fmtMicros(c.goCPU), c.ratio())
 	}
+	p("\nc/d likewise, in %d rounds at each load, each the no-op handler and then the grab service.\n", len(r.httpLow.rounds))
+	p("CPU is per request, user and system, of the server's process, redis-server and the load\n")
+	p("generator, read around each measured run:\n\n")
+	p("| clients | round | (d) per second | CPU: server, load generator | (c) per second | CPU: server, redis-server, load generator | c/d |\n|---:|---:|---:|---|---:|---|---:|\n")
+	for _, pair := range []httpPair{r.httpLow, r.httpHigh} {
+		for i, h := range pair.rounds {
+			p("| %d | %d | %.0f | %s, %s | %.0f | %s, %s, %s | %.2f |\n", pair.clients, i+1,
+				h.noop.Rate(), fmtMicros(h.noop.CPU[serverMeter]), fmtMicros(h.noop.CPU["load generator"]),
+				h.grab.Rate(), fmtMicros(h.grab.CPU[serverMeter]), fmtMicros(h.grab.CPU["redis-server"]), fmtMicros(h.grab.CPU["load generator"]),
+				h.ratio())
+		}
+	}
 	p("\n| ratio | value | goal |\n|---|---:|---:|\n")
 	p("| b/a(-P16): auto-pipelined Go claim path / `redis-benchmark -P 16`, median of %d rounds | **%.2f** | ≥ 0.9 |\n", len(r.claimRounds), ratio(r.goAuto.Rate(), r.rbP16.Rate()))
-	p("| c/d: grab service / no-op handler under the same load, %d clients | **%.2f** | ≥ 0.7 |\n", o.httpClients, ratio(r.httpGrab.Rate(), r.httpNoop.Rate()))
+	p("| c/d: grab service / no-op handler under the same load, %d clients, median of %d rounds | **%.2f** | ≥ 0.7 |\n", o.httpClients, len(r.httpLow.rounds), ratio(r.httpGrab.Rate(), r.httpNoop.Rate()))
 	if h := r.httpHigh; h.clients > 0 {
 		p("| c/d: the same, %d clients | **%.2f** | ≥ 0.7 |\n", h.clients, ratio(h.grab.Rate(), h.noop.Rate()))
 	}
