@@ -88,7 +88,13 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 		waiter = lua.NewReplicaWaiter(gc.Client, "bench-durable", 1, time.Second)
 		defer waiter.Close()
 	}
-	if _, err := seedActivity(ctx, gc.Client, "bench-durable", packets); err != nil {
+	// Seeding gets a client of its own with a long deadline, as the controller's
+	// seeding does: with appendfsync always a chunk of 10,000 packets can take longer
+	// than the grab path's 500 ms.
+	sc := conn.NewClient(lua.ClientOptions{Timeout: 30 * time.Second})
+	_, err = seedActivity(ctx, sc, "bench-durable", packets)
+	_ = sc.Close()
+	if err != nil {
 		return latencies{}, err
 	}
 	if waiter != nil {
