@@ -286,12 +286,26 @@ func (r results) markdown() string {
 	b.WriteString(`## Profiling the claim and HTTP paths
 
 ` + "`go test ./grabsvc -run '^$' -bench 'HTTPClaim|ClaimPath' -benchtime 3s -cpuprofile cpu.prof`" + ` then
-` + "`go tool pprof -top -cum cpu.prof`" + `. In those in-process profiles the grab handler
-(` + "`handleGrab`" + `, with the Redis call) is a small share of the CPU: net/http's connection
-handling and the socket system calls dominate the HTTP path, and on the claim path go-redis's
-auto-pipeliner and the allocation of each command's arguments do. What the service does per
-grab beyond that (validation, the rate limiters, the watermark, metrics) is a few per cent,
-so the HTTP ratio above is bounded by net/http on shared cores, not by the handler.
+` + "`go tool pprof -top -cum cpu.prof`" + `; for the grab service binary under (c),
+` + "`go run ./hack/bench -http-only -grab-cpu-profile grab.prof`" + ` (it serves its profiles on
+` + "`--pprof-listen`" + `) then ` + "`go tool pprof -top -cum bin/grabsvc grab.prof`" + `.
+
+On the claim path the profile showed two costs of our own, both removed: splitting each grant
+reply with ` + "`strings.SplitN`" + ` (a tenth of the client's CPU; the fields are now cut one by one
+and reading a grant allocates nothing) and boxing the command, the digest and the four keys
+of every EVALSHA anew (another tenth; ` + "`lua.Activity`" + ` now keeps them boxed). What is left is
+go-redis's auto-pipeliner and the socket system calls, and during (b) redis-server runs at
+about one core (its CPU per call above times the rate), so b/a is bounded by Redis, as (a) is.
+
+In the grab service under (c) the socket system calls are about 40 % of its CPU: the HTTP
+response write alone about 30 %, the writes of the Redis pipeline about 14 %. The handler
+(` + "`handleGrab`" + ` with the Redis call: validation, the rate limiters, the watermark, metrics) is
+about 9 %. Per request the grab service spends roughly twice the no-op server's CPU, and
+redis-server adds its own (the table of rounds above); at 64 clients the Redis pipeline
+carried about 8 grabs per read of redis-server (INFO stats, total_reads_processed against
+the grabs, in one run), and a half-duplex pipeliner waiting up to 300 µs did not lower
+redis-server's CPU per grab (12.4 µs, against 11.0 to 13.2 µs with the grab path's options).
+On shared cores that extra CPU is what c/d measures.
 
 `)
 	if r.seedMax.count > 0 {
