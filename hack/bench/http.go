@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -136,7 +134,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 			return []byte(`{"userId":"` + prefix + strconv.FormatInt(i, 10) + `"}`)
 		}
 	}
-	redisMeter := cpuMeter{name: "redis-server", read: func() (time.Duration, error) { return redisCPU(ctx, rc) }}
+	redisMeter := redisCPUMeter(ctx, rc)
 	// round runs the no-op handler, then the grab service, with as many clients; the
 	// grab service is profiled in the first round at the first load.
 	round := func(clients, n int) (h httpRound, err error) {
@@ -183,9 +181,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 			pair.rounds = append(pair.rounds, h)
 			pair.granted += h.grab.ByStatus["200"]
 		}
-		sorted := slices.Clone(pair.rounds)
-		slices.SortFunc(sorted, func(a, b httpRound) int { return cmp.Compare(a.ratio(), b.ratio()) })
-		median := sorted[(len(sorted)-1)/2]
+		median := medianRound(pair.rounds, httpRound.ratio)
 		pair.grab, pair.noop = median.grab, median.noop
 		return pair, nil
 	}
@@ -229,7 +225,7 @@ func ensureControlPlane(ctx context.Context, root string) error {
 const serverMeter = "server"
 
 // cpuMeterOrder is the order the CPU figures are printed in.
-var cpuMeterOrder = []string{serverMeter, "redis-server", "load generator"}
+var cpuMeterOrder = []string{serverMeter, redisServer, loadGenerator}
 
 // fmtCPU prints a run's CPU time per request, by process, and their sum.
 func fmtCPU(cpu map[string]time.Duration) string {

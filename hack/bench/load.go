@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,9 +67,12 @@ func procCPU(name string, pid int) cpuMeter {
 	}}
 }
 
+// loadGenerator names the benchmark's own process in a run's CPU figures.
+const loadGenerator = "load generator"
+
 // selfCPU meters this process: during a load run, the load generator.
 func selfCPU() cpuMeter {
-	return cpuMeter{name: "load generator", read: func() (time.Duration, error) {
+	return cpuMeter{name: loadGenerator, read: func() (time.Duration, error) {
 		var ru syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 			return 0, err
@@ -109,6 +113,19 @@ func (l latencies) Rate() float64 {
 		return 0
 	}
 	return float64(l.Requests) / l.Elapsed.Seconds()
+}
+
+// medianRound is the round whose key is the median (of an even number of rounds, the
+// lower of the middle two; of none, the zero round). Every comparison the benchmark
+// makes in rounds reports its median round.
+func medianRound[T any](rounds []T, key func(T) float64) T {
+	if len(rounds) == 0 {
+		var zero T
+		return zero
+	}
+	sorted := slices.Clone(rounds)
+	slices.SortFunc(sorted, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
+	return sorted[(len(sorted)-1)/2]
 }
 
 // summarise sorts the samples and fills the percentiles.

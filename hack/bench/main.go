@@ -19,7 +19,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -27,7 +26,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -360,12 +358,18 @@ func loadAverage() string {
 // the grab script, then the grab service's Go claim path, one after the other on the
 // same server.
 type claimRound struct {
+	// rb and goAuto carry redis-server's CPU time per call (CPU[redisServer]).
 	rb, goAuto latencies
 	// rbGranted is how many packets redis-benchmark's calls granted.
 	rbGranted int64
-	// rbCPU and goCPU are redis-server's CPU time (user and system) per call
-	// during each run.
-	rbCPU, goCPU time.Duration
+}
+
+// redisServer names redis-server in a run's CPU figures.
+const redisServer = "redis-server"
+
+// redisCPUMeter meters redis-server through rc.
+func redisCPUMeter(ctx context.Context, rc redis.Cmdable) cpuMeter {
+	return cpuMeter{name: redisServer, read: func() (time.Duration, error) { return redisCPU(ctx, rc) }}
 }
 
 // redisCPU is redis-server's CPU time so far, user and system (INFO cpu).
@@ -386,23 +390,6 @@ func redisCPU(ctx context.Context, rc redis.Cmdable) (time.Duration, error) {
 		}
 	}
 	return time.Duration(total * float64(time.Second)), nil
-}
-
-// perCall is the CPU redis-server spent during f, divided by the calls f reports.
-func perCall(ctx context.Context, rc redis.Cmdable, f func() (int64, error)) (time.Duration, error) {
-	before, err := redisCPU(ctx, rc)
-	if err != nil {
-		return 0, err
-	}
-	calls, err := f()
-	if err != nil {
-		return 0, err
-	}
-	after, err := redisCPU(ctx, rc)
-	if err != nil || calls == 0 {
-		return 0, err
-	}
-	return (after - before) / time.Duration(calls), nil
 }
 
 func (c claimRound) ratio() float64 { return ratio(c.goAuto.Rate(), c.rb.Rate()) }
@@ -475,28 +462,28 @@ func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string
 	for i := range o.claimRounds {
 		var round claimRound
 		fmt.Printf("(a) round %d: redis-benchmark EVALSHA grab -P 16, %d requests ... ", i+1, o.requestsP16)
-		if round.rbCPU, err = perCall(ctx, rc, func() (int64, error) {
-			round.rb, round.rbGranted, err = benchmark(16, o.requestsP16)
-			return round.rb.Requests, err
+		redis := []cpuMeter{redisCPUMeter(ctx, rc)}
+		if round.rb, err = metered(redis, func() (l latencies, err error) {
+			l, round.rbGranted, err = benchmark(16, o.requestsP16)
+			return l, err
 		}); err != nil {
 			return err
 		}
-		fmt.Printf("%s  Redis CPU %s per call\n", rateLine(round.rb), fmtMicros(round.rbCPU))
+		fmt.Printf("%s  Redis CPU %s per call\n", rateLine(round.rb), fmtMicros(round.rb.CPU[redisServer]))
 		fmt.Printf("(b) round %d: Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", i+1, o.goWorkers, o.goDuration)
-		if round.goCPU, err = perCall(ctx, rc, func() (int64, error) {
-			round.goAuto, err = goClaims(ctx, auto, fmt.Sprintf("auto%d:", i), o.goWorkers, o.goDuration, o.goPackets)
-			return round.goAuto.Requests, err
+		if round.goAuto, err = metered(redis, func() (latencies, error) {
+			return goClaims(ctx, auto, fmt.Sprintf("auto%d:", i), o.goWorkers, o.goDuration, o.goPackets)
 		}); err != nil {
 			return err
 		}
 		if err := checkGranted("Go claim path", round.goAuto); err != nil {
 			return err
 		}
-		fmt.Printf("%s  Redis CPU %s per call  b/a %.2f\n", rateLine(round.goAuto), fmtMicros(round.goCPU), round.ratio())
+		fmt.Printf("%s  Redis CPU %s per call  b/a %.2f\n", rateLine(round.goAuto), fmtMicros(round.goAuto.CPU[redisServer]), round.ratio())
 		r.rbGranted += round.rbGranted
 		r.claimRounds = append(r.claimRounds, round)
 	}
-	median := medianRound(r.claimRounds)
+	median := medianRound(r.claimRounds, claimRound.ratio)
 	r.rbP16, r.goAuto = median.rb, median.goAuto
 
 	fmt.Printf("(b) Go lua.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
@@ -531,12 +518,4 @@ func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string
 		return err
 	}
 	return goAct.Purge(ctx)
-}
-
-// medianRound is the round whose ratio is the median (of an even number, the lower
-// of the middle two).
-func medianRound(rounds []claimRound) claimRound {
-	sorted := slices.Clone(rounds)
-	slices.SortFunc(sorted, func(a, b claimRound) int { return cmp.Compare(a.ratio(), b.ratio()) })
-	return sorted[(len(sorted)-1)/2]
 }

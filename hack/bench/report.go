@@ -205,7 +205,7 @@ func (r results) markdown() string {
 	p("grab service's client, a few seconds apart; the table above shows the median round:\n\n")
 	p("| round | (a) -P 16 per second | Redis CPU per call | (b) auto-pipelined per second | Redis CPU per call | b/a |\n|---:|---:|---:|---:|---:|---:|\n")
 	for i, c := range r.claimRounds {
-		p("| %d | %.0f | %s | %.0f | %s | %.2f |\n", i+1, c.rb.Rate(), fmtMicros(c.rbCPU), c.goAuto.Rate(), fmtMicros(c.goCPU), c.ratio())
+		p("| %d | %.0f | %s | %.0f | %s | %.2f |\n", i+1, c.rb.Rate(), fmtMicros(c.rb.CPU[redisServer]), c.goAuto.Rate(), fmtMicros(c.goAuto.CPU[redisServer]), c.ratio())
 	}
 	p("\nc/d likewise, in %d rounds at each load, each the no-op handler and then the grab service.\n", len(r.httpLow.rounds))
 	p("CPU is per request, user and system, of the server's process, redis-server and the load\n")
@@ -214,8 +214,8 @@ func (r results) markdown() string {
 	for _, pair := range []httpPair{r.httpLow, r.httpHigh} {
 		for i, h := range pair.rounds {
 			p("| %d | %d | %.0f | %s, %s | %.0f | %s, %s, %s | %.2f |\n", pair.clients, i+1,
-				h.noop.Rate(), fmtMicros(h.noop.CPU[serverMeter]), fmtMicros(h.noop.CPU["load generator"]),
-				h.grab.Rate(), fmtMicros(h.grab.CPU[serverMeter]), fmtMicros(h.grab.CPU["redis-server"]), fmtMicros(h.grab.CPU["load generator"]),
+				h.noop.Rate(), fmtMicros(h.noop.CPU[serverMeter]), fmtMicros(h.noop.CPU[loadGenerator]),
+				h.grab.Rate(), fmtMicros(h.grab.CPU[serverMeter]), fmtMicros(h.grab.CPU[redisServer]), fmtMicros(h.grab.CPU[loadGenerator]),
 				h.ratio())
 		}
 	}

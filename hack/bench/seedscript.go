@@ -71,15 +71,7 @@ func (r seedScriptRound) markRatio() float64 { return ratio(r.oursMark.Rate(), r
 
 // medianBy is the median of f over the rounds (the lower middle of an even count).
 func medianBy(rounds []seedScriptRound, f func(seedScriptRound) float64) float64 {
-	v := make([]float64, len(rounds))
-	for i, r := range rounds {
-		v[i] = f(r)
-	}
-	sort.Float64s(v)
-	if len(v) == 0 {
-		return 0
-	}
-	return v[(len(v)-1)/2]
+	return f(medianRound(rounds, f))
 }
 
 // measureSeedScript seeds packets for the scripts (ours through seeding, the seed's
