@@ -46,15 +46,26 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 }
 
 // redisBenchmark runs redis-benchmark against the grab script: EVALSHA with the
-// activity's four keys and a random user id per call.
-func redisBenchmark(ctx context.Context, addr string, k lua.Keys, pipeline, clients, requests int) (latencies, error) {
+// activity's four keys and a random user id after the prefix users per call.
+func redisBenchmark(ctx context.Context, addr string, k lua.Keys, users string, pipeline, clients, requests int) (latencies, error) {
+	return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{k.Meta, k.Packets, k.Claims, k.Stream}, users, pipeline, clients, requests)
+}
+
+// benchmarkScript runs redis-benchmark -P pipeline of EVALSHA sha with keys, a random
+// user id after the prefix users and then extra arguments. redis-benchmark seeds
+// random() with the time in seconds XOR its pid, so two runs a few seconds apart can
+// draw the same user ids (one such run granted nothing, every call a repeat): every
+// run that must grant needs a prefix of its own.
+func benchmarkScript(ctx context.Context, addr, sha string, keys []string, users string, pipeline, clients, requests int, extra ...string) (latencies, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return latencies{}, fmt.Errorf("splitting %s: %w", addr, err)
 	}
 	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(clients), "-n", strconv.Itoa(requests),
-		"-P", strconv.Itoa(pipeline), "-r", "1000000000", "--csv",
-		"EVALSHA", lua.GrabScript.SHA(), "4", k.Meta, k.Packets, k.Claims, k.Stream, "u:__rand_int__"}
+		"-P", strconv.Itoa(pipeline), "-r", "1000000000", "--csv", "EVALSHA", sha, strconv.Itoa(len(keys))}
+	args = append(args, keys...)
+	args = append(args, users+"__rand_int__")
+	args = append(args, extra...)
 	cmd := exec.CommandContext(ctx, "redis-benchmark", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

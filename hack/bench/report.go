@@ -229,7 +229,7 @@ func (r results) markdown() string {
 	p("Outcomes: redis-benchmark granted %d packets in %d calls (random user ids repeat now and\n", r.rbGranted, o.requestsP1+o.claimRounds*o.requestsP16)
 	p("then); Go auto-pipelining in the median round %s; grab service HTTP statuses %s.\n\n", fmtCounts(r.goAuto.ByStatus), fmtCounts(r.httpGrab.ByStatus))
 	p("What is measured:\n\n")
-	p("* **(a)** `redis-benchmark -c %d -P {1,16} -r 1000000000 EVALSHA <grab sha> 4 <meta> <packets> <claims> <stream> u:__rand_int__`\n", o.benchClients)
+	p("* **(a)** `redis-benchmark -c %d -P {1,16} -r 1000000000 EVALSHA <grab sha> 4 <meta> <packets> <claims> <stream> u<run>:__rand_int__`\n", o.benchClients)
 	p("  against an activity seeded with %d packets, so it never sells out: every call is a real grant\n", int64(o.requestsP1+o.claimRounds*o.requestsP16)*11/10)
 	p("  (`HGET` of the user's claim, `HGET` of the gate that says the activity is open and has no\n")
 	p("  window, so no `TIME`; `LPOP` of a packet that carries the claimed count and amount before\n")

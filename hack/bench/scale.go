@@ -111,7 +111,7 @@ func measureScale(ctx context.Context, work string, clients, requests int) (scal
 	if err := admin[0].ConfigResetStat(ctx).Err(); err != nil {
 		return r, err
 	}
-	if r.one, err = redisBenchmark(ctx, nodes[0].Addr, one.Shard(0).Keys(), 16, clients, requests); err != nil {
+	if r.one, err = redisBenchmark(ctx, nodes[0].Addr, one.Shard(0).Keys(), "n1:", 16, clients, requests); err != nil {
 		return r, err
 	}
 	fmt.Println(rateLine(r.one))
@@ -125,7 +125,7 @@ func measureScale(ctx context.Context, work string, clients, requests int) (scal
 	start := time.Now()
 	for i := range 2 {
 		wg.Go(func() {
-			r.two[i], errs[i] = redisBenchmark(ctx, nodes[i].Addr, two.Shard(i).Keys(), 16, clients, requests)
+			r.two[i], errs[i] = redisBenchmark(ctx, nodes[i].Addr, two.Shard(i).Keys(), fmt.Sprintf("n2:%d:", i), 16, clients, requests)
 		})
 	}
 	wg.Wait()

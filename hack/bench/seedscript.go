@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"os/exec"
 	"sort"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -119,19 +114,19 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 		users := func(what string) string { return fmt.Sprintf("u:%d:%s:", i, what) }
 		fmt.Printf("(i) round %d of %d, redis-benchmark -P 16, %d requests each: ours ... ", i+1, rounds, requests)
 		if round.ours, err = benchmarkGrants(ctx, rc, "ours", ours.Claims, r.stats[0], func() (latencies, error) {
-			return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{ours.Meta, ours.Packets, ours.Claims, ours.Stream}, users("ours"), clients, requests)
+			return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{ours.Meta, ours.Packets, ours.Claims, ours.Stream}, users("ours"), 16, clients, requests)
 		}); err != nil {
 			return r, err
 		}
 		fmt.Printf("%.0f/s, the seed's ... ", round.ours.Rate())
 		if round.seed, err = benchmarkGrants(ctx, rc, "seed", "seed:{bench}:users", r.stats[1], func() (latencies, error) {
-			return benchmarkScript(ctx, addr, sha, []string{"seed:{bench}:users", list, "seed:{bench}:consumed"}, users("seed"), clients, requests)
+			return benchmarkScript(ctx, addr, sha, []string{"seed:{bench}:users", list, "seed:{bench}:consumed"}, users("seed"), 16, clients, requests)
 		}); err != nil {
 			return r, err
 		}
 		fmt.Printf("%.0f/s, ours with a watermark ... ", round.seed.Rate())
 		if round.oursMark, err = benchmarkGrants(ctx, rc, "ours with a watermark", marked.Claims, r.stats[2], func() (latencies, error) {
-			return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{marked.Meta, marked.Packets, marked.Claims, marked.Stream}, users("mark"), clients, requests, "1", "0")
+			return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{marked.Meta, marked.Packets, marked.Claims, marked.Stream}, users("mark"), 16, clients, requests, "1", "0")
 		}); err != nil {
 			return r, err
 		}
@@ -201,29 +196,6 @@ func benchmarkGrants(ctx context.Context, rc redis.UniversalClient, what, claims
 		return l, fmt.Errorf("%s: %d of %d calls granted", what, granted, l.Requests)
 	}
 	return l, nil
-}
-
-// benchmarkScript runs redis-benchmark -P 16 of EVALSHA sha with keys, a random user
-// id after the prefix users and then extra arguments.
-func benchmarkScript(ctx context.Context, addr, sha string, keys []string, users string, clients, requests int, extra ...string) (latencies, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return latencies{}, err
-	}
-	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(clients), "-n", strconv.Itoa(requests),
-		"-P", "16", "-r", "1000000000", "--csv", "EVALSHA", sha, strconv.Itoa(len(keys))}
-	args = append(args, keys...)
-	args = append(args, users+"__rand_int__")
-	args = append(args, extra...)
-	cmd := exec.CommandContext(ctx, "redis-benchmark", args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	start := time.Now()
-	out, err := cmd.Output()
-	if err != nil {
-		return latencies{}, fmt.Errorf("redis-benchmark: %w: %s", err, stderr.String())
-	}
-	return parseBenchmarkCSV(out, int64(requests), time.Since(start))
 }
 
 func (s seedScriptRun) summary() string {
