@@ -50,6 +50,7 @@ type options struct {
 	// script (i).
 	seedScriptRequests, seedScriptRounds int
 	seedScriptOnly                       bool
+	scaleRounds                          int
 	claimRounds                          int
 	goWorkers                            int
 	goDuration                           time.Duration
@@ -82,16 +83,17 @@ func main() {
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "write the results here (relative to the repository root); empty: do not write")
 	flag.IntVar(&o.benchClients, "benchmark-clients", 50, "redis-benchmark connections (-c)")
 	flag.IntVar(&o.requestsP1, "requests-p1", 200000, "redis-benchmark requests at -P 1")
-	flag.IntVar(&o.requestsP16, "requests-p16", 1000000, "redis-benchmark requests at -P 16")
+	flag.IntVar(&o.requestsP16, "requests-p16", 250000, "redis-benchmark requests at -P 16")
 	flag.IntVar(&o.seedScriptRequests, "seed-script-requests", 400000, "redis-benchmark requests in each run of the comparison with the seed's script")
 	flag.IntVar(&o.seedScriptRounds, "seed-script-rounds", 5, "rounds of the comparison with the seed's script (ours, the seed's, ours with a watermark)")
-	flag.IntVar(&o.claimRounds, "claim-rounds", 3, "rounds of redis-benchmark -P 16 and the Go claim path, alternating; b/a is the median round's")
+	flag.IntVar(&o.scaleRounds, "scale-rounds", 5, "rounds of N = 1 and N = 2 over two masters, alternating; the scale ratio is the median round's")
+	flag.IntVar(&o.claimRounds, "claim-rounds", 7, "rounds of redis-benchmark -P 16 and the Go claim path, alternating; b/a is the median round's")
 	flag.IntVar(&o.goWorkers, "goroutines", 0, "concurrent callers on the Go claim path (0: the calls redis-benchmark keeps in flight at -P 16, -benchmark-clients × 16)")
-	flag.DurationVar(&o.goDuration, "go-duration", 5*time.Second, "duration of each Go claim-path run")
-	flag.Int64Var(&o.goPackets, "go-packets", 1000000, "cap on the grabs of each Go claim-path run (as many packets are seeded per run)")
+	flag.DurationVar(&o.goDuration, "go-duration", 2*time.Second, "duration of each Go claim-path run")
+	flag.Int64Var(&o.goPackets, "go-packets", 400000, "cap on the grabs of each Go claim-path run (as many packets are seeded per run)")
 	flag.IntVar(&o.httpClients, "http-clients", 64, "concurrent keep-alive HTTP clients")
 	flag.IntVar(&o.httpClientsHigh, "http-clients-high", 256, "concurrent keep-alive HTTP clients of the second HTTP load (0: none)")
-	flag.DurationVar(&o.httpDuration, "http-duration", 5*time.Second, "measured duration of each HTTP run")
+	flag.DurationVar(&o.httpDuration, "http-duration", 3*time.Second, "measured duration of each HTTP run")
 	flag.DurationVar(&o.httpWarmup, "http-warmup", time.Second, "unmeasured warm-up before each HTTP run")
 	flag.Int64Var(&o.httpPackets, "http-packets", 2000000, "packets seeded for the HTTP claim path (also its request cap)")
 	flag.Int64Var(&o.seedPackets, "seed-packets", 1000000, "packets in the seeding measurement")
@@ -107,7 +109,7 @@ func main() {
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
 	flag.StringVar(&o.grabProfile, "grab-cpu-profile", "", "write the grab service's CPU profile during (c) at -http-clients to this file (go tool pprof bin/grabsvc FILE)")
-	flag.IntVar(&o.httpRounds, "http-rounds", 3, "rounds of (d) and (c), alternating, at each HTTP load; c/d is the median round's")
+	flag.IntVar(&o.httpRounds, "http-rounds", 5, "rounds of (d) and (c), alternating, at each HTTP load; c/d is the median round's")
 	flag.BoolVar(&o.httpOnly, "http-only", false, "run only the HTTP measurements, (c) and (d); print them, write nothing")
 	flag.BoolVar(&o.claimOnly, "claim-only", false, "run only the claim path, redis-benchmark (a) and Go (b); print them, write nothing")
 	flag.Parse()
@@ -216,7 +218,7 @@ func run(ctx context.Context, o options) error {
 		return nil
 	}
 	if o.scaleOnly {
-		s, err := measureScale(ctx, work, o.benchClients, o.requestsP16)
+		s, err := measureScale(ctx, work, o.benchClients, o.requestsP16, o.scaleRounds)
 		if err != nil {
 			return err
 		}
@@ -277,7 +279,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// (j) One activity over one master and over two.
-	if r.scale, err = measureScale(ctx, work, o.benchClients, o.requestsP16); err != nil {
+	if r.scale, err = measureScale(ctx, work, o.benchClients, o.requestsP16, o.scaleRounds); err != nil {
 		return fmt.Errorf("scale: %w", err)
 	}
 

@@ -18,16 +18,14 @@ import (
 
 // scaleRun is one activity on one master of a two-master Redis Cluster (N = 1)
 // against the same activity spread over both masters (N = 2), each through
-// redis-benchmark -P 16 of the grab script in the same run, plus the per-call server
-// costs the model of more masters is built from.
+// redis-benchmark -P 16 of the grab script in the same run, in alternating rounds,
+// plus the per-call server costs the model of more masters is built from.
 type scaleRun struct {
 	clients, requests int
-	// one is N = 1: one redis-benchmark against the activity's master.
-	one latencies
-	// two are N = 2: one redis-benchmark per shard, against its own master, at once.
-	two [2]latencies
-	// twoElapsed is the wall time of the N = 2 run, from both starts to both ends.
-	twoElapsed time.Duration
+	// rounds are the alternating N = 1 and N = 2 runs; the embedded scaleRound is the
+	// median round's, by ratio.
+	rounds []scaleRound
+	scaleRound
 	// Server time per call (INFO commandstats usec_per_call of EVALSHA, each script
 	// measured alone): the grab, a stock reading, and the three transfer scripts of a
 	// refill of batch packets, summed.
@@ -35,8 +33,18 @@ type scaleRun struct {
 	batch                             int
 }
 
+// scaleRound is one N = 1 run and then one N = 2 run, a few seconds apart.
+type scaleRound struct {
+	// one is N = 1: one redis-benchmark against the activity's master.
+	one latencies
+	// two are N = 2: one redis-benchmark per shard, against its own master, at once.
+	two [2]latencies
+	// twoElapsed is the wall time of the N = 2 run, from both starts to both ends.
+	twoElapsed time.Duration
+}
+
 // twoRate is the N = 2 grants per second: both benchmarks' requests over the run.
-func (s scaleRun) twoRate() float64 {
+func (s scaleRound) twoRate() float64 {
 	if s.twoElapsed <= 0 {
 		return 0
 	}
@@ -44,11 +52,13 @@ func (s scaleRun) twoRate() float64 {
 }
 
 // ratio is N = 2 against twice N = 1: 1 is perfect scaling.
-func (s scaleRun) ratio() float64 { return ratio(s.twoRate(), 2*s.one.Rate()) }
+func (s scaleRound) ratio() float64 { return ratio(s.twoRate(), 2*s.one.Rate()) }
 
 // measureScale starts two cluster-mode redis-servers that share the slots half and
-// half, and measures the grab script on one activity with one shard and then two.
-func measureScale(ctx context.Context, work string, clients, requests int) (scaleRun, error) {
+// half, and measures the grab script on one activity with one shard and then two, in
+// as many rounds: the machine's speed drifts within minutes, so the ratio is the
+// median round's, each round's two runs a few seconds apart.
+func measureScale(ctx context.Context, work string, clients, requests, rounds int) (scaleRun, error) {
 	r := scaleRun{clients: clients, requests: requests, batch: lua.DefaultTransferBatch}
 	nodes, err := startTwoMasters(filepath.Join(work, "scale"))
 	if err != nil {
@@ -92,7 +102,8 @@ func measureScale(ctx context.Context, work string, clients, requests int) (scal
 			return r, fmt.Errorf("the cluster puts %s in slot %d, the benchmark computed %d", key, slot, keySlot(key))
 		}
 	}
-	packets := int64(requests) + int64(requests)/10
+	rounds = max(1, rounds)
+	packets := int64(rounds) * (int64(requests) + int64(requests)/10)
 	fmt.Printf("    seeding %d packets for N = 1 and %d over N = 2 ... ", packets, 2*packets)
 	one := lua.NewShards(c, uid1, 1)
 	two := lua.NewShards(c, uid2, 2)
@@ -107,35 +118,20 @@ func measureScale(ctx context.Context, work string, clients, requests int) (scal
 	admin := [2]*redis.Client{redis.NewClient(&redis.Options{Addr: nodes[0].Addr}), redis.NewClient(&redis.Options{Addr: nodes[1].Addr})}
 	defer func() { _ = admin[0].Close(); _ = admin[1].Close() }()
 
-	fmt.Printf("(j) N = 1: redis-benchmark -P 16 on one master, %d requests ... ", requests)
-	if err := admin[0].ConfigResetStat(ctx).Err(); err != nil {
-		return r, err
-	}
-	if r.one, err = redisBenchmark(ctx, nodes[0].Addr, one.Shard(0).Keys(), "n1:", 16, clients, requests); err != nil {
-		return r, err
-	}
-	fmt.Println(rateLine(r.one))
-	if r.grabUsec, err = evalshaUsec(ctx, admin[0]); err != nil {
-		return r, err
-	}
-
-	fmt.Printf("(j) N = 2: redis-benchmark -P 16 on each master at once, %d requests each ... ", requests)
-	var wg sync.WaitGroup
-	var errs [2]error
-	start := time.Now()
-	for i := range 2 {
-		wg.Go(func() {
-			r.two[i], errs[i] = redisBenchmark(ctx, nodes[i].Addr, two.Shard(i).Keys(), fmt.Sprintf("n2:%d:", i), 16, clients, requests)
-		})
-	}
-	wg.Wait()
-	r.twoElapsed = time.Since(start)
-	for _, err := range errs {
+	for n := 1; n <= rounds; n++ {
+		round, err := scaleRoundOnce(ctx, nodes, admin[0], one, two, n, clients, requests)
 		if err != nil {
 			return r, err
 		}
+		if n == 1 {
+			// The grab's server time per call, from the first N = 1 run alone.
+			if r.grabUsec, err = evalshaUsec(ctx, admin[0]); err != nil {
+				return r, err
+			}
+		}
+		r.rounds = append(r.rounds, round)
 	}
-	fmt.Printf("%.0f/s (%.0f + %.0f)\n", r.twoRate(), r.two[0].Rate(), r.two[1].Rate())
+	r.scaleRound = medianRound(r.rounds, scaleRound.ratio)
 
 	// The refill's server costs: stock readings, and transfers of a full batch back
 	// and forth between the two shards.
@@ -177,6 +173,42 @@ func measureScale(ctx context.Context, work string, clients, requests int) (scal
 	if !view.Conservation().Zero() {
 		return r, fmt.Errorf("the N = 2 activity is out of balance after the run: %+v", view.Conservation())
 	}
+	return r, nil
+}
+
+// scaleRoundOnce is round n: redis-benchmark -P 16 against the N = 1 activity on the
+// first master, then one against each shard of the N = 2 activity at once. It resets
+// the first master's command statistics before the N = 1 run, so that run's EVALSHA
+// figures can be read after it.
+func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis.Client, one, two *lua.Shards, n, clients, requests int) (scaleRound, error) {
+	var r scaleRound
+	fmt.Printf("(j) round %d: N = 1, redis-benchmark -P 16 on one master, %d requests ... ", n, requests)
+	if err := first.ConfigResetStat(ctx).Err(); err != nil {
+		return r, err
+	}
+	var err error
+	if r.one, err = redisBenchmark(ctx, nodes[0].Addr, one.Shard(0).Keys(), fmt.Sprintf("n1:%d:", n), 16, clients, requests); err != nil {
+		return r, err
+	}
+	fmt.Println(rateLine(r.one))
+
+	fmt.Printf("(j) round %d: N = 2, redis-benchmark -P 16 on each master at once, %d requests each ... ", n, requests)
+	var wg sync.WaitGroup
+	var errs [2]error
+	start := time.Now()
+	for i := range 2 {
+		wg.Go(func() {
+			r.two[i], errs[i] = redisBenchmark(ctx, nodes[i].Addr, two.Shard(i).Keys(), fmt.Sprintf("n2:%d:%d:", n, i), 16, clients, requests)
+		})
+	}
+	wg.Wait()
+	r.twoElapsed = time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return r, err
+		}
+	}
+	fmt.Printf("%.0f/s (%.0f + %.0f)  ratio %.2f\n", r.twoRate(), r.two[0].Rate(), r.two[1].Rate(), r.ratio())
 	return r, nil
 }
 
@@ -361,8 +393,17 @@ func (s scaleRun) projected(n int, moved float64) float64 {
 }
 
 func (s scaleRun) summary() string {
-	return fmt.Sprintf("(j) N = 2 over two masters / 2 × N = 1 (redis-benchmark -P 16, %d clients each): %.0f / (2 × %.0f) = %.2f\n",
-		s.clients, s.twoRate(), s.one.Rate(), s.ratio())
+	return fmt.Sprintf("(j) N = 2 over two masters / 2 × N = 1 (redis-benchmark -P 16, %d clients each, median of %d rounds): %.0f / (2 × %.0f) = %.2f\n",
+		s.clients, len(s.rounds), s.twoRate(), s.one.Rate(), s.ratio())
+}
+
+// roundRows are the rounds' rows of the markdown table.
+func (s scaleRun) roundRows() string {
+	var b strings.Builder
+	for i, r := range s.rounds {
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f (%.0f + %.0f) | %.2f |\n", i+1, r.one.Rate(), r.twoRate(), r.two[0].Rate(), r.two[1].Rate(), r.ratio())
+	}
+	return b.String()
 }
 
 func (s scaleRun) markdown() string {
@@ -375,7 +416,13 @@ half the slots, split on bit 12 of the slot number so that the two shards of an 
 land on different masters; see "Where the shards land" in docs/architecture.md). N = 1: one activity on the first master, redis-benchmark -P 16 with %d
 clients and %d requests against it. N = 2: one activity with `+"`spec.shards: 2`"+`, one shard
 on each master, and one such redis-benchmark against each shard's master at the same time
-(the grab service routes each user to their home shard the same way).
+(the grab service routes each user to their home shard the same way). The two alternate in
+%d rounds, each N = 1 and then N = 2 a few seconds apart:
+
+| round | N = 1 grabs/s | N = 2 grabs/s (shard 0 + shard 1) | N = 2 ÷ (2 × N = 1) |
+|---:|---:|---:|---:|
+%s
+The median round:
 
 | | grabs/s | p50 | p99 |
 |---|---:|---:|---:|
@@ -384,7 +431,7 @@ on each master, and one such redis-benchmark against each shard's master at the 
 | N = 2, shard 1 | %.0f | %s | %s |
 | N = 2, together | %.0f | | |
 
-**N = 2 ÷ (2 × N = 1) = %.2f** (goal ≥ 0.7 where cores allow). During N = 2 two
+**N = 2 ÷ (2 × N = 1) = %.2f**, the median of the rounds (goal ≥ 0.7 where cores allow). During N = 2 two
 redis-servers and two redis-benchmarks share this machine's 2 CPUs, so each master has
 about half a core: the ratio is bounded by the machine, not by the sharding.
 
@@ -402,7 +449,7 @@ fewer users than packets.
 
 | masters | f = 0.05 | f = 0.25 | f = 0.5 |
 |---:|---:|---:|---:|
-`, s.clients, s.requests, s.one.Rate(), fmtDur(s.one.P50), fmtDur(s.one.P99),
+`, s.clients, s.requests, len(s.rounds), s.roundRows(), s.one.Rate(), fmtDur(s.one.P50), fmtDur(s.one.P99),
 		s.two[0].Rate(), fmtDur(s.two[0].P50), fmtDur(s.two[0].P99),
 		s.two[1].Rate(), fmtDur(s.two[1].P50), fmtDur(s.two[1].P99),
 		s.twoRate(), s.ratio(), s.grabUsec, s.stockUsec, s.batch, s.transferUsec, s.batch)
