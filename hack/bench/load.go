@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"redpacket.io/operator/grabsvc"
 )
 
 // latencies summarises one measured run.
@@ -297,11 +299,13 @@ func runHTTPLoad(ctx context.Context, spec loadSpec) (latencies, error) {
 var noopResponse = []byte(`{"outcome":"granted","packetId":"1234567","amount":100}` + "\n")
 
 // noopHandler does what any JSON handler must do and nothing else: read the body and
-// write a small JSON answer.
+// write a small JSON answer, with the headers of the grab service's grant.
 func noopHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 4096))
-		w.Header().Set("Content-Type", "application/json")
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-store")
 		_, _ = w.Write(noopResponse)
 	})
 }
@@ -312,7 +316,10 @@ func serveNoop(ctx context.Context, addr string) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: noopHandler(), ReadHeaderTimeout: 5 * time.Second}
+	// The grab service's own server settings (its header, read, write and idle
+	// timeouts, which set socket deadlines on every request), so c/d compares the
+	// handlers and not the servers' configuration.
+	srv := grabsvc.NewHTTPServer(addr, noopHandler())
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
