@@ -300,12 +300,30 @@ about one core (its CPU per call above times the rate), so b/a is bounded by Red
 In the grab service under (c) the socket system calls are about 40 % of its CPU: the HTTP
 response write alone about 30 %, the writes of the Redis pipeline about 14 %. The handler
 (` + "`handleGrab`" + ` with the Redis call: validation, the rate limiters, the watermark, metrics) is
-about 9 %. Per request the grab service spends roughly twice the no-op server's CPU, and
-redis-server adds its own (the table of rounds above); at 64 clients the Redis pipeline
-carried about 8 grabs per read of redis-server (INFO stats, total_reads_processed against
-the grabs, in one run), and a half-duplex pipeliner waiting up to 300 µs did not lower
+about 9 %: the body parser and the answer writer about 4 % each, the watermark, the metrics
+and the clock 1 % or less each, the rate limiters too little to show. What the grab service adds to the
+no-op server is the Redis round trip: go-redis's writer goroutine (16 % of the samples in one
+5 s profile, most of it its write system calls), the wake-ups of the callers its reader
+completes, and the goroutine that bounds each call by the Redis deadline.
+
+c/d is a ratio of CPU per request. On two shared cores both runs keep every core busy, so
+each rate is the cores over the CPU that one request costs in all of its processes (the
+table of rounds above). At 64 clients the no-op path costs about 50 µs per request (server
+about 21, load generator about 29), the grab path about 85 µs (grab service 38 to 40,
+redis-server about 13, load generator about 33): 50 / 85 = 0.59, as measured. redis-server's
+own share alone would hold c/d to 50 / 63 = 0.79 if the grab service cost no more than the
+no-op server. redis-server spends about 13 µs per grab here against 7 to 8 µs under
+redis-benchmark -P 16, because at 64 clients only about ten grabs are in flight to Redis at
+once (INFO stats, reads against calls, polled each second during (c): 8.7 to 11.5 grabs per
+read), and each read and write that wakes the other process is costly on this machine.
+
+Larger batches did not help. A half-duplex pipeliner waiting up to 300 µs did not lower
 redis-server's CPU per grab (12.4 µs, against 11.0 to 13.2 µs with the grab path's options).
-On shared cores that extra CPU is what c/d measures.
+go-redis's full-duplex writer waits for a larger batch only above 64 commands in flight,
+which 64 clients never reach; a copy of go-redis with that floor lowered to 8 raised the
+batches only to about 10 grabs and gave c/d 0.60, 0.56 and 0.52 in three rounds. Running
+every process with GOMAXPROCS=1 helped the no-op server more than the grab service (c/d 0.49
+to 0.59 in five rounds).
 
 `)
 	if r.seedMax.count > 0 {
