@@ -297,10 +297,11 @@ of every EVALSHA anew (another tenth; ` + "`lua.Activity`" + ` now keeps them bo
 go-redis's auto-pipeliner and the socket system calls, and during (b) redis-server runs at
 about one core (its CPU per call above times the rate), so b/a is bounded by Redis, as (a) is.
 
-In the grab service under (c) the socket system calls are about 40 % of its CPU: the HTTP
-response write alone about 30 %, the writes of the Redis pipeline about 14 %. The handler
+In the grab service under (c) the socket system calls are 25 to 40 % of its CPU (two
+profiles, on two machines): the HTTP response writes 17 to 30 %, the writes of the Redis
+pipeline 9 to 14 %. The handler
 (` + "`handleGrab`" + ` with the Redis call: validation, the rate limiters, the watermark, metrics) is
-about 9 %: the body parser and the answer writer about 4 % each, the watermark, the metrics
+9 to 13 % (two profiles): the body parser and the answer writer about 4 % each, the watermark, the metrics
 and the clock 1 % or less each, the rate limiters too little to show. What the grab service adds to the
 no-op server is the Redis round trip: go-redis's writer goroutine (16 % of the samples in one
 5 s profile, most of it its write system calls), the wake-ups of the callers its reader
