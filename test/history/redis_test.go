@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/test/redistest"
 )
 
 // redisProc is a redis-server with an append-only file fsynced on every write
@@ -86,13 +88,13 @@ func (r *redisProc) start() error {
 	}
 }
 
-// kill ends the server with SIGKILL, as a crash would.
+// kill ends the server with SIGKILL, as a crash would, and any child it forked
+// (redistest.KillProcess).
 func (r *redisProc) kill() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cmd != nil {
-		_ = r.cmd.Process.Kill()
-		_ = r.cmd.Wait()
+		_ = redistest.KillProcess(r.cmd)
 		r.cmd = nil
 	}
 }

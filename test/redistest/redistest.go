@@ -54,11 +54,10 @@ func (s *Server) Client(tb testing.TB) *redis.Client {
 	return c
 }
 
-// Stop ends the server process.
+// Stop ends the server process and any child it forked (KillProcess).
 func (s *Server) Stop() {
 	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		_ = KillProcess(s.cmd)
 		s.cmd = nil
 	}
 }
