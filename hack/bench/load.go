@@ -51,10 +51,11 @@ func procCPU(name string, pid int) cpuMeter {
 		if err != nil {
 			return 0, err
 		}
-		// The command name, field 2, is in parentheses and may hold spaces.
-		_, rest, ok := strings.Cut(string(b), ") ")
-		f := strings.Fields(rest)
-		if !ok || len(f) < 13 {
+		// The command name, field 2, is in parentheses and may hold spaces and
+		// parentheses itself, so the fields are read after the last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if i < 0 || len(f) < 13 {
 			return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
 		}
 		var ticks int64
