@@ -14,16 +14,19 @@ ENV CGO_ENABLED=0 GOOS=linux GOFLAGS=-trimpath
 COPY go.mod go.sum ./
 RUN go mod download
 COPY api/ api/
+COPY cmd/manager/ cmd/manager/
+COPY cmd/grabsvc/ cmd/grabsvc/
 COPY controllers/ controllers/
 COPY grabsvc/ grabsvc/
 COPY internal/version/ internal/version/
 COPY lua/ lua/
-COPY main.go ./
+COPY settlement/ settlement/
+COPY store/ store/
 ARG TARGETARCH
 # The version --version prints: docker build --build-arg VERSION=$(git describe --tags --always --dirty)
 ARG VERSION=dev
-RUN GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w -X redpacket.io/operator/internal/version.version=${VERSION}" -o /out/manager . && \
-    GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w -X redpacket.io/operator/internal/version.version=${VERSION}" -o /out/grabsvc ./grabsvc/cmd/grabsvc
+RUN GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w -X redpacket.io/operator/internal/version.version=${VERSION}" -o /out/manager ./cmd/manager && \
+    GOARCH=${TARGETARCH:-amd64} go build -ldflags="-s -w -X redpacket.io/operator/internal/version.version=${VERSION}" -o /out/grabsvc ./cmd/grabsvc
 
 FROM scratch
 # CA roots for Redis over TLS and https webhooks.

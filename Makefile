@@ -80,8 +80,8 @@ verify: ## Fail when generated files, formatting or go.mod/go.sum are not up to 
 
 .PHONY: build
 build: ## Build the operator, the grab service and the kubectl plugin (kubectl-rpa) into bin/ (static binaries, VERSION stamped in).
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/manager .
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/grabsvc ./grabsvc/cmd/grabsvc
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/grabsvc ./cmd/grabsvc
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-rpa ./cmd/kubectl-rpa
 
 .PHONY: image
@@ -90,7 +90,7 @@ image: ## Build the operator, pause and Redis images into dist/ as tarballs, wit
 
 .PHONY: run
 run: ## Run the operator against the current kubeconfig.
-	$(GO) run . $(ARGS)
+	$(GO) run ./cmd/manager $(ARGS)
 
 .PHONY: demo
 demo: redis node-packages controlplane build ## A real node (or host processes), the operator, grab pods and a red-packet rain.

@@ -7,7 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // activityStore is everything the controller does to one activity's data in Redis,
@@ -22,17 +23,17 @@ type activityStore interface {
 	// Time is the Redis server's clock, the one the grab script gates on.
 	Time(ctx context.Context) (time.Time, error)
 	// Snapshot reads every counter of the activity at one instant.
-	Snapshot(ctx context.Context) (lua.Snapshot, error)
+	Snapshot(ctx context.Context) (store.Snapshot, error)
 	// Seed stages and commits the packets exactly once.
-	Seed(ctx context.Context, amounts []int64, p lua.SeedParams) (lua.SeedResult, error)
+	Seed(ctx context.Context, amounts []int64, p store.SeedParams) (store.SeedResult, error)
 	// LoadScripts loads every script ahead of use, on every master.
 	LoadScripts(ctx context.Context) error
 	// Configure writes the schedule and the pause flag; open moves a ready activity
 	// to open.
-	Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (lua.ConfigureResult, error)
+	Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (store.ConfigureResult, error)
 	// ConfigureWith writes the schedule, the pause flag and the payee; it writes
 	// nothing to a fenced activity.
-	ConfigureWith(ctx context.Context, st lua.Settings) (lua.ConfigureResult, error)
+	ConfigureWith(ctx context.Context, st store.Settings) (store.ConfigureResult, error)
 	// Fence stops an activity whose Redis rolled back; it returns the fence's reason.
 	Fence(ctx context.Context, why string) (string, error)
 	// Accept lifts the fence and starts a new epoch, provided Redis is at epoch seen.
@@ -44,7 +45,7 @@ type activityStore interface {
 	// connected (wraps lua.ErrDurabilityNotMet when not).
 	CheckReplicas(ctx context.Context, n int) error
 	// Close ends grabbing for the given reason and refunds the remainder.
-	Close(ctx context.Context, reason lua.CloseReason) (lua.CloseResult, error)
+	Close(ctx context.Context, reason store.CloseReason) (store.CloseResult, error)
 	// Purge deletes every key of the activity.
 	Purge(ctx context.Context) error
 	// PurgeKeepingUnsettled deletes the activity's keys except the settlement and
@@ -52,30 +53,30 @@ type activityStore interface {
 	PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error)
 }
 
-var _ activityStore = (*lua.Shards)(nil)
+var _ activityStore = (*store.Shards)(nil)
 
 // storeFactory returns the store of the activity with the given UID on the Redis
 // that conn names.
-type storeFactory func(conn lua.Conn, uid types.UID) activityStore
+type storeFactory func(conn redisconn.Conn, uid types.UID) activityStore
 
 // storeFor returns the store of activity a: the reconciler's factory when it has one
 // (the phase tests), else the activity's handle over its spec.shards shards on the
 // cached client for conn (redisClient: its errors are safe for status, and a
 // connection from spec.redis dials only allowed addresses), seeding with the
 // reconciler's Seeder.
-func (r *RedPacketActivityReconciler) storeFor(conn lua.Conn, a *redpacketv1alpha1.RedPacketActivity) activityStore {
+func (r *RedPacketActivityReconciler) storeFor(conn redisconn.Conn, a *redpacketv1alpha1.RedPacketActivity) activityStore {
 	if r.newStore != nil {
 		return r.newStore(conn, a.UID)
 	}
 	c := r.redisClient(conn)
-	h := lua.NewShards(c, string(a.UID), a.Spec.ShardCount())
+	h := store.NewShards(c, string(a.UID), a.Spec.ShardCount())
 	h.Seeder = r.Seeder
 	if d := a.Spec.Durability; d != nil && d.Mode == redpacketv1alpha1.DurabilityReplicas && d.Replicas > 0 && h.N() > 1 {
 		// Transfers the controller finishes (Resolve) wait for the replicas as the grab
 		// service's do; they are rare, so each wait has a waiter of its own.
 		timeout := grabsvcReplicaTimeout(d)
 		h.Replicated = func(ctx context.Context, shard int) error {
-			w := lua.NewReplicaWaiter(c, lua.ShardUID(string(a.UID), shard, h.N()), int(d.Replicas), timeout)
+			w := store.NewReplicaWaiter(c, store.ShardUID(string(a.UID), shard, h.N()), int(d.Replicas), timeout)
 			defer func() { _ = w.Close() }()
 			return w.Wait(ctx)
 		}
@@ -89,5 +90,5 @@ func grabsvcReplicaTimeout(d *redpacketv1alpha1.Durability) time.Duration {
 	if d.TimeoutMilliseconds > 0 {
 		return time.Duration(d.TimeoutMilliseconds) * time.Millisecond
 	}
-	return lua.DefaultReplicaTimeout
+	return store.DefaultReplicaTimeout
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // shardsReader is the part of a store that sees an activity shard by shard:
@@ -16,10 +16,10 @@ type shardsReader interface {
 	Resolve(ctx context.Context) (int, error)
 	// ReadShards reads every shard, and the transfers between them, while no packet
 	// moved between shards.
-	ReadShards(ctx context.Context) (lua.ShardsView, error)
+	ReadShards(ctx context.Context) (store.ShardsView, error)
 }
 
-var _ shardsReader = (*lua.Shards)(nil)
+var _ shardsReader = (*store.Shards)(nil)
 
 // reconcileConservation checks, at every resync of a seeded activity, that every
 // packet and every minor unit is in exactly one place in Redis: listed on a shard,
@@ -39,7 +39,7 @@ func (r *RedPacketActivityReconciler) reconcileConservation(ctx context.Context,
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
 	log := r.logger(ctx)
-	if s.snapshot.State == lua.StateOpen {
+	if s.snapshot.State == store.StateOpen {
 		if left, err := reader.Resolve(rctx); err != nil {
 			log.Error(err, "finishing transfers between shards failed; retrying at the next reconcile")
 		} else if left > 0 {

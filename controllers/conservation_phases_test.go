@@ -8,13 +8,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // shardedFakeStore is a fake store that also reads shard by shard.
 type shardedFakeStore struct {
 	*fakeStore
-	view     lua.ShardsView
+	view     store.ShardsView
 	readErr  error
 	resolved int
 }
@@ -25,7 +25,7 @@ func (f *shardedFakeStore) Resolve(context.Context) (int, error) {
 	return 0, nil
 }
 
-func (f *shardedFakeStore) ReadShards(context.Context) (lua.ShardsView, error) {
+func (f *shardedFakeStore) ReadShards(context.Context) (store.ShardsView, error) {
 	f.log.add("store.ReadShards")
 	return f.view, f.readErr
 }
@@ -35,18 +35,18 @@ func (f *shardedFakeStore) ReadShards(context.Context) (lua.ShardsView, error) {
 func TestConservationPhase(t *testing.T) {
 	open := openSnapshot()
 	closed := open
-	closed.State = lua.StateClosed
-	balanced := lua.ShardsView{Activity: open, Shards: []lua.Snapshot{open}, Steady: true}
+	closed.State = store.StateClosed
+	balanced := store.ShardsView{Activity: open, Shards: []store.Snapshot{open}, Steady: true}
 	lost := open
 	lost.RemainingCount = 9 // a packet left the list outside any script
-	unbalanced := lua.ShardsView{Activity: lost, Shards: []lua.Snapshot{lost}, Steady: true}
+	unbalanced := store.ShardsView{Activity: lost, Shards: []store.Snapshot{lost}, Steady: true}
 	unsteady := unbalanced
 	unsteady.Steady = false
 
 	cases := map[string]struct {
-		snap        lua.Snapshot
+		snap        store.Snapshot
 		seeded      bool
-		view        lua.ShardsView
+		view        store.ShardsView
 		readErr     error
 		wantCalls   []string
 		wantPackets float64 // -1: no series

@@ -19,8 +19,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
-	"redpacket.io/operator/grabsvc/settlement"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -39,7 +39,7 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 	var granted int64
 	for _, u := range []string{"u1", "u2"} {
 		res := e.grab(a, u)
-		if res.Outcome != lua.Granted {
+		if res.Outcome != store.Granted {
 			t.Fatalf("grab: %+v", res)
 		}
 		granted += res.Amount
@@ -50,7 +50,7 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 	}
 	wait.Until(t, 10*time.Second, "the deleted activity closed in Redis", func() (bool, string) {
 		snap := e.snapshot(a)
-		return snap.State == lua.StateClosed, string(snap.State)
+		return snap.State == store.StateClosed, string(snap.State)
 	})
 	if snap := e.snapshot(a); snap.Refunded != 1000-granted {
 		t.Errorf("refund on deletion %d, want %d", snap.Refunded, 1000-granted)
@@ -102,7 +102,7 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 	bal := newBalance(t, nil)
 	e.create(e.activity("stuck", 1000, 5, withWebhook(bal.URL(), "")))
 	a := e.waitPhase("stuck", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	if res := e.grab(a, "u1"); res.Outcome != lua.Granted {
+	if res := e.grab(a, "u1"); res.Outcome != store.Granted {
 		t.Fatalf("grab: %+v", res)
 	}
 	if err := e.c.Delete(ctx, a); err != nil {
@@ -114,7 +114,7 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 	})
 	// Only the settlement stream is left, with an expiry: it records the grant and the
 	// refund that were never credited.
-	keys := lua.KeysFor(string(a.UID))
+	keys := store.KeysFor(string(a.UID))
 	if n := e.dbsize(); n != 1 {
 		t.Fatalf("%d keys left in Redis after the grace period, want only the settlement stream", n)
 	}
@@ -152,11 +152,11 @@ func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 	const total = 1000
 	e.create(e.activity("orphaned", total, 5, withWebhook(bal.URL(), "balance-hmac")))
 	a := e.waitPhase("orphaned", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	granted := map[string]lua.GrabResult{}
+	granted := map[string]store.GrabResult{}
 	var claimed int64
 	for _, u := range []string{"u1", "u2", "u3"} {
 		res := e.grab(a, u)
-		if res.Outcome != lua.Granted {
+		if res.Outcome != store.Granted {
 			t.Fatalf("grab: %+v", res)
 		}
 		granted[u] = res

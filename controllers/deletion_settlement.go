@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"redpacket.io/operator/grabsvc/settlement"
+	"redpacket.io/operator/settlement"
 )
 
 // DeletionSettlers runs the operator's own settlement workers: one per deleted

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // reconcileDurability checks, before grabbing may open and on every resync, that the
@@ -35,7 +35,7 @@ func (r *RedPacketActivityReconciler) reconcileDurability(ctx context.Context, s
 	switch {
 	case err == nil:
 		return stepResult{}, nil
-	case errors.Is(err, lua.ErrDurabilityNotMet):
+	case errors.Is(err, store.ErrDurabilityNotMet):
 		res := blocked(redpacketv1alpha1.ReasonDurabilityNotMet, "durability %s: %v", d.Mode, err)
 		res.requeueAfter = r.Options.ActiveResyncPeriod
 		return res, nil

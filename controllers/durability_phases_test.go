@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // The durability step: a Redis that cannot give what spec.durability asks for keeps
@@ -18,7 +18,7 @@ func TestDurabilityStep(t *testing.T) {
 			a.Spec.Durability = &redpacketv1alpha1.Durability{Mode: m, Replicas: replicas}
 		}
 	}
-	notMet := fmt.Errorf("%w: appendfsync everysec", lua.ErrDurabilityNotMet)
+	notMet := fmt.Errorf("%w: appendfsync everysec", store.ErrDurabilityNotMet)
 	cases := []struct {
 		name       string
 		mutate     []func(*redpacketv1alpha1.RedPacketActivity)
@@ -34,7 +34,7 @@ func TestDurabilityStep(t *testing.T) {
 			fail: map[string]error{"CheckFsync": notMet}, wantStore: []string{"store.CheckFsync"}, wantReason: redpacketv1alpha1.ReasonDurabilityNotMet},
 		{name: "Replicas held", mutate: fns(mode(redpacketv1alpha1.DurabilityReplicas, 2)), wantStore: []string{"store.CheckReplicas 2"}},
 		{name: "too few replicas: not opened", mutate: fns(mode(redpacketv1alpha1.DurabilityReplicas, 2)),
-			fail:      map[string]error{"CheckReplicas": fmt.Errorf("%w: 1 connected", lua.ErrDurabilityNotMet)},
+			fail:      map[string]error{"CheckReplicas": fmt.Errorf("%w: 1 connected", store.ErrDurabilityNotMet)},
 			wantStore: []string{"store.CheckReplicas 2"}, wantReason: redpacketv1alpha1.ReasonDurabilityNotMet},
 		{name: "Redis fails the check: retried", mutate: fns(mode(redpacketv1alpha1.DurabilityReplicas, 1)),
 			fail: map[string]error{"CheckReplicas": errRedisDown}, wantStore: []string{"store.CheckReplicas 1"},

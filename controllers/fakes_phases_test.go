@@ -18,7 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // The fakes of the phase tests: an in-memory activity store that behaves like the
@@ -66,12 +67,12 @@ type fakeStore struct {
 	// clock is the Redis server's clock.
 	clock time.Time
 	// snap is what Redis holds.
-	snap lua.Snapshot
+	snap store.Snapshot
 	// fail makes the named method return the error.
 	fail map[string]error
 
 	seeded     []int64
-	seedParams lua.SeedParams
+	seedParams store.SeedParams
 	retention  time.Duration
 }
 
@@ -87,29 +88,29 @@ func (f *fakeStore) Time(context.Context) (time.Time, error) {
 	return f.clock, nil
 }
 
-func (f *fakeStore) Snapshot(context.Context) (lua.Snapshot, error) {
+func (f *fakeStore) Snapshot(context.Context) (store.Snapshot, error) {
 	f.log.add("store.Snapshot")
 	if err := f.err("Snapshot"); err != nil {
-		return lua.Snapshot{}, err
+		return store.Snapshot{}, err
 	}
 	return f.snap, nil
 }
 
-func (f *fakeStore) Seed(_ context.Context, amounts []int64, p lua.SeedParams) (lua.SeedResult, error) {
+func (f *fakeStore) Seed(_ context.Context, amounts []int64, p store.SeedParams) (store.SeedResult, error) {
 	f.log.add("store.Seed")
 	if err := f.err("Seed"); err != nil {
-		return lua.SeedResult{}, err
+		return store.SeedResult{}, err
 	}
 	if f.snap.Exists() {
-		return lua.SeedResult{}, nil
+		return store.SeedResult{}, nil
 	}
 	f.seeded, f.seedParams = amounts, p
-	f.snap = lua.Snapshot{
-		State: lua.StateReady, Count: p.Count, Total: p.Total, RemainingCount: p.Count,
+	f.snap = store.Snapshot{
+		State: store.StateReady, Count: p.Count, Total: p.Total, RemainingCount: p.Count,
 		StartMs: p.StartMs, EndMs: p.EndMs, Paused: p.Paused, Sponsor: p.Sponsor,
 		SeededMs: f.clock.UnixMilli(),
 	}
-	return lua.SeedResult{Committed: true}, nil
+	return store.SeedResult{Committed: true}, nil
 }
 
 func (f *fakeStore) LoadScripts(context.Context) error {
@@ -117,31 +118,31 @@ func (f *fakeStore) LoadScripts(context.Context) error {
 	return f.err("LoadScripts")
 }
 
-func (f *fakeStore) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (lua.ConfigureResult, error) {
-	return f.ConfigureWith(ctx, lua.Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
+func (f *fakeStore) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (store.ConfigureResult, error) {
+	return f.ConfigureWith(ctx, store.Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
 }
 
-func (f *fakeStore) ConfigureWith(_ context.Context, st lua.Settings) (lua.ConfigureResult, error) {
+func (f *fakeStore) ConfigureWith(_ context.Context, st store.Settings) (store.ConfigureResult, error) {
 	f.log.add("store.Configure start=%d end=%d paused=%t open=%t", st.StartMs, st.EndMs, st.Paused, st.Open)
 	if err := f.err("Configure"); err != nil {
-		return lua.ConfigureResult{}, err
+		return store.ConfigureResult{}, err
 	}
 	if !f.snap.Exists() {
-		return lua.ConfigureResult{}, nil
+		return store.ConfigureResult{}, nil
 	}
 	if f.snap.Fenced != "" {
-		return lua.ConfigureResult{Found: true, Fenced: true}, nil
+		return store.ConfigureResult{Found: true, Fenced: true}, nil
 	}
-	if f.snap.State != lua.StateClosed {
+	if f.snap.State != store.StateClosed {
 		f.snap.StartMs, f.snap.EndMs, f.snap.Paused = st.StartMs, st.EndMs, st.Paused
 		if st.Open {
-			f.snap.State = lua.StateOpen
+			f.snap.State = store.StateOpen
 		}
 		if st.Sponsor != "" {
 			f.snap.Sponsor, f.snap.Currency = st.Sponsor, st.Currency
 		}
 	}
-	return lua.ConfigureResult{State: f.snap.State, Found: true}, nil
+	return store.ConfigureResult{State: f.snap.State, Found: true}, nil
 }
 
 func (f *fakeStore) CheckFsync(context.Context) error {
@@ -174,36 +175,36 @@ func (f *fakeStore) Accept(_ context.Context, seen int64) (int64, error) {
 		return 0, err
 	}
 	if !f.snap.Exists() {
-		return 0, lua.ErrMissing
+		return 0, store.ErrMissing
 	}
 	if f.snap.Epoch != seen {
-		return 0, lua.ErrEpochMoved
+		return 0, store.ErrEpochMoved
 	}
 	f.snap.Fenced = ""
 	f.snap.Epoch++
 	return f.snap.Epoch, nil
 }
 
-func (f *fakeStore) Close(_ context.Context, reason lua.CloseReason) (lua.CloseResult, error) {
+func (f *fakeStore) Close(_ context.Context, reason store.CloseReason) (store.CloseResult, error) {
 	f.log.add("store.Close %s", reason)
 	if err := f.err("Close"); err != nil {
-		return lua.CloseResult{}, err
+		return store.CloseResult{}, err
 	}
 	switch {
 	case !f.snap.Exists():
-		return lua.CloseResult{Outcome: lua.CloseMissing}, nil
+		return store.CloseResult{Outcome: store.CloseMissing}, nil
 	case f.snap.Fenced != "":
-		return lua.CloseResult{Outcome: lua.CloseFenced}, nil
-	case f.snap.State == lua.StateClosed:
-		return lua.CloseResult{Outcome: lua.Closed, Reason: f.snap.CloseReason, Refunded: f.snap.Refunded}, nil
-	case reason == lua.CloseExhausted && f.snap.RemainingCount > 0:
-		return lua.CloseResult{Outcome: lua.CloseStillOpen}, nil
+		return store.CloseResult{Outcome: store.CloseFenced}, nil
+	case f.snap.State == store.StateClosed:
+		return store.CloseResult{Outcome: store.Closed, Reason: f.snap.CloseReason, Refunded: f.snap.Refunded}, nil
+	case reason == store.CloseExhausted && f.snap.RemainingCount > 0:
+		return store.CloseResult{Outcome: store.CloseStillOpen}, nil
 	}
-	f.snap.State = lua.StateClosed
+	f.snap.State = store.StateClosed
 	f.snap.CloseReason = reason
 	f.snap.Refunded = f.snap.Total - f.snap.ClaimedAmount
 	f.snap.RemainingCount = 0
-	return lua.CloseResult{Outcome: lua.Closed, Reason: reason, Refunded: f.snap.Refunded}, nil
+	return store.CloseResult{Outcome: store.Closed, Reason: reason, Refunded: f.snap.Refunded}, nil
 }
 
 func (f *fakeStore) Purge(context.Context) error {
@@ -211,7 +212,7 @@ func (f *fakeStore) Purge(context.Context) error {
 	if err := f.err("Purge"); err != nil {
 		return err
 	}
-	f.snap = lua.Snapshot{}
+	f.snap = store.Snapshot{}
 	return nil
 }
 
@@ -220,7 +221,7 @@ func (f *fakeStore) PurgeKeepingUnsettled(_ context.Context, retention time.Dura
 	if err := f.err("PurgeKeepingUnsettled"); err != nil {
 		return nil, err
 	}
-	f.snap = lua.Snapshot{}
+	f.snap = store.Snapshot{}
 	f.retention = retention
 	return []string{"rpa:{uid}:stream"}, nil
 }
@@ -341,8 +342,8 @@ func seededStatus(a *redpacketv1alpha1.RedPacketActivity) {
 }
 
 // openSnapshot is Redis holding the test activity open, in its window, untouched.
-func openSnapshot() lua.Snapshot {
-	return lua.Snapshot{State: lua.StateOpen, Count: 10, Total: 1000, RemainingCount: 10,
+func openSnapshot() store.Snapshot {
+	return store.Snapshot{State: store.StateOpen, Count: 10, Total: 1000, RemainingCount: 10,
 		SeededMs: testNow.Add(-time.Hour).UnixMilli(), Sponsor: "merchant-001", Currency: "CNY"}
 }
 
@@ -370,7 +371,7 @@ type phaseTest struct {
 
 // newPhaseTest wires a reconciler to a fake store holding snap, a recording status
 // writer, and a fake API server holding objs.
-func newPhaseTest(t *testing.T, snap lua.Snapshot, objs ...client.Object) *phaseTest {
+func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *phaseTest {
 	t.Helper()
 	log := &callLog{}
 	store := &fakeStore{log: log, clock: testNow, snap: snap}
@@ -385,11 +386,11 @@ func newPhaseTest(t *testing.T, snap lua.Snapshot, objs ...client.Object) *phase
 		Recorder:  rec,
 		Settlers:  NewDeletionSettlers(),
 		Options: Options{
-			DefaultRedis:       lua.Conn{Addresses: []string{"redis.test:6379"}},
+			DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
 			ActiveResyncPeriod: 5 * time.Second,
 		}.withDefaults(),
 		Now:      func() time.Time { return testNow },
-		newStore: func(lua.Conn, types.UID) activityStore { return store },
+		newStore: func(redisconn.Conn, types.UID) activityStore { return store },
 		statuses: writer,
 		counters: writer,
 	}

@@ -14,7 +14,7 @@ import (
 // grabShutdownTail is what the grab service does after its HTTP drain, before it
 // exits: stop the settlement worker, whose acknowledgements of finished deliveries
 // get up to 5 s, and write a last status report, which gets up to 3 s
-// (grabsvc/cmd/grabsvc).
+// (cmd/grabsvc).
 const grabShutdownTail = 5*time.Second + 3*time.Second
 
 // The grab pod's terminationGracePeriodSeconds leaves room for the shutdown delay,

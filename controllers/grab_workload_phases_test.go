@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // The grab workload step: its replica rule, and what it applies or refuses to adopt,
@@ -79,7 +79,7 @@ func TestGrabWorkloadStep(t *testing.T) {
 			if tc.ownRedis {
 				a.Spec.Redis = &redpacketv1alpha1.RedisConnection{SecretRef: redpacketv1alpha1.SecretReference{Name: "redis-conn"}}
 			}
-			p := newPhaseTest(t, lua.Snapshot{}, append([]client.Object{a.DeepCopy()}, tc.objs...)...)
+			p := newPhaseTest(t, store.Snapshot{}, append([]client.Object{a.DeepCopy()}, tc.objs...)...)
 			s := p.scope(a)
 			ctx := context.Background()
 			res, err := p.r.reconcileGrabWorkload(ctx, s)

@@ -14,6 +14,7 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -84,7 +85,7 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 		t.Errorf("grab script not loaded in Redis: %v %v", loaded, err)
 	}
 	snap := e.snapshot(a)
-	if snap.State != lua.StateOpen || snap.Count != count || snap.Total != total || snap.RemainingCount != count {
+	if snap.State != store.StateOpen || snap.Count != count || snap.Total != total || snap.RemainingCount != count {
 		t.Fatalf("Redis snapshot %+v, want open with %d packets summing to %d", snap, count, total)
 	}
 	// The split is the one the seed reproduces.
@@ -97,7 +98,7 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	granted := map[string]int64{}
 	for i := range count {
 		res := e.grab(a, fmt.Sprintf("user-%d", i))
-		if res.Outcome != lua.Granted {
+		if res.Outcome != store.Granted {
 			t.Fatalf("grab %d: %+v, want granted", i, res)
 		}
 		if want[i] != res.Amount {
@@ -109,10 +110,10 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	if sum != total || len(granted) != count {
 		t.Fatalf("granted %d distinct packets summing to %d, want %d summing to %d", len(granted), sum, count, total)
 	}
-	if res := e.grab(a, "late-user"); res.Outcome != lua.SoldOut {
+	if res := e.grab(a, "late-user"); res.Outcome != store.SoldOut {
 		t.Errorf("grab after the last packet: %+v, want sold_out", res)
 	}
-	if again := e.grab(a, "user-3"); again.Outcome != lua.AlreadyClaimed {
+	if again := e.grab(a, "user-3"); again.Outcome != store.AlreadyClaimed {
 		t.Errorf("second grab of user-3: %+v, want already_claimed", again)
 	}
 
@@ -122,7 +123,7 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	if a.Status.RefundedAmount == nil || *a.Status.RefundedAmount != 0 {
 		t.Errorf("refundedAmount %v after exhaustion, want 0", a.Status.RefundedAmount)
 	}
-	if snap := e.snapshot(a); snap.State != lua.StateClosed || snap.CloseReason != lua.CloseExhausted {
+	if snap := e.snapshot(a); snap.State != store.StateClosed || snap.CloseReason != store.CloseExhausted {
 		t.Errorf("Redis state %q reason %q, want closed/exhausted", snap.State, snap.CloseReason)
 	}
 	if c := findCondition(a, redpacketv1alpha1.ConditionSettled); c == nil || c.Status != metav1.ConditionFalse || c.Reason != redpacketv1alpha1.ReasonSettlementPending {
@@ -155,7 +156,7 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	var granted int64
 	for i := range 7 {
 		res := e.grab(a, fmt.Sprintf("early-%d", i))
-		if res.Outcome != lua.Granted {
+		if res.Outcome != store.Granted {
 			t.Fatalf("grab %d before endTime: %+v", i, res)
 		}
 		granted += res.Amount
@@ -169,11 +170,11 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 		t.Errorf("Ready %+v, want True/Expired", c)
 	}
 	snap := e.snapshot(a)
-	if snap.State != lua.StateClosed || snap.CloseReason != lua.CloseExpired || snap.Refunded != total-granted ||
+	if snap.State != store.StateClosed || snap.CloseReason != store.CloseExpired || snap.Refunded != total-granted ||
 		snap.ClaimedAmount+snap.Refunded != total {
 		t.Errorf("Redis snapshot %+v, want closed/expired with refund %d", snap, total-granted)
 	}
-	if res := e.grab(a, "late"); res.Outcome != lua.Ended {
+	if res := e.grab(a, "late"); res.Outcome != store.Ended {
 		t.Errorf("grab after endTime: %+v, want ended", res)
 	}
 
@@ -182,12 +183,12 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	var refunds, grants int
 	for _, m := range msgs {
 		switch d := decodeEntry(m); d.Kind {
-		case lua.KindRefund:
+		case store.KindRefund:
 			refunds++
 			if d.UserID != "merchant-001" || d.Amount != total-granted {
 				t.Errorf("refund entry %v, want %d for merchant-001", m.Values, total-granted)
 			}
-		case lua.KindGrant:
+		case store.KindGrant:
 			grants++
 		}
 	}
@@ -198,9 +199,9 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	// Settle all but one grant, which is parked as a dead letter.
 	parked := false
 	for _, m := range msgs {
-		if !parked && decodeEntry(m).Kind == lua.KindGrant {
+		if !parked && decodeEntry(m).Kind == store.KindGrant {
 			parked = true
-			ok, err := lua.DeadLetter(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, "HTTP 422: unknown account", m.Values)
+			ok, err := store.DeadLetter(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, "HTTP 422: unknown account", m.Values)
 			if err != nil || !ok {
 				t.Fatalf("dead-lettering %s: %v %v", m.ID, ok, err)
 			}
@@ -230,12 +231,12 @@ func TestScheduledActivityOpensAtStartTime(t *testing.T) {
 	e.runReporter("later")
 	a := e.waitCondition("later", redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(redpacketv1alpha1.PhaseScheduled), 20*time.Second)
 	if time.Now().Before(start.Time) {
-		if res := e.grab(a, "eager"); res.Outcome != lua.NotStarted {
+		if res := e.grab(a, "eager"); res.Outcome != store.NotStarted {
 			t.Errorf("grab before startTime: %+v, want not_started", res)
 		}
 	}
 	e.waitPhase("later", redpacketv1alpha1.PhaseActive, 10*time.Second)
-	if res := e.grab(a, "eager"); res.Outcome != lua.Granted {
+	if res := e.grab(a, "eager"); res.Outcome != store.Granted {
 		t.Errorf("grab after startTime: %+v, want granted", res)
 	}
 }
@@ -250,7 +251,7 @@ func TestPauseAndResume(t *testing.T) {
 	// A grab replica's reporter runs throughout, so Paused can be Ready.
 	e.runReporter("pausable")
 	e.waitPhase("pausable", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	if res := e.grab(a, "u1"); res.Outcome != lua.Granted {
+	if res := e.grab(a, "u1"); res.Outcome != store.Granted {
 		t.Fatalf("grab while active: %+v", res)
 	}
 
@@ -259,10 +260,10 @@ func TestPauseAndResume(t *testing.T) {
 	if !e.snapshot(a).Paused {
 		t.Errorf("Redis paused flag not set")
 	}
-	if res := e.grab(a, "u2"); res.Outcome != lua.Paused {
+	if res := e.grab(a, "u2"); res.Outcome != store.Paused {
 		t.Errorf("grab while paused: %+v, want paused", res)
 	}
-	if res := e.grab(a, "u1"); res.Outcome != lua.AlreadyClaimed {
+	if res := e.grab(a, "u1"); res.Outcome != store.AlreadyClaimed {
 		t.Errorf("retry of a granted user while paused: %+v, want already_claimed", res)
 	}
 
@@ -271,7 +272,7 @@ func TestPauseAndResume(t *testing.T) {
 	if e.snapshot(a).Paused {
 		t.Errorf("Redis paused flag still set after resuming")
 	}
-	if res := e.grab(a, "u2"); res.Outcome != lua.Granted {
+	if res := e.grab(a, "u2"); res.Outcome != store.Granted {
 		t.Errorf("grab after resuming: %+v, want granted", res)
 	}
 	if snap := e.snapshot(a); snap.ClaimedCount != 2 || snap.RemainingCount != 8 {

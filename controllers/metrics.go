@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // conditionStalled is the condition a fenced or DataLost activity carries (True, with
@@ -138,7 +138,7 @@ func (m *ActivityMetrics) Observe(a *redpacketv1alpha1.RedPacketActivity) {
 }
 
 // ObserveImbalance sets the activity's Redis imbalance (reconcileConservation).
-func (m *ActivityMetrics) ObserveImbalance(ns, name string, im lua.Imbalance) {
+func (m *ActivityMetrics) ObserveImbalance(ns, name string, im store.Imbalance) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.redisImbalance.WithLabelValues(ns, name, "packets").Set(float64(im.Count))

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // Whole reconciles against the fakes: the status is written once on the way out on
@@ -22,23 +22,23 @@ import (
 // generation counts as observed only after a clean reconcile.
 
 func TestDecideDeletion(t *testing.T) {
-	closed := lua.Snapshot{State: lua.StateClosed, CloseReason: lua.CloseExpired, Count: 10, Total: 1000,
+	closed := store.Snapshot{State: store.StateClosed, CloseReason: store.CloseExpired, Count: 10, Total: 1000,
 		ClaimedCount: 2, ClaimedAmount: 150, Refunded: 850}
 	settledSnap := closed
 	settledSnap.SettledCount, settledSnap.SettledAmount, settledSnap.RefundSettled = 2, 150, 850
 	cases := []struct {
 		name      string
-		snap      lua.Snapshot
+		snap      store.Snapshot
 		graceLeft time.Duration
 		want      deletionAction
 	}{
-		{"nothing in Redis", lua.Snapshot{}, time.Minute, deletionLetGo},
-		{"nothing in Redis, grace over", lua.Snapshot{}, -time.Minute, deletionLetGo},
-		{"only staged packets", lua.Snapshot{StagedCount: 30}, time.Minute, deletionPurge},
+		{"nothing in Redis", store.Snapshot{}, time.Minute, deletionLetGo},
+		{"nothing in Redis, grace over", store.Snapshot{}, -time.Minute, deletionLetGo},
+		{"only staged packets", store.Snapshot{StagedCount: 30}, time.Minute, deletionPurge},
 		{"settled", settledSnap, time.Minute, deletionPurge},
 		{"settled, grace over", settledSnap, -time.Minute, deletionPurge},
 		{"not settled", closed, time.Minute, deletionWait},
-		{"only the refund not settled", lua.Snapshot{State: lua.StateClosed, Refunded: 10, ClaimedCount: 1, SettledCount: 1}, time.Minute, deletionWait},
+		{"only the refund not settled", store.Snapshot{State: store.StateClosed, Refunded: 10, ClaimedCount: 1, SettledCount: 1}, time.Minute, deletionWait},
 		{"not settled, grace over", closed, 0, deletionPurgeKeepingUnsettled},
 	}
 	for _, tc := range cases {
@@ -55,14 +55,14 @@ func TestReconcileWritesStatusOnceOnEveryPath(t *testing.T) {
 		}
 	}
 	observed := func(a *redpacketv1alpha1.RedPacketActivity) { a.Status.ObservedGeneration = 1 }
-	unsettled := lua.Snapshot{State: lua.StateOpen, Count: 10, Total: 1000, RemainingCount: 8, ClaimedCount: 2, ClaimedAmount: 150}
-	drained := lua.Snapshot{State: lua.StateClosed, CloseReason: lua.CloseExpired, Count: 10, Total: 1000,
+	unsettled := store.Snapshot{State: store.StateOpen, Count: 10, Total: 1000, RemainingCount: 8, ClaimedCount: 2, ClaimedAmount: 150}
+	drained := store.Snapshot{State: store.StateClosed, CloseReason: store.CloseExpired, Count: 10, Total: 1000,
 		ClaimedCount: 2, ClaimedAmount: 150, SettledCount: 2, SettledAmount: 150, Refunded: 850, RefundSettled: 850}
 	const grace = 10 * time.Minute
 	cases := []struct {
 		name   string
 		mutate []func(*redpacketv1alpha1.RedPacketActivity)
-		snap   lua.Snapshot
+		snap   store.Snapshot
 		fail   map[string]error
 		// wantWrites are the status writes, each summarised as the phase and the
 		// Ready condition; the last is the one on the way out.
@@ -121,7 +121,7 @@ func TestReconcileWritesStatusOnceOnEveryPath(t *testing.T) {
 				end := metav1.NewTime(testNow.Add(-time.Minute))
 				a.Spec.EndTime = &end
 			}},
-			snap: func() lua.Snapshot {
+			snap: func() store.Snapshot {
 				s := unsettled
 				s.EndMs = testNow.Add(-time.Minute).UnixMilli()
 				s.Sponsor, s.Currency = "merchant-001", "CNY"

@@ -17,7 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // An activity on the operator's default Redis gets a Redis ACL user of its own
@@ -43,22 +44,22 @@ const activityPasswordBytes = 32
 // lua.Activity implements it.
 type activityUsers interface {
 	// EnsureUser makes Redis hold the user with exactly this password and rules.
-	EnsureUser(ctx context.Context, password string) (lua.UserChange, error)
+	EnsureUser(ctx context.Context, password string) (store.UserChange, error)
 	// DeleteUser removes the user, and with it its connections.
 	DeleteUser(ctx context.Context) (int, error)
 }
 
-var _ activityUsers = (*lua.Activity)(nil)
+var _ activityUsers = (*store.Activity)(nil)
 
 // defaultRedisConn is the operator's default Redis connection, standalone unless
 // it says otherwise.
-func (r *RedPacketActivityReconciler) defaultRedisConn() (lua.Conn, error) {
+func (r *RedPacketActivityReconciler) defaultRedisConn() (redisconn.Conn, error) {
 	conn := r.Options.DefaultRedis
 	if conn.Mode == "" {
-		conn.Mode = lua.ModeStandalone
+		conn.Mode = redisconn.ModeStandalone
 	}
 	if err := conn.Validate(); err != nil {
-		return lua.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
+		return redisconn.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
 	}
 	return conn, nil
 }
@@ -106,11 +107,11 @@ func (r *RedPacketActivityReconciler) activityRedisSecretData(ctx context.Contex
 	if err != nil {
 		return nil, stepResult{}, err
 	}
-	user := lua.ActivityUserName(string(a.UID))
+	user := store.ActivityUserName(string(a.UID))
 	password := ""
-	if existing != nil && string(existing.Data[lua.SecretUsername]) == user &&
-		len(existing.Data[lua.SecretPassword]) >= 2*activityPasswordBytes {
-		password = string(existing.Data[lua.SecretPassword])
+	if existing != nil && string(existing.Data[redisconn.SecretUsername]) == user &&
+		len(existing.Data[redisconn.SecretPassword]) >= 2*activityPasswordBytes {
+		password = string(existing.Data[redisconn.SecretPassword])
 	} else if password, err = newActivityPassword(); err != nil {
 		return nil, stepResult{}, err
 	}
@@ -119,7 +120,7 @@ func (r *RedPacketActivityReconciler) activityRedisSecretData(ctx context.Contex
 	defer cancel()
 	change, err := users.EnsureUser(rctx, password)
 	switch {
-	case errors.Is(err, lua.ErrACLUnavailable):
+	case errors.Is(err, store.ErrACLUnavailable):
 		if err := r.deleteOperatorCredentials(ctx, existing); err != nil {
 			return nil, stepResult{}, err
 		}
@@ -127,7 +128,7 @@ func (r *RedPacketActivityReconciler) activityRedisSecretData(ctx context.Contex
 			"the operator's default Redis cannot give the activity a Redis user of its own: %v. The grab service is not "+
 				"deployed, so that the operator's own Redis credentials never reach this namespace; use Redis 6 or later "+
 				"with an operator user that may manage ACL users, or give the activity its own Redis with spec.redis",
-			lua.ErrACLUnavailable)}, nil
+			store.ErrACLUnavailable)}, nil
 	case err != nil:
 		return nil, blocked(redpacketv1alpha1.ReasonRedisUnavailable, "setting up the activity's Redis user: %v", err),
 			fmt.Errorf("setting up the activity's Redis user: %w", err)
@@ -137,11 +138,11 @@ func (r *RedPacketActivityReconciler) activityRedisSecretData(ctx context.Contex
 			"rotated", change.Rotated)
 	}
 	return map[string][]byte{
-		lua.SecretAddresses: []byte(strings.Join(conn.Addresses, ",")),
-		lua.SecretMode:      []byte(conn.Mode),
-		lua.SecretUsername:  []byte(user),
-		lua.SecretPassword:  []byte(password),
-		lua.SecretTLS:       []byte(strconv.FormatBool(conn.TLS)),
+		redisconn.SecretAddresses: []byte(strings.Join(conn.Addresses, ",")),
+		redisconn.SecretMode:      []byte(conn.Mode),
+		redisconn.SecretUsername:  []byte(user),
+		redisconn.SecretPassword:  []byte(password),
+		redisconn.SecretTLS:       []byte(strconv.FormatBool(conn.TLS)),
 	}, stepResult{}, nil
 }
 
@@ -158,8 +159,8 @@ func newActivityPassword() (string, error) {
 // when it holds the operator's own Redis user and password, as operators before
 // per-activity users wrote it. nil is nothing to do.
 func (r *RedPacketActivityReconciler) deleteOperatorCredentials(ctx context.Context, secret *corev1.Secret) error {
-	if secret == nil || string(secret.Data[lua.SecretUsername]) != r.Options.DefaultRedis.Username ||
-		string(secret.Data[lua.SecretPassword]) != r.Options.DefaultRedis.Password {
+	if secret == nil || string(secret.Data[redisconn.SecretUsername]) != r.Options.DefaultRedis.Username ||
+		string(secret.Data[redisconn.SecretPassword]) != r.Options.DefaultRedis.Password {
 		return nil
 	}
 	if err := r.Client.Delete(ctx, secret, client.Preconditions{UID: &secret.UID}); err != nil && !apierrors.IsNotFound(err) {
@@ -173,9 +174,9 @@ func (r *RedPacketActivityReconciler) deleteOperatorCredentials(ctx context.Cont
 func redisCredentialsDigest(data map[string][]byte) string {
 	h := sha256.New()
 	h.Write([]byte("redpacket.io/redis-credentials\x00"))
-	h.Write(data[lua.SecretUsername])
+	h.Write(data[redisconn.SecretUsername])
 	h.Write([]byte{0})
-	h.Write(data[lua.SecretPassword])
+	h.Write(data[redisconn.SecretPassword])
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -200,11 +201,11 @@ func (r *RedPacketActivityReconciler) deleteActivityRedisUser(ctx context.Contex
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
 	n, err := users.DeleteUser(rctx)
-	if err != nil && !errors.Is(err, lua.ErrACLUnavailable) {
+	if err != nil && !errors.Is(err, store.ErrACLUnavailable) {
 		return fmt.Errorf("removing the activity's Redis user: %w", err)
 	}
 	if n > 0 {
-		r.logger(ctx).Info("removed the activity's Redis user", "user", lua.ActivityUserName(string(a.UID)), "nodes", n)
+		r.logger(ctx).Info("removed the activity's Redis user", "user", store.ActivityUserName(string(a.UID)), "nodes", n)
 	}
 	return nil
 }

@@ -14,7 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // The operator's policy and the activity's own Redis user in the grab workload and
@@ -22,12 +23,12 @@ import (
 // logging "users.EnsureUser <password>" and "users.DeleteUser"; its fail map makes
 // them fail.
 
-func (f *fakeStore) EnsureUser(_ context.Context, password string) (lua.UserChange, error) {
+func (f *fakeStore) EnsureUser(_ context.Context, password string) (store.UserChange, error) {
 	f.log.add("users.EnsureUser %s", password)
 	if err := f.err("EnsureUser"); err != nil {
-		return lua.UserChange{}, err
+		return store.UserChange{}, err
 	}
-	return lua.UserChange{Nodes: 1}, nil
+	return store.UserChange{Nodes: 1}, nil
 }
 
 func (f *fakeStore) DeleteUser(context.Context) (int, error) {
@@ -74,7 +75,7 @@ func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
 				objs = append(objs, ownedRedisSecret(a, tc.existing))
 			}
 			p := newPhaseTest(t, openSnapshot(), objs...)
-			p.r.Options.DefaultRedis = lua.Conn{Addresses: []string{"redis.test:6379"}, Password: "operator-pw", TLS: true}
+			p.r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Password: "operator-pw", TLS: true}
 			ctx := context.Background()
 			res, err := p.r.reconcileGrabWorkload(ctx, p.scope(a))
 			if err != nil || res.blocker != nil || res.halt {
@@ -84,11 +85,11 @@ func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
 			if err := p.client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "quiz-grab-redis"}, secret); err != nil {
 				t.Fatal(err)
 			}
-			conn, err := lua.ConnFromSecret(secret.Data)
+			conn, err := redisconn.ConnFromSecret(secret.Data)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if conn.Username != "rpa-uid-1" || conn.Addresses[0] != "redis.test:6379" || conn.Mode != lua.ModeStandalone || !conn.TLS {
+			if conn.Username != "rpa-uid-1" || conn.Addresses[0] != "redis.test:6379" || conn.Mode != redisconn.ModeStandalone || !conn.TLS {
 				t.Errorf("connection in the Secret %+v, want the default Redis with the activity's user", conn)
 			}
 			if conn.Password == "operator-pw" || len(conn.Password) != 64 {
@@ -115,7 +116,7 @@ func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
 }
 
 func TestGrabWorkloadStepWithoutRedisACL(t *testing.T) {
-	aclErr := fmt.Errorf("ensuring Redis user rpa-uid-1: %w", lua.ErrACLUnavailable)
+	aclErr := fmt.Errorf("ensuring Redis user rpa-uid-1: %w", store.ErrACLUnavailable)
 	cases := []struct {
 		name        string
 		fail        error
@@ -142,7 +143,7 @@ func TestGrabWorkloadStepWithoutRedisACL(t *testing.T) {
 				objs = append(objs, ownedRedisSecret(a, tc.existing))
 			}
 			p := newPhaseTest(t, openSnapshot(), objs...)
-			p.r.Options.DefaultRedis = lua.Conn{Addresses: []string{"redis.test:6379"}, Username: "ops", Password: "operator-pw"}
+			p.r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Username: "ops", Password: "operator-pw"}
 			p.store.fail = map[string]error{"EnsureUser": tc.fail}
 			ctx := context.Background()
 			res, err := p.r.reconcileGrabWorkload(ctx, p.scope(a))
@@ -258,12 +259,12 @@ func TestRedisConnectionStepRefusesAddressesNotAllowed(t *testing.T) {
 				a.Spec.Redis = &redpacketv1alpha1.RedisConnection{SecretRef: redpacketv1alpha1.SecretReference{Name: "redis-conn"}}
 			})
 			secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "redis-conn", Namespace: "default"},
-				Data: map[string][]byte{"addresses": []byte(tc.addresses), "mode": []byte(lua.ModeCluster)}}
+				Data: map[string][]byte{"addresses": []byte(tc.addresses), "mode": []byte(redisconn.ModeCluster)}}
 			p := newPhaseTest(t, openSnapshot(), secret)
 			p.r.Options.AllowedRedisHosts = MustParseRedisHosts(tc.allowed)
 			made := 0
 			inner := p.r.newStore
-			p.r.newStore = func(c lua.Conn, uid types.UID) activityStore { made++; return inner(c, uid) }
+			p.r.newStore = func(c redisconn.Conn, uid types.UID) activityStore { made++; return inner(c, uid) }
 			res, err := p.r.reconcileRedisConnection(context.Background(), newActivityScope(a, testNow))
 			if blockerReason(res) != tc.wantBlocker {
 				t.Fatalf("blocker %q (%v), want %q", blockerReason(res), err, tc.wantBlocker)

@@ -24,8 +24,9 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/grabsvc/settlement"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
 )
@@ -60,13 +61,13 @@ func (e *env) startProtectedController(configure func(r *controllers.RedPacketAc
 }
 
 // grabRedisConn reads the connection in <name>-grab-redis, the grab pods' Secret.
-func (e *env) grabRedisConn(name string) (lua.Conn, *corev1.Secret) {
+func (e *env) grabRedisConn(name string) (redisconn.Conn, *corev1.Secret) {
 	e.t.Helper()
 	secret := &corev1.Secret{}
 	if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: name + "-grab-redis"}, secret); err != nil {
 		e.t.Fatalf("the grab pods' Redis Secret of %s: %v", name, err)
 	}
-	conn, err := lua.ConnFromSecret(secret.Data)
+	conn, err := redisconn.ConnFromSecret(secret.Data)
 	if err != nil {
 		e.t.Fatalf("the grab pods' Redis Secret of %s: %v", name, err)
 	}
@@ -120,7 +121,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	beta := e.waitPhase("beta", redpacketv1alpha1.PhaseActive, 20*time.Second)
 
 	conn, secret := e.grabRedisConn("alpha")
-	if conn.Username != lua.ActivityUserName(string(alpha.UID)) || conn.Password == operatorRedisPassword ||
+	if conn.Username != store.ActivityUserName(string(alpha.UID)) || conn.Password == operatorRedisPassword ||
 		len(conn.Password) != 64 || len(conn.Addresses) != 1 || conn.Addresses[0] != e.redis.Addr {
 		t.Fatalf("the grab pods' connection: user %q, %d-character password, addresses %v; want the activity's own user on %s",
 			conn.Username, len(conn.Password), conn.Addresses, e.redis.Addr)
@@ -137,7 +138,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 
 	// The grab service as its pods run it, on the Secret's credentials: grabs through
 	// the HTTP API, readiness, the reporter's snapshots and the settlement worker.
-	pc, err := conn.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
+	pc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	})
 
 	// Another activity, and the server as a whole, are out of reach.
-	if res, err := lua.NewActivity(plain, string(beta.UID)).Grab(ctx, "thief"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+	if res, err := store.NewActivity(plain, string(beta.UID)).Grab(ctx, "thief"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Errorf("grab of another activity with this activity's user: %+v, %v; want NOPERM", res, err)
 	}
 	for _, cmd := range [][]any{{"flushall"}, {"config", "get", "*"}, {"script", "flush"}, {"hgetall", e.keys(beta).Meta}} {
@@ -219,13 +220,13 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	if err := e.c.Delete(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	var rotated lua.Conn
+	var rotated redisconn.Conn
 	wait.Until(t, 15*time.Second, "a new Secret with a new password", func() (bool, string) {
 		fresh := &corev1.Secret{}
 		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "alpha-grab-redis"}, fresh); err != nil {
 			return false, err.Error()
 		}
-		c, err := lua.ConnFromSecret(fresh.Data)
+		c, err := redisconn.ConnFromSecret(fresh.Data)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -235,7 +236,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	if err := plain.Ping(ctx).Err(); err == nil {
 		t.Error("a connection made with the old password still works after the rotation")
 	}
-	old := conn.NewClient(lua.ClientOptions{MaxRetries: -1})
+	old := conn.NewClient(redisconn.ClientOptions{MaxRetries: -1})
 	t.Cleanup(func() { _ = old.Close() })
 	if err := old.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
 		t.Errorf("logging in with the old password: %v, want WRONGPASS", err)
@@ -255,7 +256,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	e.noOperatorPassword()
 
 	// A deleted activity's user goes with its keys.
-	betaUser := lua.ActivityUserName(string(beta.UID))
+	betaUser := store.ActivityUserName(string(beta.UID))
 	if err := e.rdb.Do(ctx, "acl", "getuser", betaUser).Err(); err != nil {
 		t.Fatalf("the user of beta before its deletion: %v", err)
 	}
@@ -269,7 +270,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	if err := e.rdb.Do(ctx, "acl", "getuser", betaUser).Err(); !errors.Is(err, redis.Nil) {
 		t.Errorf("ACL GETUSER %s after the activity is gone: %v, want no such user", betaUser, err)
 	}
-	if err := e.rdb.Do(ctx, "acl", "getuser", lua.ActivityUserName(string(alpha.UID))).Err(); err != nil {
+	if err := e.rdb.Do(ctx, "acl", "getuser", store.ActivityUserName(string(alpha.UID))).Err(); err != nil {
 		t.Errorf("the user of alpha, which still exists: %v", err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // DefaultRedisIdleTimeout is how long a cached Redis client may go unused before it is
@@ -43,10 +43,10 @@ func NewRedisClients() *RedisClients {
 // go-redis's defaults) when there is none. Clients are cached by conn.Key() and by
 // whether opts check addresses (DialCheck) and make errors safe (SafeErrors): a
 // caller gives the same options for the same connection every time.
-func (c *RedisClients) Get(conn lua.Conn, opts ...lua.ClientOptions) redis.UniversalClient {
+func (c *RedisClients) Get(conn redisconn.Conn, opts ...redisconn.ClientOptions) redis.UniversalClient {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var o lua.ClientOptions
+	var o redisconn.ClientOptions
 	if len(opts) > 0 {
 		o = opts[0]
 	}

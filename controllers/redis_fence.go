@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // fenceReasonRolledBack is what the controller writes into Redis's fence.
@@ -87,7 +87,7 @@ func (r *RedPacketActivityReconciler) acceptRedisState(ctx context.Context, s *a
 	defer cancel()
 	epoch, err := s.store.Accept(rctx, s.snapshot.Epoch)
 	if err != nil {
-		if errors.Is(err, lua.ErrEpochMoved) {
+		if errors.Is(err, store.ErrEpochMoved) {
 			return stepResult{requeueAfter: dataLostRecheckPeriod}, fmt.Errorf("accepting the Redis state: %w", err)
 		}
 		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "accepting the Redis state: %v", err),

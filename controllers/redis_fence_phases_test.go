@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // The fence step: a Redis older than the resource is fenced and the activity Failed
@@ -30,7 +30,7 @@ func TestFenceStep(t *testing.T) {
 			a.Annotations = map[string]string{redpacketv1alpha1.AnnotationAcceptRedisState: v}
 		}
 	}
-	redis := func(claimed, settled, epoch int64, fenced string) lua.Snapshot {
+	redis := func(claimed, settled, epoch int64, fenced string) store.Snapshot {
 		s := openSnapshot()
 		s.ClaimedCount, s.ClaimedAmount, s.RemainingCount = claimed, 100*claimed, 10-claimed
 		s.SettledCount, s.SettledAmount, s.Epoch, s.Fenced = settled, 100*settled, epoch, fenced
@@ -39,7 +39,7 @@ func TestFenceStep(t *testing.T) {
 	cases := []struct {
 		name        string
 		mutate      []func(*redpacketv1alpha1.RedPacketActivity)
-		snap        lua.Snapshot
+		snap        store.Snapshot
 		wantFenced  bool
 		wantStore   []string
 		wantEpoch   int64

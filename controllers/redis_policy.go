@@ -14,7 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // The operator's policy on what an activity's spec may ask of it: which Redis
@@ -120,7 +120,7 @@ func (r *RedPacketActivityReconciler) addressAllowed(addr string) error {
 
 // checkRedisAllowed refuses a connection from spec.redis that names an address the
 // operator does not allow (addressAllowed), before anything dials it.
-func (r *RedPacketActivityReconciler) checkRedisAllowed(conn lua.Conn) error {
+func (r *RedPacketActivityReconciler) checkRedisAllowed(conn redisconn.Conn) error {
 	for _, addr := range conn.Addresses {
 		if err := r.addressAllowed(addr); err != nil {
 			return err
@@ -141,10 +141,10 @@ func connectionFailureReason(err error) string {
 }
 
 // isDefaultRedis reports whether conn is the operator's default connection.
-func (r *RedPacketActivityReconciler) isDefaultRedis(conn lua.Conn) bool {
+func (r *RedPacketActivityReconciler) isDefaultRedis(conn redisconn.Conn) bool {
 	d := r.Options.DefaultRedis
 	if d.Mode == "" {
-		d.Mode = lua.ModeStandalone
+		d.Mode = redisconn.ModeStandalone
 	}
 	return conn.Key() == d.Key()
 }
@@ -154,8 +154,8 @@ func (r *RedPacketActivityReconciler) isDefaultRedis(conn lua.Conn) bool {
 // (addressAllowed), so neither a cluster's announcements nor its redirects lead the
 // operator elsewhere. safeErrors makes the clients' errors fixed phrases (lua.MakeSafe),
 // for the clients whose errors reach status and events.
-func (r *RedPacketActivityReconciler) redisClientOptions(conn lua.Conn, safeErrors bool) lua.ClientOptions {
-	o := lua.ClientOptions{SafeErrors: safeErrors, ErrorLog: logRedisError}
+func (r *RedPacketActivityReconciler) redisClientOptions(conn redisconn.Conn, safeErrors bool) redisconn.ClientOptions {
+	o := redisconn.ClientOptions{SafeErrors: safeErrors, ErrorLog: logRedisError}
 	if !r.isDefaultRedis(conn) {
 		o.DialCheck = r.addressAllowed
 	}
@@ -169,7 +169,7 @@ func logRedisError(ctx context.Context, command string, err error) {
 }
 
 // redisClient is the reconciler's cached client for conn (see redisClientOptions).
-func (r *RedPacketActivityReconciler) redisClient(conn lua.Conn) redis.UniversalClient {
+func (r *RedPacketActivityReconciler) redisClient(conn redisconn.Conn) redis.UniversalClient {
 	return r.Redis.Get(conn, r.redisClientOptions(conn, true))
 }
 

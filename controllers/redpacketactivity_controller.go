@@ -32,7 +32,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 const (
@@ -68,7 +69,7 @@ const (
 // Options are the operator-wide settings of the controller.
 type Options struct {
 	// DefaultRedis is the connection of activities without spec.redis.
-	DefaultRedis lua.Conn
+	DefaultRedis redisconn.Conn
 	// GrabImage is the grab service image of activities without spec.grabService.image.
 	GrabImage string
 	// GrabReplicas is the grab Deployment's replicas of activities without
@@ -181,7 +182,7 @@ type RedPacketActivityReconciler struct {
 	// wait for settlement to drain.
 	Settlers *DeletionSettlers
 	// Seeder stages and commits packets; its zero value is what production uses.
-	Seeder lua.Seeder
+	Seeder store.Seeder
 	// Options are the operator-wide settings.
 	Options Options
 	// Now is the controller's clock; nil means time.Now.

@@ -11,8 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/grabsvc/settlement"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store"
 )
 
 // reconcileDelete cleans a deleted activity's Redis keys up and then lets the
@@ -94,7 +94,7 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 			r.Options.CleanupGracePeriod, snapshotDescribe(snap), kept, r.Options.UnsettledRetention)
 	case deletionWait:
 		log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
-		if snap.State == lua.StateClosed {
+		if snap.State == store.StateClosed {
 			s.recordClosed()
 			if recorded, _ := redpacketv1alpha1.RecordedCounters(&s.activity.Status); recorded != snap.Counters() && snap.Fenced == "" {
 				// The refund and the final figures, whoever reports.
@@ -156,7 +156,7 @@ func (d deletionAction) String() string {
 
 // decideDeletion decides what a deletion does next from the activity's snapshot
 // (read after closing it) and the time left of the grace period.
-func decideDeletion(snap lua.Snapshot, graceLeft time.Duration) deletionAction {
+func decideDeletion(snap store.Snapshot, graceLeft time.Duration) deletionAction {
 	switch {
 	case !snap.Exists() && snap.StagedCount == 0:
 		return deletionLetGo
@@ -170,7 +170,7 @@ func decideDeletion(snap lua.Snapshot, graceLeft time.Duration) deletionAction {
 }
 
 // waitingFor says which settlements a deletion waits for.
-func waitingFor(snap lua.Snapshot) string {
+func waitingFor(snap store.Snapshot) string {
 	msg := fmt.Sprintf("waiting for %d of %d claims to settle", snap.ClaimedCount-snap.SettledCount, snap.ClaimedCount)
 	if snap.RefundSettled != snap.Refunded {
 		msg += fmt.Sprintf(" and the refund of %d", snap.Refunded)
@@ -187,12 +187,12 @@ func (r *RedPacketActivityReconciler) closeForDeletion(ctx context.Context, s *a
 	if err != nil {
 		return fmt.Errorf("reading the activity from Redis: %w", err)
 	}
-	if snap.Exists() && snap.State != lua.StateClosed {
-		res, err := s.store.Close(rctx, lua.CloseExpired)
+	if snap.Exists() && snap.State != store.StateClosed {
+		res, err := s.store.Close(rctx, store.CloseExpired)
 		if err != nil {
 			return fmt.Errorf("closing the deleted activity: %w", err)
 		}
-		if res.Outcome == lua.Closed {
+		if res.Outcome == store.Closed {
 			r.Recorder.Eventf(s.activity, nil, corev1.EventTypeNormal, "Closed", "Delete",
 				"grabbing closed for deletion; %d refunded to the sponsor, waiting for settlement to drain", res.Refunded)
 		}

@@ -18,6 +18,8 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // dataLostRecheckPeriod is how often an activity whose data Redis lost is looked at
@@ -41,11 +43,11 @@ type activityScope struct {
 	// phaseMessage explains the phase in Ready's message.
 	phaseMessage string
 
-	conn lua.Conn
+	conn redisconn.Conn
 	// store reaches the activity's data in Redis; set by the Redis connection step.
 	store    activityStore
 	redisNow time.Time
-	snapshot lua.Snapshot
+	snapshot store.Snapshot
 	// snapshotRead is true once snapshot holds what Redis said in this reconcile.
 	snapshotRead bool
 
@@ -239,14 +241,14 @@ func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Conte
 }
 
 // connectionFor returns the Redis connection of the activity.
-func (r *RedPacketActivityReconciler) connectionFor(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity) (lua.Conn, error) {
+func (r *RedPacketActivityReconciler) connectionFor(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity) (redisconn.Conn, error) {
 	if a.Spec.Redis == nil {
 		conn := r.Options.DefaultRedis
 		if conn.Mode == "" {
-			conn.Mode = lua.ModeStandalone
+			conn.Mode = redisconn.ModeStandalone
 		}
 		if err := conn.Validate(); err != nil {
-			return lua.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
+			return redisconn.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
 		}
 		return conn, nil
 	}
@@ -254,16 +256,16 @@ func (r *RedPacketActivityReconciler) connectionFor(ctx context.Context, a *redp
 	key := client.ObjectKey{Namespace: a.Namespace, Name: a.Spec.Redis.SecretRef.Name}
 	if err := r.APIReader.Get(ctx, key, secret); err != nil {
 		if apierrors.IsNotFound(err) {
-			return lua.Conn{}, fmt.Errorf("secret %s named by spec.redis.secretRef does not exist", key.Name)
+			return redisconn.Conn{}, fmt.Errorf("secret %s named by spec.redis.secretRef does not exist", key.Name)
 		}
-		return lua.Conn{}, fmt.Errorf("reading secret %s: %w", key.Name, err)
+		return redisconn.Conn{}, fmt.Errorf("reading secret %s: %w", key.Name, err)
 	}
-	conn, err := lua.ConnFromSecret(secret.Data)
+	conn, err := redisconn.ConnFromSecret(secret.Data)
 	if err != nil {
-		return lua.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
+		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
 	}
 	if err := r.checkRedisAllowed(conn); err != nil { // the operator's policy, redis_policy.go
-		return lua.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
+		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
 	}
 	return conn, nil
 }
@@ -451,7 +453,7 @@ func (r *RedPacketActivityReconciler) seed(ctx context.Context, s *activityScope
 	sctx, cancel := context.WithTimeout(ctx, r.seedTimeout(a.Spec.Count))
 	defer cancel()
 	startMs, endMs := scheduleMs(a)
-	res, err := s.store.Seed(sctx, s.amounts, lua.SeedParams{
+	res, err := s.store.Seed(sctx, s.amounts, store.SeedParams{
 		Count:    a.Spec.Count,
 		Total:    a.Spec.TotalAmount,
 		StartMs:  startMs,
@@ -519,26 +521,26 @@ func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *acti
 	if !s.seededRecorded {
 		return stepResult{}, fmt.Errorf("refusing to open an activity whose status does not record Seeded")
 	}
-	if s.snapshot.State == lua.StateClosed {
+	if s.snapshot.State == store.StateClosed {
 		return stepResult{}, nil
 	}
 	startMs, endMs := scheduleMs(s.activity)
 	paused := s.activity.Spec.Paused
 	sponsor, currency := s.activity.Spec.Sponsor, currencyOf(s.activity)
-	if s.snapshot.State == lua.StateOpen && s.snapshot.Paused == paused &&
+	if s.snapshot.State == store.StateOpen && s.snapshot.Paused == paused &&
 		s.snapshot.StartMs == startMs && s.snapshot.EndMs == endMs &&
 		(sponsor == "" || s.snapshot.Sponsor == sponsor && s.snapshot.Currency == currency) {
 		return stepResult{}, nil
 	}
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	res, err := s.store.ConfigureWith(rctx, lua.Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: true,
+	res, err := s.store.ConfigureWith(rctx, store.Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: true,
 		Sponsor: sponsor, Currency: currency})
 	if err != nil {
 		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "configuring the activity: %v", err), fmt.Errorf("configuring the activity: %w", err)
 	}
 	if !res.Found {
-		return stepResult{}, fmt.Errorf("configuring the activity: %w", lua.ErrMissing)
+		return stepResult{}, fmt.Errorf("configuring the activity: %w", store.ErrMissing)
 	}
 	if res.Fenced {
 		// A grab replica fenced it since the snapshot: the next reconcile says so.
@@ -547,7 +549,7 @@ func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *acti
 	if sponsor != "" {
 		s.snapshot.Sponsor, s.snapshot.Currency = sponsor, currency
 	}
-	if res.State != lua.StateClosed {
+	if res.State != store.StateClosed {
 		s.snapshot.StartMs, s.snapshot.EndMs, s.snapshot.Paused = startMs, endMs, paused
 	}
 	s.snapshot.State = res.State
@@ -572,10 +574,10 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 	if !ok {
 		return stepResult{}, fmt.Errorf("the activity is in state %q in Redis, from which no phase follows", s.snapshot.State)
 	}
-	if s.snapshot.State == lua.StateOpen && (phase == redpacketv1alpha1.PhaseExpired || phase == redpacketv1alpha1.PhaseExhausted) {
-		reason := lua.CloseExpired
+	if s.snapshot.State == store.StateOpen && (phase == redpacketv1alpha1.PhaseExpired || phase == redpacketv1alpha1.PhaseExhausted) {
+		reason := store.CloseExpired
 		if phase == redpacketv1alpha1.PhaseExhausted {
-			reason = lua.CloseExhausted
+			reason = store.CloseExhausted
 		}
 		rctx, cancel := r.redisContext(ctx)
 		defer cancel()
@@ -585,22 +587,22 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 				fmt.Errorf("closing the activity as %s: %w", reason, err)
 		}
 		switch res.Outcome {
-		case lua.Closed:
-			s.snapshot.State = lua.StateClosed
+		case store.Closed:
+			s.snapshot.State = store.StateClosed
 			s.snapshot.CloseReason = res.Reason
 			s.snapshot.Refunded = res.Refunded
 			s.snapshot.RemainingCount = 0
 			r.logger(ctx).Info("closed", "reason", res.Reason, "refunded", res.Refunded)
-		case lua.CloseMissing:
-			return stepResult{}, fmt.Errorf("closing the activity: %w", lua.ErrMissing)
-		case lua.CloseFenced:
+		case store.CloseMissing:
+			return stepResult{}, fmt.Errorf("closing the activity: %w", store.ErrMissing)
+		case store.CloseFenced:
 			return stepResult{halt: true, requeueAfter: r.Options.ActiveResyncPeriod}, fmt.Errorf("closing the activity: it is fenced in Redis")
 		default:
 			return stepResult{}, fmt.Errorf("closing the activity as %s: Redis says %q (the snapshot was stale)", reason, res.Outcome)
 		}
 	}
 
-	if s.snapshot.State == lua.StateClosed {
+	if s.snapshot.State == store.StateClosed {
 		s.recordClosed()
 		switch {
 		case settled(s.snapshot), s.activity.Spec.Settlement == nil:
@@ -638,7 +640,7 @@ func (s *activityScope) recordClosed() {
 }
 
 // phaseMessage explains the phase that Redis says, for Ready's message.
-func phaseMessage(phase redpacketv1alpha1.Phase, snap lua.Snapshot) string {
+func phaseMessage(phase redpacketv1alpha1.Phase, snap store.Snapshot) string {
 	switch phase {
 	case redpacketv1alpha1.PhaseExhausted:
 		return fmt.Sprintf("all %d packets were claimed", snap.Count)
@@ -656,7 +658,7 @@ func phaseMessage(phase redpacketv1alpha1.Phase, snap lua.Snapshot) string {
 }
 
 // settled reports whether every claim and the refund have been credited.
-func settled(snap lua.Snapshot) bool {
+func settled(snap store.Snapshot) bool {
 	return snap.SettledCount == snap.ClaimedCount && snap.RefundSettled == snap.Refunded
 }
 

@@ -19,6 +19,8 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // The steps of a reconcile, each run on its own against the fakes: no API server, no
@@ -45,7 +47,7 @@ func TestRedisConnectionStep(t *testing.T) {
 		name         string
 		mutate       func(*redpacketv1alpha1.RedPacketActivity)
 		objs         []client.Object
-		defaultRedis *lua.Conn
+		defaultRedis *redisconn.Conn
 		fail         map[string]error
 		wantBlocker  string
 		wantErr      bool
@@ -82,7 +84,7 @@ func TestRedisConnectionStep(t *testing.T) {
 		},
 		{
 			name:         "the operator's default Redis is not configured",
-			defaultRedis: &lua.Conn{},
+			defaultRedis: &redisconn.Conn{},
 			wantBlocker:  redpacketv1alpha1.ReasonRedisConfigInvalid,
 			wantErr:      true,
 			wantMessage:  "the operator's default Redis connection",
@@ -154,7 +156,7 @@ func TestSplitStep(t *testing.T) {
 	cases := []struct {
 		name        string
 		mutate      func(*redpacketv1alpha1.RedPacketActivity)
-		snap        lua.Snapshot
+		snap        store.Snapshot
 		wantSplit   bool
 		wantSeed    int64
 		wantBlocker string
@@ -235,7 +237,7 @@ func TestSplitStep(t *testing.T) {
 // order, through the patcher the seed step receives.
 func TestSeedRecordsSeededBeforeTheGateOpens(t *testing.T) {
 	a := testActivity()
-	p := newPhaseTest(t, lua.Snapshot{StagedCount: 3}, a.DeepCopy())
+	p := newPhaseTest(t, store.Snapshot{StagedCount: 3}, a.DeepCopy())
 	s := p.scope(a)
 	ctx := context.Background()
 	if res, err := p.r.reconcileSplit(ctx, s); err != nil || res.halt {
@@ -288,7 +290,7 @@ func TestSeedRecordsSeededBeforeTheGateOpens(t *testing.T) {
 	if p.store.seedParams.Count != 10 || p.store.seedParams.Total != 1000 || p.store.seedParams.Sponsor != "merchant-001" {
 		t.Errorf("seeded with %+v", p.store.seedParams)
 	}
-	if p.store.snap.State != lua.StateOpen {
+	if p.store.snap.State != store.StateOpen {
 		t.Errorf("Redis state %q after the gate, want open", p.store.snap.State)
 	}
 }
@@ -300,7 +302,7 @@ func TestSeedStep(t *testing.T) {
 		// on the API server (else the cached one).
 		mutate       func(*redpacketv1alpha1.RedPacketActivity)
 		fresh        func(*redpacketv1alpha1.RedPacketActivity)
-		snap         lua.Snapshot
+		snap         store.Snapshot
 		fail         map[string]error
 		writeErr     error
 		wantErr      bool
@@ -362,7 +364,7 @@ func TestSeedStep(t *testing.T) {
 		},
 		{
 			name: "Redis holds other figures", mutate: seededStatus,
-			snap:        lua.Snapshot{State: lua.StateOpen, Count: 20, Total: 1000, RemainingCount: 20},
+			snap:        store.Snapshot{State: store.StateOpen, Count: 20, Total: 1000, RemainingCount: 20},
 			wantBlocker: redpacketv1alpha1.ReasonSpecMismatch, wantHalt: true, wantSeeded: "True/Committed",
 		},
 	}
@@ -440,52 +442,52 @@ func TestGateStep(t *testing.T) {
 		a.Spec.StartTime, a.Spec.EndTime = &metav1.Time{Time: start}, &metav1.Time{Time: end}
 	}
 	paused := func(a *redpacketv1alpha1.RedPacketActivity) { a.Spec.Paused = true }
-	ready := lua.Snapshot{State: lua.StateReady, Count: 10, Total: 1000, RemainingCount: 10}
-	closed := lua.Snapshot{State: lua.StateClosed, Count: 10, Total: 1000, CloseReason: lua.CloseExpired, Refunded: 1000}
+	ready := store.Snapshot{State: store.StateReady, Count: 10, Total: 1000, RemainingCount: 10}
+	closed := store.Snapshot{State: store.StateClosed, Count: 10, Total: 1000, CloseReason: store.CloseExpired, Refunded: 1000}
 	cases := []struct {
 		name         string
 		mutate       []func(*redpacketv1alpha1.RedPacketActivity)
-		snap         lua.Snapshot
+		snap         store.Snapshot
 		notRecorded  bool
 		fail         error
 		wantErr      error // errors.Is; nil with wantAnyErr for any error
 		wantAnyErr   bool
 		wantBlocker  string
 		wantConfig   string
-		wantState    lua.State
-		wantSnapshot func(lua.Snapshot) bool
+		wantState    store.State
+		wantSnapshot func(store.Snapshot) bool
 	}{
 		{
 			name: "a ready activity is opened with the spec's window", mutate: []func(*redpacketv1alpha1.RedPacketActivity){window},
 			snap: ready, wantConfig: "store.Configure start=" + strconv.FormatInt(start.UnixMilli(), 10) + " end=" + strconv.FormatInt(end.UnixMilli(), 10) + " paused=false open=true",
-			wantState: lua.StateOpen,
-			wantSnapshot: func(s lua.Snapshot) bool {
+			wantState: store.StateOpen,
+			wantSnapshot: func(s store.Snapshot) bool {
 				return s.StartMs == start.UnixMilli() && s.EndMs == end.UnixMilli()
 			},
 		},
-		{name: "open and as the spec says: nothing to write", snap: openSnapshot(), wantState: lua.StateOpen},
+		{name: "open and as the spec says: nothing to write", snap: openSnapshot(), wantState: store.StateOpen},
 		{
 			name: "paused in the spec, open in Redis", mutate: []func(*redpacketv1alpha1.RedPacketActivity){paused},
-			snap: openSnapshot(), wantConfig: "store.Configure start=0 end=0 paused=true open=true", wantState: lua.StateOpen,
-			wantSnapshot: func(s lua.Snapshot) bool { return s.Paused },
+			snap: openSnapshot(), wantConfig: "store.Configure start=0 end=0 paused=true open=true", wantState: store.StateOpen,
+			wantSnapshot: func(s store.Snapshot) bool { return s.Paused },
 		},
-		{name: "closed stays closed", mutate: []func(*redpacketv1alpha1.RedPacketActivity){paused}, snap: closed, wantState: lua.StateClosed},
-		{name: "never opened before Seeded is recorded", snap: ready, notRecorded: true, wantAnyErr: true, wantState: lua.StateReady},
+		{name: "closed stays closed", mutate: []func(*redpacketv1alpha1.RedPacketActivity){paused}, snap: closed, wantState: store.StateClosed},
+		{name: "never opened before Seeded is recorded", snap: ready, notRecorded: true, wantAnyErr: true, wantState: store.StateReady},
 		{
-			name: "Redis lost it between the steps", snap: ready, wantErr: lua.ErrMissing,
-			wantConfig: "store.Configure", wantState: lua.StateReady,
+			name: "Redis lost it between the steps", snap: ready, wantErr: store.ErrMissing,
+			wantConfig: "store.Configure", wantState: store.StateReady,
 		},
 		{
 			name: "Redis fails", snap: ready, fail: errRedisDown, wantErr: errRedisDown, wantBlocker: redpacketv1alpha1.ReasonRedisUnavailable,
-			wantConfig: "store.Configure", wantState: lua.StateReady,
+			wantConfig: "store.Configure", wantState: store.StateReady,
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			a := testActivity(tc.mutate...)
 			storeSnap := tc.snap
-			if tc.wantErr == lua.ErrMissing {
-				storeSnap = lua.Snapshot{}
+			if tc.wantErr == store.ErrMissing {
+				storeSnap = store.Snapshot{}
 			}
 			p := newPhaseTest(t, storeSnap)
 			p.store.fail = map[string]error{"Configure": tc.fail}
@@ -523,16 +525,16 @@ func TestGateStep(t *testing.T) {
 // lua.Snapshot.Phase, and closes the activity when that phase says it is over.
 func TestScheduleStep(t *testing.T) {
 	ms := func(d time.Duration) int64 { return testNow.Add(d).UnixMilli() }
-	open := func(mutate func(*lua.Snapshot)) lua.Snapshot {
+	open := func(mutate func(*store.Snapshot)) store.Snapshot {
 		s := openSnapshot()
 		if mutate != nil {
 			mutate(&s)
 		}
 		return s
 	}
-	closedAs := func(reason lua.CloseReason, mutate func(*lua.Snapshot)) lua.Snapshot {
-		s := lua.Snapshot{State: lua.StateClosed, CloseReason: reason, Count: 10, Total: 1000, ClaimedCount: 10, ClaimedAmount: 1000}
-		if reason == lua.CloseExpired {
+	closedAs := func(reason store.CloseReason, mutate func(*store.Snapshot)) store.Snapshot {
+		s := store.Snapshot{State: store.StateClosed, CloseReason: reason, Count: 10, Total: 1000, ClaimedCount: 10, ClaimedAmount: 1000}
+		if reason == store.CloseExpired {
 			s.ClaimedCount, s.ClaimedAmount, s.Refunded = 4, 300, 700
 		}
 		if mutate != nil {
@@ -544,7 +546,7 @@ func TestScheduleStep(t *testing.T) {
 	cases := []struct {
 		name        string
 		webhook     bool
-		snap        lua.Snapshot
+		snap        store.Snapshot
 		fail        error
 		wantPhase   redpacketv1alpha1.Phase
 		wantRequeue time.Duration
@@ -556,68 +558,68 @@ func TestScheduleStep(t *testing.T) {
 	}{
 		{
 			name:      "before startTime: Scheduled, back at startTime",
-			snap:      open(func(s *lua.Snapshot) { s.StartMs, s.EndMs = ms(time.Minute), ms(time.Hour) }),
+			snap:      open(func(s *store.Snapshot) { s.StartMs, s.EndMs = ms(time.Minute), ms(time.Hour) }),
 			wantPhase: redpacketv1alpha1.PhaseScheduled, wantRequeue: time.Minute,
 			wantMessage: "10 packets are seeded; grabbing opens at 2026-12-31T20:01:00Z",
 		},
 		{
-			name: "in the window: Active, back at the resync", snap: open(func(s *lua.Snapshot) { s.StartMs, s.EndMs = ms(-time.Minute), ms(time.Hour) }),
+			name: "in the window: Active, back at the resync", snap: open(func(s *store.Snapshot) { s.StartMs, s.EndMs = ms(-time.Minute), ms(time.Hour) }),
 			wantPhase: redpacketv1alpha1.PhaseActive, wantRequeue: resync, wantMessage: "grabbing is open with 10 of 10 packets left",
 		},
 		{
-			name: "Active one second before endTime: back at endTime", snap: open(func(s *lua.Snapshot) { s.EndMs = ms(time.Second) }),
+			name: "Active one second before endTime: back at endTime", snap: open(func(s *store.Snapshot) { s.EndMs = ms(time.Second) }),
 			wantPhase: redpacketv1alpha1.PhaseActive, wantRequeue: time.Second,
 		},
 		{
-			name: "paused: Paused, back at endTime only", snap: open(func(s *lua.Snapshot) { s.Paused, s.RemainingCount, s.EndMs = true, 4, ms(time.Hour) }),
+			name: "paused: Paused, back at endTime only", snap: open(func(s *store.Snapshot) { s.Paused, s.RemainingCount, s.EndMs = true, 4, ms(time.Hour) }),
 			wantPhase: redpacketv1alpha1.PhasePaused, wantRequeue: time.Hour, wantMessage: "grabbing is paused with 4 of 10 packets left",
 		},
 		{
-			name: "paused without endTime: nothing to come back for", snap: open(func(s *lua.Snapshot) { s.Paused = true }),
+			name: "paused without endTime: nothing to come back for", snap: open(func(s *store.Snapshot) { s.Paused = true }),
 			wantPhase: redpacketv1alpha1.PhasePaused,
 		},
 		{
 			name:      "endTime passed: closed as expired, the rest refunded",
-			snap:      open(func(s *lua.Snapshot) { s.EndMs, s.RemainingCount, s.ClaimedCount, s.ClaimedAmount = ms(0), 6, 4, 300 }),
+			snap:      open(func(s *store.Snapshot) { s.EndMs, s.RemainingCount, s.ClaimedCount, s.ClaimedAmount = ms(0), 6, 4, 300 }),
 			wantPhase: redpacketv1alpha1.PhaseExpired, wantClose: "store.Close expired", wantRefund: ptrTo[int64](700),
 			wantMessage: "grabbing closed at endTime; 4 of 10 packets were claimed and 700 was refunded to the sponsor",
 		},
 		{
 			name:      "endTime passed while paused: closed as expired",
-			snap:      open(func(s *lua.Snapshot) { s.Paused, s.EndMs = true, ms(-time.Second) }),
+			snap:      open(func(s *store.Snapshot) { s.Paused, s.EndMs = true, ms(-time.Second) }),
 			wantPhase: redpacketv1alpha1.PhaseExpired, wantClose: "store.Close expired", wantRefund: ptrTo[int64](1000),
 		},
 		{
 			name:      "no packet left: closed as exhausted",
-			snap:      open(func(s *lua.Snapshot) { s.RemainingCount, s.ClaimedCount, s.ClaimedAmount = 0, 10, 1000 }),
+			snap:      open(func(s *store.Snapshot) { s.RemainingCount, s.ClaimedCount, s.ClaimedAmount = 0, 10, 1000 }),
 			wantPhase: redpacketv1alpha1.PhaseExhausted, wantClose: "store.Close exhausted", wantRefund: ptrTo[int64](0),
 			wantMessage: "all 10 packets were claimed",
 		},
 		{
 			name: "closed and settlement pending: back at the resync", webhook: true,
-			snap:      closedAs(lua.CloseExpired, func(s *lua.Snapshot) { s.SettledCount = 1 }),
+			snap:      closedAs(store.CloseExpired, func(s *store.Snapshot) { s.SettledCount = 1 }),
 			wantPhase: redpacketv1alpha1.PhaseExpired, wantRequeue: resync, wantRefund: ptrTo[int64](700),
 		},
 		{
 			name: "closed with dead letters: back six resyncs later", webhook: true,
-			snap:      closedAs(lua.CloseExhausted, func(s *lua.Snapshot) { s.DeadCount = 1 }),
+			snap:      closedAs(store.CloseExhausted, func(s *store.Snapshot) { s.DeadCount = 1 }),
 			wantPhase: redpacketv1alpha1.PhaseExhausted, wantRequeue: 6 * resync, wantRefund: ptrTo[int64](0),
 		},
 		{
 			name: "closed and settled: nothing to come back for", webhook: true,
-			snap:      closedAs(lua.CloseExpired, func(s *lua.Snapshot) { s.SettledCount, s.SettledAmount, s.RefundSettled = 4, 300, 700 }),
+			snap:      closedAs(store.CloseExpired, func(s *store.Snapshot) { s.SettledCount, s.SettledAmount, s.RefundSettled = 4, 300, 700 }),
 			wantPhase: redpacketv1alpha1.PhaseExpired, wantRefund: ptrTo[int64](700),
 		},
 		{
-			name: "closed without settlement: nothing can move", snap: closedAs(lua.CloseExpired, nil),
+			name: "closed without settlement: nothing can move", snap: closedAs(store.CloseExpired, nil),
 			wantPhase: redpacketv1alpha1.PhaseExpired, wantRefund: ptrTo[int64](700),
 		},
 		{
-			name: "closing fails", snap: open(func(s *lua.Snapshot) { s.EndMs = ms(-time.Second) }), fail: errRedisDown,
+			name: "closing fails", snap: open(func(s *store.Snapshot) { s.EndMs = ms(-time.Second) }), fail: errRedisDown,
 			wantClose: "store.Close expired", wantErr: true, wantBlocker: redpacketv1alpha1.ReasonRedisUnavailable,
 		},
 		{
-			name: "never opened: no phase follows", snap: lua.Snapshot{State: lua.StateReady, Count: 10, Total: 1000},
+			name: "never opened: no phase follows", snap: store.Snapshot{State: store.StateReady, Count: 10, Total: 1000},
 			wantErr: true,
 		},
 	}
@@ -667,7 +669,7 @@ func TestScheduleStep(t *testing.T) {
 			if tc.wantMessage != "" && s.phaseMessage != tc.wantMessage {
 				t.Errorf("phase message %q, want %q", s.phaseMessage, tc.wantMessage)
 			}
-			if tc.wantClose != "" && p.store.snap.State != lua.StateClosed {
+			if tc.wantClose != "" && p.store.snap.State != store.StateClosed {
 				t.Errorf("Redis state %q after closing", p.store.snap.State)
 			}
 		})
@@ -680,18 +682,18 @@ func TestCountersStep(t *testing.T) {
 	conflict := apierrors.NewConflict(schema.GroupResource{Group: "redpacket.io", Resource: "redpacketactivities"}, "quiz", errors.New("conflict"))
 	at := func(d time.Duration) *metav1.Time { t := metav1.NewTime(testNow.Add(d)); return &t }
 	// The snapshot of every case but the closed ones: 3 of 10 claimed, 250 of 1000.
-	claimed := func(s lua.Snapshot) lua.Snapshot {
+	claimed := func(s store.Snapshot) store.Snapshot {
 		s.ClaimedCount, s.ClaimedAmount, s.RemainingCount = 3, 250, 7
 		return s
 	}
 	closedSnap := claimed(openSnapshot())
-	closedSnap.State, closedSnap.CloseReason, closedSnap.Refunded, closedSnap.RemainingCount = lua.StateClosed, lua.CloseExpired, 750, 0
+	closedSnap.State, closedSnap.CloseReason, closedSnap.Refunded, closedSnap.RemainingCount = store.StateClosed, store.CloseExpired, 750, 0
 	fenced := claimed(openSnapshot())
 	fenced.Fenced = "rolled_back"
 	cases := []struct {
 		name       string
 		recorded   bool
-		snap       lua.Snapshot
+		snap       store.Snapshot
 		status     func(*redpacketv1alpha1.RedPacketActivityStatus)
 		err        error
 		wantWrite  bool
@@ -856,7 +858,7 @@ func TestRunSteps(t *testing.T) {
 // The steps of a normal reconcile are in the order the seeding guarantee needs: the
 // gate only after the seed step, the schedule after the gate.
 func TestNormalStepsOrder(t *testing.T) {
-	p := newPhaseTest(t, lua.Snapshot{})
+	p := newPhaseTest(t, store.Snapshot{})
 	var names []string
 	for _, s := range p.r.normalSteps(p.r.patchStatusNow) {
 		names = append(names, s.name)

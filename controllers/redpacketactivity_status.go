@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // controllerConditionTypes are the conditions the controller owns, in the order their
@@ -389,7 +389,7 @@ func isNotFoundOrGone(err error) bool {
 }
 
 // snapshotDescribe is a short description of a snapshot for events and logs.
-func snapshotDescribe(snap lua.Snapshot) string {
+func snapshotDescribe(snap store.Snapshot) string {
 	return fmt.Sprintf("state %q, %d of %d claimed, %d settled, refund %d (%d settled), %d dead letters",
 		snap.State, snap.ClaimedCount, snap.Count, snap.SettledCount, snap.Refunded, snap.RefundSettled, snap.DeadCount)
 }
@@ -422,7 +422,7 @@ func (r *RedPacketActivityReconciler) reconcileCounters(ctx context.Context, s *
 	case !any:
 	case recorded == c:
 		return stepResult{}, nil
-	case s.snapshot.State == lua.StateClosed:
+	case s.snapshot.State == store.StateClosed:
 	case !r.grabReportRecent(s):
 	default:
 		return stepResult{}, nil

@@ -13,19 +13,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // The condition summary: what Ready, GrabServiceAvailable and Settled say, computed
 // from the scope at the end of a reconcile.
 
 func TestComputeSettled(t *testing.T) {
-	pending := lua.Snapshot{State: lua.StateOpen, Count: 10, Total: 1000, ClaimedCount: 2, ClaimedAmount: 150, SettledCount: 1}
+	pending := store.Snapshot{State: store.StateOpen, Count: 10, Total: 1000, ClaimedCount: 2, ClaimedAmount: 150, SettledCount: 1}
 	cases := []struct {
 		name        string
 		webhook     bool
 		read        bool
-		snap        lua.Snapshot
+		snap        store.Snapshot
 		before      string // Settled already in status, Status/Reason
 		notReady    string
 		want        string
@@ -49,18 +49,18 @@ func TestComputeSettled(t *testing.T) {
 		},
 		{
 			name: "claims and the refund to settle", webhook: true, read: true,
-			snap: lua.Snapshot{State: lua.StateClosed, CloseReason: lua.CloseExpired, Count: 10, Total: 1000, ClaimedCount: 2,
+			snap: store.Snapshot{State: store.StateClosed, CloseReason: store.CloseExpired, Count: 10, Total: 1000, ClaimedCount: 2,
 				ClaimedAmount: 150, SettledCount: 2, SettledAmount: 150, Refunded: 850},
 			want: "False/SettlementPending", wantMessage: "2 of 2 claims settled; 0 of the 850 refund settled",
 		},
 		{
 			name: "dead letters", webhook: true, read: true,
-			snap: lua.Snapshot{State: lua.StateOpen, Count: 10, Total: 1000, ClaimedCount: 2, SettledCount: 1, DeadCount: 1},
+			snap: store.Snapshot{State: store.StateOpen, Count: 10, Total: 1000, ClaimedCount: 2, SettledCount: 1, DeadCount: 1},
 			want: "False/DeadLetters", wantMessage: "1 deliveries were parked in the dead-letter stream",
 		},
 		{
 			name: "all settled", webhook: true, read: true,
-			snap: lua.Snapshot{State: lua.StateClosed, CloseReason: lua.CloseExpired, Count: 10, Total: 1000, ClaimedCount: 2,
+			snap: store.Snapshot{State: store.StateClosed, CloseReason: store.CloseExpired, Count: 10, Total: 1000, ClaimedCount: 2,
 				ClaimedAmount: 150, SettledCount: 2, SettledAmount: 150, Refunded: 850, RefundSettled: 850},
 			want: "True/AllSettled", wantMessage: "all 2 claims (150) and the refund (850) are credited",
 		},
@@ -98,14 +98,14 @@ func TestComputeSettled(t *testing.T) {
 // settled is the rule behind Settled=True and behind purging a deleted activity.
 func TestSettled(t *testing.T) {
 	cases := []struct {
-		snap lua.Snapshot
+		snap store.Snapshot
 		want bool
 	}{
-		{lua.Snapshot{}, true},
-		{lua.Snapshot{ClaimedCount: 3, SettledCount: 3}, true},
-		{lua.Snapshot{ClaimedCount: 3, SettledCount: 2}, false},
-		{lua.Snapshot{ClaimedCount: 3, SettledCount: 3, Refunded: 10}, false},
-		{lua.Snapshot{ClaimedCount: 3, SettledCount: 3, Refunded: 10, RefundSettled: 10}, true},
+		{store.Snapshot{}, true},
+		{store.Snapshot{ClaimedCount: 3, SettledCount: 3}, true},
+		{store.Snapshot{ClaimedCount: 3, SettledCount: 2}, false},
+		{store.Snapshot{ClaimedCount: 3, SettledCount: 3, Refunded: 10}, false},
+		{store.Snapshot{ClaimedCount: 3, SettledCount: 3, Refunded: 10, RefundSettled: 10}, true},
 	}
 	for _, tc := range cases {
 		if got := settled(tc.snap); got != tc.want {
@@ -237,7 +237,7 @@ func TestConditionSummary(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(a)
 			}
-			p := newPhaseTest(t, lua.Snapshot{})
+			p := newPhaseTest(t, store.Snapshot{})
 			p.r.Options.GrabReportTimeout = timeout
 			s := newActivityScope(a, testNow)
 			s.status.Phase = tc.phase
@@ -288,7 +288,7 @@ func TestPatchStatus(t *testing.T) {
 	a := testActivity(withWebhook)
 	claimed := int64(3)
 	a.Status.ClaimedCount = &claimed // the grab service's
-	p := newPhaseTest(t, lua.Snapshot{})
+	p := newPhaseTest(t, store.Snapshot{})
 	s := newActivityScope(a, testNow)
 	s.notReady = notReady(redpacketv1alpha1.ReasonRedisUnavailable, "down")
 	ctx := context.Background()
@@ -355,7 +355,7 @@ func TestSettledTransitionEvents(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPhaseTest(t, lua.Snapshot{})
+			p := newPhaseTest(t, store.Snapshot{})
 			cond := func(s string) redpacketv1alpha1.RedPacketActivityStatus {
 				status, reason, _ := strings.Cut(s, "/")
 				return redpacketv1alpha1.RedPacketActivityStatus{Phase: tc.phase, Conditions: []metav1.Condition{

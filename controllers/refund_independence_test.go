@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // A namespace whose admission policy refuses every Service: the grab workload
@@ -77,7 +77,7 @@ func TestCloseAndRefundDoNotWaitOnTheGrabWorkload(t *testing.T) {
 	}))
 	e.waitCondition("no-room", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonWorkloadFailed, 20*time.Second)
 	for _, u := range []string{"a", "b"} {
-		if res := e.grab(a, u); res.Outcome != lua.Granted {
+		if res := e.grab(a, u); res.Outcome != store.Granted {
 			t.Fatalf("grab for %s while the workload fails: %+v", u, res)
 		}
 	}
@@ -87,7 +87,7 @@ func TestCloseAndRefundDoNotWaitOnTheGrabWorkload(t *testing.T) {
 		return a.Status.Phase == redpacketv1alpha1.PhaseExpired
 	})
 	snap := e.snapshot(a)
-	if snap.State != lua.StateClosed || snap.Refunded != 1000-snap.ClaimedAmount || snap.ClaimedCount != 2 {
+	if snap.State != store.StateClosed || snap.Refunded != 1000-snap.ClaimedAmount || snap.ClaimedCount != 2 {
 		t.Fatalf("Redis after endTime: %+v, want closed with the rest refunded", snap)
 	}
 	a = e.waitStatus("no-room", "the refund in status", func(a *redpacketv1alpha1.RedPacketActivity) bool {

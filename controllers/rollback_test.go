@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // kstatusOf is what kstatus (the library Flux and kpt use) computes for the live
@@ -46,7 +46,7 @@ func TestRolledBackRedisIsFencedUntilAccepted(t *testing.T) {
 	a := e.create(e.activity("rewound", 1000, 10))
 	e.waitPhase("rewound", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	k := e.keys(a)
-	if res := e.grab(a, "u1"); res.Outcome != lua.Granted {
+	if res := e.grab(a, "u1"); res.Outcome != store.Granted {
 		t.Fatalf("grab: %+v", res)
 	}
 	backup := map[string]string{}
@@ -58,7 +58,7 @@ func TestRolledBackRedisIsFencedUntilAccepted(t *testing.T) {
 		}
 	}
 	for _, u := range []string{"u2", "u3", "u4"} {
-		if res := e.grab(a, u); res.Outcome != lua.Granted {
+		if res := e.grab(a, u); res.Outcome != store.Granted {
 			t.Fatalf("grab for %s: %+v", u, res)
 		}
 	}
@@ -102,9 +102,9 @@ func TestRolledBackRedisIsFencedUntilAccepted(t *testing.T) {
 	}
 	consistently(t, 2*time.Second, "the fence", func() (bool, string) {
 		snap := e.snapshot(a)
-		return snap.Fenced != "" && snap.State == lua.StateOpen && snap.Refunded == 0, snapshotLine(snap)
+		return snap.Fenced != "" && snap.State == store.StateOpen && snap.Refunded == 0, snapshotLine(snap)
 	})
-	if res := e.grab(a, "u5"); res.Outcome != lua.Fenced {
+	if res := e.grab(a, "u5"); res.Outcome != store.Fenced {
 		t.Errorf("grab on the fenced activity: %+v, want fenced", res)
 	}
 
@@ -123,12 +123,12 @@ func TestRolledBackRedisIsFencedUntilAccepted(t *testing.T) {
 		t.Errorf("kstatus still Failed after the accept")
 	}
 	e.waitEvent("rewound", "Normal", redpacketv1alpha1.ReasonRedisStateAccepted)
-	if res := e.grab(a, "u6"); res.Outcome != lua.Granted {
+	if res := e.grab(a, "u6"); res.Outcome != store.Granted {
 		t.Errorf("grab after the accept: %+v, want granted", res)
 	}
 }
 
-func snapshotLine(s lua.Snapshot) string {
+func snapshotLine(s store.Snapshot) string {
 	return "state " + string(s.State) + ", fenced " + s.Fenced
 }
 

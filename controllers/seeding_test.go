@@ -13,8 +13,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
 )
 
 // A controller stopped in the middle of seeding, ten forced reconciles, and two
@@ -29,7 +29,7 @@ func TestSeedingSurvivesRestartAndRepeatedReconciles(t *testing.T) {
 	release := make(chan struct{})
 	var reachedOnce sync.Once
 	first := e.startController(func(r *controllers.RedPacketActivityReconciler) {
-		r.Seeder = lua.Seeder{ChunkSize: 5000, AfterChunk: func(staged int64) error {
+		r.Seeder = store.Seeder{ChunkSize: 5000, AfterChunk: func(staged int64) error {
 			if staged < stopAfter {
 				return nil
 			}
@@ -73,8 +73,8 @@ func TestSeedingSurvivesRestartAndRepeatedReconciles(t *testing.T) {
 	// Two controllers resume at once (as after a restart with a stale leader), with a
 	// chunk size that does not line up with the first one's, while the activity is
 	// poked ten more times.
-	e.startController(func(r *controllers.RedPacketActivityReconciler) { r.Seeder = lua.Seeder{ChunkSize: 3000} })
-	e.startController(func(r *controllers.RedPacketActivityReconciler) { r.Seeder = lua.Seeder{ChunkSize: 7000} })
+	e.startController(func(r *controllers.RedPacketActivityReconciler) { r.Seeder = store.Seeder{ChunkSize: 3000} })
+	e.startController(func(r *controllers.RedPacketActivityReconciler) { r.Seeder = store.Seeder{ChunkSize: 7000} })
 	for i := range 10 {
 		e.bump("rain", 100+i)
 		time.Sleep(30 * time.Millisecond)
@@ -104,7 +104,7 @@ func TestSeedingSurvivesRestartAndRepeatedReconciles(t *testing.T) {
 	}
 	var sum int64
 	for i, p := range all {
-		packet, err := lua.ParseListedPacket(p)
+		packet, err := store.ParseListedPacket(p)
 		if err != nil || packet.ID != strconv.Itoa(i+1) || packet.Amount != want[i] ||
 			packet.CountBefore != int64(i) || packet.AmountBefore != sum {
 			t.Fatalf("packet %d is %q, want %d:%d@%d:%d", i, p, i+1, want[i], i, sum)
@@ -114,7 +114,7 @@ func TestSeedingSurvivesRestartAndRepeatedReconciles(t *testing.T) {
 	if sum != total {
 		t.Fatalf("packets sum to %d, want %d", sum, total)
 	}
-	if snap := e.snapshot(a); snap.Count != count || snap.Total != total || snap.State != lua.StateOpen {
+	if snap := e.snapshot(a); snap.Count != count || snap.Total != total || snap.State != store.StateOpen {
 		t.Fatalf("snapshot %+v after seeding", snap)
 	}
 }
@@ -129,7 +129,7 @@ func TestDataLostIsNeverReseeded(t *testing.T) {
 	a := e.create(e.activity("fragile", 1000, 10))
 	e.waitPhase("fragile", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	for _, u := range []string{"a", "b", "c"} {
-		if res := e.grab(a, u); res.Outcome != lua.Granted {
+		if res := e.grab(a, u); res.Outcome != store.Granted {
 			t.Fatalf("grab for %s: %+v", u, res)
 		}
 	}
@@ -166,7 +166,7 @@ func TestDataLostIsNeverReseeded(t *testing.T) {
 		n := e.dbsize()
 		return n == 0, strconv.FormatInt(n, 10) + " keys"
 	})
-	if res := e.grab(a, "d"); res.Outcome != lua.Missing {
+	if res := e.grab(a, "d"); res.Outcome != store.Missing {
 		t.Errorf("grab after data loss: %+v, want missing", res)
 	}
 	if e.dbsize() != 0 {
@@ -187,7 +187,7 @@ func TestSeedingRestartsWhenStagingVanishesBeforeCommit(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	first := e.startController(func(r *controllers.RedPacketActivityReconciler) {
-		r.Seeder = lua.Seeder{ChunkSize: 100, AfterChunk: func(int64) error {
+		r.Seeder = store.Seeder{ChunkSize: 100, AfterChunk: func(int64) error {
 			once.Do(func() { close(reached) })
 			<-release
 			return errors.New("the controller stopped")

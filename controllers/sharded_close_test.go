@@ -10,6 +10,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // A sharded close that stopped half-way (shard 0 closed, then the controller died or
@@ -34,11 +35,11 @@ func TestShardedCloseStoppedHalfWayIsFinished(t *testing.T) {
 		a.Spec.EndTime = &metav1.Time{Time: time.Now().Add(4 * time.Second)}
 	}))
 	a := e.waitPhase("half", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	h := lua.NewShards(e.rdb, string(a.UID), shards)
+	h := store.NewShards(e.rdb, string(a.UID), shards)
 	var claimed int64
 	for i := range 10 {
 		r, _, err := h.Grab(ctx, fmt.Sprintf("user-%d", i), nil)
-		if err != nil || r.Outcome != lua.Granted {
+		if err != nil || r.Outcome != store.Granted {
 			t.Fatalf("grab: %+v %v", r, err)
 		}
 		claimed += r.Amount
@@ -65,7 +66,7 @@ func TestShardedCloseStoppedHalfWayIsFinished(t *testing.T) {
 		a = e.get("half")
 		last = fmt.Sprintf("redis: %s, shard states %s/%s, refunded %d, fenced %q; status: %s",
 			v.Activity.State, v.Shards[0].State, v.Shards[1].State, v.Activity.Refunded, v.Activity.Fenced, describe(a))
-		if v.Activity.State == lua.StateClosed && v.Activity.Refunded == total-claimed {
+		if v.Activity.State == store.StateClosed && v.Activity.Refunded == total-claimed {
 			ok = true
 			break
 		}

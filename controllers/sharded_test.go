@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -44,13 +44,13 @@ func TestShardedActivityLifecycle(t *testing.T) {
 	}))
 	a := e.waitPhase("rain", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	e.runReporter("rain")
-	h := lua.NewShards(e.rdb, string(a.UID), shards)
+	h := store.NewShards(e.rdb, string(a.UID), shards)
 	view, err := h.ReadShards(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, sh := range view.Shards {
-		if sh.State != lua.StateOpen || sh.Count != count/shards {
+		if sh.State != store.StateOpen || sh.Count != count/shards {
 			t.Fatalf("shard %d: %s with %d packets, want open with %d", i, sh.State, sh.Count, count/shards)
 		}
 	}
@@ -74,7 +74,7 @@ func TestShardedActivityLifecycle(t *testing.T) {
 	packets := map[string]bool{}
 	for _, u := range users {
 		r, _, err := h.Grab(ctx, u, nil)
-		if err != nil || r.Outcome != lua.Granted {
+		if err != nil || r.Outcome != store.Granted {
 			t.Fatalf("grab for %s: %+v, %v", u, r, err)
 		}
 		if packets[r.PacketID] {
@@ -110,7 +110,7 @@ func TestShardedActivityLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if view.Activity.State != lua.StateClosed || view.Activity.Refunded != total-claimed || !view.Conservation().Zero() {
+	if view.Activity.State != store.StateClosed || view.Activity.Refunded != total-claimed || !view.Conservation().Zero() {
 		t.Fatalf("after close: %s, refunded %d (want %d), imbalance %+v", view.Activity.State, view.Activity.Refunded,
 			total-claimed, view.Conservation())
 	}
@@ -131,12 +131,12 @@ func TestShardedActivityLifecycle(t *testing.T) {
 	var grants, refund int64
 	for key, d := range credited {
 		switch d.Kind {
-		case lua.KindGrant:
+		case store.KindGrant:
 			if key != string(a.UID)+"/"+d.PacketID || !packets[d.PacketID] {
 				t.Errorf("grant delivery %s for packet %s, not one of the activity's grants", key, d.PacketID)
 			}
 			grants += d.Amount
-		case lua.KindRefund:
+		case store.KindRefund:
 			if key != string(a.UID)+"/refund" {
 				t.Errorf("refund delivered under %s", key)
 			}

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // Status is exact at every moment: sampled again and again while users grab, a grab
@@ -41,8 +41,8 @@ func TestStatusAddsUpAcrossTheClose(t *testing.T) {
 					return
 				default:
 				}
-				res, err := lua.Grab(ctx, e.rdb, e.keys(a), fmt.Sprintf("w%d-%d", w, i))
-				if err != nil || res.Outcome == lua.Ended || res.Outcome == lua.SoldOut {
+				res, err := store.Grab(ctx, e.rdb, e.keys(a), fmt.Sprintf("w%d-%d", w, i))
+				if err != nil || res.Outcome == store.Ended || res.Outcome == store.SoldOut {
 					return
 				}
 				time.Sleep(5 * time.Millisecond)

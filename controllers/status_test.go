@@ -14,6 +14,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // The grab service's counters, applied under its own field manager, survive the
@@ -35,7 +36,7 @@ func TestGrabServiceStatusFieldsSurviveReconciles(t *testing.T) {
 	// Three real grants, reported as the reporter would: status never records more
 	// than Redis holds (that would be a rollback, and fence the activity).
 	for _, u := range []string{"u1", "u2", "u3"} {
-		if res := e.grab(a, u); res.Outcome != lua.Granted {
+		if res := e.grab(a, u); res.Outcome != store.Granted {
 			t.Fatalf("grab: %+v", res)
 		}
 	}
@@ -168,7 +169,7 @@ func TestRedisConnectionProblemsAreReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	a = e.waitPhase("remote", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	if snap := e.snapshot(a); snap.Count != 10 || snap.State != lua.StateOpen {
+	if snap := e.snapshot(a); snap.Count != 10 || snap.State != store.StateOpen {
 		t.Errorf("snapshot %+v in the Secret's Redis", snap)
 	}
 }
@@ -190,7 +191,7 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 	var claimed int64
 	for _, u := range []string{"u1", "u2"} {
 		res := e.grab(a, u)
-		if res.Outcome != lua.Granted {
+		if res.Outcome != store.Granted {
 			t.Fatalf("grab: %+v", res)
 		}
 		claimed += res.Amount
@@ -217,14 +218,14 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 
 	e.create(e.activity("poisoned", 100, 3, withSettlement))
 	b := e.waitPhase("poisoned", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	if res := e.grab(b, "u1"); res.Outcome != lua.Granted {
+	if res := e.grab(b, "u1"); res.Outcome != store.Granted {
 		t.Fatalf("grab: %+v", res)
 	}
 	msgs := e.readPending(b)
 	if len(msgs) != 1 {
 		t.Fatalf("%d stream entries, want 1", len(msgs))
 	}
-	if ok, err := lua.DeadLetter(ctx, e.rdb, e.keys(b), settlementGroup, msgs[0].ID, "webhook answered 500", msgs[0].Values); err != nil || !ok {
+	if ok, err := store.DeadLetter(ctx, e.rdb, e.keys(b), settlementGroup, msgs[0].ID, "webhook answered 500", msgs[0].Values); err != nil || !ok {
 		t.Fatalf("dead-lettering: ok=%v err=%v", ok, err)
 	}
 	e.applyGrabServiceStatus("poisoned", map[string]any{"claimedCount": int64(1), "deadLetterCount": int64(1)})

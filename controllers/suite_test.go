@@ -30,7 +30,8 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
@@ -125,7 +126,7 @@ func (e *env) startControllerWith(cfg *rest.Config, configure func(r *controller
 	}
 	r := &controllers.RedPacketActivityReconciler{
 		Options: controllers.Options{
-			DefaultRedis:        lua.Conn{Addresses: []string{e.redis.Addr}, Mode: lua.ModeStandalone},
+			DefaultRedis:        redisconn.Conn{Addresses: []string{e.redis.Addr}, Mode: redisconn.ModeStandalone},
 			GrabImage:           "registry.example/redpacket-operator:test",
 			GrabReplicas:        1,
 			CleanupGracePeriod:  10 * time.Minute,
@@ -300,22 +301,22 @@ func (e *env) waitEvent(name, eventType, reason string) {
 	})
 }
 
-func (e *env) keys(a *redpacketv1alpha1.RedPacketActivity) lua.Keys {
-	return lua.KeysFor(string(a.UID))
+func (e *env) keys(a *redpacketv1alpha1.RedPacketActivity) store.Keys {
+	return store.KeysFor(string(a.UID))
 }
 
-func (e *env) snapshot(a *redpacketv1alpha1.RedPacketActivity) lua.Snapshot {
+func (e *env) snapshot(a *redpacketv1alpha1.RedPacketActivity) store.Snapshot {
 	e.t.Helper()
-	s, err := lua.ReadSnapshot(context.Background(), e.rdb, e.keys(a))
+	s, err := store.ReadSnapshot(context.Background(), e.rdb, e.keys(a))
 	if err != nil {
 		e.t.Fatalf("reading snapshot: %v", err)
 	}
 	return s
 }
 
-func (e *env) grab(a *redpacketv1alpha1.RedPacketActivity, user string) lua.GrabResult {
+func (e *env) grab(a *redpacketv1alpha1.RedPacketActivity, user string) store.GrabResult {
 	e.t.Helper()
-	res, err := lua.Grab(context.Background(), e.rdb, e.keys(a), user)
+	res, err := store.Grab(context.Background(), e.rdb, e.keys(a), user)
 	if err != nil {
 		e.t.Fatalf("grab for %s: %v", user, err)
 	}
@@ -396,8 +397,8 @@ func (e *env) readPending(a *redpacketv1alpha1.RedPacketActivity) []redis.XMessa
 }
 
 // decodeEntry decodes one settlement stream entry.
-func decodeEntry(m redis.XMessage) lua.StreamEntry {
-	return lua.DecodeMessages([]redis.XMessage{m})[0]
+func decodeEntry(m redis.XMessage) store.StreamEntry {
+	return store.DecodeMessages([]redis.XMessage{m})[0]
 }
 
 // ack settles one delivered entry.
@@ -407,7 +408,7 @@ func (e *env) ack(a *redpacketv1alpha1.RedPacketActivity, m redis.XMessage) {
 	if d.Malformed != nil {
 		e.t.Fatalf("entry %s: %v", m.ID, d.Malformed)
 	}
-	ok, err := lua.Ack(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, d.Kind, d.Amount)
+	ok, err := store.Ack(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, d.Kind, d.Amount)
 	if err != nil || !ok {
 		e.t.Fatalf("acking %s: ok=%v err=%v", m.ID, ok, err)
 	}

@@ -18,7 +18,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
 )
@@ -189,7 +190,7 @@ func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 		t.Fatalf("setting a Redis password: %v", err)
 	}
 	e.startController(func(r *controllers.RedPacketActivityReconciler) {
-		r.Options.DefaultRedis = lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone, Password: password}
+		r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone, Password: password}
 	})
 	ctx := context.Background()
 
@@ -221,13 +222,13 @@ func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 	if err := e.c.Get(ctx, key, secret); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := lua.ConnFromSecret(secret.Data)
+	conn, err := redisconn.ConnFromSecret(secret.Data)
 	if err != nil {
 		t.Fatalf("the Secret is not in the spec.redis.secretRef format: %v", err)
 	}
 	a := e.get("secretive")
-	if conn.Password == password || conn.Username != lua.ActivityUserName(string(a.UID)) || len(conn.Addresses) != 1 ||
-		conn.Addresses[0] != srv.Addr || conn.Mode != lua.ModeStandalone {
+	if conn.Password == password || conn.Username != store.ActivityUserName(string(a.UID)) || len(conn.Addresses) != 1 ||
+		conn.Addresses[0] != srv.Addr || conn.Mode != redisconn.ModeStandalone {
 		t.Errorf("connection in the Secret %+v, want the default Redis with the activity's own user", conn)
 	}
 

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // Activity is the grab service's view of its RedPacketActivity: the resource as last
@@ -22,7 +22,7 @@ type Activity struct {
 	// Object is the resource. Treat it as read-only: it is shared.
 	Object *redpacketv1alpha1.RedPacketActivity
 	// Keys are the activity's Redis keys.
-	Keys lua.Keys
+	Keys store.Keys
 	// Ref is "<namespace>/<name>", as user tokens name the activity.
 	Ref string
 }
@@ -31,7 +31,7 @@ type Activity struct {
 func NewActivity(obj *redpacketv1alpha1.RedPacketActivity) *Activity {
 	return &Activity{
 		Object: obj,
-		Keys:   lua.KeysFor(string(obj.UID)),
+		Keys:   store.KeysFor(string(obj.UID)),
 		Ref:    obj.Namespace + "/" + obj.Name,
 	}
 }
@@ -48,15 +48,15 @@ type handles struct {
 
 type handle struct {
 	uid types.UID
-	h   *lua.Shards
+	h   *store.Shards
 }
 
 // of returns the handle of act, over its spec.shards shards, on c.
-func (hs *handles) of(c redis.Cmdable, act *Activity) *lua.Shards {
+func (hs *handles) of(c redis.Cmdable, act *Activity) *store.Shards {
 	if cur := hs.cur.Load(); cur != nil && cur.uid == act.Object.UID {
 		return cur.h
 	}
-	h := &handle{uid: act.Object.UID, h: lua.NewShards(c, string(act.Object.UID), act.Object.Spec.ShardCount())}
+	h := &handle{uid: act.Object.UID, h: store.NewShards(c, string(act.Object.UID), act.Object.Spec.ShardCount())}
 	if hs.replicated != nil {
 		h.h.Replicated = func(ctx context.Context, shard int) error {
 			if wait := hs.replicated(shard); wait != nil {

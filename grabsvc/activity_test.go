@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
 )
@@ -56,7 +56,7 @@ func TestActivitySourceWaitsThenFollowsChanges(t *testing.T) {
 	}
 	wait.Until(t, 3*time.Second, "the activity to be found", func() (bool, string) { return src.Current() != nil, "" })
 	cur := src.Current()
-	if cur.Object.UID != obj.UID || cur.Keys != lua.KeysFor(string(obj.UID)) || cur.Ref != ns+"/later" {
+	if cur.Object.UID != obj.UID || cur.Keys != store.KeysFor(string(obj.UID)) || cur.Ref != ns+"/later" {
 		t.Fatalf("activity %+v, keys %+v", cur.Object.ObjectMeta, cur.Keys)
 	}
 	if ok, why := srv.Ready(ctx); !ok {

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // A token names the activity by name and UID; it is refused for another UID (an
@@ -174,7 +174,7 @@ func authActivity(name string) *Activity {
 	obj.Spec.GrabService.Auth = &redpacketv1alpha1.GrabAuth{
 		TokenSecretRef: redpacketv1alpha1.SecretReference{Name: "grab-hmac"},
 	}
-	return &Activity{Object: obj, Keys: lua.KeysFor(string(obj.UID)), Ref: a.Ref}
+	return &Activity{Object: obj, Keys: store.KeysFor(string(obj.UID)), Ref: a.Ref}
 }
 
 // The admission policy that narrows the grab ServiceAccount's status writes

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -40,10 +42,10 @@ const (
 
 // benchRedis starts a redis-server with an open activity of n packets and the
 // scripts loaded.
-func benchRedis(b *testing.B, n int) (*lua.PipelinedClient, *Activity, *redistest.Server) {
+func benchRedis(b *testing.B, n int) (*redisconn.PipelinedClient, *Activity, *redistest.Server) {
 	b.Helper()
 	srv := redistest.Start(b)
-	rc, err := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(5 * time.Second))
+	rc, err := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(5 * time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,9 +68,9 @@ func reportRate(b *testing.B, unit string) {
 }
 
 // checkGranted verifies that the run granted n packets.
-func checkGranted(b *testing.B, rc *lua.PipelinedClient, act *Activity, n int64) {
+func checkGranted(b *testing.B, rc *redisconn.PipelinedClient, act *Activity, n int64) {
 	b.Helper()
-	snap, err := lua.ReadSnapshot(context.Background(), rc.Client, act.Keys)
+	snap, err := store.ReadSnapshot(context.Background(), rc.Client, act.Keys)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -88,8 +90,8 @@ func BenchmarkClaimPath(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			user := "u" + strconv.FormatInt(next.Add(1), 10)
-			res, err := lua.Grab(ctx, rc.Pipeliner, act.Keys, user)
-			if err != nil || res.Outcome != lua.Granted {
+			res, err := store.Grab(ctx, rc.Pipeliner, act.Keys, user)
+			if err != nil || res.Outcome != store.Granted {
 				b.Errorf("grab for %s: %+v %v", user, res, err)
 				return
 			}
@@ -122,7 +124,7 @@ func BenchmarkRedisBenchmarkP16(b *testing.B) {
 	}
 	reportRate(b, "grabs/s")
 	// Random user ids can repeat (already_claimed); nearly every call must grant.
-	snap, err := lua.ReadSnapshot(context.Background(), rc.Client, act.Keys)
+	snap, err := store.ReadSnapshot(context.Background(), rc.Client, act.Keys)
 	if err != nil {
 		b.Fatal(err)
 	}

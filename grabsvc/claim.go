@@ -14,7 +14,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // MaxUserIDLen is the longest user id, in characters.
@@ -61,7 +61,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 
 	start := time.Now()
-	res, shard, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID, func(i int) lua.Watermark {
+	res, shard, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID, func(i int) store.Watermark {
 		return s.cfg.Guard.MarkShard(act, i)
 	})
 	s.metrics.ClaimLatency.Observe(time.Since(start).Seconds())
@@ -74,7 +74,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, msg)
 		return
 	}
-	if res.Outcome == lua.Granted || res.Outcome == lua.AlreadyClaimed {
+	if res.Outcome == store.Granted || res.Outcome == store.AlreadyClaimed {
 		// With durability Replicas, a packet is announced only once enough replicas
 		// hold it (a repeat too: its first answer may have been this 503).
 		if waiter := s.durable.of(s.cfg.Durable, act, shard); waiter != nil {
@@ -87,20 +87,20 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	switch res.Outcome {
-	case lua.Granted:
+	case store.Granted:
 		s.cfg.Guard.SawShard(act.Object.UID, shard, act.Object.Spec.ShardCount(), res.Seen)
 		s.metrics.countOutcome(string(res.Outcome))
 		writePacket(w, string(res.Outcome), res.PacketID, res.Amount)
-	case lua.AlreadyClaimed:
+	case store.AlreadyClaimed:
 		s.metrics.countOutcome(string(res.Outcome))
 		writePacket(w, string(res.Outcome), res.PacketID, res.Amount)
-	case lua.SoldOut, lua.NotStarted, lua.Ended, lua.Paused:
+	case store.SoldOut, store.NotStarted, store.Ended, store.Paused:
 		s.metrics.countOutcome(string(res.Outcome))
 		writeJSON(w, http.StatusConflict, grabResponse{Outcome: string(res.Outcome)})
-	case lua.Missing:
+	case store.Missing:
 		s.cfg.Guard.SetProblem(act.Object.UID, problemMissing)
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the activity's packets are not in the packet store; the operator reports this on the resource")
-	case lua.Fenced:
+	case store.Fenced:
 		s.cfg.Guard.SetProblem(act.Object.UID, problemFenced)
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store came back older than what was already granted, so nothing is granted until an operator reconciles it; the operator reports this on the resource")
 	default:
@@ -111,7 +111,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 
 // grabCall carries one claim to the goroutine that runs it and its answer back.
 type grabCall struct {
-	res   lua.GrabResult
+	res   store.GrabResult
 	shard int
 	err   error
 	ch    chan struct{}
@@ -132,7 +132,7 @@ var (
 // shard with the result. It is callWithDeadline for the hot path: pooled timers and
 // reply slots, and no wait on the request's context (a client that went away costs
 // at most the deadline).
-func (s *Server) grab(ctx context.Context, h *lua.Shards, userID string, markOf func(int) lua.Watermark) (lua.GrabResult, int, error) {
+func (s *Server) grab(ctx context.Context, h *store.Shards, userID string, markOf func(int) store.Watermark) (store.GrabResult, int, error) {
 	c := grabCalls.Get().(*grabCall)
 	go func() {
 		c.res, c.shard, c.err = h.Grab(ctx, userID, markOf)
@@ -152,7 +152,7 @@ func (s *Server) grab(ctx context.Context, h *lua.Shards, userID string, markOf 
 	case <-t.C:
 		grabTimers.Put(t)
 		// c belongs to the running call now and is never reused.
-		return lua.GrabResult{}, 0, fmt.Errorf("grab: %w", context.DeadlineExceeded)
+		return store.GrabResult{}, 0, fmt.Errorf("grab: %w", context.DeadlineExceeded)
 	}
 }
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -43,7 +43,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 	if r := h.grab("bob", nil); r.Status != http.StatusOK || r.Outcome != OutcomeAlreadyClaimed || r.PacketID != "2" {
 		t.Fatalf("bob after sell-out: %d %s", r.Status, r.Raw)
 	}
-	snap, err := lua.ReadSnapshot(ctx, h.admin, open.Keys)
+	snap, err := store.ReadSnapshot(ctx, h.admin, open.Keys)
 	if err != nil || snap.ClaimedCount != 3 || snap.ClaimedAmount != 60 || snap.RemainingCount != 0 {
 		t.Fatalf("snapshot after the grabs: %+v %v", snap, err)
 	}
@@ -56,7 +56,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 
 	// Committed but not opened by the controller yet: not started either.
 	ready := testActivity("ready")
-	if _, err := (lua.Seeder{}).Seed(ctx, h.admin, ready.Keys, ones(3), lua.SeedParams{Count: 3, Total: 6, Sponsor: "s"}); err != nil {
+	if _, err := (store.Seeder{}).Seed(ctx, h.admin, ready.Keys, ones(3), store.SeedParams{Count: 3, Total: 6, Sponsor: "s"}); err != nil {
 		t.Fatal(err)
 	}
 	h.act.Store(ready)
@@ -72,7 +72,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 
 	closed := testActivity("closed")
 	h.useActivity(closed, ones(5), 0, 0, false)
-	if _, err := lua.Close(ctx, h.admin, closed.Keys, lua.CloseExpired); err != nil {
+	if _, err := store.Close(ctx, h.admin, closed.Keys, store.CloseExpired); err != nil {
 		t.Fatal(err)
 	}
 	if r := h.grab("frank", nil); r.Status != http.StatusConflict || r.Outcome != OutcomeEnded {
@@ -84,7 +84,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 	if r := h.grab("gina", nil); r.Status != http.StatusConflict || r.Outcome != OutcomePaused {
 		t.Fatalf("paused: %d %s", r.Status, r.Raw)
 	}
-	if _, err := lua.Configure(ctx, h.admin, paused.Keys, 0, 0, false, true); err != nil {
+	if _, err := store.Configure(ctx, h.admin, paused.Keys, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
 	if r := h.grab("gina", nil); r.Status != http.StatusOK || r.Outcome != OutcomeGranted {

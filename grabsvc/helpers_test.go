@@ -21,7 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 )
@@ -60,19 +61,19 @@ func testActivity(name string) *Activity {
 }
 
 // seed commits amounts as the activity's packets and opens it with the window.
-func seed(t testing.TB, c redis.Scripter, k lua.Keys, amounts []int64, startMs, endMs int64, paused bool) {
+func seed(t testing.TB, c redis.Scripter, k store.Keys, amounts []int64, startMs, endMs int64, paused bool) {
 	t.Helper()
 	var total int64
 	for _, a := range amounts {
 		total += a
 	}
 	ctx := context.Background()
-	if _, err := (lua.Seeder{}).Seed(ctx, c, k, amounts, lua.SeedParams{
+	if _, err := (store.Seeder{}).Seed(ctx, c, k, amounts, store.SeedParams{
 		Count: int64(len(amounts)), Total: total, StartMs: startMs, EndMs: endMs, Paused: paused, Sponsor: "sponsor-1",
 	}); err != nil {
 		t.Fatalf("seeding: %v", err)
 	}
-	if st, err := lua.Configure(ctx, c, k, startMs, endMs, paused, true); err != nil || st.State != lua.StateOpen {
+	if st, err := store.Configure(ctx, c, k, startMs, endMs, paused, true); err != nil || st.State != store.StateOpen {
 		t.Fatalf("opening: state %q, err %v", st.State, err)
 	}
 }
@@ -89,7 +90,7 @@ func ones(n int) []int64 {
 type harness struct {
 	t       *testing.T
 	redis   *redistest.Server
-	rc      *lua.PipelinedClient
+	rc      *redisconn.PipelinedClient
 	admin   *redis.Client
 	act     atomic.Pointer[Activity]
 	srv     *Server
@@ -104,7 +105,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	t.Helper()
 	h := &harness{t: t, redis: redistest.Start(t)}
 	h.admin = h.redis.Client(t)
-	rc, err := lua.Conn{Addresses: []string{h.redis.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
+	rc, err := redisconn.Conn{Addresses: []string{h.redis.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatalf("redis clients: %v", err)
 	}
@@ -196,13 +197,13 @@ func (h *harness) grab(userID string, header map[string]string) reply {
 // redisState is everything a request could have changed in Redis.
 type redisState struct {
 	DBSize    int64
-	Snapshot  lua.Snapshot
+	Snapshot  store.Snapshot
 	StreamLen int64
 	Claims    int64
 	Scripts   string
 }
 
-func (h *harness) state(k lua.Keys) redisState {
+func (h *harness) state(k store.Keys) redisState {
 	h.t.Helper()
 	ctx := context.Background()
 	var s redisState
@@ -210,7 +211,7 @@ func (h *harness) state(k lua.Keys) redisState {
 	if s.DBSize, err = h.admin.DBSize(ctx).Result(); err != nil {
 		h.t.Fatalf("dbsize: %v", err)
 	}
-	if s.Snapshot, err = lua.ReadSnapshot(ctx, h.admin, k); err != nil {
+	if s.Snapshot, err = store.ReadSnapshot(ctx, h.admin, k); err != nil {
 		h.t.Fatalf("snapshot: %v", err)
 	}
 	if s.StreamLen, err = h.admin.XLen(ctx, k.Stream).Result(); err != nil {

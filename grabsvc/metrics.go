@@ -7,18 +7,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // Outcome values of the grab API, as they appear in the JSON field "outcome" and
 // in the outcome label of the grab counter.
 const (
-	OutcomeGranted        = string(lua.Granted)
-	OutcomeAlreadyClaimed = string(lua.AlreadyClaimed)
-	OutcomeSoldOut        = string(lua.SoldOut)
-	OutcomeNotStarted     = string(lua.NotStarted)
-	OutcomeEnded          = string(lua.Ended)
-	OutcomePaused         = string(lua.Paused)
+	OutcomeGranted        = string(store.Granted)
+	OutcomeAlreadyClaimed = string(store.AlreadyClaimed)
+	OutcomeSoldOut        = string(store.SoldOut)
+	OutcomeNotStarted     = string(store.NotStarted)
+	OutcomeEnded          = string(store.Ended)
+	OutcomePaused         = string(store.Paused)
 	OutcomeInvalidRequest = "invalid_request"
 	OutcomeUnauthorized   = "unauthorized"
 	OutcomeRateLimited    = "rate_limited"

@@ -28,7 +28,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc/web"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/wait"
 )
@@ -138,7 +138,7 @@ type pageServer struct {
 	h      *harness
 	obj    *redpacketv1alpha1.RedPacketActivity
 	act    *Activity
-	handle *lua.Activity
+	handle *store.Activity
 }
 
 func newPageServer(t *testing.T, name string, amounts []int64, start, end time.Time, opts ...harnessOpt) *pageServer {
@@ -169,11 +169,11 @@ func newPageServer(t *testing.T, name string, amounts []int64, start, end time.T
 	h := newHarness(t, opts...)
 	act := src.Current()
 	seed(t, h.admin, act.Keys, amounts, start.UnixMilli(), end.UnixMilli(), false)
-	return &pageServer{h: h, obj: obj, act: act, handle: lua.NewActivity(h.admin, string(act.Object.UID))}
+	return &pageServer{h: h, obj: obj, act: act, handle: store.NewActivity(h.admin, string(act.Object.UID))}
 }
 
 // claim is what Redis says the user holds.
-func (ps *pageServer) claim(t *testing.T, user string) lua.Claim {
+func (ps *pageServer) claim(t *testing.T, user string) store.Claim {
 	t.Helper()
 	claims, err := ps.handle.Claims(context.Background())
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // FieldManager is the server-side apply field manager of the grab service's status
@@ -33,7 +33,7 @@ const (
 type Counters = redpacketv1alpha1.Counters
 
 // CountersFrom takes the reported counters from a snapshot.
-func CountersFrom(s lua.Snapshot) Counters { return s.Counters() }
+func CountersFrom(s store.Snapshot) Counters { return s.Counters() }
 
 // Reporter writes the activity's counters from Redis into its status with
 // server-side apply under FieldManager, forcing ownership of exactly its own
@@ -141,7 +141,7 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 		r.Guard.Saw(uid, statusMark(&live.Status))
 	} else {
 		for i := range n {
-			r.Guard.SawShard(uid, i, n, lua.ShardMark(&live.Status, i))
+			r.Guard.SawShard(uid, i, n, store.ShardMark(&live.Status, i))
 		}
 	}
 	h := r.handles.of(r.Redis, act)

@@ -21,6 +21,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
@@ -29,7 +31,7 @@ import (
 // reporterEnv is a real API server and a real Redis holding one seeded activity.
 type reporterEnv struct {
 	cp    *controlplane.ControlPlane
-	rc    *lua.PipelinedClient
+	rc    *redisconn.PipelinedClient
 	admin *redis.Client
 	act   *Activity
 }
@@ -39,7 +41,7 @@ func newReporterEnv(t *testing.T, name string, count int64) *reporterEnv {
 	cp := controlPlane(t)
 	ns := cp.Namespace(t)
 	srv := redistest.Start(t)
-	rc, err := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
+	rc, err := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +82,8 @@ func (e *reporterEnv) burst(t *testing.T, prefix string, n int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := lua.Grab(context.Background(), e.rc.Pipeliner, e.act.Keys, fmt.Sprintf("%s-%d", prefix, i))
-			if err == nil && res.Outcome != lua.Granted {
+			res, err := store.Grab(context.Background(), e.rc.Pipeliner, e.act.Keys, fmt.Sprintf("%s-%d", prefix, i))
+			if err == nil && res.Outcome != store.Granted {
 				err = fmt.Errorf("outcome %s", res.Outcome)
 			}
 			errs <- err
@@ -96,7 +98,7 @@ func (e *reporterEnv) burst(t *testing.T, prefix string, n int) {
 	}
 }
 
-func statusMatches(o *redpacketv1alpha1.RedPacketActivity, s lua.Snapshot) (bool, string) {
+func statusMatches(o *redpacketv1alpha1.RedPacketActivity, s store.Snapshot) (bool, string) {
 	st := o.Status
 	got := fmt.Sprintf("remaining %v/%v claimed %v/%v settled %v/%v dead %v reported %v",
 		ptrStr(st.RemainingCount), ptrStr(st.RemainingAmount), ptrStr(st.ClaimedCount), ptrStr(st.ClaimedAmount),
@@ -130,7 +132,7 @@ func TestReporterShowsABurstWithinTwoSeconds(t *testing.T) {
 
 	e.burst(t, "b1", 120)
 	burstEnd := time.Now()
-	snap, err := lua.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
+	snap, err := store.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
 	if err != nil || snap.ClaimedCount != 120 {
 		t.Fatalf("snapshot %+v %v", snap, err)
 	}
@@ -148,7 +150,7 @@ func TestReporterShowsABurstWithinTwoSeconds(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.burst(t, "b2", 30)
-	snap, err = lua.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
+	snap, err = store.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +203,7 @@ func TestReporterAppliesOnlyOnChangeOrHeartbeat(t *testing.T) {
 		t.Fatalf("lastReportTime %s -> %s, want %s", before, after, now.Truncate(time.Second))
 	}
 	// Redis without the activity: nothing is reported.
-	if err := lua.Purge(ctx, e.admin, e.act.Keys); err != nil {
+	if err := store.Purge(ctx, e.admin, e.act.Keys); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(time.Minute)
@@ -226,7 +228,7 @@ func TestThreeReportersConvergeWithoutConflicts(t *testing.T) {
 		e.burst(t, fmt.Sprintf("r%d", round), 40)
 		time.Sleep(60 * time.Millisecond)
 	}
-	snap, err := lua.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
+	snap, err := store.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
 	if err != nil || snap.ClaimedCount != 200 {
 		t.Fatalf("snapshot %+v %v", snap, err)
 	}

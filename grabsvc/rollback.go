@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // RollbackGuard is what one grab service knows about how far its activity's Redis
@@ -36,18 +36,18 @@ type RollbackGuard struct {
 // shardMarks are the watermarks of the shards of one sharded activity.
 type shardMarks struct {
 	uid   types.UID
-	marks []atomic.Pointer[lua.Watermark]
+	marks []atomic.Pointer[store.Watermark]
 }
 
 type guardState struct {
 	uid     types.UID
-	mark    lua.Watermark
+	mark    store.Watermark
 	problem string
 }
 
 // statusMark is the watermark a status records.
-func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus) lua.Watermark {
-	var w lua.Watermark
+func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus) store.Watermark {
+	var w store.Watermark
 	if st.RedisEpoch != nil {
 		w.Epoch = *st.RedisEpoch
 	}
@@ -59,7 +59,7 @@ func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus) lua.Watermark {
 
 // Mark is the watermark to send with a grab of act: the higher of what this service
 // saw and what act's status records.
-func (g *RollbackGuard) Mark(act *Activity) lua.Watermark {
+func (g *RollbackGuard) Mark(act *Activity) store.Watermark {
 	w := statusMark(&act.Object.Status)
 	if cur := g.cur.Load(); cur != nil && cur.uid == act.Object.UID {
 		return cur.mark.Raise(w)
@@ -69,12 +69,12 @@ func (g *RollbackGuard) Mark(act *Activity) lua.Watermark {
 
 // MarkShard is the watermark to send with a grab on shard i of act: Mark(act) when
 // act has one shard.
-func (g *RollbackGuard) MarkShard(act *Activity, i int) lua.Watermark {
+func (g *RollbackGuard) MarkShard(act *Activity, i int) store.Watermark {
 	n := act.Object.Spec.ShardCount()
 	if n == 1 {
 		return g.Mark(act)
 	}
-	w := lua.ShardMark(&act.Object.Status, i)
+	w := store.ShardMark(&act.Object.Status, i)
 	if sm := g.shards.Load(); sm != nil && sm.uid == act.Object.UID && i < len(sm.marks) {
 		if seen := sm.marks[i].Load(); seen != nil {
 			return seen.Raise(w)
@@ -85,14 +85,14 @@ func (g *RollbackGuard) MarkShard(act *Activity, i int) lua.Watermark {
 
 // SawShard raises the watermark of shard i of the n shards of activity uid to w: Saw
 // when n is 1.
-func (g *RollbackGuard) SawShard(uid types.UID, i, n int, w lua.Watermark) {
+func (g *RollbackGuard) SawShard(uid types.UID, i, n int, w store.Watermark) {
 	if n <= 1 {
 		g.Saw(uid, w)
 		return
 	}
 	sm := g.shards.Load()
 	if sm == nil || sm.uid != uid || len(sm.marks) != n {
-		next := &shardMarks{uid: uid, marks: make([]atomic.Pointer[lua.Watermark], n)}
+		next := &shardMarks{uid: uid, marks: make([]atomic.Pointer[store.Watermark], n)}
 		if !g.shards.CompareAndSwap(sm, next) {
 			g.SawShard(uid, i, n, w)
 			return
@@ -114,7 +114,7 @@ func (g *RollbackGuard) SawShard(uid types.UID, i, n int, w lua.Watermark) {
 }
 
 // Saw raises the watermark of activity uid to w.
-func (g *RollbackGuard) Saw(uid types.UID, w lua.Watermark) {
+func (g *RollbackGuard) Saw(uid types.UID, w store.Watermark) {
 	g.update(uid, func(st *guardState) { st.mark = st.mark.Raise(w) })
 }
 
@@ -168,16 +168,16 @@ type durableWaiter struct {
 	replicas int32
 	timeout  int32
 	// w is the waiter of each shard: WAIT must run on the master that took the grant.
-	w []*lua.ReplicaWaiter
+	w []*store.ReplicaWaiter
 }
 
 // DefaultReplicaTimeout is how long a grab waits for replicas when
 // spec.durability.timeoutMilliseconds is not set.
-const DefaultReplicaTimeout = lua.DefaultReplicaTimeout
+const DefaultReplicaTimeout = store.DefaultReplicaTimeout
 
 // of returns the waiter for shard i of act on c, nil when act's durability is not
 // Replicas.
-func (ws *durableWaiters) of(c redis.Cmdable, act *Activity, i int) *lua.ReplicaWaiter {
+func (ws *durableWaiters) of(c redis.Cmdable, act *Activity, i int) *store.ReplicaWaiter {
 	d := act.Object.Spec.Durability
 	if c == nil || d == nil || d.Mode != redpacketv1alpha1.DurabilityReplicas || d.Replicas < 1 {
 		return nil
@@ -192,9 +192,9 @@ func (ws *durableWaiters) of(c redis.Cmdable, act *Activity, i int) *lua.Replica
 	}
 	n := act.Object.Spec.ShardCount()
 	next := &durableWaiter{uid: act.Object.UID, replicas: d.Replicas, timeout: d.TimeoutMilliseconds,
-		w: make([]*lua.ReplicaWaiter, n)}
+		w: make([]*store.ReplicaWaiter, n)}
 	for k := range next.w {
-		next.w[k] = lua.NewReplicaWaiter(c, lua.ShardUID(string(act.Object.UID), k, n), int(d.Replicas), timeout)
+		next.w[k] = store.NewReplicaWaiter(c, store.ShardUID(string(act.Object.UID), k, n), int(d.Replicas), timeout)
 	}
 	if ws.cur.CompareAndSwap(cur, next) {
 		return next.w[i]

@@ -7,14 +7,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // backup is a copy of an activity's keys, as a restored backup or a lagging replica
 // would hold them.
 type backup map[string]string
 
-func takeBackup(t *testing.T, c *redis.Client, k lua.Keys) backup {
+func takeBackup(t *testing.T, c *redis.Client, k store.Keys) backup {
 	t.Helper()
 	b := backup{}
 	for _, key := range k.All() {
@@ -31,7 +31,7 @@ func takeBackup(t *testing.T, c *redis.Client, k lua.Keys) backup {
 }
 
 // restore puts the activity's keys back as they were in b.
-func (b backup) restore(t *testing.T, c *redis.Client, k lua.Keys) {
+func (b backup) restore(t *testing.T, c *redis.Client, k store.Keys) {
 	t.Helper()
 	ctx := context.Background()
 	for _, key := range k.All() {
@@ -84,7 +84,7 @@ func TestGrabPathFencesARolledBackRedis(t *testing.T) {
 	}
 	// A replica that never saw a grant (no watermark at all) is refused too: the
 	// fence is in Redis.
-	if res, err := lua.Grab(context.Background(), h.admin, act.Keys, "u6"); err != nil || res.Outcome != lua.Fenced {
+	if res, err := store.Grab(context.Background(), h.admin, act.Keys, "u6"); err != nil || res.Outcome != store.Fenced {
 		t.Fatalf("grab without a watermark after the fence: %+v %v, want fenced", res, err)
 	}
 }
@@ -118,7 +118,7 @@ func TestReporterFencesInsteadOfLowering(t *testing.T) {
 	if o.Status.ClaimedCount == nil || *o.Status.ClaimedCount != 4 || *o.Status.RemainingCount != 16 {
 		t.Fatalf("status after the rollback: claimed %s remaining %s, want 4 and 16 kept", ptrStr(o.Status.ClaimedCount), ptrStr(o.Status.RemainingCount))
 	}
-	snap, err := lua.ReadSnapshot(ctx, e.admin, e.act.Keys)
+	snap, err := store.ReadSnapshot(ctx, e.admin, e.act.Keys)
 	if err != nil || snap.Fenced == "" || snap.ClaimedCount != 1 {
 		t.Fatalf("Redis after the report: %+v %v, want fenced at 1 claim", snap, err)
 	}

@@ -26,7 +26,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc/web"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // MaxBodyBytes is the largest grab request body accepted.
@@ -299,7 +299,7 @@ func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
 // BuildActivityView combines the resource and a Redis snapshot into the
 // /v1/activity answer. When Redis lacks the activity the counters are the
 // resource's last reported status.
-func BuildActivityView(act *Activity, snap lua.Snapshot, now time.Time) ActivityView {
+func BuildActivityView(act *Activity, snap store.Snapshot, now time.Time) ActivityView {
 	o := act.Object
 	v := ActivityView{
 		Namespace: o.Namespace,
@@ -344,14 +344,14 @@ func BuildActivityView(act *Activity, snap lua.Snapshot, now time.Time) Activity
 // (lua.Snapshot.Phase) while Redis holds the open or closed activity, else the
 // resource's status.phase, and without one Scheduled for a committed activity and
 // Pending for one Redis does not hold.
-func DerivePhase(o *redpacketv1alpha1.RedPacketActivity, snap lua.Snapshot, now time.Time) redpacketv1alpha1.Phase {
+func DerivePhase(o *redpacketv1alpha1.RedPacketActivity, snap store.Snapshot, now time.Time) redpacketv1alpha1.Phase {
 	if p, ok := snap.Phase(now); ok {
 		return p
 	}
 	switch {
 	case o.Status.Phase != "":
 		return o.Status.Phase
-	case snap.State == lua.StateReady:
+	case snap.State == store.StateReady:
 		return redpacketv1alpha1.PhaseScheduled
 	default:
 		return redpacketv1alpha1.PhasePending

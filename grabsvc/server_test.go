@@ -20,6 +20,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
 )
@@ -118,13 +120,13 @@ func TestActivityEndpoint(t *testing.T) {
 	if v != want {
 		t.Fatalf("activity view\n got %+v\nwant %+v", v, want)
 	}
-	if _, err := lua.Configure(context.Background(), h.admin, act.Keys, start.UnixMilli(), end.UnixMilli(), true, true); err != nil {
+	if _, err := store.Configure(context.Background(), h.admin, act.Keys, start.UnixMilli(), end.UnixMilli(), true, true); err != nil {
 		t.Fatal(err)
 	}
 	if v := get(); v.Phase != "Paused" || !v.Paused {
 		t.Fatalf("paused activity: %+v", v)
 	}
-	if _, err := lua.Close(context.Background(), h.admin, act.Keys, lua.CloseExpired); err != nil {
+	if _, err := store.Close(context.Background(), h.admin, act.Keys, store.CloseExpired); err != nil {
 		t.Fatal(err)
 	}
 	v = get()
@@ -148,25 +150,25 @@ func TestDerivePhase(t *testing.T) {
 	o := &redpacketv1alpha1.RedPacketActivity{}
 	o.Status.Phase = redpacketv1alpha1.PhaseSeeding
 	cases := []struct {
-		snap lua.Snapshot
+		snap store.Snapshot
 		want redpacketv1alpha1.Phase
 	}{
-		{lua.Snapshot{}, redpacketv1alpha1.PhaseSeeding},
-		{lua.Snapshot{State: lua.StateReady}, redpacketv1alpha1.PhaseSeeding},
-		{lua.Snapshot{State: lua.StateOpen, RemainingCount: 3}, redpacketv1alpha1.PhaseActive},
-		{lua.Snapshot{State: lua.StateOpen, RemainingCount: 3, StartMs: 2_000_000}, redpacketv1alpha1.PhaseScheduled},
-		{lua.Snapshot{State: lua.StateOpen, RemainingCount: 3, EndMs: 900_000}, redpacketv1alpha1.PhaseExpired},
-		{lua.Snapshot{State: lua.StateOpen, RemainingCount: 3, Paused: true}, redpacketv1alpha1.PhasePaused},
-		{lua.Snapshot{State: lua.StateOpen}, redpacketv1alpha1.PhaseExhausted},
-		{lua.Snapshot{State: lua.StateClosed, CloseReason: lua.CloseExhausted}, redpacketv1alpha1.PhaseExhausted},
-		{lua.Snapshot{State: lua.StateClosed, CloseReason: lua.CloseExpired}, redpacketv1alpha1.PhaseExpired},
+		{store.Snapshot{}, redpacketv1alpha1.PhaseSeeding},
+		{store.Snapshot{State: store.StateReady}, redpacketv1alpha1.PhaseSeeding},
+		{store.Snapshot{State: store.StateOpen, RemainingCount: 3}, redpacketv1alpha1.PhaseActive},
+		{store.Snapshot{State: store.StateOpen, RemainingCount: 3, StartMs: 2_000_000}, redpacketv1alpha1.PhaseScheduled},
+		{store.Snapshot{State: store.StateOpen, RemainingCount: 3, EndMs: 900_000}, redpacketv1alpha1.PhaseExpired},
+		{store.Snapshot{State: store.StateOpen, RemainingCount: 3, Paused: true}, redpacketv1alpha1.PhasePaused},
+		{store.Snapshot{State: store.StateOpen}, redpacketv1alpha1.PhaseExhausted},
+		{store.Snapshot{State: store.StateClosed, CloseReason: store.CloseExhausted}, redpacketv1alpha1.PhaseExhausted},
+		{store.Snapshot{State: store.StateClosed, CloseReason: store.CloseExpired}, redpacketv1alpha1.PhaseExpired},
 	}
 	for _, c := range cases {
 		if got := DerivePhase(o, c.snap, now); got != c.want {
 			t.Errorf("%+v: phase %s, want %s", c.snap, got, c.want)
 		}
 	}
-	if got := DerivePhase(&redpacketv1alpha1.RedPacketActivity{}, lua.Snapshot{}, now); got != redpacketv1alpha1.PhasePending {
+	if got := DerivePhase(&redpacketv1alpha1.RedPacketActivity{}, store.Snapshot{}, now); got != redpacketv1alpha1.PhasePending {
 		t.Errorf("no snapshot, no status: %s", got)
 	}
 }
@@ -223,7 +225,7 @@ func TestProbesAndMetrics(t *testing.T) {
 func TestScriptFlushDuringBurst(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		srv := redistest.Start(t)
-		rc, err := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
+		rc, err := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +236,7 @@ func TestScriptFlushDuringBurst(t *testing.T) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cl := redistest.StartCluster(t, 3)
-		rc, err := lua.Conn{Addresses: cl.Addrs, Mode: lua.ModeCluster}.NewPipelinedClient(lua.GrabClientOptions(2 * time.Second))
+		rc, err := redisconn.Conn{Addresses: cl.Addrs, Mode: redisconn.ModeCluster}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +275,7 @@ func evalCalls(t testing.TB, c *redis.Client) int64 {
 	return 0
 }
 
-func flushDuringBurst(t *testing.T, rc *lua.PipelinedClient, flush func(context.Context) error, evals func() int64) {
+func flushDuringBurst(t *testing.T, rc *redisconn.PipelinedClient, flush func(context.Context) error, evals func() int64) {
 	const (
 		workers   = 32
 		perWorker = 60
@@ -308,19 +310,19 @@ func flushDuringBurst(t *testing.T, rc *lua.PipelinedClient, flush func(context.
 			<-started
 			for i := 0; i < perWorker; i++ {
 				user := fmt.Sprintf("w%d-u%d", w, i)
-				res, err := lua.Grab(ctx, rc.Pipeliner, act.Keys, user)
+				res, err := store.Grab(ctx, rc.Pipeliner, act.Keys, user)
 				done.Add(1)
 				mu.Lock()
 				switch {
 				case err != nil:
 					errs = append(errs, err)
-				case res.Outcome == lua.Granted:
+				case res.Outcome == store.Granted:
 					if prev, dup := byPacket[res.PacketID]; dup {
 						errs = append(errs, fmt.Errorf("packet %s granted to %s and %s", res.PacketID, prev, user))
 					}
 					byPacket[res.PacketID] = user
 					sum.Add(res.Amount)
-				case res.Outcome == lua.SoldOut:
+				case res.Outcome == store.SoldOut:
 					soldOut.Add(1)
 				default:
 					errs = append(errs, fmt.Errorf("outcome %s for %s", res.Outcome, user))
@@ -353,7 +355,7 @@ func flushDuringBurst(t *testing.T, rc *lua.PipelinedClient, flush func(context.
 	if fallbacks < int64(flushes) {
 		t.Fatalf("%d EVAL fallbacks after %d flushes: the flushes did not hit the burst", fallbacks, flushes)
 	}
-	snap, err := lua.ReadSnapshot(ctx, rc.Client, act.Keys)
+	snap, err := store.ReadSnapshot(ctx, rc.Client, act.Keys)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // A sharded activity over HTTP: users are decided by their home shards, a dry home
@@ -34,11 +34,11 @@ func TestShardedActivityOverHTTP(t *testing.T) {
 		t.Fatalf("creating the activity: %v", err)
 	}
 	act := NewActivity(obj)
-	sh := lua.NewShards(h.admin, string(act.Object.UID), shards)
-	if _, err := sh.Seed(ctx, amounts, lua.SeedParams{Count: 90, Total: total, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
+	sh := store.NewShards(h.admin, string(act.Object.UID), shards)
+	if _, err := sh.Seed(ctx, amounts, store.SeedParams{Count: 90, Total: total, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := sh.ConfigureWith(ctx, lua.Settings{Open: true}); err != nil || r.State != lua.StateOpen {
+	if r, err := sh.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
 		t.Fatalf("opening: %+v %v", r, err)
 	}
 	h.act.Store(act)
@@ -146,7 +146,7 @@ func TestShardedActivityOverHTTP(t *testing.T) {
 	}
 }
 
-func fencedShards(v lua.ShardsView) []string {
+func fencedShards(v store.ShardsView) []string {
 	out := make([]string, len(v.Shards))
 	for i, s := range v.Shards {
 		out[i] = fmt.Sprintf("%d:%q", i, s.Fenced)

@@ -112,6 +112,8 @@ var (
 	stockSrc string
 	//go:embed refund_activity.lua
 	refundActivitySrc string
+	//go:embed replay_dead.lua
+	replayDeadSrc string
 )
 
 // The activity's scripts.
@@ -149,6 +151,8 @@ var (
 	StockScript = newScript("stock", stockSrc)
 	// RefundActivityScript writes a sharded activity's one refund, once.
 	RefundActivityScript = newScript("refund_activity", refundActivitySrc)
+	// ReplayDeadScript moves dead-lettered entries back into the settlement stream.
+	ReplayDeadScript = newScript("replay_dead", replayDeadSrc)
 )
 
 // AllScripts lists every script, for loading them all at once.

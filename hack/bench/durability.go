@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -59,13 +60,13 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 		return latencies{}, err
 	}
 	defer srv.Stop()
-	conn := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}
-	gc, err := conn.NewPipelinedClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout))
+	conn := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}
+	gc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(grabsvc.DefaultRedisTimeout))
 	if err != nil {
 		return latencies{}, err
 	}
 	defer func() { _ = gc.Close() }()
-	var waiter *lua.ReplicaWaiter
+	var waiter *store.ReplicaWaiter
 	if withReplica {
 		rdir := dir + "-replica"
 		if err := os.MkdirAll(rdir, 0o755); err != nil {
@@ -77,7 +78,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 			return latencies{}, err
 		}
 		defer replica.Stop()
-		h := lua.NewActivity(gc.Client, "bench-durable")
+		h := store.NewActivity(gc.Client, "bench-durable")
 		deadline := time.Now().Add(10 * time.Second)
 		for h.CheckReplicas(ctx, 1) != nil {
 			if time.Now().After(deadline) {
@@ -85,13 +86,13 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		waiter = lua.NewReplicaWaiter(gc.Client, "bench-durable", 1, time.Second)
+		waiter = store.NewReplicaWaiter(gc.Client, "bench-durable", 1, time.Second)
 		defer waiter.Close()
 	}
 	// Seeding gets a client of its own with a long deadline, as the controller's
 	// seeding does: with appendfsync always a chunk of 10,000 packets can take longer
 	// than the grab path's 500 ms.
-	sc := conn.NewClient(lua.ClientOptions{Timeout: 30 * time.Second})
+	sc := conn.NewClient(redisconn.ClientOptions{Timeout: 30 * time.Second})
 	_, err = seedActivity(ctx, sc, "bench-durable", packets)
 	_ = sc.Close()
 	if err != nil {
@@ -99,14 +100,14 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 	}
 	if waiter != nil {
 		// Let the replica catch up with the seeding before the clock starts.
-		catchUp := lua.NewReplicaWaiter(gc.Client, "bench-durable", 1, time.Minute)
+		catchUp := store.NewReplicaWaiter(gc.Client, "bench-durable", 1, time.Minute)
 		err := catchUp.Wait(ctx)
 		_ = catchUp.Close()
 		if err != nil {
 			return latencies{}, fmt.Errorf("the replica did not catch up with the seeding: %w", err)
 		}
 	}
-	a := lua.NewActivity(gc.Pipeliner, "bench-durable")
+	a := store.NewActivity(gc.Pipeliner, "bench-durable")
 	l, firstErr, err := closedLoop(ctx, workers, dur, packets, func(_ context.Context, i int64) (string, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -114,7 +115,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 		if err != nil {
 			return "", err
 		}
-		if waiter != nil && res.Outcome == lua.Granted {
+		if waiter != nil && res.Outcome == store.Granted {
 			if err := waiter.Wait(cctx); err != nil {
 				return "", err
 			}

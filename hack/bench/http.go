@@ -18,7 +18,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
 )
@@ -50,7 +50,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 	grabBin := filepath.Join(root, "bin", "grabsvc")
 	if !o.skipBuild {
 		fmt.Println("    building bin/grabsvc ...")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", grabBin, "./grabsvc/cmd/grabsvc")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", grabBin, "./cmd/grabsvc")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
 			return low, high, fmt.Errorf("building the grab service: %w", err)
@@ -195,7 +195,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		}
 		granted += high.granted
 	}
-	snap, err := lua.NewActivity(rc, uid).Snapshot(ctx)
+	snap, err := store.NewActivity(rc, uid).Snapshot(ctx)
 	if err != nil {
 		return low, high, err
 	}

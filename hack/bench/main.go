@@ -34,8 +34,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/grabsvc/settlement"
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 )
@@ -193,10 +195,10 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer srv.Stop()
-	conn := lua.Conn{Addresses: []string{srv.Addr}, Mode: lua.ModeStandalone}
+	conn := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}
 	// A plain client with a pool of 64 connections, and its auto-pipeliner for the
 	// memory run.
-	pc, err := conn.NewPipelinedClient(lua.ClientOptions{PoolSize: 64})
+	pc, err := conn.NewPipelinedClient(redisconn.ClientOptions{PoolSize: 64})
 	if err != nil {
 		return err
 	}
@@ -256,7 +258,7 @@ func run(ctx context.Context, o options) error {
 	}
 	r.seedCount = o.seedPackets
 	fmt.Printf("%s (%.0f packets/s)\n", r.seedTook.Round(time.Millisecond), float64(o.seedPackets)/r.seedTook.Seconds())
-	if err := lua.NewActivity(rc, "bench-seed").Purge(ctx); err != nil {
+	if err := store.NewActivity(rc, "bench-seed").Purge(ctx); err != nil {
 		return err
 	}
 
@@ -322,7 +324,7 @@ func run(ctx context.Context, o options) error {
 
 // checkGranted fails when a run granted nothing: a broken setup, not a result.
 func checkGranted(what string, l latencies) error {
-	if l.ByStatus[string(lua.Granted)] == 0 {
+	if l.ByStatus[string(store.Granted)] == 0 {
 		return fmt.Errorf("%s granted nothing: %v", what, l.ByStatus)
 	}
 	return nil
@@ -403,8 +405,8 @@ func (c claimRound) ratio() float64 { return ratio(c.goAuto.Rate(), c.rb.Rate())
 // cent within minutes, so b/a is the median round's, each round's two runs a few
 // seconds apart. redis-benchmark and the Go runs grab from activities of their own
 // on the server at addr; every run must really grant.
-func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string, rc redis.UniversalClient, r *results) error {
-	rb := lua.NewActivity(rc, "bench-rb")
+func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr string, rc redis.UniversalClient, r *results) error {
+	rb := store.NewActivity(rc, "bench-rb")
 	rbPackets := int64(o.requestsP1+o.claimRounds*o.requestsP16) * 11 / 10
 	fmt.Printf("    seeding %d packets for redis-benchmark ... ", rbPackets)
 	took, err := seedActivity(ctx, rc, "bench-rb", rbPackets)
@@ -449,7 +451,7 @@ func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string
 	r.rbGranted += granted
 	fmt.Println(rateLine(r.rbP1))
 
-	goAct := lua.NewActivity(rc, "bench-go")
+	goAct := store.NewActivity(rc, "bench-go")
 	goPackets := o.goPackets * int64(o.claimRounds+2)
 	fmt.Printf("    seeding %d packets for the Go claim path ... ", goPackets)
 	if took, err = seedActivity(ctx, rc, "bench-go", goPackets); err != nil {
@@ -457,12 +459,12 @@ func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string
 	}
 	fmt.Println(took.Round(time.Millisecond))
 	// The grab service's own clients: the same options and auto-pipeliner it serves with.
-	gc, err := conn.NewPipelinedClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout))
+	gc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(grabsvc.DefaultRedisTimeout))
 	if err != nil {
 		return fmt.Errorf("grab service redis clients: %w", err)
 	}
 	defer func() { _ = gc.Close() }()
-	auto := lua.NewActivity(gc.Pipeliner, "bench-go")
+	auto := store.NewActivity(gc.Pipeliner, "bench-go")
 	r.claimRounds = nil
 	for i := range o.claimRounds {
 		var round claimRound
@@ -499,7 +501,7 @@ func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string
 	// A client with the same options through go-redis's default (half-duplex)
 	// auto-pipeliner, to show what lua.GrabPipelineOptions are worth. A client
 	// keeps the first auto-pipeliner it makes, so this is a client of its own.
-	hc, ok := conn.NewClient(lua.GrabClientOptions(grabsvc.DefaultRedisTimeout)).(*redis.Client)
+	hc, ok := conn.NewClient(redisconn.GrabClientOptions(grabsvc.DefaultRedisTimeout)).(*redis.Client)
 	if !ok {
 		return fmt.Errorf("the benchmark's redis client is not a standalone client")
 	}
@@ -509,7 +511,7 @@ func measureClaimPath(ctx context.Context, o options, conn lua.Conn, addr string
 		return fmt.Errorf("go-redis default auto-pipeliner: %w", err)
 	}
 	fmt.Printf("(b) Go lua.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goHalf, err = goClaims(ctx, lua.NewActivity(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets)
+	r.goHalf, err = goClaims(ctx, store.NewActivity(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets)
 	_ = half.Close()
 	_ = hc.Close()
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // packetAmount is every benchmark packet's amount, in minor units.
@@ -25,9 +26,9 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 	for i := range amounts {
 		amounts[i] = packetAmount
 	}
-	a := lua.NewActivity(c, uid)
+	a := store.NewActivity(c, uid)
 	start := time.Now()
-	res, err := a.Seed(ctx, amounts, lua.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"})
+	res, err := a.Seed(ctx, amounts, store.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"})
 	if err != nil {
 		return 0, fmt.Errorf("seeding %s: %w", uid, err)
 	}
@@ -39,7 +40,7 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 	if err != nil {
 		return 0, fmt.Errorf("opening %s: %w", uid, err)
 	}
-	if state.State != lua.StateOpen {
+	if state.State != store.StateOpen {
 		return 0, fmt.Errorf("opening %s: state %q", uid, state.State)
 	}
 	return took, nil
@@ -47,7 +48,7 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 
 // redisBenchmark runs redis-benchmark against the grab script: EVALSHA with the
 // activity's four keys and a random user id after the prefix users per call.
-func redisBenchmark(ctx context.Context, addr string, k lua.Keys, users string, pipeline, clients, requests int) (latencies, error) {
+func redisBenchmark(ctx context.Context, addr string, k store.Keys, users string, pipeline, clients, requests int) (latencies, error) {
 	return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{k.Meta, k.Packets, k.Claims, k.Stream}, users, pipeline, clients, requests)
 }
 
@@ -132,7 +133,7 @@ func parseBenchmarkCSV(out []byte, requests int64, elapsed time.Duration) (laten
 // goClaims is the project's claim path from Go: workers goroutines grab through the
 // activity's handle a (on a plain or auto-pipelining client), each with a fresh user
 // id, for dur or until max calls.
-func goClaims(ctx context.Context, a *lua.Activity, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
+func goClaims(ctx context.Context, a *store.Activity, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
 	l, firstErr, err := closedLoop(ctx, workers, dur, max, func(_ context.Context, i int64) (string, error) {
 		user := prefix + strconv.FormatInt(i, 10)
 		// The call runs on ctx, not the run's context, so the end of the run never

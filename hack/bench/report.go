@@ -13,7 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // machineInfo describes where the figures were measured.
@@ -29,7 +30,7 @@ type machineInfo struct {
 func readMachine(ctx context.Context, rc redis.Cmdable) machineInfo {
 	m := machineInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), RedisVersion: "unknown",
 		CPUModel: "unknown", MemTotal: "unknown", Kernel: "unknown"}
-	if v, err := lua.ServerVersion(ctx, rc); err == nil {
+	if v, err := store.ServerVersion(ctx, rc); err == nil {
 		m.RedisVersion = v
 	}
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
@@ -77,34 +78,34 @@ func (m memoryFigures) perClaimDelta() float64 { return float64(m.claimed-m.seed
 // measureMemory seeds N packets, claims them all through pc's auto-pipeliner and
 // reads used_memory before, between and after, plus MEMORY USAGE of the activity's
 // keys (lua's measurement helpers).
-func measureMemory(ctx context.Context, pc *lua.PipelinedClient, n int64) (memoryFigures, error) {
+func measureMemory(ctx context.Context, pc *redisconn.PipelinedClient, n int64) (memoryFigures, error) {
 	m := memoryFigures{N: n}
 	const uid = "bench-mem"
 	rc := pc.Client
 	var err error
-	if m.before, err = lua.UsedMemory(ctx, rc); err != nil {
+	if m.before, err = store.UsedMemory(ctx, rc); err != nil {
 		return m, err
 	}
 	if _, err := seedActivity(ctx, rc, uid, n); err != nil {
 		return m, err
 	}
-	if m.seeded, err = lua.UsedMemory(ctx, rc); err != nil {
+	if m.seeded, err = store.UsedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	act := lua.NewActivity(rc, uid)
+	act := store.NewActivity(rc, uid)
 	seeded, err := act.KeyMemory(ctx)
 	if err != nil {
 		return m, err
 	}
 	m.packetsKey = seeded.Packets
-	l, err := goClaims(ctx, lua.NewActivity(pc.Pipeliner, uid), "m:", 64, 5*time.Minute, n)
+	l, err := goClaims(ctx, store.NewActivity(pc.Pipeliner, uid), "m:", 64, 5*time.Minute, n)
 	if err != nil {
 		return m, err
 	}
-	if got := l.ByStatus[string(lua.Granted)]; got != n {
+	if got := l.ByStatus[string(store.Granted)]; got != n {
 		return m, fmt.Errorf("memory run granted %d of %d packets: %v", got, n, l.ByStatus)
 	}
-	if m.claimed, err = lua.UsedMemory(ctx, rc); err != nil {
+	if m.claimed, err = store.UsedMemory(ctx, rc); err != nil {
 		return m, err
 	}
 	claimed, err := act.KeyMemory(ctx)
@@ -264,7 +265,7 @@ func (r results) markdown() string {
 	p("not compete with it, and c/d should be higher.\n\n")
 
 	p("## Seeding\n\n")
-	p("Staging %d packets in chunks of %d (`seed_stage.lua`) and committing them (`seed_commit.lua`):\n", r.seedCount, lua.DefaultChunkSize)
+	p("Staging %d packets in chunks of %d (`seed_stage.lua`) and committing them (`seed_commit.lua`):\n", r.seedCount, store.DefaultChunkSize)
 	p("**%s**, %.0f packets/s.\n\n", r.seedTook.Round(time.Millisecond), float64(r.seedCount)/r.seedTook.Seconds())
 
 	p("## Redis memory\n\n")

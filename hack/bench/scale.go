@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -59,7 +61,7 @@ func (s scaleRound) ratio() float64 { return ratio(s.twoRate(), 2*s.one.Rate()) 
 // as many rounds: the machine's speed drifts within minutes, so the ratio is the
 // median round's, each round's two runs a few seconds apart.
 func measureScale(ctx context.Context, work string, clients, requests, rounds int) (scaleRun, error) {
-	r := scaleRun{clients: clients, requests: requests, batch: lua.DefaultTransferBatch}
+	r := scaleRun{clients: clients, requests: requests, batch: store.DefaultTransferBatch}
 	nodes, err := startTwoMasters(filepath.Join(work, "scale"))
 	if err != nil {
 		return r, err
@@ -69,7 +71,7 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 			n.Stop()
 		}
 	}()
-	c := lua.Conn{Addresses: []string{nodes[0].Addr, nodes[1].Addr}, Mode: lua.ModeCluster}.NewClient(lua.ClientOptions{Timeout: 10 * time.Second})
+	c := redisconn.Conn{Addresses: []string{nodes[0].Addr, nodes[1].Addr}, Mode: redisconn.ModeCluster}.NewClient(redisconn.ClientOptions{Timeout: 10 * time.Second})
 	defer func() { _ = c.Close() }()
 	if err := lua.LoadAll(ctx, c); err != nil {
 		return r, err
@@ -82,16 +84,16 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 			return r, fmt.Errorf("no activity UID found whose shards land on both masters")
 		}
 		uid := "bench-scale-" + strconv.Itoa(k)
-		m0 := masterOf(lua.KeysFor(lua.ShardUID(uid, 0, 2)).Meta)
-		m1 := masterOf(lua.KeysFor(lua.ShardUID(uid, 1, 2)).Meta)
+		m0 := masterOf(store.KeysFor(store.ShardUID(uid, 0, 2)).Meta)
+		m1 := masterOf(store.KeysFor(store.ShardUID(uid, 1, 2)).Meta)
 		switch {
 		case uid2 == "" && m0 == 0 && m1 == 1:
 			uid2 = uid
-		case uid1 == "" && masterOf(lua.KeysFor(uid).Meta) == 0:
+		case uid1 == "" && masterOf(store.KeysFor(uid).Meta) == 0:
 			uid1 = uid
 		}
 	}
-	for _, key := range []string{lua.KeysFor(lua.ShardUID(uid2, 0, 2)).Meta, lua.KeysFor(lua.ShardUID(uid2, 1, 2)).Meta} {
+	for _, key := range []string{store.KeysFor(store.ShardUID(uid2, 0, 2)).Meta, store.KeysFor(store.ShardUID(uid2, 1, 2)).Meta} {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		slot, err := c.ClusterKeySlot(sctx, key).Result()
 		cancel()
@@ -105,8 +107,8 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 	rounds = max(1, rounds)
 	packets := int64(rounds) * (int64(requests) + int64(requests)/10)
 	fmt.Printf("    seeding %d packets for N = 1 and %d over N = 2 ... ", packets, 2*packets)
-	one := lua.NewShards(c, uid1, 1)
-	two := lua.NewShards(c, uid2, 2)
+	one := store.NewShards(c, uid1, 1)
+	two := store.NewShards(c, uid2, 2)
 	if err := seedOpen(ctx, one, packets); err != nil {
 		return r, err
 	}
@@ -180,7 +182,7 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 // first master, then one against each shard of the N = 2 activity at once. It resets
 // the first master's command statistics before the N = 1 run, so that run's EVALSHA
 // figures can be read after it.
-func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis.Client, one, two *lua.Shards, n, clients, requests int) (scaleRound, error) {
+func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis.Client, one, two *store.Shards, n, clients, requests int) (scaleRound, error) {
 	var r scaleRound
 	fmt.Printf("(j) round %d: N = 1, redis-benchmark -P 16 on one master, %d requests ... ", n, requests)
 	if err := first.ConfigResetStat(ctx).Err(); err != nil {
@@ -301,15 +303,15 @@ func keySlot(key string) int {
 }
 
 // seedOpen seeds count packets of packetAmount over the activity's shards and opens it.
-func seedOpen(ctx context.Context, a *lua.Shards, count int64) error {
+func seedOpen(ctx context.Context, a *store.Shards, count int64) error {
 	amounts := make([]int64, count)
 	for i := range amounts {
 		amounts[i] = packetAmount
 	}
-	if _, err := a.Seed(ctx, amounts, lua.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"}); err != nil {
+	if _, err := a.Seed(ctx, amounts, store.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"}); err != nil {
 		return fmt.Errorf("seeding %s: %w", a.UID(), err)
 	}
-	if r, err := a.ConfigureWith(ctx, lua.Settings{Open: true}); err != nil || r.State != lua.StateOpen {
+	if r, err := a.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
 		return fmt.Errorf("opening %s: %+v %v", a.UID(), r, err)
 	}
 	return nil

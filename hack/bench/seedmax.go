@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
 )
 
 // seedMaxRun is an activity at the CRD's limits: 10,000,000 packets split and seeded
@@ -26,7 +26,7 @@ func measureSeedMax(ctx context.Context, rc redis.UniversalClient, count int64) 
 	r := seedMaxRun{count: count}
 	const uid = "bench-seed-max"
 	total := count * 200 // about ¥2 a packet, in fen
-	before, err := lua.UsedMemory(ctx, rc)
+	before, err := store.UsedMemory(ctx, rc)
 	if err != nil {
 		return r, err
 	}
@@ -36,13 +36,13 @@ func measureSeedMax(ctx context.Context, rc redis.UniversalClient, count int64) 
 		return r, fmt.Errorf("splitting %d packets: %w", count, err)
 	}
 	r.split = time.Since(start)
-	a := lua.NewActivity(rc, uid)
-	res, err := a.Seed(ctx, amounts, lua.SeedParams{Count: count, Total: total, Sponsor: "bench"})
+	a := store.NewActivity(rc, uid)
+	res, err := a.Seed(ctx, amounts, store.SeedParams{Count: count, Total: total, Sponsor: "bench"})
 	if err != nil || !res.Committed {
 		return r, fmt.Errorf("seeding %d packets: committed %v, %v", count, res.Committed, err)
 	}
 	r.seed = time.Since(start) - r.split
-	after, err := lua.UsedMemory(ctx, rc)
+	after, err := store.UsedMemory(ctx, rc)
 	if err != nil {
 		return r, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // seedGrabScript is the grab script of the seed article 000 (HEXISTS, RPOP, HSET,
@@ -86,7 +87,7 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 	}
 	// The watermark run checks every call against a claimed count of 1 in epoch 0,
 	// as the grab service does once it has seen a grant: one grant makes it true.
-	if g, err := lua.NewActivity(rc, "bench-ours-mark").Grab(ctx, "bench-first"); err != nil || g.Outcome != lua.Granted {
+	if g, err := store.NewActivity(rc, "bench-ours-mark").Grab(ctx, "bench-first"); err != nil || g.Outcome != store.Granted {
 		return r, fmt.Errorf("the first grant of bench-ours-mark: %+v, %v", g, err)
 	}
 	const list = "seed:{bench}:operating"
@@ -105,7 +106,7 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 	if err != nil {
 		return r, fmt.Errorf("loading the seed's script: %w", err)
 	}
-	ours, marked := lua.KeysFor("bench-ours"), lua.KeysFor("bench-ours-mark")
+	ours, marked := store.KeysFor("bench-ours"), store.KeysFor("bench-ours-mark")
 	for i := range rounds {
 		var round seedScriptRound
 		// Each run has user ids of its own (redis-benchmark's random numbers may
@@ -142,8 +143,8 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 	}
 	// Every call of ours was a grant: a fenced or sold-out run would be measuring
 	// something else.
-	for _, k := range []lua.Keys{ours, marked} {
-		snap, err := lua.ReadSnapshot(ctx, rc, k)
+	for _, k := range []store.Keys{ours, marked} {
+		snap, err := store.ReadSnapshot(ctx, rc, k)
 		if err != nil {
 			return r, err
 		}
@@ -152,7 +153,7 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 		}
 	}
 	for _, uid := range []string{"bench-ours", "bench-ours-mark"} {
-		if err := lua.NewActivity(rc, uid).Purge(ctx); err != nil {
+		if err := store.NewActivity(rc, uid).Purge(ctx); err != nil {
 			return r, err
 		}
 	}

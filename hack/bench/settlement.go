@@ -15,8 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"redpacket.io/operator/grabsvc/settlement"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // failureMix is how a benchmark balance system misbehaves: each delivery (first or
@@ -130,10 +131,10 @@ func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // and times it until every grant is credited and acknowledged, or limit passes.
 func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, mix failureMix, limit time.Duration) (settlementRun, error) {
 	run := settlementRun{Grants: grants, Mix: mix}
-	conn := lua.Conn{Addresses: []string{redisAddr}, Mode: lua.ModeStandalone}
+	conn := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}
 	rc := conn.NewClient()
 	defer func() { _ = rc.Close() }()
-	act := lua.NewActivity(rc, uid)
+	act := store.NewActivity(rc, uid)
 	if _, err := seedActivity(ctx, rc, uid, int64(grants)); err != nil {
 		return run, err
 	}
@@ -142,7 +143,7 @@ func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, m
 	if err != nil {
 		return run, err
 	}
-	if got := l.ByStatus[string(lua.Granted)]; got != int64(grants) {
+	if got := l.ByStatus[string(store.Granted)]; got != int64(grants) {
 		return run, fmt.Errorf("settlement run granted %d of %d packets: %v", got, grants, l.ByStatus)
 	}
 
@@ -165,7 +166,7 @@ func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, m
 	defer func() { _ = wrc.Close() }()
 	w, err := settlement.NewWorker(settlement.Config{
 		Redis:       wrc,
-		Keys:        lua.KeysFor(uid),
+		Keys:        store.KeysFor(uid),
 		Activity:    "default/" + uid,
 		ActivityUID: uid,
 		Currency:    settlement.DefaultCurrency,

@@ -13,10 +13,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 
-	"redpacket.io/operator/test/rain"
+	"redpacket.io/operator/internal/rain"
 )
 
 // startRedis starts the demo's redis-server with an append-only file, as production
@@ -38,7 +39,7 @@ type observed struct {
 	redisPackets  int64 // distinct packet ids in the claims hash
 	redisClaimSum int64
 	streamLen     int64
-	snapshot      lua.Snapshot
+	snapshot      store.Snapshot
 }
 
 func val(p *int64) int64 {
@@ -54,7 +55,7 @@ func val(p *int64) int64 {
 // activity; Redis is read at redisAddr.
 func waitSettled(ctx context.Context, c client.Client, redisAddr string, count int64, settleWait time.Duration,
 	name string, rr rain.Result, recv *rain.Receiver) (observed, error) {
-	rc := lua.Conn{Addresses: []string{redisAddr}, Mode: lua.ModeStandalone}.NewClient()
+	rc := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}.NewClient()
 	defer rc.Close()
 	var obs observed
 	start := time.Now()
@@ -101,7 +102,7 @@ func waitSettled(ctx context.Context, c client.Client, redisAddr string, count i
 	}
 	obs.waited = time.Since(start)
 
-	act := lua.NewActivity(rc, obs.uid)
+	act := store.NewActivity(rc, obs.uid)
 	claims, err := act.Claims(ctx)
 	if err != nil {
 		return obs, err

@@ -42,7 +42,7 @@ import (
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
 
-	"redpacket.io/operator/test/rain"
+	"redpacket.io/operator/internal/rain"
 )
 
 // options are the demo's knobs.
@@ -303,8 +303,8 @@ func (d *demo) run(ctx context.Context) error {
 func (d *demo) build(ctx context.Context) error {
 	cmds := [][]string{
 		{filepath.Join(d.root, "hack", "build-controlplane.sh")},
-		{"go", "build", "-o", "bin/manager", "."},
-		{"go", "build", "-o", "bin/grabsvc", "./grabsvc/cmd/grabsvc"},
+		{"go", "build", "-o", "bin/manager", "./cmd/manager"},
+		{"go", "build", "-o", "bin/grabsvc", "./cmd/grabsvc"},
 	}
 	for _, c := range cmds {
 		fmt.Printf("$ %s\n", rel(d.root, c[0])+" "+joinArgs(c[1:]))

@@ -17,10 +17,10 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
-	"redpacket.io/operator/test/rain"
 )
 
 // nodeVersion tags the operator and pause images the node runs.

@@ -76,10 +76,10 @@ func (b *builder) operator(ctx context.Context) (built, error) {
 	}
 	manager := filepath.Join(b.work, "manager")
 	grabsvc := filepath.Join(b.work, "grabsvc")
-	if err := goBuild(ctx, b.root, ".", manager, b.version); err != nil {
+	if err := goBuild(ctx, b.root, "./cmd/manager", manager, b.version); err != nil {
 		return built{}, err
 	}
-	if err := goBuild(ctx, b.root, "./grabsvc/cmd/grabsvc", grabsvc, b.version); err != nil {
+	if err := goBuild(ctx, b.root, "./cmd/grabsvc", grabsvc, b.version); err != nil {
 		return built{}, err
 	}
 	img, err := operatorImage(manager, grabsvc, b.caCerts)

@@ -27,7 +27,8 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/internal/rpactl"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
@@ -85,7 +86,7 @@ func (w *world) startController() {
 		w.t.Fatal(err)
 	}
 	r := &controllers.RedPacketActivityReconciler{Options: controllers.Options{
-		DefaultRedis:        lua.Conn{Addresses: []string{w.redis.Addr}, Mode: lua.ModeStandalone},
+		DefaultRedis:        redisconn.Conn{Addresses: []string{w.redis.Addr}, Mode: redisconn.ModeStandalone},
 		GrabImage:           "redpacket-operator:test",
 		GrabReplicas:        1,
 		CleanupGracePeriod:  time.Minute,
@@ -362,7 +363,7 @@ func TestPluginAgainstTheAPIServer(t *testing.T) {
 	}
 
 	// replay-dead-letters: three grants parked as a settlement worker parks them.
-	keys := lua.KeysFor(string(w.activity(name).UID))
+	keys := store.KeysFor(string(w.activity(name).UID))
 	ctx := t.Context()
 	if err := w.rdb.XGroupCreateMkStream(ctx, keys.Stream, "plugin-test", "0").Err(); err != nil {
 		t.Fatal(err)
@@ -372,7 +373,7 @@ func TestPluginAgainstTheAPIServer(t *testing.T) {
 		t.Fatalf("reading three grants: %v %v", read, err)
 	}
 	for _, m := range read[0].Messages {
-		if ok, err := lua.DeadLetter(ctx, w.rdb, keys, "plugin-test", m.ID, "HTTP 400", m.Values); err != nil || !ok {
+		if ok, err := store.DeadLetter(ctx, w.rdb, keys, "plugin-test", m.ID, "HTTP 400", m.Values); err != nil || !ok {
 			t.Fatalf("dead-lettering %s: %v %v", m.ID, ok, err)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/test/rain"
+	"redpacket.io/operator/internal/rain"
 )
 
 // Bounds of a rehearsal rain.

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"redpacket.io/operator/test/rain"
+	"redpacket.io/operator/internal/rain"
 )
 
 // The rain's verdicts pass for a clean rain and name each way one can fail.

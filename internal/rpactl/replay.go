@@ -11,7 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // redisFlags say how the plugin reaches an activity's Redis from the user's machine.
@@ -23,7 +24,7 @@ func (f *redisFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.secret, "redis-secret", "", "a Secret in the namespace in the connection format (addresses, mode, username, password, tls); default: the one spec.redis.secretRef names")
 	fl.StringVar(&f.addr, "redis-addr", "", "comma-separated host:port to dial instead of the Secret's addresses, such as 127.0.0.1:6379 through kubectl port-forward; required for an activity on the operator's default Redis")
-	fl.StringVar(&f.mode, "redis-mode", lua.ModeStandalone, "standalone or cluster, when no Secret says")
+	fl.StringVar(&f.mode, "redis-mode", redisconn.ModeStandalone, "standalone or cluster, when no Secret says")
 }
 
 // errDefaultRedis says why the plugin cannot find the operator's default Redis.
@@ -36,37 +37,37 @@ var errDefaultRedis = errors.New("the activity has no spec.redis and uses the op
 // lua.ConnFromSecret, as the controller does), with its addresses replaced by
 // --redis-addr when given; without a Secret, --redis-addr and --redis-mode with the
 // password from $REDIS_PASSWORD.
-func (f *redisFlags) connection(ctx context.Context, s *session, a *redpacketv1alpha1.RedPacketActivity) (lua.Conn, string, error) {
+func (f *redisFlags) connection(ctx context.Context, s *session, a *redpacketv1alpha1.RedPacketActivity) (redisconn.Conn, string, error) {
 	secretName, what := f.secret, "--redis-secret"
 	if secretName == "" && a.Spec.Redis != nil {
 		secretName, what = a.Spec.Redis.SecretRef.Name, "spec.redis.secretRef"
 	}
-	var conn lua.Conn
+	var conn redisconn.Conn
 	var source string
 	switch {
 	case secretName != "":
 		sec, err := s.secret(ctx, secretName, what)
 		if err != nil {
-			return lua.Conn{}, "", err
+			return redisconn.Conn{}, "", err
 		}
-		if conn, err = lua.ConnFromSecret(sec.Data); err != nil {
-			return lua.Conn{}, "", fmt.Errorf("secret %s/%s: %w", s.namespace, secretName, err)
+		if conn, err = redisconn.ConnFromSecret(sec.Data); err != nil {
+			return redisconn.Conn{}, "", fmt.Errorf("secret %s/%s: %w", s.namespace, secretName, err)
 		}
 		source = "secret " + secretName
 	case f.addr != "":
-		conn = lua.Conn{Mode: strings.TrimSpace(f.mode), Password: os.Getenv("REDIS_PASSWORD")}
+		conn = redisconn.Conn{Mode: strings.TrimSpace(f.mode), Password: os.Getenv("REDIS_PASSWORD")}
 		source = "--redis-addr"
 	default:
-		return lua.Conn{}, "", fmt.Errorf("redpacketactivity %s/%s: %w", a.Namespace, a.Name, errDefaultRedis)
+		return redisconn.Conn{}, "", fmt.Errorf("redpacketactivity %s/%s: %w", a.Namespace, a.Name, errDefaultRedis)
 	}
 	if f.addr != "" {
-		conn.Addresses = lua.ParseAddresses(f.addr)
+		conn.Addresses = redisconn.ParseAddresses(f.addr)
 		if secretName != "" {
 			source += " at --redis-addr"
 		}
 	}
 	if err := conn.Validate(); err != nil {
-		return lua.Conn{}, "", err
+		return redisconn.Conn{}, "", err
 	}
 	return conn, source + " (" + strings.Join(conn.Addresses, ",") + ")", nil
 }
@@ -110,9 +111,9 @@ are usually cluster-internal: reach Redis with kubectl port-forward and pass
 			if err != nil {
 				return err
 			}
-			rdb := conn.NewClient(lua.ClientOptions{Timeout: 10 * time.Second})
+			rdb := conn.NewClient(redisconn.ClientOptions{Timeout: 10 * time.Second})
 			defer func() { _ = rdb.Close() }()
-			h := lua.NewShards(rdb, string(a.UID), a.Spec.ShardCount())
+			h := store.NewShards(rdb, string(a.UID), a.Spec.ShardCount())
 			snap, err := h.Snapshot(ctx)
 			if err != nil {
 				return fmt.Errorf("reading activity %s/%s from Redis via %s: %w", a.Namespace, a.Name, where, err)

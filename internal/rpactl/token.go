@@ -10,7 +10,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/grabsvc/settlement"
+	"redpacket.io/operator/settlement"
 )
 
 // Bounds of --ttl: a token is a bearer credential for grabbing in the user's name,

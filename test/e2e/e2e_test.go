@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // TestActivityThroughKubectl walks one activity through its life with kubectl and
@@ -50,7 +51,7 @@ func TestActivityThroughKubectl(t *testing.T) {
 		t.Fatalf("phase = %q, want Active", got)
 	}
 	uid := mustKubectl(t, "", "get", "rpa", name, "-n", ns, "-o", "jsonpath={.metadata.uid}")
-	keys := lua.KeysFor(uid)
+	keys := store.KeysFor(uid)
 
 	// Ten users each get a different packet.
 	granted := map[string]answer{}

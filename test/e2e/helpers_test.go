@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/printed"
 	"redpacket.io/operator/test/proc"
-	"redpacket.io/operator/test/rain"
 )
 
 // namespace creates a namespace for the test with kubectl.

@@ -70,7 +70,7 @@ func runMain(m *testing.M) int {
 	// The binaries under test, built from this tree.
 	manager := filepath.Join(work, "manager")
 	env.grabsvc = filepath.Join(work, "grabsvc")
-	for _, b := range [][]string{{manager, "."}, {env.grabsvc, "./grabsvc/cmd/grabsvc"}} {
+	for _, b := range [][]string{{manager, "./cmd/manager"}, {env.grabsvc, "./cmd/grabsvc"}} {
 		cmd := exec.Command("go", "build", "-o", b[0], b[1])
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/history"
 	"redpacket.io/operator/test/redistest"
 )
@@ -73,7 +73,7 @@ func (p *replicatedPair) killPrimary(t *testing.T) {
 
 // promote makes the replica a primary (REPLICAOF NO ONE), without moving the
 // service address yet. It returns the promoted replica's counters.
-func (p *replicatedPair) promote(t *testing.T, act *grabsvc.Activity) lua.Snapshot {
+func (p *replicatedPair) promote(t *testing.T, act *grabsvc.Activity) store.Snapshot {
 	t.Helper()
 	ctx := context.Background()
 	if err := p.radmin.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
@@ -134,10 +134,10 @@ func TestFailoverToALaggingReplicaIsFenced(t *testing.T) {
 	r.stop()
 
 	checkFenced(t, svc, r.led, pair.radmin, act)
-	if cr, err := lua.Configure(ctx, pair.radmin, act.Keys, 0, 0, false, true); err != nil || !cr.Fenced {
+	if cr, err := store.Configure(ctx, pair.radmin, act.Keys, 0, 0, false, true); err != nil || !cr.Fenced {
 		t.Errorf("configure on the promoted replica: %+v %v, want fenced", cr, err)
 	}
-	if cl, err := lua.Close(ctx, pair.radmin, act.Keys, lua.CloseExpired); err != nil || cl.Outcome != lua.CloseFenced {
+	if cl, err := store.Close(ctx, pair.radmin, act.Keys, store.CloseExpired); err != nil || cl.Outcome != store.CloseFenced {
 		t.Errorf("close on the promoted replica: %+v %v, want fenced", cl, err)
 	}
 	v := readRedis(t, pair.radmin, act)
@@ -169,7 +169,7 @@ func checkFenced(t *testing.T, svc *grabService, led *ledger, c *redis.Client, a
 	if a := svc.grab("fenced-newcomer"); a.Status != http.StatusServiceUnavailable || a.Outcome != grabsvc.OutcomeUnavailable {
 		t.Errorf("grab of a new user: %s, want 503", a)
 	}
-	claims, err := lua.NewActivity(c, string(act.Object.UID)).Claims(context.Background())
+	claims, err := store.NewActivity(c, string(act.Object.UID)).Claims(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func checkFenced(t *testing.T, svc *grabService, led *ledger, c *redis.Client, a
 	if a := svc.grab(gone); a.Status != http.StatusServiceUnavailable {
 		t.Errorf("grab of %s, whose acknowledged grant Redis lacks: %s, want 503", gone, a)
 	}
-	if a := svc.grab(kept); a.Outcome != string(lua.AlreadyClaimed) || a.PacketID != keptPacket.PacketID || a.Amount != keptPacket.Amount {
+	if a := svc.grab(kept); a.Outcome != string(store.AlreadyClaimed) || a.PacketID != keptPacket.PacketID || a.Amount != keptPacket.Amount {
 		t.Errorf("grab of %s, acknowledged packet %s which Redis holds: %s, want already_claimed of it", kept, keptPacket.PacketID, a)
 	}
 	if code := svc.readyz(); code != http.StatusServiceUnavailable {

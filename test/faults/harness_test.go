@@ -24,7 +24,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -74,12 +75,12 @@ func newActivity(name string, count int) (*grabsvc.Activity, []int64) {
 func seedOpen(t *testing.T, c *redis.Client, act *grabsvc.Activity, amounts []int64) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := (lua.Seeder{}).Seed(ctx, c, act.Keys, amounts, lua.SeedParams{
+	if _, err := (store.Seeder{}).Seed(ctx, c, act.Keys, amounts, store.SeedParams{
 		Count: act.Object.Spec.Count, Total: act.Object.Spec.TotalAmount, Sponsor: "sponsor-1", Currency: "CNY",
 	}); err != nil {
 		t.Fatalf("seeding %s: %v", act.Ref, err)
 	}
-	if st, err := lua.Configure(ctx, c, act.Keys, 0, 0, false, true); err != nil || st.State != lua.StateOpen {
+	if st, err := store.Configure(ctx, c, act.Keys, 0, 0, false, true); err != nil || st.State != store.StateOpen {
 		t.Fatalf("opening %s: %+v %v", act.Ref, st, err)
 	}
 }
@@ -148,7 +149,7 @@ type grabService struct {
 // service's main does, and serves act.
 func startGrabService(t *testing.T, redisAddr string, act *grabsvc.Activity) *grabService {
 	t.Helper()
-	rc, err := lua.Conn{Addresses: []string{redisAddr}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(time.Second))
+	rc, err := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
 	if err != nil {
 		t.Fatalf("grab service's redis clients: %v", err)
 	}
@@ -188,7 +189,7 @@ type answer struct {
 
 // holdsPacket says the answer tells the user a packet is theirs.
 func (a answer) holdsPacket() bool {
-	return a.Status == http.StatusOK && (a.Outcome == string(lua.Granted) || a.Outcome == string(lua.AlreadyClaimed))
+	return a.Status == http.StatusOK && (a.Outcome == string(store.Granted) || a.Outcome == string(store.AlreadyClaimed))
 }
 
 // final says the user need not ask again: a packet, or a 409 (sold out, ended...).
@@ -241,7 +242,7 @@ type tally struct {
 type ledger struct {
 	mu sync.Mutex
 	// acks is the packet each user was told is theirs (first 200 answer).
-	acks map[string]lua.Claim
+	acks map[string]store.Claim
 	// owner is the user each acknowledged packet went to.
 	owner map[string]string
 	// regrants describe answers that contradict an earlier one: a second packet for
@@ -256,7 +257,7 @@ type ledger struct {
 }
 
 func newLedger() *ledger {
-	return &ledger{acks: map[string]lua.Claim{}, owner: map[string]string{}}
+	return &ledger{acks: map[string]store.Claim{}, owner: map[string]string{}}
 }
 
 func (l *ledger) record(user string, phase int, a answer) {
@@ -271,17 +272,17 @@ func (l *ledger) record(user string, phase int, a answer) {
 		p.Other++
 		l.unexpected = append(l.unexpected, user+": "+a.String())
 	case a.holdsPacket():
-		if a.Outcome == string(lua.Granted) {
+		if a.Outcome == string(store.Granted) {
 			p.Granted++
 		} else {
 			p.AlreadyClaimed++
 		}
-		got := lua.Claim{PacketID: a.PacketID, Amount: a.Amount}
+		got := store.Claim{PacketID: a.PacketID, Amount: a.Amount}
 		prev, had := l.acks[user]
 		switch {
 		case !had:
 			l.acks[user] = got
-			if a.Outcome == string(lua.AlreadyClaimed) {
+			if a.Outcome == string(store.AlreadyClaimed) {
 				l.recovered++
 			}
 		case prev != got:
@@ -449,11 +450,11 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 
 // redisView is what one Redis holds of an activity, read after the fact.
 type redisView struct {
-	snap   lua.Snapshot
-	claims map[string]lua.Claim
+	snap   store.Snapshot
+	claims map[string]store.Claim
 	// grants are the stream's grant entries by user; dupUsers and dupPackets list
 	// users and packets that appear in more than one.
-	grants     map[string]lua.Claim
+	grants     map[string]store.Claim
 	entries    int
 	dupUsers   []string
 	dupPackets []string
@@ -464,8 +465,8 @@ type redisView struct {
 func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Activity) redisView {
 	t.Helper()
 	ctx := context.Background()
-	h := lua.NewActivity(c, string(act.Object.UID))
-	v := redisView{grants: map[string]lua.Claim{}, unclaimed: map[string]int64{}}
+	h := store.NewActivity(c, string(act.Object.UID))
+	v := redisView{grants: map[string]store.Claim{}, unclaimed: map[string]int64{}}
 	var err error
 	if v.snap, err = h.Snapshot(ctx); err != nil {
 		t.Fatalf("snapshot: %v", err)
@@ -478,11 +479,11 @@ func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Activity) redisView {
 		t.Fatalf("reading the stream: %v", err)
 	}
 	byPacket := map[string]string{}
-	for _, e := range lua.DecodeMessages(entries) {
+	for _, e := range store.DecodeMessages(entries) {
 		if e.Malformed != nil {
 			t.Fatalf("stream entry %s %v: %v", e.ID, e.Fields, e.Malformed)
 		}
-		if e.Kind != lua.KindGrant {
+		if e.Kind != store.KindGrant {
 			continue
 		}
 		v.entries++
@@ -490,7 +491,7 @@ func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Activity) redisView {
 		if _, ok := v.grants[user]; ok {
 			v.dupUsers = append(v.dupUsers, user)
 		}
-		v.grants[user] = lua.Claim{PacketID: packet, Amount: amount, EntryID: e.ID}
+		v.grants[user] = store.Claim{PacketID: packet, Amount: amount, EntryID: e.ID}
 		if _, ok := byPacket[packet]; ok {
 			v.dupPackets = append(v.dupPackets, packet)
 		}
@@ -501,7 +502,7 @@ func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Activity) redisView {
 		t.Fatalf("reading the packets list: %v", err)
 	}
 	for _, p := range left {
-		packet, err := lua.ParseListedPacket(p)
+		packet, err := store.ParseListedPacket(p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -550,7 +551,7 @@ func check(t *testing.T, l *ledger, v redisView, act *grabsvc.Activity) figures 
 			f.Lost++
 			if len(lostExamples) < 3 {
 				lostExamples = append(lostExamples, fmt.Sprintf("%s told %s, claims hold %s, stream holds %s",
-					user, claimText(got, true), claimText(c, ok), claimText(v.grants[user], v.grants[user] != lua.Claim{})))
+					user, claimText(got, true), claimText(c, ok), claimText(v.grants[user], v.grants[user] != store.Claim{})))
 			}
 		}
 		if _, ok := v.unclaimed[got.PacketID]; ok {
@@ -608,7 +609,7 @@ func check(t *testing.T, l *ledger, v redisView, act *grabsvc.Activity) figures 
 }
 
 // claimText is "<packetId>:<amount>", or "nothing".
-func claimText(c lua.Claim, ok bool) string {
+func claimText(c store.Claim, ok bool) string {
 	if !ok {
 		return "nothing"
 	}
@@ -633,14 +634,14 @@ func infoField(t *testing.T, c *redis.Client, section, field string) string {
 }
 
 // readSnapshot reads the activity's counters on c.
-func readSnapshot(c *redis.Client, act *grabsvc.Activity) (lua.Snapshot, error) {
-	snap, err := lua.ReadSnapshot(context.Background(), c, act.Keys)
+func readSnapshot(c *redis.Client, act *grabsvc.Activity) (store.Snapshot, error) {
+	snap, err := store.ReadSnapshot(context.Background(), c, act.Keys)
 	if err != nil {
-		return lua.Snapshot{}, fmt.Errorf("snapshot on %s: %w", c.Options().Addr, err)
+		return store.Snapshot{}, fmt.Errorf("snapshot on %s: %w", c.Options().Addr, err)
 	}
 	return snap, nil
 }
 
 // samePacket reports whether two claims name the same packet and amount (a client
 // is told no stream entry id).
-func samePacket(a, b lua.Claim) bool { return a.PacketID == b.PacketID && a.Amount == b.Amount }
+func samePacket(a, b store.Claim) bool { return a.PacketID == b.PacketID && a.Amount == b.Amount }

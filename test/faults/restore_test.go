@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -45,7 +45,7 @@ func TestRestoreFromOlderRDBIsFencedNeverReopened(t *testing.T) {
 	r.stop()
 	mark := svc.guard.Mark(act)
 
-	restore := func() lua.Snapshot {
+	restore := func() store.Snapshot {
 		t.Helper()
 		if err := (*srv).Kill(); err != nil {
 			t.Fatal(err)
@@ -83,10 +83,10 @@ func TestRestoreFromOlderRDBIsFencedNeverReopened(t *testing.T) {
 	r.stop()
 
 	// The controller cannot reopen it or refund from it.
-	if cr, err := lua.Configure(ctx, admin, act.Keys, 0, 0, false, true); err != nil || !cr.Fenced {
+	if cr, err := store.Configure(ctx, admin, act.Keys, 0, 0, false, true); err != nil || !cr.Fenced {
 		t.Errorf("configure of the fenced activity: %+v %v, want fenced", cr, err)
 	}
-	if cl, err := lua.Close(ctx, admin, act.Keys, lua.CloseExpired); err != nil || cl.Outcome != lua.CloseFenced {
+	if cl, err := store.Close(ctx, admin, act.Keys, store.CloseExpired); err != nil || cl.Outcome != store.CloseFenced {
 		t.Errorf("close of the fenced activity: %+v %v, want fenced", cl, err)
 	}
 
@@ -99,7 +99,7 @@ func TestRestoreFromOlderRDBIsFencedNeverReopened(t *testing.T) {
 	if v.snap.Fenced == "" {
 		t.Errorf("the second restore is not fenced after a grab")
 	}
-	if v.snap.ClaimedCount != restored.ClaimedCount || v.snap.Refunded != 0 || v.snap.State != lua.StateOpen {
+	if v.snap.ClaimedCount != restored.ClaimedCount || v.snap.Refunded != 0 || v.snap.State != store.StateOpen {
 		t.Errorf("Redis after the refusals: %d claims, refunded %d, state %s; want the copy's %d claims, nothing refunded, still open",
 			v.snap.ClaimedCount, v.snap.Refunded, v.snap.State, restored.ClaimedCount)
 	}

@@ -8,7 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // controller stands for the operator's reconcile on the Redis side: it keeps each
@@ -68,8 +69,8 @@ func newController(redisAddr string, timeout time.Duration, rec *recorder) *cont
 }
 
 func (c *controller) connect() {
-	c.client = lua.Conn{Addresses: []string{c.redis}, Mode: lua.ModeStandalone}.NewClient(
-		lua.ClientOptions{Timeout: c.timeout, MaxRetries: 1})
+	c.client = redisconn.Conn{Addresses: []string{c.redis}, Mode: redisconn.ModeStandalone}.NewClient(
+		redisconn.ClientOptions{Timeout: c.timeout, MaxRetries: 1})
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.up = true
 }
@@ -116,9 +117,9 @@ func (c *controller) Apply(uid string, op Op) {
 	case OpOpen, OpPause, OpResume:
 		c.configure(ctx, cl, a)
 	case OpCloseExpired, OpCloseExhausted:
-		reason := lua.CloseExpired
+		reason := store.CloseExpired
 		if op == OpCloseExhausted {
-			reason = lua.CloseExhausted
+			reason = store.CloseExhausted
 		}
 		c.close(ctx, cl, a, reason)
 	}
@@ -126,7 +127,7 @@ func (c *controller) Apply(uid string, op Op) {
 
 // configure writes a's desired gate and records the call; it returns the state
 // Configure answered, "" when the outcome is unknown.
-func (c *controller) configure(ctx context.Context, cl redis.UniversalClient, a *ctrlActivity) lua.State {
+func (c *controller) configure(ctx context.Context, cl redis.UniversalClient, a *ctrlActivity) store.State {
 	op := OpResume
 	if a.want.paused {
 		op = OpPause
@@ -135,23 +136,23 @@ func (c *controller) configure(ctx context.Context, cl redis.UniversalClient, a 
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	call := time.Now()
-	res, err := lua.NewActivity(cl, a.uid).Configure(cctx, a.want.startMs, a.want.endMs, a.want.paused, true)
+	res, err := store.NewActivity(cl, a.uid).Configure(cctx, a.want.startMs, a.want.endMs, a.want.paused, true)
 	out := configureOutput(res, err)
 	c.rec.add(a.client, in, out, call, time.Now())
 	c.noteCut(ctx, err)
-	return lua.State(out.State)
+	return store.State(out.State)
 }
 
 // close closes a for reason and records the call.
-func (c *controller) close(ctx context.Context, cl redis.UniversalClient, a *ctrlActivity, reason lua.CloseReason) {
+func (c *controller) close(ctx context.Context, cl redis.UniversalClient, a *ctrlActivity, reason store.CloseReason) {
 	op := OpCloseExpired
-	if reason == lua.CloseExhausted {
+	if reason == store.CloseExhausted {
 		op = OpCloseExhausted
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	call := time.Now()
-	res, err := lua.NewActivity(cl, a.uid).Close(cctx, reason)
+	res, err := store.NewActivity(cl, a.uid).Close(cctx, reason)
 	c.rec.add(a.client, Input{Activity: a.uid, Op: op}, closeOutput(res, err), call, time.Now())
 	c.noteCut(ctx, err)
 }
@@ -200,8 +201,8 @@ func (c *controller) reconcile(a *ctrlActivity) {
 	if !up {
 		return // cut again: the next restart reconciles
 	}
-	h := lua.NewActivity(cl, a.uid)
-	var snap lua.Snapshot
+	h := store.NewActivity(cl, a.uid)
+	var snap store.Snapshot
 	var now time.Time
 	for giveUp := time.Now().Add(5 * time.Second); ; {
 		sctx, cancel := context.WithTimeout(ctx, c.timeout)
@@ -218,24 +219,24 @@ func (c *controller) reconcile(a *ctrlActivity) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if snap.State == lua.StateClosed || snap.Fenced != "" {
+	if snap.State == store.StateClosed || snap.Fenced != "" {
 		return // a fenced activity's configure and close would fail the check anyway
 	}
 	w := a.want
 	state := snap.State
-	if w.opened && !(snap.State == lua.StateOpen && snap.Paused == w.paused && snap.StartMs == w.startMs && snap.EndMs == w.endMs) {
+	if w.opened && !(snap.State == store.StateOpen && snap.Paused == w.paused && snap.StartMs == w.startMs && snap.EndMs == w.endMs) {
 		state = c.configure(ctx, cl, a)
 		c.countReissued()
 	}
-	if state != lua.StateOpen {
+	if state != store.StateOpen {
 		return // still ready, closed meanwhile, or unknown: a later reconcile decides
 	}
 	switch {
 	case w.expired || w.endMs > 0 && now.UnixMilli() >= w.endMs:
-		c.close(ctx, cl, a, lua.CloseExpired)
+		c.close(ctx, cl, a, store.CloseExpired)
 		c.countReissued()
 	case snap.RemainingCount == 0:
-		c.close(ctx, cl, a, lua.CloseExhausted)
+		c.close(ctx, cl, a, store.CloseExhausted)
 		c.countReissued()
 	}
 }
@@ -260,18 +261,18 @@ func (c *controller) Close() {
 
 // configureOutput is the model's output of a Configure call: the state it answered
 // ("fenced" or "" for a fenced or missing activity, which no model state accepts).
-func configureOutput(res lua.ConfigureResult, err error) Output {
+func configureOutput(res store.ConfigureResult, err error) Output {
 	if err != nil {
 		return Output{Unknown: true}
 	}
 	if res.Fenced {
-		return Output{State: string(lua.Fenced)}
+		return Output{State: string(store.Fenced)}
 	}
 	return Output{State: string(res.State)}
 }
 
 // closeOutput is the model's output of a Close call.
-func closeOutput(res lua.CloseResult, err error) Output {
+func closeOutput(res store.CloseResult, err error) Output {
 	if err != nil {
 		return Output{Unknown: true}
 	}

@@ -15,7 +15,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // grabService is one activity's grab service as clients see it: a real
@@ -39,7 +40,7 @@ type grabService struct {
 // grabInstance is one running server: its Redis clients, its HTTP server and the
 // listener it serves on.
 type grabInstance struct {
-	rc   *lua.PipelinedClient
+	rc   *redisconn.PipelinedClient
 	http *http.Server
 	done chan struct{}
 }
@@ -59,7 +60,7 @@ func newGrabService(obj *redpacketv1alpha1.RedPacketActivity, redisAddr string, 
 }
 
 func (g *grabService) start() (*grabInstance, error) {
-	rc, err := lua.Conn{Addresses: []string{g.redis}, Mode: lua.ModeStandalone}.NewPipelinedClient(lua.GrabClientOptions(g.timeout))
+	rc, err := redisconn.Conn{Addresses: []string{g.redis}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(g.timeout))
 	if err != nil {
 		return nil, fmt.Errorf("grab server's redis clients: %w", err)
 	}
@@ -161,10 +162,10 @@ func (g *grabService) Grab(c *http.Client, user string) (Output, int, error) {
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return Output{Unknown: true}, resp.StatusCode, fmt.Errorf("%w: %d %q is not JSON: %v", errUnexpectedAnswer, resp.StatusCode, raw, err)
 	}
-	switch out := lua.Outcome(a.Outcome); {
-	case resp.StatusCode == http.StatusOK && (out == lua.Granted || out == lua.AlreadyClaimed) && a.PacketID != "":
+	switch out := store.Outcome(a.Outcome); {
+	case resp.StatusCode == http.StatusOK && (out == store.Granted || out == store.AlreadyClaimed) && a.PacketID != "":
 		return Output{Outcome: out, Packet: a.PacketID}, resp.StatusCode, nil
-	case resp.StatusCode == http.StatusConflict && (out == lua.SoldOut || out == lua.NotStarted || out == lua.Ended || out == lua.Paused):
+	case resp.StatusCode == http.StatusConflict && (out == store.SoldOut || out == store.NotStarted || out == store.Ended || out == store.Paused):
 		return Output{Outcome: out}, resp.StatusCode, nil
 	}
 	return Output{Unknown: true}, resp.StatusCode, fmt.Errorf("%w: %d %s", errUnexpectedAnswer, resp.StatusCode, raw)

@@ -25,10 +25,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/grabsvc/settlement"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/controlplane"
-	"redpacket.io/operator/test/rain"
 )
 
 // Fault kinds a schedule draws from.
@@ -259,8 +259,8 @@ func formatCounts(m map[string]int, keys []string) string {
 	return strings.Join(parts, " ")
 }
 
-var grabOutcomeKeys = []string{string(lua.Granted), string(lua.AlreadyClaimed), string(lua.SoldOut),
-	string(lua.NotStarted), string(lua.Ended), string(lua.Paused), "503", "no-answer"}
+var grabOutcomeKeys = []string{string(store.Granted), string(store.AlreadyClaimed), string(store.SoldOut),
+	string(store.NotStarted), string(store.Ended), string(store.Paused), "503", "no-answer"}
 
 // checkTimeout bounds one history's check; a check that times out fails the run. A
 // check slower than slowCheck leaves its history as a failed one does.
@@ -382,7 +382,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			for _, v := range a.amounts {
 				total += v
 			}
-			if _, err := lua.NewActivity(direct, a.uid).Seed(ctx, a.amounts, lua.SeedParams{
+			if _, err := store.NewActivity(direct, a.uid).Seed(ctx, a.amounts, store.SeedParams{
 				Count: int64(len(a.amounts)), Total: total, Sponsor: "sponsor-" + a.uid}); err != nil {
 				t.Fatalf("seeding %s: %v", a.uid, err)
 			}
@@ -419,7 +419,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		wc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		defer func() { _ = wc.Close() }()
 		w, err := settlement.NewWorker(settlement.Config{
-			Redis: wc, Keys: lua.KeysFor(a.uid), Activity: a.obj.Namespace + "/" + a.obj.Name, ActivityUID: a.uid, Currency: "CNY",
+			Redis: wc, Keys: store.KeysFor(a.uid), Activity: a.obj.Namespace + "/" + a.obj.Name, ActivityUID: a.uid, Currency: "CNY",
 			WebhookURL: hook.URL + "/credit", MaxAttempts: 100000, Consumer: "history", ClaimIdle: time.Second,
 			HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}, BackoffBase: 10 * time.Millisecond,
 			BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond,
@@ -576,7 +576,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		ctrl.Close()
 		// The end: every activity is closed, which refunds the remainder.
 		for i, a := range acts {
-			act := lua.NewActivity(direct, a.uid)
+			act := store.NewActivity(direct, a.uid)
 			for try := 0; ; try++ {
 				if closeDirect(rec, sc.clients+i, act, a.uid) {
 					break
@@ -611,12 +611,12 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		switch {
 		case o.Unknown:
 			st.unknown++
-		case o.Outcome == lua.Granted:
+		case o.Outcome == store.Granted:
 			st.granted++
-		case o.Outcome == lua.AlreadyClaimed && !mayHold[k]:
+		case o.Outcome == store.AlreadyClaimed && !mayHold[k]:
 			st.firstAlready++
 		}
-		if o.Unknown || o.Outcome == lua.Granted || o.Outcome == lua.AlreadyClaimed {
+		if o.Unknown || o.Outcome == store.Granted || o.Outcome == store.AlreadyClaimed {
 			mayHold[k] = true
 		}
 	}
@@ -624,7 +624,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	// Settlement drains: every claim and the refund reach the balance system.
 	deadline := time.Now().Add(60 * time.Second)
 	for _, a := range acts {
-		act := lua.NewActivity(direct, a.uid)
+		act := store.NewActivity(direct, a.uid)
 		for {
 			snap, err := act.Snapshot(ctx)
 			if err == nil && snap.SettledCount == snap.ClaimedCount && snap.RefundSettled == snap.Refunded {
@@ -642,7 +642,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	// The final read of the claims, which also resolves the unknown grabs.
 	final := map[string]map[string]string{}
 	for _, a := range acts {
-		claims, err := lua.NewActivity(direct, a.uid).Claims(ctx)
+		claims, err := store.NewActivity(direct, a.uid).Claims(ctx)
 		if err != nil {
 			t.Fatalf("claims: %v", err)
 		}
@@ -686,7 +686,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	acked := map[string]map[string]string{} // activity -> user -> packet acknowledged
 	for _, op := range history {
 		in, out := op.Input.(Input), op.Output.(Output)
-		if in.Op == OpGrab && (out.Outcome == lua.Granted || out.Outcome == lua.AlreadyClaimed) {
+		if in.Op == OpGrab && (out.Outcome == store.Granted || out.Outcome == store.AlreadyClaimed) {
 			if acked[in.Activity] == nil {
 				acked[in.Activity] = map[string]string{}
 			}
@@ -698,7 +698,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		t.Errorf("seed %d: balance system: %+v", sc.seed, tot)
 	}
 	for i, a := range acts {
-		act := lua.NewActivity(direct, a.uid)
+		act := store.NewActivity(direct, a.uid)
 		claims, err := act.Claims(ctx)
 		if err != nil {
 			t.Fatalf("claims: %v", err)
@@ -757,11 +757,11 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 
 // closeDirect closes an activity as expired at the end of a run, on a direct client,
 // and records the call; it reports whether the outcome is known.
-func closeDirect(rec *recorder, client int, act *lua.Activity, uid string) bool {
+func closeDirect(rec *recorder, client int, act *store.Activity, uid string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	call := time.Now()
-	res, err := act.Close(ctx, lua.CloseExpired)
+	res, err := act.Close(ctx, store.CloseExpired)
 	out := closeOutput(res, err)
 	rec.add(client, Input{Activity: uid, Op: OpCloseExpired}, out, call, time.Now())
 	return !out.Unknown

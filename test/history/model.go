@@ -17,7 +17,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 )
 
 // Op is what an operation does.
@@ -63,14 +63,14 @@ type Output struct {
 	// shows granted Packet (see Resolve); it returns at the end of the history.
 	Resolved bool
 	// Outcome is a grab's outcome.
-	Outcome lua.Outcome
+	Outcome store.Outcome
 	// Packet is the packet id of granted and already_claimed.
 	Packet string
 	// State is what Configure returned ("open", "closed"); for a close, the close
 	// outcome ("closed", "open").
 	State string
 	// Reason is the close reason a close returned.
-	Reason lua.CloseReason
+	Reason store.CloseReason
 	// Bounded marks an unknown outcome whose effect, if it had one, took place before
 	// the recorded return: the history keeps that return instead of moving it to the
 	// end. A spec edit that a later edit superseded before the controller reported
@@ -93,7 +93,7 @@ type state struct {
 	paused    bool
 	startMs   int64 // the window Configure wrote, 0 for an open side
 	endMs     int64
-	closed    lua.CloseReason   // "" while not closed
+	closed    store.CloseReason // "" while not closed
 	claims    map[string]string // user -> packet id (or unknownClaim)
 	held      map[string]string // packet id -> user
 	hash      uint64            // order-independent hash of claims, kept with them
@@ -186,7 +186,7 @@ func (s *state) mayAnswerNotStarted(in Input) bool {
 // window's end (and past its start, which grab.lua checks first).
 func (s *state) mayAnswerEnded(in Input) bool {
 	if s.closed != "" {
-		return s.closed == lua.CloseExpired
+		return s.closed == store.CloseExpired
 	}
 	return s.opened && !s.paused && s.endMs > 0 && someTime(in, max(s.startMs, s.endMs), 0)
 }
@@ -225,7 +225,7 @@ func (s *state) stepGrab(in Input, out Output) (bool, *state) {
 		return true, s.withClaim(user, out.Packet)
 	}
 	switch out.Outcome {
-	case lua.AlreadyClaimed:
+	case store.AlreadyClaimed:
 		switch {
 		case has && claim == out.Packet:
 			return true, s
@@ -239,7 +239,7 @@ func (s *state) stepGrab(in Input, out Output) (bool, *state) {
 			return true, s.withClaim(user, out.Packet)
 		}
 		return false, s
-	case lua.Granted:
+	case store.Granted:
 		if has || !s.reachesPop(in) || s.remaining == 0 || !s.freePacket(out.Packet) {
 			return false, s
 		}
@@ -249,13 +249,13 @@ func (s *state) stepGrab(in Input, out Output) (bool, *state) {
 		return false, s // a user holding a packet is always answered already_claimed
 	}
 	switch out.Outcome {
-	case lua.SoldOut:
-		return s.closed == lua.CloseExhausted || s.reachesPop(in) && s.remaining == 0, s
-	case lua.Ended:
+	case store.SoldOut:
+		return s.closed == store.CloseExhausted || s.reachesPop(in) && s.remaining == 0, s
+	case store.Ended:
 		return s.mayAnswerEnded(in), s
-	case lua.NotStarted:
+	case store.NotStarted:
 		return s.mayAnswerNotStarted(in), s
-	case lua.Paused:
+	case store.Paused:
 		return s.closed == "" && s.opened && s.paused, s
 	}
 	return false, s
@@ -263,9 +263,9 @@ func (s *state) stepGrab(in Input, out Output) (bool, *state) {
 
 func (s *state) stepConfigure(in Input, paused bool, out Output) (bool, *state) {
 	if s.closed != "" {
-		return out.Unknown || out.State == string(lua.StateClosed), s
+		return out.Unknown || out.State == string(store.StateClosed), s
 	}
-	if !out.Unknown && out.State != string(lua.StateOpen) {
+	if !out.Unknown && out.State != string(store.StateOpen) {
 		return false, s
 	}
 	n := s.withGate()
@@ -274,14 +274,14 @@ func (s *state) stepConfigure(in Input, paused bool, out Output) (bool, *state) 
 	return true, n
 }
 
-func (s *state) stepClose(reason lua.CloseReason, out Output) (bool, *state) {
+func (s *state) stepClose(reason store.CloseReason, out Output) (bool, *state) {
 	if s.closed != "" {
-		return out.Unknown || out.State == string(lua.Closed) && out.Reason == s.closed, s
+		return out.Unknown || out.State == string(store.Closed) && out.Reason == s.closed, s
 	}
-	if reason == lua.CloseExhausted && s.remaining > 0 {
-		return out.Unknown || out.State == string(lua.CloseStillOpen), s
+	if reason == store.CloseExhausted && s.remaining > 0 {
+		return out.Unknown || out.State == string(store.CloseStillOpen), s
 	}
-	if !out.Unknown && (out.State != string(lua.Closed) || out.Reason != reason) {
+	if !out.Unknown && (out.State != string(store.Closed) || out.Reason != reason) {
 		return false, s
 	}
 	n := s.withGate()
@@ -329,9 +329,9 @@ func Model(counts map[string]int) porcupine.Model {
 			case OpPause:
 				ok, next = s.stepConfigure(i, true, o)
 			case OpCloseExpired:
-				ok, next = s.stepClose(lua.CloseExpired, o)
+				ok, next = s.stepClose(store.CloseExpired, o)
 			case OpCloseExhausted:
-				ok, next = s.stepClose(lua.CloseExhausted, o)
+				ok, next = s.stepClose(store.CloseExhausted, o)
 			default:
 				return false, st
 			}
@@ -459,9 +459,9 @@ func Resolve(history []porcupine.Operation, final map[string]map[string]string) 
 		switch {
 		case o.Unknown:
 			unknown[k]++
-		case o.Outcome == lua.Granted:
+		case o.Outcome == store.Granted:
 			granted[k] = true
-		case o.Outcome == lua.AlreadyClaimed:
+		case o.Outcome == store.AlreadyClaimed:
 			if r, ok := firstAlready[k]; !ok || op.Return < r {
 				firstAlready[k] = op.Return
 			}
@@ -488,7 +488,7 @@ func Resolve(history []porcupine.Operation, final map[string]map[string]string) 
 				dropped++
 				continue
 			case unknown[k] == 1 && !already:
-				o = Output{Outcome: lua.Granted, Packet: p, Resolved: true}
+				o = Output{Outcome: store.Granted, Packet: p, Resolved: true}
 			default:
 				o.Packet = p
 				if already {

@@ -28,7 +28,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 )
 
@@ -316,7 +317,7 @@ func startOperator(t *testing.T, cp *controlplane.ControlPlane, defaultRedis str
 	t.Helper()
 	o := &operator{t: t, cp: cp, ns: cp.Namespace(t), link: link, byName: map[string]*opActivity{}}
 	o.opts = controllers.Options{
-		DefaultRedis:       lua.Conn{Addresses: []string{defaultRedis}, Mode: lua.ModeStandalone},
+		DefaultRedis:       redisconn.Conn{Addresses: []string{defaultRedis}, Mode: redisconn.ModeStandalone},
 		AllowedRedisHosts:  controllers.MustParseRedisHosts("127.0.0.1"),
 		GrabImage:          "registry.example/redpacket-operator:history",
 		GrabReplicas:       0, // no node runs pods; the grab services are the run's own
@@ -484,7 +485,7 @@ func (o *operator) Create(rec *recorder, sc *scenario, webhook string, direct re
 	ctx := context.Background()
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "redis-conn", Namespace: o.ns},
-		StringData: map[string]string{"addresses": o.link.Addr(), "mode": lua.ModeStandalone},
+		StringData: map[string]string{"addresses": o.link.Addr(), "mode": redisconn.ModeStandalone},
 	}
 	if err := o.cp.Client.Create(ctx, secret); err != nil {
 		t.Fatalf("creating the Redis Secret: %v", err)
@@ -555,7 +556,7 @@ func (o *operator) Create(rec *recorder, sc *scenario, webhook string, direct re
 	deadline := time.Now().Add(editWait)
 	for _, a := range out {
 		for {
-			snap, err := lua.NewActivity(direct, a.uid).Snapshot(ctx)
+			snap, err := store.NewActivity(direct, a.uid).Snapshot(ctx)
 			if err == nil && snap.State != "" {
 				break
 			}
@@ -725,7 +726,7 @@ func (o *operator) observe(obj *redpacketv1alpha1.RedPacketActivity, at time.Tim
 	act.status = *obj.Status.DeepCopy()
 	act.seen = true
 	if obj.Status.Phase == redpacketv1alpha1.PhaseExhausted && act.exhausted != nil && !o.flushed {
-		o.rec.add(act.client, act.exhausted.in, Output{State: string(lua.Closed), Reason: lua.CloseExhausted}, act.exhausted.call, at)
+		o.rec.add(act.client, act.exhausted.in, Output{State: string(store.Closed), Reason: store.CloseExhausted}, act.exhausted.call, at)
 		act.exhausted = nil
 	}
 	o.resolveLocked(act, at)
@@ -765,18 +766,18 @@ func editOutput(op Op, phase redpacketv1alpha1.Phase) (Output, bool) {
 	switch phase {
 	case redpacketv1alpha1.PhaseActive, redpacketv1alpha1.PhaseScheduled, redpacketv1alpha1.PhasePaused:
 		if op == OpCloseExpired {
-			return Output{State: string(lua.CloseStillOpen)}, false
+			return Output{State: string(store.CloseStillOpen)}, false
 		}
-		return Output{State: string(lua.StateOpen)}, (phase == redpacketv1alpha1.PhasePaused) == (op == OpPause)
+		return Output{State: string(store.StateOpen)}, (phase == redpacketv1alpha1.PhasePaused) == (op == OpPause)
 	case redpacketv1alpha1.PhaseExhausted, redpacketv1alpha1.PhaseExpired:
 		if op != OpCloseExpired {
 			// Configured, then closed in the same reconcile, or closed before.
 			return Output{Unknown: true, Bounded: true}, true
 		}
 		if phase == redpacketv1alpha1.PhaseExhausted {
-			return Output{State: string(lua.Closed), Reason: lua.CloseExhausted}, true
+			return Output{State: string(store.Closed), Reason: store.CloseExhausted}, true
 		}
-		return Output{State: string(lua.Closed), Reason: lua.CloseExpired}, true
+		return Output{State: string(store.Closed), Reason: store.CloseExpired}, true
 	}
 	// Failed, or a phase before the packets are committed: no model state accepts it.
 	return Output{State: "phase " + string(phase)}, false
@@ -823,7 +824,7 @@ func (o *operator) CloseAll(direct redis.UniversalClient) {
 			if time.Now().After(deadline) {
 				o.t.Errorf("%s: the controller did not close it within %v: phase %q, observed generation %d of %d",
 					act.name, editWait, st.Phase, st.ObservedGeneration, gen)
-				closeDirect(o.rec, act.client, lua.NewActivity(direct, act.uid), act.uid)
+				closeDirect(o.rec, act.client, store.NewActivity(direct, act.uid), act.uid)
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -863,10 +864,10 @@ func (o *operator) Stats() operatorStats {
 // snapshot), the activity is closed with the snapshot's reason, claimed is what the
 // claims hash holds (claims users, at least the acked users the history acknowledged),
 // nothing remains, and the refund is the total less what was claimed.
-func (o *operator) CheckStatus(i int, act *lua.Activity, seed uint64, total, claimed int64, claims, acked int) {
+func (o *operator) CheckStatus(i int, act *store.Activity, seed uint64, total, claimed int64, claims, acked int) {
 	t := o.t
 	a := o.acts[i]
-	var snap lua.Snapshot
+	var snap store.Snapshot
 	var got redpacketv1alpha1.RedPacketActivity
 	deadline := time.Now().Add(editWait)
 	for {
@@ -892,7 +893,7 @@ func (o *operator) CheckStatus(i int, act *lua.Activity, seed uint64, total, cla
 	c := snap.Counters()
 	phase, _ := snap.Phase(time.Now())
 	switch {
-	case snap.State != lua.StateClosed || got.Status.Phase != phase:
+	case snap.State != store.StateClosed || got.Status.Phase != phase:
 		t.Errorf("seed %d: %s: status phase %q, Redis %s (%s) says %q", seed, a.name, got.Status.Phase, snap.State, snap.CloseReason, phase)
 	case c.ClaimedCount != int64(claims) || c.ClaimedAmount != claimed || int64(acked) > c.ClaimedCount:
 		t.Errorf("seed %d: %s: status claims %d (%d) for %d claims of %d in Redis, %d acknowledged", seed, a.name, c.ClaimedCount, c.ClaimedAmount, claims, claimed, acked)

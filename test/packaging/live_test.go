@@ -16,9 +16,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
-	"redpacket.io/operator/test/rain"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -50,7 +50,7 @@ func buildBinaries(t *testing.T) binaries {
 			return
 		}
 		built = binaries{dir: dir, manager: filepath.Join(dir, "manager"), grabsvc: filepath.Join(dir, "grabsvc")}
-		for _, b := range [][2]string{{built.manager, "."}, {built.grabsvc, "./grabsvc/cmd/grabsvc"}} {
+		for _, b := range [][2]string{{built.manager, "./cmd/manager"}, {built.grabsvc, "./cmd/grabsvc"}} {
 			cmd := exec.Command("go", "build", "-o", b[0], b[1])
 			cmd.Dir = root
 			if out, err := cmd.CombinedOutput(); err != nil {

@@ -336,3 +336,25 @@ func isCluster(args []string) bool {
 	}
 	return false
 }
+
+// Context is the test's context with a deadline of two minutes, so that a wedged
+// server fails the test instead of hanging it.
+func Context(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// StartProtected starts a redis-server whose default user needs password, and
+// returns it with a client logged in as that user.
+func StartProtected(tb testing.TB, password string) (*Server, *redis.Client) {
+	tb.Helper()
+	srv := Start(tb)
+	if err := srv.Client(tb).ConfigSet(context.Background(), "requirepass", password).Err(); err != nil {
+		tb.Fatalf("setting the default user's password: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: password})
+	tb.Cleanup(func() { _ = c.Close() })
+	return srv, c
+}

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/test/rain"
+	"redpacket.io/operator/internal/rain"
 )
 
 // TestDeleteWithEveryPropagation deletes three activities with claims, one with

@@ -22,10 +22,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
-	"redpacket.io/operator/test/rain"
 )
 
 // Versions of the operator image: the installed one, and a rebuilt tag that an

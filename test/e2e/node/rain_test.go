@@ -16,8 +16,8 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/cluster"
-	"redpacket.io/operator/test/rain"
 )
 
 // TestRainThroughTheClusterIP installs an activity with signed user tokens and a

@@ -1,0 +1,454 @@
+// Command grabsvc is the grab service of one red-packet activity: it serves
+// POST /v1/grab and GET /v1/activity, reports the activity's counters into its
+// status, and (with --settlement) runs a settlement worker that credits claims to
+// the balance system.
+//
+// Usage:
+//
+//	grabsvc --activity NAME [flags]                      serve the activity
+//	grabsvc replay-dead-letters --activity NAME [flags]  move its dead letters back into the settlement stream
+//	grabsvc --version                                    print the version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/internal/version"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store/redisconn"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if versionRequested(os.Args[1:]) {
+		fmt.Println(version.String("grabsvc"))
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == replayCommand {
+		err = replayDeadLetters(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Stderr)
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "grabsvc:", err)
+		os.Exit(1)
+	}
+}
+
+// versionRequested reports whether the command line asks for the version: --version
+// (or -version) before any "--", in either command.
+func versionRequested(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--version", "-version", "--version=true", "-version=true":
+			return true
+		}
+	}
+	return false
+}
+
+// options are the command line of the grab service.
+type options struct {
+	namespace, activity, listen                string
+	pprofListen                                string
+	activityUID                                string
+	redis                                      redisconn.Conn
+	redisTimeout                               time.Duration
+	tokenKeyFile, webhookKeyFile               string
+	tokenMaxLifetime                           time.Duration
+	reportInterval, refreshInterval            time.Duration
+	ratePerUser, ratePerClient                 float64
+	burstPerUser, burstPerClient, limitEntries int
+	settlement, page                           bool
+	kubeconfig                                 string
+	shutdownDelay, shutdownTimeout             time.Duration
+	logLevel                                   string
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func parseFlags(args []string, out io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("grabsvc", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "default"), "namespace of the RedPacketActivity")
+	fs.StringVar(&o.activity, "activity", "", "name of the RedPacketActivity (required)")
+	fs.StringVar(&o.activityUID, "activity-uid", "", "serve only the activity with this UID; empty: whichever has the name")
+	fs.StringVar(&o.listen, "listen", ":8080", "address of the HTTP API, probes and metrics")
+	fs.StringVar(&o.pprofListen, "pprof-listen", "", "address serving Go's profiles under /debug/pprof/; empty: none. Bind it to loopback or a port no Service exposes")
+	finishRedis := redisFlags(fs, &o.redis)
+	fs.DurationVar(&o.redisTimeout, "redis-timeout", grabsvc.DefaultRedisTimeout, "deadline of every Redis call on the grab path")
+	fs.StringVar(&o.tokenKeyFile, "token-key-file", "", "file holding the HMAC key of user tokens; empty: tokens are not required, "+
+		"and an activity with spec.grabService.auth gets 503 on every grab")
+	fs.DurationVar(&o.tokenMaxLifetime, "token-max-lifetime", grabsvc.DefaultTokenMaxLifetime,
+		"longest time ahead a user token's exp may lie; a token beyond it is refused (at least 1s)")
+	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "file holding the HMAC key that signs settlement deliveries; empty: unsigned")
+	fs.DurationVar(&o.reportInterval, "report-interval", grabsvc.DefaultReportInterval, "shortest time between two status reports")
+	fs.DurationVar(&o.refreshInterval, "activity-refresh", 5*time.Second, "how often the activity is re-read from the API server")
+	fs.Float64Var(&o.ratePerUser, "rate-per-user", 0, "grabs per second allowed per user id; 0: no limit")
+	fs.IntVar(&o.burstPerUser, "rate-burst-per-user", 0, "burst of the per-user limit; 0: the rate rounded up")
+	fs.Float64Var(&o.ratePerClient, "rate-per-client", 0, "requests per second allowed per client address; 0: no limit")
+	fs.IntVar(&o.burstPerClient, "rate-burst-per-client", 0, "burst of the per-client limit; 0: the rate rounded up")
+	fs.IntVar(&o.limitEntries, "rate-limit-entries", grabsvc.DefaultMaxLimiterEntries, "most users (and clients) the rate limits track at once")
+	fs.BoolVar(&o.page, "page", true, "serve the red-packet rain page at / (false: / answers 404)")
+	fs.BoolVar(&o.settlement, "settlement", true, "run a settlement worker in this process when the activity has a webhook")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, in-cluster, or ~/.kube/config")
+	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long readiness fails before the listener closes")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.activity == "" {
+		return o, errors.New("--activity is required")
+	}
+	if err := finishRedis(); err != nil {
+		return o, err
+	}
+	if o.ratePerUser < 0 || o.ratePerClient < 0 {
+		return o, errors.New("rate limits must not be negative")
+	}
+	if o.tokenMaxLifetime < time.Second {
+		return o, errors.New("--token-max-lifetime must be at least 1s")
+	}
+	if o.reportInterval <= 0 || o.refreshInterval <= 0 || o.redisTimeout <= 0 {
+		return o, errors.New("--report-interval, --activity-refresh and --redis-timeout must be positive")
+	}
+	return o, nil
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrlconfig.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("finding the API server: %w", err)
+	}
+	return cfg, nil
+}
+
+// run is the whole service: it returns when ctx is done and everything stopped.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})).
+		With("activity", o.namespace+"/"+o.activity)
+	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
+
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "redpacket-grab-service"
+	scheme := runtime.NewScheme()
+	if err := redpacketv1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("building the API scheme: %w", err)
+	}
+	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the API client: %w", err)
+	}
+
+	var tokens *grabsvc.TokenVerifier
+	if o.tokenKeyFile != "" {
+		key, err := grabsvc.ReadKeyFile(o.tokenKeyFile)
+		if err != nil {
+			return fmt.Errorf("--token-key-file: %w", err)
+		}
+		if tokens, err = grabsvc.NewTokenVerifier(key); err != nil {
+			return fmt.Errorf("--token-key-file: %w", err)
+		}
+		tokens.MaxLifetime = o.tokenMaxLifetime
+	} else {
+		log.Warn("no --token-key-file: grabs carry no user token; if the activity asks for tokens " +
+			"(spec.grabService.auth), every grab is refused with 503")
+	}
+
+	rc, err := o.redis.NewPipelinedClient(redisconn.GrabClientOptions(o.redisTimeout))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = rc.Close() }()
+
+	reg := prometheus.NewRegistry()
+	metrics := grabsvc.NewMetrics(reg)
+	source := &grabsvc.ActivitySource{
+		Client:  kube,
+		Key:     types.NamespacedName{Namespace: o.namespace, Name: o.activity},
+		UID:     types.UID(o.activityUID),
+		Refresh: o.refreshInterval,
+		Metrics: metrics,
+		Log:     log,
+	}
+	// One guard for the grab path and the reporter: the watermark every grab carries,
+	// and whether the activity is fenced or missing (then /readyz fails).
+	guard := &grabsvc.RollbackGuard{}
+	srv, err := grabsvc.NewServer(grabsvc.Config{
+		Guard:         guard,
+		Redis:         rc.Pipeliner,
+		Activity:      source.Current,
+		Ping:          rc.Client,
+		Tokens:        tokens,
+		UserLimiter:   grabsvc.NewKeyedLimiter(o.ratePerUser, o.burstPerUser, o.limitEntries),
+		ClientLimiter: grabsvc.NewKeyedLimiter(o.ratePerClient, o.burstPerClient, o.limitEntries),
+		RedisTimeout:  o.redisTimeout,
+		Metrics:       metrics,
+		Gatherer:      reg,
+		Log:           log,
+		Page:          o.page,
+	})
+	if err != nil {
+		return err
+	}
+	reporter := &grabsvc.Reporter{
+		Guard:    guard,
+		Client:   kube,
+		Redis:    rc.Pipeliner,
+		Activity: source.Current,
+		Interval: o.reportInterval,
+		Metrics:  metrics,
+		Log:      log,
+	}
+
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", o.listen, err)
+	}
+	hs := grabsvc.NewHTTPServer(o.listen, srv.Handler())
+	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	log.Info("grab service listening", "addr", ln.Addr().String(), "auth", tokens != nil,
+		"settlement", o.settlement, "page", o.page)
+
+	if o.pprofListen != "" {
+		pl, err := net.Listen("tcp", o.pprofListen)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", o.pprofListen, err)
+		}
+		ps := newPprofServer()
+		defer func() { _ = ps.Close() }()
+		go func() { _ = ps.Serve(pl) }()
+		log.Info("serving profiles", "addr", pl.Addr().String())
+	}
+
+	// Background work lives until the HTTP server has drained.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var wg sync.WaitGroup
+
+	settle := &settlementRunner{o: o, log: log, reg: reg, source: source}
+	if o.settlement {
+		settlementRedis := o.redis.NewClient()
+		defer func() { _ = settlementRedis.Close() }()
+		settle.redis = settlementRedis
+	}
+	changed := make(chan struct{}, 1)
+	missingKey := false
+	source.OnChange = func(a *grabsvc.Activity) {
+		// Fail closed, loudly: Check refuses every grab; say why once per episode.
+		if missing := tokens == nil && grabsvc.RequiresTokens(a.Object); missing != missingKey {
+			missingKey = missing
+			if missing {
+				log.Error("refusing every grab with 503", "err", grabsvc.ErrNoTokenKey)
+			}
+		}
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	wg.Go(func() { source.Run(bg) })
+	wg.Go(func() { reporter.Run(bg) })
+	wg.Go(func() {
+		t := time.NewTicker(o.refreshInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-bg.Done():
+				return
+			case <-changed:
+			case <-t.C:
+			}
+			settle.reconcile(bg)
+			reloadTokenKey(tokens, o.tokenKeyFile, log)
+		}
+	})
+
+	serveErr := grabsvc.Serve(ctx, hs, ln, srv, o.shutdownDelay, o.shutdownTimeout)
+	log.Info("http server stopped; stopping background work")
+	stopBG()
+	wg.Wait()
+	settle.restarter.Stop()
+	// One last report, so the status holds the final counters.
+	fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := reporter.ReportOnce(fctx); err != nil {
+		log.Warn("final status report failed", "err", err)
+	}
+	return serveErr
+}
+
+// reloadTokenKey picks up a rotated token key (a mounted Secret is updated in place).
+func reloadTokenKey(v *grabsvc.TokenVerifier, path string, log *slog.Logger) {
+	if v == nil || path == "" {
+		return
+	}
+	key, err := grabsvc.ReadKeyFile(path)
+	if err != nil {
+		log.Warn("re-reading the token key failed; keeping the current key", "err", err)
+		return
+	}
+	_ = v.SetKey(key)
+}
+
+// settlementRunner keeps one settlement worker running while the activity has a
+// webhook, restarting it when the webhook settings (or the signing key) change.
+type settlementRunner struct {
+	o         options
+	log       *slog.Logger
+	reg       prometheus.Registerer
+	source    *grabsvc.ActivitySource
+	redis     redis.UniversalClient
+	restarter grabsvc.Restarter
+}
+
+func (s *settlementRunner) reconcile(ctx context.Context) {
+	act := s.source.Current()
+	if !s.o.settlement || act == nil {
+		return
+	}
+	cfg, key, err := s.config(act)
+	if err != nil {
+		s.log.Error("settlement is not configured correctly; no worker runs", "err", err)
+		s.restarter.Set(ctx, "", nil)
+		return
+	}
+	if key == "" {
+		if s.restarter.Key() != "" {
+			s.log.Info("the activity has no settlement webhook; stopping the settlement worker")
+		}
+		s.restarter.Set(ctx, "", nil)
+		return
+	}
+	if s.restarter.Key() == key {
+		return
+	}
+	ws, err := settlement.NewShardWorkers(cfg, act.Object.Spec.ShardCount())
+	if err != nil {
+		s.log.Error("creating the settlement worker failed", "err", err)
+		return
+	}
+	s.log.Info("starting the settlement worker", "webhook", cfg.WebhookURL, "consumer", cfg.Consumer,
+		"maxAttempts", cfg.MaxAttempts, "shards", len(ws))
+	s.restarter.Set(ctx, key, func(ctx context.Context) {
+		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
+			s.log.Error("settlement worker stopped", "err", err)
+		}
+	})
+}
+
+// config is the worker configuration for act and the key that identifies it; the
+// key is empty when no worker should run. The configuration is the one every worker
+// of the activity uses (settlement.ActivityConfig), with this process's Redis client,
+// consumer name, metrics and log.
+func (s *settlementRunner) config(act *grabsvc.Activity) (settlement.Config, string, error) {
+	if !settlement.HasWebhook(act.Object) {
+		return settlement.Config{}, "", nil
+	}
+	var signing []byte
+	if s.o.webhookKeyFile != "" {
+		k, err := grabsvc.ReadKeyFile(s.o.webhookKeyFile)
+		if err != nil {
+			return settlement.Config{}, "", fmt.Errorf("--webhook-key-file: %w", err)
+		}
+		signing = k
+	}
+	if s.redis == nil {
+		return settlement.Config{}, "", errors.New("no redis client for settlement")
+	}
+	cfg := settlement.ActivityConfig(act.Object, signing)
+	cfg.Redis = s.redis
+	cfg.Consumer = consumerName()
+	cfg.Registerer = s.reg
+	cfg.Logger = s.log
+	return cfg, cfg.Fingerprint(), nil
+}
+
+// consumerName is this process's stable consumer name: the pod's name, else
+// hostname-pid.
+func consumerName() string {
+	if n := os.Getenv("POD_NAME"); n != "" {
+		return n
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "grabsvc"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+// newPprofServer serves Go's profiles (net/http/pprof) and nothing else, on a
+// listener of its own: the API's listener never serves them.
+func newPprofServer() *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+}

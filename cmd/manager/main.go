@@ -1,0 +1,191 @@
+// Command manager runs the redpacket-operator: the RedPacketActivity controller, with
+// leader election, Prometheus metrics and health probes.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/internal/version"
+	"redpacket.io/operator/store/redisconn"
+)
+
+// leaderElectionID names the Lease the operator's replicas compete for.
+const leaderElectionID = "redpacket-operator.redpacket.io"
+
+// DefaultMetricsAddr is where the metrics endpoint binds when --metrics-bind-address
+// is not given: loopback only, and not the grab service's :8080, so that the operator
+// and a grab service run by hand on one host do not collide. The install manifests
+// give :8080 explicitly: in the operator's pod, nothing else listens.
+const DefaultMetricsAddr = "127.0.0.1:8082"
+
+func main() {
+	var (
+		metricsAddr        string
+		probeAddr          string
+		leaderElect        bool
+		redisAddresses     string
+		redisMode          string
+		redisUsername      string
+		redisPassword      string
+		redisTLS           bool
+		grabImage          string
+		grabReplicas       int
+		cleanupGrace       time.Duration
+		unsettledRetention time.Duration
+		grabReportTimeout  time.Duration
+		grabTokenLifetime  time.Duration
+		redisTimeout       time.Duration
+		activeResync       time.Duration
+		concurrentRecons   int
+		redisClientIdleTTL time.Duration
+		allowImageOverride bool
+		allowedRedisHosts  string
+		showVersion        bool
+	)
+	flag.BoolVar(&showVersion, "version", false, "print the version and exit")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", DefaultMetricsAddr, "address the Prometheus metrics endpoint binds to (0 turns it off); the install manifests bind :8080 in the pod")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address /healthz and /readyz bind to")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active controller among the operator's replicas")
+	flag.StringVar(&redisAddresses, "redis-addresses", "127.0.0.1:6379", "default Redis: comma-separated host:port (one for standalone, seed nodes for cluster)")
+	flag.StringVar(&redisMode, "redis-mode", redisconn.ModeStandalone, "default Redis mode: standalone or cluster")
+	flag.StringVar(&redisUsername, "redis-username", "", "default Redis ACL user name")
+	flag.StringVar(&redisPassword, "redis-password", "", "default Redis password (env REDIS_PASSWORD when the flag is empty)")
+	flag.BoolVar(&redisTLS, "redis-tls", false, "connect to the default Redis over TLS")
+	flag.StringVar(&grabImage, "grab-image", controllers.DefaultGrabImage, "grab service image of activities that do not name one")
+	flag.IntVar(&grabReplicas, "grab-replicas", controllers.DefaultGrabReplicas, "grab Deployment replicas of activities that do not set them")
+	flag.DurationVar(&cleanupGrace, "cleanup-grace-period", controllers.DefaultCleanupGracePeriod, "how long deletion waits for settlement to drain before deleting the Redis keys anyway")
+	flag.DurationVar(&unsettledRetention, "unsettled-retention", controllers.DefaultUnsettledRetention, "how long the settlement and dead-letter streams of an activity deleted before settlement drained are kept")
+	flag.DurationVar(&grabReportTimeout, "grab-report-timeout", controllers.DefaultGrabReportTimeout, "how recent a grab replica's report must be for GrabServiceAvailable")
+	flag.DurationVar(&grabTokenLifetime, "grab-token-max-lifetime", controllers.DefaultGrabTokenMaxLifetime, "longest time ahead a user token's exp may lie; grab services refuse tokens beyond it (at least 1s)")
+	flag.DurationVar(&redisTimeout, "redis-timeout", controllers.DefaultRedisTimeout, "deadline of each Redis call (seeding gets more, growing with the packet count)")
+	flag.DurationVar(&activeResync, "active-resync-period", controllers.DefaultActiveResyncPeriod, "how often an active activity is looked at again")
+	flag.IntVar(&concurrentRecons, "max-concurrent-reconciles", 2, "how many activities are reconciled at once")
+	flag.DurationVar(&redisClientIdleTTL, "redis-client-idle-timeout", controllers.DefaultRedisIdleTimeout, "close a cached Redis client unused for this long")
+	flag.BoolVar(&allowImageOverride, "allow-grab-image-override", false, "let activities replace the grab image with spec.grabService.image (when false, such an activity gets Ready=False with reason GrabImageNotAllowed)")
+	flag.StringVar(&allowedRedisHosts, "allowed-redis-hosts", "", "comma-separated host names, IP addresses and CIDR networks that spec.redis may name besides the default Redis (empty: the default Redis only)")
+	logConfig := textlogger.NewConfig()
+	// Registered here rather than with logConfig.AddFlags, whose help text speaks of a
+	// testing logger.
+	flag.Var(logConfig.Verbosity(), "v", "log verbosity: 0 logs what the operator does and its errors; 1 adds retries with backoff and deletions waiting for settlement; higher levels add controller-runtime's and client-go's detail")
+	flag.Var(logConfig.VModule(), "vmodule", "comma-separated pattern=N settings: log verbosity per source file")
+	flag.Parse()
+	if showVersion {
+		fmt.Println(version.String("manager"))
+		return
+	}
+
+	logger := textlogger.NewLogger(logConfig)
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+	log := ctrl.Log.WithName("setup")
+
+	if grabReplicas < 0 || grabReplicas > 1000 {
+		fail(log.Error, fmt.Errorf("--grab-replicas=%d is outside 0..1000", grabReplicas), "invalid flags")
+	}
+	if grabTokenLifetime < time.Second {
+		fail(log.Error, fmt.Errorf("--grab-token-max-lifetime=%s is below 1s", grabTokenLifetime), "invalid flags")
+	}
+	allowedHosts, err := controllers.ParseRedisHosts(allowedRedisHosts)
+	if err != nil {
+		fail(log.Error, err, "invalid --allowed-redis-hosts")
+	}
+	defaultRedis, err := defaultRedisConn(redisAddresses, redisMode, redisUsername, redisPassword, redisTLS, os.Getenv)
+	if err != nil {
+		fail(log.Error, err, "invalid default Redis connection flags")
+	}
+
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(redpacketv1alpha1.AddToScheme(scheme))
+
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: probeAddr,
+		LeaderElection:         leaderElect,
+		LeaderElectionID:       leaderElectionID,
+		Cache:                  controllers.CacheOptions(),
+	})
+	if err != nil {
+		fail(log.Error, err, "creating the manager")
+	}
+
+	redisClients := controllers.NewRedisClients()
+	redisClients.IdleTimeout = redisClientIdleTTL
+	if err := mgr.Add(redisClients); err != nil {
+		fail(log.Error, err, "adding the Redis client cache")
+	}
+	reconciler := &controllers.RedPacketActivityReconciler{
+		Redis: redisClients,
+		Options: controllers.Options{
+			DefaultRedis:            defaultRedis,
+			GrabImage:               grabImage,
+			GrabReplicas:            int32(grabReplicas),
+			CleanupGracePeriod:      cleanupGrace,
+			UnsettledRetention:      unsettledRetention,
+			GrabReportTimeout:       grabReportTimeout,
+			GrabTokenMaxLifetime:    grabTokenLifetime,
+			RedisTimeout:            redisTimeout,
+			ActiveResyncPeriod:      activeResync,
+			MaxConcurrentReconciles: concurrentRecons,
+			AllowGrabImageOverride:  allowImageOverride,
+			AllowedRedisHosts:       allowedHosts,
+		},
+	}
+	if err := reconciler.SetupWithManager(mgr); err != nil {
+		fail(log.Error, err, "setting up the controller")
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		fail(log.Error, err, "adding the health check")
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		fail(log.Error, err, "adding the readiness check")
+	}
+
+	log.Info("starting the manager", "redis", strings.Join(defaultRedis.Addresses, ","), "redisMode", defaultRedis.Mode,
+		"grabImage", grabImage, "leaderElection", leaderElect,
+		"allowGrabImageOverride", allowImageOverride, "allowedRedisHosts", allowedHosts.String())
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		fail(log.Error, err, "running the manager")
+	}
+}
+
+// defaultRedisConn is the default Redis connection from the flags. An empty password
+// is read from the environment variable REDIS_PASSWORD, so that the password can come
+// from a Secret without showing in the process's arguments (or in --help).
+func defaultRedisConn(addresses, mode, username, password string, tls bool, getenv func(string) string) (redisconn.Conn, error) {
+	if password == "" {
+		password = getenv("REDIS_PASSWORD")
+	}
+	conn := redisconn.Conn{
+		Addresses: redisconn.ParseAddresses(addresses),
+		Mode:      strings.TrimSpace(mode),
+		Username:  username,
+		Password:  password,
+		TLS:       tls,
+	}
+	if err := conn.Validate(); err != nil {
+		return redisconn.Conn{}, fmt.Errorf("default Redis connection: %w", err)
+	}
+	return conn, nil
+}
+
+func fail(logError func(error, string, ...any), err error, msg string) {
+	logError(err, msg)
+	os.Exit(1)
+}

@@ -1,0 +1,99 @@
+package settlement
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/store"
+)
+
+// DefaultCurrency is the currency sent in deliveries of an activity whose
+// spec.currency is empty (the API server defaults it to the same value).
+const DefaultCurrency = "CNY"
+
+// SecretKey is the key of the signing key in the Secret that
+// spec.settlement.webhook.secretRef names.
+const SecretKey = "key"
+
+// ParseKey returns an HMAC key as stored in a Secret or a mounted key file: trailing
+// line breaks are removed (kubectl create secret --from-file keeps the file's last
+// newline), every other byte is part of the key. An empty key is an error. Every
+// reader of a key uses it, so a grab pod and the operator sign with the same bytes.
+func ParseKey(data []byte) ([]byte, error) {
+	key := bytes.TrimRight(data, "\r\n")
+	if len(key) == 0 {
+		return nil, errors.New("the key is empty")
+	}
+	return key, nil
+}
+
+// SigningKeyFromSecret returns the webhook signing key held in a Secret's data under
+// SecretKey.
+func SigningKeyFromSecret(data map[string][]byte) ([]byte, error) {
+	raw, ok := data[SecretKey]
+	if !ok {
+		return nil, fmt.Errorf("no %q key", SecretKey)
+	}
+	key, err := ParseKey(raw)
+	if err != nil {
+		return nil, fmt.Errorf("key %q: %w", SecretKey, err)
+	}
+	return key, nil
+}
+
+// HasWebhook reports whether the activity has a settlement webhook, that is whether a
+// settlement worker should run for it.
+func HasWebhook(a *redpacketv1alpha1.RedPacketActivity) bool {
+	st := a.Spec.Settlement
+	return st != nil && st.Webhook != nil && st.Webhook.URL != ""
+}
+
+// ActivityConfig is the worker configuration every settlement worker of the activity
+// runs with, wherever it runs (a grab pod, or the operator while a deleted activity
+// drains): the activity's keys (from its UID), "<namespace>/<name>", the UID, the
+// currency (DefaultCurrency when empty), the webhook URL and maxAttempts from the
+// spec, signingKey (nil sends unsigned deliveries), the default consumer group and an
+// HTTP client with DefaultHTTPTimeout. Because every worker uses the same group, the
+// workers of one activity share its stream: each entry is delivered by one of them at
+// a time. The caller sets Redis (a client of the worker's own, on which the worker
+// reaches the activity through its handle, lua.NewActivity), Consumer, and optionally
+// Registerer and Logger. An activity without a webhook gets an empty WebhookURL, with
+// which a worker idles.
+func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) Config {
+	currency := a.Spec.Currency
+	if currency == "" {
+		currency = DefaultCurrency
+	}
+	cfg := Config{
+		Keys:        store.KeysFor(string(a.UID)),
+		Activity:    a.Namespace + "/" + a.Name,
+		ActivityUID: string(a.UID),
+		Currency:    currency,
+		SigningKey:  signingKey,
+		Group:       DefaultGroup,
+		HTTPClient:  &http.Client{Timeout: DefaultHTTPTimeout},
+	}
+	if HasWebhook(a) {
+		cfg.WebhookURL = a.Spec.Settlement.Webhook.URL
+		cfg.MaxAttempts = int(a.Spec.Settlement.MaxAttempts)
+	}
+	return cfg
+}
+
+// Fingerprint identifies what a worker built from cfg delivers, and where: the
+// activity, its UID, the webhook URL, the currency, maxAttempts and (a hash of) the
+// signing key. Two configurations with the same fingerprint deliver the same bodies
+// with the same signatures, so a running worker is restarted only when it changes.
+// It holds no secret.
+func (cfg Config) Fingerprint() string {
+	sum := sha256.Sum256(cfg.SigningKey)
+	return strings.Join([]string{cfg.ActivityUID, cfg.Activity, cfg.WebhookURL, cfg.Currency,
+		strconv.Itoa(cfg.MaxAttempts), hex.EncodeToString(sum[:])}, "|")
+}

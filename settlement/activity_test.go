@@ -1,0 +1,93 @@
+package settlement
+
+import (
+	"bytes"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/store"
+)
+
+// A key reads the same from a mounted file and from the Secret's data: trailing line
+// breaks go, everything else stays.
+func TestParseKey(t *testing.T) {
+	cases := []struct {
+		in      string
+		want    string
+		wantErr bool
+	}{
+		{"k3y", "k3y", false},
+		{"k3y\n", "k3y", false},
+		{"k3y\r\n\n", "k3y", false},
+		{" k3y \n", " k3y ", false},
+		{"line1\nline2\n", "line1\nline2", false},
+		{"", "", true},
+		{"\n\r\n", "", true},
+	}
+	for _, tc := range cases {
+		got, err := ParseKey([]byte(tc.in))
+		if (err != nil) != tc.wantErr || !bytes.Equal(got, []byte(tc.want)) {
+			t.Errorf("ParseKey(%q) = %q, %v; want %q (error %v)", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+	if _, err := SigningKeyFromSecret(map[string][]byte{"other": []byte("x")}); err == nil {
+		t.Error("a Secret without the key \"key\" was accepted")
+	}
+	if k, err := SigningKeyFromSecret(map[string][]byte{SecretKey: []byte("s\n")}); err != nil || string(k) != "s" {
+		t.Errorf("SigningKeyFromSecret = %q, %v; want \"s\"", k, err)
+	}
+}
+
+// Every worker of an activity gets the same configuration from its spec, and the
+// fingerprint changes exactly when what a delivery looks like changes.
+func TestActivityConfig(t *testing.T) {
+	a := &redpacketv1alpha1.RedPacketActivity{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "quiz", UID: "uid-1"},
+		Spec: redpacketv1alpha1.RedPacketActivitySpec{
+			Settlement: &redpacketv1alpha1.Settlement{
+				Webhook:     &redpacketv1alpha1.Webhook{URL: "http://balance:8080/credit"},
+				MaxAttempts: 7,
+			},
+		},
+	}
+	if !HasWebhook(a) {
+		t.Fatal("HasWebhook is false with a webhook")
+	}
+	cfg := ActivityConfig(a, []byte("k"))
+	if cfg.Keys != store.KeysFor("uid-1") || cfg.Activity != "ns/quiz" || cfg.ActivityUID != "uid-1" ||
+		cfg.Currency != DefaultCurrency || cfg.WebhookURL != "http://balance:8080/credit" || cfg.MaxAttempts != 7 ||
+		cfg.Group != DefaultGroup || string(cfg.SigningKey) != "k" || cfg.HTTPClient == nil || cfg.HTTPClient.Timeout != DefaultHTTPTimeout {
+		t.Errorf("config %+v", cfg)
+	}
+	base := cfg.Fingerprint()
+	if ActivityConfig(a, []byte("k")).Fingerprint() != base {
+		t.Error("the same spec and key give another fingerprint")
+	}
+	if bytes.Contains([]byte(base), []byte("|k|")) {
+		t.Errorf("the fingerprint %q holds the key", base)
+	}
+	if ActivityConfig(a, []byte("other")).Fingerprint() == base || ActivityConfig(a, nil).Fingerprint() == base {
+		t.Error("a new signing key keeps the fingerprint")
+	}
+	b := a.DeepCopy()
+	b.Spec.Currency = "USD"
+	if c := ActivityConfig(b, []byte("k")); c.Currency != "USD" || c.Fingerprint() == base {
+		t.Errorf("currency %q, fingerprint unchanged: %v", c.Currency, c.Fingerprint() == base)
+	}
+	b = a.DeepCopy()
+	b.Spec.Settlement.Webhook.URL = "https://balance.example/credit"
+	if ActivityConfig(b, []byte("k")).Fingerprint() == base {
+		t.Error("a new webhook URL keeps the fingerprint")
+	}
+
+	b = a.DeepCopy()
+	b.Spec.Settlement = nil
+	if HasWebhook(b) {
+		t.Error("HasWebhook is true without settlement")
+	}
+	if c := ActivityConfig(b, nil); c.WebhookURL != "" || c.MaxAttempts != 0 {
+		t.Errorf("config without a webhook: %+v", c)
+	}
+}

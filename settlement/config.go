@@ -1,0 +1,237 @@
+package settlement
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/store"
+)
+
+// Defaults of the optional Config fields.
+const (
+	DefaultGroup       = "settlement"
+	DefaultMaxAttempts = 10
+	DefaultClaimIdle   = 30 * time.Second
+	DefaultHTTPTimeout = 10 * time.Second
+	DefaultBackoffBase = time.Second
+	DefaultBackoffMax  = 5 * time.Minute
+	DefaultBatchSize   = 64
+	DefaultConcurrency = 8
+	DefaultMaxHeld     = 1024
+	DefaultBlock       = time.Second
+
+	DefaultRetryConcurrency   = 8
+	DefaultHedgeAfter         = 500 * time.Millisecond
+	DefaultHealthyBackoffBase = 100 * time.Millisecond
+	DefaultHealthyBackoffMax  = time.Second
+)
+
+// Config configures one settlement worker of one activity.
+type Config struct {
+	// Redis is the connection holding the activity: a plain or cluster client of its
+	// own (its reads block), never the grab path's auto-pipeliner. The worker makes
+	// every Redis call through the activity's handle on it,
+	// lua.NewActivity(Redis, ActivityUID).
+	Redis redis.UniversalClient
+	// Keys are the activity's keys, lua.KeysFor(ActivityUID); other keys are refused.
+	Keys store.Keys
+	// Activity is "<namespace>/<name>", sent in every delivery.
+	Activity string
+	// ActivityUID is the resource's UID, sent in every delivery and part of the
+	// idempotency key.
+	ActivityUID string
+	// Currency is sent in every delivery.
+	Currency string
+	// WebhookURL is where deliveries are POSTed. Empty: the worker idles and claims
+	// wait in the stream.
+	WebhookURL string
+	// SigningKey signs each delivery body (X-Signature); nil sends no signature.
+	SigningKey []byte
+	// MaxAttempts is how many deliveries an entry gets before it is dead-lettered;
+	// 0 means DefaultMaxAttempts.
+	MaxAttempts int
+	// Consumer is this worker's consumer name in the group; it must be stable across
+	// restarts of the same worker so it re-reads its own pending entries.
+	Consumer string
+	// Group is the consumer group; "" means DefaultGroup.
+	Group string
+	// ClaimIdle is how long an entry must sit idle in another consumer's pending list
+	// before this worker takes it over; 0 means DefaultClaimIdle. Entries a live
+	// worker holds (also while it backs off) are kept fresh, so only dead workers'
+	// entries go idle this long.
+	ClaimIdle time.Duration
+	// HTTPClient sends the deliveries; nil means a client with DefaultHTTPTimeout.
+	// Without a Transport of its own, the worker's copy gets one that keeps an idle
+	// connection for every delivery that may be in flight. Unless it sets
+	// CheckRedirect itself, the worker uses a copy that follows no
+	// redirect: a 3xx answer is a failed delivery, since a followed 301, 302 or 303
+	// turns the POST into a GET without the body, whose 2xx would settle a claim the
+	// balance system never saw.
+	HTTPClient *http.Client
+	// Registerer receives the worker's metrics; nil leaves them unregistered.
+	Registerer prometheus.Registerer
+
+	// BackoffBase is the delay before the first retry while the balance system fails
+	// most deliveries (it is down or overloaded: more than half of the last 32
+	// deliveries failed); it doubles with every failed delivery of the entry up to
+	// BackoffMax, with jitter. 0 means DefaultBackoffBase.
+	BackoffBase time.Duration
+	// BackoffMax caps that retry delay; 0 means DefaultBackoffMax.
+	BackoffMax time.Duration
+	// HealthyBackoffBase is the delay before the first retry while the balance system
+	// answers most deliveries with a 2xx, so a failure is the entry's bad luck and a
+	// retry soon is likely to pass; it doubles up to HealthyBackoffMax, with jitter.
+	// 0 means the smaller of DefaultHealthyBackoffBase and BackoffBase.
+	HealthyBackoffBase time.Duration
+	// HealthyBackoffMax caps that retry delay; 0 means the smaller of
+	// DefaultHealthyBackoffMax and BackoffMax.
+	HealthyBackoffMax time.Duration
+	// BatchSize is how many entries one read or claim takes; 0 means DefaultBatchSize.
+	BatchSize int
+	// Concurrency is how many first deliveries of entries run at once; 0 means
+	// DefaultConcurrency.
+	Concurrency int
+	// RetryConcurrency is how many retries (deliveries of entries delivered before,
+	// by this worker or another, hedges included, and the retried acknowledgements
+	// and dead-letterings) run at once, in parallel with the first deliveries:
+	// a retry never waits for a first delivery's slot, nor a first delivery for a
+	// retry's, so at most Concurrency + RetryConcurrency deliveries are in flight.
+	// 0 means DefaultRetryConcurrency.
+	RetryConcurrency int
+	// MaxHeld caps the entries this worker holds (delivering or waiting to retry);
+	// 0 means DefaultMaxHeld.
+	MaxHeld int
+	// HedgeAfter is how long a delivery may go unanswered before the worker sends the
+	// entry again (a hedge, in the retry lane, with the same body and
+	// Idempotency-Key), so a delivery the balance system holds costs about this long
+	// rather than the HTTP timeout: whichever answer comes first with a 2xx settles
+	// the entry and the other request is cancelled. With the retry lane full, the
+	// unanswered delivery is cancelled and the entry goes first in that lane's
+	// queue instead. The worker waits at least four times the usual latency of
+	// answered deliveries, does not hedge while the balance system fails most
+	// deliveries or leaves most of them unanswered this long, and never spends the
+	// entry's last allowed attempt on a hedge. Each hedge counts as a delivery
+	// towards MaxAttempts. 0 means DefaultHedgeAfter; negative: never hedge.
+	HedgeAfter time.Duration
+	// Block is how long one read waits for new entries; 0 means DefaultBlock. Keep it
+	// short: it bounds how fast the worker notices cancellation.
+	Block time.Duration
+	// ClaimInterval is how often the worker looks for idle entries to take over;
+	// 0 means ClaimIdle/2.
+	ClaimInterval time.Duration
+	// Logger receives the worker's log lines; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults validates cfg and fills in the defaults.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Redis == nil {
+		return cfg, errors.New("settlement config: no Redis client")
+	}
+	if cfg.Keys.Stream == "" || cfg.Keys.Meta == "" || cfg.Keys.DeadLetters == "" {
+		return cfg, errors.New("settlement config: activity keys not set")
+	}
+	if cfg.ActivityUID == "" {
+		return cfg, errors.New("settlement config: no activity UID")
+	}
+	if cfg.Keys != store.KeysFor(cfg.ActivityUID) {
+		return cfg, fmt.Errorf("settlement config: keys (stream %s) are not the keys of activity %s", cfg.Keys.Stream, cfg.ActivityUID)
+	}
+	if cfg.Consumer == "" {
+		return cfg, errors.New("settlement config: no consumer name")
+	}
+	if cfg.WebhookURL != "" {
+		u, err := url.Parse(cfg.WebhookURL)
+		if err != nil {
+			return cfg, fmt.Errorf("settlement config: webhook URL: %w", err)
+		}
+		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			return cfg, fmt.Errorf("settlement config: webhook URL %q is not an absolute http(s) URL", cfg.WebhookURL)
+		}
+	}
+	if cfg.MaxAttempts < 0 {
+		return cfg, fmt.Errorf("settlement config: max attempts %d is negative", cfg.MaxAttempts)
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.Group == "" {
+		cfg.Group = DefaultGroup
+	}
+	if cfg.ClaimIdle <= 0 {
+		cfg.ClaimIdle = DefaultClaimIdle
+	}
+	if cfg.ClaimIdle < 10*time.Millisecond {
+		return cfg, fmt.Errorf("settlement config: claim idle %s is below 10ms", cfg.ClaimIdle)
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: DefaultHTTPTimeout}
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	if cfg.BackoffMax < cfg.BackoffBase {
+		cfg.BackoffMax = cfg.BackoffBase
+	}
+	if cfg.HealthyBackoffBase <= 0 {
+		cfg.HealthyBackoffBase = min(DefaultHealthyBackoffBase, cfg.BackoffBase)
+	}
+	if cfg.HealthyBackoffMax <= 0 {
+		cfg.HealthyBackoffMax = min(DefaultHealthyBackoffMax, cfg.BackoffMax)
+	}
+	if cfg.HealthyBackoffMax < cfg.HealthyBackoffBase {
+		cfg.HealthyBackoffMax = cfg.HealthyBackoffBase
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.RetryConcurrency <= 0 {
+		cfg.RetryConcurrency = DefaultRetryConcurrency
+	}
+	if cfg.HedgeAfter == 0 {
+		cfg.HedgeAfter = DefaultHedgeAfter
+	}
+	if cfg.HTTPClient.CheckRedirect == nil || cfg.HTTPClient.Transport == nil {
+		c := *cfg.HTTPClient
+		if c.CheckRedirect == nil {
+			c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		}
+		if c.Transport == nil {
+			// http.DefaultTransport keeps two idle connections per host: every
+			// delivery beyond two in flight would open a new one.
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.MaxIdleConnsPerHost = cfg.Concurrency + cfg.RetryConcurrency
+			c.Transport = t
+		}
+		cfg.HTTPClient = &c
+	}
+	if cfg.MaxHeld <= 0 {
+		cfg.MaxHeld = DefaultMaxHeld
+	}
+	if cfg.Block <= 0 {
+		cfg.Block = DefaultBlock
+	}
+	if cfg.Block < time.Millisecond {
+		cfg.Block = time.Millisecond
+	}
+	if cfg.ClaimInterval <= 0 {
+		cfg.ClaimInterval = cfg.ClaimIdle / 2
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg, nil
+}

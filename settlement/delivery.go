@@ -1,0 +1,107 @@
+package settlement
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"redpacket.io/operator/store"
+)
+
+// Delivery is the JSON body POSTed to the balance system for one stream entry.
+type Delivery struct {
+	// Kind is "grant" or "refund".
+	Kind string `json:"kind"`
+	// Activity is "<namespace>/<name>".
+	Activity string `json:"activity"`
+	// ActivityUID is the resource's UID.
+	ActivityUID string `json:"activityUID"`
+	// PacketID is the granted packet's id, or "refund" for the refund.
+	PacketID string `json:"packetId"`
+	// UserID is the credited account: the claiming user, or the sponsor for refunds.
+	UserID string `json:"userId"`
+	// Amount is in the currency's minor unit.
+	Amount int64 `json:"amount"`
+	// Currency is the activity's currency code.
+	Currency string `json:"currency"`
+	// At is when the claim (or refund) happened, RFC 3339 with milliseconds.
+	At string `json:"at"`
+}
+
+// IdempotencyKey is the delivery's Idempotency-Key header: "<activityUID>/<packetId>",
+// which is "<activityUID>/refund" for the refund.
+func (d Delivery) IdempotencyKey() string { return d.ActivityUID + "/" + d.PacketID }
+
+// Sign returns the X-Signature header value for body: "sha256=" followed by the hex
+// HMAC-SHA256 of the body under key.
+func Sign(key, body []byte) string {
+	mac := hmac.New(sha256.New, key)
+	mac.Write(body)
+	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// rfc3339Milli is RFC 3339 with exactly three fractional digits.
+const rfc3339Milli = "2006-01-02T15:04:05.000Z07:00"
+
+// delivery builds the webhook body of a well-formed entry.
+func (w *Worker) delivery(e store.StreamEntry) Delivery {
+	return Delivery{
+		Kind:        e.Kind,
+		Activity:    w.cfg.Activity,
+		ActivityUID: w.cfg.ActivityUID,
+		PacketID:    e.PacketID,
+		UserID:      e.UserID,
+		Amount:      e.Amount,
+		Currency:    w.cfg.Currency,
+		At:          e.At.UTC().Format(rfc3339Milli),
+	}
+}
+
+// deliveryError is a failed delivery: a non-2xx answer (status set) or none.
+type deliveryError struct {
+	status int
+	msg    string
+}
+
+func (e *deliveryError) Error() string { return e.msg }
+
+// post sends one delivery and returns nil on a 2xx answer.
+func (w *Worker) post(ctx context.Context, d Delivery) error {
+	body, err := json.Marshal(d)
+	if err != nil {
+		return &deliveryError{msg: fmt.Sprintf("encoding delivery: %v", err)}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.cfg.WebhookURL, bytes.NewReader(body))
+	if err != nil {
+		return &deliveryError{msg: fmt.Sprintf("building request: %v", err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", d.IdempotencyKey())
+	if w.cfg.SigningKey != nil {
+		req.Header.Set("X-Signature", Sign(w.cfg.SigningKey, body))
+	}
+	resp, err := w.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return &deliveryError{msg: fmt.Sprintf("posting to webhook: %v", err)}
+	}
+	defer resp.Body.Close()
+	// Read a little of the answer for the error message, and drain the rest (up to a
+	// bound) so the connection can be reused.
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	msg := fmt.Sprintf("webhook answered %s", resp.Status)
+	if s := strings.TrimSpace(string(snippet)); s != "" {
+		msg += ": " + strings.ToValidUTF8(s, "?")
+	}
+	return &deliveryError{status: resp.StatusCode, msg: msg}
+}

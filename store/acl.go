@@ -1,0 +1,439 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+	"redpacket.io/operator/lua"
+)
+
+// An activity's own Redis ACL user is what its grab pods log in as, instead of the
+// operator's user: it may touch only the activity's keys (rpa:{uid}:*) and run only
+// the commands the grab service, its status reporter, its settlement worker and the
+// replay-dead-letters command need. The controller creates it (EnsureUser) on the
+// operator's default Redis with the operator's own user, which must be allowed to run
+// ACL SETUSER, ACL GETUSER and ACL DELUSER, and removes it (DeleteUser) once the
+// activity is gone. A Redis keeps ACL users in memory, per node: on a cluster they are
+// set on every node, replicas included, so that a replica promoted by a failover
+// already knows them.
+
+// ErrACLUnavailable is wrapped by the errors of EnsureUser and DeleteUser when the
+// server refuses to manage users: it has no ACL (before Redis 6) or the operator's
+// Redis user may not run the ACL commands (NOPERM).
+var ErrACLUnavailable = errors.New("the Redis server cannot manage ACL users for the operator " +
+	"(it predates Redis 6, or the operator's Redis user may not run ACL SETUSER, GETUSER and DELUSER)")
+
+// ActivityUserName is the name of the Redis ACL user of the activity with the given UID.
+func ActivityUserName(uid string) string { return "rpa-" + uid }
+
+// grabSideScripts are the scripts the grab pods run: the grab, the refill of a
+// sharded activity's dry shard (the transfers and the stock reading), the reporter's
+// snapshot, the settlement worker's acknowledgement and dead-lettering, and the
+// replay of dead letters. Every command they call is granted to the activity's user
+// (Redis checks the commands a script calls against the caller's ACL). Seeding,
+// configuring, closing and purging are the controller's, under the operator's user.
+func grabSideScripts() []*lua.Script {
+	return []*lua.Script{lua.GrabScript, lua.SnapshotScript, lua.SettleAckScript, lua.DeadLetterScript, lua.ReplayDeadScript, lua.EnsureGroupScript, lua.TransferOutScript, lua.TransferInScript, lua.TransferDoneScript,
+
+		// activityUserDirectCommands are the commands the grab pods send themselves, besides
+		// what their scripts call: the scripts (EVALSHA, and EVAL when the script cache lost
+		// them), the readiness ping, WAIT (durability Replicas: ReplicaWaiter; WAIT touches
+		// no key), the settlement worker's consumer group and its check of
+		// entries against the claims and meta hashes (stream.go), the reading of a sharded
+		// activity's transfer journals (shards.go), and what a cluster client
+		// asks to learn the slot map and the commands' key positions (COMMAND, which only
+		// describes commands). AUTH and HELLO need no grant. A method of Activity that the
+		// grab pods call and that sends another command must add it here.
+		lua.StockScript,
+	}
+}
+
+var activityUserDirectCommands = []string{
+	"evalsha", "eval", "ping", "time", "wait",
+	"xgroup|create", "xreadgroup", "xautoclaim", "xpending", "xclaim", "xlen", "hget", "hmget",
+	"hgetall", "hexists",
+	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
+}
+
+// scriptCall finds the commands a Lua script calls: redis.call('NAME', ...) and
+// redis.pcall('NAME', ...) with a literal name, the only form the scripts use, and
+// the literal argument after it, which names the subcommand of a container command.
+var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?`)
+
+// containerCommands are the commands whose subcommands are granted one by one
+// (XGROUP CREATE, never XGROUP DESTROY).
+var containerCommands = map[string]bool{"xgroup": true, "xinfo": true, "object": true, "memory": true}
+
+// ActivityUserCommands lists, sorted and in lower case, every command the activity's
+// user may run: activityUserDirectCommands and every command grabSideScripts call.
+func ActivityUserCommands() []string {
+	set := map[string]bool{}
+	for _, c := range activityUserDirectCommands {
+		set[c] = true
+	}
+	for _, s := range grabSideScripts() {
+		for _, m := range scriptCall.FindAllStringSubmatch(s.Source(), -1) {
+			name := strings.ToLower(m[1])
+			if containerCommands[name] {
+				name += "|" + strings.ToLower(m[2])
+			}
+			set[name] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// keyPatterns are the ACL key patterns of the activity's keys: every key with its
+// hash tag, rpa:{uid}:*, and every key of its shards when it is sharded,
+// rpa:{uid.N}:* for N of one or two digits (MaxShards is 64). ACL glob patterns
+// treat the braces as plain characters.
+func (k Keys) keyPatterns() []string {
+	base := strings.TrimSuffix(k.Meta, "}:meta")
+	return []string{base + "}:*", base + ".[0-9]}:*", base + ".[0-9][0-9]}:*"}
+}
+
+// keyRules are the key patterns as ACL SETUSER rules and as ACL GETUSER lists them.
+func (k Keys) keyRules() []string {
+	ps := k.keyPatterns()
+	for i, p := range ps {
+		ps[i] = "~" + p
+	}
+	return ps
+}
+
+// userName is the activity's ACL user name, read back from its hash tag.
+func (k Keys) userName() string {
+	_, rest, _ := strings.Cut(k.Meta, "{")
+	uid, _, _ := strings.Cut(rest, "}")
+	return ActivityUserName(uid)
+}
+
+// passwordHash is how Redis lists a password: the hex SHA-256 of it. EnsureUser sends
+// only the hash (ACL SETUSER #<hash>), never the password itself.
+func passwordHash(password string) string {
+	sum := sha256.Sum256([]byte(password))
+	return hex.EncodeToString(sum[:])
+}
+
+// userRules are the ACL SETUSER rules of the activity's user with the given password
+// hash: everything reset first, so that the rules are exactly these whatever the user
+// held before; on; the one password; the activity's keys; no Pub/Sub channel; and
+// ActivityUserCommands only.
+func (k Keys) userRules(hash string) []any {
+	rules := []any{"reset", "on", "#" + hash}
+	for _, p := range k.keyRules() {
+		rules = append(rules, p)
+	}
+	rules = append(rules, "resetchannels", "-@all")
+	for _, c := range ActivityUserCommands() {
+		rules = append(rules, "+"+c)
+	}
+	return rules
+}
+
+// UserChange says what EnsureUser did.
+type UserChange struct {
+	// Nodes is how many Redis nodes were checked: one standalone server, or every
+	// master and replica of a cluster.
+	Nodes int
+	// Set is how many of them were given the user or had its rules corrected.
+	Set int
+	// Rotated is how many of them held the user with another password: there the
+	// user was deleted first, which closes every connection logged in with the old
+	// password, and set again.
+	Rotated int
+}
+
+// EnsureUser makes sure every node of the activity's Redis holds the activity's ACL
+// user (ActivityUserName) with exactly the given password and rules (userRules). A
+// node that holds them already is left alone, so calling it at every reconcile costs
+// one ACL GETUSER per node. A node that holds the user with another password is a
+// rotation: the user is deleted (ACL DELUSER closes its connections, so nobody stays
+// logged in with the old password) and set again. The handle's client must be a plain
+// or cluster client; on a cluster every master and every replica is set, because
+// Redis does not replicate ACL changes. Errors wrap ErrACLUnavailable when the server
+// refuses to manage users.
+func (a *Activity) EnsureUser(ctx context.Context, password string) (UserChange, error) {
+	if password == "" {
+		return UserChange{}, errors.New("ensuring the activity's Redis user: empty password")
+	}
+	name := a.keys.userName()
+	hash := passwordHash(password)
+	rules := a.keys.userRules(hash)
+	want := wantUser{hash: hash, keys: strings.Join(a.keys.keyRules(), " "), commands: commandTokens(rules)}
+	var (
+		mu     sync.Mutex
+		change UserChange
+	)
+	err := a.forEachNode(ctx, func(ctx context.Context, node *redis.Client) error {
+		have, exists, err := getUser(ctx, node, name)
+		if err != nil {
+			return err
+		}
+		set, rotated := !exists || !want.matches(have), exists && !slices.Equal(have.passwords, []string{hash})
+		if rotated {
+			if err := node.Do(ctx, "acl", "deluser", name).Err(); err != nil {
+				return aclErr("ACL DELUSER "+name, err)
+			}
+		}
+		if set {
+			args := append([]any{"acl", "setuser", name}, rules...)
+			if err := node.Do(ctx, args...).Err(); err != nil {
+				return aclErr("ACL SETUSER "+name, err)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		change.Nodes++
+		if set {
+			change.Set++
+		}
+		if rotated {
+			change.Rotated++
+		}
+		return nil
+	})
+	if err != nil {
+		return change, fmt.Errorf("ensuring Redis user %s: %w", name, err)
+	}
+	return change, nil
+}
+
+// DeleteUser removes the activity's ACL user from every node (every master and
+// replica of a cluster), which closes the connections logged in as it. It returns on
+// how many nodes the user existed; a user that exists nowhere is no error.
+func (a *Activity) DeleteUser(ctx context.Context) (int, error) {
+	name := a.keys.userName()
+	var (
+		mu      sync.Mutex
+		deleted int
+	)
+	err := a.forEachNode(ctx, func(ctx context.Context, node *redis.Client) error {
+		n, err := node.Do(ctx, "acl", "deluser", name).Int()
+		if err != nil {
+			return aclErr("ACL DELUSER "+name, err)
+		}
+		mu.Lock()
+		deleted += n
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return deleted, fmt.Errorf("deleting Redis user %s: %w", name, err)
+	}
+	return deleted, nil
+}
+
+// forEachNode runs fn on the standalone server, or concurrently on every master and
+// replica of a cluster (forEachClusterNode).
+func (a *Activity) forEachNode(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error {
+	switch c := a.c.(type) {
+	case *redis.ClusterClient:
+		return forEachClusterNode(ctx, c, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	default:
+		return fmt.Errorf("managing Redis users needs a plain or cluster client, not %T", a.c)
+	}
+}
+
+// forEachClusterNode runs fn concurrently on every node of the cluster: every node of
+// the slot map (CLUSTER SLOTS), through the client's own connection pools, and every
+// other node that CLUSTER NODES lists and does not mark as failed, through a client
+// of its own opened with the cluster's options. The slot map leaves out a replica
+// until it holds data, and a demoted master while it resyncs after a failover;
+// CLUSTER NODES lists them.
+func forEachClusterNode(ctx context.Context, cc *redis.ClusterClient, fn func(ctx context.Context, node *redis.Client) error) error {
+	listing, err := cc.ClusterNodes(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("listing the cluster's nodes: %w", err)
+	}
+	var (
+		mu      sync.Mutex
+		visited = map[string]bool{}
+	)
+	err = cc.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+		mu.Lock()
+		visited[node.Options().Addr] = true
+		mu.Unlock()
+		return fn(ctx, node)
+	})
+	if err != nil {
+		return err
+	}
+	opt := cc.Options()
+	var others []string
+	for _, addr := range clusterNodeAddrs(listing) {
+		if !visited[addr] {
+			others = append(others, addr)
+		}
+	}
+	errs := make([]error, len(others))
+	var wg sync.WaitGroup
+	for i, addr := range others {
+		wg.Go(func() {
+			node := opt.NewClient(&redis.Options{
+				Addr: addr, Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLSConfig,
+				Dialer: opt.Dialer, DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout,
+				WriteTimeout: opt.WriteTimeout, ContextTimeoutEnabled: opt.ContextTimeoutEnabled,
+				Protocol: opt.Protocol, MaxRetries: opt.MaxRetries, PoolSize: 1,
+			})
+			defer func() { _ = node.Close() }()
+			errs[i] = fn(ctx, node)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// clusterNodeAddrs are the host:port addresses of the nodes a CLUSTER NODES listing
+// holds, leaving out those marked failed ("fail"), without an address ("noaddr") or
+// still in the handshake.
+func clusterNodeAddrs(listing string) []string {
+	var out []string
+	for _, line := range strings.Split(listing, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		flags := strings.Split(f[2], ",")
+		if slices.Contains(flags, "fail") || slices.Contains(flags, "noaddr") || slices.Contains(flags, "handshake") {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		if addr != "" && !strings.HasSuffix(addr, ":0") {
+			out = append(out, addr)
+		}
+	}
+	return out
+}
+
+// aclErr wraps the error of an ACL command, with ErrACLUnavailable when the server
+// has no such command or the operator's user may not run it.
+func aclErr(what string, err error) error {
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		if strings.HasPrefix(msg, "NOPERM") || strings.HasPrefix(msg, "ERR unknown command") ||
+			strings.HasPrefix(msg, "ERR unknown subcommand") {
+			return fmt.Errorf("%s: %w: %w", what, ErrACLUnavailable, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// aclUser is what ACL GETUSER says of a user.
+type aclUser struct {
+	flags     []string
+	passwords []string
+	commands  string
+	keys      string
+	channels  string
+	selectors int
+}
+
+// wantUser is the state EnsureUser wants a node to hold.
+type wantUser struct {
+	hash     string
+	keys     string
+	commands map[string]bool
+}
+
+// matches reports whether the user as a node holds it is exactly what is wanted:
+// enabled, the one password, the activity's keys only, no channel, no selector and
+// the same commands (Redis lists them in an order of its own).
+func (w wantUser) matches(u aclUser) bool {
+	return slices.Contains(u.flags, "on") && !slices.Contains(u.flags, "nopass") &&
+		slices.Equal(u.passwords, []string{w.hash}) && u.keys == w.keys && u.channels == "" &&
+		u.selectors == 0 && maps.Equal(commandTokens(strings.Fields(u.commands)), w.commands)
+}
+
+// commandTokens are the command rules (-@all, +name) among rules, as a set.
+func commandTokens[T any](rules []T) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range rules {
+		s, ok := any(r).(string)
+		if ok && (strings.HasPrefix(s, "+") || strings.HasPrefix(s, "-")) {
+			out[strings.ToLower(s)] = true
+		}
+	}
+	return out
+}
+
+// getUser reads a user with ACL GETUSER; exists is false when there is none. It
+// reads both the RESP3 map and the RESP2 list form of the answer.
+func getUser(ctx context.Context, node *redis.Client, name string) (aclUser, bool, error) {
+	v, err := node.Do(ctx, "acl", "getuser", name).Result()
+	if errors.Is(err, redis.Nil) {
+		return aclUser{}, false, nil
+	}
+	if err != nil {
+		return aclUser{}, false, aclErr("ACL GETUSER "+name, err)
+	}
+	fields := map[string]any{}
+	switch m := v.(type) {
+	case map[any]any:
+		for k, val := range m {
+			if ks, ok := k.(string); ok {
+				fields[ks] = val
+			}
+		}
+	case []any:
+		for i := 0; i+1 < len(m); i += 2 {
+			if ks, ok := m[i].(string); ok {
+				fields[ks] = m[i+1]
+			}
+		}
+	default:
+		return aclUser{}, false, fmt.Errorf("ACL GETUSER %s: unexpected reply of type %T", name, v)
+	}
+	var u aclUser
+	u.flags = stringList(fields["flags"])
+	u.passwords = stringList(fields["passwords"])
+	u.commands, _ = fields["commands"].(string)
+	// Redis 7 lists keys and channels as one string; Redis 6 as lists of patterns.
+	if s, ok := fields["keys"].(string); ok {
+		u.keys = s
+	} else {
+		u.keys = "~" + strings.Join(stringList(fields["keys"]), " ~")
+	}
+	if s, ok := fields["channels"].(string); ok {
+		u.channels = s
+	} else if ch := stringList(fields["channels"]); len(ch) > 0 {
+		u.channels = "&" + strings.Join(ch, " &")
+	}
+	if sel, ok := fields["selectors"].([]any); ok {
+		u.selectors = len(sel)
+	}
+	return u, true, nil
+}
+
+// stringList reads a list of strings out of a reply; anything else gives nil.
+func stringList(v any) []string {
+	list, ok := v.([]any)
+	if !ok {
+		return nil
+	}
+	out := make([]string, 0, len(list))
+	for _, e := range list {
+		if s, ok := e.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
