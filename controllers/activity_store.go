@@ -17,8 +17,8 @@ import (
 // scripts, configure the gate, close it) and delete it (purge). The steps of a
 // reconcile reach Redis only through it, so each step can be run against a fake.
 //
-// lua.Shards is the production implementation: an activity spread over
-// spec.shards hash tags, which with one shard is exactly lua.Activity.
+// store.Activity is the production implementation: an activity spread over
+// spec.shards hash tags, which with one shard is exactly store.Shard.
 type activityStore interface {
 	// Time is the Redis server's clock, the one the grab script gates on.
 	Time(ctx context.Context) (time.Time, error)
@@ -39,10 +39,10 @@ type activityStore interface {
 	// Accept lifts the fence and starts a new epoch, provided Redis is at epoch seen.
 	Accept(ctx context.Context, seen int64) (int64, error)
 	// CheckFsync checks that the activity's master fsyncs every write before it
-	// answers (wraps lua.ErrDurabilityNotMet when not).
+	// answers (wraps store.ErrDurabilityNotMet when not).
 	CheckFsync(ctx context.Context) error
 	// CheckReplicas checks that the activity's master has at least n replicas
-	// connected (wraps lua.ErrDurabilityNotMet when not).
+	// connected (wraps store.ErrDurabilityNotMet when not).
 	CheckReplicas(ctx context.Context, n int) error
 	// Close ends grabbing for the given reason and refunds the remainder.
 	Close(ctx context.Context, reason store.CloseReason) (store.CloseResult, error)
@@ -53,7 +53,7 @@ type activityStore interface {
 	PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error)
 }
 
-var _ activityStore = (*store.Shards)(nil)
+var _ activityStore = (*store.Activity)(nil)
 
 // storeFactory returns the store of the activity with the given UID on the Redis
 // that conn names.
@@ -69,7 +69,7 @@ func (r *RedPacketActivityReconciler) storeFor(conn redisconn.Conn, a *redpacket
 		return r.newStore(conn, a.UID)
 	}
 	c := r.redisClient(conn)
-	h := store.NewShards(c, string(a.UID), a.Spec.ShardCount())
+	h := store.NewActivity(c, string(a.UID), a.Spec.ShardCount())
 	h.Seeder = r.Seeder
 	if d := a.Spec.Durability; d != nil && d.Mode == redpacketv1alpha1.DurabilityReplicas && d.Replicas > 0 && h.N() > 1 {
 		// Transfers the controller finishes (Resolve) wait for the replicas as the grab

@@ -9,21 +9,21 @@ import (
 )
 
 // shardsReader is the part of a store that sees an activity shard by shard:
-// lua.Shards. Stores without it (the phase tests' fakes) skip the conservation step.
+// store.Activity. Stores without it (the phase tests' fakes) skip the conservation step.
 type shardsReader interface {
 	// Resolve finishes every transfer between shards left half-done by a process
 	// that died between its halves; it returns how many its destination refused.
 	Resolve(ctx context.Context) (int, error)
 	// ReadShards reads every shard, and the transfers between them, while no packet
 	// moved between shards.
-	ReadShards(ctx context.Context) (store.ShardsView, error)
+	ReadShards(ctx context.Context) (store.View, error)
 }
 
-var _ shardsReader = (*store.Shards)(nil)
+var _ shardsReader = (*store.Activity)(nil)
 
 // reconcileConservation checks, at every resync of a seeded activity, that every
 // packet and every minor unit is in exactly one place in Redis: listed on a shard,
-// claimed, in a transfer between shards or refunded (lua.ShardsView.Conservation).
+// claimed, in a transfer between shards or refunded (store.View.Conservation).
 // The imbalance is exported as redpacket_activity_redis_imbalance, which must stay 0;
 // anything else is a bug or a Redis that lost writes, and the alert pages. Before it
 // reads, it finishes the transfers a grab pod left half-done (an open activity only:
@@ -65,7 +65,7 @@ func (r *RedPacketActivityReconciler) reconcileConservation(ctx context.Context,
 	if why == "" && view.Duplicated() {
 		why = "the shards hold more packets than were seeded"
 	}
-	if why != "" && !view.Activity.FullyFenced() {
+	if why != "" && !view.Whole.FullyFenced() {
 		// A shard behind its watermark in status, or more packets than were seeded:
 		// some could be granted twice. Fence every shard now; the next reconcile's
 		// fence step reports it.

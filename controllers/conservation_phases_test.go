@@ -14,7 +14,7 @@ import (
 // shardedFakeStore is a fake store that also reads shard by shard.
 type shardedFakeStore struct {
 	*fakeStore
-	view     store.ShardsView
+	view     store.View
 	readErr  error
 	resolved int
 }
@@ -25,7 +25,7 @@ func (f *shardedFakeStore) Resolve(context.Context) (int, error) {
 	return 0, nil
 }
 
-func (f *shardedFakeStore) ReadShards(context.Context) (store.ShardsView, error) {
+func (f *shardedFakeStore) ReadShards(context.Context) (store.View, error) {
 	f.log.add("store.ReadShards")
 	return f.view, f.readErr
 }
@@ -36,17 +36,17 @@ func TestConservationPhase(t *testing.T) {
 	open := openSnapshot()
 	closed := open
 	closed.State = store.StateClosed
-	balanced := store.ShardsView{Activity: open, Shards: []store.Snapshot{open}, Steady: true}
+	balanced := store.View{Whole: open, Shards: []store.Snapshot{open}, Steady: true}
 	lost := open
 	lost.RemainingCount = 9 // a packet left the list outside any script
-	unbalanced := store.ShardsView{Activity: lost, Shards: []store.Snapshot{lost}, Steady: true}
+	unbalanced := store.View{Whole: lost, Shards: []store.Snapshot{lost}, Steady: true}
 	unsteady := unbalanced
 	unsteady.Steady = false
 
 	cases := map[string]struct {
 		snap        store.Snapshot
 		seeded      bool
-		view        store.ShardsView
+		view        store.View
 		readErr     error
 		wantCalls   []string
 		wantPackets float64 // -1: no series

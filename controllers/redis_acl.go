@@ -22,7 +22,7 @@ import (
 )
 
 // An activity on the operator's default Redis gets a Redis ACL user of its own
-// (lua.Activity.EnsureUser): its grab pods log in as that user, which may touch only
+// (store.Shard.EnsureUser): its grab pods log in as that user, which may touch only
 // the activity's keys and run only what the grab service needs, so the operator's
 // own Redis credentials never leave the operator's namespace. The user's name and
 // password are in the Secret <activity>-grab-redis, next to the default Redis's
@@ -41,7 +41,7 @@ const AnnotationRedisCredentials = "redpacket.io/redis-credentials"
 const activityPasswordBytes = 32
 
 // activityUsers is what the controller does to an activity's own Redis ACL user.
-// lua.Activity implements it.
+// store.Shard implements it.
 type activityUsers interface {
 	// EnsureUser makes Redis hold the user with exactly this password and rules.
 	EnsureUser(ctx context.Context, password string) (store.UserChange, error)
@@ -49,7 +49,7 @@ type activityUsers interface {
 	DeleteUser(ctx context.Context) (int, error)
 }
 
-var _ activityUsers = (*store.Activity)(nil)
+var _ activityUsers = (*store.Shard)(nil)
 
 // defaultRedisConn is the operator's default Redis connection, standalone unless
 // it says otherwise.
@@ -81,7 +81,7 @@ func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.R
 
 // activityRedisSecretData returns the data of <activity>-grab-redis for an activity
 // on the default Redis: the default Redis's addresses, mode and TLS setting, with the
-// activity's own user (lua.ActivityUserName) and password, never the operator's. It
+// activity's own user (store.ActivityUserName) and password, never the operator's. It
 // first makes Redis hold that user with that password (EnsureUser, at every
 // reconcile, so a Redis that restarted without an ACL file, or a cluster node that
 // joined, gets it back).
@@ -93,7 +93,7 @@ func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.R
 // which closes every connection made with the old password, and the new Secret's
 // digest in AnnotationRedisCredentials rolls the grab pods.
 //
-// When the default Redis cannot give the activity a user (lua.ErrACLUnavailable) it
+// When the default Redis cannot give the activity a user (store.ErrACLUnavailable) it
 // returns no data and a result whose blocker (Ready False, RedisACLUnavailable) says
 // so, without halting the chain; it deletes an existing Secret that holds the
 // operator's own credentials. The caller then applies no workload.

@@ -151,12 +151,12 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	src := &grabsvc.ActivitySource{Client: e.c, Key: types.NamespacedName{Namespace: e.ns, Name: "alpha"}, UID: alpha.UID,
 		Refresh: 200 * time.Millisecond, Retry: 100 * time.Millisecond}
 	guard := &grabsvc.RollbackGuard{}
-	grabSrv, err := grabsvc.NewServer(grabsvc.Config{Redis: pc.Pipeliner, Ping: pc.Client, Activity: src.Current, Guard: guard,
+	grabSrv, err := grabsvc.NewServer(grabsvc.Config{Redis: pc.Pipeliner, Ping: pc.Client, Resource: src.Current, Guard: guard,
 		RedisTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := &grabsvc.Reporter{Client: e.c, Redis: pc.Pipeliner, Activity: src.Current, Guard: guard,
+	rep := &grabsvc.Reporter{Client: e.c, Redis: pc.Pipeliner, Resource: src.Current, Guard: guard,
 		Interval: 200 * time.Millisecond, Heartbeat: time.Second}
 	cfg := settlement.ActivityConfig(alpha, nil)
 	cfg.Redis = plain
@@ -201,7 +201,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	})
 
 	// Another activity, and the server as a whole, are out of reach.
-	if res, err := store.NewActivity(plain, string(beta.UID)).Grab(ctx, "thief"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+	if res, err := store.NewShard(plain, string(beta.UID)).Grab(ctx, "thief"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Errorf("grab of another activity with this activity's user: %+v, %v; want NOPERM", res, err)
 	}
 	for _, cmd := range [][]any{{"flushall"}, {"config", "get", "*"}, {"script", "flush"}, {"hgetall", e.keys(beta).Meta}} {

@@ -16,7 +16,7 @@ import (
 const DefaultRedisIdleTimeout = 30 * time.Minute
 
 // RedisClients caches one Redis client per connection target and credentials
-// (lua.Conn.Key), so that reconciles share connection pools instead of dialling Redis
+// (redisconn.Conn.Key), so that reconciles share connection pools instead of dialling Redis
 // every time. Clients unused for IdleTimeout are closed by the sweeper that Start runs;
 // every client is closed when Start's context ends.
 type RedisClients struct {

@@ -26,7 +26,7 @@ const fenceReasonRolledBack = "rolled_back"
 // Redis is older than the resource when the snapshot is fenced already (a grab
 // replica saw it first), when its epoch is below status.redisEpoch, when in the same
 // epoch a cumulative counter is below what status records, or when it holds open an
-// activity that status records as closed (lua.Snapshot.RolledBack). The status is
+// activity that status records as closed (store.Snapshot.RolledBack). The status is
 // kept where Redis cannot roll it back: on the API server. The cached status can only
 // be behind the live one, and a status that is behind finds fewer rollbacks, never
 // one that did not happen.

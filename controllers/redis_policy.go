@@ -152,7 +152,7 @@ func (r *RedPacketActivityReconciler) isDefaultRedis(conn redisconn.Conn) bool {
 // redisClientOptions are the options of the controller's Redis clients. Every client
 // of a connection from spec.redis checks each address it dials against the policy
 // (addressAllowed), so neither a cluster's announcements nor its redirects lead the
-// operator elsewhere. safeErrors makes the clients' errors fixed phrases (lua.MakeSafe),
+// operator elsewhere. safeErrors makes the clients' errors fixed phrases (redisconn.MakeSafe),
 // for the clients whose errors reach status and events.
 func (r *RedPacketActivityReconciler) redisClientOptions(conn redisconn.Conn, safeErrors bool) redisconn.ClientOptions {
 	o := redisconn.ClientOptions{SafeErrors: safeErrors, ErrorLog: logRedisError}
@@ -163,7 +163,7 @@ func (r *RedPacketActivityReconciler) redisClientOptions(conn redisconn.Conn, sa
 }
 
 // logRedisError logs a failed Redis command's error as the server put it, at -v=1:
-// status and events get only its fixed phrase (lua.SafeError).
+// status and events get only its fixed phrase (redisconn.SafeError).
 func logRedisError(ctx context.Context, command string, err error) {
 	ctrl.LoggerFrom(ctx).V(1).Info("a Redis command failed", "command", command, "error", err.Error())
 }

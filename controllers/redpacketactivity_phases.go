@@ -357,7 +357,7 @@ func statusRecordsSeeded(st redpacketv1alpha1.RedPacketActivityStatus) bool {
 
 // reconcileSeed puts the packets into Redis exactly once per activity UID and records
 // that in status before anything can be grabbed. It is where an activity is seeded:
-// the one caller of the store's Seed (lua.Activity.Seed).
+// the one caller of the store's Seed (store.Shard.Seed).
 //
 // If Redis holds the committed activity, it is adopted as it is. If it does not, but
 // the status (in the cache, or read fresh from the API server) says the activity was
@@ -557,7 +557,7 @@ func (r *RedPacketActivityReconciler) reconcileGate(ctx context.Context, s *acti
 }
 
 // reconcileSchedule decides the phase from Redis and the Redis server clock (the one
-// the grab script gates on) with lua.Snapshot.Phase, where the grab service decides
+// the grab script gates on) with store.Snapshot.Phase, where the grab service decides
 // it too, and closes the activity when that phase says it is over: at endTime as
 // Expired, refunding the unclaimed remainder to the sponsor through the settlement
 // stream (status.refundedAmount is the close's exact figure), or as Exhausted once no
@@ -630,7 +630,7 @@ func (r *RedPacketActivityReconciler) reconcileSchedule(ctx context.Context, s *
 	return res, nil
 }
 
-// recordClosed puts a closed activity's phase (lua.Snapshot.Phase: Exhausted when
+// recordClosed puts a closed activity's phase (store.Snapshot.Phase: Exhausted when
 // every packet was claimed, else Expired) into the status to apply. The exact refund
 // goes into status with the other money counters (reconcileCounters).
 func (s *activityScope) recordClosed() {

@@ -522,7 +522,7 @@ func TestGateStep(t *testing.T) {
 }
 
 // The schedule step decides the phase from Redis and Redis's clock, through
-// lua.Snapshot.Phase, and closes the activity when that phase says it is over.
+// store.Snapshot.Phase, and closes the activity when that phase says it is over.
 func TestScheduleStep(t *testing.T) {
 	ms := func(d time.Duration) int64 { return testNow.Add(d).UnixMilli() }
 	open := func(mutate func(*store.Snapshot)) store.Snapshot {
@@ -653,7 +653,7 @@ func TestScheduleStep(t *testing.T) {
 			// The controller's phase is the one Redis and its clock say, as the grab
 			// service decides it.
 			if phase, ok := s.snapshot.Phase(s.redisNow); !ok || phase != s.status.Phase {
-				t.Errorf("phase %q, but lua.Snapshot.Phase says %q (%t)", s.status.Phase, phase, ok)
+				t.Errorf("phase %q, but store.Snapshot.Phase says %q (%t)", s.status.Phase, phase, ok)
 			}
 			if res.requeueAfter != tc.wantRequeue {
 				t.Errorf("requeue after %s, want %s", res.requeueAfter, tc.wantRequeue)

@@ -35,7 +35,7 @@ func TestShardedCloseStoppedHalfWayIsFinished(t *testing.T) {
 		a.Spec.EndTime = &metav1.Time{Time: time.Now().Add(4 * time.Second)}
 	}))
 	a := e.waitPhase("half", redpacketv1alpha1.PhaseActive, 20*time.Second)
-	h := store.NewShards(e.rdb, string(a.UID), shards)
+	h := store.NewActivity(e.rdb, string(a.UID), shards)
 	var claimed int64
 	for i := range 10 {
 		r, _, err := h.Grab(ctx, fmt.Sprintf("user-%d", i), nil)
@@ -65,8 +65,8 @@ func TestShardedCloseStoppedHalfWayIsFinished(t *testing.T) {
 		}
 		a = e.get("half")
 		last = fmt.Sprintf("redis: %s, shard states %s/%s, refunded %d, fenced %q; status: %s",
-			v.Activity.State, v.Shards[0].State, v.Shards[1].State, v.Activity.Refunded, v.Activity.Fenced, describe(a))
-		if v.Activity.State == store.StateClosed && v.Activity.Refunded == total-claimed {
+			v.Whole.State, v.Shards[0].State, v.Shards[1].State, v.Whole.Refunded, v.Whole.Fenced, describe(a))
+		if v.Whole.State == store.StateClosed && v.Whole.Refunded == total-claimed {
 			ok = true
 			break
 		}

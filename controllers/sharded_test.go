@@ -44,7 +44,7 @@ func TestShardedActivityLifecycle(t *testing.T) {
 	}))
 	a := e.waitPhase("rain", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	e.runReporter("rain")
-	h := store.NewShards(e.rdb, string(a.UID), shards)
+	h := store.NewActivity(e.rdb, string(a.UID), shards)
 	view, err := h.ReadShards(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -110,8 +110,8 @@ func TestShardedActivityLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if view.Activity.State != store.StateClosed || view.Activity.Refunded != total-claimed || !view.Conservation().Zero() {
-		t.Fatalf("after close: %s, refunded %d (want %d), imbalance %+v", view.Activity.State, view.Activity.Refunded,
+	if view.Whole.State != store.StateClosed || view.Whole.Refunded != total-claimed || !view.Conservation().Zero() {
+		t.Fatalf("after close: %s, refunded %d (want %d), imbalance %+v", view.Whole.State, view.Whole.Refunded,
 			total-claimed, view.Conservation())
 	}
 

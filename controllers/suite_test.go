@@ -354,7 +354,7 @@ func (e *env) runReporter(name string) {
 	rep := &grabsvc.Reporter{
 		Client:    e.c,
 		Redis:     e.rdb,
-		Activity:  src.Current,
+		Resource:  src.Current,
 		Interval:  200 * time.Millisecond,
 		Heartbeat: time.Second,
 	}

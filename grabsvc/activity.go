@@ -16,9 +16,9 @@ import (
 	"redpacket.io/operator/store"
 )
 
-// Activity is the grab service's view of its RedPacketActivity: the resource as last
+// Resource is the grab service's view of its RedPacketActivity: the resource as last
 // read from the API server and the Redis keys derived from its UID.
-type Activity struct {
+type Resource struct {
 	// Object is the resource. Treat it as read-only: it is shared.
 	Object *redpacketv1alpha1.RedPacketActivity
 	// Keys are the activity's Redis keys.
@@ -27,36 +27,36 @@ type Activity struct {
 	Ref string
 }
 
-// NewActivity wraps a resource read from the API server.
-func NewActivity(obj *redpacketv1alpha1.RedPacketActivity) *Activity {
-	return &Activity{
+// NewResource wraps a resource read from the API server.
+func NewResource(obj *redpacketv1alpha1.RedPacketActivity) *Resource {
+	return &Resource{
 		Object: obj,
 		Keys:   store.KeysFor(string(obj.UID)),
 		Ref:    obj.Namespace + "/" + obj.Name,
 	}
 }
 
-// handles keeps the Redis handle (lua.Shards) of the current activity on one
+// handles keeps the Redis handle (store.Activity) of the current activity on one
 // client, so the hot path builds it once per activity, not once per call. The
 // zero value is ready to use; the client must be the same on every call.
 type handles struct {
 	cur atomic.Pointer[handle]
-	// replicated, when set, gives each new handle its Replicated (lua.Shards): how a
+	// replicated, when set, gives each new handle its Replicated (store.Activity): how a
 	// transfer between shards waits for replicas.
 	replicated func(shard int) func(context.Context) error
 }
 
 type handle struct {
 	uid types.UID
-	h   *store.Shards
+	h   *store.Activity
 }
 
 // of returns the handle of act, over its spec.shards shards, on c.
-func (hs *handles) of(c redis.Cmdable, act *Activity) *store.Shards {
+func (hs *handles) of(c redis.Cmdable, act *Resource) *store.Activity {
 	if cur := hs.cur.Load(); cur != nil && cur.uid == act.Object.UID {
 		return cur.h
 	}
-	h := &handle{uid: act.Object.UID, h: store.NewShards(c, string(act.Object.UID), act.Object.Spec.ShardCount())}
+	h := &handle{uid: act.Object.UID, h: store.NewActivity(c, string(act.Object.UID), act.Object.Spec.ShardCount())}
 	if hs.replicated != nil {
 		h.h.Replicated = func(ctx context.Context, shard int) error {
 			if wait := hs.replicated(shard); wait != nil {
@@ -90,20 +90,20 @@ type ActivitySource struct {
 	Timeout time.Duration
 	// OnChange, when set, runs (on the source's goroutine) after every read that
 	// returned a different resourceVersion, with the new activity.
-	OnChange func(*Activity)
+	OnChange func(*Resource)
 	// Metrics, when set, counts failed reads.
 	Metrics *Metrics
 	// Log receives read failures; nil means slog.Default().
 	Log *slog.Logger
 
-	cur atomic.Pointer[Activity]
+	cur atomic.Pointer[Resource]
 }
 
 // Current returns the last activity read, or nil before the first successful read.
-func (s *ActivitySource) Current() *Activity { return s.cur.Load() }
+func (s *ActivitySource) Current() *Resource { return s.cur.Load() }
 
 // Set installs an activity as the current one, as a read would.
-func (s *ActivitySource) Set(a *Activity) {
+func (s *ActivitySource) Set(a *Resource) {
 	old := s.cur.Swap(a)
 	if s.OnChange != nil && (old == nil || old.Object.ResourceVersion != a.Object.ResourceVersion) {
 		s.OnChange(a)
@@ -134,7 +134,7 @@ func (s *ActivitySource) Fetch(ctx context.Context) error {
 	if cur := s.Current(); cur != nil && cur.Object.ResourceVersion == obj.ResourceVersion {
 		return nil
 	}
-	s.Set(NewActivity(obj))
+	s.Set(NewResource(obj))
 	return nil
 }
 

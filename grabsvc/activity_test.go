@@ -26,12 +26,12 @@ func TestActivitySourceWaitsThenFollowsChanges(t *testing.T) {
 		Refresh: 100 * time.Millisecond,
 		Retry:   50 * time.Millisecond,
 		Log:     slog.New(slog.DiscardHandler),
-		OnChange: func(a *Activity) {
+		OnChange: func(a *Resource) {
 			changes.Add(1)
 			lastPaused.Store(a.Object.Spec.Paused)
 		},
 	}
-	srv, err := NewServer(Config{Redis: redistest.Start(t).Client(t), Activity: src.Current})
+	srv, err := NewServer(Config{Redis: redistest.Start(t).Client(t), Resource: src.Current})
 	if err != nil {
 		t.Fatal(err)
 	}

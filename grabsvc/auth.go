@@ -46,7 +46,7 @@ type TokenAudience struct {
 }
 
 // AudienceOf is the audience of the activity's tokens.
-func AudienceOf(a *Activity) TokenAudience {
+func AudienceOf(a *Resource) TokenAudience {
 	return TokenAudience{Activity: a.Ref, UID: a.Object.UID}
 }
 
@@ -147,7 +147,7 @@ func ReadKeyFile(path string) ([]byte, error) {
 // concerned. A verifier checks the Authorization header value (Verify). A nil
 // verifier, a service without a key, fails closed: ErrNoTokenKey for an activity
 // that requires tokens, nil for one that does not.
-func (v *TokenVerifier) Check(authorization string, act *Activity, userID string) error {
+func (v *TokenVerifier) Check(authorization string, act *Resource, userID string) error {
 	if v == nil {
 		if RequiresTokens(act.Object) {
 			return ErrNoTokenKey

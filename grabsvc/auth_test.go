@@ -167,14 +167,14 @@ func TestGrabRefusesTokensOfAnotherUIDOrTooLongLived(t *testing.T) {
 }
 
 // authActivity is an in-memory activity with a fresh UID whose spec asks for tokens.
-func authActivity(name string) *Activity {
+func authActivity(name string) *Resource {
 	a := testActivity(name)
 	obj := a.Object.DeepCopy()
 	obj.UID = types.UID(uuid.NewUUID())
 	obj.Spec.GrabService.Auth = &redpacketv1alpha1.GrabAuth{
 		TokenSecretRef: redpacketv1alpha1.SecretReference{Name: "grab-hmac"},
 	}
-	return &Activity{Object: obj, Keys: store.KeysFor(string(obj.UID)), Ref: a.Ref}
+	return &Resource{Object: obj, Keys: store.KeysFor(string(obj.UID)), Ref: a.Ref}
 }
 
 // The admission policy that narrows the grab ServiceAccount's status writes

@@ -42,7 +42,7 @@ const (
 
 // benchRedis starts a redis-server with an open activity of n packets and the
 // scripts loaded.
-func benchRedis(b *testing.B, n int) (*redisconn.PipelinedClient, *Activity, *redistest.Server) {
+func benchRedis(b *testing.B, n int) (*redisconn.PipelinedClient, *Resource, *redistest.Server) {
 	b.Helper()
 	srv := redistest.Start(b)
 	rc, err := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(5 * time.Second))
@@ -68,7 +68,7 @@ func reportRate(b *testing.B, unit string) {
 }
 
 // checkGranted verifies that the run granted n packets.
-func checkGranted(b *testing.B, rc *redisconn.PipelinedClient, act *Activity, n int64) {
+func checkGranted(b *testing.B, rc *redisconn.PipelinedClient, act *Resource, n int64) {
 	b.Helper()
 	snap, err := store.ReadSnapshot(context.Background(), rc.Client, act.Keys)
 	if err != nil {
@@ -79,7 +79,7 @@ func checkGranted(b *testing.B, rc *redisconn.PipelinedClient, act *Activity, n 
 	}
 }
 
-// BenchmarkClaimPath runs lua.Grab through the auto-pipeliner from many goroutines,
+// BenchmarkClaimPath runs store.Grab through the auto-pipeliner from many goroutines,
 // every call a grant to a new user.
 func BenchmarkClaimPath(b *testing.B) {
 	rc, act, _ := benchRedis(b, b.N+100)
@@ -179,7 +179,7 @@ func BenchmarkHTTPClaim(b *testing.B) {
 	rc, act, _ := benchRedis(b, b.N+100)
 	srv, err := NewServer(Config{
 		Redis:    rc.Pipeliner,
-		Activity: func() *Activity { return act },
+		Resource: func() *Resource { return act },
 		Metrics:  NewMetrics(prometheus.NewRegistry()),
 	})
 	if err != nil {

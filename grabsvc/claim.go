@@ -23,7 +23,7 @@ const MaxUserIDLen = 128
 // handleGrab is where a claim is decided over HTTP. Every check that can refuse a
 // request (method, rate limits, body, user id, token) runs before Redis is touched,
 // so an invalid request has no Redis effect; the claim itself is one atomic run of
-// the grab script (lua.Activity.Grab) through the auto-pipeliner.
+// the grab script (store.Shard.Grab) through the auto-pipeliner.
 func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -40,7 +40,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, status, OutcomeInvalidRequest, msg)
 		return
 	}
-	act := s.cfg.Activity()
+	act := s.cfg.Resource()
 	if act == nil {
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the activity has not been read from the API server yet; retry later")
 		return
@@ -127,12 +127,12 @@ var (
 )
 
 // grab decides the claim on the user's home shard through the activity's handle h
-// (lua.Shards.Grab: the grab script, and a refill from the other shards when the home
+// (store.Activity.Grab: the grab script, and a refill from the other shards when the home
 // shard ran dry) and waits for it at most the Redis deadline. It returns the home
 // shard with the result. It is callWithDeadline for the hot path: pooled timers and
 // reply slots, and no wait on the request's context (a client that went away costs
 // at most the deadline).
-func (s *Server) grab(ctx context.Context, h *store.Shards, userID string, markOf func(int) store.Watermark) (store.GrabResult, int, error) {
+func (s *Server) grab(ctx context.Context, h *store.Activity, userID string, markOf func(int) store.Watermark) (store.GrabResult, int, error) {
 	c := grabCalls.Get().(*grabCall)
 	go func() {
 		c.res, c.shard, c.err = h.Grab(ctx, userID, markOf)

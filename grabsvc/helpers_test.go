@@ -52,8 +52,8 @@ func TestMain(m *testing.M) {
 }
 
 // testActivity is an in-memory activity with a fresh UID (no API server needed).
-func testActivity(name string) *Activity {
-	return NewActivity(&redpacketv1alpha1.RedPacketActivity{
+func testActivity(name string) *Resource {
+	return NewResource(&redpacketv1alpha1.RedPacketActivity{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(uuid.NewUUID()),
 			ResourceVersion: "1"},
 		Spec: redpacketv1alpha1.RedPacketActivitySpec{Currency: "CNY"},
@@ -92,7 +92,7 @@ type harness struct {
 	redis   *redistest.Server
 	rc      *redisconn.PipelinedClient
 	admin   *redis.Client
-	act     atomic.Pointer[Activity]
+	act     atomic.Pointer[Resource]
 	srv     *Server
 	http    *httptest.Server
 	metrics *Metrics
@@ -115,7 +115,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	h.metrics = NewMetrics(h.reg)
 	cfg := Config{
 		Redis:        rc.Pipeliner,
-		Activity:     h.act.Load,
+		Resource:     h.act.Load,
 		Ping:         rc.Client,
 		RedisTimeout: 2 * time.Second,
 		Metrics:      h.metrics,
@@ -135,7 +135,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 }
 
 // useActivity makes act the served activity and seeds it.
-func (h *harness) useActivity(act *Activity, amounts []int64, startMs, endMs int64, paused bool) {
+func (h *harness) useActivity(act *Resource, amounts []int64, startMs, endMs int64, paused bool) {
 	h.t.Helper()
 	if amounts != nil {
 		seed(h.t, h.admin, act.Keys, amounts, startMs, endMs, paused)

@@ -137,8 +137,8 @@ func needChromium(t *testing.T) {
 type pageServer struct {
 	h      *harness
 	obj    *redpacketv1alpha1.RedPacketActivity
-	act    *Activity
-	handle *store.Activity
+	act    *Resource
+	handle *store.Shard
 }
 
 func newPageServer(t *testing.T, name string, amounts []int64, start, end time.Time, opts ...harnessOpt) *pageServer {
@@ -165,11 +165,11 @@ func newPageServer(t *testing.T, name string, amounts []int64, start, end time.T
 	t.Cleanup(func() { cancel(); <-done })
 	wait.Until(t, 5*time.Second, "the activity to be read", func() (bool, string) { return src.Current() != nil, "" })
 
-	opts = append([]harnessOpt{func(c *Config) { c.Page, c.Activity = true, src.Current }}, opts...)
+	opts = append([]harnessOpt{func(c *Config) { c.Page, c.Resource = true, src.Current }}, opts...)
 	h := newHarness(t, opts...)
 	act := src.Current()
 	seed(t, h.admin, act.Keys, amounts, start.UnixMilli(), end.UnixMilli(), false)
-	return &pageServer{h: h, obj: obj, act: act, handle: store.NewActivity(h.admin, string(act.Object.UID))}
+	return &pageServer{h: h, obj: obj, act: act, handle: store.NewShard(h.admin, string(act.Object.UID))}
 }
 
 // claim is what Redis says the user holds.

@@ -56,10 +56,10 @@ func CountersFrom(s store.Snapshot) Counters { return s.Counters() }
 type Reporter struct {
 	// Client writes the status subresource.
 	Client client.Client
-	// Redis reads the snapshot, through the activity's handle (lua.NewShards).
+	// Redis reads the snapshot, through the activity's handle (store.NewActivity).
 	Redis redis.Cmdable
-	// Activity returns the current activity, nil until it has been read.
-	Activity func() *Activity
+	// Resource returns the current activity, nil until it has been read.
+	Resource func() *Resource
 	// Interval is the report period; 0 means DefaultReportInterval.
 	Interval time.Duration
 	// Heartbeat is the longest time without an apply; 0 means DefaultReportHeartbeat.
@@ -112,7 +112,7 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 		// Shutting down: not a failed report.
 		return false, err
 	}
-	act := r.Activity()
+	act := r.Resource()
 	if act == nil {
 		return false, nil
 	}
@@ -150,7 +150,7 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 		r.countFailure("snapshot")
 		return false, fmt.Errorf("reading the counters: %w", err)
 	}
-	snap := view.Activity
+	snap := view.Whole
 	if !snap.Exists() {
 		// Redis does not hold the activity: there is nothing true to report, and the
 		// controller tells that story on the resource.

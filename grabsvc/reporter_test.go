@@ -33,7 +33,7 @@ type reporterEnv struct {
 	cp    *controlplane.ControlPlane
 	rc    *redisconn.PipelinedClient
 	admin *redis.Client
-	act   *Activity
+	act   *Resource
 }
 
 func newReporterEnv(t *testing.T, name string, count int64) *reporterEnv {
@@ -55,13 +55,13 @@ func newReporterEnv(t *testing.T, name string, count int64) *reporterEnv {
 	if err := cp.Client.Create(context.Background(), obj); err != nil {
 		t.Fatalf("creating the activity: %v", err)
 	}
-	act := NewActivity(obj)
+	act := NewResource(obj)
 	seed(t, rc.Client, act.Keys, amounts, 0, 0, false)
 	return &reporterEnv{cp: cp, rc: rc, admin: srv.Client(t), act: act}
 }
 
 func (e *reporterEnv) reporter(interval time.Duration, m *Metrics) *Reporter {
-	return &Reporter{Client: e.cp.Client, Redis: e.rc.Pipeliner, Activity: func() *Activity { return e.act },
+	return &Reporter{Client: e.cp.Client, Redis: e.rc.Pipeliner, Resource: func() *Resource { return e.act },
 		Interval: interval, Metrics: m}
 }
 
@@ -380,7 +380,7 @@ func TestAPIServerOutageDoesNotTouchGrabs(t *testing.T) {
 	h.useActivity(act, ones(300), 0, 0, false)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	r := &Reporter{Client: hung, Redis: h.rc.Pipeliner, Activity: h.act.Load, Interval: 50 * time.Millisecond,
+	r := &Reporter{Client: hung, Redis: h.rc.Pipeliner, Resource: h.act.Load, Interval: 50 * time.Millisecond,
 		Timeout: 30 * time.Second, Metrics: m, Log: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

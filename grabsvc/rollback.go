@@ -59,7 +59,7 @@ func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus) store.Watermark {
 
 // Mark is the watermark to send with a grab of act: the higher of what this service
 // saw and what act's status records.
-func (g *RollbackGuard) Mark(act *Activity) store.Watermark {
+func (g *RollbackGuard) Mark(act *Resource) store.Watermark {
 	w := statusMark(&act.Object.Status)
 	if cur := g.cur.Load(); cur != nil && cur.uid == act.Object.UID {
 		return cur.mark.Raise(w)
@@ -69,7 +69,7 @@ func (g *RollbackGuard) Mark(act *Activity) store.Watermark {
 
 // MarkShard is the watermark to send with a grab on shard i of act: Mark(act) when
 // act has one shard.
-func (g *RollbackGuard) MarkShard(act *Activity, i int) store.Watermark {
+func (g *RollbackGuard) MarkShard(act *Resource, i int) store.Watermark {
 	n := act.Object.Spec.ShardCount()
 	if n == 1 {
 		return g.Mark(act)
@@ -177,7 +177,7 @@ const DefaultReplicaTimeout = store.DefaultReplicaTimeout
 
 // of returns the waiter for shard i of act on c, nil when act's durability is not
 // Replicas.
-func (ws *durableWaiters) of(c redis.Cmdable, act *Activity, i int) *store.ReplicaWaiter {
+func (ws *durableWaiters) of(c redis.Cmdable, act *Resource, i int) *store.ReplicaWaiter {
 	d := act.Object.Spec.Durability
 	if c == nil || d == nil || d.Mode != redpacketv1alpha1.DurabilityReplicas || d.Replicas < 1 {
 		return nil

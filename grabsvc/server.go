@@ -38,14 +38,14 @@ const DefaultRedisTimeout = 500 * time.Millisecond
 // Config is what a Server needs.
 type Config struct {
 	// Redis runs the grab and snapshot scripts, always through the activity's handle
-	// (lua.NewActivity): the auto-pipeliner of the activity's Redis
-	// (lua.PipelinedClient.Pipeliner), or any client.
+	// (store.NewShard): the auto-pipeliner of the activity's Redis
+	// (redisconn.PipelinedClient.Pipeliner), or any client.
 	Redis redis.Cmdable
-	// Activity returns the current activity, nil until it has been read.
-	Activity func() *Activity
+	// Resource returns the current activity, nil until it has been read.
+	Resource func() *Resource
 	// Ping, when set, is the client /readyz pings Redis on (through the activity's
 	// handle); /readyz fails while Redis does not answer. The plain client under the
-	// auto-pipeliner (lua.PipelinedClient.Client) is the one to use.
+	// auto-pipeliner (redisconn.PipelinedClient.Client) is the one to use.
 	Ping redis.Cmdable
 	// Tokens, when set, requires a valid user token on every grab. When nil, an
 	// activity whose spec asks for tokens (spec.grabService.auth) is refused every
@@ -94,14 +94,14 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Redis == nil {
 		return nil, errors.New("grab server: no redis client")
 	}
-	if cfg.Activity == nil {
+	if cfg.Resource == nil {
 		return nil, errors.New("grab server: no activity source")
 	}
 	s := &Server{cfg: cfg, timeout: cfg.RedisTimeout, metrics: cfg.Metrics, log: cfg.Log, now: cfg.Now}
 	// A transfer between the shards of an activity with durability Replicas waits for
-	// the replicas of both masters, as a grant does (lua.Shards.Replicated).
+	// the replicas of both masters, as a grant does (store.Activity.Replicated).
 	s.redis.replicated = func(shard int) func(context.Context) error {
-		act := s.cfg.Activity()
+		act := s.cfg.Resource()
 		if act == nil {
 			return nil
 		}
@@ -165,7 +165,7 @@ func (s *Server) Ready(ctx context.Context) (bool, string) {
 	if s.draining.Load() {
 		return false, "shutting down"
 	}
-	act := s.cfg.Activity()
+	act := s.cfg.Resource()
 	if act == nil {
 		return false, "the activity has not been read from the API server yet"
 	}
@@ -281,7 +281,7 @@ func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this client; retry later"})
 		return
 	}
-	act := s.cfg.Activity()
+	act := s.cfg.Resource()
 	if act == nil {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the activity has not been read from the API server yet"})
 		return
@@ -299,7 +299,7 @@ func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
 // BuildActivityView combines the resource and a Redis snapshot into the
 // /v1/activity answer. When Redis lacks the activity the counters are the
 // resource's last reported status.
-func BuildActivityView(act *Activity, snap store.Snapshot, now time.Time) ActivityView {
+func BuildActivityView(act *Resource, snap store.Snapshot, now time.Time) ActivityView {
 	o := act.Object
 	v := ActivityView{
 		Namespace: o.Namespace,
@@ -341,7 +341,7 @@ func BuildActivityView(act *Activity, snap store.Snapshot, now time.Time) Activi
 }
 
 // DerivePhase is the activity's phase as a grab would see it now: what Redis says
-// (lua.Snapshot.Phase) while Redis holds the open or closed activity, else the
+// (store.Snapshot.Phase) while Redis holds the open or closed activity, else the
 // resource's status.phase, and without one Scheduled for a committed activity and
 // Pending for one Redis does not hold.
 func DerivePhase(o *redpacketv1alpha1.RedPacketActivity, snap store.Snapshot, now time.Time) redpacketv1alpha1.Phase {

@@ -33,8 +33,8 @@ func TestShardedActivityOverHTTP(t *testing.T) {
 	if err := cp.Client.Create(ctx, obj); err != nil {
 		t.Fatalf("creating the activity: %v", err)
 	}
-	act := NewActivity(obj)
-	sh := store.NewShards(h.admin, string(act.Object.UID), shards)
+	act := NewResource(obj)
+	sh := store.NewActivity(h.admin, string(act.Object.UID), shards)
 	if _, err := sh.Seed(ctx, amounts, store.SeedParams{Count: 90, Total: total, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
 		t.Fatal(err)
 	}
@@ -126,11 +126,11 @@ func TestShardedActivityOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if view.Shards[1].Fenced == "" || view.Activity.FullyFenced() {
-		t.Fatalf("after the grab: shard 1 fenced %q, all fenced %v; want shard 1 alone", view.Shards[1].Fenced, view.Activity.FullyFenced())
+	if view.Shards[1].Fenced == "" || view.Whole.FullyFenced() {
+		t.Fatalf("after the grab: shard 1 fenced %q, all fenced %v; want shard 1 alone", view.Shards[1].Fenced, view.Whole.FullyFenced())
 	}
 	// The reporter finds the fence and spreads it.
-	rep := &Reporter{Client: cp.Client, Redis: h.admin, Activity: h.act.Load, Guard: h.srv.cfg.Guard}
+	rep := &Reporter{Client: cp.Client, Redis: h.admin, Resource: h.act.Load, Guard: h.srv.cfg.Guard}
 	if applied, err := rep.ReportOnce(ctx); err != nil || applied {
 		t.Fatalf("report of the fenced activity: applied %v, %v; want nothing applied", applied, err)
 	}
@@ -138,7 +138,7 @@ func TestShardedActivityOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !view.Activity.FullyFenced() {
+	if !view.Whole.FullyFenced() {
 		t.Fatalf("after the report: shards fenced %v", fencedShards(view))
 	}
 	if h.srv.cfg.Guard.Problem(act.Object.UID) == "" {
@@ -146,7 +146,7 @@ func TestShardedActivityOverHTTP(t *testing.T) {
 	}
 }
 
-func fencedShards(v store.ShardsView) []string {
+func fencedShards(v store.View) []string {
 	out := make([]string, len(v.Shards))
 	for i, s := range v.Shards {
 		out[i] = fmt.Sprintf("%d:%q", i, s.Fenced)

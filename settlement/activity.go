@@ -63,7 +63,7 @@ func HasWebhook(a *redpacketv1alpha1.RedPacketActivity) bool {
 // HTTP client with DefaultHTTPTimeout. Because every worker uses the same group, the
 // workers of one activity share its stream: each entry is delivered by one of them at
 // a time. The caller sets Redis (a client of the worker's own, on which the worker
-// reaches the activity through its handle, lua.NewActivity), Consumer, and optionally
+// reaches the activity through its handle, store.NewShard), Consumer, and optionally
 // Registerer and Logger. An activity without a webhook gets an empty WebhookURL, with
 // which a worker idles.
 func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) Config {

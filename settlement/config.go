@@ -38,9 +38,9 @@ type Config struct {
 	// Redis is the connection holding the activity: a plain or cluster client of its
 	// own (its reads block), never the grab path's auto-pipeliner. The worker makes
 	// every Redis call through the activity's handle on it,
-	// lua.NewActivity(Redis, ActivityUID).
+	// store.NewShard(Redis, ActivityUID).
 	Redis redis.UniversalClient
-	// Keys are the activity's keys, lua.KeysFor(ActivityUID); other keys are refused.
+	// Keys are the activity's keys, store.KeysFor(ActivityUID); other keys are refused.
 	Keys store.Keys
 	// Activity is "<namespace>/<name>", sent in every delivery.
 	Activity string

@@ -155,7 +155,7 @@ func TestReplayedForgedEntryIsDeadLetteredAgain(t *testing.T) {
 		s := a.snapshot(t)
 		return s.SettledCount == 3 && s.DeadCount == 1
 	})
-	if n, err := store.NewActivity(rdb, a.uid).ReplayDeadLetters(ctx, 0); err != nil || n != 1 {
+	if n, err := store.NewShard(rdb, a.uid).ReplayDeadLetters(ctx, 0); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	eventually(t, 10*time.Second, "the replayed forgery dead-lettered again", func() bool {

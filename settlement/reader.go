@@ -152,7 +152,7 @@ func (w *Worker) updatePending(ctx context.Context) {
 	w.m.pending.Set(float64(n))
 }
 
-// verify checks entries against the claims and the close (lua.Activity.VerifyEntries)
+// verify checks entries against the claims and the close (store.Shard.VerifyEntries)
 // and returns why each forged one is, by id. It retries until Redis answers: an
 // entry is never delivered unverified. It returns false when ctx ended first.
 func (w *Worker) verify(ctx context.Context, entries []store.StreamEntry) (map[string]error, bool) {

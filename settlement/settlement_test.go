@@ -345,7 +345,7 @@ func TestPoisonEntryIsDeadLetteredAndReplayed(t *testing.T) {
 
 	// The balance system is fixed; the dead letter is replayed and settles.
 	fixed.Store(true)
-	n, err := store.NewActivity(rdb, a.uid).ReplayDeadLetters(context.Background(), 0)
+	n, err := store.NewShard(rdb, a.uid).ReplayDeadLetters(context.Background(), 0)
 	if err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
@@ -357,7 +357,7 @@ func TestPoisonEntryIsDeadLetteredAndReplayed(t *testing.T) {
 	})
 	a.checkSettledExactly(t)
 	rcv.checkCredits(t, grants)
-	if n, err := store.NewActivity(rdb, a.uid).ReplayDeadLetters(context.Background(), 0); err != nil || n != 0 {
+	if n, err := store.NewShard(rdb, a.uid).ReplayDeadLetters(context.Background(), 0); err != nil || n != 0 {
 		t.Fatalf("second replay: %d, %v", n, err)
 	}
 }

@@ -5,11 +5,11 @@
 // consumer in the activity's consumer group: it reads entries, POSTs each to the
 // balance system's webhook (the body and headers the public contract fixes) and
 // acknowledges an entry only after a 2xx answer, in the same atomic step that counts
-// it as settled (lua.Ack), so the settled counters are exact and never count an
+// it as settled (store.Ack), so the settled counters are exact and never count an
 // entry twice.
 //
 // Before an entry is delivered it is checked against what the script that wrote it
-// recorded in the same atomic step (lua.Activity.VerifyEntries): a grant against its
+// recorded in the same atomic step (store.Shard.VerifyEntries): a grant against its
 // user's claim, the refund against the close. An entry that does not match was
 // appended by someone else and is dead-lettered at once, with the reason, never
 // delivered.
@@ -27,15 +27,15 @@
 // are brought forward. Deliveries are counted by Redis itself (the pending entry's
 // delivery counter, raised by every read, claim and retry), so the count survives a
 // worker's death; an entry delivered MaxAttempts times without success moves to the
-// dead-letter stream (lua.DeadLetter), once. A worker re-reads its own pending
+// dead-letter stream (store.DeadLetter), once. A worker re-reads its own pending
 // entries when it starts, keeps the entries it holds fresh while it backs off, and
 // periodically takes over entries left idle longer than ClaimIdle by dead workers
-// (XAUTOCLAIM). The stream is never trimmed. lua.Activity.ReplayDeadLetters puts
+// (XAUTOCLAIM). The stream is never trimmed. store.Shard.ReplayDeadLetters puts
 // dead letters back into the stream.
 //
-// Every Redis call of a worker is a method of the activity's handle (lua.Activity):
+// Every Redis call of a worker is a method of the activity's handle (store.Shard):
 // the consumer-group reads and claims, the delivery counts, the acknowledgement and
-// the dead-lettering. The entries it reads are decoded there (lua.StreamEntry).
+// the dead-lettering. The entries it reads are decoded there (store.StreamEntry).
 //
 // Delivery is at least once: the balance system dedups by the Idempotency-Key
 // header, "<activityUID>/<packetId>" ("<activityUID>/refund" for the refund).
@@ -62,7 +62,7 @@ const redisOpTimeout = 5 * time.Second
 // Worker delivers one activity's settlement entries as one consumer of the group.
 type Worker struct {
 	cfg   Config
-	redis *store.Activity // the activity's handle on cfg.Redis
+	redis *store.Shard // the activity's handle on cfg.Redis
 	m     *metrics
 	log   *slog.Logger
 	held  atomic.Int64  // entries read or claimed and not yet finished
@@ -82,7 +82,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 }
 
 // NewShardWorkers checks cfg and returns one worker per shard of an activity spread
-// over n shards (lua.Shards): worker i delivers shard i's stream in its own consumer
+// over n shards (store.Activity): worker i delivers shard i's stream in its own consumer
 // group, all of them under one set of metrics. Deliveries carry the activity's UID,
 // so Idempotency-Keys are those of an unsharded activity (packet ids are unique
 // across shards). With n <= 1 it is NewWorker.
@@ -105,7 +105,7 @@ func newWorkers(cfg Config, n int) ([]*Worker, error) {
 	ws := make([]*Worker, n)
 	for i := range ws {
 		// One transport for all of them: the first worker closes its idle connections.
-		ws[i] = newWorker(cfg, m, store.NewActivity(cfg.Redis, store.ShardUID(cfg.ActivityUID, i, n)), ownTransport && i == 0)
+		ws[i] = newWorker(cfg, m, store.NewShard(cfg.Redis, store.ShardUID(cfg.ActivityUID, i, n)), ownTransport && i == 0)
 	}
 	return ws, nil
 }
@@ -123,7 +123,7 @@ func RunAll(ctx context.Context, ws []*Worker) error {
 }
 
 // newWorker is a worker of cfg (already checked) on the stream of h.
-func newWorker(cfg Config, m *metrics, h *store.Activity, ownTransport bool) *Worker {
+func newWorker(cfg Config, m *metrics, h *store.Shard, ownTransport bool) *Worker {
 	log := cfg.Logger.With("activity", cfg.Activity, "consumer", cfg.Consumer)
 	w := &Worker{cfg: cfg, redis: h, m: m, log: log, space: make(chan struct{}, 1)}
 	if ownTransport {

@@ -168,7 +168,7 @@ type UserChange struct {
 // or cluster client; on a cluster every master and every replica is set, because
 // Redis does not replicate ACL changes. Errors wrap ErrACLUnavailable when the server
 // refuses to manage users.
-func (a *Activity) EnsureUser(ctx context.Context, password string) (UserChange, error) {
+func (a *Shard) EnsureUser(ctx context.Context, password string) (UserChange, error) {
 	if password == "" {
 		return UserChange{}, errors.New("ensuring the activity's Redis user: empty password")
 	}
@@ -217,7 +217,7 @@ func (a *Activity) EnsureUser(ctx context.Context, password string) (UserChange,
 // DeleteUser removes the activity's ACL user from every node (every master and
 // replica of a cluster), which closes the connections logged in as it. It returns on
 // how many nodes the user existed; a user that exists nowhere is no error.
-func (a *Activity) DeleteUser(ctx context.Context) (int, error) {
+func (a *Shard) DeleteUser(ctx context.Context) (int, error) {
 	name := a.keys.userName()
 	var (
 		mu      sync.Mutex
@@ -241,7 +241,7 @@ func (a *Activity) DeleteUser(ctx context.Context) (int, error) {
 
 // forEachNode runs fn on the standalone server, or concurrently on every master and
 // replica of a cluster (forEachClusterNode).
-func (a *Activity) forEachNode(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error {
+func (a *Shard) forEachNode(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error {
 	switch c := a.c.(type) {
 	case *redis.ClusterClient:
 		return forEachClusterNode(ctx, c, fn)

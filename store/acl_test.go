@@ -58,11 +58,11 @@ func TestActivityUserIsConfinedToItsActivity(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	change, err := store.NewActivity(op, own).EnsureUser(ctx, "own-pw-0123456789")
+	change, err := store.NewShard(op, own).EnsureUser(ctx, "own-pw-0123456789")
 	if err != nil || change != (store.UserChange{Nodes: 1, Set: 1}) {
 		t.Fatalf("first EnsureUser: %+v, %v; want the user set on the one node", change, err)
 	}
-	if change, err := store.NewActivity(op, own).EnsureUser(ctx, "own-pw-0123456789"); err != nil || change != (store.UserChange{Nodes: 1}) {
+	if change, err := store.NewShard(op, own).EnsureUser(ctx, "own-pw-0123456789"); err != nil || change != (store.UserChange{Nodes: 1}) {
 		t.Fatalf("second EnsureUser: %+v, %v; want nothing to change", change, err)
 	}
 
@@ -77,7 +77,7 @@ func TestActivityUserIsConfinedToItsActivity(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pc.Close() })
-	grabber := store.NewActivity(pc.Pipeliner, own)
+	grabber := store.NewShard(pc.Pipeliner, own)
 	for _, u := range []string{"u1", "u2", "u3"} {
 		if res, err := grabber.Grab(ctx, u); err != nil || res.Outcome != store.Granted {
 			t.Fatalf("grab for %s with the activity's user: %+v, %v", u, res, err)
@@ -86,14 +86,14 @@ func TestActivityUserIsConfinedToItsActivity(t *testing.T) {
 	if snap, err := grabber.Snapshot(ctx); err != nil || snap.ClaimedCount != 3 {
 		t.Fatalf("snapshot with the activity's user: %+v, %v", snap, err)
 	}
-	if err := store.NewActivity(pc.Client, own).Ping(ctx); err != nil {
+	if err := store.NewShard(pc.Client, own).Ping(ctx); err != nil {
 		t.Fatalf("readiness ping with the activity's user: %v", err)
 	}
 
 	// The settlement worker's calls, and the replay of dead letters.
 	uc := conn.NewClient()
 	t.Cleanup(func() { _ = uc.Close() })
-	w := store.NewActivity(uc, own)
+	w := store.NewShard(uc, own)
 	if err := w.EnsureGroup(ctx, group); err != nil {
 		t.Fatalf("creating the consumer group: %v", err)
 	}
@@ -135,7 +135,7 @@ func TestActivityUserIsConfinedToItsActivity(t *testing.T) {
 
 	// Another activity's keys: through the scripts, directly, and from a script that
 	// does not declare them.
-	stranger := store.NewActivity(uc, other)
+	stranger := store.NewShard(uc, other)
 	if res, err := stranger.Grab(ctx, "thief"); !isNoPerm(err) {
 		t.Errorf("grab of another activity: %+v, %v; want NOPERM", res, err)
 	}
@@ -195,7 +195,7 @@ func TestActivityUserRotationRepairAndDeletion(t *testing.T) {
 	ctx := redistest.Context(t)
 	srv, op := protectedRedis(t)
 	const uid = "act-rotate"
-	h := store.NewActivity(op, uid)
+	h := store.NewShard(op, uid)
 	if _, err := h.EnsureUser(ctx, "first-password-0123"); err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestEnsureUserWithoutACLPermission(t *testing.T) {
 	}
 	limited := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone, Username: "ops", Password: "ops-pw"}.NewClient()
 	t.Cleanup(func() { _ = limited.Close() })
-	h := store.NewActivity(limited, "act-noacl")
+	h := store.NewShard(limited, "act-noacl")
 	if _, err := h.EnsureUser(ctx, "some-password-1234"); !errors.Is(err, store.ErrACLUnavailable) {
 		t.Fatalf("EnsureUser without ACL permission: %v, want ErrACLUnavailable", err)
 	}
@@ -280,7 +280,7 @@ func TestEnsureUserWithoutACLPermission(t *testing.T) {
 // Every command the scripts of the grab pods call is granted, and none of the
 // controller's writes. RPUSH is granted for the refill of a sharded activity's dry
 // shard (transfer_in.lua), on the activity's own keys only; a packet pushed outside
-// a transfer shows as an imbalance of the shard (lua.ShardsView.Conservation).
+// a transfer shows as an imbalance of the shard (store.View.Conservation).
 func TestActivityUserCommands(t *testing.T) {
 	got := store.ActivityUserCommands()
 	for _, want := range []string{"evalsha", "eval", "ping", "time", "hget", "hmget", "hset", "hincrby", "hgetall",
@@ -313,7 +313,7 @@ func TestActivityUserOnClusterFailover(t *testing.T) {
 	const uid = "act-cluster"
 	k := seedOpen(t, ctx, op, uid, splitOrFail(t, split.TypeFixed, 1000, 10))
 
-	change, err := store.NewActivity(op, uid).EnsureUser(ctx, "cluster-password-42")
+	change, err := store.NewShard(op, uid).EnsureUser(ctx, "cluster-password-42")
 	if err != nil || change != (store.UserChange{Nodes: 6, Set: 6}) {
 		t.Fatalf("EnsureUser on the cluster: %+v, %v; want the user on all 6 nodes", change, err)
 	}
@@ -328,11 +328,11 @@ func TestActivityUserOnClusterFailover(t *testing.T) {
 
 	uc := userConn(cluster.Addrs[:1], redisconn.ModeCluster, uid, "cluster-password-42").NewClient()
 	t.Cleanup(func() { _ = uc.Close() })
-	h := store.NewActivity(uc, uid)
+	h := store.NewShard(uc, uid)
 	if res, err := h.Grab(ctx, "before-failover"); err != nil || res.Outcome != store.Granted {
 		t.Fatalf("grab with the activity's user on the cluster: %+v, %v", res, err)
 	}
-	if _, err := store.NewActivity(uc, "act-elsewhere").Snapshot(ctx); !isNoPerm(err) {
+	if _, err := store.NewShard(uc, "act-elsewhere").Snapshot(ctx); !isNoPerm(err) {
 		t.Errorf("snapshot of another activity on the cluster: %v; want NOPERM", err)
 	}
 
@@ -409,7 +409,7 @@ func TestActivityUserOnClusterFailover(t *testing.T) {
 
 	// DeleteUser reaches every node, the old master too, which may still be
 	// resyncing as a replica and missing from the slot map.
-	if n, err := store.NewActivity(op, uid).DeleteUser(ctx); err != nil || n != 6 {
+	if n, err := store.NewShard(op, uid).DeleteUser(ctx); err != nil || n != 6 {
 		t.Fatalf("DeleteUser on the cluster: %d, %v; want 6", n, err)
 	}
 }
@@ -439,7 +439,7 @@ func TestActivityUserReachesEveryShard(t *testing.T) {
 	srv, op := protectedRedis(t)
 	const own, shards = "act-sharded", 3
 	amounts := splitOrFail(t, split.TypeFixed, 300, 6)
-	admin := store.NewShards(op, own, shards)
+	admin := store.NewActivity(op, own, shards)
 	if _, err := admin.Seed(ctx, amounts, store.SeedParams{Count: 6, Total: 300, Sponsor: sponsor}); err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +452,7 @@ func TestActivityUserReachesEveryShard(t *testing.T) {
 	}
 	c := userConn([]string{srv.Addr}, redisconn.ModeStandalone, own, "sharded-pw-0123456789").NewClient()
 	t.Cleanup(func() { _ = c.Close() })
-	h := store.NewShards(c, own, shards)
+	h := store.NewActivity(c, own, shards)
 	// Three users at home on shard 0, which holds two packets: the third refills.
 	var users []string
 	for k := 0; len(users) < 3; k++ {
@@ -466,8 +466,8 @@ func TestActivityUserReachesEveryShard(t *testing.T) {
 		}
 	}
 	v, err := h.ReadShards(ctx)
-	if err != nil || !v.Conservation().Zero() || v.Activity.ClaimedCount != 3 {
-		t.Fatalf("reading the shards as the activity's user: %+v, %v", v.Activity, err)
+	if err != nil || !v.Conservation().Zero() || v.Whole.ClaimedCount != 3 {
+		t.Fatalf("reading the shards as the activity's user: %+v, %v", v.Whole, err)
 	}
 	if _, err := h.Resolve(ctx); err != nil {
 		t.Fatalf("resolving transfers as the activity's user: %v", err)

@@ -38,8 +38,8 @@ func TestPipelinedClientReachesRealServer(t *testing.T) {
 	}
 	amounts := []int64{5, 6, 7}
 	seedOpen(t, ctx, pc.Client, "pipelined", amounts)
-	a := store.NewActivity(pc.Pipeliner, "pipelined")
-	if err := store.NewActivity(pc.Client, "pipelined").Ping(ctx); err != nil {
+	a := store.NewShard(pc.Pipeliner, "pipelined")
+	if err := store.NewShard(pc.Client, "pipelined").Ping(ctx); err != nil {
 		t.Fatalf("ping: %v", err)
 	}
 	res, err := a.Grab(ctx, "p1")
@@ -69,7 +69,7 @@ func TestSafeErrorsKeepTheDecisions(t *testing.T) {
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	a := store.NewActivity(c, "safe")
+	a := store.NewShard(c, "safe")
 	if res, err := a.Grab(ctx, "u1"); err != nil || res.Outcome != store.Granted {
 		t.Fatalf("grab after SCRIPT FLUSH: %+v, %v (the NOSCRIPT fallback)", res, err)
 	}

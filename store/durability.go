@@ -35,7 +35,7 @@ var ErrDurabilityNotMet = errors.New("the activity's Redis does not give the dur
 // CheckFsync checks that the master holding the activity runs with appendonly yes
 // and appendfsync always, so that every grab is on disk before its answer leaves
 // Redis. It wraps ErrDurabilityNotMet when it does not.
-func (a *Activity) CheckFsync(ctx context.Context) error {
+func (a *Shard) CheckFsync(ctx context.Context) error {
 	m, err := masterOf(ctx, a.c, a.keys)
 	if err != nil {
 		return err
@@ -53,7 +53,7 @@ func (a *Activity) CheckFsync(ctx context.Context) error {
 
 // CheckReplicas checks that the master holding the activity has at least n
 // replicas connected. It wraps ErrDurabilityNotMet when it has fewer.
-func (a *Activity) CheckReplicas(ctx context.Context, n int) error {
+func (a *Shard) CheckReplicas(ctx context.Context, n int) error {
 	m, err := masterOf(ctx, a.c, a.keys)
 	if err != nil {
 		return err

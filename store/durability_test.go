@@ -46,7 +46,7 @@ func TestReplicaWaiter(t *testing.T) {
 	ctx := redistest.Context(t)
 	primary, replica := primaryWithReplica(t)
 	k := seedOpen(t, ctx, primary, "durable", splitOrFail(t, "Random", 100_000, 1000))
-	h := store.NewActivity(primary, "durable")
+	h := store.NewShard(primary, "durable")
 	if err := h.CheckReplicas(ctx, 1); err != nil {
 		t.Fatalf("one replica connected: %v", err)
 	}
@@ -113,7 +113,7 @@ func TestReplicaWaiter(t *testing.T) {
 func TestCheckFsync(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	h := store.NewActivity(c, "fsync")
+	h := store.NewShard(c, "fsync")
 	if err := h.CheckFsync(ctx); !errors.Is(err, store.ErrDurabilityNotMet) {
 		t.Fatalf("a server without AOF: %v, want ErrDurabilityNotMet", err)
 	}

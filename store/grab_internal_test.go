@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// The grab script's replies as lua.GrabAbove reads them, and the replies it refuses.
+// The grab script's replies as store.GrabAbove reads them, and the replies it refuses.
 func TestDecodeGrab(t *testing.T) {
 	good := []struct {
 		reply any

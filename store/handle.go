@@ -11,7 +11,7 @@ import (
 	"redpacket.io/operator/lua"
 )
 
-// Activity is one activity's data in Redis, and the one way the rest of the project
+// Shard is one activity's data in Redis, and the one way the rest of the project
 // reaches it: every Redis call about an activity (the scripts, the snapshot, the
 // claims, the settlement stream and its consumer group, the server clock, purging)
 // is a method here, built from a client and the activity's UID. Outside this package
@@ -22,7 +22,7 @@ import (
 // every key of an activity shares one hash tag, so every call lands on one slot.
 // The consumer-group reads block for a while, so settlement uses a plain client of
 // its own, never the auto-pipeliner.
-type Activity struct {
+type Shard struct {
 	c    redis.Cmdable
 	keys Keys
 	// grabCall is the grab script's call on keys, its fixed arguments boxed once.
@@ -31,65 +31,65 @@ type Activity struct {
 	Seeder Seeder
 }
 
-// NewActivity returns the handle of the activity with the given UID on client c.
-func NewActivity(c redis.Cmdable, uid string) *Activity {
+// NewShard returns the handle of the activity with the given UID on client c.
+func NewShard(c redis.Cmdable, uid string) *Shard {
 	k := KeysFor(uid)
-	return &Activity{c: c, keys: k, grabCall: newGrabCall(k)}
+	return &Shard{c: c, keys: k, grabCall: newGrabCall(k)}
 }
 
 // Keys are the activity's keys.
-func (a *Activity) Keys() Keys { return a.keys }
+func (a *Shard) Keys() Keys { return a.keys }
 
 // Grab decides one claim for userID (grab.lua), checking no watermark.
-func (a *Activity) Grab(ctx context.Context, userID string) (GrabResult, error) {
+func (a *Shard) Grab(ctx context.Context, userID string) (GrabResult, error) {
 	return a.grabCall.grab(ctx, a.c, userID, Watermark{})
 }
 
 // GrabAbove decides one claim for userID on a Redis that must not be below mark: a
 // Redis that rolled back below it is fenced and the answer is Fenced (grab.lua).
-func (a *Activity) GrabAbove(ctx context.Context, userID string, mark Watermark) (GrabResult, error) {
+func (a *Shard) GrabAbove(ctx context.Context, userID string, mark Watermark) (GrabResult, error) {
 	return a.grabCall.grab(ctx, a.c, userID, mark)
 }
 
 // Seed stages and commits the packets exactly once (see Seeder).
-func (a *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
+func (a *Shard) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
 	return a.Seeder.Seed(ctx, a.c, a.keys, amounts, p)
 }
 
 // Configure writes the schedule and pause flag; open moves a ready activity to open.
-func (a *Activity) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
+func (a *Shard) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
 	return Configure(ctx, a.c, a.keys, startMs, endMs, paused, open)
 }
 
 // ConfigureWith writes the settings: the schedule, the pause flag, opening, and the
 // refund's payee and the currency of later settlement entries. It writes nothing to
 // a fenced activity.
-func (a *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
+func (a *Shard) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
 	return ConfigureWith(ctx, a.c, a.keys, st)
 }
 
 // Fence stops the activity after a rollback; see Fence.
-func (a *Activity) Fence(ctx context.Context, why string) (string, error) {
+func (a *Shard) Fence(ctx context.Context, why string) (string, error) {
 	return Fence(ctx, a.c, a.keys, why)
 }
 
 // Accept lifts the fence and starts a new epoch, provided Redis is at epoch seen.
-func (a *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
+func (a *Shard) Accept(ctx context.Context, seen int64) (int64, error) {
 	return Accept(ctx, a.c, a.keys, seen)
 }
 
 // Close ends grabbing for the given reason and refunds the remainder.
-func (a *Activity) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
+func (a *Shard) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
 	return Close(ctx, a.c, a.keys, reason)
 }
 
 // Snapshot reads every counter of the activity at one instant.
-func (a *Activity) Snapshot(ctx context.Context) (Snapshot, error) {
+func (a *Shard) Snapshot(ctx context.Context) (Snapshot, error) {
 	return ReadSnapshot(ctx, a.c, a.keys)
 }
 
 // Time is the Redis server's clock, the one the grab script gates on.
-func (a *Activity) Time(ctx context.Context) (time.Time, error) {
+func (a *Shard) Time(ctx context.Context) (time.Time, error) {
 	t, err := a.c.Time(ctx).Result()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("reading the Redis clock: %w", err)
@@ -98,7 +98,7 @@ func (a *Activity) Time(ctx context.Context) (time.Time, error) {
 }
 
 // Ping checks that Redis answers.
-func (a *Activity) Ping(ctx context.Context) error {
+func (a *Shard) Ping(ctx context.Context) error {
 	if err := a.c.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("pinging Redis: %w", err)
 	}
@@ -116,7 +116,7 @@ type Claim struct {
 // Claims reads the whole claims hash: who holds which packet, by user id. It reads
 // every claim at once, so it is for checks after the fact (the demo's), not for a
 // running activity's hot path.
-func (a *Activity) Claims(ctx context.Context) (map[string]Claim, error) {
+func (a *Shard) Claims(ctx context.Context) (map[string]Claim, error) {
 	raw, err := a.c.HGetAll(ctx, a.keys.Claims).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading the claims hash %s: %w", a.keys.Claims, err)
@@ -135,7 +135,7 @@ func (a *Activity) Claims(ctx context.Context) (map[string]Claim, error) {
 // LoadScripts loads every script ahead of use, on every master of a cluster. It
 // needs a plain or cluster client (not a pipeliner). The grab path falls back to
 // EVAL anyway.
-func (a *Activity) LoadScripts(ctx context.Context) error {
+func (a *Shard) LoadScripts(ctx context.Context) error {
 	u, ok := a.c.(redis.UniversalClient)
 	if !ok {
 		return fmt.Errorf("loading scripts needs a plain or cluster client, not %T", a.c)
@@ -144,21 +144,21 @@ func (a *Activity) LoadScripts(ctx context.Context) error {
 }
 
 // Purge deletes every key of the activity.
-func (a *Activity) Purge(ctx context.Context) error { return Purge(ctx, a.c, a.keys) }
+func (a *Shard) Purge(ctx context.Context) error { return Purge(ctx, a.c, a.keys) }
 
 // PurgeKeepingUnsettled deletes the activity's keys except the settlement and
 // dead-letter streams, kept for retention; it returns the keys kept.
-func (a *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
+func (a *Shard) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
 	return PurgeKeepingUnsettled(ctx, a.c, a.keys, retention)
 }
 
 // Ack acknowledges a delivered stream entry and counts it as settled, once.
-func (a *Activity) Ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
+func (a *Shard) Ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
 	return Ack(ctx, a.c, a.keys, group, entryID, kind, amount)
 }
 
 // DeadLetter parks an undeliverable entry with its fields and the last error, once.
-func (a *Activity) DeadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+func (a *Shard) DeadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
 	return DeadLetter(ctx, a.c, a.keys, group, entryID, lastErr, fields)
 }
 

@@ -25,7 +25,7 @@ type KeyMemory struct {
 // KeyMemory measures the memory each of the activity's keys takes. It walks every
 // element of every key, so it takes time proportional to the activity's size: a
 // measurement helper, never to be called on a busy activity.
-func (a *Activity) KeyMemory(ctx context.Context) (KeyMemory, error) {
+func (a *Shard) KeyMemory(ctx context.Context) (KeyMemory, error) {
 	var m KeyMemory
 	for _, k := range []struct {
 		key string

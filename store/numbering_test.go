@@ -110,7 +110,7 @@ func TestUnnumberedPacketsAreStillCounted(t *testing.T) {
 func TestLostClaimsAreCaught(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	act := store.NewShards(c, "lost-claims", 1)
+	act := store.NewActivity(c, "lost-claims", 1)
 	k := act.Shard(0).Keys()
 	seedOpen(t, ctx, c, "lost-claims", []int64{10, 20, 30})
 	if k != store.KeysFor("lost-claims") {

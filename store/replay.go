@@ -43,7 +43,7 @@ const replayChunk = 500
 //
 // Operators run it through the grab binary's replay-dead-letters command; it is
 // safe to run while workers are delivering and to run twice.
-func (a *Activity) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
+func (a *Shard) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
 	moved := 0
 	for max <= 0 || moved < max {
 		n := replayChunk

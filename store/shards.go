@@ -27,7 +27,7 @@ const DefaultTransferBatch = 128
 // the grabs that follow it.
 const soldOutFor = time.Second
 
-// Shards is one activity spread over n hash tags, so that a Redis Cluster can place
+// Activity is one activity spread over n hash tags, so that a Redis Cluster can place
 // its parts on different masters: shard i is an ordinary activity (Activity, every
 // script unchanged) whose keys carry the tag {<uid>.<i>}. A one-shard activity is
 // the activity itself, under {<uid>}, so n = 1 is exactly the unsharded layout.
@@ -59,15 +59,15 @@ const soldOutFor = time.Second
 //     after all of them closed. A packet still in a journal is neither claimed nor
 //     listed, so the refund counts it; a closed shard refuses transfers in and out.
 //
-// Shards is safe for concurrent use; refills of one home shard are serialized within
+// Activity is safe for concurrent use; refills of one home shard are serialized within
 // the process (other processes may refill at the same time: the journal keeps that
 // exact too).
-type Shards struct {
+type Activity struct {
 	uid    string
-	shards []*Activity
+	shards []*Shard
 	// base is the activity's handle under {<uid>}: shard 0 when there is one shard;
 	// its ACL user's key patterns cover every shard (EnsureUser).
-	base *Activity
+	base *Shard
 	// Seeder stages and commits each shard's packets; its zero value is what
 	// production uses.
 	Seeder Seeder
@@ -115,18 +115,18 @@ func HomeShard(userID string, n int) int {
 	return int(h.Sum64() % uint64(n))
 }
 
-// NewShards returns the handle of the activity uid spread over n shards (n ≤ 1 is
+// NewActivity returns the handle of the activity uid spread over n shards (n ≤ 1 is
 // one shard) on client c, which must reach every shard's slot (a cluster client, or
 // any client of a single server).
-func NewShards(c redis.Cmdable, uid string, n int) *Shards {
+func NewActivity(c redis.Cmdable, uid string, n int) *Activity {
 	n = max(n, 1)
-	s := &Shards{uid: uid, shards: make([]*Activity, n), refill: make([]sync.Mutex, n)}
+	s := &Activity{uid: uid, shards: make([]*Shard, n), refill: make([]sync.Mutex, n)}
 	for i := range s.shards {
-		s.shards[i] = NewActivity(c, ShardUID(uid, i, n))
+		s.shards[i] = NewShard(c, ShardUID(uid, i, n))
 	}
 	s.base = s.shards[0]
 	if n > 1 {
-		s.base = NewActivity(c, uid)
+		s.base = NewShard(c, uid)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -135,16 +135,16 @@ func NewShards(c redis.Cmdable, uid string, n int) *Shards {
 }
 
 // UID is the activity's UID.
-func (s *Shards) UID() string { return s.uid }
+func (s *Activity) UID() string { return s.uid }
 
 // N is the number of shards.
-func (s *Shards) N() int { return len(s.shards) }
+func (s *Activity) N() int { return len(s.shards) }
 
 // Shard is the handle of shard i: its grabs, settlement stream and consumer group.
-func (s *Shards) Shard(i int) *Activity { return s.shards[i] }
+func (s *Activity) Shard(i int) *Shard { return s.shards[i] }
 
 // Home is the index of userID's home shard.
-func (s *Shards) Home(userID string) int { return HomeShard(userID, len(s.shards)) }
+func (s *Activity) Home(userID string) int { return HomeShard(userID, len(s.shards)) }
 
 // Seed seeds the split amounts (packet i+1 gets amounts[i]) over the shards: packet
 // j goes to shard j mod n and keeps its id j+1, so ids are unique across shards and
@@ -152,7 +152,7 @@ func (s *Shards) Home(userID string) int { return HomeShard(userID, len(s.shards
 // exactly once (Seeder); shard 0 also records the activity's count and total, the
 // figures conservation is checked against. Committed is true when any shard was
 // committed by this call.
-func (s *Shards) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
+func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
 	n := len(s.shards)
 	if n == 1 {
 		return s.Seeder.Seed(ctx, s.base.c, s.base.keys, amounts, p)
@@ -202,7 +202,7 @@ const (
 // markOf(home) (nil checks no watermark). When the home shard has run dry it refills
 // from its siblings and tries again, so sold_out means no packet was left anywhere.
 // It returns the home shard with the result.
-func (s *Shards) Grab(ctx context.Context, userID string, markOf func(shard int) Watermark) (GrabResult, int, error) {
+func (s *Activity) Grab(ctx context.Context, userID string, markOf func(shard int) Watermark) (GrabResult, int, error) {
 	h := s.Home(userID)
 	home := s.shards[h]
 	for {
@@ -225,7 +225,7 @@ func (s *Shards) Grab(ctx context.Context, userID string, markOf func(shard int)
 }
 
 // recentlySoldOut reports whether a steady reading found nothing within soldOutFor.
-func (s *Shards) recentlySoldOut() bool {
+func (s *Activity) recentlySoldOut() bool {
 	at := s.soldOutAt.Load()
 	return at != 0 && time.Since(time.Unix(0, at)) < soldOutFor
 }
@@ -246,7 +246,7 @@ const stockReads = 8
 // transfer of up to TransferBatch. It returns true when h holds packets afterwards
 // (moved now, or by someone else meanwhile), false when a steady reading found no
 // packet listed or in transfer on any shard: the activity is sold out.
-func (s *Shards) Refill(ctx context.Context, h int) (bool, error) {
+func (s *Activity) Refill(ctx context.Context, h int) (bool, error) {
 	mu := &s.refill[h]
 	mu.Lock()
 	defer mu.Unlock()
@@ -319,7 +319,7 @@ type shardStock struct {
 // sequence moved between the first and the last reading: no packet moved between
 // shards while the stock was read, and grabs could only lower it, so the middle
 // reading's zeroes were all true at once when it ended.
-func (s *Shards) readStock(ctx context.Context) ([]shardStock, bool, error) {
+func (s *Activity) readStock(ctx context.Context) ([]shardStock, bool, error) {
 	before, err := s.stockOnce(ctx)
 	if err != nil {
 		return nil, false, err
@@ -341,9 +341,9 @@ func (s *Shards) readStock(ctx context.Context) ([]shardStock, bool, error) {
 }
 
 // stockOnce reads every shard's stock, the shards in parallel.
-func (s *Shards) stockOnce(ctx context.Context) ([]shardStock, error) {
+func (s *Activity) stockOnce(ctx context.Context) ([]shardStock, error) {
 	out := make([]shardStock, len(s.shards))
-	err := s.eachShard(func(i int, _ *Activity) error {
+	err := s.eachShard(func(i int, _ *Shard) error {
 		st, err := s.stockOf(ctx, i)
 		out[i] = st
 		return err
@@ -352,7 +352,7 @@ func (s *Shards) stockOnce(ctx context.Context) ([]shardStock, error) {
 }
 
 // stockOf reads shard i's stock (stock.lua).
-func (s *Shards) stockOf(ctx context.Context, i int) (shardStock, error) {
+func (s *Activity) stockOf(ctx context.Context, i int) (shardStock, error) {
 	a := s.shards[i]
 	vals, err := lua.StockScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Packets, a.keys.Transfers}).Slice()
 	if err != nil {
@@ -369,7 +369,7 @@ func (s *Shards) stockOf(ctx context.Context, i int) (shardStock, error) {
 }
 
 // eachShard runs fn for every shard at the same time and returns the first error.
-func (s *Shards) eachShard(fn func(i int, a *Activity) error) error {
+func (s *Activity) eachShard(fn func(i int, a *Shard) error) error {
 	errs := make([]error, len(s.shards))
 	var wg sync.WaitGroup
 	for i, a := range s.shards {
@@ -412,7 +412,7 @@ func parseTransfer(entry string) (transfer, error) {
 // Transfer moves up to batch packets from shard src to shard dst in one journalled
 // transfer and returns how many moved (0 when src had none, or is closed, ended or
 // fenced). Refill uses it; so may an operator's rebalancing.
-func (s *Shards) Transfer(ctx context.Context, src, dst int, batch int64) (int64, error) {
+func (s *Activity) Transfer(ctx context.Context, src, dst int, batch int64) (int64, error) {
 	if src < 0 || src >= len(s.shards) || dst < 0 || dst >= len(s.shards) || src == dst {
 		return 0, fmt.Errorf("transfer from shard %d to shard %d of %d", src, dst, len(s.shards))
 	}
@@ -433,7 +433,7 @@ func (s *Shards) Transfer(ctx context.Context, src, dst int, batch int64) (int64
 }
 
 // replicated waits for shard i's replicas when Replicated is set.
-func (s *Shards) replicated(ctx context.Context, i int, what string) error {
+func (s *Activity) replicated(ctx context.Context, i int, what string) error {
 	if s.Replicated == nil {
 		return nil
 	}
@@ -449,7 +449,7 @@ func (s *Shards) replicated(ctx context.Context, i int, what string) error {
 // packets the destination holds from it, 0 when the destination refused (closed,
 // fenced or missing): the entry then stays in the journal and the packets stay out
 // of every list, counted by the refund at close.
-func (s *Shards) apply(ctx context.Context, src int, id, entry string) (int64, error) {
+func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64, error) {
 	t, err := parseTransfer(entry)
 	if err != nil {
 		return 0, fmt.Errorf("shard %d: %w", src, err)
@@ -486,12 +486,12 @@ func (s *Shards) apply(ctx context.Context, src int, id, entry string) (int64, e
 // Resolve finishes every transfer left in a journal (by a process that died between
 // the halves, or one racing this call: applying is idempotent). It returns how many
 // transfers are still journalled because their destination refused them.
-func (s *Shards) Resolve(ctx context.Context) (int, error) {
+func (s *Activity) Resolve(ctx context.Context) (int, error) {
 	if len(s.shards) == 1 {
 		return 0, nil
 	}
 	var left atomic.Int64
-	err := s.eachShard(func(i int, a *Activity) error {
+	err := s.eachShard(func(i int, a *Shard) error {
 		entries, err := a.c.HGetAll(ctx, a.keys.Transfers).Result()
 		if err != nil {
 			return fmt.Errorf("reading the transfer journal of shard %d: %w", i, err)

@@ -79,7 +79,7 @@ func restoreShard(t *testing.T, ctx context.Context, c redis.Cmdable, img shardI
 func TestShardSourceRollbackIsSeenAsDuplication(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	act := store.NewShards(c, "rv-src-rollback", 2)
+	act := store.NewActivity(c, "rv-src-rollback", 2)
 	// Shard 0: packets 1 (100) and 3 (300); shard 1: packets 2 (200) and 4 (400).
 	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400})
 	on0, on1 := usersOn("z", 0, 2, 3), usersOn("o", 1, 2, 2)
@@ -146,7 +146,7 @@ func TestShardSourceRollbackIsSeenAsDuplication(t *testing.T) {
 func TestShardRollbackCaughtByStatusWatermarks(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	act := store.NewShards(c, "rv-masked", 2)
+	act := store.NewActivity(c, "rv-masked", 2)
 	amounts := make([]int64, 40)
 	for i := range amounts {
 		amounts[i] = int64(10 + i)
@@ -175,7 +175,7 @@ func TestShardRollbackCaughtByStatusWatermarks(t *testing.T) {
 	}
 	var st redpacketv1alpha1.RedPacketActivityStatus
 	st.Phase = redpacketv1alpha1.PhaseActive
-	redpacketv1alpha1.SetCounters(&st, v.Activity.Counters())
+	redpacketv1alpha1.SetCounters(&st, v.Whole.Counters())
 	st.ShardWatermarks = v.Watermarks(&st)
 
 	// Shard 0 goes on granting; shard 1 comes back from before its last 3 claims.
@@ -188,7 +188,7 @@ func TestShardRollbackCaughtByStatusWatermarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if why := v.Activity.RolledBack(&st); why != "" {
+	if why := v.Whole.RolledBack(&st); why != "" {
 		t.Fatalf("the summed counters already show it (%s): the test does not test the watermarks", why)
 	}
 	why := v.RolledBack(&st)
@@ -212,7 +212,7 @@ func TestShardRollbackCaughtByStatusWatermarks(t *testing.T) {
 func TestSoldOutIsRememberedForASecondOnly(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	act := store.NewShards(c, "rv-soldout", 2)
+	act := store.NewActivity(c, "rv-soldout", 2)
 	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400})
 	on0, on1 := usersOn("z", 0, 2, 4), usersOn("o", 1, 2, 2)
 
@@ -255,13 +255,13 @@ func TestSoldOutIsRememberedForASecondOnly(t *testing.T) {
 }
 
 // The grab pods log in as the activity's user; with durability Replicas they wait
-// for replicas on the master of the grant's shard (lua.ReplicaWaiter: HINCRBY of a
+// for replicas on the master of the grant's shard (store.ReplicaWaiter: HINCRBY of a
 // marker, then WAIT). The user must be allowed to run both.
 func TestActivityUserCanWaitForReplicas(t *testing.T) {
 	ctx := redistest.Context(t)
 	srv, op := protectedRedis(t)
 	const own = "rv-acl-wait"
-	admin := store.NewShards(op, own, 2)
+	admin := store.NewActivity(op, own, 2)
 	seedOpenShards(t, ctx, admin, []int64{10, 20, 30, 40})
 	if _, err := admin.EnsureUser(ctx, "rv-wait-pw-0123456789"); err != nil {
 		t.Fatal(err)
@@ -285,7 +285,7 @@ func TestShardedCloseRefundsOnlyFromACompleteReading(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	c := srv.Client(t)
-	act := store.NewShards(c, "rv-refund", 2)
+	act := store.NewActivity(c, "rv-refund", 2)
 	amounts := []int64{100, 200, 300, 400}
 	seedOpenShards(t, ctx, act, amounts)
 	r, _, err := act.Grab(ctx, usersOn("o", 1, 2, 1)[0], nil)
@@ -346,7 +346,7 @@ func (h *afterCloses) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func TestForgedRefundOnAShardIsRefused(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	act := store.NewShards(c, "rv-forged-refund", 2)
+	act := store.NewActivity(c, "rv-forged-refund", 2)
 	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400})
 	if r, _, err := act.Grab(ctx, usersOn("o", 1, 2, 1)[0], nil); err != nil || r.Outcome != store.Granted {
 		t.Fatalf("grab: %+v %v", r, err)
@@ -402,7 +402,7 @@ func TestForgedRefundOnAShardIsRefused(t *testing.T) {
 func TestShardDestinationRollbackIsFenced(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	act := store.NewShards(c, "rv-dst-rollback", 2)
+	act := store.NewActivity(c, "rv-dst-rollback", 2)
 	seedOpenShards(t, ctx, act, []int64{100, 200, 300, 400, 500, 600})
 	on0 := usersOn("z", 0, 2, 6)
 	marks := make([]store.Watermark, 2)
@@ -438,8 +438,8 @@ func TestShardDestinationRollbackIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("after the destination's rollback: listed %d + %d, in transfer %d, claimed %d of %d; imbalance %+v",
-		v.Shards[0].RemainingCount, v.Shards[1].RemainingCount, v.InTransferCount, v.Activity.ClaimedCount,
-		v.Activity.Count, v.Conservation())
+		v.Shards[0].RemainingCount, v.Shards[1].RemainingCount, v.InTransferCount, v.Whole.ClaimedCount,
+		v.Whole.Count, v.Conservation())
 }
 
 // Two processes (two handles: their own transfer ids and refill locks) rain on four
@@ -452,10 +452,10 @@ func TestShardedCloseDuringRefillsFromTwoProcesses(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	const uid, shards = "rv-close-race", 4
 	amounts := testAmounts(3000)
-	a1 := store.NewShards(c, uid, shards)
+	a1 := store.NewActivity(c, uid, shards)
 	a1.TransferBatch = 16
 	seedOpenShards(t, ctx, a1, amounts)
-	a2 := store.NewShards(c, uid, shards)
+	a2 := store.NewActivity(c, uid, shards)
 	a2.TransferBatch = 16
 	users := skewedUsers(6000, []float64{60, 20, 15, 5}, 7)
 
@@ -480,7 +480,7 @@ func TestShardedCloseDuringRefillsFromTwoProcesses(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := store.NewShards(c, uid, shards).Resolve(ctx); err == nil {
+			if _, err := store.NewActivity(c, uid, shards).Resolve(ctx); err == nil {
 				n++
 			}
 		}
@@ -545,9 +545,9 @@ func TestShardedCloseDuringRefillsFromTwoProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Activity.ClaimedAmount != claimed || closeRes.Refunded != sum(amounts)-claimed || !v.Conservation().Zero() {
+	if v.Whole.ClaimedAmount != claimed || closeRes.Refunded != sum(amounts)-claimed || !v.Conservation().Zero() {
 		t.Fatalf("claimed %d (users were told %d), refund %d (want %d), in transfer %d, imbalance %+v",
-			v.Activity.ClaimedAmount, claimed, closeRes.Refunded, sum(amounts)-claimed, v.InTransferCount, v.Conservation())
+			v.Whole.ClaimedAmount, claimed, closeRes.Refunded, sum(amounts)-claimed, v.InTransferCount, v.Conservation())
 	}
 	t.Logf("%d grants before the close; %d packets refunded (%d of them journalled to a closed shard)",
 		len(byPacket), len(amounts)-len(byPacket), v.InTransferCount)
@@ -561,7 +561,7 @@ func TestShardedSoldOutWithRefillsFromTwoProcesses(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	const uid, shards = "rv-two-procs", 4
 	amounts := testAmounts(2000)
-	handles := []*store.Shards{store.NewShards(c, uid, shards), store.NewShards(c, uid, shards), store.NewShards(c, uid, shards)}
+	handles := []*store.Activity{store.NewActivity(c, uid, shards), store.NewActivity(c, uid, shards), store.NewActivity(c, uid, shards)}
 	for _, h := range handles {
 		h.TransferBatch = 8
 	}
@@ -576,7 +576,7 @@ func TestShardedSoldOutWithRefillsFromTwoProcesses(t *testing.T) {
 				return
 			default:
 			}
-			_, _ = store.NewShards(c, uid, shards).Resolve(ctx)
+			_, _ = store.NewActivity(c, uid, shards).Resolve(ctx)
 		}
 	}()
 	rain := &shardedRain{calls: make([]grabCall, 3000)}
@@ -653,7 +653,7 @@ func TestShardTransfersInterruptedBetweenHalves(t *testing.T) {
 	c.AddHook(hook)
 	const uid, shards = "rv-interrupted", 4
 	amounts := testAmounts(1500)
-	act := store.NewShards(c, uid, shards)
+	act := store.NewActivity(c, uid, shards)
 	act.TransferBatch = 8
 	seedOpenShards(t, ctx, act, amounts)
 	users := skewedUsers(2500, []float64{70, 15, 10, 5}, 5)
@@ -704,7 +704,7 @@ func TestShardTransfersInterruptedBetweenHalves(t *testing.T) {
 func TestShardedCloseWithJournalPending(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	act := store.NewShards(c, "rv-journal-close", 3)
+	act := store.NewActivity(c, "rv-journal-close", 3)
 	amounts := testAmounts(30)
 	seedOpenShards(t, ctx, act, amounts)
 	var claimed int64
@@ -731,11 +731,11 @@ func TestShardedCloseWithJournalPending(t *testing.T) {
 		t.Errorf("Resolve after the close: %d left, %v; want the one transfer refused", left, err)
 	}
 	v, err := act.ReadShards(ctx)
-	if err != nil || v.InTransferCount != 3 || !v.Conservation().Zero() || v.Activity.State != store.StateClosed {
-		t.Errorf("after close: %s, in transfer %d, imbalance %+v, %v", v.Activity.State, v.InTransferCount, v.Conservation(), err)
+	if err != nil || v.InTransferCount != 3 || !v.Conservation().Zero() || v.Whole.State != store.StateClosed {
+		t.Errorf("after close: %s, in transfer %d, imbalance %+v, %v", v.Whole.State, v.InTransferCount, v.Conservation(), err)
 	}
 	// Close(exhausted) with a transfer journalled finishes the move first and stays open.
-	act2 := store.NewShards(c, "rv-journal-exh", 3)
+	act2 := store.NewActivity(c, "rv-journal-exh", 3)
 	seedOpenShards(t, ctx, act2, amounts)
 	k := act2.Shard(1).Keys()
 	if err := lua.TransferOutScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Transfers}, "dead-mover-2", 0, 100).Err(); err != nil {

@@ -12,16 +12,16 @@ import (
 
 // Configure writes the schedule and pause flag on every shard; open moves a ready
 // activity to open.
-func (s *Shards) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
+func (s *Activity) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
 	return s.ConfigureWith(ctx, Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
 }
 
 // ConfigureWith writes the settings on every shard. The result is shard 0's state;
 // Found is false when any shard is missing (a sharded activity that lost a shard has
 // lost data), Fenced true when any shard is fenced.
-func (s *Shards) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
+func (s *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
 	results := make([]ConfigureResult, len(s.shards))
-	err := s.eachShard(func(i int, a *Activity) error {
+	err := s.eachShard(func(i int, a *Shard) error {
 		r, err := a.ConfigureWith(ctx, st)
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
@@ -60,9 +60,9 @@ func (s *Shards) ConfigureWith(ctx context.Context, st Settings) (ConfigureResul
 }
 
 // Fence fences every shard and returns shard 0's fence reason.
-func (s *Shards) Fence(ctx context.Context, why string) (string, error) {
+func (s *Activity) Fence(ctx context.Context, why string) (string, error) {
 	reasons := make([]string, len(s.shards))
-	err := s.eachShard(func(i int, a *Activity) error {
+	err := s.eachShard(func(i int, a *Shard) error {
 		r, err := a.Fence(ctx, why)
 		reasons[i] = r
 		if err != nil {
@@ -76,9 +76,9 @@ func (s *Shards) Fence(ctx context.Context, why string) (string, error) {
 // Accept lifts the fence of every shard that is at epoch seen and returns the new
 // epoch. A shard that moved on already (an accept that stopped half-way) is left as
 // it is.
-func (s *Shards) Accept(ctx context.Context, seen int64) (int64, error) {
+func (s *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
 	epochs := make([]int64, len(s.shards))
-	err := s.eachShard(func(i int, a *Activity) error {
+	err := s.eachShard(func(i int, a *Shard) error {
 		n, err := a.Accept(ctx, seen)
 		if errors.Is(err, ErrEpochMoved) && len(s.shards) > 1 {
 			snap, serr := a.Snapshot(ctx)
@@ -104,7 +104,7 @@ func (s *Shards) Accept(ctx context.Context, seen int64) (int64, error) {
 // refund of the activity is written on shard 0 (refund_activity.lua): the total
 // minus every shard's claimed amount, read after all of them closed, so packets left
 // in a transfer journal are refunded too. Closing twice returns the first figures.
-func (s *Shards) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
+func (s *Activity) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
 	if len(s.shards) == 1 {
 		return s.shards[0].Close(ctx, reason)
 	}
@@ -133,7 +133,7 @@ func (s *Shards) Close(ctx context.Context, reason CloseReason) (CloseResult, er
 		}
 	}
 	results := make([]CloseResult, len(s.shards))
-	err = s.eachShard(func(i int, a *Activity) error {
+	err = s.eachShard(func(i int, a *Shard) error {
 		r, err := closeWith(ctx, a.c, a.keys, reason, false)
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
@@ -154,7 +154,7 @@ func (s *Shards) Close(ctx context.Context, reason CloseReason) (CloseResult, er
 	if err != nil {
 		return CloseResult{}, err
 	}
-	if !view.Activity.Exists() {
+	if !view.Whole.Exists() {
 		return CloseResult{Outcome: CloseMissing}, nil
 	}
 	for i, sh := range view.Shards {
@@ -165,7 +165,7 @@ func (s *Shards) Close(ctx context.Context, reason CloseReason) (CloseResult, er
 			return CloseResult{}, fmt.Errorf("shard %d is %s after its close; the refund is not written", i, sh.State)
 		}
 	}
-	refund := view.Activity.Total - view.Activity.ClaimedAmount
+	refund := view.Whole.Total - view.Whole.ClaimedAmount
 	why := results[0].Reason
 	got, err := lua.RefundActivityScript.Run(ctx, root.c, []string{root.keys.Meta, root.keys.Stream}, refund, string(why)).Int64()
 	if err != nil {
@@ -174,14 +174,14 @@ func (s *Shards) Close(ctx context.Context, reason CloseReason) (CloseResult, er
 	return CloseResult{Outcome: Closed, Reason: why, Refunded: got}, nil
 }
 
-// ShardsView is every shard's snapshot, read while no packet moved between shards,
+// View is every shard's snapshot, read while no packet moved between shards,
 // with the activity's figures summed from them.
-type ShardsView struct {
-	// Activity is the activity as one: shard 0's state, schedule, sponsor and
+type View struct {
+	// Whole is the activity as one: shard 0's state, schedule, sponsor and
 	// currency (any missing shard makes it missing, any fenced shard fenced), the
 	// activity's count and total, and every counter summed. RemainingCount includes
 	// packets in transfer; Refunded is the activity's one refund.
-	Activity Snapshot
+	Whole Snapshot
 	// Shards are the shards' own snapshots.
 	Shards []Snapshot
 	// InTransferCount and InTransferAmount are the packets journalled by a source and
@@ -208,9 +208,9 @@ func (i Imbalance) Zero() bool { return i.Count == 0 && i.Amount == 0 }
 
 // Conservation checks the view: every packet is listed on a shard, claimed, in
 // transfer or refunded, exactly once, in count and in money.
-func (v ShardsView) Conservation() Imbalance {
+func (v View) Conservation() Imbalance {
 	var im Imbalance
-	if !v.Activity.Exists() {
+	if !v.Whole.Exists() {
 		return im
 	}
 	var count, total int64
@@ -221,10 +221,10 @@ func (v ShardsView) Conservation() Imbalance {
 			im.Count += abs(sh.RemainingCount + sh.ClaimedCount - sh.Count)
 		}
 	}
-	im.Count += abs(count + v.InTransferCount - v.Activity.Count)
-	im.Amount += abs(total + v.InTransferAmount - v.Activity.Total)
-	if v.Activity.State == StateClosed && (len(v.Shards) == 1 || v.Activity.activityRefunded) {
-		im.Amount += abs(v.Activity.ClaimedAmount + v.Activity.Refunded - v.Activity.Total)
+	im.Count += abs(count + v.InTransferCount - v.Whole.Count)
+	im.Amount += abs(total + v.InTransferAmount - v.Whole.Total)
+	if v.Whole.State == StateClosed && (len(v.Shards) == 1 || v.Whole.activityRefunded) {
+		im.Amount += abs(v.Whole.ClaimedAmount + v.Whole.Refunded - v.Whole.Total)
 	}
 	return im
 }
@@ -235,8 +235,8 @@ func (v ShardsView) Conservation() Imbalance {
 // (a transfer out, after a crash or a failover) or a write outside the scripts does
 // that, and the packets too many could be granted twice: the reporter and the
 // controller fence the activity when a steady view says so.
-func (v ShardsView) Duplicated() bool {
-	if !v.Activity.Exists() || len(v.Shards) < 2 {
+func (v View) Duplicated() bool {
+	if !v.Whole.Exists() || len(v.Shards) < 2 {
 		return false
 	}
 	var count, total int64
@@ -247,7 +247,7 @@ func (v ShardsView) Duplicated() bool {
 			return true
 		}
 	}
-	return count+v.InTransferCount > v.Activity.Count || total+v.InTransferAmount > v.Activity.Total
+	return count+v.InTransferCount > v.Whole.Count || total+v.InTransferAmount > v.Whole.Total
 }
 
 func abs(n int64) int64 {
@@ -258,36 +258,36 @@ func abs(n int64) int64 {
 }
 
 // Snapshot is the activity as one (ShardsView.Activity).
-func (s *Shards) Snapshot(ctx context.Context) (Snapshot, error) {
+func (s *Activity) Snapshot(ctx context.Context) (Snapshot, error) {
 	v, err := s.ReadShards(ctx)
 	if err != nil {
 		return Snapshot{}, err
 	}
-	return v.Activity, nil
+	return v.Whole, nil
 }
 
 // ReadShards reads every shard's snapshot and transfer journal between two readings
 // of the transfer sequences, and again while they moved, up to a few times.
-func (s *Shards) ReadShards(ctx context.Context) (ShardsView, error) {
+func (s *Activity) ReadShards(ctx context.Context) (View, error) {
 	if len(s.shards) == 1 {
 		snap, err := s.shards[0].Snapshot(ctx)
 		if err != nil {
-			return ShardsView{}, err
+			return View{}, err
 		}
-		return ShardsView{Activity: snap, Shards: []Snapshot{snap}, Steady: true}, nil
+		return View{Whole: snap, Shards: []Snapshot{snap}, Steady: true}, nil
 	}
-	var v ShardsView
+	var v View
 	for range stockReads {
 		before, err := s.stockOnce(ctx)
 		if err != nil {
-			return ShardsView{}, err
+			return View{}, err
 		}
 		if v, err = s.readShardsOnce(ctx); err != nil {
-			return ShardsView{}, err
+			return View{}, err
 		}
 		after, err := s.stockOnce(ctx)
 		if err != nil {
-			return ShardsView{}, err
+			return View{}, err
 		}
 		v.Steady = true
 		for i := range before {
@@ -304,10 +304,10 @@ func (s *Shards) ReadShards(ctx context.Context) (ShardsView, error) {
 
 // readShardsOnce reads the shards' snapshots and journals, and which journalled
 // transfers their destinations applied already.
-func (s *Shards) readShardsOnce(ctx context.Context) (ShardsView, error) {
-	v := ShardsView{Shards: make([]Snapshot, len(s.shards))}
+func (s *Activity) readShardsOnce(ctx context.Context) (View, error) {
+	v := View{Shards: make([]Snapshot, len(s.shards))}
 	journals := make([]map[string]string, len(s.shards))
-	err := s.eachShard(func(i int, a *Activity) error {
+	err := s.eachShard(func(i int, a *Shard) error {
 		snap, err := a.Snapshot(ctx)
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
@@ -320,21 +320,21 @@ func (s *Shards) readShardsOnce(ctx context.Context) (ShardsView, error) {
 		return nil
 	})
 	if err != nil {
-		return ShardsView{}, err
+		return View{}, err
 	}
 	for i, j := range journals {
 		for id, entry := range j {
 			t, err := parseTransfer(entry)
 			if err != nil {
-				return ShardsView{}, fmt.Errorf("shard %d: %w", i, err)
+				return View{}, fmt.Errorf("shard %d: %w", i, err)
 			}
 			if t.dest < 0 || t.dest >= len(s.shards) {
-				return ShardsView{}, fmt.Errorf("transfer %s of shard %d names destination %d of %d shards", id, i, t.dest, len(s.shards))
+				return View{}, fmt.Errorf("transfer %s of shard %d names destination %d of %d shards", id, i, t.dest, len(s.shards))
 			}
 			d := s.shards[t.dest]
 			applied, err := d.c.HExists(ctx, d.keys.Applied, id).Result()
 			if err != nil {
-				return ShardsView{}, fmt.Errorf("reading whether shard %d applied transfer %s: %w", t.dest, id, err)
+				return View{}, fmt.Errorf("reading whether shard %d applied transfer %s: %w", t.dest, id, err)
 			}
 			if !applied {
 				v.InTransferCount += t.count
@@ -342,12 +342,12 @@ func (s *Shards) readShardsOnce(ctx context.Context) (ShardsView, error) {
 			}
 		}
 	}
-	v.Activity = s.sum(v.Shards, v.InTransferCount)
+	v.Whole = s.sum(v.Shards, v.InTransferCount)
 	return v, nil
 }
 
 // sum makes the activity's snapshot out of its shards'.
-func (s *Shards) sum(shards []Snapshot, inTransfer int64) Snapshot {
+func (s *Activity) sum(shards []Snapshot, inTransfer int64) Snapshot {
 	root := shards[0]
 	a := root
 	a.Count, a.Total = root.activityCount, root.activityTotal
@@ -394,11 +394,11 @@ func (s *Shards) sum(shards []Snapshot, inTransfer int64) Snapshot {
 }
 
 // Time is the Redis clock of shard 0's master.
-func (s *Shards) Time(ctx context.Context) (time.Time, error) { return s.shards[0].Time(ctx) }
+func (s *Activity) Time(ctx context.Context) (time.Time, error) { return s.shards[0].Time(ctx) }
 
 // Ping checks that every shard's master answers.
-func (s *Shards) Ping(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Activity) error {
+func (s *Activity) Ping(ctx context.Context) error {
+	return s.eachShard(func(i int, a *Shard) error {
 		if err := a.Ping(ctx); err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -407,11 +407,11 @@ func (s *Shards) Ping(ctx context.Context) error {
 }
 
 // LoadScripts loads every script on every master (see Activity.LoadScripts).
-func (s *Shards) LoadScripts(ctx context.Context) error { return s.shards[0].LoadScripts(ctx) }
+func (s *Activity) LoadScripts(ctx context.Context) error { return s.shards[0].LoadScripts(ctx) }
 
 // Purge deletes every key of every shard.
-func (s *Shards) Purge(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Activity) error {
+func (s *Activity) Purge(ctx context.Context) error {
+	return s.eachShard(func(i int, a *Shard) error {
 		if err := a.Purge(ctx); err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -421,9 +421,9 @@ func (s *Shards) Purge(ctx context.Context) error {
 
 // PurgeKeepingUnsettled purges every shard but its settlement and dead-letter
 // streams (Activity.PurgeKeepingUnsettled) and returns the keys kept.
-func (s *Shards) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
+func (s *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
 	kept := make([][]string, len(s.shards))
-	err := s.eachShard(func(i int, a *Activity) error {
+	err := s.eachShard(func(i int, a *Shard) error {
 		k, err := a.PurgeKeepingUnsettled(ctx, retention)
 		kept[i] = k
 		if err != nil {
@@ -439,8 +439,8 @@ func (s *Shards) PurgeKeepingUnsettled(ctx context.Context, retention time.Durat
 }
 
 // CheckFsync checks every shard's master (Activity.CheckFsync).
-func (s *Shards) CheckFsync(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Activity) error {
+func (s *Activity) CheckFsync(ctx context.Context) error {
+	return s.eachShard(func(i int, a *Shard) error {
 		if err := a.CheckFsync(ctx); err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -449,8 +449,8 @@ func (s *Shards) CheckFsync(ctx context.Context) error {
 }
 
 // CheckReplicas checks that every shard's master has at least n replicas connected.
-func (s *Shards) CheckReplicas(ctx context.Context, n int) error {
-	return s.eachShard(func(i int, a *Activity) error {
+func (s *Activity) CheckReplicas(ctx context.Context, n int) error {
+	return s.eachShard(func(i int, a *Shard) error {
 		if err := a.CheckReplicas(ctx, n); err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -460,17 +460,17 @@ func (s *Shards) CheckReplicas(ctx context.Context, n int) error {
 
 // EnsureUser gives the activity's ACL user, whose key patterns cover every shard,
 // the password on every node (Activity.EnsureUser).
-func (s *Shards) EnsureUser(ctx context.Context, password string) (UserChange, error) {
+func (s *Activity) EnsureUser(ctx context.Context, password string) (UserChange, error) {
 	return s.base.EnsureUser(ctx, password)
 }
 
 // DeleteUser removes the activity's ACL user from every node.
-func (s *Shards) DeleteUser(ctx context.Context) (int, error) { return s.base.DeleteUser(ctx) }
+func (s *Activity) DeleteUser(ctx context.Context) (int, error) { return s.base.DeleteUser(ctx) }
 
 // ReplayDeadLetters moves up to max dead letters of every shard back into its
 // settlement stream (Activity.ReplayDeadLetters), shard by shard, and returns how
 // many moved in all; max <= 0 means all of them.
-func (s *Shards) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
+func (s *Activity) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
 	moved := 0
 	for i, a := range s.shards {
 		left := 0
@@ -493,8 +493,8 @@ func (s *Shards) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
 // activity each shard against its own figure in status.shardWatermarks (when they
 // were read in the view's epoch), so that a shard that came back behind is caught
 // even while the others' grants hide it in the sums.
-func (v ShardsView) RolledBack(st *redpacketv1alpha1.RedPacketActivityStatus) string {
-	if why := v.Activity.RolledBack(st); why != "" {
+func (v View) RolledBack(st *redpacketv1alpha1.RedPacketActivityStatus) string {
+	if why := v.Whole.RolledBack(st); why != "" {
 		return why
 	}
 	if why := v.ClaimsLost(); why != "" {
@@ -510,7 +510,7 @@ func (v ShardsView) RolledBack(st *redpacketv1alpha1.RedPacketActivityStatus) st
 // reads the claimed count from the popped packet, not from the claims hash, and the
 // users of the lost claims could claim again: the reporter and the controller fence
 // such an activity.
-func (v ShardsView) ClaimsLost() string {
+func (v View) ClaimsLost() string {
 	for i, sh := range v.Shards {
 		if sh.Exists() && (sh.State == StateOpen || sh.State == StateReady) && sh.RemainingCount+sh.ClaimedCount < sh.Count {
 			return fmt.Sprintf("shard %d holds %d claims and %d listed packets of %d: claims were lost",
@@ -522,9 +522,9 @@ func (v ShardsView) ClaimsLost() string {
 
 // ShardBehind says which shard of a sharded activity holds fewer claims than its
 // figure in status.shardWatermarks read in the view's epoch, or "" when none does.
-func (v ShardsView) ShardBehind(st *redpacketv1alpha1.RedPacketActivityStatus) string {
+func (v View) ShardBehind(st *redpacketv1alpha1.RedPacketActivityStatus) string {
 	w := st.ShardWatermarks
-	if w == nil || len(v.Shards) < 2 || w.Epoch != v.Activity.Epoch {
+	if w == nil || len(v.Shards) < 2 || w.Epoch != v.Whole.Epoch {
 		return ""
 	}
 	for i, sh := range v.Shards {
@@ -538,11 +538,11 @@ func (v ShardsView) ShardBehind(st *redpacketv1alpha1.RedPacketActivityStatus) s
 // Watermarks are the view's shards' claimed counts in its epoch, raised to what st
 // already records in the same epoch (a shard's figure never falls), for
 // status.shardWatermarks; nil for an activity of one shard.
-func (v ShardsView) Watermarks(st *redpacketv1alpha1.RedPacketActivityStatus) *redpacketv1alpha1.ShardWatermarks {
+func (v View) Watermarks(st *redpacketv1alpha1.RedPacketActivityStatus) *redpacketv1alpha1.ShardWatermarks {
 	if len(v.Shards) < 2 {
 		return nil
 	}
-	w := &redpacketv1alpha1.ShardWatermarks{Epoch: v.Activity.Epoch, ClaimedCounts: make([]int64, len(v.Shards))}
+	w := &redpacketv1alpha1.ShardWatermarks{Epoch: v.Whole.Epoch, ClaimedCounts: make([]int64, len(v.Shards))}
 	for i, sh := range v.Shards {
 		w.ClaimedCounts[i] = sh.ClaimedCount
 		if old := st.ShardWatermarks; old != nil && old.Epoch == w.Epoch && i < len(old.ClaimedCounts) {

@@ -65,7 +65,7 @@ type shardedRain struct {
 	views      int
 }
 
-func runShardedRain(t *testing.T, ctx context.Context, act *store.Shards, users []string, workers int, between func()) *shardedRain {
+func runShardedRain(t *testing.T, ctx context.Context, act *store.Activity, users []string, workers int, between func()) *shardedRain {
 	t.Helper()
 	out := &shardedRain{calls: make([]grabCall, len(users))}
 	stop := make(chan struct{})
@@ -129,7 +129,7 @@ func TestShardedActivity(t *testing.T) {
 		// 50,000 users for 30,000 packets: 5,000 per shard, while shard 0's users
 		// alone are 17,500.
 		ctx := redistest.Context(t)
-		act := store.NewShards(c, "rain-sold-out", len(weights))
+		act := store.NewActivity(c, "rain-sold-out", len(weights))
 		amounts := testAmounts(30000)
 		seedOpenShards(t, ctx, act, amounts)
 		checkShardPlacement(t, ctx, cluster, act)
@@ -142,7 +142,7 @@ func TestShardedActivity(t *testing.T) {
 		// 50,000 users for 60,000 packets: everyone must get one, though shard 0's
 		// 17,500 users start with 10,000.
 		ctx := redistest.Context(t)
-		act := store.NewShards(c, "rain-stock-left", len(weights))
+		act := store.NewActivity(c, "rain-stock-left", len(weights))
 		amounts := testAmounts(60000)
 		seedOpenShards(t, ctx, act, amounts)
 		rain := runShardedRain(t, ctx, act, skewedUsers(50000, weights, 2), 48, nil)
@@ -157,7 +157,7 @@ func TestShardedActivity(t *testing.T) {
 
 	t.Run("journalled transfer survives a crash", func(t *testing.T) {
 		ctx := redistest.Context(t)
-		act := store.NewShards(c, "rain-journal", 3)
+		act := store.NewActivity(c, "rain-journal", 3)
 		amounts := testAmounts(30)
 		seedOpenShards(t, ctx, act, amounts)
 		// A transfer whose mover died after its first half: the packets are in shard
@@ -234,7 +234,7 @@ func TestShardedActivityMasterRestart(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := redistest.Context(t)
 	weights := []float64{35, 25, 15, 10, 10, 5}
-	act := store.NewShards(c, "rain-restart", len(weights))
+	act := store.NewActivity(c, "rain-restart", len(weights))
 	amounts := testAmounts(30000)
 	seedOpenShards(t, ctx, act, amounts)
 
@@ -298,7 +298,7 @@ func sum(amounts []int64) int64 {
 	return t
 }
 
-func seedOpenShards(t *testing.T, ctx context.Context, act *store.Shards, amounts []int64) {
+func seedOpenShards(t *testing.T, ctx context.Context, act *store.Activity, amounts []int64) {
 	t.Helper()
 	if err := act.LoadScripts(ctx); err != nil {
 		t.Fatal(err)
@@ -318,13 +318,13 @@ func seedOpenShards(t *testing.T, ctx context.Context, act *store.Shards, amount
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Activity.Count != int64(len(amounts)) || v.Activity.Total != sum(amounts) || v.Activity.RemainingCount != int64(len(amounts)) || !v.Conservation().Zero() {
-		t.Fatalf("after seeding: %+v, imbalance %+v", v.Activity, v.Conservation())
+	if v.Whole.Count != int64(len(amounts)) || v.Whole.Total != sum(amounts) || v.Whole.RemainingCount != int64(len(amounts)) || !v.Conservation().Zero() {
+		t.Fatalf("after seeding: %+v, imbalance %+v", v.Whole, v.Conservation())
 	}
 }
 
 // checkShardPlacement checks that the shards do not all live on one master.
-func checkShardPlacement(t *testing.T, ctx context.Context, cluster *redistest.Cluster, act *store.Shards) {
+func checkShardPlacement(t *testing.T, ctx context.Context, cluster *redistest.Cluster, act *store.Activity) {
 	t.Helper()
 	cc := cluster.Client(t)
 	masters := map[int]bool{}
@@ -353,7 +353,7 @@ func checkShardPlacement(t *testing.T, ctx context.Context, cluster *redistest.C
 
 // checkShardedRain checks a rain from outside: what the users were told against the
 // claims of every shard.
-func checkShardedRain(t *testing.T, ctx context.Context, act *store.Shards, rain *shardedRain, amounts []int64, wantSoldOut bool) {
+func checkShardedRain(t *testing.T, ctx context.Context, act *store.Activity, rain *shardedRain, amounts []int64, wantSoldOut bool) {
 	t.Helper()
 	byPacket := map[string]string{}
 	granted := 0
@@ -447,12 +447,12 @@ func checkShardedRain(t *testing.T, ctx context.Context, act *store.Shards, rain
 	if !v.Steady || !v.Conservation().Zero() {
 		t.Fatalf("after the rain: steady %v, imbalance %+v", v.Steady, v.Conservation())
 	}
-	if v.Activity.ClaimedCount != int64(granted) || v.Activity.ClaimedAmount != grantedSum {
+	if v.Whole.ClaimedCount != int64(granted) || v.Whole.ClaimedAmount != grantedSum {
 		t.Fatalf("the shards count %d claims of %d, the users were granted %d of %d",
-			v.Activity.ClaimedCount, v.Activity.ClaimedAmount, granted, grantedSum)
+			v.Whole.ClaimedCount, v.Whole.ClaimedAmount, granted, grantedSum)
 	}
-	if v.Activity.RemainingCount != int64(len(amounts)-granted) {
-		t.Fatalf("%d packets left, want %d", v.Activity.RemainingCount, len(amounts)-granted)
+	if v.Whole.RemainingCount != int64(len(amounts)-granted) {
+		t.Fatalf("%d packets left, want %d", v.Whole.RemainingCount, len(amounts)-granted)
 	}
 	if len(rain.imbalances) > 0 {
 		t.Fatalf("%d steady views during the rain were not conserved, first %s", len(rain.imbalances), rain.imbalances[0])
@@ -478,7 +478,7 @@ func checkShardedRain(t *testing.T, ctx context.Context, act *store.Shards, rain
 		len(rain.calls), granted, grantedSum, moved, rain.steady, rain.views)
 }
 
-func closeAndCheckRefund(t *testing.T, ctx context.Context, c redis.Cmdable, act *store.Shards, reason store.CloseReason, amounts []int64) {
+func closeAndCheckRefund(t *testing.T, ctx context.Context, c redis.Cmdable, act *store.Activity, reason store.CloseReason, amounts []int64) {
 	t.Helper()
 	res, err := act.Close(ctx, reason)
 	if err != nil || res.Outcome != store.Closed {
@@ -492,7 +492,7 @@ func closeAndCheckRefund(t *testing.T, ctx context.Context, c redis.Cmdable, act
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := v.Activity
+	a := v.Whole
 	if a.State != store.StateClosed || a.ClaimedAmount+a.Refunded != sum(amounts) || res.Refunded != a.Refunded || !v.Conservation().Zero() {
 		t.Fatalf("after close: state %s, claimed %d + refunded %d != total %d (close said %d), imbalance %+v",
 			a.State, a.ClaimedAmount, a.Refunded, sum(amounts), res.Refunded, v.Conservation())

@@ -262,7 +262,7 @@ func parseClaim(v string) (Claim, bool) {
 // The check trusts the claims hash and the meta hash: it defeats an entry appended
 // on its own (a wrong user, packet or amount, an unknown packet, a refund of an open
 // activity), not a writer who also edits those hashes.
-func (a *Activity) VerifyEntries(ctx context.Context, entries []StreamEntry) (map[string]error, error) {
+func (a *Shard) VerifyEntries(ctx context.Context, entries []StreamEntry) (map[string]error, error) {
 	forged := map[string]error{}
 	if len(entries) == 0 {
 		return forged, nil
@@ -345,7 +345,7 @@ func groupErr(what string, err error) error {
 // (ensure_group.lua). A group that exists already is left as it is. When neither the
 // activity nor its stream is in Redis (purged), nothing is created and the error
 // wraps ErrMissing.
-func (a *Activity) EnsureGroup(ctx context.Context, group string) error {
+func (a *Shard) EnsureGroup(ctx context.Context, group string) error {
 	res, err := lua.EnsureGroupScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Stream}, group).Text()
 	if err != nil {
 		return fmt.Errorf("creating consumer group %s on %s: %w", group, a.keys.Stream, err)
@@ -359,7 +359,7 @@ func (a *Activity) EnsureGroup(ctx context.Context, group string) error {
 // ReadNew reads up to count entries never delivered to the group, for consumer: each
 // goes into the consumer's pending list with a delivery count of 1. It waits up to
 // block for the first one (block <= 0: not at all) and returns none when none came.
-func (a *Activity) ReadNew(ctx context.Context, group, consumer string, count int64, block time.Duration) ([]StreamEntry, error) {
+func (a *Shard) ReadNew(ctx context.Context, group, consumer string, count int64, block time.Duration) ([]StreamEntry, error) {
 	if block <= 0 {
 		block = -1 // no BLOCK argument
 	}
@@ -372,11 +372,11 @@ func (a *Activity) ReadNew(ctx context.Context, group, consumer string, count in
 // read, it raises each entry's delivery count by one. An empty answer means the list
 // has been read to its end. An entry deleted from the stream comes back without
 // fields (Malformed).
-func (a *Activity) ReadOwnPending(ctx context.Context, group, consumer, after string, count int64) ([]StreamEntry, error) {
+func (a *Shard) ReadOwnPending(ctx context.Context, group, consumer, after string, count int64) ([]StreamEntry, error) {
 	return a.readGroup(ctx, group, consumer, after, count, -1, "re-reading own pending settlement entries")
 }
 
-func (a *Activity) readGroup(ctx context.Context, group, consumer, from string, count int64, block time.Duration, what string) ([]StreamEntry, error) {
+func (a *Shard) readGroup(ctx context.Context, group, consumer, from string, count int64, block time.Duration, what string) ([]StreamEntry, error) {
 	streams, err := a.c.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: group, Consumer: consumer, Count: count, Block: block,
 		Streams: []string{a.keys.Stream, from},
@@ -399,7 +399,7 @@ func (a *Activity) readGroup(ctx context.Context, group, consumer, from string, 
 // entries from cursor ("0-0" for the start). Each claimed entry's delivery count
 // goes up by one. It returns the entries and the cursor to continue from, which is
 // "0-0" once the scan went round.
-func (a *Activity) ClaimIdle(ctx context.Context, group, consumer string, minIdle time.Duration, cursor string, count int64) ([]StreamEntry, string, error) {
+func (a *Shard) ClaimIdle(ctx context.Context, group, consumer string, minIdle time.Duration, cursor string, count int64) ([]StreamEntry, string, error) {
 	msgs, next, err := a.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 		Stream: a.keys.Stream, Group: group, Consumer: consumer,
 		MinIdle: minIdle, Start: cursor, Count: count,
@@ -420,7 +420,7 @@ const deliveryCountPage = 1024
 // DeliveryCounts reads from consumer's pending list how many times Redis has handed
 // out each of ids (its delivery count, raised by every read and claim). An id that
 // is not in the consumer's pending list is missing from the answer.
-func (a *Activity) DeliveryCounts(ctx context.Context, group, consumer string, ids []string) (map[string]int64, error) {
+func (a *Shard) DeliveryCounts(ctx context.Context, group, consumer string, ids []string) (map[string]int64, error) {
 	counts := make(map[string]int64, len(ids))
 	if len(ids) == 0 {
 		return counts, nil
@@ -508,7 +508,7 @@ type HeldEntry struct {
 // went through (consumer holds it) and false when it did not (another consumer took
 // it over since, or it is no longer pending); entries whose claim failed are missing,
 // and err says why.
-func (a *Activity) RefreshHeld(ctx context.Context, group, consumer string, held []HeldEntry) (map[string]bool, error) {
+func (a *Shard) RefreshHeld(ctx context.Context, group, consumer string, held []HeldEntry) (map[string]bool, error) {
 	owned := make(map[string]bool, len(held))
 	if len(held) == 0 {
 		return owned, nil
@@ -539,7 +539,7 @@ func (a *Activity) RefreshHeld(ctx context.Context, group, consumer string, held
 // so the attempt is counted even if the consumer dies during it. It returns false
 // when the claim did not go through: another consumer took the entry over since, or
 // it is no longer pending.
-func (a *Activity) ClaimForRetry(ctx context.Context, group, consumer, id string, minIdle time.Duration) (bool, error) {
+func (a *Shard) ClaimForRetry(ctx context.Context, group, consumer, id string, minIdle time.Duration) (bool, error) {
 	msgs, err := a.c.XClaim(ctx, &redis.XClaimArgs{
 		Stream: a.keys.Stream, Group: group, Consumer: consumer,
 		MinIdle: minIdle, Messages: []string{id},
@@ -552,7 +552,7 @@ func (a *Activity) ClaimForRetry(ctx context.Context, group, consumer, id string
 
 // PendingCount is how many entries the group has handed out and not had
 // acknowledged, over all its consumers.
-func (a *Activity) PendingCount(ctx context.Context, group string) (int64, error) {
+func (a *Shard) PendingCount(ctx context.Context, group string) (int64, error) {
 	p, err := a.c.XPending(ctx, a.keys.Stream, group).Result()
 	if err != nil {
 		return 0, groupErr("reading the pending settlement entries", err)
@@ -562,7 +562,7 @@ func (a *Activity) PendingCount(ctx context.Context, group string) (int64, error
 
 // StreamLen is the number of entries in the settlement stream: one per grant, plus the
 // refund, plus any replayed dead letters. The stream is never trimmed.
-func (a *Activity) StreamLen(ctx context.Context) (int64, error) {
+func (a *Shard) StreamLen(ctx context.Context) (int64, error) {
 	n, err := a.c.XLen(ctx, a.keys.Stream).Result()
 	if err != nil {
 		return 0, fmt.Errorf("reading the length of %s: %w", a.keys.Stream, err)

@@ -118,7 +118,7 @@ func TestConsumerGroupOperations(t *testing.T) {
 	const group = "settlement"
 	amounts := splitOrFail(t, split.TypeFixed, 600, 6)
 	k := seedOpen(t, ctx, c, "group-ops", amounts)
-	a := store.NewActivity(c, "group-ops")
+	a := store.NewShard(c, "group-ops")
 
 	// Reads before the group exists say so.
 	if _, err := a.ReadNew(ctx, group, "w", 10, 0); !errors.Is(err, store.ErrNoGroup) {
@@ -270,7 +270,7 @@ func TestDeliveryCountsPageThroughPendingEntries(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
 	const group, n = "settlement", 1300
-	a := store.NewActivity(c, "paging")
+	a := store.NewShard(c, "paging")
 	// The activity is in Redis (its group is created only then).
 	if err := c.HSet(ctx, a.Keys().Meta, "state", "open").Err(); err != nil {
 		t.Fatal(err)
@@ -309,7 +309,7 @@ func TestReplayDeadLettersMovesAtMostMax(t *testing.T) {
 	const group = "settlement"
 	amounts := splitOrFail(t, split.TypeFixed, 1_000, 10)
 	k := seedOpen(t, ctx, rdb, "uid-replay", amounts)
-	a := store.NewActivity(rdb, "uid-replay")
+	a := store.NewShard(rdb, "uid-replay")
 	for _, u := range []string{"user-0000", "user-0001", "user-0002"} {
 		grabOne(t, rdb, k, u)
 	}
@@ -390,7 +390,7 @@ func TestMeasurementHelpers(t *testing.T) {
 	}
 	amounts := splitOrFail(t, split.TypeFixed, 100_000, 1_000)
 	k := seedOpen(t, ctx, c, "measure", amounts)
-	a := store.NewActivity(c, "measure")
+	a := store.NewShard(c, "measure")
 	grabOne(t, c, k, "m1")
 	m, err := a.KeyMemory(ctx)
 	if err != nil || m.Meta <= 0 || m.Packets <= 0 || m.Claims <= 0 || m.Stream <= 0 || m.Staging != 0 || m.DeadLetters != 0 {
@@ -410,7 +410,7 @@ func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	amounts := splitOrFail(t, split.TypeRandom, 10_000, 20)
 	k := seedOpen(t, ctx, c, "verify", amounts)
-	a := store.NewActivity(c, "verify")
+	a := store.NewShard(c, "verify")
 	alice := grabOne(t, c, k, "alice")
 	bob := grabOne(t, c, k, "bob")
 	if alice.Outcome != store.Granted || bob.Outcome != store.Granted {
@@ -540,7 +540,7 @@ func BenchmarkVerifyEntries(b *testing.B) {
 			b.Fatalf("grab: %+v, %v", res, err)
 		}
 	}
-	a := store.NewActivity(c, "verify-bench")
+	a := store.NewShard(c, "verify-bench")
 	if err := a.EnsureGroup(ctx, "g"); err != nil {
 		b.Fatal(err)
 	}
@@ -565,7 +565,7 @@ func TestLateWorkerAfterPurgeRecreatesNoKeyWithoutTTL(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
 	k := seedOpen(t, ctx, c, "purged", []int64{10, 20, 30})
-	a := store.NewActivity(c, "purged")
+	a := store.NewShard(c, "purged")
 	for _, u := range []string{"u1", "u2"} {
 		if res, err := a.Grab(ctx, u); err != nil || res.Outcome != store.Granted {
 			t.Fatalf("grab: %+v %v", res, err)

@@ -241,7 +241,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	srv, err := grabsvc.NewServer(grabsvc.Config{
 		Guard:         guard,
 		Redis:         rc.Pipeliner,
-		Activity:      source.Current,
+		Resource:      source.Current,
 		Ping:          rc.Client,
 		Tokens:        tokens,
 		UserLimiter:   grabsvc.NewKeyedLimiter(o.ratePerUser, o.burstPerUser, o.limitEntries),
@@ -259,7 +259,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Guard:    guard,
 		Client:   kube,
 		Redis:    rc.Pipeliner,
-		Activity: source.Current,
+		Resource: source.Current,
 		Interval: o.reportInterval,
 		Metrics:  metrics,
 		Log:      log,
@@ -298,7 +298,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	changed := make(chan struct{}, 1)
 	missingKey := false
-	source.OnChange = func(a *grabsvc.Activity) {
+	source.OnChange = func(a *grabsvc.Resource) {
 		// Fail closed, loudly: Check refuses every grab; say why once per episode.
 		if missing := tokens == nil && grabsvc.RequiresTokens(a.Object); missing != missingKey {
 			missingKey = missing
@@ -405,7 +405,7 @@ func (s *settlementRunner) reconcile(ctx context.Context) {
 // key is empty when no worker should run. The configuration is the one every worker
 // of the activity uses (settlement.ActivityConfig), with this process's Redis client,
 // consumer name, metrics and log.
-func (s *settlementRunner) config(act *grabsvc.Activity) (settlement.Config, string, error) {
+func (s *settlementRunner) config(act *grabsvc.Resource) (settlement.Config, string, error) {
 	if !settlement.HasWebhook(act.Object) {
 		return settlement.Config{}, "", nil
 	}

@@ -27,7 +27,7 @@ const replayCommand = "replay-dead-letters"
 // environment variable) on fs. The variables mirror the keys of the connection
 // Secret (the grab Deployment maps each key to one), so the returned function,
 // called after fs.Parse, parses the flags' values as that Secret's data with
-// lua.ConnFromSecret into conn.
+// redisconn.ConnFromSecret into conn.
 func redisFlags(fs *flag.FlagSet, conn *redisconn.Conn) func() error {
 	addresses := fs.String("redis-addresses", envOr("REDIS_ADDRESSES", "127.0.0.1:6379"), "comma-separated Redis host:port (env REDIS_ADDRESSES)")
 	mode := fs.String("redis-mode", envOr("REDIS_MODE", redisconn.ModeStandalone), "standalone or cluster (env REDIS_MODE)")
@@ -92,7 +92,7 @@ func parseReplayFlags(args []string, out io.Writer) (replayOptions, error) {
 
 // replayDeadLetters is the replay-dead-letters command: it looks the activity's UID
 // up in the API server, moves its dead letters back into the settlement stream with
-// the activity's handle (lua.Activity.ReplayDeadLetters), and prints how many it
+// the activity's handle (store.Shard.ReplayDeadLetters), and prints how many it
 // moved on stdout.
 func replayDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseReplayFlags(args, stderr)
@@ -122,7 +122,7 @@ func replayDeadLetters(ctx context.Context, args []string, stdout, stderr io.Wri
 
 	rdb := o.redis.NewClient()
 	defer func() { _ = rdb.Close() }()
-	moved, err := store.NewShards(rdb, string(obj.UID), obj.Spec.ShardCount()).ReplayDeadLetters(ctx, o.max)
+	moved, err := store.NewActivity(rdb, string(obj.UID), obj.Spec.ShardCount()).ReplayDeadLetters(ctx, o.max)
 	if err != nil {
 		return fmt.Errorf("activity %s: %w", key, err)
 	}

@@ -78,7 +78,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 			return latencies{}, err
 		}
 		defer replica.Stop()
-		h := store.NewActivity(gc.Client, "bench-durable")
+		h := store.NewShard(gc.Client, "bench-durable")
 		deadline := time.Now().Add(10 * time.Second)
 		for h.CheckReplicas(ctx, 1) != nil {
 			if time.Now().After(deadline) {
@@ -107,7 +107,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 			return latencies{}, fmt.Errorf("the replica did not catch up with the seeding: %w", err)
 		}
 	}
-	a := store.NewActivity(gc.Pipeliner, "bench-durable")
+	a := store.NewShard(gc.Pipeliner, "bench-durable")
 	l, firstErr, err := closedLoop(ctx, workers, dur, packets, func(_ context.Context, i int64) (string, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -142,10 +142,10 @@ func (d durabilityRun) markdown() string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("## Durability modes\n\n")
-	p("The grab path (lua.Grab through the grab service's auto-pipeliner, %d goroutines, %s each) on a\n", d.workers, d.dur)
+	p("The grab path (store.Grab through the grab service's auto-pipeliner, %d goroutines, %s each) on a\n", d.workers, d.dur)
 	p("redis-server of its own per mode, in the same run. Fsync runs with `appendonly yes` and\n")
 	p("`appendfsync always` on this machine's disk; Replicas 1 waits after each grant for a batched\n")
-	p("`WAIT 1` (lua.ReplicaWaiter) on a primary with one replica on the same machine.\n\n")
+	p("`WAIT 1` (store.ReplicaWaiter) on a primary with one replica on the same machine.\n\n")
 	p("| mode | grants/s | p50 | p99 | ratio to None |\n|---|---:|---:|---:|---:|\n")
 	row := func(name string, l latencies) {
 		p("| %s | %.0f | %s | %s | %.2f |\n", name, l.Rate(), fmtDur(l.P50), fmtDur(l.P99), ratio(l.Rate(), d.none.Rate()))

@@ -2,7 +2,7 @@
 // redis-server it starts itself:
 //
 //	(a) the grab script through redis-benchmark at -P 1 and -P 16;
-//	(b) the project's claim path from Go (lua.Grab) through go-redis auto-pipelining;
+//	(b) the project's claim path from Go (store.Grab) through go-redis auto-pipelining;
 //	(c) the HTTP claim path (the grab service binary) under a Go load generator,
 //	(d) against a no-op Go HTTP handler under the same load;
 //	(e) seeding 1,000,000 packets;
@@ -258,7 +258,7 @@ func run(ctx context.Context, o options) error {
 	}
 	r.seedCount = o.seedPackets
 	fmt.Printf("%s (%.0f packets/s)\n", r.seedTook.Round(time.Millisecond), float64(o.seedPackets)/r.seedTook.Seconds())
-	if err := store.NewActivity(rc, "bench-seed").Purge(ctx); err != nil {
+	if err := store.NewShard(rc, "bench-seed").Purge(ctx); err != nil {
 		return err
 	}
 
@@ -406,7 +406,7 @@ func (c claimRound) ratio() float64 { return ratio(c.goAuto.Rate(), c.rb.Rate())
 // seconds apart. redis-benchmark and the Go runs grab from activities of their own
 // on the server at addr; every run must really grant.
 func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr string, rc redis.UniversalClient, r *results) error {
-	rb := store.NewActivity(rc, "bench-rb")
+	rb := store.NewShard(rc, "bench-rb")
 	rbPackets := int64(o.requestsP1+o.claimRounds*o.requestsP16) * 11 / 10
 	fmt.Printf("    seeding %d packets for redis-benchmark ... ", rbPackets)
 	took, err := seedActivity(ctx, rc, "bench-rb", rbPackets)
@@ -451,7 +451,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 	r.rbGranted += granted
 	fmt.Println(rateLine(r.rbP1))
 
-	goAct := store.NewActivity(rc, "bench-go")
+	goAct := store.NewShard(rc, "bench-go")
 	goPackets := o.goPackets * int64(o.claimRounds+2)
 	fmt.Printf("    seeding %d packets for the Go claim path ... ", goPackets)
 	if took, err = seedActivity(ctx, rc, "bench-go", goPackets); err != nil {
@@ -464,7 +464,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 		return fmt.Errorf("grab service redis clients: %w", err)
 	}
 	defer func() { _ = gc.Close() }()
-	auto := store.NewActivity(gc.Pipeliner, "bench-go")
+	auto := store.NewShard(gc.Pipeliner, "bench-go")
 	r.claimRounds = nil
 	for i := range o.claimRounds {
 		var round claimRound
@@ -477,7 +477,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 			return err
 		}
 		fmt.Printf("%s  Redis CPU %s per call\n", rateLine(round.rb), fmtMicros(round.rb.CPU[redisServer]))
-		fmt.Printf("(b) round %d: Go lua.Grab, auto-pipelining, %d goroutines, %s ... ", i+1, o.goWorkers, o.goDuration)
+		fmt.Printf("(b) round %d: Go store.Grab, auto-pipelining, %d goroutines, %s ... ", i+1, o.goWorkers, o.goDuration)
 		if round.goAuto, err = metered(redis, func() (latencies, error) {
 			return goClaims(ctx, auto, fmt.Sprintf("auto%d:", i), o.goWorkers, o.goDuration, o.goPackets)
 		}); err != nil {
@@ -493,13 +493,13 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 	median := medianRound(r.claimRounds, claimRound.ratio)
 	r.rbP16, r.goAuto = median.rb, median.goAuto
 
-	fmt.Printf("(b) Go lua.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
+	fmt.Printf("(b) Go store.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
 	if r.goPlain, err = goClaims(ctx, goAct, "plain:", o.goWorkers, o.goDuration, o.goPackets); err != nil {
 		return err
 	}
 	fmt.Println(rateLine(r.goPlain))
 	// A client with the same options through go-redis's default (half-duplex)
-	// auto-pipeliner, to show what lua.GrabPipelineOptions are worth. A client
+	// auto-pipeliner, to show what redisconn.GrabPipelineOptions are worth. A client
 	// keeps the first auto-pipeliner it makes, so this is a client of its own.
 	hc, ok := conn.NewClient(redisconn.GrabClientOptions(grabsvc.DefaultRedisTimeout)).(*redis.Client)
 	if !ok {
@@ -510,8 +510,8 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 		_ = hc.Close()
 		return fmt.Errorf("go-redis default auto-pipeliner: %w", err)
 	}
-	fmt.Printf("(b) Go lua.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goHalf, err = goClaims(ctx, store.NewActivity(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets)
+	fmt.Printf("(b) Go store.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
+	r.goHalf, err = goClaims(ctx, store.NewShard(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets)
 	_ = half.Close()
 	_ = hc.Close()
 	if err != nil {

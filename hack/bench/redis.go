@@ -26,7 +26,7 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 	for i := range amounts {
 		amounts[i] = packetAmount
 	}
-	a := store.NewActivity(c, uid)
+	a := store.NewShard(c, uid)
 	start := time.Now()
 	res, err := a.Seed(ctx, amounts, store.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"})
 	if err != nil {
@@ -133,7 +133,7 @@ func parseBenchmarkCSV(out []byte, requests int64, elapsed time.Duration) (laten
 // goClaims is the project's claim path from Go: workers goroutines grab through the
 // activity's handle a (on a plain or auto-pipelining client), each with a fresh user
 // id, for dur or until max calls.
-func goClaims(ctx context.Context, a *store.Activity, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
+func goClaims(ctx context.Context, a *store.Shard, prefix string, workers int, dur time.Duration, max int64) (latencies, error) {
 	l, firstErr, err := closedLoop(ctx, workers, dur, max, func(_ context.Context, i int64) (string, error) {
 		user := prefix + strconv.FormatInt(i, 10)
 		// The call runs on ctx, not the run's context, so the end of the run never

@@ -92,13 +92,13 @@ func measureMemory(ctx context.Context, pc *redisconn.PipelinedClient, n int64) 
 	if m.seeded, err = store.UsedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	act := store.NewActivity(rc, uid)
+	act := store.NewShard(rc, uid)
 	seeded, err := act.KeyMemory(ctx)
 	if err != nil {
 		return m, err
 	}
 	m.packetsKey = seeded.Packets
-	l, err := goClaims(ctx, store.NewActivity(pc.Pipeliner, uid), "m:", 64, 5*time.Minute, n)
+	l, err := goClaims(ctx, store.NewShard(pc.Pipeliner, uid), "m:", 64, 5*time.Minute, n)
 	if err != nil {
 		return m, err
 	}
@@ -135,9 +135,9 @@ func (r results) summary() string {
 	}
 	row("(a) redis-benchmark EVALSHA grab -P 1", r.rbP1)
 	row("(a) redis-benchmark EVALSHA grab -P 16", r.rbP16)
-	row("(b) Go lua.Grab, plain pooled client", r.goPlain)
-	row("(b) Go lua.Grab, auto-pipelining", r.goAuto)
-	row("(b) Go lua.Grab, go-redis default auto-pipelining", r.goHalf)
+	row("(b) Go store.Grab, plain pooled client", r.goPlain)
+	row("(b) Go store.Grab, auto-pipelining", r.goAuto)
+	row("(b) Go store.Grab, go-redis default auto-pipelining", r.goHalf)
 	row(fmt.Sprintf("(c) HTTP POST /v1/grab (grab service), %d clients", r.opts.httpClients), r.httpGrab)
 	row(fmt.Sprintf("(d) HTTP no-op Go handler, %d clients", r.opts.httpClients), r.httpNoop)
 	if h := r.httpHigh; h.clients > 0 {
@@ -193,9 +193,9 @@ func (r results) markdown() string {
 	}
 	row("(a) `redis-benchmark` EVALSHA grab, -P 1", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP1), r.rbP1)
 	row("(a) `redis-benchmark` EVALSHA grab, -P 16 (median round)", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP16), r.rbP16)
-	row("(b) Go `lua.Grab`, plain pooled client", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goPlain)
-	row("(b) Go `lua.Grab`, go-redis auto-pipelining, the grab service's options (median round)", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goAuto)
-	row("(b) Go `lua.Grab`, go-redis auto-pipelining, its defaults", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goHalf)
+	row("(b) Go `store.Grab`, plain pooled client", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goPlain)
+	row("(b) Go `store.Grab`, go-redis auto-pipelining, the grab service's options (median round)", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goAuto)
+	row("(b) Go `store.Grab`, go-redis auto-pipelining, its defaults", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goHalf)
 	row("(c) HTTP `POST /v1/grab`, grab service (median round)", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpGrab)
 	row("(d) HTTP no-op Go handler (median round)", fmt.Sprintf("%d keep-alive clients, %s", o.httpClients, o.httpDuration), r.httpNoop)
 	if h := r.httpHigh; h.clients > 0 {
@@ -235,13 +235,13 @@ func (r results) markdown() string {
 	p("  (`HGET` of the user's claim, `HGET` of the gate that says the activity is open and has no\n")
 	p("  window, so no `TIME`; `LPOP` of a packet that carries the claimed count and amount before\n")
 	p("  it; `XADD` of one packed field; `HSET` of the claim; the grant answered as one string).\n")
-	p("* **(b)** `lua.Grab` (EVALSHA with EVAL fallback) from %d goroutines in a closed loop, each call a\n", o.goWorkers)
+	p("* **(b)** `store.Grab` (EVALSHA with EVAL fallback) from %d goroutines in a closed loop, each call a\n", o.goWorkers)
 	p("  fresh user: as many calls in flight as redis-benchmark's %d connections at -P 16 keep, since a\n", o.benchClients)
 	p("  closed loop's rate is its calls in flight over its latency. Each run is one of these:\n")
 	p("  a plain client with a pool of 64 connections; the grab service's own\n")
-	p("  clients (`lua.Conn.NewPipelinedClient` with `lua.GrabClientOptions` and its 500 ms socket\n")
+	p("  clients (`redisconn.Conn.NewPipelinedClient` with `redisconn.GrabClientOptions` and its 500 ms socket\n")
 	p("  timeouts: go-redis's auto-pipeliner, which batches concurrent callers' commands into\n")
-	p("  pipelines, with `lua.GrabPipelineOptions`: full duplex, so one batch is written while the\n")
+	p("  pipelines, with `redisconn.GrabPipelineOptions`: full duplex, so one batch is written while the\n")
 	p("  replies of the one before are read, and a wait of up to 100 µs for a larger batch once more\n")
 	p("  than 64 commands are in flight); and a client with the same options through go-redis's\n")
 	p("  default auto-pipeliner (half duplex: one batch per round trip), for comparison.\n")
@@ -294,7 +294,7 @@ func (r results) markdown() string {
 On the claim path the profile showed two costs of our own, both removed: splitting each grant
 reply with ` + "`strings.SplitN`" + ` (a tenth of the client's CPU; the fields are now cut one by one
 and reading a grant allocates nothing) and boxing the command, the digest and the four keys
-of every EVALSHA anew (another tenth; ` + "`lua.Activity`" + ` now keeps them boxed). What is left is
+of every EVALSHA anew (another tenth; ` + "`store.Shard`" + ` now keeps them boxed). What is left is
 go-redis's auto-pipeliner and the socket system calls, and during (b) redis-server runs at
 about one core (its CPU per call above times the rate), so b/a is bounded by Redis, as (a) is.
 

@@ -107,8 +107,8 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 	rounds = max(1, rounds)
 	packets := int64(rounds) * (int64(requests) + int64(requests)/10)
 	fmt.Printf("    seeding %d packets for N = 1 and %d over N = 2 ... ", packets, 2*packets)
-	one := store.NewShards(c, uid1, 1)
-	two := store.NewShards(c, uid2, 2)
+	one := store.NewActivity(c, uid1, 1)
+	two := store.NewActivity(c, uid2, 2)
 	if err := seedOpen(ctx, one, packets); err != nil {
 		return r, err
 	}
@@ -182,7 +182,7 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 // first master, then one against each shard of the N = 2 activity at once. It resets
 // the first master's command statistics before the N = 1 run, so that run's EVALSHA
 // figures can be read after it.
-func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis.Client, one, two *store.Shards, n, clients, requests int) (scaleRound, error) {
+func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis.Client, one, two *store.Activity, n, clients, requests int) (scaleRound, error) {
 	var r scaleRound
 	fmt.Printf("(j) round %d: N = 1, redis-benchmark -P 16 on one master, %d requests ... ", n, requests)
 	if err := first.ConfigResetStat(ctx).Err(); err != nil {
@@ -303,7 +303,7 @@ func keySlot(key string) int {
 }
 
 // seedOpen seeds count packets of packetAmount over the activity's shards and opens it.
-func seedOpen(ctx context.Context, a *store.Shards, count int64) error {
+func seedOpen(ctx context.Context, a *store.Activity, count int64) error {
 	amounts := make([]int64, count)
 	for i := range amounts {
 		amounts[i] = packetAmount

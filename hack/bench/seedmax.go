@@ -36,7 +36,7 @@ func measureSeedMax(ctx context.Context, rc redis.UniversalClient, count int64) 
 		return r, fmt.Errorf("splitting %d packets: %w", count, err)
 	}
 	r.split = time.Since(start)
-	a := store.NewActivity(rc, uid)
+	a := store.NewShard(rc, uid)
 	res, err := a.Seed(ctx, amounts, store.SeedParams{Count: count, Total: total, Sponsor: "bench"})
 	if err != nil || !res.Committed {
 		return r, fmt.Errorf("seeding %d packets: committed %v, %v", count, res.Committed, err)

@@ -87,7 +87,7 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 	}
 	// The watermark run checks every call against a claimed count of 1 in epoch 0,
 	// as the grab service does once it has seen a grant: one grant makes it true.
-	if g, err := store.NewActivity(rc, "bench-ours-mark").Grab(ctx, "bench-first"); err != nil || g.Outcome != store.Granted {
+	if g, err := store.NewShard(rc, "bench-ours-mark").Grab(ctx, "bench-first"); err != nil || g.Outcome != store.Granted {
 		return r, fmt.Errorf("the first grant of bench-ours-mark: %+v, %v", g, err)
 	}
 	const list = "seed:{bench}:operating"
@@ -153,7 +153,7 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 		}
 	}
 	for _, uid := range []string{"bench-ours", "bench-ours-mark"} {
-		if err := store.NewActivity(rc, uid).Purge(ctx); err != nil {
+		if err := store.NewShard(rc, uid).Purge(ctx); err != nil {
 			return r, err
 		}
 	}

@@ -134,7 +134,7 @@ func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, m
 	conn := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}
 	rc := conn.NewClient()
 	defer func() { _ = rc.Close() }()
-	act := store.NewActivity(rc, uid)
+	act := store.NewShard(rc, uid)
 	if _, err := seedActivity(ctx, rc, uid, int64(grants)); err != nil {
 		return run, err
 	}

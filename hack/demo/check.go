@@ -102,7 +102,7 @@ func waitSettled(ctx context.Context, c client.Client, redisAddr string, count i
 	}
 	obs.waited = time.Since(start)
 
-	act := store.NewActivity(rc, obs.uid)
+	act := store.NewShard(rc, obs.uid)
 	claims, err := act.Claims(ctx)
 	if err != nil {
 		return obs, err

@@ -124,11 +124,11 @@ func (w *world) startGrabService(name string) string {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	srv, err := grabsvc.NewServer(grabsvc.Config{Redis: w.rdb, Ping: w.rdb, Activity: source.Current, Tokens: tokens, Log: log})
+	srv, err := grabsvc.NewServer(grabsvc.Config{Redis: w.rdb, Ping: w.rdb, Resource: source.Current, Tokens: tokens, Log: log})
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	reporter := &grabsvc.Reporter{Client: w.cp.Client, Redis: w.rdb, Activity: source.Current,
+	reporter := &grabsvc.Reporter{Client: w.cp.Client, Redis: w.rdb, Resource: source.Current,
 		Interval: 200 * time.Millisecond, Heartbeat: time.Second, Log: log}
 	ctx, cancel := context.WithCancel(context.Background())
 	go source.Run(ctx)
@@ -267,7 +267,7 @@ func TestPluginAgainstTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	aud := grabsvc.AudienceOf(grabsvc.NewActivity(w.activity(name)))
+	aud := grabsvc.AudienceOf(grabsvc.NewResource(w.activity(name)))
 	if err := verifier.Verify("Bearer "+tok, aud, "u-1"); err != nil {
 		t.Fatalf("the minted token does not verify: %v", err)
 	}

@@ -34,7 +34,7 @@ var errDefaultRedis = errors.New("the activity has no spec.redis and uses the op
 
 // connection returns the Redis connection of an activity as this machine can dial
 // it: the Secret named by --redis-secret, else by spec.redis.secretRef (parsed by
-// lua.ConnFromSecret, as the controller does), with its addresses replaced by
+// redisconn.ConnFromSecret, as the controller does), with its addresses replaced by
 // --redis-addr when given; without a Secret, --redis-addr and --redis-mode with the
 // password from $REDIS_PASSWORD.
 func (f *redisFlags) connection(ctx context.Context, s *session, a *redpacketv1alpha1.RedPacketActivity) (redisconn.Conn, string, error) {
@@ -113,7 +113,7 @@ are usually cluster-internal: reach Redis with kubectl port-forward and pass
 			}
 			rdb := conn.NewClient(redisconn.ClientOptions{Timeout: 10 * time.Second})
 			defer func() { _ = rdb.Close() }()
-			h := store.NewShards(rdb, string(a.UID), a.Spec.ShardCount())
+			h := store.NewActivity(rdb, string(a.UID), a.Spec.ShardCount())
 			snap, err := h.Snapshot(ctx)
 			if err != nil {
 				return fmt.Errorf("reading activity %s/%s from Redis via %s: %w", a.Namespace, a.Name, where, err)

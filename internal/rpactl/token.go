@@ -68,7 +68,7 @@ Reading the Secret needs "get" on secrets in the namespace.`,
 // mintToken signs the token of user for activity a, valid until exp, with the grab
 // service's own signer and audience (the activity's namespace/name and UID).
 func mintToken(key []byte, a *redpacketv1alpha1.RedPacketActivity, user string, exp time.Time) (string, error) {
-	aud := grabsvc.AudienceOf(grabsvc.NewActivity(a))
+	aud := grabsvc.AudienceOf(grabsvc.NewResource(a))
 	tok, err := grabsvc.SignToken(key, grabsvc.TokenClaims{UserID: user, Activity: aud.Activity, ActivityUID: aud.UID, Exp: exp.Unix()})
 	if err != nil {
 		return "", fmt.Errorf("signing the token of %s for %s: %w", user, aud.Activity, err)

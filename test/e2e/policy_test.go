@@ -73,7 +73,7 @@ func TestGrabServiceAccountWritesOnlyReportedStatusFields(t *testing.T) {
 	if err := asGrab.Get(ctx, key, act); err != nil {
 		t.Fatalf("the grab ServiceAccount reads its activity: %v", err)
 	}
-	reporter := &grabsvc.Reporter{Client: asGrab, Redis: env.redis, Activity: func() *grabsvc.Activity { return grabsvc.NewActivity(act) }}
+	reporter := &grabsvc.Reporter{Client: asGrab, Redis: env.redis, Resource: func() *grabsvc.Resource { return grabsvc.NewResource(act) }}
 	applied, err := reporter.ReportOnce(ctx)
 	if err != nil || !applied {
 		t.Fatalf("the grab service's report as its ServiceAccount: applied %t, %v", applied, err)

@@ -73,7 +73,7 @@ func (p *replicatedPair) killPrimary(t *testing.T) {
 
 // promote makes the replica a primary (REPLICAOF NO ONE), without moving the
 // service address yet. It returns the promoted replica's counters.
-func (p *replicatedPair) promote(t *testing.T, act *grabsvc.Activity) store.Snapshot {
+func (p *replicatedPair) promote(t *testing.T, act *grabsvc.Resource) store.Snapshot {
 	t.Helper()
 	ctx := context.Background()
 	if err := p.radmin.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
@@ -90,7 +90,7 @@ func (p *replicatedPair) promote(t *testing.T, act *grabsvc.Activity) store.Snap
 }
 
 // seedReplicated seeds on the primary and waits until the replica holds the seed.
-func (p *replicatedPair) seedReplicated(t *testing.T, act *grabsvc.Activity, amounts []int64) {
+func (p *replicatedPair) seedReplicated(t *testing.T, act *grabsvc.Resource, amounts []int64) {
 	t.Helper()
 	seedOpen(t, p.padmin, act, amounts)
 	if n, err := p.padmin.Wait(context.Background(), 1, 10*time.Second).Result(); err != nil || n != 1 {
@@ -164,12 +164,12 @@ func TestFailoverToALaggingReplicaIsFenced(t *testing.T) {
 // is refused with 503; a user acknowledged a grant that c lacks is refused, not
 // handed another packet; a user whose grant c holds gets the same packet back as
 // already_claimed; /readyz answers 503; c holds the fence.
-func checkFenced(t *testing.T, svc *grabService, led *ledger, c *redis.Client, act *grabsvc.Activity) {
+func checkFenced(t *testing.T, svc *grabService, led *ledger, c *redis.Client, act *grabsvc.Resource) {
 	t.Helper()
 	if a := svc.grab("fenced-newcomer"); a.Status != http.StatusServiceUnavailable || a.Outcome != grabsvc.OutcomeUnavailable {
 		t.Errorf("grab of a new user: %s, want 503", a)
 	}
-	claims, err := store.NewActivity(c, string(act.Object.UID)).Claims(context.Background())
+	claims, err := store.NewShard(c, string(act.Object.UID)).Claims(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,14 +55,14 @@ const (
 // newActivity is an in-memory activity of count packets with a fresh UID, as the
 // grab service reads it from the API server, and its packets' amounts (minor units,
 // uneven so that a packet's amount identifies it as well as its id).
-func newActivity(name string, count int) (*grabsvc.Activity, []int64) {
+func newActivity(name string, count int) (*grabsvc.Resource, []int64) {
 	amounts := make([]int64, count)
 	var total int64
 	for i := range amounts {
 		amounts[i] = 100 + int64(i*7919%900)
 		total += amounts[i]
 	}
-	act := grabsvc.NewActivity(&redpacketv1alpha1.RedPacketActivity{
+	act := grabsvc.NewResource(&redpacketv1alpha1.RedPacketActivity{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(uuid.NewUUID()), ResourceVersion: "1"},
 		Spec: redpacketv1alpha1.RedPacketActivitySpec{
 			Currency: "CNY", TotalAmount: total, Count: int64(count),
@@ -72,7 +72,7 @@ func newActivity(name string, count int) (*grabsvc.Activity, []int64) {
 }
 
 // seedOpen commits the packets and opens grabbing, as the controller does.
-func seedOpen(t *testing.T, c *redis.Client, act *grabsvc.Activity, amounts []int64) {
+func seedOpen(t *testing.T, c *redis.Client, act *grabsvc.Resource, amounts []int64) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := (store.Seeder{}).Seed(ctx, c, act.Keys, amounts, store.SeedParams{
@@ -138,7 +138,7 @@ func copyFile(t *testing.T, src, dst string) {
 // on a Redis address, behind a real HTTP listener, with its own rollback guard.
 type grabService struct {
 	t      *testing.T
-	act    *grabsvc.Activity
+	act    *grabsvc.Resource
 	guard  *grabsvc.RollbackGuard
 	http   *httptest.Server
 	client *http.Client
@@ -147,7 +147,7 @@ type grabService struct {
 // startGrabService opens the grab path's clients on redisAddr (the auto-pipeliner
 // for grabs, the plain client for /readyz and replica waits) exactly as the grab
 // service's main does, and serves act.
-func startGrabService(t *testing.T, redisAddr string, act *grabsvc.Activity) *grabService {
+func startGrabService(t *testing.T, redisAddr string, act *grabsvc.Resource) *grabService {
 	t.Helper()
 	rc, err := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
 	if err != nil {
@@ -158,7 +158,7 @@ func startGrabService(t *testing.T, redisAddr string, act *grabsvc.Activity) *gr
 	srv, err := grabsvc.NewServer(grabsvc.Config{
 		Redis:        rc.Pipeliner,
 		Ping:         rc.Client,
-		Activity:     func() *grabsvc.Activity { return act },
+		Resource:     func() *grabsvc.Resource { return act },
 		RedisTimeout: time.Second,
 		Guard:        g.guard,
 		Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -462,10 +462,10 @@ type redisView struct {
 	unclaimed map[string]int64
 }
 
-func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Activity) redisView {
+func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Resource) redisView {
 	t.Helper()
 	ctx := context.Background()
-	h := store.NewActivity(c, string(act.Object.UID))
+	h := store.NewShard(c, string(act.Object.UID))
 	v := redisView{grants: map[string]store.Claim{}, unclaimed: map[string]int64{}}
 	var err error
 	if v.snap, err = h.Snapshot(ctx); err != nil {
@@ -534,7 +534,7 @@ type figures struct {
 // activity's books in Redis: claims, stream entries and the packets list account for
 // every packet and every minor unit once. Violations of the books fail the test;
 // lost, relisted and regranted grants are returned for the test to judge.
-func check(t *testing.T, l *ledger, v redisView, act *grabsvc.Activity) figures {
+func check(t *testing.T, l *ledger, v redisView, act *grabsvc.Resource) figures {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -634,7 +634,7 @@ func infoField(t *testing.T, c *redis.Client, section, field string) string {
 }
 
 // readSnapshot reads the activity's counters on c.
-func readSnapshot(c *redis.Client, act *grabsvc.Activity) (store.Snapshot, error) {
+func readSnapshot(c *redis.Client, act *grabsvc.Resource) (store.Snapshot, error) {
 	snap, err := store.ReadSnapshot(context.Background(), c, act.Keys)
 	if err != nil {
 		return store.Snapshot{}, fmt.Errorf("snapshot on %s: %w", c.Options().Addr, err)

@@ -15,7 +15,7 @@ import (
 // controller stands for the operator's reconcile on the Redis side: it keeps each
 // activity's desired state (the spec: opened once seeded, paused, the window, and
 // an end asked for) and writes it with the same calls the reconcile makes
-// (lua.Activity.Configure and Close), through the fault proxy, one call of an
+// (store.Shard.Configure and Close), through the fault proxy, one call of an
 // activity at a time. It is not the controllers package: the real reconcile turns
 // spec edits into these calls some time after the edit, so an edit has no call and
 // return to put in a history; this stand-in issues the calls at known instants and
@@ -136,7 +136,7 @@ func (c *controller) configure(ctx context.Context, cl redis.UniversalClient, a 
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	call := time.Now()
-	res, err := store.NewActivity(cl, a.uid).Configure(cctx, a.want.startMs, a.want.endMs, a.want.paused, true)
+	res, err := store.NewShard(cl, a.uid).Configure(cctx, a.want.startMs, a.want.endMs, a.want.paused, true)
 	out := configureOutput(res, err)
 	c.rec.add(a.client, in, out, call, time.Now())
 	c.noteCut(ctx, err)
@@ -152,7 +152,7 @@ func (c *controller) close(ctx context.Context, cl redis.UniversalClient, a *ctr
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	call := time.Now()
-	res, err := store.NewActivity(cl, a.uid).Close(cctx, reason)
+	res, err := store.NewShard(cl, a.uid).Close(cctx, reason)
 	c.rec.add(a.client, Input{Activity: a.uid, Op: op}, closeOutput(res, err), call, time.Now())
 	c.noteCut(ctx, err)
 }
@@ -201,7 +201,7 @@ func (c *controller) reconcile(a *ctrlActivity) {
 	if !up {
 		return // cut again: the next restart reconciles
 	}
-	h := store.NewActivity(cl, a.uid)
+	h := store.NewShard(cl, a.uid)
 	var snap store.Snapshot
 	var now time.Time
 	for giveUp := time.Now().Add(5 * time.Second); ; {

@@ -20,14 +20,14 @@ import (
 )
 
 // grabService is one activity's grab service as clients see it: a real
-// grabsvc.Server behind a real listener, on a lua.PipelinedClient dialing Redis
+// grabsvc.Server behind a real listener, on a redisconn.PipelinedClient dialing Redis
 // through the fault proxy, with its own RollbackGuard (so every grab carries a
 // watermark). Restart stops the running server mid-flight and starts a fresh one,
 // with new Redis clients and a new guard, on the same activity, as a grab pod that
 // is killed and replaced; clients always send to the current server's address, as
 // they would through a Service.
 type grabService struct {
-	activity *grabsvc.Activity
+	activity *grabsvc.Resource
 	redis    string // the address the Redis clients dial (the proxy's)
 	timeout  time.Duration
 
@@ -50,7 +50,7 @@ type grabInstance struct {
 // (Config.RedisTimeout), the grab clients' socket timeout too, as in the grab
 // service's command.
 func newGrabService(obj *redpacketv1alpha1.RedPacketActivity, redisAddr string, timeout time.Duration) (*grabService, error) {
-	g := &grabService{activity: grabsvc.NewActivity(obj), redis: redisAddr, timeout: timeout}
+	g := &grabService{activity: grabsvc.NewResource(obj), redis: redisAddr, timeout: timeout}
 	inst, err := g.start()
 	if err != nil {
 		return nil, err
@@ -68,7 +68,7 @@ func (g *grabService) start() (*grabInstance, error) {
 	srv, err := grabsvc.NewServer(grabsvc.Config{
 		Redis:        rc.Pipeliner,
 		Ping:         rc.Client,
-		Activity:     func() *grabsvc.Activity { return act },
+		Resource:     func() *grabsvc.Resource { return act },
 		RedisTimeout: g.timeout,
 		Guard:        &grabsvc.RollbackGuard{},
 		Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),

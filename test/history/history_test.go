@@ -382,7 +382,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			for _, v := range a.amounts {
 				total += v
 			}
-			if _, err := store.NewActivity(direct, a.uid).Seed(ctx, a.amounts, store.SeedParams{
+			if _, err := store.NewShard(direct, a.uid).Seed(ctx, a.amounts, store.SeedParams{
 				Count: int64(len(a.amounts)), Total: total, Sponsor: "sponsor-" + a.uid}); err != nil {
 				t.Fatalf("seeding %s: %v", a.uid, err)
 			}
@@ -576,7 +576,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		ctrl.Close()
 		// The end: every activity is closed, which refunds the remainder.
 		for i, a := range acts {
-			act := store.NewActivity(direct, a.uid)
+			act := store.NewShard(direct, a.uid)
 			for try := 0; ; try++ {
 				if closeDirect(rec, sc.clients+i, act, a.uid) {
 					break
@@ -624,7 +624,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	// Settlement drains: every claim and the refund reach the balance system.
 	deadline := time.Now().Add(60 * time.Second)
 	for _, a := range acts {
-		act := store.NewActivity(direct, a.uid)
+		act := store.NewShard(direct, a.uid)
 		for {
 			snap, err := act.Snapshot(ctx)
 			if err == nil && snap.SettledCount == snap.ClaimedCount && snap.RefundSettled == snap.Refunded {
@@ -642,7 +642,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	// The final read of the claims, which also resolves the unknown grabs.
 	final := map[string]map[string]string{}
 	for _, a := range acts {
-		claims, err := store.NewActivity(direct, a.uid).Claims(ctx)
+		claims, err := store.NewShard(direct, a.uid).Claims(ctx)
 		if err != nil {
 			t.Fatalf("claims: %v", err)
 		}
@@ -698,7 +698,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		t.Errorf("seed %d: balance system: %+v", sc.seed, tot)
 	}
 	for i, a := range acts {
-		act := store.NewActivity(direct, a.uid)
+		act := store.NewShard(direct, a.uid)
 		claims, err := act.Claims(ctx)
 		if err != nil {
 			t.Fatalf("claims: %v", err)
@@ -757,7 +757,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 
 // closeDirect closes an activity as expired at the end of a run, on a direct client,
 // and records the call; it reports whether the outcome is known.
-func closeDirect(rec *recorder, client int, act *store.Activity, uid string) bool {
+func closeDirect(rec *recorder, client int, act *store.Shard, uid string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	call := time.Now()

@@ -233,7 +233,7 @@ func (s *state) stepGrab(in Input, out Output) (bool, *state) {
 			return true, s.withClaim(user, out.Packet)
 		case !has && s.reachesPop(in) && s.remaining > 0 && s.freePacket(out.Packet):
 			// The grab path's client retries a command once after a connection
-			// error (lua.GrabClientOptions): the first run granted the packet, its
+			// error (redisconn.GrabClientOptions): the first run granted the packet, its
 			// reply was lost, and the retry answered already_claimed with the same
 			// packet. One call, one grant.
 			return true, s.withClaim(user, out.Packet)
