@@ -304,7 +304,7 @@ func settlementMarkdown(ok, bad settlementRun) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("## Settlement\n\n")
-	p("One settlement worker (`grabsvc/settlement`, the production defaults: %d first deliveries and %d retries\n",
+	p("One settlement worker (`settlement/`, the production defaults: %d first deliveries and %d retries\n",
 		settlement.DefaultConcurrency, settlement.DefaultRetryConcurrency)
 	p("in flight, hedge delay %s) credits grants already in the stream to a balance system on loopback\n",
 		settlement.DefaultHedgeAfter)
