@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 )
 
@@ -23,7 +24,7 @@ func TestReplicasToApply(t *testing.T) {
 	live := func(annotation *string) *appsv1.Deployment {
 		d := &appsv1.Deployment{}
 		if annotation != nil {
-			d.Annotations = map[string]string{AnnotationSpecReplicas: *annotation}
+			d.Annotations = map[string]string{specs.AnnotationSpecReplicas: *annotation}
 		}
 		return d
 	}
@@ -117,13 +118,13 @@ func TestGrabWorkloadStep(t *testing.T) {
 				if !metav1.IsControlledBy(obj, a) {
 					t.Errorf("%s is not controlled by the activity: %+v", kind, obj.GetOwnerReferences())
 				}
-				if obj.GetLabels()[labelManagedBy] != managedByValue {
+				if obj.GetLabels()[specs.LabelManagedBy] != specs.ManagedByValue {
 					t.Errorf("%s lacks the managed-by label the cache selects on", kind)
 				}
 			}
 			d := children["Deployment"].(*appsv1.Deployment)
-			if d.Spec.Replicas == nil || *d.Spec.Replicas != p.r.Options.GrabReplicas || d.Annotations[AnnotationSpecReplicas] != "" {
-				t.Errorf("deployment replicas %v, annotation %q", d.Spec.Replicas, d.Annotations[AnnotationSpecReplicas])
+			if d.Spec.Replicas == nil || *d.Spec.Replicas != p.r.Options.GrabReplicas || d.Annotations[specs.AnnotationSpecReplicas] != "" {
+				t.Errorf("deployment replicas %v, annotation %q", d.Spec.Replicas, d.Annotations[specs.AnnotationSpecReplicas])
 			}
 			secret := &corev1.Secret{}
 			secretErr := p.client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "quiz-grab-redis"}, secret)

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
@@ -108,7 +109,7 @@ func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
 			if err := p.client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "quiz-grab"}, d); err != nil {
 				t.Fatal(err)
 			}
-			if got := d.Spec.Template.Annotations[AnnotationRedisCredentials]; got != redisCredentialsDigest(secret.Data) || len(got) != 16 {
+			if got := d.Spec.Template.Annotations[specs.AnnotationRedisCredentials]; got != specs.RedisCredentialsDigest(secret.Data) || len(got) != 16 {
 				t.Errorf("pod template annotation %q, want the digest of the Secret's credentials", got)
 			}
 		})
