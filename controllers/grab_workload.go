@@ -32,24 +32,20 @@ import (
 // autoscalers take spec.replicas over from this manager.
 const ReplicasFieldManager = "redpacket-controller-replicas"
 
-// reconcileGrabWorkload applies the activity's grab workload, as package specs
-// builds it, with server-side apply under FieldManager, in the order of
-// specs.GrabObjects: a ServiceAccount; a Role allowing get on this one activity and
-// get/patch on its status (resourceNames), bound to it; a Service on port 8080; and
-// the Deployment <activity>-grab running the grab service. Every object carries a
-// controller owner reference to the activity. An object of the same name that this
-// activity does not control is never adopted: nothing is applied, a Warning event is
-// emitted and GrabServiceAvailable says NotAdopted. An activity without spec.redis
-// also gets the Secret <activity>-grab-redis holding the default Redis's address with
-// the activity's own Redis user and password (activityRedisLogin), which the
-// Deployment reads, so no password is part of the Deployment; when the default Redis
-// cannot make that user, nothing is applied. A spec.grabService.image the operator
-// does not allow leaves the workload as it is (grabImageRefused).
-// The replica count comes from
-// spec.grabService.replicas (else the operator's default) when the Deployment is
-// created or that field changes; otherwise the live count is kept. status.endpoint
-// names the Service.
-func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context, s *activityScope) (stepResult, error) {
+// reconcileGrabOwnership decides whether this reconcile may touch the activity's
+// grab workload at all; the redis user step and the grab workload step act only
+// when it says so (s.grabOwned), so no Redis user is made for a workload that is not
+// applied. It may not when spec.grabService.image names an image the operator does
+// not allow (grabImageRefused: the workload is left as it is). Nor may it when an
+// object of the workload's names (the ServiceAccount, Role, RoleBinding, Service and
+// Deployment <activity>-grab and, for an activity without spec.redis, the Secret
+// <activity>-grab-redis) exists and this activity does not control it: such an
+// object is never adopted, s.notAdopted names it, and GrabServiceAvailable says
+// NotAdopted (with a Warning event). Otherwise it records the live Deployment the
+// activity controls, if any (s.deployment: its replica count is kept), and the
+// activity's own <activity>-grab-redis, if any (s.grabRedisSecret). A Secret of that
+// name that another owner has is no matter with spec.redis, and is never touched.
+func (r *RedPacketActivityReconciler) reconcileGrabOwnership(ctx context.Context, s *activityScope) (stepResult, error) {
 	a := s.activity
 	if res, refused := r.grabImageRefused(a); refused {
 		return res, nil
@@ -103,44 +99,51 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 			strings.Join(foreign, ", "))
 		return stepResult{}, nil
 	}
-	var live *appsv1.Deployment
 	if deploymentExists {
-		live = deployment
 		s.deployment = deployment
 	}
+	s.grabRedisSecret = redisSecret
+	s.grabOwned = true
+	return stepResult{}, nil
+}
 
+// reconcileGrabWorkload applies the activity's grab workload, as package specs
+// builds it, with server-side apply under FieldManager, in the order of
+// specs.GrabObjects: a ServiceAccount; a Role allowing get on this one activity and
+// get/patch on its status (resourceNames), bound to it; a Service on port 8080; and
+// the Deployment <activity>-grab running the grab service, which reads its Redis
+// connection from the activity's Secret or from <activity>-grab-redis. Every object
+// carries a controller owner reference to the activity.
+//
+// It applies nothing unless the grab workload ownership step found the workload the
+// activity's to touch and the redis user step settled how its pods reach Redis: a
+// workload refused, not adopted, or without the activity's own Redis user (the
+// step before says why) is left as it is.
+//
+// The replica count comes from spec.grabService.replicas (else the operator's
+// default) when the Deployment is created or that field changes (replicasToApply,
+// under ReplicasFieldManager); otherwise the live count is kept. Then the guards
+// (reconcileGrabGuards). status.endpoint names the Service. A failed apply makes
+// Ready False with WorkloadFailed, except a conflict, which is only retried.
+func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context, s *activityScope) (stepResult, error) {
+	if !s.grabOwned || !s.grabRedisSettled {
+		return stepResult{}, nil
+	}
+	a := s.activity
 	workload := specs.Grab{
 		Activity:         a,
 		OperatorImage:    r.Options.GrabImage,
 		TokenMaxLifetime: r.Options.GrabTokenMaxLifetime,
+		DefaultRedis:     s.defaultRedisLogin,
 	}
-	var objects []runtime.ApplyConfiguration
-	if a.Spec.Redis == nil {
-		// The Secret first: the Deployment's pods read it. It holds the activity's own
-		// Redis user (redis_acl.go).
-		login, res, err := r.activityRedisLogin(ctx, s, redisSecret)
-		if err != nil || login == nil {
-			return res, err
-		}
-		workload.DefaultRedis = login
-		if redisSecret == nil || !secretDataEqual(redisSecret.Data, login.SecretData()) {
-			objects = append(objects, specs.GrabRedisSecret(a, *login))
-		}
-	} else if redisSecret != nil {
-		// The activity names its own Secret now; its user on the default Redis and
-		// the Secret with its credentials are not needed any more.
-		if err := r.deleteActivityRedisUser(ctx, a); err != nil {
-			return stepResult{}, err
-		}
-		if err := r.Client.Delete(ctx, redisSecret, client.Preconditions{UID: &redisSecret.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return stepResult{}, fmt.Errorf("deleting secret %s: %w", redisSecret.Name, err)
-		}
-	}
-	for _, obj := range append(objects, specs.GrabObjects(workload)...) {
+	for _, obj := range specs.GrabObjects(workload) {
 		if res, err := r.applyGrabObject(ctx, obj, FieldManager); err != nil {
 			return res, err
 		}
 	}
+	// s.deployment is the live Deployment as the ownership step found it, nil when
+	// this reconcile creates it.
+	live := s.deployment
 	if replicas, specValue, ok := r.replicasToApply(a, live); ok {
 		if res, err := r.applyGrabObject(ctx, specs.GrabScale(a, replicas, specValue), ReplicasFieldManager); err != nil {
 			return res, err

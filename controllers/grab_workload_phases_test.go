@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,8 +17,28 @@ import (
 	"redpacket.io/operator/store"
 )
 
-// The grab workload step: its replica rule, and what it applies or refuses to adopt,
+// The grab workload steps: the replica rule, and what they apply or refuse to adopt,
 // against the fake API server.
+
+// grabWorkloadStepNames are the normal steps that make the grab workload, in order.
+var grabWorkloadStepNames = []string{"grab workload ownership", "redis user", "grab workload"}
+
+// runGrabWorkloadSteps runs the grab workload steps of the normal chain on s, as
+// runSteps runs them: their blockers end up in s.notReady, their halts in s.halted.
+func (p *phaseTest) runGrabWorkloadSteps(t *testing.T, s *activityScope) error {
+	t.Helper()
+	var steps []reconcileStep
+	for _, step := range p.r.normalSteps(p.r.patchStatusNow) {
+		if slices.Contains(grabWorkloadStepNames, step.name) {
+			steps = append(steps, step)
+		}
+	}
+	if len(steps) != len(grabWorkloadStepNames) {
+		t.Fatalf("%d of the grab workload steps %q are in the chain", len(steps), grabWorkloadStepNames)
+	}
+	_, err := runSteps(context.Background(), s, steps)
+	return err
+}
 
 func TestReplicasToApply(t *testing.T) {
 	const operatorDefault = 2
@@ -58,7 +79,7 @@ func TestReplicasToApply(t *testing.T) {
 	}
 }
 
-func TestGrabWorkloadStep(t *testing.T) {
+func TestGrabWorkloadSteps(t *testing.T) {
 	foreignDeployment := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "quiz-grab", Namespace: "default"}}
 	foreignSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "quiz-grab-redis", Namespace: "default"}}
 	cases := []struct {
@@ -83,9 +104,8 @@ func TestGrabWorkloadStep(t *testing.T) {
 			p := newPhaseTest(t, store.Snapshot{}, append([]client.Object{a.DeepCopy()}, tc.objs...)...)
 			s := p.scope(a)
 			ctx := context.Background()
-			res, err := p.r.reconcileGrabWorkload(ctx, s)
-			if err != nil || res.halt || res.blocker != nil {
-				t.Fatalf("workload step: %+v %v", res, err)
+			if err := p.runGrabWorkloadSteps(t, s); err != nil || s.halted || s.notReady != nil {
+				t.Fatalf("workload steps: halted %t, blocker %+v, %v", s.halted, s.notReady, err)
 			}
 			if !s.workloadChecked {
 				t.Error("workloadChecked is false")
@@ -99,6 +119,9 @@ func TestGrabWorkloadStep(t *testing.T) {
 				}
 				if s.status.Endpoint != "" {
 					t.Errorf("endpoint %q without a workload", s.status.Endpoint)
+				}
+				if got := p.log.with("users."); len(got) != 0 {
+					t.Errorf("user calls %q for a workload that is not applied", got)
 				}
 				return
 			}

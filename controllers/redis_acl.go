@@ -69,6 +69,61 @@ func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.R
 	return users, nil
 }
 
+// reconcileRedisUser settles how the grab pods reach Redis, just before the grab
+// workload step applies them; it acts only on a workload the grab workload
+// ownership step found the activity's to touch (s.grabOwned), as the grab workload
+// step does.
+//
+// An activity without spec.redis gets its own user on the operator's default Redis
+// (activityRedisLogin) and the Secret <activity>-grab-redis that carries the user's
+// password, applied under FieldManager when its data differs. The user and the
+// Secret are one step because the Secret is the only copy of the password: when the
+// step succeeds, Redis holds the user with exactly the password the Secret holds,
+// and the grab workload step puts the digest of that login on the pod template
+// (s.defaultRedisLogin). When the default Redis cannot give the activity a user,
+// Ready is False with RedisACLUnavailable and nothing is applied; when it does not
+// answer, Ready is False with RedisUnavailable and the step is retried.
+//
+// An activity with spec.redis brings its own credentials: a user it had on the
+// default Redis is removed, and its <activity>-grab-redis deleted.
+//
+// Like the grab workload step it keeps the chain going when it fails: closing at
+// endTime and refunding never wait on a Redis user. Until it succeeds, the grab
+// workload step applies nothing (s.grabRedisSettled).
+func (r *RedPacketActivityReconciler) reconcileRedisUser(ctx context.Context, s *activityScope) (stepResult, error) {
+	if !s.grabOwned {
+		return stepResult{}, nil
+	}
+	a := s.activity
+	existing := s.grabRedisSecret
+	if a.Spec.Redis != nil {
+		if existing != nil {
+			// The activity names its own Secret now; its user on the default Redis and
+			// the Secret with its credentials are not needed any more.
+			if err := r.deleteActivityRedisUser(ctx, a); err != nil {
+				return stepResult{}, err
+			}
+			if err := r.Client.Delete(ctx, existing, client.Preconditions{UID: &existing.UID}); err != nil && !apierrors.IsNotFound(err) {
+				return stepResult{}, fmt.Errorf("deleting secret %s: %w", existing.Name, err)
+			}
+		}
+		s.grabRedisSettled = true
+		return stepResult{}, nil
+	}
+	login, res, err := r.activityRedisLogin(ctx, s, existing)
+	if err != nil || login == nil {
+		return res, err
+	}
+	if existing == nil || !secretDataEqual(existing.Data, login.SecretData()) {
+		if res, err := r.applyGrabObject(ctx, specs.GrabRedisSecret(a, *login), FieldManager); err != nil {
+			return res, err
+		}
+	}
+	s.defaultRedisLogin = login
+	s.grabRedisSettled = true
+	return stepResult{}, nil
+}
+
 // activityRedisLogin returns the login of <activity>-grab-redis for an activity
 // on the default Redis: the default Redis's addresses, mode and TLS setting, with the
 // activity's own user (store.ActivityUserName) and password, never the operator's. It
