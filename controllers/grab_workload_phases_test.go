@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,18 +13,39 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 )
 
-// The grab workload step: its replica rule, and what it applies or refuses to adopt,
+// The grab workload steps: the replica rule, and what they apply or refuse to adopt,
 // against the fake API server.
+
+// grabWorkloadStepNames are the normal steps that make the grab workload, in order.
+var grabWorkloadStepNames = []string{"grab workload ownership", "redis user", "grab workload"}
+
+// runGrabWorkloadSteps runs the grab workload steps of the normal chain on s, as
+// runSteps runs them: their blockers end up in s.notReady, their halts in s.halted.
+func (p *phaseTest) runGrabWorkloadSteps(t *testing.T, s *activityScope) error {
+	t.Helper()
+	var steps []reconcileStep
+	for _, step := range p.r.normalSteps(p.r.patchStatusNow) {
+		if slices.Contains(grabWorkloadStepNames, step.name) {
+			steps = append(steps, step)
+		}
+	}
+	if len(steps) != len(grabWorkloadStepNames) {
+		t.Fatalf("%d of the grab workload steps %q are in the chain", len(steps), grabWorkloadStepNames)
+	}
+	_, err := runSteps(context.Background(), s, steps)
+	return err
+}
 
 func TestReplicasToApply(t *testing.T) {
 	const operatorDefault = 2
 	live := func(annotation *string) *appsv1.Deployment {
 		d := &appsv1.Deployment{}
 		if annotation != nil {
-			d.Annotations = map[string]string{AnnotationSpecReplicas: *annotation}
+			d.Annotations = map[string]string{specs.AnnotationSpecReplicas: *annotation}
 		}
 		return d
 	}
@@ -57,7 +79,7 @@ func TestReplicasToApply(t *testing.T) {
 	}
 }
 
-func TestGrabWorkloadStep(t *testing.T) {
+func TestGrabWorkloadSteps(t *testing.T) {
 	foreignDeployment := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "quiz-grab", Namespace: "default"}}
 	foreignSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "quiz-grab-redis", Namespace: "default"}}
 	cases := []struct {
@@ -82,9 +104,8 @@ func TestGrabWorkloadStep(t *testing.T) {
 			p := newPhaseTest(t, store.Snapshot{}, append([]client.Object{a.DeepCopy()}, tc.objs...)...)
 			s := p.scope(a)
 			ctx := context.Background()
-			res, err := p.r.reconcileGrabWorkload(ctx, s)
-			if err != nil || res.halt || res.blocker != nil {
-				t.Fatalf("workload step: %+v %v", res, err)
+			if err := p.runGrabWorkloadSteps(t, s); err != nil || s.halted || s.notReady != nil {
+				t.Fatalf("workload steps: halted %t, blocker %+v, %v", s.halted, s.notReady, err)
 			}
 			if !s.workloadChecked {
 				t.Error("workloadChecked is false")
@@ -98,6 +119,9 @@ func TestGrabWorkloadStep(t *testing.T) {
 				}
 				if s.status.Endpoint != "" {
 					t.Errorf("endpoint %q without a workload", s.status.Endpoint)
+				}
+				if got := p.log.with("users."); len(got) != 0 {
+					t.Errorf("user calls %q for a workload that is not applied", got)
 				}
 				return
 			}
@@ -117,13 +141,13 @@ func TestGrabWorkloadStep(t *testing.T) {
 				if !metav1.IsControlledBy(obj, a) {
 					t.Errorf("%s is not controlled by the activity: %+v", kind, obj.GetOwnerReferences())
 				}
-				if obj.GetLabels()[labelManagedBy] != managedByValue {
+				if obj.GetLabels()[specs.LabelManagedBy] != specs.ManagedByValue {
 					t.Errorf("%s lacks the managed-by label the cache selects on", kind)
 				}
 			}
 			d := children["Deployment"].(*appsv1.Deployment)
-			if d.Spec.Replicas == nil || *d.Spec.Replicas != p.r.Options.GrabReplicas || d.Annotations[AnnotationSpecReplicas] != "" {
-				t.Errorf("deployment replicas %v, annotation %q", d.Spec.Replicas, d.Annotations[AnnotationSpecReplicas])
+			if d.Spec.Replicas == nil || *d.Spec.Replicas != p.r.Options.GrabReplicas || d.Annotations[specs.AnnotationSpecReplicas] != "" {
+				t.Errorf("deployment replicas %v, annotation %q", d.Spec.Replicas, d.Annotations[specs.AnnotationSpecReplicas])
 			}
 			secret := &corev1.Secret{}
 			secretErr := p.client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "quiz-grab-redis"}, secret)

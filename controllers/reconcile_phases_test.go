@@ -58,6 +58,15 @@ func TestReconcileWritesStatusOnceOnEveryPath(t *testing.T) {
 	unsettled := store.Snapshot{State: store.StateOpen, Count: 10, Total: 1000, RemainingCount: 8, ClaimedCount: 2, ClaimedAmount: 150}
 	drained := store.Snapshot{State: store.StateClosed, CloseReason: store.CloseExpired, Count: 10, Total: 1000,
 		ClaimedCount: 2, ClaimedAmount: 150, SettledCount: 2, SettledAmount: 150, Refunded: 850, RefundSettled: 850}
+	// ended is an activity whose endTime passed a minute ago, which Redis holds open
+	// with claims to settle: this reconcile must close it.
+	ended := func(a *redpacketv1alpha1.RedPacketActivity) {
+		end := metav1.NewTime(testNow.Add(-time.Minute))
+		a.Spec.EndTime = &end
+	}
+	endedInRedis := unsettled
+	endedInRedis.EndMs = testNow.Add(-time.Minute).UnixMilli()
+	endedInRedis.Sponsor, endedInRedis.Currency = "merchant-001", "CNY"
 	const grace = 10 * time.Minute
 	cases := []struct {
 		name   string
@@ -116,18 +125,18 @@ func TestReconcileWritesStatusOnceOnEveryPath(t *testing.T) {
 			wantStore: []string{"store.Time", "store.Snapshot", "store.Fence"}, wantEvents: []string{"Warning RedisRolledBack"},
 		},
 		{
-			name: "SCRIPT LOAD fails: endTime still closes the activity and refunds, the error is retried",
-			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, seededStatus, func(a *redpacketv1alpha1.RedPacketActivity) {
-				end := metav1.NewTime(testNow.Add(-time.Minute))
-				a.Spec.EndTime = &end
-			}},
-			snap: func() store.Snapshot {
-				s := unsettled
-				s.EndMs = testNow.Add(-time.Minute).UnixMilli()
-				s.Sponsor, s.Currency = "merchant-001", "CNY"
-				return s
-			}(),
+			name:       "SCRIPT LOAD fails: endTime still closes the activity and refunds, the error is retried",
+			mutate:     []func(*redpacketv1alpha1.RedPacketActivity){observed, seededStatus, ended},
+			snap:       endedInRedis,
 			fail:       map[string]error{"LoadScripts": errRedisDown},
+			wantWrites: []string{"Expired Ready=False/RedisUnavailable"}, wantObserved: 1, wantErr: true,
+			wantStore: []string{"store.Time", "store.Snapshot", "store.LoadScripts", "store.Close expired"},
+		},
+		{
+			name:       "the activity's Redis user cannot be set up: endTime still closes the activity and refunds, the error is retried",
+			mutate:     []func(*redpacketv1alpha1.RedPacketActivity){observed, seededStatus, ended},
+			snap:       endedInRedis,
+			fail:       map[string]error{"EnsureUser": errRedisDown},
 			wantWrites: []string{"Expired Ready=False/RedisUnavailable"}, wantObserved: 1, wantErr: true,
 			wantStore: []string{"store.Time", "store.Snapshot", "store.LoadScripts", "store.Close expired"},
 		},

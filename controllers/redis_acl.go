@@ -3,20 +3,16 @@ package controllers
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
@@ -29,12 +25,6 @@ import (
 // addresses. Deleting that Secret rotates the password; deleting the activity
 // removes the user. An activity with spec.redis brings its own credentials, and no
 // user is made for it.
-
-// AnnotationRedisCredentials, on the grab pods' template, is a digest of the Redis
-// user and password in <activity>-grab-redis. The pods read the Secret into their
-// environment when they start, so a new password (a rotation) changes the digest and
-// the Deployment rolls them.
-const AnnotationRedisCredentials = "redpacket.io/redis-credentials"
 
 // activityPasswordBytes is how many random bytes an activity's Redis password has;
 // it is written as hex.
@@ -79,7 +69,62 @@ func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.R
 	return users, nil
 }
 
-// activityRedisSecretData returns the data of <activity>-grab-redis for an activity
+// reconcileRedisUser settles how the grab pods reach Redis, just before the grab
+// workload step applies them; it acts only on a workload the grab workload
+// ownership step found the activity's to touch (s.grabOwned), as the grab workload
+// step does.
+//
+// An activity without spec.redis gets its own user on the operator's default Redis
+// (activityRedisLogin) and the Secret <activity>-grab-redis that carries the user's
+// password, applied under FieldManager when its data differs. The user and the
+// Secret are one step because the Secret is the only copy of the password: when the
+// step succeeds, Redis holds the user with exactly the password the Secret holds,
+// and the grab workload step puts the digest of that login on the pod template
+// (s.defaultRedisLogin). When the default Redis cannot give the activity a user,
+// Ready is False with RedisACLUnavailable and nothing is applied; when it does not
+// answer, Ready is False with RedisUnavailable and the step is retried.
+//
+// An activity with spec.redis brings its own credentials: a user it had on the
+// default Redis is removed, and its <activity>-grab-redis deleted.
+//
+// Like the grab workload step it keeps the chain going when it fails: closing at
+// endTime and refunding never wait on a Redis user. Until it succeeds, the grab
+// workload step applies nothing (s.grabRedisSettled).
+func (r *RedPacketActivityReconciler) reconcileRedisUser(ctx context.Context, s *activityScope) (stepResult, error) {
+	if !s.grabOwned {
+		return stepResult{}, nil
+	}
+	a := s.activity
+	existing := s.grabRedisSecret
+	if a.Spec.Redis != nil {
+		if existing != nil {
+			// The activity names its own Secret now; its user on the default Redis and
+			// the Secret with its credentials are not needed any more.
+			if err := r.deleteActivityRedisUser(ctx, a); err != nil {
+				return stepResult{}, err
+			}
+			if err := r.Client.Delete(ctx, existing, client.Preconditions{UID: &existing.UID}); err != nil && !apierrors.IsNotFound(err) {
+				return stepResult{}, fmt.Errorf("deleting secret %s: %w", existing.Name, err)
+			}
+		}
+		s.grabRedisSettled = true
+		return stepResult{}, nil
+	}
+	login, res, err := r.activityRedisLogin(ctx, s, existing)
+	if err != nil || login == nil {
+		return res, err
+	}
+	if existing == nil || !secretDataEqual(existing.Data, login.SecretData()) {
+		if res, err := r.applyGrabObject(ctx, specs.GrabRedisSecret(a, *login), FieldManager); err != nil {
+			return res, err
+		}
+	}
+	s.defaultRedisLogin = login
+	s.grabRedisSettled = true
+	return stepResult{}, nil
+}
+
+// activityRedisLogin returns the login of <activity>-grab-redis for an activity
 // on the default Redis: the default Redis's addresses, mode and TLS setting, with the
 // activity's own user (store.ActivityUserName) and password, never the operator's. It
 // first makes Redis hold that user with that password (EnsureUser, at every
@@ -91,13 +136,13 @@ func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.R
 // asked for, or it holds something else (an older operator's copy of its own
 // credentials), the password is a new random one: EnsureUser then replaces the user,
 // which closes every connection made with the old password, and the new Secret's
-// digest in AnnotationRedisCredentials rolls the grab pods.
+// digest in specs.AnnotationRedisCredentials rolls the grab pods.
 //
 // When the default Redis cannot give the activity a user (store.ErrACLUnavailable) it
-// returns no data and a result whose blocker (Ready False, RedisACLUnavailable) says
+// returns no login and a result whose blocker (Ready False, RedisACLUnavailable) says
 // so, without halting the chain; it deletes an existing Secret that holds the
 // operator's own credentials. The caller then applies no workload.
-func (r *RedPacketActivityReconciler) activityRedisSecretData(ctx context.Context, s *activityScope, existing *corev1.Secret) (map[string][]byte, stepResult, error) {
+func (r *RedPacketActivityReconciler) activityRedisLogin(ctx context.Context, s *activityScope, existing *corev1.Secret) (*specs.RedisLogin, stepResult, error) {
 	a := s.activity
 	conn, err := r.defaultRedisConn()
 	if err != nil {
@@ -137,12 +182,12 @@ func (r *RedPacketActivityReconciler) activityRedisSecretData(ctx context.Contex
 		r.logger(ctx).Info("set the activity's Redis user", "user", user, "nodes", change.Nodes, "set", change.Set,
 			"rotated", change.Rotated)
 	}
-	return map[string][]byte{
-		redisconn.SecretAddresses: []byte(strings.Join(conn.Addresses, ",")),
-		redisconn.SecretMode:      []byte(conn.Mode),
-		redisconn.SecretUsername:  []byte(user),
-		redisconn.SecretPassword:  []byte(password),
-		redisconn.SecretTLS:       []byte(strconv.FormatBool(conn.TLS)),
+	return &specs.RedisLogin{
+		Addresses: conn.Addresses,
+		Mode:      conn.Mode,
+		TLS:       conn.TLS,
+		Username:  user,
+		Password:  password,
 	}, stepResult{}, nil
 }
 
@@ -167,27 +212,6 @@ func (r *RedPacketActivityReconciler) deleteOperatorCredentials(ctx context.Cont
 		return fmt.Errorf("deleting secret %s, which holds the operator's Redis credentials: %w", secret.Name, err)
 	}
 	return nil
-}
-
-// redisCredentialsDigest is the value of AnnotationRedisCredentials for a Secret's
-// data: a hash of its user and password, from which neither can be learnt.
-func redisCredentialsDigest(data map[string][]byte) string {
-	h := sha256.New()
-	h.Write([]byte("redpacket.io/redis-credentials\x00"))
-	h.Write(data[redisconn.SecretUsername])
-	h.Write([]byte{0})
-	h.Write(data[redisconn.SecretPassword])
-	return hex.EncodeToString(h.Sum(nil))[:16]
-}
-
-// annotateGrabPods puts the credentials' digest (AnnotationRedisCredentials) on the
-// pod template of the grab Deployment among objects.
-func annotateGrabPods(objects []runtime.ApplyConfiguration, data map[string][]byte) {
-	for _, obj := range objects {
-		if d, ok := obj.(*appsv1ac.DeploymentApplyConfiguration); ok && d.Spec != nil && d.Spec.Template != nil {
-			d.Spec.Template.WithAnnotations(map[string]string{AnnotationRedisCredentials: redisCredentialsDigest(data)})
-		}
-	}
 }
 
 // deleteActivityRedisUser removes the activity's ACL user from the default Redis:

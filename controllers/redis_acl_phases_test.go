@@ -14,12 +14,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
 
-// The operator's policy and the activity's own Redis user in the grab workload and
-// Redis connection steps, against the fakes. The fake store manages users by
+// The operator's policy and the activity's own Redis user in the grab workload,
+// redis user and Redis connection steps, against the fakes. The fake store manages users by
 // logging "users.EnsureUser <password>" and "users.DeleteUser"; its fail map makes
 // them fail.
 
@@ -52,7 +53,18 @@ func ownedRedisSecret(a *redpacketv1alpha1.RedPacketActivity, data map[string]st
 	return s
 }
 
-func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
+// ownGrabWorkload runs the grab workload ownership step on a scope of a, which must
+// find the workload the activity's to touch.
+func (p *phaseTest) ownGrabWorkload(t *testing.T, a *redpacketv1alpha1.RedPacketActivity) *activityScope {
+	t.Helper()
+	s := p.scope(a)
+	if res, err := p.r.reconcileGrabOwnership(context.Background(), s); err != nil || res.blocker != nil || !s.grabOwned {
+		t.Fatalf("ownership step: %+v, %v, owned %t (%s)", res, err, s.grabOwned, s.notAdopted)
+	}
+	return s
+}
+
+func TestRedisUserStepGivesTheActivityItsOwnUser(t *testing.T) {
 	const keptPassword = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	cases := []struct {
 		name         string
@@ -60,8 +72,12 @@ func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
 		wantPassword string // "" means a new random one
 	}{
 		{name: "no Secret yet (or deleted to rotate): a new password"},
-		{name: "the Secret of the activity's user: its password is kept",
-			existing: map[string]string{"username": "rpa-uid-1", "password": keptPassword}, wantPassword: keptPassword},
+		{name: "the Secret of the activity's user: its password is kept, the Secret unchanged",
+			existing: map[string]string{"username": "rpa-uid-1", "password": keptPassword, "addresses": "redis.test:6379",
+				"mode": "standalone", "tls": "true"}, wantPassword: keptPassword},
+		{name: "the Secret of the activity's user, the default Redis moved: its password is kept",
+			existing:     map[string]string{"username": "rpa-uid-1", "password": keptPassword, "addresses": "redis-old.test:6379"},
+			wantPassword: keptPassword},
 		{name: "an older operator's copy of its own credentials: replaced",
 			existing: map[string]string{"username": "", "password": "operator-pw"}},
 		{name: "a short password: replaced",
@@ -77,12 +93,17 @@ func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
 			p := newPhaseTest(t, openSnapshot(), objs...)
 			p.r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Password: "operator-pw", TLS: true}
 			ctx := context.Background()
-			res, err := p.r.reconcileGrabWorkload(ctx, p.scope(a))
-			if err != nil || res.blocker != nil || res.halt {
-				t.Fatalf("workload step: %+v, %v", res, err)
+			key := client.ObjectKey{Namespace: "default", Name: "quiz-grab-redis"}
+			before := &corev1.Secret{}
+			_ = p.client.Get(ctx, key, before)
+
+			s := p.ownGrabWorkload(t, a)
+			res, err := p.r.reconcileRedisUser(ctx, s)
+			if err != nil || res.blocker != nil || res.halt || !s.grabRedisSettled || s.defaultRedisLogin == nil {
+				t.Fatalf("redis user step: %+v, %v, settled %t", res, err, s.grabRedisSettled)
 			}
 			secret := &corev1.Secret{}
-			if err := p.client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "quiz-grab-redis"}, secret); err != nil {
+			if err := p.client.Get(ctx, key, secret); err != nil {
 				t.Fatal(err)
 			}
 			conn, err := redisconn.ConnFromSecret(secret.Data)
@@ -101,21 +122,32 @@ func TestGrabWorkloadStepGivesTheActivityItsOwnRedisUser(t *testing.T) {
 			if tc.wantPassword == "" && tc.existing != nil && conn.Password == tc.existing["password"] {
 				t.Errorf("password kept, want a new one")
 			}
+			if unchanged := secret.ResourceVersion == before.ResourceVersion; unchanged != (len(tc.existing) == 5 && tc.wantPassword != "") {
+				t.Errorf("Secret written: %t (resourceVersion %s, was %s); only a Secret that already holds the login is left as it is",
+					!unchanged, secret.ResourceVersion, before.ResourceVersion)
+			}
 			if got := p.log.with("users."); len(got) != 1 || got[0] != "users.EnsureUser "+conn.Password {
 				t.Errorf("user calls %q, want EnsureUser with the Secret's password", got)
+			}
+			if got := s.defaultRedisLogin.Password; got != conn.Password {
+				t.Errorf("the scope's login has password %q, the Secret %q", got, conn.Password)
+			}
+
+			if res, err := p.r.reconcileGrabWorkload(ctx, s); err != nil || res.blocker != nil {
+				t.Fatalf("workload step: %+v, %v", res, err)
 			}
 			d := &appsv1.Deployment{}
 			if err := p.client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "quiz-grab"}, d); err != nil {
 				t.Fatal(err)
 			}
-			if got := d.Spec.Template.Annotations[AnnotationRedisCredentials]; got != redisCredentialsDigest(secret.Data) || len(got) != 16 {
+			if got := d.Spec.Template.Annotations[specs.AnnotationRedisCredentials]; got != specs.RedisCredentialsDigest(secret.Data) || len(got) != 16 {
 				t.Errorf("pod template annotation %q, want the digest of the Secret's credentials", got)
 			}
 		})
 	}
 }
 
-func TestGrabWorkloadStepWithoutRedisACL(t *testing.T) {
+func TestRedisUserStepWithoutRedisACL(t *testing.T) {
 	aclErr := fmt.Errorf("ensuring Redis user rpa-uid-1: %w", store.ErrACLUnavailable)
 	cases := []struct {
 		name        string
@@ -146,9 +178,13 @@ func TestGrabWorkloadStepWithoutRedisACL(t *testing.T) {
 			p.r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Username: "ops", Password: "operator-pw"}
 			p.store.fail = map[string]error{"EnsureUser": tc.fail}
 			ctx := context.Background()
-			res, err := p.r.reconcileGrabWorkload(ctx, p.scope(a))
-			if (err != nil) != tc.wantErr || blockerReason(res) != tc.wantBlocker || res.halt != tc.wantHalt {
-				t.Fatalf("workload step: %+v (blocker %q), %v", res, blockerReason(res), err)
+			s := p.ownGrabWorkload(t, a)
+			res, err := p.r.reconcileRedisUser(ctx, s)
+			if (err != nil) != tc.wantErr || blockerReason(res) != tc.wantBlocker || res.halt != tc.wantHalt || s.grabRedisSettled {
+				t.Fatalf("redis user step: %+v (blocker %q), %v, settled %t", res, blockerReason(res), err, s.grabRedisSettled)
+			}
+			if res, err := p.r.reconcileGrabWorkload(ctx, s); err != nil || res != (stepResult{}) || s.status.Endpoint != "" {
+				t.Errorf("workload step without the activity's Redis user: %+v, %v, endpoint %q", res, err, s.status.Endpoint)
 			}
 			if tc.wantBlocker == redpacketv1alpha1.ReasonRedisACLUnavailable && !strings.Contains(res.blocker.message, "Redis 6") {
 				t.Errorf("message %q does not say what is needed", res.blocker.message)
@@ -166,7 +202,7 @@ func TestGrabWorkloadStepWithoutRedisACL(t *testing.T) {
 	}
 }
 
-func TestGrabWorkloadStepRefusesAnotherImage(t *testing.T) {
+func TestGrabWorkloadStepsRefuseAnotherImage(t *testing.T) {
 	cases := []struct {
 		name      string
 		image     string
@@ -186,10 +222,10 @@ func TestGrabWorkloadStepRefusesAnotherImage(t *testing.T) {
 			p.r.Options.AllowGrabImageOverride = tc.allow
 			s := p.scope(a)
 			ctx := context.Background()
-			res, err := p.r.reconcileGrabWorkload(ctx, s)
-			if err != nil || res.halt {
-				t.Fatalf("workload step: %+v, %v", res, err)
+			if err := p.runGrabWorkloadSteps(t, s); err != nil || s.halted {
+				t.Fatalf("workload steps: halted %t, %v", s.halted, err)
 			}
+			res := stepResult{blocker: s.notReady}
 			d := &appsv1.Deployment{}
 			getErr := p.client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "quiz-grab"}, d)
 			if tc.wantImage == "" {
@@ -217,14 +253,18 @@ func imageOf(d *appsv1.Deployment) string {
 }
 
 // An activity that moves to its own Redis loses its user on the default Redis.
-func TestGrabWorkloadStepDropsTheUserWhenSpecRedisIsSet(t *testing.T) {
+func TestRedisUserStepDropsTheUserWhenSpecRedisIsSet(t *testing.T) {
 	a := testActivity(func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.Redis = &redpacketv1alpha1.RedisConnection{SecretRef: redpacketv1alpha1.SecretReference{Name: "redis-conn"}}
 	})
 	p := newPhaseTest(t, openSnapshot(), a.DeepCopy(), ownedRedisSecret(a, map[string]string{"username": "rpa-uid-1", "password": "x"}))
 	ctx := context.Background()
-	if res, err := p.r.reconcileGrabWorkload(ctx, p.scope(a)); err != nil || res.blocker != nil {
-		t.Fatalf("workload step: %+v, %v", res, err)
+	s := p.scope(a)
+	if err := p.runGrabWorkloadSteps(t, s); err != nil || s.notReady != nil {
+		t.Fatalf("workload steps: blocker %+v, %v", s.notReady, err)
+	}
+	if s.status.Endpoint == "" {
+		t.Error("no endpoint: the workload was not applied after the user was dropped")
 	}
 	if got := p.log.with("users."); len(got) != 1 || got[0] != "users.DeleteUser" {
 		t.Errorf("user calls %q, want DeleteUser", got)

@@ -23,6 +23,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
@@ -131,9 +132,9 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "alpha-grab"}, d); err != nil {
 		t.Fatal(err)
 	}
-	digest := d.Spec.Template.Annotations[controllers.AnnotationRedisCredentials]
+	digest := d.Spec.Template.Annotations[specs.AnnotationRedisCredentials]
 	if digest == "" {
-		t.Fatalf("the grab pods' template has no %s annotation", controllers.AnnotationRedisCredentials)
+		t.Fatalf("the grab pods' template has no %s annotation", specs.AnnotationRedisCredentials)
 	}
 
 	// The grab service as its pods run it, on the Secret's credentials: grabs through
@@ -250,7 +251,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "alpha-grab"}, d); err != nil {
 			return false, err.Error()
 		}
-		got := d.Spec.Template.Annotations[controllers.AnnotationRedisCredentials]
+		got := d.Spec.Template.Annotations[specs.AnnotationRedisCredentials]
 		return got != "" && got != digest, got
 	})
 	e.noOperatorPassword()

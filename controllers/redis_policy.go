@@ -173,10 +173,11 @@ func (r *RedPacketActivityReconciler) redisClient(conn redisconn.Conn) redis.Uni
 	return r.Redis.Get(conn, r.redisClientOptions(conn, true))
 }
 
-// grabImageRefused is the grab workload step's answer when the spec names a grab
-// image and the operator does not allow that: Ready False with reason
-// GrabImageNotAllowed, and the workload left exactly as it is. The chain goes on, so
-// the activity still opens and closes on schedule.
+// grabImageRefused is the grab workload ownership step's answer when the spec names
+// a grab image and the operator does not allow that: Ready False with reason
+// GrabImageNotAllowed, and the workload left exactly as it is (no Redis user is made
+// for it either). The chain goes on, so the activity still opens and closes on
+// schedule.
 func (r *RedPacketActivityReconciler) grabImageRefused(a *redpacketv1alpha1.RedPacketActivity) (stepResult, bool) {
 	image := a.Spec.GrabService.Image
 	if image == "" || image == r.Options.GrabImage || r.Options.AllowGrabImageOverride {

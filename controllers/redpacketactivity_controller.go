@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
@@ -270,7 +271,7 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // before anything is applied. namespaces, when given, restrict the whole cache to
 // them.
 func CacheOptions(namespaces ...string) cache.Options {
-	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{labelManagedBy: managedByValue})}
+	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.LabelManagedBy: specs.ManagedByValue})}
 	opts := cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&appsv1.Deployment{}:            managed,

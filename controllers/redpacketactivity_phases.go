@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
@@ -58,10 +59,24 @@ type activityScope struct {
 
 	deployment       *appsv1.Deployment
 	deploymentLooked bool
-	// workloadChecked is true once the grab workload step ran; notAdopted then names
-	// the objects it refused to take over.
+	// workloadChecked is true once the grab workload ownership step looked for the
+	// workload's objects; notAdopted then names the objects it refused to take over.
 	workloadChecked bool
 	notAdopted      string
+	// grabOwned is true once the grab workload ownership step found the workload the
+	// activity's to touch: its image allowed, and every object of its names absent or
+	// controlled by the activity. The redis user and grab workload steps act only then.
+	grabOwned bool
+	// grabRedisSecret is the activity's own <activity>-grab-redis as the ownership
+	// step found it; nil when there is none, or another owner's (never touched).
+	grabRedisSecret *corev1.Secret
+	// grabRedisSettled is true once the redis user step settled how the grab pods
+	// reach Redis; the grab workload step applies nothing before.
+	grabRedisSettled bool
+	// defaultRedisLogin is the activity's own login on the operator's default Redis,
+	// which <activity>-grab-redis holds, as the redis user step set it up; nil with
+	// spec.redis.
+	defaultRedisLogin *specs.RedisLogin
 
 	// halted is true once a step stopped the chain because it could not do its part.
 	// A halted reconcile does not observe the generation, unless final is set too.
@@ -134,8 +149,9 @@ type reconcileStep struct {
 // seed step receives patch: Seeding must show while it writes, and Seeded must be on
 // the API server before the gate step opens grabbing. The counters step writes its
 // own fields, under its own field manager, through the counters writer. Loading the
-// scripts and applying the grab workload keep going when they fail: closing at
-// endTime and refunding the sponsor never wait on them.
+// scripts and the three grab workload steps (may the workload be touched, the
+// activity's Redis user, the workload's objects) keep going when they fail: closing
+// at endTime and refunding the sponsor never wait on them.
 func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconcileStep {
 	return []reconcileStep{
 		{name: "redis connection", run: r.reconcileRedisConnection},
@@ -147,6 +163,8 @@ func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconci
 		{name: "load scripts", run: r.reconcileScripts, keepGoing: true},
 		{name: "durability", run: r.reconcileDurability},
 		{name: "open and configure", run: r.reconcileGate},
+		{name: "grab workload ownership", run: r.reconcileGrabOwnership, keepGoing: true},
+		{name: "redis user", run: r.reconcileRedisUser, keepGoing: true},
 		{name: "grab workload", run: r.reconcileGrabWorkload, keepGoing: true},
 		{name: "schedule and close", run: r.reconcileSchedule},
 		{name: "counters", run: r.reconcileCounters},

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 )
 
@@ -243,7 +244,7 @@ func (r *RedPacketActivityReconciler) observeDeployment(ctx context.Context, s *
 	}
 	s.deploymentLooked = true
 	d := &appsv1.Deployment{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.activity.Namespace, Name: grabName(s.activity)}, d); err != nil {
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.activity.Namespace, Name: specs.GrabName(s.activity)}, d); err != nil {
 		return
 	}
 	if metav1.IsControlledBy(d, s.activity) {

@@ -18,6 +18,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
@@ -153,8 +154,8 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 		sc.RunAsGroup == nil || *sc.RunAsGroup != 65532 {
 		t.Errorf("pod security context %+v, want user, group and fsGroup 65532", sc)
 	}
-	if g := pod.TerminationGracePeriodSeconds; g == nil || *g != controllers.GrabTerminationGracePeriodSeconds() || *g <= 5+20 {
-		t.Errorf("terminationGracePeriodSeconds %v, want %d, above the shutdown delay and timeout (25s)", g, controllers.GrabTerminationGracePeriodSeconds())
+	if g := pod.TerminationGracePeriodSeconds; g == nil || *g != specs.GrabTerminationGracePeriodSeconds() || *g <= 5+20 {
+		t.Errorf("terminationGracePeriodSeconds %v, want %d, above the shutdown delay and timeout (25s)", g, specs.GrabTerminationGracePeriodSeconds())
 	}
 
 	// kubectl scale survives reconciles.

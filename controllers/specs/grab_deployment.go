@@ -1,0 +1,198 @@
+package specs
+
+import (
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+)
+
+// The grab container's mount points and identity.
+const (
+	tokenKeyDir       = "/etc/redpacket/token"
+	webhookKeyDir     = "/etc/redpacket/webhook"
+	secretKeyName     = "key"
+	nonRootUID        = 65532
+	grabContainerName = "grab"
+	// keyFileMode is the mode of the mounted key files: readable by their owner and
+	// group only. The kubelet gives the files the pod's fsGroup (nonRootUID), the
+	// group the grab container runs with, so the grab service can read them.
+	keyFileMode = 0o440
+	// grabCommand is where the operator's image keeps the grab service binary; a
+	// custom grab image must keep it there too.
+	grabCommand = "/grabsvc"
+)
+
+// The grab service's graceful shutdown, passed to it as --shutdown-delay and
+// --shutdown-timeout, and the pod's terminationGracePeriodSeconds, which must leave
+// room for both and for what follows them: on SIGTERM the service fails readiness
+// for GrabShutdownDelay, gives in-flight requests up to GrabShutdownTimeout, then
+// stops its settlement worker (acknowledging finished deliveries, up to 5 s) and
+// writes a last status report (up to 3 s). GrabShutdownMargin covers that tail, so
+// the kubelet's SIGKILL never cuts a drain short.
+const (
+	GrabShutdownDelay   = 5 * time.Second
+	GrabShutdownTimeout = 20 * time.Second
+	GrabShutdownMargin  = 10 * time.Second
+)
+
+// GrabTerminationGracePeriodSeconds is the grab pod's terminationGracePeriodSeconds:
+// the shutdown delay, the drain timeout and the margin, in whole seconds.
+func GrabTerminationGracePeriodSeconds() int64 {
+	return terminationGracePeriodSeconds(GrabShutdownDelay, GrabShutdownTimeout, GrabShutdownMargin)
+}
+
+// terminationGracePeriodSeconds is the sum of the durations in whole seconds, rounded
+// up, so the kubelet never cuts the last fraction of a second off.
+func terminationGracePeriodSeconds(parts ...time.Duration) int64 {
+	var sum time.Duration
+	for _, p := range parts {
+		sum += p
+	}
+	return int64((sum + time.Second - 1) / time.Second)
+}
+
+// GrabDeployment is the apply configuration of the grab Deployment, without its
+// replica count (GrabScale). Its pods run as UID and GID nonRootUID with fsGroup
+// nonRootUID, so the token and webhook key files, mounted with keyFileMode (0440),
+// belong to the container's group and are readable by the service and nobody else.
+// The service's shutdown flags come from GrabShutdownDelay and GrabShutdownTimeout,
+// and the pod's grace period from GrabTerminationGracePeriodSeconds, which exceeds
+// their sum. With in.DefaultRedis the pod template carries
+// AnnotationRedisCredentials, the digest of the login the pods read at start, so a
+// new password rolls them.
+func GrabDeployment(in Grab) *appsv1ac.DeploymentApplyConfiguration {
+	a := in.Activity
+	name := GrabName(a)
+	labels := GrabLabels(a)
+	image := a.Spec.GrabService.Image
+	if image == "" {
+		image = in.OperatorImage
+	}
+
+	args := []string{
+		"--namespace=" + a.Namespace,
+		"--activity=" + a.Name,
+		"--activity-uid=" + string(a.UID),
+		fmt.Sprintf("--listen=:%d", grabPort),
+		"--settlement=true",
+		"--shutdown-delay=" + GrabShutdownDelay.String(),
+		"--shutdown-timeout=" + GrabShutdownTimeout.String(),
+	}
+	var volumes []*corev1ac.VolumeApplyConfiguration
+	var mounts []*corev1ac.VolumeMountApplyConfiguration
+	addKeyVolume := func(volume, secret, dir, flag string) {
+		volumes = append(volumes, corev1ac.Volume().WithName(volume).WithSecret(
+			corev1ac.SecretVolumeSource().WithSecretName(secret).WithDefaultMode(keyFileMode).
+				WithItems(corev1ac.KeyToPath().WithKey(secretKeyName).WithPath(secretKeyName))))
+		mounts = append(mounts, corev1ac.VolumeMount().WithName(volume).WithMountPath(dir).WithReadOnly(true))
+		args = append(args, flag+"="+dir+"/"+secretKeyName)
+	}
+	if auth := a.Spec.GrabService.Auth; auth != nil {
+		addKeyVolume("token-key", auth.TokenSecretRef.Name, tokenKeyDir, "--token-key-file")
+		args = append(args, "--token-max-lifetime="+in.TokenMaxLifetime.String())
+	}
+	if st := a.Spec.Settlement; st != nil && st.Webhook != nil && st.Webhook.SecretRef != nil {
+		addKeyVolume("webhook-key", st.Webhook.SecretRef.Name, webhookKeyDir, "--webhook-key-file")
+	}
+
+	container := corev1ac.Container().
+		WithName(grabContainerName).
+		WithImage(image).
+		WithImagePullPolicy(corev1.PullIfNotPresent).
+		WithCommand(grabCommand).
+		WithArgs(args...).
+		WithPorts(corev1ac.ContainerPort().WithName(grabPortName).WithContainerPort(grabPort).WithProtocol(corev1.ProtocolTCP)).
+		WithEnv(grabEnv(in)...).
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(grabPortName))).
+			WithPeriodSeconds(5).WithFailureThreshold(2)).
+		WithLivenessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(grabPortName))).
+			WithInitialDelaySeconds(5).WithPeriodSeconds(10).WithFailureThreshold(3)).
+		WithResources(corev1ac.ResourceRequirements().WithRequests(corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("100m"),
+			corev1.ResourceMemory: resource.MustParse("64Mi"),
+		})).
+		WithSecurityContext(grabContainerSecurityContext()).
+		WithVolumeMounts(mounts...)
+
+	template := corev1ac.PodTemplateSpec().
+		WithLabels(labels).
+		WithSpec(corev1ac.PodSpec().
+			WithServiceAccountName(name).
+			// The status reporter talks to the API server as the grab
+			// ServiceAccount, whose Role reaches this one activity only (and
+			// whose status writes the admission policy narrows to the reported
+			// fields), so the pod keeps its token.
+			WithAutomountServiceAccountToken(true).
+			WithTerminationGracePeriodSeconds(GrabTerminationGracePeriodSeconds()).
+			WithSecurityContext(corev1ac.PodSecurityContext().
+				WithRunAsNonRoot(true).
+				WithRunAsUser(nonRootUID).
+				WithRunAsGroup(nonRootUID).
+				WithFSGroup(nonRootUID).
+				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+			WithContainers(container).
+			WithVolumes(volumes...))
+	if in.DefaultRedis != nil {
+		template.WithAnnotations(map[string]string{AnnotationRedisCredentials: in.DefaultRedis.Digest()})
+	}
+
+	return appsv1ac.Deployment(name, a.Namespace).
+		WithLabels(labels).
+		WithOwnerReferences(grabOwner(a)).
+		WithSpec(appsv1ac.DeploymentSpec().
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(GrabSelector(a))).
+			WithTemplate(template))
+}
+
+// grabEnv is the grab container's environment: its pod name and namespace, and the
+// Redis connection, from the activity's Secret or else the <activity>-grab-redis
+// Secret that holds its login on the operator's default Redis (every key optional).
+// No password is part of the Deployment itself.
+func grabEnv(in Grab) []*corev1ac.EnvVarApplyConfiguration {
+	a := in.Activity
+	env := []*corev1ac.EnvVarApplyConfiguration{
+		corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.name"))),
+		corev1ac.EnvVar().WithName("POD_NAMESPACE").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.namespace"))),
+	}
+	redisEnv := []struct{ env, secretKey string }{
+		{"REDIS_ADDRESSES", "addresses"},
+		{"REDIS_MODE", "mode"},
+		{"REDIS_USERNAME", "username"},
+		{"REDIS_PASSWORD", "password"},
+		{"REDIS_TLS", "tls"},
+	}
+	secretName := GrabRedisSecretName(a)
+	if a.Spec.Redis != nil {
+		secretName = a.Spec.Redis.SecretRef.Name
+	}
+	for _, e := range redisEnv {
+		env = append(env, corev1ac.EnvVar().WithName(e.env).WithValueFrom(corev1ac.EnvVarSource().
+			WithSecretKeyRef(corev1ac.SecretKeySelector().
+				WithName(secretName).WithKey(e.secretKey).WithOptional(true))))
+	}
+	return env
+}
+
+// grabContainerSecurityContext is the grab container's security context: not root,
+// no privilege escalation, no capabilities at all, a read-only root filesystem (the
+// service writes no file; its keys are mounted read-only) and the runtime's default
+// seccomp profile (also set for the pod).
+func grabContainerSecurityContext() *corev1ac.SecurityContextApplyConfiguration {
+	return corev1ac.SecurityContext().
+		WithPrivileged(false).
+		WithAllowPrivilegeEscalation(false).
+		WithReadOnlyRootFilesystem(true).
+		WithRunAsNonRoot(true).
+		WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")).
+		WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))
+}
