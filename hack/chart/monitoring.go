@@ -10,7 +10,7 @@ import (
 
 // Labels the monitors select by. The operator's metrics Service carries
 // operatorSelector (config/manager/metrics_service.yaml); every grab pod carries
-// grabSelector (controllers/grab_workload.go), and its label redpacket.io/activity
+// specs.GrabSelector (controllers/specs/grab.go), and its label redpacket.io/activity
 // names its activity (grabActivityMetaLabel, as service discovery presents it).
 var (
 	operatorSelector = map[string]string{
