@@ -32,8 +32,8 @@ func TestBinariesPrintTheStampedVersion(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for name, pkg := range map[string]string{
-		"manager":     ".",
-		"grabsvc":     "./grabsvc/cmd/grabsvc",
+		"manager":     "./cmd/manager",
+		"grabsvc":     "./cmd/grabsvc",
 		"kubectl-rpa": "./cmd/kubectl-rpa",
 	} {
 		bin := filepath.Join(dir, name)
