@@ -60,18 +60,6 @@ type GrabResult struct {
 	Seen Watermark
 }
 
-// Grab decides one claim for userID, checking no watermark. The user id travels as
-// an ARGV, never a KEY.
-func Grab(ctx context.Context, c redis.Scripter, k Keys, userID string) (GrabResult, error) {
-	return GrabAbove(ctx, c, k, userID, Watermark{})
-}
-
-// GrabAbove decides one claim for userID on a Redis that must be at or above mark;
-// a Redis below it is fenced and the answer is Fenced.
-func GrabAbove(ctx context.Context, c redis.Scripter, k Keys, userID string, mark Watermark) (GrabResult, error) {
-	return newGrabCall(k).grab(ctx, c, userID, mark)
-}
-
 // grabCall is the grab script's EVALSHA on one activity's keys, with what never
 // changes between grabs (the command, the digest, the key count and the four keys)
 // boxed once: Activity keeps one, since the claim path sends one per grab and
@@ -257,21 +245,12 @@ type SeedResult struct {
 	Committed bool
 }
 
-// Seed stages amounts (packet i+1 gets amounts[i]) and commits them. amounts must
-// be positive and sum to p.Total, with len(amounts) == p.Count.
-func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []int64, p SeedParams) (SeedResult, error) {
-	if int64(len(amounts)) != p.Count {
-		return SeedResult{}, fmt.Errorf("seeding: %d packets, want %d", len(amounts), p.Count)
-	}
-	var sum int64
-	for i, a := range amounts {
-		if a <= 0 {
-			return SeedResult{}, fmt.Errorf("seeding: packet %d has amount %d", i+1, a)
-		}
-		sum += a
-	}
-	if sum != p.Total {
-		return SeedResult{}, fmt.Errorf("seeding: packets sum to %d, want %d", sum, p.Total)
+// seed stages amounts (packet i+1 gets amounts[i]) on the shard whose keys are k and
+// commits them. amounts must be positive and sum to p.Total, with len(amounts) ==
+// p.Count.
+func (s Seeder) seed(ctx context.Context, c redis.Scripter, k Keys, amounts []int64, p SeedParams) (SeedResult, error) {
+	if err := checkSplit(amounts, p); err != nil {
+		return SeedResult{}, err
 	}
 	chunk := s.ChunkSize
 	if chunk <= 0 {
@@ -318,6 +297,24 @@ func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 		return SeedResult{}, fmt.Errorf("seed commit: %w", err)
 	}
 	return SeedResult{Committed: n == 1}, nil
+}
+
+// checkSplit checks that amounts are p.Count positive amounts summing to p.Total.
+func checkSplit(amounts []int64, p SeedParams) error {
+	if int64(len(amounts)) != p.Count {
+		return fmt.Errorf("seeding: %d packets, want %d", len(amounts), p.Count)
+	}
+	var sum int64
+	for i, a := range amounts {
+		if a <= 0 {
+			return fmt.Errorf("seeding: packet %d has amount %d", i+1, a)
+		}
+		sum += a
+	}
+	if sum != p.Total {
+		return fmt.Errorf("seeding: packets sum to %d, want %d", sum, p.Total)
+	}
+	return nil
 }
 
 // packetEntry is a packet as the packets list holds it,
@@ -412,14 +409,8 @@ type Settings struct {
 	Currency       string
 }
 
-// Configure writes the schedule and pause flag of a committed activity; open moves a
-// ready activity to open.
-func Configure(ctx context.Context, c redis.Scripter, k Keys, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
-	return ConfigureWith(ctx, c, k, Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
-}
-
-// ConfigureWith writes the settings of a committed activity.
-func ConfigureWith(ctx context.Context, c redis.Scripter, k Keys, st Settings) (ConfigureResult, error) {
+// configure writes the settings on one shard (configure.lua).
+func configure(ctx context.Context, c redis.Scripter, k Keys, st Settings) (ConfigureResult, error) {
 	args := []any{st.StartMs, st.EndMs, boolArg(st.Paused), boolArg(st.Open)}
 	if st.Sponsor != "" {
 		args = append(args, st.Sponsor, st.Currency)
@@ -437,9 +428,9 @@ func ConfigureWith(ctx context.Context, c redis.Scripter, k Keys, st Settings) (
 	return ConfigureResult{State: State(state), Found: true}, nil
 }
 
-// Fence stops the activity after a rollback (fence.lua) and returns the fence's
+// fence stops one shard after a rollback (fence.lua) and returns the fence's
 // reason, the first one written; "" when Redis does not hold the activity.
-func Fence(ctx context.Context, c redis.Scripter, k Keys, why string) (string, error) {
+func fence(ctx context.Context, c redis.Scripter, k Keys, why string) (string, error) {
 	got, err := lua.FenceScript.Run(ctx, c, []string{k.Meta}, why).Text()
 	if err != nil {
 		return "", fmt.Errorf("fence script: %w", err)
@@ -454,9 +445,9 @@ func Fence(ctx context.Context, c redis.Scripter, k Keys, why string) (string, e
 // caller decided on.
 var ErrEpochMoved = errors.New("the activity's Redis epoch moved since it was read")
 
-// Accept lifts the fence and starts a new epoch (accept.lua), provided Redis is
-// still at epoch seen. It returns the new epoch.
-func Accept(ctx context.Context, c redis.Scripter, k Keys, seen int64) (int64, error) {
+// accept lifts one shard's fence and starts a new epoch there (accept.lua), provided
+// it is still at epoch seen. It returns the new epoch.
+func accept(ctx context.Context, c redis.Scripter, k Keys, seen int64) (int64, error) {
 	n, err := lua.AcceptScript.Run(ctx, c, []string{k.Meta}, seen).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("accept script: %w", err)
@@ -504,26 +495,20 @@ type CloseResult struct {
 	Refunded int64
 }
 
-// Close ends grabbing atomically and refunds the remainder to the sponsor through
-// the activity's stream. Closing twice returns the first close's figures.
-func Close(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason) (CloseResult, error) {
-	return closeWith(ctx, c, k, reason, true)
-}
-
-// closeWith runs close.lua; without refundEntry the close writes no refund entry
-// (a shard of a sharded activity, whose one refund is written by refund_activity).
-func closeWith(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason, refundEntry bool) (CloseResult, error) {
-	vals, err := lua.CloseScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Stream}, string(reason), boolArg(refundEntry)).Slice()
+// closeShard runs close.lua on one shard: it ends grabbing there for good and records
+// the claimed amount, writing no refund (the activity's one refund is
+// refund_activity's, Activity.Close).
+func closeShard(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason) (CloseResult, error) {
+	vals, err := lua.CloseScript.Run(ctx, c, []string{k.Meta, k.Packets}, string(reason)).Slice()
 	if err != nil {
 		return CloseResult{}, fmt.Errorf("close script: %w", err)
 	}
-	if len(vals) != 3 {
-		return CloseResult{}, fmt.Errorf("close script: %d values in reply, want 3", len(vals))
+	if len(vals) != 2 {
+		return CloseResult{}, fmt.Errorf("close script: %d values in reply, want 2", len(vals))
 	}
 	res, _ := vals[0].(string)
 	why, _ := vals[1].(string)
-	refunded, _ := vals[2].(int64)
-	return CloseResult{Outcome: CloseOutcome(res), Reason: CloseReason(why), Refunded: refunded}, nil
+	return CloseResult{Outcome: CloseOutcome(res), Reason: CloseReason(why)}, nil
 }
 
 // Snapshot is every counter of an activity read at one instant.
@@ -579,11 +564,11 @@ func (s Snapshot) Exists() bool { return s.State != "" }
 // RemainingAmount is the money neither claimed nor refunded.
 func (s Snapshot) RemainingAmount() int64 { return s.Total - s.ClaimedAmount - s.Refunded }
 
-// ReadSnapshot reads every counter of the activity at one instant. The script
+// readSnapshot reads every counter of one shard at one instant. The script
 // returns the meta hash's fields by name; each is decoded by its name (fields the
 // snapshot does not know, such as the staging fingerprint, are skipped), so the
 // order of fields in Redis or in the script means nothing.
-func ReadSnapshot(ctx context.Context, c redis.Scripter, k Keys) (Snapshot, error) {
+func readSnapshot(ctx context.Context, c redis.Scripter, k Keys) (Snapshot, error) {
 	vals, err := lua.SnapshotScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Staging, k.Claims}).StringSlice()
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot script: %w", err)
@@ -660,9 +645,9 @@ const (
 	KindRefund = "refund"
 )
 
-// Ack acknowledges a delivered stream entry and counts it as settled. It returns
+// ack acknowledges a delivered stream entry and counts it as settled. It returns
 // false when the entry had been acknowledged before, so nothing is counted twice.
-func Ack(ctx context.Context, c redis.Scripter, k Keys, group, entryID, kind string, amount int64) (bool, error) {
+func ack(ctx context.Context, c redis.Scripter, k Keys, group, entryID, kind string, amount int64) (bool, error) {
 	n, err := lua.SettleAckScript.Run(ctx, c, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
 	if err != nil {
 		return false, fmt.Errorf("settle ack of %s: %w", entryID, err)
@@ -670,9 +655,9 @@ func Ack(ctx context.Context, c redis.Scripter, k Keys, group, entryID, kind str
 	return n == 1, nil
 }
 
-// DeadLetter parks an undeliverable entry with its fields and the last error. It
+// deadLetter parks an undeliverable entry with its fields and the last error. It
 // returns false when the entry had been acknowledged before.
-func DeadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+func deadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, lastErr string, fields map[string]any) (bool, error) {
 	args := []any{group, entryID, lastErr}
 	for f, v := range fields {
 		args = append(args, f, v)
@@ -684,10 +669,10 @@ func DeadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, l
 	return n == 1, nil
 }
 
-// Purge deletes every key of the activity with UNLINK: the memory of a large
+// purge deletes every key of one shard with UNLINK: the memory of a large
 // activity (millions of packets and claims) is freed off the event loop, so a shared
 // Redis does not stall while it goes.
-func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
+func purge(ctx context.Context, c redis.Cmdable, k Keys) error {
 	// One UNLINK per key keeps cluster clients happy whatever their slot checks.
 	for _, key := range k.All() {
 		if err := c.Unlink(ctx, key).Err(); err != nil {
@@ -697,10 +682,10 @@ func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
 	return nil
 }
 
-// PurgeKeepingUnsettled deletes the activity's keys except its settlement stream and
+// purgeKeepingUnsettled deletes one shard's keys except its settlement stream and
 // dead-letter stream, which still record claims and refunds that were never
 // credited; those two are kept for retention, then expire. It returns the keys kept.
-func PurgeKeepingUnsettled(ctx context.Context, c redis.Cmdable, k Keys, retention time.Duration) ([]string, error) {
+func purgeKeepingUnsettled(ctx context.Context, c redis.Cmdable, k Keys, retention time.Duration) ([]string, error) {
 	for _, key := range []string{k.Meta, k.Staging, k.Packets, k.Claims, k.Transfers, k.Applied} {
 		if err := c.Unlink(ctx, key).Err(); err != nil {
 			return nil, fmt.Errorf("deleting %s: %w", key, err)

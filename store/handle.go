@@ -11,36 +11,36 @@ import (
 	"redpacket.io/operator/lua"
 )
 
-// Shard is one activity's data in Redis, and the one way the rest of the project
-// reaches it: every Redis call about an activity (the scripts, the snapshot, the
-// claims, the settlement stream and its consumer group, the server clock, purging)
-// is a method here, built from a client and the activity's UID. Outside this package
-// nothing issues a Redis command; clients are opened here too (Conn.NewClient,
-// Conn.NewPipelinedClient).
+// Shard is one shard of an activity: the keys under one hash tag, {<uid>} for an
+// activity of one shard and {<uid>.<i>} for shard i of more, on a client. The
+// activity's handle (Activity) owns its shards and is the one way the rest of the
+// project reaches an activity; a Shard is what Activity.Shard(i) hands out for the
+// calls that are one shard's own: its grabs, its claims, its settlement stream and
+// consumer group, and its server's clock and durability.
 //
 // The client may be a plain or cluster client, or the grab path's auto-pipeliner:
-// every key of an activity shares one hash tag, so every call lands on one slot.
-// The consumer-group reads block for a while, so settlement uses a plain client of
-// its own, never the auto-pipeliner.
+// every key of a shard shares one hash tag, so every call lands on one slot. The
+// consumer-group reads block for a while, so settlement uses a plain client of its
+// own, never the auto-pipeliner.
 type Shard struct {
 	c    redis.Cmdable
 	keys Keys
 	// grabCall is the grab script's call on keys, its fixed arguments boxed once.
 	grabCall *grabCall
-	// Seeder stages and commits the packets; its zero value is what production uses.
-	Seeder Seeder
 }
 
-// NewShard returns the handle of the activity with the given UID on client c.
-func NewShard(c redis.Cmdable, uid string) *Shard {
-	k := KeysFor(uid)
+// newShard returns the handle of the shard whose hash tag is {<uid>} on client c.
+func newShard(c redis.Cmdable, uid string) *Shard {
+	k := keysFor(uid)
 	return &Shard{c: c, keys: k, grabCall: newGrabCall(k)}
 }
 
-// Keys are the activity's keys.
+// Keys are the shard's keys, for checks that reach past the scripts (a test that
+// deletes a key to stand for lost data, a benchmark of the raw commands).
 func (a *Shard) Keys() Keys { return a.keys }
 
-// Grab decides one claim for userID (grab.lua), checking no watermark.
+// Grab decides one claim for userID (grab.lua), checking no watermark. The user id
+// travels as an ARGV, never a KEY.
 func (a *Shard) Grab(ctx context.Context, userID string) (GrabResult, error) {
 	return a.grabCall.grab(ctx, a.c, userID, Watermark{})
 }
@@ -51,41 +51,9 @@ func (a *Shard) GrabAbove(ctx context.Context, userID string, mark Watermark) (G
 	return a.grabCall.grab(ctx, a.c, userID, mark)
 }
 
-// Seed stages and commits the packets exactly once (see Seeder).
-func (a *Shard) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
-	return a.Seeder.Seed(ctx, a.c, a.keys, amounts, p)
-}
-
-// Configure writes the schedule and pause flag; open moves a ready activity to open.
-func (a *Shard) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
-	return Configure(ctx, a.c, a.keys, startMs, endMs, paused, open)
-}
-
-// ConfigureWith writes the settings: the schedule, the pause flag, opening, and the
-// refund's payee and the currency of later settlement entries. It writes nothing to
-// a fenced activity.
-func (a *Shard) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
-	return ConfigureWith(ctx, a.c, a.keys, st)
-}
-
-// Fence stops the activity after a rollback; see Fence.
-func (a *Shard) Fence(ctx context.Context, why string) (string, error) {
-	return Fence(ctx, a.c, a.keys, why)
-}
-
-// Accept lifts the fence and starts a new epoch, provided Redis is at epoch seen.
-func (a *Shard) Accept(ctx context.Context, seen int64) (int64, error) {
-	return Accept(ctx, a.c, a.keys, seen)
-}
-
-// Close ends grabbing for the given reason and refunds the remainder.
-func (a *Shard) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
-	return Close(ctx, a.c, a.keys, reason)
-}
-
-// Snapshot reads every counter of the activity at one instant.
-func (a *Shard) Snapshot(ctx context.Context) (Snapshot, error) {
-	return ReadSnapshot(ctx, a.c, a.keys)
+// snapshot reads every counter of the shard at one instant.
+func (a *Shard) snapshot(ctx context.Context) (Snapshot, error) {
+	return readSnapshot(ctx, a.c, a.keys)
 }
 
 // Time is the Redis server's clock, the one the grab script gates on.
@@ -132,6 +100,22 @@ func (a *Shard) Claims(ctx context.Context) (map[string]Claim, error) {
 	return claims, nil
 }
 
+// Listed reads the shard's packets list: the packets not yet claimed, in the order
+// grabs take them. It reads the whole list, so it is for checks after the fact.
+func (a *Shard) Listed(ctx context.Context) ([]ListedPacket, error) {
+	entries, err := a.c.LRange(ctx, a.keys.Packets, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("reading the packets list %s: %w", a.keys.Packets, err)
+	}
+	out := make([]ListedPacket, len(entries))
+	for i, e := range entries {
+		if out[i], err = parseListedPacket(e); err != nil {
+			return nil, fmt.Errorf("packets list %s: %w", a.keys.Packets, err)
+		}
+	}
+	return out, nil
+}
+
 // LoadScripts loads every script ahead of use, on every master of a cluster. It
 // needs a plain or cluster client (not a pipeliner). The grab path falls back to
 // EVAL anyway.
@@ -143,23 +127,14 @@ func (a *Shard) LoadScripts(ctx context.Context) error {
 	return lua.LoadAll(ctx, u)
 }
 
-// Purge deletes every key of the activity.
-func (a *Shard) Purge(ctx context.Context) error { return Purge(ctx, a.c, a.keys) }
-
-// PurgeKeepingUnsettled deletes the activity's keys except the settlement and
-// dead-letter streams, kept for retention; it returns the keys kept.
-func (a *Shard) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
-	return PurgeKeepingUnsettled(ctx, a.c, a.keys, retention)
-}
-
 // Ack acknowledges a delivered stream entry and counts it as settled, once.
 func (a *Shard) Ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
-	return Ack(ctx, a.c, a.keys, group, entryID, kind, amount)
+	return ack(ctx, a.c, a.keys, group, entryID, kind, amount)
 }
 
 // DeadLetter parks an undeliverable entry with its fields and the last error, once.
 func (a *Shard) DeadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
-	return DeadLetter(ctx, a.c, a.keys, group, entryID, lastErr, fields)
+	return deadLetter(ctx, a.c, a.keys, group, entryID, lastErr, fields)
 }
 
 // Phase is the activity's phase as Redis and the server clock now say, and false

@@ -45,8 +45,8 @@ type Keys struct {
 	Applied string
 }
 
-// KeysFor returns the keys of the activity with the given UID.
-func KeysFor(uid string) Keys {
+// keysFor returns the keys of the shard whose hash tag is {<uid>}.
+func keysFor(uid string) Keys {
 	p := "rpa:{" + uid + "}:"
 	return Keys{
 		Meta:        p + "meta",
@@ -113,27 +113,21 @@ type ListedPacket struct {
 	Amount int64
 	// CountBefore and AmountBefore are what was claimed from the packet's list before
 	// it: the claims made there so far plus the packets ahead of it (see grab.lua).
-	// Numbered is false for an entry seeded before packets carried them
-	// ("<id>:<amount>").
 	CountBefore, AmountBefore int64
-	Numbered                  bool
 }
 
-// ParseListedPacket reads a packets-list entry,
-// "<id>:<amount>@<countBefore>:<amountBefore>" or "<id>:<amount>".
-func ParseListedPacket(entry string) (ListedPacket, error) {
+// parseListedPacket reads a packets-list entry,
+// "<id>:<amount>@<countBefore>:<amountBefore>".
+func parseListedPacket(entry string) (ListedPacket, error) {
 	body, numbers, numbered := strings.Cut(entry, "@")
 	id, amount, ok := strings.Cut(body, ":")
-	if !ok || id == "" {
+	if !numbered || !ok || id == "" {
 		return ListedPacket{}, fmt.Errorf("packet %q is not <id>:<amount>@<countBefore>:<amountBefore>", entry)
 	}
-	p := ListedPacket{ID: id, Numbered: numbered}
+	p := ListedPacket{ID: id}
 	var err error
 	if p.Amount, err = strconv.ParseInt(amount, 10, 64); err != nil || p.Amount <= 0 {
 		return ListedPacket{}, fmt.Errorf("packet %q: amount %q is not a positive integer", entry, amount)
-	}
-	if !numbered {
-		return p, nil
 	}
 	count, money, ok := strings.Cut(numbers, ":")
 	if p.CountBefore, err = strconv.ParseInt(count, 10, 64); !ok || err != nil || p.CountBefore < 0 {

@@ -34,7 +34,7 @@ const soldOutFor = time.Second
 //
 // The rules that keep a sharded activity as exact as one on a single slot:
 //
-//   - A user's claim is decided by their home shard alone (HomeShard, a stable hash
+//   - A user's claim is decided by their home shard alone (Home, a stable hash
 //     of the user id), so that shard's claims hash is the whole truth about whether
 //     the user holds a packet: one packet per user across all shards.
 //   - Packets move between shards only by a journalled transfer (transfer_out,
@@ -94,19 +94,19 @@ type Activity struct {
 	soldOutAt atomic.Int64
 }
 
-// ShardUID is the UID whose hash tag holds shard i of an activity of n shards: the
+// shardUID is the UID whose hash tag holds shard i of an activity of n shards: the
 // activity's own UID when n is 1, "<uid>.<i>" otherwise.
-func ShardUID(uid string, i, n int) string {
+func shardUID(uid string, i, n int) string {
 	if n <= 1 {
 		return uid
 	}
 	return uid + "." + strconv.Itoa(i)
 }
 
-// HomeShard is the shard that decides userID's claims: FNV-1a (64 bit) of the user
+// homeShard is the shard that decides userID's claims: FNV-1a (64 bit) of the user
 // id, modulo n. It depends on nothing but the id and n, so every grab pod, restart
 // and version agrees; n is immutable for that reason.
-func HomeShard(userID string, n int) int {
+func homeShard(userID string, n int) int {
 	if n <= 1 {
 		return 0
 	}
@@ -122,11 +122,11 @@ func NewActivity(c redis.Cmdable, uid string, n int) *Activity {
 	n = max(n, 1)
 	s := &Activity{uid: uid, shards: make([]*Shard, n), refill: make([]sync.Mutex, n)}
 	for i := range s.shards {
-		s.shards[i] = NewShard(c, ShardUID(uid, i, n))
+		s.shards[i] = newShard(c, shardUID(uid, i, n))
 	}
 	s.base = s.shards[0]
 	if n > 1 {
-		s.base = NewShard(c, uid)
+		s.base = newShard(c, uid)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -144,7 +144,7 @@ func (s *Activity) N() int { return len(s.shards) }
 func (s *Activity) Shard(i int) *Shard { return s.shards[i] }
 
 // Home is the index of userID's home shard.
-func (s *Activity) Home(userID string) int { return HomeShard(userID, len(s.shards)) }
+func (s *Activity) Home(userID string) int { return homeShard(userID, len(s.shards)) }
 
 // Seed seeds the split amounts (packet i+1 gets amounts[i]) over the shards: packet
 // j goes to shard j mod n and keeps its id j+1, so ids are unique across shards and
@@ -154,11 +154,8 @@ func (s *Activity) Home(userID string) int { return HomeShard(userID, len(s.shar
 // committed by this call.
 func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
 	n := len(s.shards)
-	if n == 1 {
-		return s.Seeder.Seed(ctx, s.base.c, s.base.keys, amounts, p)
-	}
-	if int64(len(amounts)) != p.Count {
-		return SeedResult{}, fmt.Errorf("seeding: %d packets, want %d", len(amounts), p.Count)
+	if err := checkSplit(amounts, p); err != nil {
+		return SeedResult{}, err
 	}
 	if p.Count < int64(n) {
 		return SeedResult{}, fmt.Errorf("seeding: %d packets cannot fill %d shards", p.Count, n)
@@ -175,7 +172,7 @@ func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (See
 		sp.Count, sp.Total = int64(len(part)), total
 		seeder := s.Seeder
 		seeder.IDStride, seeder.IDOffset = int64(n), int64(i)
-		r, err := seeder.Seed(ctx, a.c, a.keys, part, sp)
+		r, err := seeder.seed(ctx, a.c, a.keys, part, sp)
 		if err != nil {
 			return SeedResult{}, fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -189,7 +186,7 @@ func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (See
 	return res, nil
 }
 
-// Meta fields of a sharded activity, on shard 0.
+// Meta fields of the activity as a whole, on shard 0.
 const (
 	fieldActivityCount  = "activity_count"
 	fieldActivityTotal  = "activity_total"
@@ -487,9 +484,6 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 // the halves, or one racing this call: applying is idempotent). It returns how many
 // transfers are still journalled because their destination refused them.
 func (s *Activity) Resolve(ctx context.Context) (int, error) {
-	if len(s.shards) == 1 {
-		return 0, nil
-	}
 	var left atomic.Int64
 	err := s.eachShard(func(i int, a *Shard) error {
 		entries, err := a.c.HGetAll(ctx, a.keys.Transfers).Result()

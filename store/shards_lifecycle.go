@@ -22,7 +22,7 @@ func (s *Activity) Configure(ctx context.Context, startMs, endMs int64, paused, 
 func (s *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
 	results := make([]ConfigureResult, len(s.shards))
 	err := s.eachShard(func(i int, a *Shard) error {
-		r, err := a.ConfigureWith(ctx, st)
+		r, err := configure(ctx, a.c, a.keys, st)
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -43,11 +43,11 @@ func (s *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureRes
 			closed++
 		}
 	}
-	if closed > 0 && len(s.shards) > 1 {
+	if closed > 0 {
 		// The activity is closed once every shard is and its one refund is written; a
 		// close that stopped half-way is still open, so that the caller's Close
 		// finishes it.
-		root, err := s.shards[0].Snapshot(ctx)
+		root, err := s.shards[0].snapshot(ctx)
 		if err != nil {
 			return ConfigureResult{}, fmt.Errorf("shard 0: %w", err)
 		}
@@ -63,7 +63,7 @@ func (s *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureRes
 func (s *Activity) Fence(ctx context.Context, why string) (string, error) {
 	reasons := make([]string, len(s.shards))
 	err := s.eachShard(func(i int, a *Shard) error {
-		r, err := a.Fence(ctx, why)
+		r, err := fence(ctx, a.c, a.keys, why)
 		reasons[i] = r
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
@@ -79,9 +79,9 @@ func (s *Activity) Fence(ctx context.Context, why string) (string, error) {
 func (s *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
 	epochs := make([]int64, len(s.shards))
 	err := s.eachShard(func(i int, a *Shard) error {
-		n, err := a.Accept(ctx, seen)
-		if errors.Is(err, ErrEpochMoved) && len(s.shards) > 1 {
-			snap, serr := a.Snapshot(ctx)
+		n, err := accept(ctx, a.c, a.keys, seen)
+		if errors.Is(err, ErrEpochMoved) {
+			snap, serr := a.snapshot(ctx)
 			if serr == nil && snap.Epoch == seen+1 && snap.Fenced == "" {
 				n, err = snap.Epoch, nil
 			}
@@ -98,18 +98,18 @@ func (s *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
 	return epochs[0], nil
 }
 
-// Close ends grabbing on every shard. With one shard it is Activity.Close. With more,
-// an exhausted close happens only when a steady reading finds no packet listed or in
-// transfer anywhere; every shard is closed without a refund entry, and then the one
-// refund of the activity is written on shard 0 (refund_activity.lua): the total
-// minus every shard's claimed amount, read after all of them closed, so packets left
-// in a transfer journal are refunded too. Closing twice returns the first figures.
+// Close ends grabbing on every shard and refunds the remainder to the sponsor, in
+// the same steps for any number of shards. An exhausted close happens only when a
+// steady reading finds no packet listed or in transfer anywhere. Every shard is
+// closed without a refund (close.lua), and then the one refund of the activity is
+// written on shard 0 (refund_activity.lua, the only script that writes a refund): the
+// total minus every shard's claimed amount, read after all of them closed, so
+// packets left in a transfer journal are refunded too. A close that stopped between
+// the two steps leaves the activity open for the next close to finish. Closing twice
+// returns the first figures.
 func (s *Activity) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
-	if len(s.shards) == 1 {
-		return s.shards[0].Close(ctx, reason)
-	}
 	root := s.shards[0]
-	snap0, err := root.Snapshot(ctx)
+	snap0, err := root.snapshot(ctx)
 	if err != nil {
 		return CloseResult{}, fmt.Errorf("shard 0: %w", err)
 	}
@@ -134,7 +134,7 @@ func (s *Activity) Close(ctx context.Context, reason CloseReason) (CloseResult, 
 	}
 	results := make([]CloseResult, len(s.shards))
 	err = s.eachShard(func(i int, a *Shard) error {
-		r, err := closeWith(ctx, a.c, a.keys, reason, false)
+		r, err := closeShard(ctx, a.c, a.keys, reason)
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -223,7 +223,8 @@ func (v View) Conservation() Imbalance {
 	}
 	im.Count += abs(count + v.InTransferCount - v.Whole.Count)
 	im.Amount += abs(total + v.InTransferAmount - v.Whole.Total)
-	if v.Whole.State == StateClosed && (len(v.Shards) == 1 || v.Whole.activityRefunded) {
+	// The activity is closed only once its refund is written (sum).
+	if v.Whole.State == StateClosed {
 		im.Amount += abs(v.Whole.ClaimedAmount + v.Whole.Refunded - v.Whole.Total)
 	}
 	return im
@@ -269,13 +270,6 @@ func (s *Activity) Snapshot(ctx context.Context) (Snapshot, error) {
 // ReadShards reads every shard's snapshot and transfer journal between two readings
 // of the transfer sequences, and again while they moved, up to a few times.
 func (s *Activity) ReadShards(ctx context.Context) (View, error) {
-	if len(s.shards) == 1 {
-		snap, err := s.shards[0].Snapshot(ctx)
-		if err != nil {
-			return View{}, err
-		}
-		return View{Whole: snap, Shards: []Snapshot{snap}, Steady: true}, nil
-	}
 	var v View
 	for range stockReads {
 		before, err := s.stockOnce(ctx)
@@ -308,7 +302,7 @@ func (s *Activity) readShardsOnce(ctx context.Context) (View, error) {
 	v := View{Shards: make([]Snapshot, len(s.shards))}
 	journals := make([]map[string]string, len(s.shards))
 	err := s.eachShard(func(i int, a *Shard) error {
-		snap, err := a.Snapshot(ctx)
+		snap, err := a.snapshot(ctx)
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -354,11 +348,18 @@ func (s *Activity) sum(shards []Snapshot, inTransfer int64) Snapshot {
 	a.Refunded, a.CloseReason = root.activityRefund, root.activityReason
 	a.ClaimedCount, a.ClaimedAmount, a.RemainingCount, a.StagedCount = 0, 0, inTransfer, 0
 	a.SettledCount, a.SettledAmount, a.RefundSettled, a.DeadCount = 0, 0, 0, 0
-	closed := 0
 	for _, sh := range shards {
 		if !sh.Exists() {
-			return Snapshot{}
+			// Not in Redis as a whole; what is staged shows how far seeding got.
+			var staged int64
+			for _, sh := range shards {
+				staged += sh.StagedCount
+			}
+			return Snapshot{StagedCount: staged}
 		}
+	}
+	closed := 0
+	for _, sh := range shards {
 		if a.Fenced == "" {
 			a.Fenced = sh.Fenced
 		}
@@ -412,7 +413,7 @@ func (s *Activity) LoadScripts(ctx context.Context) error { return s.shards[0].L
 // Purge deletes every key of every shard.
 func (s *Activity) Purge(ctx context.Context) error {
 	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.Purge(ctx); err != nil {
+		if err := purge(ctx, a.c, a.keys); err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
 		return nil
@@ -424,7 +425,7 @@ func (s *Activity) Purge(ctx context.Context) error {
 func (s *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
 	kept := make([][]string, len(s.shards))
 	err := s.eachShard(func(i int, a *Shard) error {
-		k, err := a.PurgeKeepingUnsettled(ctx, retention)
+		k, err := purgeKeepingUnsettled(ctx, a.c, a.keys, retention)
 		kept[i] = k
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
@@ -463,6 +464,9 @@ func (s *Activity) CheckReplicas(ctx context.Context, n int) error {
 func (s *Activity) EnsureUser(ctx context.Context, password string) (UserChange, error) {
 	return s.base.EnsureUser(ctx, password)
 }
+
+// UserName is the name of the activity's Redis ACL user (EnsureUser).
+func (s *Activity) UserName() string { return s.base.keys.userName() }
 
 // DeleteUser removes the activity's ACL user from every node.
 func (s *Activity) DeleteUser(ctx context.Context) (int, error) { return s.base.DeleteUser(ctx) }
@@ -550,14 +554,4 @@ func (v View) Watermarks(st *redpacketv1alpha1.RedPacketActivityStatus) *redpack
 		}
 	}
 	return w
-}
-
-// ShardMark is the watermark status st gives shard i: its figure in
-// status.shardWatermarks, in that epoch; the zero watermark when there is none.
-func ShardMark(st *redpacketv1alpha1.RedPacketActivityStatus, i int) Watermark {
-	w := st.ShardWatermarks
-	if w == nil || i >= len(w.ClaimedCounts) {
-		return Watermark{}
-	}
-	return Watermark{Epoch: w.Epoch, ClaimedCount: w.ClaimedCounts[i]}
 }
