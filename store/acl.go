@@ -51,7 +51,7 @@ func grabSideScripts() []*lua.Script {
 		// them), the readiness ping, WAIT (durability Replicas: ReplicaWaiter; WAIT touches
 		// no key), the settlement worker's consumer group and its check of
 		// entries against the claims and meta hashes (stream.go), the reading of a sharded
-		// activity's transfer journals (shards.go), and what a cluster client
+		// activity's transfer journals (transfer.go), and what a cluster client
 		// asks to learn the slot map and the commands' key positions (COMMAND, which only
 		// describes commands). AUTH and HELLO need no grant. A method of Activity that the
 		// grab pods call and that sends another command must add it here.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
 	"redpacket.io/operator/lua"
 )
 
@@ -57,6 +58,27 @@ func (a *Shard) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
 		moved += got
 		if got < n {
 			break
+		}
+	}
+	return moved, nil
+}
+
+// ReplayDeadLetters moves up to max dead letters of every shard back into its
+// settlement stream (Shard.ReplayDeadLetters), shard by shard, and returns how
+// many moved in all; max <= 0 means all of them.
+func (s *Activity) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
+	moved := 0
+	for i, a := range s.shards {
+		left := 0
+		if max > 0 {
+			if left = max - moved; left <= 0 {
+				break
+			}
+		}
+		n, err := a.ReplayDeadLetters(ctx, left)
+		moved += n
+		if err != nil {
+			return moved, fmt.Errorf("shard %d: %w", i, err)
 		}
 	}
 	return moved, nil
