@@ -76,7 +76,7 @@ func (r *RedPacketActivityReconciler) storeFor(conn redisconn.Conn, a *redpacket
 		// service's do; they are rare, so each wait has a waiter of its own.
 		timeout := grabsvcReplicaTimeout(d)
 		h.Replicated = func(ctx context.Context, shard int) error {
-			w := store.NewReplicaWaiter(c, store.ShardUID(string(a.UID), shard, h.N()), int(d.Replicas), timeout)
+			w := h.Shard(shard).ReplicaWaiter(int(d.Replicas), timeout)
 			defer func() { _ = w.Close() }()
 			return w.Wait(ctx)
 		}

@@ -114,7 +114,7 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 	})
 	// Only the settlement stream is left, with an expiry: it records the grant and the
 	// refund that were never credited.
-	keys := store.KeysFor(string(a.UID))
+	keys := e.keys(a)
 	if n := e.dbsize(); n != 1 {
 		t.Fatalf("%d keys left in Redis after the grace period, want only the settlement stream", n)
 	}

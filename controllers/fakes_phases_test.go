@@ -74,6 +74,8 @@ type fakeStore struct {
 	seeded     []int64
 	seedParams store.SeedParams
 	retention  time.Duration
+	// uid is the activity's, as the reconciler last asked for its store.
+	uid types.UID
 }
 
 var _ activityStore = (*fakeStore)(nil)
@@ -389,8 +391,11 @@ func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *pha
 			DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
 			ActiveResyncPeriod: 5 * time.Second,
 		}.withDefaults(),
-		Now:      func() time.Time { return testNow },
-		newStore: func(redisconn.Conn, types.UID) activityStore { return store },
+		Now: func() time.Time { return testNow },
+		newStore: func(_ redisconn.Conn, uid types.UID) activityStore {
+			store.uid = uid
+			return store
+		},
 		statuses: writer,
 		counters: writer,
 	}

@@ -182,11 +182,11 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	msgs := e.readPending(a)
 	var refunds, grants int
 	for _, m := range msgs {
-		switch d := decodeEntry(m); d.Kind {
+		switch d := m; d.Kind {
 		case store.KindRefund:
 			refunds++
 			if d.UserID != "merchant-001" || d.Amount != total-granted {
-				t.Errorf("refund entry %v, want %d for merchant-001", m.Values, total-granted)
+				t.Errorf("refund entry %v, want %d for merchant-001", m.Fields, total-granted)
 			}
 		case store.KindGrant:
 			grants++
@@ -199,9 +199,9 @@ func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	// Settle all but one grant, which is parked as a dead letter.
 	parked := false
 	for _, m := range msgs {
-		if !parked && decodeEntry(m).Kind == store.KindGrant {
+		if !parked && m.Kind == store.KindGrant {
 			parked = true
-			ok, err := store.DeadLetter(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, "HTTP 422: unknown account", m.Values)
+			ok, err := e.handle(a).Shard(0).DeadLetter(context.Background(), settlementGroup, m.ID, "HTTP 422: unknown account", m.FieldValues())
 			if err != nil || !ok {
 				t.Fatalf("dead-lettering %s: %v %v", m.ID, ok, err)
 			}

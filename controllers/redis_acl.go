@@ -33,13 +33,15 @@ const activityPasswordBytes = 32
 // activityUsers is what the controller does to an activity's own Redis ACL user.
 // store.Shard implements it.
 type activityUsers interface {
+	// UserName is the user's name.
+	UserName() string
 	// EnsureUser makes Redis hold the user with exactly this password and rules.
 	EnsureUser(ctx context.Context, password string) (store.UserChange, error)
 	// DeleteUser removes the user, and with it its connections.
 	DeleteUser(ctx context.Context) (int, error)
 }
 
-var _ activityUsers = (*store.Shard)(nil)
+var _ activityUsers = (*store.Activity)(nil)
 
 // defaultRedisConn is the operator's default Redis connection, standalone unless
 // it says otherwise.
@@ -126,7 +128,7 @@ func (r *RedPacketActivityReconciler) reconcileRedisUser(ctx context.Context, s 
 
 // activityRedisLogin returns the login of <activity>-grab-redis for an activity
 // on the default Redis: the default Redis's addresses, mode and TLS setting, with the
-// activity's own user (store.ActivityUserName) and password, never the operator's. It
+// activity's own user (store.Activity.UserName) and password, never the operator's. It
 // first makes Redis hold that user with that password (EnsureUser, at every
 // reconcile, so a Redis that restarted without an ACL file, or a cluster node that
 // joined, gets it back).
@@ -152,7 +154,7 @@ func (r *RedPacketActivityReconciler) activityRedisLogin(ctx context.Context, s 
 	if err != nil {
 		return nil, stepResult{}, err
 	}
-	user := store.ActivityUserName(string(a.UID))
+	user := users.UserName()
 	password := ""
 	if existing != nil && string(existing.Data[redisconn.SecretUsername]) == user &&
 		len(existing.Data[redisconn.SecretPassword]) >= 2*activityPasswordBytes {
@@ -229,7 +231,7 @@ func (r *RedPacketActivityReconciler) deleteActivityRedisUser(ctx context.Contex
 		return fmt.Errorf("removing the activity's Redis user: %w", err)
 	}
 	if n > 0 {
-		r.logger(ctx).Info("removed the activity's Redis user", "user", store.ActivityUserName(string(a.UID)), "nodes", n)
+		r.logger(ctx).Info("removed the activity's Redis user", "user", users.UserName(), "nodes", n)
 	}
 	return nil
 }

@@ -24,6 +24,9 @@ import (
 // logging "users.EnsureUser <password>" and "users.DeleteUser"; its fail map makes
 // them fail.
 
+// UserName is the activity's user name, as the real handle names it.
+func (f *fakeStore) UserName() string { return store.NewActivity(nil, string(f.uid), 1).UserName() }
+
 func (f *fakeStore) EnsureUser(_ context.Context, password string) (store.UserChange, error) {
 	f.log.add("users.EnsureUser %s", password)
 	if err := f.err("EnsureUser"); err != nil {

@@ -122,7 +122,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	beta := e.waitPhase("beta", redpacketv1alpha1.PhaseActive, 20*time.Second)
 
 	conn, secret := e.grabRedisConn("alpha")
-	if conn.Username != store.ActivityUserName(string(alpha.UID)) || conn.Password == operatorRedisPassword ||
+	if conn.Username != store.NewActivity(nil, string(alpha.UID), 1).UserName() || conn.Password == operatorRedisPassword ||
 		len(conn.Password) != 64 || len(conn.Addresses) != 1 || conn.Addresses[0] != e.redis.Addr {
 		t.Fatalf("the grab pods' connection: user %q, %d-character password, addresses %v; want the activity's own user on %s",
 			conn.Username, len(conn.Password), conn.Addresses, e.redis.Addr)
@@ -202,7 +202,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	})
 
 	// Another activity, and the server as a whole, are out of reach.
-	if res, err := store.NewShard(plain, string(beta.UID)).Grab(ctx, "thief"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+	if res, err := store.NewActivity(plain, string(beta.UID), 1).Shard(0).Grab(ctx, "thief"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Errorf("grab of another activity with this activity's user: %+v, %v; want NOPERM", res, err)
 	}
 	for _, cmd := range [][]any{{"flushall"}, {"config", "get", "*"}, {"script", "flush"}, {"hgetall", e.keys(beta).Meta}} {
@@ -257,7 +257,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	e.noOperatorPassword()
 
 	// A deleted activity's user goes with its keys.
-	betaUser := store.ActivityUserName(string(beta.UID))
+	betaUser := store.NewActivity(nil, string(beta.UID), 1).UserName()
 	if err := e.rdb.Do(ctx, "acl", "getuser", betaUser).Err(); err != nil {
 		t.Fatalf("the user of beta before its deletion: %v", err)
 	}
@@ -271,7 +271,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	if err := e.rdb.Do(ctx, "acl", "getuser", betaUser).Err(); !errors.Is(err, redis.Nil) {
 		t.Errorf("ACL GETUSER %s after the activity is gone: %v, want no such user", betaUser, err)
 	}
-	if err := e.rdb.Do(ctx, "acl", "getuser", store.ActivityUserName(string(alpha.UID))).Err(); err != nil {
+	if err := e.rdb.Do(ctx, "acl", "getuser", store.NewActivity(nil, string(alpha.UID), 1).UserName()).Err(); err != nil {
 		t.Errorf("the user of alpha, which still exists: %v", err)
 	}
 }

@@ -98,16 +98,15 @@ func TestSeedingSurvivesRestartAndRepeatedReconciles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := e.rdb.LRange(ctx, k.Packets, 0, -1).Result()
+	all, err := e.handle(a).Shard(0).Listed(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var sum int64
-	for i, p := range all {
-		packet, err := store.ParseListedPacket(p)
-		if err != nil || packet.ID != strconv.Itoa(i+1) || packet.Amount != want[i] ||
+	for i, packet := range all {
+		if packet.ID != strconv.Itoa(i+1) || packet.Amount != want[i] ||
 			packet.CountBefore != int64(i) || packet.AmountBefore != sum {
-			t.Fatalf("packet %d is %q, want %d:%d@%d:%d", i, p, i+1, want[i], i, sum)
+			t.Fatalf("packet %d is %+v, want %d:%d@%d:%d", i, packet, i+1, want[i], i, sum)
 		}
 		sum += packet.Amount
 	}

@@ -41,7 +41,7 @@ func TestStatusAddsUpAcrossTheClose(t *testing.T) {
 					return
 				default:
 				}
-				res, err := store.Grab(ctx, e.rdb, e.keys(a), fmt.Sprintf("w%d-%d", w, i))
+				res, err := e.handle(a).Shard(0).Grab(ctx, fmt.Sprintf("w%d-%d", w, i))
 				if err != nil || res.Outcome == store.Ended || res.Outcome == store.SoldOut {
 					return
 				}

@@ -225,7 +225,7 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 	if len(msgs) != 1 {
 		t.Fatalf("%d stream entries, want 1", len(msgs))
 	}
-	if ok, err := store.DeadLetter(ctx, e.rdb, e.keys(b), settlementGroup, msgs[0].ID, "webhook answered 500", msgs[0].Values); err != nil || !ok {
+	if ok, err := e.handle(b).Shard(0).DeadLetter(ctx, settlementGroup, msgs[0].ID, "webhook answered 500", msgs[0].FieldValues()); err != nil || !ok {
 		t.Fatalf("dead-lettering: ok=%v err=%v", ok, err)
 	}
 	e.applyGrabServiceStatus("poisoned", map[string]any{"claimedCount": int64(1), "deadLetterCount": int64(1)})

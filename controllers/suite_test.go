@@ -301,13 +301,19 @@ func (e *env) waitEvent(name, eventType, reason string) {
 	})
 }
 
+// handle is the activity's handle on the test's Redis client.
+func (e *env) handle(a *redpacketv1alpha1.RedPacketActivity) *store.Activity {
+	return store.NewActivity(e.rdb, string(a.UID), a.Spec.ShardCount())
+}
+
+// keys are the keys of the activity's first shard (its only one, unless sharded).
 func (e *env) keys(a *redpacketv1alpha1.RedPacketActivity) store.Keys {
-	return store.KeysFor(string(a.UID))
+	return e.handle(a).Shard(0).Keys()
 }
 
 func (e *env) snapshot(a *redpacketv1alpha1.RedPacketActivity) store.Snapshot {
 	e.t.Helper()
-	s, err := store.ReadSnapshot(context.Background(), e.rdb, e.keys(a))
+	s, err := e.handle(a).Snapshot(context.Background())
 	if err != nil {
 		e.t.Fatalf("reading snapshot: %v", err)
 	}
@@ -316,7 +322,7 @@ func (e *env) snapshot(a *redpacketv1alpha1.RedPacketActivity) store.Snapshot {
 
 func (e *env) grab(a *redpacketv1alpha1.RedPacketActivity, user string) store.GrabResult {
 	e.t.Helper()
-	res, err := store.Grab(context.Background(), e.rdb, e.keys(a), user)
+	res, err := e.handle(a).Shard(0).Grab(context.Background(), user)
 	if err != nil {
 		e.t.Fatalf("grab for %s: %v", user, err)
 	}
@@ -372,43 +378,29 @@ func (e *env) runReporter(name string) {
 const settlementGroup = "settlement"
 
 // readPending reads every stream entry not yet delivered to the test's consumer group.
-func (e *env) readPending(a *redpacketv1alpha1.RedPacketActivity) []redis.XMessage {
+func (e *env) readPending(a *redpacketv1alpha1.RedPacketActivity) []store.StreamEntry {
 	e.t.Helper()
 	ctx := context.Background()
-	k := e.keys(a)
-	if err := e.rdb.XGroupCreateMkStream(ctx, k.Stream, settlementGroup, "0").Err(); err != nil &&
-		!strings.HasPrefix(err.Error(), "BUSYGROUP") {
+	sh := e.handle(a).Shard(0)
+	if err := sh.EnsureGroup(ctx, settlementGroup); errors.Is(err, store.ErrMissing) {
+		return nil
+	} else if err != nil {
 		e.t.Fatalf("creating consumer group: %v", err)
 	}
-	res, err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: settlementGroup, Consumer: "test", Streams: []string{k.Stream, ">"}, Count: 100000, Block: -1,
-	}).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil
-	}
+	out, err := sh.ReadNew(ctx, settlementGroup, "test", 100000, 0)
 	if err != nil {
 		e.t.Fatalf("reading the stream: %v", err)
-	}
-	var out []redis.XMessage
-	for _, s := range res {
-		out = append(out, s.Messages...)
 	}
 	return out
 }
 
-// decodeEntry decodes one settlement stream entry.
-func decodeEntry(m redis.XMessage) store.StreamEntry {
-	return store.DecodeMessages([]redis.XMessage{m})[0]
-}
-
 // ack settles one delivered entry.
-func (e *env) ack(a *redpacketv1alpha1.RedPacketActivity, m redis.XMessage) {
+func (e *env) ack(a *redpacketv1alpha1.RedPacketActivity, m store.StreamEntry) {
 	e.t.Helper()
-	d := decodeEntry(m)
-	if d.Malformed != nil {
-		e.t.Fatalf("entry %s: %v", m.ID, d.Malformed)
+	if m.Malformed != nil {
+		e.t.Fatalf("entry %s: %v", m.ID, m.Malformed)
 	}
-	ok, err := store.Ack(context.Background(), e.rdb, e.keys(a), settlementGroup, m.ID, d.Kind, d.Amount)
+	ok, err := e.handle(a).Shard(0).Ack(context.Background(), settlementGroup, m.ID, m.Kind, m.Amount)
 	if err != nil || !ok {
 		e.t.Fatalf("acking %s: ok=%v err=%v", m.ID, ok, err)
 	}

@@ -228,7 +228,7 @@ func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 		t.Fatalf("the Secret is not in the spec.redis.secretRef format: %v", err)
 	}
 	a := e.get("secretive")
-	if conn.Password == password || conn.Username != store.ActivityUserName(string(a.UID)) || len(conn.Addresses) != 1 ||
+	if conn.Password == password || conn.Username != store.NewActivity(nil, string(a.UID), 1).UserName() || len(conn.Addresses) != 1 ||
 		conn.Addresses[0] != srv.Addr || conn.Mode != redisconn.ModeStandalone {
 		t.Errorf("connection in the Secret %+v, want the default Redis with the activity's own user", conn)
 	}

@@ -17,12 +17,10 @@ import (
 )
 
 // Resource is the grab service's view of its RedPacketActivity: the resource as last
-// read from the API server and the Redis keys derived from its UID.
+// read from the API server, and how user tokens name it.
 type Resource struct {
 	// Object is the resource. Treat it as read-only: it is shared.
 	Object *redpacketv1alpha1.RedPacketActivity
-	// Keys are the activity's Redis keys.
-	Keys store.Keys
 	// Ref is "<namespace>/<name>", as user tokens name the activity.
 	Ref string
 }
@@ -31,7 +29,6 @@ type Resource struct {
 func NewResource(obj *redpacketv1alpha1.RedPacketActivity) *Resource {
 	return &Resource{
 		Object: obj,
-		Keys:   store.KeysFor(string(obj.UID)),
 		Ref:    obj.Namespace + "/" + obj.Name,
 	}
 }

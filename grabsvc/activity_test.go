@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
 )
@@ -56,8 +55,8 @@ func TestActivitySourceWaitsThenFollowsChanges(t *testing.T) {
 	}
 	wait.Until(t, 3*time.Second, "the activity to be found", func() (bool, string) { return src.Current() != nil, "" })
 	cur := src.Current()
-	if cur.Object.UID != obj.UID || cur.Keys != store.KeysFor(string(obj.UID)) || cur.Ref != ns+"/later" {
-		t.Fatalf("activity %+v, keys %+v", cur.Object.ObjectMeta, cur.Keys)
+	if cur.Object.UID != obj.UID || handleOf(nil, cur).UID() != string(obj.UID) || cur.Ref != ns+"/later" {
+		t.Fatalf("activity %+v, keys %+v", cur.Object.ObjectMeta, keysOf(cur))
 	}
 	if ok, why := srv.Ready(ctx); !ok {
 		t.Fatalf("not ready once the activity is known: %s", why)

@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/store"
 )
 
 // A token names the activity by name and UID; it is refused for another UID (an
@@ -105,7 +104,7 @@ func TestGrabWithoutKeyForAnActivityWithAuthIs503(t *testing.T) {
 	h := newHarness(t) // no Tokens
 	act := authActivity("guarded")
 	h.useActivity(act, ones(5), 0, 0, false)
-	before := h.state(act.Keys)
+	before := h.state(act)
 	for _, header := range []map[string]string{nil, {"Authorization": "Bearer x.y"}} {
 		r := h.grab("mallory", header)
 		if r.Status != http.StatusServiceUnavailable || r.Outcome != OutcomeUnavailable ||
@@ -113,7 +112,7 @@ func TestGrabWithoutKeyForAnActivityWithAuthIs503(t *testing.T) {
 			t.Fatalf("grab without a key for an activity with auth: %d %s", r.Status, r.Raw)
 		}
 	}
-	if after := h.state(act.Keys); after != before {
+	if after := h.state(act); after != before {
 		t.Fatalf("a refused grab changed redis: %+v -> %+v", before, after)
 	}
 	if r := h.do(http.MethodGet, "/readyz", "", nil); r.Status != http.StatusServiceUnavailable {
@@ -149,7 +148,7 @@ func TestGrabRefusesTokensOfAnotherUIDOrTooLongLived(t *testing.T) {
 		}
 		return map[string]string{"Authorization": "Bearer " + s}
 	}
-	before := h.state(successor.Keys)
+	before := h.state(successor)
 	if r := h.grab("bob", sign(earlier.Object.UID, time.Minute)); r.Status != http.StatusUnauthorized ||
 		r.Outcome != OutcomeUnauthorized || !strings.Contains(r.Error, "activityUID") {
 		t.Fatalf("token of the earlier activity: %d %s", r.Status, r.Raw)
@@ -158,7 +157,7 @@ func TestGrabRefusesTokensOfAnotherUIDOrTooLongLived(t *testing.T) {
 		!strings.Contains(r.Error, "maximum token lifetime") {
 		t.Fatalf("token beyond the maximum lifetime: %d %s", r.Status, r.Raw)
 	}
-	if after := h.state(successor.Keys); after != before {
+	if after := h.state(successor); after != before {
 		t.Fatalf("refused grabs changed redis: %+v -> %+v", before, after)
 	}
 	if r := h.grab("bob", sign(successor.Object.UID, time.Minute)); r.Status != http.StatusOK || r.Outcome != OutcomeGranted {
@@ -174,7 +173,7 @@ func authActivity(name string) *Resource {
 	obj.Spec.GrabService.Auth = &redpacketv1alpha1.GrabAuth{
 		TokenSecretRef: redpacketv1alpha1.SecretReference{Name: "grab-hmac"},
 	}
-	return &Resource{Object: obj, Keys: store.KeysFor(string(obj.UID)), Ref: a.Ref}
+	return &Resource{Object: obj, Ref: a.Ref}
 }
 
 // The admission policy that narrows the grab ServiceAccount's status writes

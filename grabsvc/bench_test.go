@@ -51,7 +51,7 @@ func benchRedis(b *testing.B, n int) (*redisconn.PipelinedClient, *Resource, *re
 	}
 	b.Cleanup(func() { _ = rc.Close() })
 	act := testActivity("bench")
-	seed(b, rc.Client, act.Keys, ones(n), 0, 0, false)
+	seed(b, rc.Client, act, ones(n), 0, 0, false)
 	if err := lua.LoadAll(context.Background(), rc.Client); err != nil {
 		b.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func reportRate(b *testing.B, unit string) {
 // checkGranted verifies that the run granted n packets.
 func checkGranted(b *testing.B, rc *redisconn.PipelinedClient, act *Resource, n int64) {
 	b.Helper()
-	snap, err := store.ReadSnapshot(context.Background(), rc.Client, act.Keys)
+	snap, err := handleOf(rc.Client, act).Snapshot(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func checkGranted(b *testing.B, rc *redisconn.PipelinedClient, act *Resource, n 
 	}
 }
 
-// BenchmarkClaimPath runs store.Grab through the auto-pipeliner from many goroutines,
+// BenchmarkClaimPath runs the shard's Grab through the auto-pipeliner from many goroutines,
 // every call a grant to a new user.
 func BenchmarkClaimPath(b *testing.B) {
 	rc, act, _ := benchRedis(b, b.N+100)
@@ -90,7 +90,7 @@ func BenchmarkClaimPath(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			user := "u" + strconv.FormatInt(next.Add(1), 10)
-			res, err := store.Grab(ctx, rc.Pipeliner, act.Keys, user)
+			res, err := handleOf(rc.Pipeliner, act).Shard(0).Grab(ctx, user)
 			if err != nil || res.Outcome != store.Granted {
 				b.Errorf("grab for %s: %+v %v", user, res, err)
 				return
@@ -112,7 +112,7 @@ func BenchmarkRedisBenchmarkP16(b *testing.B) {
 	}
 	rc, act, srv := benchRedis(b, b.N+100)
 	host, port, _ := net.SplitHostPort(srv.Addr)
-	k := act.Keys
+	k := keysOf(act)
 	args := []string{"-h", host, "-p", port, "-n", strconv.Itoa(b.N), "-c", strconv.Itoa(rbClients),
 		"-P", strconv.Itoa(rbPipeline), "-r", "100000000", "-q",
 		"EVALSHA", lua.GrabScript.SHA(), "4", k.Meta, k.Packets, k.Claims, k.Stream, "u:__rand_int__"}
@@ -124,7 +124,7 @@ func BenchmarkRedisBenchmarkP16(b *testing.B) {
 	}
 	reportRate(b, "grabs/s")
 	// Random user ids can repeat (already_claimed); nearly every call must grant.
-	snap, err := store.ReadSnapshot(context.Background(), rc.Client, act.Keys)
+	snap, err := handleOf(rc.Client, act).Snapshot(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}

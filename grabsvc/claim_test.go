@@ -43,7 +43,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 	if r := h.grab("bob", nil); r.Status != http.StatusOK || r.Outcome != OutcomeAlreadyClaimed || r.PacketID != "2" {
 		t.Fatalf("bob after sell-out: %d %s", r.Status, r.Raw)
 	}
-	snap, err := store.ReadSnapshot(ctx, h.admin, open.Keys)
+	snap, err := handleOf(h.admin, open).Snapshot(ctx)
 	if err != nil || snap.ClaimedCount != 3 || snap.ClaimedAmount != 60 || snap.RemainingCount != 0 {
 		t.Fatalf("snapshot after the grabs: %+v %v", snap, err)
 	}
@@ -56,7 +56,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 
 	// Committed but not opened by the controller yet: not started either.
 	ready := testActivity("ready")
-	if _, err := (store.Seeder{}).Seed(ctx, h.admin, ready.Keys, ones(3), store.SeedParams{Count: 3, Total: 6, Sponsor: "s"}); err != nil {
+	if _, err := handleOf(h.admin, ready).Seed(ctx, ones(3), store.SeedParams{Count: 3, Total: 6, Sponsor: "s"}); err != nil {
 		t.Fatal(err)
 	}
 	h.act.Store(ready)
@@ -72,7 +72,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 
 	closed := testActivity("closed")
 	h.useActivity(closed, ones(5), 0, 0, false)
-	if _, err := store.Close(ctx, h.admin, closed.Keys, store.CloseExpired); err != nil {
+	if _, err := handleOf(h.admin, closed).Close(ctx, store.CloseExpired); err != nil {
 		t.Fatal(err)
 	}
 	if r := h.grab("frank", nil); r.Status != http.StatusConflict || r.Outcome != OutcomeEnded {
@@ -84,7 +84,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 	if r := h.grab("gina", nil); r.Status != http.StatusConflict || r.Outcome != OutcomePaused {
 		t.Fatalf("paused: %d %s", r.Status, r.Raw)
 	}
-	if _, err := store.Configure(ctx, h.admin, paused.Keys, 0, 0, false, true); err != nil {
+	if _, err := handleOf(h.admin, paused).Configure(ctx, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
 	if r := h.grab("gina", nil); r.Status != http.StatusOK || r.Outcome != OutcomeGranted {
@@ -102,7 +102,7 @@ func TestGrabOutcomesOverHTTP(t *testing.T) {
 	if r.Status != http.StatusServiceUnavailable || r.Outcome != OutcomeUnavailable || !strings.Contains(r.Error, "not in the packet store") {
 		t.Fatalf("missing activity: %d %s", r.Status, r.Raw)
 	}
-	if n, err := h.admin.Exists(ctx, missing.Keys.All()...).Result(); err != nil || n != 0 {
+	if n, err := h.admin.Exists(ctx, keysOf(missing).All()...).Result(); err != nil || n != 0 {
 		t.Fatalf("a grab on a missing activity created %d keys (%v)", n, err)
 	}
 
@@ -139,7 +139,7 @@ func TestGrabUnauthorizedAndTokens(t *testing.T) {
 	if r := h.grab("jack", nil); r.Status != http.StatusUnauthorized || r.Outcome != OutcomeUnauthorized || r.Error == "" {
 		t.Fatalf("no token: %d %s", r.Status, r.Raw)
 	}
-	if got := h.state(act.Keys).Claims; got != 1 {
+	if got := h.state(act).Claims; got != 1 {
 		t.Fatalf("claims after one authorized grab: %d", got)
 	}
 }
@@ -210,7 +210,7 @@ func TestBadInputsHaveNoRedisEffect(t *testing.T) {
 		{"other activity", "POST", `{"userId":"u1"}`, sign(TokenClaims{UserID: "u1", Activity: "default/other", ActivityUID: act.Object.UID, Exp: future}), 401, OutcomeUnauthorized, "another activity"},
 		{"other user", "POST", `{"userId":"u2"}`, good, 401, OutcomeUnauthorized, "another user"},
 	}
-	before := h.state(act.Keys)
+	before := h.state(act)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			hdr := map[string]string{}
@@ -228,7 +228,7 @@ func TestBadInputsHaveNoRedisEffect(t *testing.T) {
 			if c.status == 405 && r.Header.Get("Allow") != "POST" {
 				t.Fatalf("405 without Allow: POST")
 			}
-			if after := h.state(act.Keys); after != before {
+			if after := h.state(act); after != before {
 				t.Fatalf("redis changed:\nbefore %+v\nafter  %+v", before, after)
 			}
 		})
@@ -250,7 +250,7 @@ func TestHugeHeadersAreRefused(t *testing.T) {
 	h.useActivity(act, ones(3), 0, 0, false)
 	hs := NewHTTPServer("127.0.0.1:0", h.srv.Handler())
 	addr := serveOn(t, hs)
-	before := h.state(act.Keys)
+	before := h.state(act)
 	req, err := http.NewRequest("POST", "http://"+addr+"/v1/grab", strings.NewReader(`{"userId":"u1"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +264,7 @@ func TestHugeHeadersAreRefused(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Fatalf("64 KiB of headers: %d, want 431", resp.StatusCode)
 	}
-	if after := h.state(act.Keys); after != before {
+	if after := h.state(act); after != before {
 		t.Fatalf("redis changed: %+v -> %+v", before, after)
 	}
 }
@@ -279,7 +279,7 @@ func TestRateLimits(t *testing.T) {
 				t.Fatalf("grab %d within the burst: %d %s", i, r.Status, r.Raw)
 			}
 		}
-		before := h.state(act.Keys)
+		before := h.state(act)
 		r := h.grab("kate", nil)
 		if r.Status != http.StatusTooManyRequests || r.Outcome != OutcomeRateLimited || r.Error == "" {
 			t.Fatalf("third grab: %d %s", r.Status, r.Raw)
@@ -287,7 +287,7 @@ func TestRateLimits(t *testing.T) {
 		if r.RetryAfter != "2" {
 			t.Fatalf("Retry-After %q, want 2 (one token every 2s)", r.RetryAfter)
 		}
-		if after := h.state(act.Keys); after != before {
+		if after := h.state(act); after != before {
 			t.Fatalf("a rate-limited grab changed redis")
 		}
 		if r := h.grab("liam", nil); r.Status != http.StatusOK || r.Outcome != OutcomeGranted {
@@ -305,7 +305,7 @@ func TestRateLimits(t *testing.T) {
 		if limited.Status != http.StatusTooManyRequests || limited.Outcome != OutcomeRateLimited || limited.RetryAfter != "1" {
 			t.Fatalf("fourth request from one client: %d %s Retry-After %q", limited.Status, limited.Raw, limited.RetryAfter)
 		}
-		if got := h.state(act.Keys).Claims; got != 3 {
+		if got := h.state(act).Claims; got != 3 {
 			t.Fatalf("claims: %d, want 3", got)
 		}
 		// The activity endpoint shares the client's budget.
@@ -380,7 +380,7 @@ func TestRedisDownGives503WithinTheDeadline(t *testing.T) {
 		r := h.grab("noah", nil)
 		return r.Status == http.StatusOK && (r.Outcome == OutcomeGranted || r.Outcome == OutcomeAlreadyClaimed), r.Raw
 	})
-	st := h.state(act.Keys)
+	st := h.state(act)
 	if st.Claims != 2 || st.StreamLen != 2 || st.Snapshot.ClaimedCount != 2 {
 		t.Fatalf("after the pause: %+v, want exactly two claims", st)
 	}

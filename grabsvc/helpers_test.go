@@ -60,20 +60,28 @@ func testActivity(name string) *Resource {
 	})
 }
 
+// handleOf is the handle of act's activity on c.
+func handleOf(c redis.Cmdable, act *Resource) *store.Activity {
+	return store.NewActivity(c, string(act.Object.UID), act.Object.Spec.ShardCount())
+}
+
+// keysOf is the keys of act's activity, of one shard.
+func keysOf(act *Resource) store.Keys { return handleOf(nil, act).Shard(0).Keys() }
+
 // seed commits amounts as the activity's packets and opens it with the window.
-func seed(t testing.TB, c redis.Scripter, k store.Keys, amounts []int64, startMs, endMs int64, paused bool) {
+func seed(t testing.TB, c redis.Cmdable, act *Resource, amounts []int64, startMs, endMs int64, paused bool) {
 	t.Helper()
 	var total int64
 	for _, a := range amounts {
 		total += a
 	}
 	ctx := context.Background()
-	if _, err := (store.Seeder{}).Seed(ctx, c, k, amounts, store.SeedParams{
+	if _, err := handleOf(c, act).Seed(ctx, amounts, store.SeedParams{
 		Count: int64(len(amounts)), Total: total, StartMs: startMs, EndMs: endMs, Paused: paused, Sponsor: "sponsor-1",
 	}); err != nil {
 		t.Fatalf("seeding: %v", err)
 	}
-	if st, err := store.Configure(ctx, c, k, startMs, endMs, paused, true); err != nil || st.State != store.StateOpen {
+	if st, err := handleOf(c, act).Configure(ctx, startMs, endMs, paused, true); err != nil || st.State != store.StateOpen {
 		t.Fatalf("opening: state %q, err %v", st.State, err)
 	}
 }
@@ -138,7 +146,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 func (h *harness) useActivity(act *Resource, amounts []int64, startMs, endMs int64, paused bool) {
 	h.t.Helper()
 	if amounts != nil {
-		seed(h.t, h.admin, act.Keys, amounts, startMs, endMs, paused)
+		seed(h.t, h.admin, act, amounts, startMs, endMs, paused)
 	}
 	h.act.Store(act)
 }
@@ -203,7 +211,7 @@ type redisState struct {
 	Scripts   string
 }
 
-func (h *harness) state(k store.Keys) redisState {
+func (h *harness) state(act *Resource) redisState {
 	h.t.Helper()
 	ctx := context.Background()
 	var s redisState
@@ -211,13 +219,13 @@ func (h *harness) state(k store.Keys) redisState {
 	if s.DBSize, err = h.admin.DBSize(ctx).Result(); err != nil {
 		h.t.Fatalf("dbsize: %v", err)
 	}
-	if s.Snapshot, err = store.ReadSnapshot(ctx, h.admin, k); err != nil {
+	if s.Snapshot, err = handleOf(h.admin, act).Snapshot(ctx); err != nil {
 		h.t.Fatalf("snapshot: %v", err)
 	}
-	if s.StreamLen, err = h.admin.XLen(ctx, k.Stream).Result(); err != nil {
+	if s.StreamLen, err = h.admin.XLen(ctx, keysOf(act).Stream).Result(); err != nil {
 		h.t.Fatalf("xlen: %v", err)
 	}
-	if s.Claims, err = h.admin.HLen(ctx, k.Claims).Result(); err != nil {
+	if s.Claims, err = h.admin.HLen(ctx, keysOf(act).Claims).Result(); err != nil {
 		h.t.Fatalf("hlen: %v", err)
 	}
 	return s

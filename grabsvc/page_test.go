@@ -168,8 +168,8 @@ func newPageServer(t *testing.T, name string, amounts []int64, start, end time.T
 	opts = append([]harnessOpt{func(c *Config) { c.Page, c.Resource = true, src.Current }}, opts...)
 	h := newHarness(t, opts...)
 	act := src.Current()
-	seed(t, h.admin, act.Keys, amounts, start.UnixMilli(), end.UnixMilli(), false)
-	return &pageServer{h: h, obj: obj, act: act, handle: store.NewShard(h.admin, string(act.Object.UID))}
+	seed(t, h.admin, act, amounts, start.UnixMilli(), end.UnixMilli(), false)
+	return &pageServer{h: h, obj: obj, act: act, handle: handleOf(h.admin, act).Shard(0)}
 }
 
 // claim is what Redis says the user holds.

@@ -141,7 +141,7 @@ func (r *Reporter) ReportOnce(ctx context.Context) (bool, error) {
 		r.Guard.Saw(uid, statusMark(&live.Status))
 	} else {
 		for i := range n {
-			r.Guard.SawShard(uid, i, n, store.ShardMark(&live.Status, i))
+			r.Guard.SawShard(uid, i, n, shardMark(&live.Status, i))
 		}
 	}
 	h := r.handles.of(r.Redis, act)

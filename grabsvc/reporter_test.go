@@ -56,7 +56,7 @@ func newReporterEnv(t *testing.T, name string, count int64) *reporterEnv {
 		t.Fatalf("creating the activity: %v", err)
 	}
 	act := NewResource(obj)
-	seed(t, rc.Client, act.Keys, amounts, 0, 0, false)
+	seed(t, rc.Client, act, amounts, 0, 0, false)
 	return &reporterEnv{cp: cp, rc: rc, admin: srv.Client(t), act: act}
 }
 
@@ -82,7 +82,7 @@ func (e *reporterEnv) burst(t *testing.T, prefix string, n int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := store.Grab(context.Background(), e.rc.Pipeliner, e.act.Keys, fmt.Sprintf("%s-%d", prefix, i))
+			res, err := handleOf(e.rc.Pipeliner, e.act).Shard(0).Grab(context.Background(), fmt.Sprintf("%s-%d", prefix, i))
 			if err == nil && res.Outcome != store.Granted {
 				err = fmt.Errorf("outcome %s", res.Outcome)
 			}
@@ -132,7 +132,7 @@ func TestReporterShowsABurstWithinTwoSeconds(t *testing.T) {
 
 	e.burst(t, "b1", 120)
 	burstEnd := time.Now()
-	snap, err := store.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
+	snap, err := handleOf(e.admin, e.act).Snapshot(context.Background())
 	if err != nil || snap.ClaimedCount != 120 {
 		t.Fatalf("snapshot %+v %v", snap, err)
 	}
@@ -146,11 +146,11 @@ func TestReporterShowsABurstWithinTwoSeconds(t *testing.T) {
 	}
 
 	// Settlement and dead-letter counters come from the same snapshot.
-	if err := e.admin.HSet(context.Background(), e.act.Keys.Meta, "settled_count", 7, "settled_amount", 21, "dead_count", 1).Err(); err != nil {
+	if err := e.admin.HSet(context.Background(), keysOf(e.act).Meta, "settled_count", 7, "settled_amount", 21, "dead_count", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
 	e.burst(t, "b2", 30)
-	snap, err = store.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
+	snap, err = handleOf(e.admin, e.act).Snapshot(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestReporterAppliesOnlyOnChangeOrHeartbeat(t *testing.T) {
 		t.Fatalf("lastReportTime %s -> %s, want %s", before, after, now.Truncate(time.Second))
 	}
 	// Redis without the activity: nothing is reported.
-	if err := store.Purge(ctx, e.admin, e.act.Keys); err != nil {
+	if err := handleOf(e.admin, e.act).Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(time.Minute)
@@ -228,7 +228,7 @@ func TestThreeReportersConvergeWithoutConflicts(t *testing.T) {
 		e.burst(t, fmt.Sprintf("r%d", round), 40)
 		time.Sleep(60 * time.Millisecond)
 	}
-	snap, err := store.ReadSnapshot(context.Background(), e.admin, e.act.Keys)
+	snap, err := handleOf(e.admin, e.act).Snapshot(context.Background())
 	if err != nil || snap.ClaimedCount != 200 {
 		t.Fatalf("snapshot %+v %v", snap, err)
 	}

@@ -57,6 +57,16 @@ func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus) store.Watermark {
 	return w
 }
 
+// shardMark is the watermark status st gives shard i: its figure in
+// status.shardWatermarks, in that epoch; the zero watermark when there is none.
+func shardMark(st *redpacketv1alpha1.RedPacketActivityStatus, i int) store.Watermark {
+	w := st.ShardWatermarks
+	if w == nil || i >= len(w.ClaimedCounts) {
+		return store.Watermark{}
+	}
+	return store.Watermark{Epoch: w.Epoch, ClaimedCount: w.ClaimedCounts[i]}
+}
+
 // Mark is the watermark to send with a grab of act: the higher of what this service
 // saw and what act's status records.
 func (g *RollbackGuard) Mark(act *Resource) store.Watermark {
@@ -74,7 +84,7 @@ func (g *RollbackGuard) MarkShard(act *Resource, i int) store.Watermark {
 	if n == 1 {
 		return g.Mark(act)
 	}
-	w := store.ShardMark(&act.Object.Status, i)
+	w := shardMark(&act.Object.Status, i)
 	if sm := g.shards.Load(); sm != nil && sm.uid == act.Object.UID && i < len(sm.marks) {
 		if seen := sm.marks[i].Load(); seen != nil {
 			return seen.Raise(w)
@@ -193,8 +203,9 @@ func (ws *durableWaiters) of(c redis.Cmdable, act *Resource, i int) *store.Repli
 	n := act.Object.Spec.ShardCount()
 	next := &durableWaiter{uid: act.Object.UID, replicas: d.Replicas, timeout: d.TimeoutMilliseconds,
 		w: make([]*store.ReplicaWaiter, n)}
+	h := store.NewActivity(c, string(act.Object.UID), n)
 	for k := range next.w {
-		next.w[k] = store.NewReplicaWaiter(c, store.ShardUID(string(act.Object.UID), k, n), int(d.Replicas), timeout)
+		next.w[k] = h.Shard(k).ReplicaWaiter(int(d.Replicas), timeout)
 	}
 	if ws.cur.CompareAndSwap(cur, next) {
 		return next.w[i]

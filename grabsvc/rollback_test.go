@@ -58,7 +58,7 @@ func TestGrabPathFencesARolledBackRedis(t *testing.T) {
 	if r := h.grab("u1", nil); r.Status != http.StatusOK || r.Outcome != "granted" {
 		t.Fatalf("grab u1: %d %s", r.Status, r.Raw)
 	}
-	old := takeBackup(t, h.admin, act.Keys)
+	old := takeBackup(t, h.admin, keysOf(act))
 	granted := map[string]string{}
 	for _, u := range []string{"u2", "u3", "u4"} {
 		r := h.grab(u, nil)
@@ -67,7 +67,7 @@ func TestGrabPathFencesARolledBackRedis(t *testing.T) {
 		}
 		granted[r.PacketID] = u
 	}
-	old.restore(t, h.admin, act.Keys)
+	old.restore(t, h.admin, keysOf(act))
 
 	for _, u := range []string{"u5", "u2"} {
 		r := h.grab(u, nil)
@@ -78,13 +78,13 @@ func TestGrabPathFencesARolledBackRedis(t *testing.T) {
 	if r := h.do(http.MethodGet, "/readyz", "", nil); r.Status != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz of a fenced activity: %d %s, want 503", r.Status, r.Raw)
 	}
-	st := h.state(act.Keys)
+	st := h.state(act)
 	if st.Snapshot.Fenced == "" || st.Snapshot.ClaimedCount != 1 || st.StreamLen != 1 {
 		t.Fatalf("Redis after the refusals: %+v, want fenced with the restored single claim", st)
 	}
 	// A replica that never saw a grant (no watermark at all) is refused too: the
 	// fence is in Redis.
-	if res, err := store.Grab(context.Background(), h.admin, act.Keys, "u6"); err != nil || res.Outcome != store.Fenced {
+	if res, err := handleOf(h.admin, act).Shard(0).Grab(context.Background(), "u6"); err != nil || res.Outcome != store.Fenced {
 		t.Fatalf("grab without a watermark after the fence: %+v %v, want fenced", res, err)
 	}
 }
@@ -95,7 +95,7 @@ func TestReporterFencesInsteadOfLowering(t *testing.T) {
 	e := newReporterEnv(t, "report-rollback", 20)
 	ctx := context.Background()
 	e.burst(t, "early", 1)
-	old := takeBackup(t, e.admin, e.act.Keys)
+	old := takeBackup(t, e.admin, keysOf(e.act))
 	e.burst(t, "late", 3)
 	guard := &RollbackGuard{}
 	r := e.reporter(0, nil)
@@ -110,7 +110,7 @@ func TestReporterFencesInsteadOfLowering(t *testing.T) {
 		t.Fatalf("watermark %+v after reading the status, want 4 claims", m)
 	}
 
-	old.restore(t, e.admin, e.act.Keys)
+	old.restore(t, e.admin, keysOf(e.act))
 	if ok, err := r.ReportOnce(ctx); err != nil || ok {
 		t.Fatalf("report on the rolled-back Redis: applied %v, %v; want nothing applied", ok, err)
 	}
@@ -118,7 +118,7 @@ func TestReporterFencesInsteadOfLowering(t *testing.T) {
 	if o.Status.ClaimedCount == nil || *o.Status.ClaimedCount != 4 || *o.Status.RemainingCount != 16 {
 		t.Fatalf("status after the rollback: claimed %s remaining %s, want 4 and 16 kept", ptrStr(o.Status.ClaimedCount), ptrStr(o.Status.RemainingCount))
 	}
-	snap, err := store.ReadSnapshot(ctx, e.admin, e.act.Keys)
+	snap, err := handleOf(e.admin, e.act).Snapshot(ctx)
 	if err != nil || snap.Fenced == "" || snap.ClaimedCount != 1 {
 		t.Fatalf("Redis after the report: %+v %v, want fenced at 1 claim", snap, err)
 	}

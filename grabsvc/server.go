@@ -38,7 +38,7 @@ const DefaultRedisTimeout = 500 * time.Millisecond
 // Config is what a Server needs.
 type Config struct {
 	// Redis runs the grab and snapshot scripts, always through the activity's handle
-	// (store.NewShard): the auto-pipeliner of the activity's Redis
+	// (store.NewActivity): the auto-pipeliner of the activity's Redis
 	// (redisconn.PipelinedClient.Pipeliner), or any client.
 	Redis redis.Cmdable
 	// Resource returns the current activity, nil until it has been read.

@@ -120,13 +120,13 @@ func TestActivityEndpoint(t *testing.T) {
 	if v != want {
 		t.Fatalf("activity view\n got %+v\nwant %+v", v, want)
 	}
-	if _, err := store.Configure(context.Background(), h.admin, act.Keys, start.UnixMilli(), end.UnixMilli(), true, true); err != nil {
+	if _, err := handleOf(h.admin, act).Configure(context.Background(), start.UnixMilli(), end.UnixMilli(), true, true); err != nil {
 		t.Fatal(err)
 	}
 	if v := get(); v.Phase != "Paused" || !v.Paused {
 		t.Fatalf("paused activity: %+v", v)
 	}
-	if _, err := store.Close(context.Background(), h.admin, act.Keys, store.CloseExpired); err != nil {
+	if _, err := handleOf(h.admin, act).Close(context.Background(), store.CloseExpired); err != nil {
 		t.Fatal(err)
 	}
 	v = get()
@@ -288,7 +288,7 @@ func flushDuringBurst(t *testing.T, rc *redisconn.PipelinedClient, flush func(co
 	for _, a := range amounts {
 		total += a
 	}
-	seed(t, rc.Client, act.Keys, amounts, 0, 0, false)
+	seed(t, rc.Client, act, amounts, 0, 0, false)
 	if err := lua.LoadAll(ctx, rc.Client); err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func flushDuringBurst(t *testing.T, rc *redisconn.PipelinedClient, flush func(co
 			<-started
 			for i := 0; i < perWorker; i++ {
 				user := fmt.Sprintf("w%d-u%d", w, i)
-				res, err := store.Grab(ctx, rc.Pipeliner, act.Keys, user)
+				res, err := handleOf(rc.Pipeliner, act).Shard(0).Grab(ctx, user)
 				done.Add(1)
 				mu.Lock()
 				switch {
@@ -355,11 +355,11 @@ func flushDuringBurst(t *testing.T, rc *redisconn.PipelinedClient, flush func(co
 	if fallbacks < int64(flushes) {
 		t.Fatalf("%d EVAL fallbacks after %d flushes: the flushes did not hit the burst", fallbacks, flushes)
 	}
-	snap, err := store.ReadSnapshot(ctx, rc.Client, act.Keys)
+	snap, err := handleOf(rc.Client, act).Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	xlen, err := rc.Client.XLen(ctx, act.Keys.Stream).Result()
+	xlen, err := rc.Client.XLen(ctx, keysOf(act).Stream).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func TestGracefulShutdownFinishesInFlightClaims(t *testing.T) {
 	if _, err := http.Get(base + "/healthz"); err == nil {
 		t.Fatal("the server still accepts connections after shutdown")
 	}
-	if got := h.state(act.Keys).Claims; got != 1 {
+	if got := h.state(act).Claims; got != 1 {
 		t.Fatalf("claims after shutdown: %d, want 1", got)
 	}
 }

@@ -150,29 +150,17 @@ end
 -- list from 0, transfers take from its tail and append numbered on from the meta
 -- count and total (transfer_out.lua, transfer_in.lua), and every pop from the head is
 -- one claim, so the head's numbers are the claims hash's length and the claimed
--- amount: no counter is read or raised here (snapshot.lua). A packet seeded before
--- the numbering (no '@') reads HLEN and raises the claimed_amount field, as every
--- grant did then.
-local packet, n = listed, nil
+-- amount: no counter is read or raised here (snapshot.lua).
 local at = string.find(listed, '@', 1, true)
-if at then
-  packet = string.sub(listed, 1, at - 1)
-  if markN then
-    n = tonumber(string.sub(listed, at + 1, string.find(listed, ':', at + 1, true) - 1))
-  end
-else
-  n = redis.call('HLEN', claims)
+local packet, n = string.sub(listed, 1, at - 1), nil
+if markN then
+  n = tonumber(string.sub(listed, at + 1, string.find(listed, ':', at + 1, true) - 1))
 end
 if markN and n < markN then
   -- Rolled back: the packet goes back where it was, and nothing else was written.
   redis.call('LPUSH', KEYS[2], listed)
   redis.call('HSET', meta, 'fenced', 'rolled_back', 'gate', '-')
   return {'fenced'}
-end
-if not at then
-  local amount = string.sub(packet, string.find(packet, ':', 1, true) + 1)
-  local after = redis.call('HINCRBY', meta, 'claimed_amount', amount)
-  listed = packet .. string.format('@%d:%d', n, after - tonumber(amount))
 end
 -- The claim names its settlement entry, so settlement can tell the one entry this
 -- grant wrote from any copy appended later.

@@ -10,7 +10,8 @@
 -- claim names the stream entry its grant wrote; when the claim names the
 -- dead-lettered entry, it is moved to the new one, so settlement still finds the
 -- grant genuine. A claim that names another entry is left alone: a forged entry
--- stays forged when replayed.
+-- stays forged when replayed. Only a packed grant is a grant (see grab.lua); a refund
+-- names no claim.
 -- Returns the number of entries moved.
 local entries = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', ARGV[1])
 for _, e in ipairs(entries) do
@@ -37,10 +38,6 @@ for _, e in ipairs(entries) do
           amount = string.sub(value, a + 1, b - 1)
           user = string.sub(value, d + 1)
         end
-      elseif name == 'kind' then kind = value
-      elseif name == 'packet' then packet = value
-      elseif name == 'user' then user = value
-      elseif name == 'amount' then amount = value
       elseif name == 'at' then at = value
       end
     end

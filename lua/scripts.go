@@ -126,7 +126,7 @@ var (
 	SeedCommitScript = newScript("seed_commit", seedCommitSrc)
 	// ConfigureScript sets the schedule and pause flag and opens the activity.
 	ConfigureScript = newScript("configure", configureSrc)
-	// CloseScript ends grabbing and refunds the remainder.
+	// CloseScript ends grabbing on one shard, writing no refund.
 	CloseScript = newScript("close", closeSrc)
 	// SnapshotScript reads every counter at one instant.
 	SnapshotScript = newScript("snapshot", snapshotSrc)
@@ -149,7 +149,8 @@ var (
 	TransferDoneScript = newScript("transfer_done", transferDoneSrc)
 	// StockScript reads a shard's transfer sequence and stock at one instant.
 	StockScript = newScript("stock", stockSrc)
-	// RefundActivityScript writes a sharded activity's one refund, once.
+	// RefundActivityScript writes an activity's one refund, once, after every shard
+	// closed.
 	RefundActivityScript = newScript("refund_activity", refundActivitySrc)
 	// ReplayDeadScript moves dead-lettered entries back into the settlement stream.
 	ReplayDeadScript = newScript("replay_dead", replayDeadSrc)

@@ -12,8 +12,7 @@
 -- so at every instant total = claimed + listed and the head's <amountBefore> is the
 -- claimed amount. An empty list means all of the total was claimed (or, before the
 -- commit, that nothing is there to count); a closed activity keeps the figure
--- close.lua recorded; a head seeded without '@' (before the numbering) is counted by
--- the claimed_amount field that grab.lua then raises.
+-- close.lua recorded.
 local function claimedAmount(fields, head)
   if fields.state == 'closed' then
     return fields.claimed_amount or '0'
@@ -22,10 +21,7 @@ local function claimedAmount(fields, head)
     return fields.total or '0'
   end
   local at = string.find(head, '@', 1, true)
-  if at then
-    return string.sub(head, string.find(head, ':', at + 1, true) + 1)
-  end
-  return fields.claimed_amount or '0'
+  return string.sub(head, string.find(head, ':', at + 1, true) + 1)
 end
 
 local meta = redis.call('HGETALL', KEYS[1])

@@ -43,11 +43,8 @@ end
 local amount = 0
 for i = 1, #taken do
   local p = taken[i]
-  local at = string.find(p, '@', 1, true)
-  if at then
-    p = string.sub(p, 1, at - 1)
-    taken[i] = p
-  end
+  p = string.sub(p, 1, string.find(p, '@', 1, true) - 1)
+  taken[i] = p
   amount = amount + tonumber(string.sub(p, string.find(p, ':', 1, true) + 1))
 end
 local amountStr = string.format('%d', amount)

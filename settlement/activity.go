@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/store"
 )
 
 // DefaultCurrency is the currency sent in deliveries of an activity whose
@@ -57,13 +56,13 @@ func HasWebhook(a *redpacketv1alpha1.RedPacketActivity) bool {
 
 // ActivityConfig is the worker configuration every settlement worker of the activity
 // runs with, wherever it runs (a grab pod, or the operator while a deleted activity
-// drains): the activity's keys (from its UID), "<namespace>/<name>", the UID, the
+// drains): "<namespace>/<name>", the UID, the
 // currency (DefaultCurrency when empty), the webhook URL and maxAttempts from the
 // spec, signingKey (nil sends unsigned deliveries), the default consumer group and an
 // HTTP client with DefaultHTTPTimeout. Because every worker uses the same group, the
 // workers of one activity share its stream: each entry is delivered by one of them at
 // a time. The caller sets Redis (a client of the worker's own, on which the worker
-// reaches the activity through its handle, store.NewShard), Consumer, and optionally
+// reaches the activity through its handle, store.NewActivity), Consumer, and optionally
 // Registerer and Logger. An activity without a webhook gets an empty WebhookURL, with
 // which a worker idles.
 func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) Config {
@@ -72,7 +71,6 @@ func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) C
 		currency = DefaultCurrency
 	}
 	cfg := Config{
-		Keys:        store.KeysFor(string(a.UID)),
 		Activity:    a.Namespace + "/" + a.Name,
 		ActivityUID: string(a.UID),
 		Currency:    currency,

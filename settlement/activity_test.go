@@ -7,7 +7,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/store"
 )
 
 // A key reads the same from a mounted file and from the Secret's data: trailing line
@@ -56,7 +55,7 @@ func TestActivityConfig(t *testing.T) {
 		t.Fatal("HasWebhook is false with a webhook")
 	}
 	cfg := ActivityConfig(a, []byte("k"))
-	if cfg.Keys != store.KeysFor("uid-1") || cfg.Activity != "ns/quiz" || cfg.ActivityUID != "uid-1" ||
+	if cfg.Activity != "ns/quiz" || cfg.ActivityUID != "uid-1" ||
 		cfg.Currency != DefaultCurrency || cfg.WebhookURL != "http://balance:8080/credit" || cfg.MaxAttempts != 7 ||
 		cfg.Group != DefaultGroup || string(cfg.SigningKey) != "k" || cfg.HTTPClient == nil || cfg.HTTPClient.Timeout != DefaultHTTPTimeout {
 		t.Errorf("config %+v", cfg)

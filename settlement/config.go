@@ -10,8 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-
-	"redpacket.io/operator/store"
 )
 
 // Defaults of the optional Config fields.
@@ -38,10 +36,8 @@ type Config struct {
 	// Redis is the connection holding the activity: a plain or cluster client of its
 	// own (its reads block), never the grab path's auto-pipeliner. The worker makes
 	// every Redis call through the activity's handle on it,
-	// store.NewShard(Redis, ActivityUID).
+	// store.NewActivity(Redis, ActivityUID, n).
 	Redis redis.UniversalClient
-	// Keys are the activity's keys, store.KeysFor(ActivityUID); other keys are refused.
-	Keys store.Keys
 	// Activity is "<namespace>/<name>", sent in every delivery.
 	Activity string
 	// ActivityUID is the resource's UID, sent in every delivery and part of the
@@ -135,14 +131,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Redis == nil {
 		return cfg, errors.New("settlement config: no Redis client")
 	}
-	if cfg.Keys.Stream == "" || cfg.Keys.Meta == "" || cfg.Keys.DeadLetters == "" {
-		return cfg, errors.New("settlement config: activity keys not set")
-	}
 	if cfg.ActivityUID == "" {
 		return cfg, errors.New("settlement config: no activity UID")
-	}
-	if cfg.Keys != store.KeysFor(cfg.ActivityUID) {
-		return cfg, fmt.Errorf("settlement config: keys (stream %s) are not the keys of activity %s", cfg.Keys.Stream, cfg.ActivityUID)
 	}
 	if cfg.Consumer == "" {
 		return cfg, errors.New("settlement config: no consumer name")

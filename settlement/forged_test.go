@@ -56,16 +56,17 @@ func TestForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 	}
 	amount := func(n int64) string { return strconv.FormatInt(n, 10) }
 	forged := map[string]string{ // entry id -> the user it would have credited
-		xadd("kind", "grant", "packet", alice.packet, "user", "mallory", "amount", amount(alice.amount), "at", "1"):               "mallory",
-		xadd("kind", "grant", "packet", bob.packet, "user", alice.user, "amount", amount(bob.amount), "at", "1"):                  alice.user,
-		xadd("kind", "grant", "packet", alice.packet, "user", alice.user, "amount", amount(alice.amount*100), "at", "1"):          alice.user,
-		xadd("kind", "grant", "packet", "p-999999", "user", "mallory", "amount", "5000", "at", "1", "currency", "CNY"):            "mallory",
+		// Grants in the packed form grab.lua writes: Alice's packet to Mallory, Bob's
+		// packet to Alice, Alice's packet for more money, a packet that does not exist,
+		// and a verbatim copy of Bob's genuine entry (not the one his grant wrote).
+		xadd("grant", alice.packet+":"+amount(alice.amount)+":0:CNY:mallory"):      "mallory",
+		xadd("grant", bob.packet+":"+amount(bob.amount)+":0:CNY:"+alice.user):      alice.user,
+		xadd("grant", alice.packet+":"+amount(alice.amount*100)+":0::"+alice.user): alice.user,
+		xadd("grant", "p-999999:5000:0:CNY:mallory"):                               "mallory",
+		xadd("grant", bob.packet+":"+amount(bob.amount)+":0::"+bob.user):           bob.user,
+		// Refunds of an open activity.
 		xadd("kind", "refund", "packet", store.RefundPacketID, "user", "mallory", "amount", "5000", "at", "1"):                    "mallory",
 		xadd("kind", "refund", "packet", store.RefundPacketID, "user", "merchant-001", "amount", "5000", "at", "1", "extra", "x"): "merchant-001",
-		// The packed form grab.lua writes: Alice's packet to Mallory, and a verbatim
-		// copy of Bob's genuine entry (not the one his grant wrote).
-		xadd("grant", alice.packet+":"+amount(alice.amount)+":0:CNY:mallory"): "mallory",
-		xadd("grant", bob.packet+":"+amount(bob.amount)+":0::"+bob.user):      bob.user,
 	}
 	for id, g := range a.grab(t, 10, 10) {
 		grants[id] = g
@@ -75,7 +76,7 @@ func TestForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 	cfg.SigningKey = key
 	startWorker(t, cfg)
 	// One more forgery while the worker runs, between genuine grants.
-	forged[xadd("kind", "grant", "packet", "p-777", "user", "mallory", "amount", "1", "at", "1")] = "mallory"
+	forged[xadd("grant", "p-777:1:0::mallory")] = "mallory"
 	for id, g := range a.grab(t, 20, 5) {
 		grants[id] = g
 	}
@@ -100,22 +101,22 @@ func TestForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 	}
 
 	// Each forged entry is parked with its fields and the reason.
-	dead, err := rdb.XRange(ctx, a.keys.DeadLetters, "-", "+").Result()
+	dead, err := a.handle.Shard(0).DeadLetters(ctx)
 	if err != nil || len(dead) != len(forged) {
 		t.Fatalf("dead letters %v, %v; want %d", dead, err, len(forged))
 	}
 	for _, d := range dead {
-		id, _ := d.Values["entry"].(string)
+		id := d.Fields["entry"]
 		user, ok := forged[id]
 		if !ok {
 			t.Errorf("dead letter of entry %q, which is not a forged one", id)
 			continue
 		}
-		if e, _ := d.Values["error"].(string); !strings.Contains(e, store.ErrForged.Error()) {
+		if e := d.Fields["error"]; !strings.Contains(e, store.ErrForged.Error()) {
 			t.Errorf("dead letter of %s: error %q, want it to say the entry is forged", id, e)
 		}
-		if e := store.DecodeMessages([]redis.XMessage{d})[0]; e.Malformed != nil || e.UserID != user {
-			t.Errorf("dead letter of %s lost its fields: %v", id, d.Values)
+		if d.Malformed != nil || d.UserID != user {
+			t.Errorf("dead letter of %s lost its fields: %v", id, d.Fields)
 		}
 	}
 	if p := a.pending(t, DefaultGroup); p != 0 {
@@ -123,7 +124,7 @@ func TestForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 	}
 
 	// The genuine refund at close is delivered; the forged refunds were not.
-	res, err := store.Close(ctx, rdb, a.keys, store.CloseExpired)
+	res, err := a.handle.Close(ctx, store.CloseExpired)
 	if err != nil || res.Refunded <= 0 {
 		t.Fatalf("close: %+v, %v", res, err)
 	}
@@ -147,7 +148,7 @@ func TestReplayedForgedEntryIsDeadLetteredAgain(t *testing.T) {
 	grants := a.grab(t, 0, 3)
 	ctx := context.Background()
 	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: a.keys.Stream,
-		Values: []string{"kind", "grant", "packet", "p-1", "user", "mallory", "amount", "100", "at", "1"}}).Err(); err != nil {
+		Values: []string{"grant", "p-1:100:0::mallory"}}).Err(); err != nil {
 		t.Fatalf("xadd: %v", err)
 	}
 	startWorker(t, baseConfig(a, rcv.url("/credit"), "w1"))
@@ -155,7 +156,7 @@ func TestReplayedForgedEntryIsDeadLetteredAgain(t *testing.T) {
 		s := a.snapshot(t)
 		return s.SettledCount == 3 && s.DeadCount == 1
 	})
-	if n, err := store.NewShard(rdb, a.uid).ReplayDeadLetters(ctx, 0); err != nil || n != 1 {
+	if n, err := a.handle.ReplayDeadLetters(ctx, 0); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	eventually(t, 10*time.Second, "the replayed forgery dead-lettered again", func() bool {

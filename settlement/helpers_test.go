@@ -285,7 +285,9 @@ type grant struct {
 
 // activity is a seeded, open activity in a real Redis.
 type activity struct {
-	uid  string
+	uid    string
+	handle *store.Activity
+	// keys are the activity's keys, for the raw reads a consumer group's state needs.
 	keys store.Keys
 	rdb  *redis.Client
 }
@@ -304,15 +306,15 @@ func newActivity(t *testing.T, rdb *redis.Client, uid string, count int, total i
 	if amounts[count-1] <= 0 {
 		t.Fatalf("total %d too small for %d packets", total, count)
 	}
-	k := store.KeysFor(uid)
-	if _, err := (store.Seeder{}).Seed(ctx, rdb, k, amounts, store.SeedParams{Count: int64(count), Total: total, Sponsor: sponsor}); err != nil {
+	h := store.NewActivity(rdb, uid, 1)
+	if _, err := h.Seed(ctx, amounts, store.SeedParams{Count: int64(count), Total: total, Sponsor: sponsor}); err != nil {
 		t.Fatalf("seeding: %v", err)
 	}
-	state, err := store.Configure(ctx, rdb, k, 0, 0, false, true)
+	state, err := h.Configure(ctx, 0, 0, false, true)
 	if err != nil || state.State != store.StateOpen {
 		t.Fatalf("opening: state %q, err %v", state.State, err)
 	}
-	return activity{uid: uid, keys: k, rdb: rdb}
+	return activity{uid: uid, handle: h, keys: h.Shard(0).Keys(), rdb: rdb}
 }
 
 // grab has n users grab a packet each and returns the grants by packet id.
@@ -321,7 +323,7 @@ func (a activity) grab(t *testing.T, first, n int) map[string]grant {
 	grants := map[string]grant{}
 	for i := first; i < first+n; i++ {
 		user := fmt.Sprintf("user-%04d", i)
-		res, err := store.Grab(context.Background(), a.rdb, a.keys, user)
+		res, err := a.handle.Shard(0).Grab(context.Background(), user)
 		if err != nil || res.Outcome != store.Granted {
 			t.Fatalf("grab by %s: %+v, %v", user, res, err)
 		}
@@ -332,7 +334,7 @@ func (a activity) grab(t *testing.T, first, n int) map[string]grant {
 
 func (a activity) snapshot(t *testing.T) store.Snapshot {
 	t.Helper()
-	s, err := store.ReadSnapshot(context.Background(), a.rdb, a.keys)
+	s, err := a.handle.Snapshot(context.Background())
 	if err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
@@ -413,7 +415,6 @@ func startWorker(t *testing.T, cfg Config) (w *Worker, stop func()) {
 func baseConfig(a activity, url, consumer string) Config {
 	return Config{
 		Redis:       a.rdb,
-		Keys:        a.keys,
 		Activity:    "default/" + a.uid,
 		ActivityUID: a.uid,
 		Currency:    "CNY",

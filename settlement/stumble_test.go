@@ -14,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -96,11 +95,11 @@ func TestStumblingBalanceSystemCreditsEveryGrantOnce(t *testing.T) {
 	if n := rcv.requestsFor(a.uid + "/" + poison.packet); n != cfg.MaxAttempts {
 		t.Errorf("the poison entry was delivered %d times, want MaxAttempts = %d", n, cfg.MaxAttempts)
 	}
-	dead, err := rdb.XRange(context.Background(), a.keys.DeadLetters, "-", "+").Result()
-	if err != nil || len(dead) != 1 || store.DecodeMessages(dead)[0].PacketID != poison.packet {
+	dead, err := a.handle.Shard(0).DeadLetters(context.Background())
+	if err != nil || len(dead) != 1 || dead[0].PacketID != poison.packet {
 		t.Fatalf("dead letters %v, %v; want the poison entry %s only", dead, err, poison.packet)
 	}
-	if e, _ := dead[0].Values["error"].(string); !strings.Contains(e, "422") {
+	if e := dead[0].Fields["error"]; !strings.Contains(e, "422") {
 		t.Errorf("dead letter error %q, want the 422 answer", e)
 	}
 

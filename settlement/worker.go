@@ -5,7 +5,7 @@
 // consumer in the activity's consumer group: it reads entries, POSTs each to the
 // balance system's webhook (the body and headers the public contract fixes) and
 // acknowledges an entry only after a 2xx answer, in the same atomic step that counts
-// it as settled (store.Ack), so the settled counters are exact and never count an
+// it as settled (store.Shard.Ack), so the settled counters are exact and never count an
 // entry twice.
 //
 // Before an entry is delivered it is checked against what the script that wrote it
@@ -27,7 +27,7 @@
 // are brought forward. Deliveries are counted by Redis itself (the pending entry's
 // delivery counter, raised by every read, claim and retry), so the count survives a
 // worker's death; an entry delivered MaxAttempts times without success moves to the
-// dead-letter stream (store.DeadLetter), once. A worker re-reads its own pending
+// dead-letter stream (store.Shard.DeadLetter), once. A worker re-reads its own pending
 // entries when it starts, keeps the entries it holds fresh while it backs off, and
 // periodically takes over entries left idle longer than ClaimIdle by dead workers
 // (XAUTOCLAIM). The stream is never trimmed. store.Shard.ReplayDeadLetters puts
@@ -102,10 +102,11 @@ func newWorkers(cfg Config, n int) ([]*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	act := store.NewActivity(cfg.Redis, cfg.ActivityUID, n)
 	ws := make([]*Worker, n)
 	for i := range ws {
 		// One transport for all of them: the first worker closes its idle connections.
-		ws[i] = newWorker(cfg, m, store.NewShard(cfg.Redis, store.ShardUID(cfg.ActivityUID, i, n)), ownTransport && i == 0)
+		ws[i] = newWorker(cfg, m, act.Shard(i), ownTransport && i == 0)
 	}
 	return ws, nil
 }

@@ -33,8 +33,9 @@ import (
 var ErrACLUnavailable = errors.New("the Redis server cannot manage ACL users for the operator " +
 	"(it predates Redis 6, or the operator's Redis user may not run ACL SETUSER, GETUSER and DELUSER)")
 
-// ActivityUserName is the name of the Redis ACL user of the activity with the given UID.
-func ActivityUserName(uid string) string { return "rpa-" + uid }
+// activityUserName is the name of the Redis ACL user of the activity with the given
+// UID.
+func activityUserName(uid string) string { return "rpa-" + uid }
 
 // grabSideScripts are the scripts the grab pods run: the grab, the refill of a
 // sharded activity's dry shard (the transfers and the stock reading), the reporter's
@@ -50,7 +51,7 @@ func grabSideScripts() []*lua.Script {
 		// them), the readiness ping, WAIT (durability Replicas: ReplicaWaiter; WAIT touches
 		// no key), the settlement worker's consumer group and its check of
 		// entries against the claims and meta hashes (stream.go), the reading of a sharded
-		// activity's transfer journals (shards.go), and what a cluster client
+		// activity's transfer journals (transfer.go), and what a cluster client
 		// asks to learn the slot map and the commands' key positions (COMMAND, which only
 		// describes commands). AUTH and HELLO need no grant. A method of Activity that the
 		// grab pods call and that sends another command must add it here.
@@ -74,9 +75,9 @@ var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'(
 // (XGROUP CREATE, never XGROUP DESTROY).
 var containerCommands = map[string]bool{"xgroup": true, "xinfo": true, "object": true, "memory": true}
 
-// ActivityUserCommands lists, sorted and in lower case, every command the activity's
+// activityUserCommands lists, sorted and in lower case, every command the activity's
 // user may run: activityUserDirectCommands and every command grabSideScripts call.
-func ActivityUserCommands() []string {
+func activityUserCommands() []string {
 	set := map[string]bool{}
 	for _, c := range activityUserDirectCommands {
 		set[c] = true
@@ -120,7 +121,7 @@ func (k Keys) keyRules() []string {
 func (k Keys) userName() string {
 	_, rest, _ := strings.Cut(k.Meta, "{")
 	uid, _, _ := strings.Cut(rest, "}")
-	return ActivityUserName(uid)
+	return activityUserName(uid)
 }
 
 // passwordHash is how Redis lists a password: the hex SHA-256 of it. EnsureUser sends
@@ -133,14 +134,14 @@ func passwordHash(password string) string {
 // userRules are the ACL SETUSER rules of the activity's user with the given password
 // hash: everything reset first, so that the rules are exactly these whatever the user
 // held before; on; the one password; the activity's keys; no Pub/Sub channel; and
-// ActivityUserCommands only.
+// activityUserCommands only.
 func (k Keys) userRules(hash string) []any {
 	rules := []any{"reset", "on", "#" + hash}
 	for _, p := range k.keyRules() {
 		rules = append(rules, p)
 	}
 	rules = append(rules, "resetchannels", "-@all")
-	for _, c := range ActivityUserCommands() {
+	for _, c := range activityUserCommands() {
 		rules = append(rules, "+"+c)
 	}
 	return rules
@@ -160,7 +161,7 @@ type UserChange struct {
 }
 
 // EnsureUser makes sure every node of the activity's Redis holds the activity's ACL
-// user (ActivityUserName) with exactly the given password and rules (userRules). A
+// user (activityUserName) with exactly the given password and rules (userRules). A
 // node that holds them already is left alone, so calling it at every reconcile costs
 // one ACL GETUSER per node. A node that holds the user with another password is a
 // rotation: the user is deleted (ACL DELUSER closes its connections, so nobody stays

@@ -2,722 +2,210 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
-	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"redpacket.io/operator/lua"
 )
 
-// Outcome is what a grab decided.
-type Outcome string
+// Activity is the handle of one activity, spread over n hash tags so that a Redis
+// Cluster can place its parts on different masters: shard i (Shard, every script
+// unchanged) has the keys under the tag {<uid>.<i>}. An activity of one shard has its
+// keys under {<uid>}; it is the ordinary case of the same rules, not a separate
+// layout: every operation takes the same steps for every n.
+//
+// The rules that keep a sharded activity as exact as one on a single slot:
+//
+//   - A user's claim is decided by their home shard alone (Home, a stable hash
+//     of the user id), so that shard's claims hash is the whole truth about whether
+//     the user holds a packet: one packet per user across all shards.
+//   - Packets move between shards only by a journalled transfer (transfer_out,
+//     transfer_in, transfer_done). At every instant a packet is in exactly one of: a
+//     shard's list, a claim, or a source's journal entry that the destination has not
+//     applied. A transfer has an id; the destination applies an id at most once and
+//     the source keeps the entry until the destination has applied it, so a crash
+//     anywhere between the halves neither loses nor duplicates a packet: whoever
+//     finds the entry (Resolve) finishes the move.
+//   - Each shard's meta "count" and "total" follow its packets in and out, so on an
+//     open shard LLEN(packets) + claimed_count = count, and across shards
+//     Σ count + packets in transfer = the activity's count (the same for amounts).
+//     ReadShards checks both (Conservation).
+//   - A home shard that runs dry refills from the sibling with the most stock
+//     before its user is told sold_out; sold_out is answered only after a reading of
+//     every shard in which no packet moved between shards (the transfer sequences
+//     did not change) showed no packet listed or in transfer anywhere. Since grabs
+//     only remove packets, no packet was left anywhere at that instant, and none can
+//     appear later.
+//   - Closing closes every shard without a refund, then writes one refund for the
+//     activity on shard 0 (refund_activity.lua, the only script that writes one): the
+//     total minus every shard's claimed amount, read after all of them closed. A
+//     packet still in a journal is neither claimed nor listed, so the refund counts
+//     it; a closed shard refuses transfers in and out.
+//
+// Activity is safe for concurrent use; refills of one home shard are serialized within
+// the process (other processes may refill at the same time: the journal keeps that
+// exact too).
+type Activity struct {
+	uid    string
+	shards []*Shard
+	// base is the activity's handle under {<uid>}: shard 0 when there is one shard;
+	// its ACL user's key patterns cover every shard (EnsureUser).
+	base *Shard
+	// Seeder stages and commits each shard's packets; its zero value is what
+	// production uses.
+	Seeder Seeder
+	// TransferBatch is the most packets one refill moves; 0 means
+	// DefaultTransferBatch. A refill takes half of its source's list, up to this.
+	TransferBatch int
+	// Replicated, when set, returns once enough replicas of shard i's master hold
+	// every write made to it so far (a ReplicaWaiter's Wait), and an error when they
+	// do not in time. A transfer then goes on only once its first half is on the
+	// source's replicas, and forgets its journal entry only once its second half is on
+	// the destination's: a failover to a replica can then neither give the source its
+	// packets back while the destination has them (granting them twice) nor take them
+	// from the destination after the source forgot them. Set it for durability
+	// Replicas; without replicas a crash is covered by fsync (durability Fsync).
+	Replicated func(ctx context.Context, shard int) error
 
-// The outcomes of a grab, as the grab script returns them.
+	idPrefix string
+	nextID   atomic.Uint64
+	refill   []sync.Mutex
+	// soldOutAt is when a steady reading last found no packet anywhere (unix nanos,
+	// 0 for never). Stock does not come back (short of an operator accepting a
+	// rolled-back state), so for soldOutFor after it a grab that finds its home dry is
+	// sold out at once, without reading every shard again.
+	soldOutAt atomic.Int64
+}
+
+// MaxShards is the most shards one activity may have (spec.shards).
+const MaxShards = 64
+
+// shardUID is the UID whose hash tag holds shard i of an activity of n shards: the
+// activity's own UID when n is 1, "<uid>.<i>" otherwise.
+func shardUID(uid string, i, n int) string {
+	if n <= 1 {
+		return uid
+	}
+	return uid + "." + strconv.Itoa(i)
+}
+
+// homeShard is the shard that decides userID's claims: FNV-1a (64 bit) of the user
+// id, modulo n. It depends on nothing but the id and n, so every grab pod, restart
+// and version agrees; n is immutable for that reason.
+func homeShard(userID string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(userID))
+	return int(h.Sum64() % uint64(n))
+}
+
+// NewActivity returns the handle of the activity uid spread over n shards (n ≤ 1 is
+// one shard) on client c, which must reach every shard's slot (a cluster client, or
+// any client of a single server).
+func NewActivity(c redis.Cmdable, uid string, n int) *Activity {
+	n = max(n, 1)
+	s := &Activity{uid: uid, shards: make([]*Shard, n), refill: make([]sync.Mutex, n)}
+	for i := range s.shards {
+		s.shards[i] = newShard(c, shardUID(uid, i, n))
+	}
+	s.base = s.shards[0]
+	if n > 1 {
+		s.base = newShard(c, uid)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	s.idPrefix = hex.EncodeToString(b[:]) + "-"
+	return s
+}
+
+// UID is the activity's UID.
+func (s *Activity) UID() string { return s.uid }
+
+// N is the number of shards.
+func (s *Activity) N() int { return len(s.shards) }
+
+// Shard is the handle of shard i: its grabs, settlement stream and consumer group.
+func (s *Activity) Shard(i int) *Shard { return s.shards[i] }
+
+// Home is the index of userID's home shard.
+func (s *Activity) Home(userID string) int { return homeShard(userID, len(s.shards)) }
+
+// Meta fields of the activity as a whole, on shard 0.
 const (
-	Granted        Outcome = "granted"
-	AlreadyClaimed Outcome = "already_claimed"
-	SoldOut        Outcome = "sold_out"
-	NotStarted     Outcome = "not_started"
-	Ended          Outcome = "ended"
-	Paused         Outcome = "paused"
-	// Missing means Redis holds no committed activity under these keys.
-	Missing Outcome = "missing"
-	// Fenced means the activity is fenced: its Redis came back older than what was
-	// acknowledged (see grab.lua), and nothing is granted until the state is accepted.
-	Fenced Outcome = "fenced"
+	fieldActivityCount  = "activity_count"
+	fieldActivityTotal  = "activity_total"
+	fieldActivityRefund = "activity_refund"
+	fieldActivityReason = "activity_close_reason"
+	fieldShards         = "shards"
 )
 
-// Watermark is what a caller has already seen an activity's Redis reach: the
-// claimed_count, within an epoch. A Redis below it has rolled back. The zero value
-// checks nothing.
-type Watermark struct {
-	Epoch        int64
-	ClaimedCount int64
-}
-
-// Raise returns the higher of w and o: a later epoch wins whatever its count.
-func (w Watermark) Raise(o Watermark) Watermark {
-	if o.Epoch > w.Epoch || (o.Epoch == w.Epoch && o.ClaimedCount > w.ClaimedCount) {
-		return o
+// eachShard runs fn for every shard at the same time and returns the first error.
+func (s *Activity) eachShard(fn func(i int, a *Shard) error) error {
+	errs := make([]error, len(s.shards))
+	var wg sync.WaitGroup
+	for i, a := range s.shards {
+		wg.Go(func() { errs[i] = fn(i, a) })
 	}
-	return w
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
-// GrabResult is the decision on one claim. PacketID and Amount are set for Granted
-// and AlreadyClaimed.
-type GrabResult struct {
-	Outcome  Outcome
-	PacketID string
-	Amount   int64
-	// Seen is set for Granted: the claimed_count this grant raised and its epoch, a
-	// watermark Redis must never fall below again.
-	Seen Watermark
-}
+// Time is the Redis clock of shard 0's master.
+func (s *Activity) Time(ctx context.Context) (time.Time, error) { return s.shards[0].Time(ctx) }
 
-// Grab decides one claim for userID, checking no watermark. The user id travels as
-// an ARGV, never a KEY.
-func Grab(ctx context.Context, c redis.Scripter, k Keys, userID string) (GrabResult, error) {
-	return GrabAbove(ctx, c, k, userID, Watermark{})
-}
-
-// GrabAbove decides one claim for userID on a Redis that must be at or above mark;
-// a Redis below it is fenced and the answer is Fenced.
-func GrabAbove(ctx context.Context, c redis.Scripter, k Keys, userID string, mark Watermark) (GrabResult, error) {
-	return newGrabCall(k).grab(ctx, c, userID, mark)
-}
-
-// grabCall is the grab script's EVALSHA on one activity's keys, with what never
-// changes between grabs (the command, the digest, the key count and the four keys)
-// boxed once: Activity keeps one, since the claim path sends one per grab and
-// boxing those six arguments anew each time was a tenth of its client's CPU.
-type grabCall struct {
-	keys []string
-	head [7]any
-}
-
-func newGrabCall(k Keys) *grabCall {
-	g := &grabCall{keys: []string{k.Meta, k.Packets, k.Claims, k.Stream}}
-	g.head = [7]any{"evalsha", lua.GrabScript.SHA(), len(g.keys), k.Meta, k.Packets, k.Claims, k.Stream}
-	return g
-}
-
-// commandProcessor is what every go-redis client, pipeline and auto-pipeliner
-// offers: a command built by the caller, routed by its first key.
-type commandProcessor interface {
-	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
-// grab sends the grab script for userID, with mark as ARGV[2] and ARGV[3] unless
-// it is the zero watermark, which checks nothing either way (grab.lua), and falls
-// back to EVAL on NOSCRIPT as Script.Run does.
-func (g *grabCall) grab(ctx context.Context, c redis.Scripter, userID string, mark Watermark) (GrabResult, error) {
-	n := len(g.head) + 1
-	if mark != (Watermark{}) {
-		n += 2
-	}
-	args := make([]any, n)
-	copy(args, g.head[:])
-	args[len(g.head)] = userID
-	if mark != (Watermark{}) {
-		args[len(g.head)+1], args[len(g.head)+2] = mark.ClaimedCount, mark.Epoch
-	}
-	argv := args[len(g.head):]
-	var cmd *redis.Cmd
-	if p, ok := c.(commandProcessor); ok {
-		cmd = redis.NewCmd(ctx, args...)
-		cmd.SetFirstKeyPos(3)
-		_ = p.Process(ctx, cmd)
-		if lua.IsNoScript(cmd.Err()) {
-			cmd = c.Eval(ctx, lua.GrabScript.Source(), g.keys, argv...)
+// Ping checks that every shard's master answers.
+func (s *Activity) Ping(ctx context.Context) error {
+	return s.eachShard(func(i int, a *Shard) error {
+		if err := a.Ping(ctx); err != nil {
+			return fmt.Errorf("shard %d: %w", i, err)
 		}
-	} else {
-		cmd = lua.GrabScript.Run(ctx, c, g.keys, argv...)
-	}
-	reply, err := cmd.Result()
-	if err != nil {
-		return GrabResult{}, fmt.Errorf("grab script: %w", err)
-	}
-	res, err := decodeGrab(reply)
-	if err != nil {
-		return GrabResult{}, fmt.Errorf("grab script: %w", err)
-	}
-	return res, nil
+		return nil
+	})
 }
 
-// decodeGrab reads the grab script's reply: for a grant one string (decodeGrant);
-// otherwise a list,
-// {already_claimed, "<packetId>:<amount>:<entryId>"} (the user's claim as stored) or
-// {outcome} alone. The script hands the packet, the claim and the counters on as
-// strings and they are split here, off the server.
-func decodeGrab(reply any) (GrabResult, error) {
-	if grant, ok := reply.(string); ok {
-		return decodeGrant(grant)
-	}
-	vals, ok := reply.([]any)
-	if !ok || len(vals) == 0 {
-		return GrabResult{}, fmt.Errorf("reply %v (%T) is neither a grant nor an outcome", reply, reply)
-	}
-	outcome, ok := vals[0].(string)
-	if !ok {
-		return GrabResult{}, fmt.Errorf("outcome is %T, not a string", vals[0])
-	}
-	res := GrabResult{Outcome: Outcome(outcome)}
-	switch res.Outcome {
-	case Granted:
-		return GrabResult{}, errors.New("a grant answered as a list")
-	case AlreadyClaimed:
-		if len(vals) != 2 {
-			return GrabResult{}, fmt.Errorf("%d values in already_claimed, want 2", len(vals))
+// LoadScripts loads every script on every master (see Shard.LoadScripts).
+func (s *Activity) LoadScripts(ctx context.Context) error { return s.shards[0].LoadScripts(ctx) }
+
+// CheckFsync checks every shard's master (Shard.CheckFsync).
+func (s *Activity) CheckFsync(ctx context.Context) error {
+	return s.eachShard(func(i int, a *Shard) error {
+		if err := a.CheckFsync(ctx); err != nil {
+			return fmt.Errorf("shard %d: %w", i, err)
 		}
-		raw, _ := vals[1].(string)
-		c, ok := parseClaim(raw)
-		if !ok {
-			return GrabResult{}, fmt.Errorf("claim %q is not <packetId>:<amount>:<entryId>", raw)
+		return nil
+	})
+}
+
+// CheckReplicas checks that every shard's master has at least n replicas connected.
+func (s *Activity) CheckReplicas(ctx context.Context, n int) error {
+	return s.eachShard(func(i int, a *Shard) error {
+		if err := a.CheckReplicas(ctx, n); err != nil {
+			return fmt.Errorf("shard %d: %w", i, err)
 		}
-		res.PacketID, res.Amount = c.PacketID, c.Amount
-	default:
-		if len(vals) != 1 {
-			return GrabResult{}, fmt.Errorf("%d values in outcome %q, want 1", len(vals), outcome)
-		}
-	}
-	return res, nil
+		return nil
+	})
 }
 
-// decodeGrant reads a grant,
-// "<packetId>:<amount>@<countBefore>:<amountBefore>:<epoch>:<currency>": the packet
-// as it was listed, then the gate's epoch and currency. The count this grant raised,
-// the caller's next watermark, is countBefore + 1.
-func decodeGrant(v string) (GrabResult, error) {
-	bad := func(what string) (GrabResult, error) {
-		return GrabResult{}, fmt.Errorf("grant %q is not <packetId>:<amount>@<countBefore>:<amountBefore>:<epoch>:<currency>: %s", v, what)
-	}
-	packet, rest, ok := strings.Cut(v, "@")
-	if !ok {
-		return bad("no '@'")
-	}
-	id, amount, ok := strings.Cut(packet, ":")
-	if !ok || id == "" {
-		return bad("no packet id")
-	}
-	// The fields are cut one by one (no slice of them is allocated: this runs once
-	// per grant); the currency, last, may itself hold ':'.
-	var fields [4]string
-	fields[0] = amount
-	for i := 1; i < 4; i++ {
-		var ok bool
-		if fields[i], rest, ok = strings.Cut(rest, ":"); !ok {
-			return bad("too few fields")
-		}
-	}
-	var nums [4]int64
-	for i, f := range fields {
-		n, err := strconv.ParseInt(f, 10, 64)
-		if err != nil || n < 0 {
-			return bad(fmt.Sprintf("%q is not a non-negative integer", f))
-		}
-		nums[i] = n
-	}
-	return GrabResult{Outcome: Granted, PacketID: id, Amount: nums[0],
-		Seen: Watermark{ClaimedCount: nums[1] + 1, Epoch: nums[3]}}, nil
+// EnsureUser gives the activity's ACL user, whose key patterns cover every shard,
+// the password on every node (Shard.EnsureUser).
+func (s *Activity) EnsureUser(ctx context.Context, password string) (UserChange, error) {
+	return s.base.EnsureUser(ctx, password)
 }
 
-// SeedParams are the activity's facts written at commit.
-type SeedParams struct {
-	Count   int64
-	Total   int64
-	StartMs int64
-	EndMs   int64
-	Paused  bool
-	Sponsor string
-	// Currency is recorded in every settlement entry.
-	Currency string
-}
+// UserName is the name of the activity's Redis ACL user (EnsureUser).
+func (s *Activity) UserName() string { return s.base.keys.userName() }
 
-// DefaultChunkSize is how many packets one staging call appends.
-const DefaultChunkSize = 10000
-
-// Seeder writes an activity's packets into Redis exactly once: it appends them to a
-// staging list in chunks (each chunk lands once, at its offset, even when the seeder
-// is retried or runs twice at the same time) and then commits the complete list in
-// one atomic step guarded by the activity's marker.
-type Seeder struct {
-	// ChunkSize is how many packets one staging call appends; 0 means DefaultChunkSize.
-	ChunkSize int
-	// AfterChunk, when set, runs after each staged chunk with the staged length. An
-	// error stops seeding there, as a crash would.
-	AfterChunk func(staged int64) error
-	// ScriptOnly stages every chunk through seed_stage.lua, never with the
-	// optimistic transaction (stageDirect); for tests of the script.
-	ScriptOnly bool
-	// IDStride and IDOffset number the packets: packet i (from 0) gets the id
-	// i*IDStride + IDOffset + 1. The zero values number them 1, 2, 3, ...; shard k of
-	// n gets stride n and offset k, so ids stay unique across an activity's shards.
-	IDStride, IDOffset int64
-}
-
-// packetID is the id of the i-th packet (from 0) this seeder stages.
-func (s Seeder) packetID(i int64) int64 {
-	stride := s.IDStride
-	if stride <= 0 {
-		stride = 1
-	}
-	return i*stride + s.IDOffset + 1
-}
-
-// SeedResult says what Seed did.
-type SeedResult struct {
-	// Committed is true when this call committed the activity, false when it had
-	// been committed before (the existing data is adopted untouched).
-	Committed bool
-}
-
-// Seed stages amounts (packet i+1 gets amounts[i]) and commits them. amounts must
-// be positive and sum to p.Total, with len(amounts) == p.Count.
-func (s Seeder) Seed(ctx context.Context, c redis.Scripter, k Keys, amounts []int64, p SeedParams) (SeedResult, error) {
-	if int64(len(amounts)) != p.Count {
-		return SeedResult{}, fmt.Errorf("seeding: %d packets, want %d", len(amounts), p.Count)
-	}
-	var sum int64
-	for i, a := range amounts {
-		if a <= 0 {
-			return SeedResult{}, fmt.Errorf("seeding: packet %d has amount %d", i+1, a)
-		}
-		sum += a
-	}
-	if sum != p.Total {
-		return SeedResult{}, fmt.Errorf("seeding: packets sum to %d, want %d", sum, p.Total)
-	}
-	chunk := s.ChunkSize
-	if chunk <= 0 {
-		chunk = DefaultChunkSize
-	}
-
-	fp := fingerprint(amounts)
-	// Ask where staging stands with an empty chunk at offset -1, which never matches.
-	staged, err := s.stage(ctx, c, k, -1, fp, nil)
-	if err != nil {
-		return SeedResult{}, err
-	}
-	sums := prefixSums{amounts: amounts}
-	for staged >= 0 && staged < p.Count {
-		end := min(staged+int64(chunk), p.Count)
-		args := make([]any, 0, end-staged+2)
-		args = append(args, staged, fp)
-		before := sums.upTo(staged)
-		for i := staged; i < end; i++ {
-			args = append(args, packetEntry(s.packetID(i), amounts[i], i, before))
-			before += amounts[i]
-		}
-		next, err := s.stageChunk(ctx, c, k, staged, fp, args)
-		if err != nil {
-			return SeedResult{}, err
-		}
-		staged = next
-		if s.AfterChunk != nil && staged >= 0 {
-			if err := s.AfterChunk(staged); err != nil {
-				return SeedResult{}, err
-			}
-		}
-	}
-	if staged > p.Count {
-		return SeedResult{}, fmt.Errorf("seeding: staging holds %d packets, more than the %d declared", staged, p.Count)
-	}
-	paused := "0"
-	if p.Paused {
-		paused = "1"
-	}
-	n, err := lua.SeedCommitScript.Run(ctx, c, []string{k.Meta, k.Staging, k.Packets},
-		p.Count, p.Total, p.StartMs, p.EndMs, paused, p.Sponsor, p.Currency).Int64()
-	if err != nil {
-		return SeedResult{}, fmt.Errorf("seed commit: %w", err)
-	}
-	return SeedResult{Committed: n == 1}, nil
-}
-
-// packetEntry is a packet as the packets list holds it,
-// "<id>:<amount>@<countBefore>:<amountBefore>": the packets and the money claimed
-// from the list before it, which the seeder, numbering the list from its head, gives
-// as the packets ahead of it (see grab.lua: the head's numbers are the claimed count
-// and amount, so no grab reads or raises a counter).
-func packetEntry(id, amount, countBefore, amountBefore int64) string {
-	b := make([]byte, 0, 48)
-	b = strconv.AppendInt(b, id, 10)
-	b = append(b, ':')
-	b = strconv.AppendInt(b, amount, 10)
-	b = append(b, '@')
-	b = strconv.AppendInt(b, countBefore, 10)
-	b = append(b, ':')
-	b = strconv.AppendInt(b, amountBefore, 10)
-	return string(b)
-}
-
-// prefixSums reads sums of amounts[:n] for n that mostly grow, as staging's offset
-// does, in one pass over the amounts.
-type prefixSums struct {
-	amounts []int64
-	n, sum  int64
-}
-
-// upTo returns the sum of amounts[:n].
-func (p *prefixSums) upTo(n int64) int64 {
-	if n < p.n {
-		p.n, p.sum = 0, 0
-	}
-	for ; p.n < n; p.n++ {
-		p.sum += p.amounts[p.n]
-	}
-	return p.sum
-}
-
-// stageChunk appends one chunk (args: the offset and fingerprint, then the packets)
-// with a plain RPUSH in an optimistic transaction when the client can run one
-// (stageDirect), and through seed_stage.lua otherwise, or when staging holds another
-// split.
-func (s Seeder) stageChunk(ctx context.Context, c redis.Scripter, k Keys, offset int64, fp string, args []any) (int64, error) {
-	if w, ok := c.(watcher); ok && !s.ScriptOnly {
-		n, err := stageDirect(ctx, w, k, offset, fp, args[2:])
-		if !errors.Is(err, errStageByScript) {
-			return n, err
-		}
-	}
-	return s.stage(ctx, c, k, offset, fp, args)
-}
-
-// stage runs one staging call; args is the offset and fingerprint followed by the
-// chunk's entries.
-func (s Seeder) stage(ctx context.Context, c redis.Scripter, k Keys, offset int64, fp string, args []any) (int64, error) {
-	if args == nil {
-		args = []any{offset, fp}
-	}
-	n, err := lua.SeedStageScript.Run(ctx, c, []string{k.Meta, k.Staging}, args...).Int64()
-	if err != nil {
-		return 0, fmt.Errorf("seed stage at %d: %w", offset, err)
-	}
-	return n, nil
-}
-
-// fingerprint identifies a split by its amounts, so staging never mixes two splits.
-func fingerprint(amounts []int64) string {
-	h := sha256.New()
-	buf := make([]byte, 8)
-	for _, a := range amounts {
-		binary.LittleEndian.PutUint64(buf, uint64(a))
-		h.Write(buf)
-	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// ConfigureResult says what Configure found: the state afterwards, and whether Redis
-// holds the activity at all (when it does not, nothing was written). Fenced is true
-// when the activity is fenced after a rollback: nothing was written either.
-type ConfigureResult struct {
-	State  State
-	Found  bool
-	Fenced bool
-}
-
-// Settings are what configure.lua writes: the schedule, the pause flag, whether to
-// open a ready activity, and the payee of the refund and the currency of later
-// settlement entries (both kept as they are when Sponsor is empty).
-type Settings struct {
-	StartMs, EndMs int64
-	Paused, Open   bool
-	Sponsor        string
-	Currency       string
-}
-
-// Configure writes the schedule and pause flag of a committed activity; open moves a
-// ready activity to open.
-func Configure(ctx context.Context, c redis.Scripter, k Keys, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
-	return ConfigureWith(ctx, c, k, Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
-}
-
-// ConfigureWith writes the settings of a committed activity.
-func ConfigureWith(ctx context.Context, c redis.Scripter, k Keys, st Settings) (ConfigureResult, error) {
-	args := []any{st.StartMs, st.EndMs, boolArg(st.Paused), boolArg(st.Open)}
-	if st.Sponsor != "" {
-		args = append(args, st.Sponsor, st.Currency)
-	}
-	state, err := lua.ConfigureScript.Run(ctx, c, []string{k.Meta}, args...).Text()
-	if err != nil {
-		return ConfigureResult{}, fmt.Errorf("configure script: %w", err)
-	}
-	switch state {
-	case string(Missing):
-		return ConfigureResult{}, nil
-	case string(Fenced):
-		return ConfigureResult{Found: true, Fenced: true}, nil
-	}
-	return ConfigureResult{State: State(state), Found: true}, nil
-}
-
-// Fence stops the activity after a rollback (fence.lua) and returns the fence's
-// reason, the first one written; "" when Redis does not hold the activity.
-func Fence(ctx context.Context, c redis.Scripter, k Keys, why string) (string, error) {
-	got, err := lua.FenceScript.Run(ctx, c, []string{k.Meta}, why).Text()
-	if err != nil {
-		return "", fmt.Errorf("fence script: %w", err)
-	}
-	if got == string(Missing) {
-		return "", nil
-	}
-	return got, nil
-}
-
-// ErrEpochMoved is returned by Accept when Redis is no longer at the epoch the
-// caller decided on.
-var ErrEpochMoved = errors.New("the activity's Redis epoch moved since it was read")
-
-// Accept lifts the fence and starts a new epoch (accept.lua), provided Redis is
-// still at epoch seen. It returns the new epoch.
-func Accept(ctx context.Context, c redis.Scripter, k Keys, seen int64) (int64, error) {
-	n, err := lua.AcceptScript.Run(ctx, c, []string{k.Meta}, seen).Int64()
-	if err != nil {
-		return 0, fmt.Errorf("accept script: %w", err)
-	}
-	switch n {
-	case -1:
-		return 0, ErrMissing
-	case -2:
-		return 0, ErrEpochMoved
-	}
-	return n, nil
-}
-
-// CloseReason is why an activity closed.
-type CloseReason string
-
-// The reasons an activity closes.
-const (
-	CloseExpired   CloseReason = "expired"
-	CloseExhausted CloseReason = "exhausted"
-)
-
-// CloseOutcome is what a close did.
-type CloseOutcome string
-
-// The outcomes of a close.
-const (
-	// Closed: the activity is closed (now or by an earlier close, whose figures are
-	// returned).
-	Closed CloseOutcome = "closed"
-	// CloseStillOpen: exhausted was asked for while packets remain; nothing changed.
-	CloseStillOpen CloseOutcome = "open"
-	// CloseMissing: Redis does not hold the activity.
-	CloseMissing CloseOutcome = "missing"
-	// CloseFenced: the activity is fenced after a rollback; nothing changed.
-	CloseFenced CloseOutcome = "fenced"
-)
-
-// CloseResult says what Close found or did.
-type CloseResult struct {
-	Outcome CloseOutcome
-	// Reason is why the activity closed.
-	Reason CloseReason
-	// Refunded is the unclaimed remainder handed to the sponsor.
-	Refunded int64
-}
-
-// Close ends grabbing atomically and refunds the remainder to the sponsor through
-// the activity's stream. Closing twice returns the first close's figures.
-func Close(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason) (CloseResult, error) {
-	return closeWith(ctx, c, k, reason, true)
-}
-
-// closeWith runs close.lua; without refundEntry the close writes no refund entry
-// (a shard of a sharded activity, whose one refund is written by refund_activity).
-func closeWith(ctx context.Context, c redis.Scripter, k Keys, reason CloseReason, refundEntry bool) (CloseResult, error) {
-	vals, err := lua.CloseScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Stream}, string(reason), boolArg(refundEntry)).Slice()
-	if err != nil {
-		return CloseResult{}, fmt.Errorf("close script: %w", err)
-	}
-	if len(vals) != 3 {
-		return CloseResult{}, fmt.Errorf("close script: %d values in reply, want 3", len(vals))
-	}
-	res, _ := vals[0].(string)
-	why, _ := vals[1].(string)
-	refunded, _ := vals[2].(int64)
-	return CloseResult{Outcome: CloseOutcome(res), Reason: CloseReason(why), Refunded: refunded}, nil
-}
-
-// Snapshot is every counter of an activity read at one instant.
-type Snapshot struct {
-	// State is StateReady, StateOpen, StateClosed, or "" when Redis lacks the activity.
-	State          State
-	Paused         bool
-	Total          int64
-	Count          int64
-	ClaimedCount   int64
-	ClaimedAmount  int64
-	Refunded       int64
-	SettledCount   int64
-	SettledAmount  int64
-	RefundSettled  int64
-	DeadCount      int64
-	RemainingCount int64
-	StagedCount    int64
-	CloseReason    CloseReason
-	StartMs        int64
-	EndMs          int64
-	SeededMs       int64
-	Sponsor        string
-	Currency       string
-	// Fenced is the fence's reason when the activity is fenced after a rollback.
-	Fenced string
-	// Epoch counts the rollbacks accepted by an operator (0 before any).
-	Epoch int64
-
-	// Shard 0 of a sharded activity also holds the activity's own count and total,
-	// and once every shard closed, its one refund (shards.go).
-	activityCount, activityTotal, activityRefund int64
-	activityReason                               CloseReason
-	activityRefunded                             bool
-	// partlyFenced is true when some shards of a sharded activity are fenced and
-	// others not yet.
-	partlyFenced bool
-}
-
-// FullyFenced reports whether the activity is fenced everywhere: Fenced is set and,
-// for a sharded activity, every shard is fenced. A fence found on one shard must be
-// spread to the others (Fence), so that no shard grants while one rolled back.
-func (s Snapshot) FullyFenced() bool { return s.Fenced != "" && !s.partlyFenced }
-
-// Watermark is the snapshot's claimed count within its epoch.
-func (s Snapshot) Watermark() Watermark {
-	return Watermark{Epoch: s.Epoch, ClaimedCount: s.ClaimedCount}
-}
-
-// Exists reports whether Redis holds the committed activity.
-func (s Snapshot) Exists() bool { return s.State != "" }
-
-// RemainingAmount is the money neither claimed nor refunded.
-func (s Snapshot) RemainingAmount() int64 { return s.Total - s.ClaimedAmount - s.Refunded }
-
-// ReadSnapshot reads every counter of the activity at one instant. The script
-// returns the meta hash's fields by name; each is decoded by its name (fields the
-// snapshot does not know, such as the staging fingerprint, are skipped), so the
-// order of fields in Redis or in the script means nothing.
-func ReadSnapshot(ctx context.Context, c redis.Scripter, k Keys) (Snapshot, error) {
-	vals, err := lua.SnapshotScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Staging, k.Claims}).StringSlice()
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot script: %w", err)
-	}
-	return decodeSnapshot(vals)
-}
-
-// snapshotInts are the snapshot's integer fields by meta field name.
-var snapshotInts = map[string]func(*Snapshot) *int64{
-	fieldTotal:          func(s *Snapshot) *int64 { return &s.Total },
-	fieldCount:          func(s *Snapshot) *int64 { return &s.Count },
-	fieldClaimedCount:   func(s *Snapshot) *int64 { return &s.ClaimedCount },
-	fieldClaimedAmount:  func(s *Snapshot) *int64 { return &s.ClaimedAmount },
-	fieldRefunded:       func(s *Snapshot) *int64 { return &s.Refunded },
-	fieldSettledCount:   func(s *Snapshot) *int64 { return &s.SettledCount },
-	fieldSettledAmount:  func(s *Snapshot) *int64 { return &s.SettledAmount },
-	fieldRefundSettled:  func(s *Snapshot) *int64 { return &s.RefundSettled },
-	fieldDeadCount:      func(s *Snapshot) *int64 { return &s.DeadCount },
-	fieldStartMs:        func(s *Snapshot) *int64 { return &s.StartMs },
-	fieldEndMs:          func(s *Snapshot) *int64 { return &s.EndMs },
-	fieldSeededMs:       func(s *Snapshot) *int64 { return &s.SeededMs },
-	fieldEpoch:          func(s *Snapshot) *int64 { return &s.Epoch },
-	fieldRemainingCount: func(s *Snapshot) *int64 { return &s.RemainingCount },
-	fieldStagedCount:    func(s *Snapshot) *int64 { return &s.StagedCount },
-	fieldActivityCount:  func(s *Snapshot) *int64 { return &s.activityCount },
-	fieldActivityTotal:  func(s *Snapshot) *int64 { return &s.activityTotal },
-	fieldActivityRefund: func(s *Snapshot) *int64 {
-		s.activityRefunded = true
-		return &s.activityRefund
-	},
-}
-
-// decodeSnapshot decodes the snapshot script's flat list of names and values.
-func decodeSnapshot(vals []string) (Snapshot, error) {
-	if len(vals)%2 != 0 {
-		return Snapshot{}, fmt.Errorf("snapshot script: %d values in reply, want name/value pairs", len(vals))
-	}
-	var snap Snapshot
-	for i := 0; i < len(vals); i += 2 {
-		name, v := vals[i], vals[i+1]
-		switch name {
-		case fieldState:
-			snap.State = State(v)
-		case fieldCloseReason:
-			snap.CloseReason = CloseReason(v)
-		case fieldSponsor:
-			snap.Sponsor = v
-		case fieldCurrency:
-			snap.Currency = v
-		case fieldFenced:
-			snap.Fenced = v
-		case fieldActivityReason:
-			snap.activityReason = CloseReason(v)
-		case fieldPaused:
-			snap.Paused = v == "1"
-		default:
-			field, ok := snapshotInts[name]
-			if !ok {
-				continue
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return Snapshot{}, fmt.Errorf("snapshot script: field %s = %q: %w", name, v, err)
-			}
-			*field(&snap) = n
-		}
-	}
-	return snap, nil
-}
-
-// Settlement entry kinds.
-const (
-	KindGrant  = "grant"
-	KindRefund = "refund"
-)
-
-// Ack acknowledges a delivered stream entry and counts it as settled. It returns
-// false when the entry had been acknowledged before, so nothing is counted twice.
-func Ack(ctx context.Context, c redis.Scripter, k Keys, group, entryID, kind string, amount int64) (bool, error) {
-	n, err := lua.SettleAckScript.Run(ctx, c, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
-	if err != nil {
-		return false, fmt.Errorf("settle ack of %s: %w", entryID, err)
-	}
-	return n == 1, nil
-}
-
-// DeadLetter parks an undeliverable entry with its fields and the last error. It
-// returns false when the entry had been acknowledged before.
-func DeadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, lastErr string, fields map[string]any) (bool, error) {
-	args := []any{group, entryID, lastErr}
-	for f, v := range fields {
-		args = append(args, f, v)
-	}
-	n, err := lua.DeadLetterScript.Run(ctx, c, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
-	if err != nil {
-		return false, fmt.Errorf("dead-letter of %s: %w", entryID, err)
-	}
-	return n == 1, nil
-}
-
-// Purge deletes every key of the activity with UNLINK: the memory of a large
-// activity (millions of packets and claims) is freed off the event loop, so a shared
-// Redis does not stall while it goes.
-func Purge(ctx context.Context, c redis.Cmdable, k Keys) error {
-	// One UNLINK per key keeps cluster clients happy whatever their slot checks.
-	for _, key := range k.All() {
-		if err := c.Unlink(ctx, key).Err(); err != nil {
-			return fmt.Errorf("deleting %s: %w", key, err)
-		}
-	}
-	return nil
-}
-
-// PurgeKeepingUnsettled deletes the activity's keys except its settlement stream and
-// dead-letter stream, which still record claims and refunds that were never
-// credited; those two are kept for retention, then expire. It returns the keys kept.
-func PurgeKeepingUnsettled(ctx context.Context, c redis.Cmdable, k Keys, retention time.Duration) ([]string, error) {
-	for _, key := range []string{k.Meta, k.Staging, k.Packets, k.Claims, k.Transfers, k.Applied} {
-		if err := c.Unlink(ctx, key).Err(); err != nil {
-			return nil, fmt.Errorf("deleting %s: %w", key, err)
-		}
-	}
-	var kept []string
-	for _, key := range []string{k.Stream, k.DeadLetters} {
-		ok, err := c.Expire(ctx, key, retention).Result()
-		if err != nil {
-			return nil, fmt.Errorf("setting the retention of %s: %w", key, err)
-		}
-		if ok {
-			kept = append(kept, key)
-		}
-	}
-	return kept, nil
-}
+// DeleteUser removes the activity's ACL user from every node.
+func (s *Activity) DeleteUser(ctx context.Context) (int, error) { return s.base.DeleteUser(ctx) }
 
 // ErrMissing is returned by callers that need a committed activity and find none.
 var ErrMissing = errors.New("activity not found in Redis")

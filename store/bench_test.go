@@ -75,8 +75,8 @@ func BenchmarkSeed1M(b *testing.B) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		k = store.KeysFor(uid)
-		res, err := store.Seeder{}.Seed(ctx, c, k, amounts, store.SeedParams{Count: count, Total: total, Sponsor: sponsor})
+		k = keysOf(uid)
+		res, err := seeding(c, k, store.Seeder{}).Seed(ctx, amounts, store.SeedParams{Count: count, Total: total, Sponsor: sponsor})
 		if err != nil || !res.Committed {
 			b.Fatalf("seed: %+v, %v", res, err)
 		}
@@ -95,7 +95,7 @@ func BenchmarkSeed1M(b *testing.B) {
 	b.ReportMetric(float64(keyMemory(b, ctx, c, k.Packets))/count, "list-bytes/packet")
 
 	// Claims: grab from the last activity through an auto-pipeliner.
-	if _, err := store.Configure(ctx, c, k, 0, 0, false, true); err != nil {
+	if _, err := handle(c, k).Configure(ctx, 0, 0, false, true); err != nil {
 		b.Fatal(err)
 	}
 	ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())

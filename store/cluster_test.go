@@ -74,7 +74,7 @@ func testClusterSeedScenario(t *testing.T, cluster *redistest.Cluster) {
 	amounts := make([][]int64, len(uids))
 	keys := make([]store.Keys, len(uids))
 	for i, uid := range uids {
-		k := store.KeysFor(uid)
+		k := keysOf(uid)
 		keys[i] = k
 		var slot int64 = -1
 		for _, key := range k.All() {
@@ -100,10 +100,9 @@ func testClusterSeedScenario(t *testing.T, cluster *redistest.Cluster) {
 	errs := make([]error, len(uids))
 	for i := range uids {
 		wg.Go(func() {
-			_, errs[i] = store.Seeder{ChunkSize: 2}.Seed(ctx, cc, keys[i], amounts[i],
-				store.SeedParams{Count: 5, Total: sumOf(amounts[i]), Sponsor: sponsor})
+			_, errs[i] = seeding(cc, keys[i], store.Seeder{ChunkSize: 2}).Seed(ctx, amounts[i], store.SeedParams{Count: 5, Total: sumOf(amounts[i]), Sponsor: sponsor})
 			if errs[i] == nil {
-				_, errs[i] = store.Configure(ctx, cc, keys[i], 0, 0, false, true)
+				_, errs[i] = handle(cc, keys[i]).Configure(ctx, 0, 0, false, true)
 			}
 		})
 	}
@@ -132,7 +131,7 @@ func testClusterSeedScenario(t *testing.T, cluster *redistest.Cluster) {
 			t.Fatalf("activity %s: granted %d, want %d", uids[i], got, want)
 		}
 		verify(t, ctx, cc, keys[i], amounts[i], grants)
-		cr, err := store.Close(ctx, cc, keys[i], store.CloseExhausted)
+		cr, err := handle(cc, keys[i]).Close(ctx, store.CloseExhausted)
 		if err != nil || cr.Outcome != store.Closed || cr.Refunded != 0 {
 			t.Fatalf("closing %s: %+v, %v", uids[i], cr, err)
 		}

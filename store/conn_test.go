@@ -38,15 +38,15 @@ func TestPipelinedClientReachesRealServer(t *testing.T) {
 	}
 	amounts := []int64{5, 6, 7}
 	seedOpen(t, ctx, pc.Client, "pipelined", amounts)
-	a := store.NewShard(pc.Pipeliner, "pipelined")
-	if err := store.NewShard(pc.Client, "pipelined").Ping(ctx); err != nil {
+	a := store.NewActivity(pc.Pipeliner, "pipelined", 1).Shard(0)
+	if err := store.NewActivity(pc.Client, "pipelined", 1).Ping(ctx); err != nil {
 		t.Fatalf("ping: %v", err)
 	}
 	res, err := a.Grab(ctx, "p1")
 	if err != nil || res.Outcome != store.Granted {
 		t.Fatalf("grab through the auto-pipeliner: %+v, %v", res, err)
 	}
-	if snap, err := a.Snapshot(ctx); err != nil || snap.ClaimedCount != 1 {
+	if snap, err := store.NewActivity(pc.Pipeliner, "pipelined", 1).Snapshot(ctx); err != nil || snap.ClaimedCount != 1 {
 		t.Fatalf("snapshot through the auto-pipeliner: %+v, %v", snap, err)
 	}
 	if err := pc.Close(); err != nil {
@@ -69,7 +69,7 @@ func TestSafeErrorsKeepTheDecisions(t *testing.T) {
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	a := store.NewShard(c, "safe")
+	a := store.NewActivity(c, "safe", 1).Shard(0)
 	if res, err := a.Grab(ctx, "u1"); err != nil || res.Outcome != store.Granted {
 		t.Fatalf("grab after SCRIPT FLUSH: %+v, %v (the NOSCRIPT fallback)", res, err)
 	}

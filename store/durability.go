@@ -109,11 +109,11 @@ type ReplicaWaiter struct {
 	own *redis.Client
 }
 
-// NewReplicaWaiter returns a waiter for the activity with the given UID on c (a
-// plain or cluster client, never the auto-pipeliner: WAIT must follow the marker on
-// the same connection).
-func NewReplicaWaiter(c redis.Cmdable, uid string, replicas int, timeout time.Duration) *ReplicaWaiter {
-	return &ReplicaWaiter{c: c, keys: KeysFor(uid), replicas: replicas, timeout: timeout}
+// ReplicaWaiter returns a waiter for the shard's master on the shard's client, which
+// must be a plain or cluster client, never the auto-pipeliner: WAIT must follow the
+// marker on the same connection.
+func (a *Shard) ReplicaWaiter(replicas int, timeout time.Duration) *ReplicaWaiter {
+	return &ReplicaWaiter{c: a.c, keys: a.keys, replicas: replicas, timeout: timeout}
 }
 
 // Wait returns nil once at least the waiter's number of replicas hold every grant

@@ -46,7 +46,7 @@ func TestReplicaWaiter(t *testing.T) {
 	ctx := redistest.Context(t)
 	primary, replica := primaryWithReplica(t)
 	k := seedOpen(t, ctx, primary, "durable", splitOrFail(t, "Random", 100_000, 1000))
-	h := store.NewShard(primary, "durable")
+	h := store.NewActivity(primary, "durable", 1).Shard(0)
 	if err := h.CheckReplicas(ctx, 1); err != nil {
 		t.Fatalf("one replica connected: %v", err)
 	}
@@ -54,7 +54,7 @@ func TestReplicaWaiter(t *testing.T) {
 		t.Fatalf("two replicas asked, one connected: %v, want ErrDurabilityNotMet", err)
 	}
 
-	w := store.NewReplicaWaiter(primary, "durable", 1, 500*time.Millisecond)
+	w := store.NewActivity(primary, "durable", 1).Shard(0).ReplicaWaiter(1, 500*time.Millisecond)
 	defer w.Close()
 	const grabs = 200
 	var wg sync.WaitGroup
@@ -113,7 +113,7 @@ func TestReplicaWaiter(t *testing.T) {
 func TestCheckFsync(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	h := store.NewShard(c, "fsync")
+	h := store.NewActivity(c, "fsync", 1).Shard(0)
 	if err := h.CheckFsync(ctx); !errors.Is(err, store.ErrDurabilityNotMet) {
 		t.Fatalf("a server without AOF: %v, want ErrDurabilityNotMet", err)
 	}

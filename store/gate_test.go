@@ -88,17 +88,17 @@ func TestGateFollowsEveryChange(t *testing.T) {
 	grant("f", 6)
 
 	// The fence, from outside (the controller) and from a grab's watermark.
-	if why, err := store.Fence(ctx, c, k, "rolled_back"); err != nil || why != "rolled_back" {
+	if why, err := handle(c, k).Fence(ctx, "rolled_back"); err != nil || why != "rolled_back" {
 		t.Fatalf("fence: %q %v", why, err)
 	}
 	refused("g", store.Fenced)
 	if g := gate(); g != "-" {
 		t.Fatalf("gate of a fenced activity: %q, want -", g)
 	}
-	if epoch, err := store.Accept(ctx, c, k, 0); err != nil || epoch != 1 {
+	if epoch, err := handle(c, k).Accept(ctx, 0); err != nil || epoch != 1 {
 		t.Fatalf("accept: %d %v", epoch, err)
 	}
-	res, err := store.GrabAbove(ctx, c, k, "g", store.Watermark{ClaimedCount: 6})
+	res, err := shardOf(c, k).GrabAbove(ctx, "g", store.Watermark{ClaimedCount: 6})
 	if err != nil || res.Outcome != store.Granted || res.Seen != (store.Watermark{Epoch: 1, ClaimedCount: 7}) {
 		t.Fatalf("grab after the accept: %+v %v, want granted at epoch 1, count 7", res, err)
 	}
@@ -106,20 +106,20 @@ func TestGateFollowsEveryChange(t *testing.T) {
 	if g := gate(); g != "1:" {
 		t.Fatalf("gate after the accept: %q, want epoch 1", g)
 	}
-	if res, err := store.GrabAbove(ctx, c, k, "h", store.Watermark{Epoch: 1, ClaimedCount: 8}); err != nil || res.Outcome != store.Fenced {
+	if res, err := shardOf(c, k).GrabAbove(ctx, "h", store.Watermark{Epoch: 1, ClaimedCount: 8}); err != nil || res.Outcome != store.Fenced {
 		t.Fatalf("grab above the count: %+v %v, want fenced", res, err)
 	}
 	refused("h", store.Fenced)
-	if cr, err := store.Configure(ctx, c, k, 0, 0, false, true); err != nil || !cr.Fenced {
+	if cr, err := handle(c, k).Configure(ctx, 0, 0, false, true); err != nil || !cr.Fenced {
 		t.Fatalf("configure of a fenced activity: %+v %v", cr, err)
 	}
-	if _, err := store.Accept(ctx, c, k, 1); err != nil {
+	if _, err := handle(c, k).Accept(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	grant("h", 8)
 
 	// Close: the cached gate is gone and the slow path answers.
-	if cr, err := store.Close(ctx, c, k, store.CloseExpired); err != nil || cr.Outcome != store.Closed {
+	if cr, err := handle(c, k).Close(ctx, store.CloseExpired); err != nil || cr.Outcome != store.Closed {
 		t.Fatalf("close: %+v %v", cr, err)
 	}
 	refused("i", store.Ended)

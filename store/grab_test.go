@@ -5,8 +5,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
@@ -61,7 +59,7 @@ func TestUserRacesItself(t *testing.T) {
 		t.Fatalf("snapshot %+v: want 1 claimed and 19 remaining", snap)
 	}
 	// A retry long after still gets the same packet.
-	again, err := store.Grab(ctx, c, k, "the-same-user")
+	again, err := shardOf(c, k).Grab(ctx, "the-same-user")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +75,7 @@ func TestTenThousandPacketsTwentyThousandUsers(t *testing.T) {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Context(t)
 			c := redistest.Start(t).Client(t)
-			var via redis.Scripter = c
+			var via redisClient = c
 			if variant == "autopipeline" {
 				ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())
 				if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
 )
@@ -22,6 +23,42 @@ type redisClient interface {
 }
 
 const sponsor = "merchant-001"
+
+// keysOf is the keys of the one-shard activity uid.
+func keysOf(uid string) store.Keys { return store.NewActivity(nil, uid, 1).Shard(0).Keys() }
+
+// handle is the handle on c of the one-shard activity whose keys are k.
+func handle(c redis.Cmdable, k store.Keys) *store.Activity {
+	uid, prefixed := strings.CutPrefix(k.Meta, "rpa:{")
+	uid, suffixed := strings.CutSuffix(uid, "}:meta")
+	if !prefixed || !suffixed {
+		panic("not an activity's meta key: " + k.Meta)
+	}
+	return store.NewActivity(c, uid, 1)
+}
+
+// shardOf is the one shard of the activity whose keys are k, on c.
+func shardOf(c redis.Cmdable, k store.Keys) *store.Shard { return handle(c, k).Shard(0) }
+
+// homeOf is the home shard of userID in an activity of n shards.
+func homeOf(userID string, n int) int { return store.NewActivity(nil, "home", n).Home(userID) }
+
+// statusMark is the watermark status st records for shard i, as a grab pod that
+// has seen nothing but the status sends it.
+func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus, i int) store.Watermark {
+	w := st.ShardWatermarks
+	if w == nil || i >= len(w.ClaimedCounts) {
+		return store.Watermark{}
+	}
+	return store.Watermark{Epoch: w.Epoch, ClaimedCount: w.ClaimedCounts[i]}
+}
+
+// seeding is handle(c, k) seeding with s.
+func seeding(c redis.Cmdable, k store.Keys, s store.Seeder) *store.Activity {
+	a := handle(c, k)
+	a.Seeder = s
+	return a
+}
 
 // splitOrFail splits with the given algorithm and a fixed seed.
 func splitOrFail(t testing.TB, typ string, total, count int64) []int64 {
@@ -42,10 +79,10 @@ func sumOf(amounts []int64) int64 {
 }
 
 // seedOpen seeds amounts into the activity uid and opens it with no schedule.
-func seedOpen(t testing.TB, ctx context.Context, c redis.Scripter, uid string, amounts []int64) store.Keys {
+func seedOpen(t testing.TB, ctx context.Context, c redisClient, uid string, amounts []int64) store.Keys {
 	t.Helper()
 	k := seedReady(t, ctx, c, uid, amounts)
-	state, err := store.Configure(ctx, c, k, 0, 0, false, true)
+	state, err := handle(c, k).Configure(ctx, 0, 0, false, true)
 	if err != nil {
 		t.Fatalf("configure: %v", err)
 	}
@@ -56,10 +93,10 @@ func seedOpen(t testing.TB, ctx context.Context, c redis.Scripter, uid string, a
 }
 
 // seedReady seeds amounts into the activity uid and leaves it ready (not open).
-func seedReady(t testing.TB, ctx context.Context, c redis.Scripter, uid string, amounts []int64) store.Keys {
+func seedReady(t testing.TB, ctx context.Context, c redisClient, uid string, amounts []int64) store.Keys {
 	t.Helper()
-	k := store.KeysFor(uid)
-	res, err := store.Seeder{}.Seed(ctx, c, k, amounts, store.SeedParams{
+	k := keysOf(uid)
+	res, err := seeding(c, k, store.Seeder{}).Seed(ctx, amounts, store.SeedParams{
 		Count: int64(len(amounts)), Total: sumOf(amounts), Sponsor: sponsor,
 	})
 	if err != nil {
@@ -79,7 +116,7 @@ type answer struct {
 
 // grabConcurrently runs one grab per entry of users from a pool of workers, all
 // released at once, and returns every answer. Any error fails the test.
-func grabConcurrently(t testing.TB, ctx context.Context, c redis.Scripter, k store.Keys, users []string, workers int) []answer {
+func grabConcurrently(t testing.TB, ctx context.Context, c redisClient, k store.Keys, users []string, workers int) []answer {
 	t.Helper()
 	out, err := grabAll(ctx, c, k, users, workers)
 	if err != nil {
@@ -89,7 +126,7 @@ func grabConcurrently(t testing.TB, ctx context.Context, c redis.Scripter, k sto
 }
 
 // grabAll is grabConcurrently for any goroutine: it returns the first error.
-func grabAll(ctx context.Context, c redis.Scripter, k store.Keys, users []string, workers int) ([]answer, error) {
+func grabAll(ctx context.Context, c redisClient, k store.Keys, users []string, workers int) ([]answer, error) {
 	jobs := make(chan int, len(users))
 	for i := range users {
 		jobs <- i
@@ -103,7 +140,7 @@ func grabAll(ctx context.Context, c redis.Scripter, k store.Keys, users []string
 		wg.Go(func() {
 			<-start
 			for i := range jobs {
-				res, err := store.Grab(ctx, c, k, users[i])
+				res, err := shardOf(c, k).Grab(ctx, users[i])
 				if err != nil {
 					errs <- fmt.Errorf("grab for %s: %w", users[i], err)
 					return
@@ -166,7 +203,7 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k store.Keys, amou
 	t.Helper()
 	total, count := sumOf(amounts), int64(len(amounts))
 
-	snap, err := store.ReadSnapshot(ctx, c, k)
+	snap, err := handle(c, k).Snapshot(ctx)
 	if err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
@@ -182,15 +219,10 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k store.Keys, amou
 		t.Fatalf("claims hash has %d users, callers saw %d grants", len(claims), len(grants))
 	}
 	seen := make([]bool, count+1)
-	mark := func(entry, where string) int64 {
-		p, err := store.ParseListedPacket(entry)
-		if err != nil {
-			t.Fatalf("%s entry: %v", where, err)
-		}
-		n, err1 := strconv.ParseInt(p.ID, 10, 64)
-		a := p.Amount
-		if err1 != nil || n < 1 || n > count {
-			t.Fatalf("%s entry %q: bad packet id or amount", where, entry)
+	mark := func(id string, a int64, where string) int64 {
+		n, err := strconv.ParseInt(id, 10, 64)
+		if err != nil || n < 1 || n > count || a <= 0 {
+			t.Fatalf("%s entry %s:%d: bad packet id or amount", where, id, a)
 		}
 		if seen[n] {
 			t.Fatalf("packet %d appears twice (%s)", n, where)
@@ -220,23 +252,27 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k store.Keys, amou
 		if want := g.PacketID + ":" + strconv.FormatInt(g.Amount, 10); packet != want {
 			t.Fatalf("claim of %s is %q, caller saw %q", user, entry, want)
 		}
-		claimedAmount += mark(packet, "claims")
+		id, amount, _ := strings.Cut(packet, ":")
+		a, err := strconv.ParseInt(amount, 10, 64)
+		if err != nil {
+			t.Fatalf("claim of %s is %q: amount: %v", user, entry, err)
+		}
+		claimedAmount += mark(id, a, "claims")
 	}
 
-	left, err := c.LRange(ctx, k.Packets, 0, -1).Result()
+	left, err := shardOf(c, k).Listed(ctx)
 	if err != nil {
 		t.Fatalf("reading packets: %v", err)
 	}
 	// Each listed packet is numbered with what was claimed plus what is listed ahead
 	// of it: the head's numbers are the claimed count and amount.
 	var remainingAmount int64
-	for i, entry := range left {
-		p, err := store.ParseListedPacket(entry)
-		if err == nil && (p.CountBefore != int64(len(claims)+i) || p.AmountBefore != claimedAmount+remainingAmount) {
-			t.Fatalf("listed packet %d is %q: want %d claimed + %d listed ahead, of %d + %d",
-				i, entry, len(claims), i, claimedAmount, remainingAmount)
+	for i, p := range left {
+		if p.CountBefore != int64(len(claims)+i) || p.AmountBefore != claimedAmount+remainingAmount {
+			t.Fatalf("listed packet %d is %+v: want %d claimed + %d listed ahead, of %d + %d",
+				i, p, len(claims), i, claimedAmount, remainingAmount)
 		}
-		remainingAmount += mark(entry, "packets")
+		remainingAmount += mark(p.ID, p.Amount, "packets")
 	}
 	if snap.State != store.StateClosed {
 		for n := int64(1); n <= count; n++ {
@@ -246,13 +282,13 @@ func verify(t testing.TB, ctx context.Context, c redisClient, k store.Keys, amou
 		}
 	}
 
-	entries, err := c.XRange(ctx, k.Stream, "-", "+").Result()
+	entries, err := shardOf(c, k).Entries(ctx)
 	if err != nil {
 		t.Fatalf("reading stream: %v", err)
 	}
 	streamGrants := map[string]bool{}
 	var refunds int64
-	for _, e := range store.DecodeMessages(entries) {
+	for _, e := range entries {
 		if e.Malformed != nil {
 			t.Fatalf("stream entry %s %v: %v", e.ID, e.Fields, e.Malformed)
 		}

@@ -1,28 +1,3 @@
-// Package lua holds the atomic Redis programs of an activity and the typed Go
-// bindings that run them. It is the one place that knows the keyspace, and the only
-// package that issues Redis commands: Activity (handle.go) makes every call of an
-// activity, including the settlement stream's consumer group (stream.go), Conn
-// opens every client (conn.go), and measure.go holds the benchmark's measurement
-// helpers.
-//
-// Every key of an activity carries the hash tag {<uid>}, so an activity lives on one
-// Redis Cluster slot and every script can touch all of its keys.
-//
-//	rpa:{uid}:meta     hash: state, schedule, totals and every counter but the
-//	                   claimed count, and the grab script's gate (grab.lua)
-//	rpa:{uid}:staging  list: packets written in chunks before the commit
-//	rpa:{uid}:packets  list: the unclaimed packets, "<packetId>:<amount>@<countBefore>:<amountBefore>",
-//	                   what was claimed from the list before each (grab.lua)
-//	rpa:{uid}:claims   hash: userId -> "<packetId>:<amount>:<stream entry id>", one
-//	                   field per grant and nothing else: its length is the claimed count
-//	rpa:{uid}:stream   stream: one entry per grant and per refund, for settlement
-//	                   (a grant is one field, see stream.go)
-//	rpa:{uid}:dead     stream: deliveries parked after too many failures
-//	rpa:{uid}:xout     hash: transfers to another shard not yet known applied
-//	rpa:{uid}:xin      hash: transfers from other shards applied here
-//
-// A sharded activity (spec.shards > 1) is one such set of keys per shard, each under
-// the hash tag {<uid>.<i>} (shards.go).
 package store
 
 import (
@@ -31,7 +6,7 @@ import (
 	"strings"
 )
 
-// Keys are the Redis keys of one activity.
+// Keys are the Redis keys of one shard of an activity.
 type Keys struct {
 	Meta        string
 	Staging     string
@@ -39,14 +14,14 @@ type Keys struct {
 	Claims      string
 	Stream      string
 	DeadLetters string
-	// Transfers is the journal of packets moved out to another shard (shards.go).
+	// Transfers is the journal of packets moved out to another shard (transfer.go).
 	Transfers string
 	// Applied records the transfers from other shards that were applied here.
 	Applied string
 }
 
-// KeysFor returns the keys of the activity with the given UID.
-func KeysFor(uid string) Keys {
+// keysFor returns the keys of the shard whose hash tag is {<uid>}.
+func keysFor(uid string) Keys {
 	p := "rpa:{" + uid + "}:"
 	return Keys{
 		Meta:        p + "meta",
@@ -113,27 +88,21 @@ type ListedPacket struct {
 	Amount int64
 	// CountBefore and AmountBefore are what was claimed from the packet's list before
 	// it: the claims made there so far plus the packets ahead of it (see grab.lua).
-	// Numbered is false for an entry seeded before packets carried them
-	// ("<id>:<amount>").
 	CountBefore, AmountBefore int64
-	Numbered                  bool
 }
 
-// ParseListedPacket reads a packets-list entry,
-// "<id>:<amount>@<countBefore>:<amountBefore>" or "<id>:<amount>".
-func ParseListedPacket(entry string) (ListedPacket, error) {
+// parseListedPacket reads a packets-list entry,
+// "<id>:<amount>@<countBefore>:<amountBefore>".
+func parseListedPacket(entry string) (ListedPacket, error) {
 	body, numbers, numbered := strings.Cut(entry, "@")
 	id, amount, ok := strings.Cut(body, ":")
-	if !ok || id == "" {
+	if !numbered || !ok || id == "" {
 		return ListedPacket{}, fmt.Errorf("packet %q is not <id>:<amount>@<countBefore>:<amountBefore>", entry)
 	}
-	p := ListedPacket{ID: id, Numbered: numbered}
+	p := ListedPacket{ID: id}
 	var err error
 	if p.Amount, err = strconv.ParseInt(amount, 10, 64); err != nil || p.Amount <= 0 {
 		return ListedPacket{}, fmt.Errorf("packet %q: amount %q is not a positive integer", entry, amount)
-	}
-	if !numbered {
-		return p, nil
 	}
 	count, money, ok := strings.Cut(numbers, ":")
 	if p.CountBefore, err = strconv.ParseInt(count, 10, 64); !ok || err != nil || p.CountBefore < 0 {

@@ -3,12 +3,10 @@ package store_test
 import (
 	"strings"
 	"testing"
-
-	"redpacket.io/operator/store"
 )
 
 func TestKeysShareOneHashTag(t *testing.T) {
-	k := store.KeysFor("abc-123")
+	k := keysOf("abc-123")
 	all := k.All()
 	if len(all) != 8 {
 		t.Fatalf("%d keys, want 8", len(all))
@@ -28,7 +26,7 @@ func TestKeysShareOneHashTag(t *testing.T) {
 		}
 		seen[key] = true
 	}
-	if store.KeysFor("a") == store.KeysFor("b") {
+	if keysOf("a") == keysOf("b") {
 		t.Fatal("two activities share keys")
 	}
 }

@@ -23,7 +23,7 @@ func assertNoClaimWritten(t *testing.T, c *redis.Client, k store.Keys, count int
 	if n, _ := c.XLen(ctx, k.Stream).Result(); n != 0 {
 		t.Fatalf("refused grabs wrote %d stream entries", n)
 	}
-	snap, err := store.ReadSnapshot(ctx, c, k)
+	snap, err := handle(c, k).Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,18 +32,18 @@ func assertNoClaimWritten(t *testing.T, c *redis.Client, k store.Keys, count int
 	}
 }
 
-func grabOne(t *testing.T, c redis.Scripter, k store.Keys, user string) store.GrabResult {
+func grabOne(t *testing.T, c redisClient, k store.Keys, user string) store.GrabResult {
 	t.Helper()
-	res, err := store.Grab(t.Context(), c, k, user)
+	res, err := shardOf(c, k).Grab(t.Context(), user)
 	if err != nil {
 		t.Fatalf("grab for %s: %v", user, err)
 	}
 	return res
 }
 
-func configure(t *testing.T, c redis.Scripter, k store.Keys, startMs, endMs int64, paused, open bool) string {
+func configure(t *testing.T, c redisClient, k store.Keys, startMs, endMs int64, paused, open bool) string {
 	t.Helper()
-	res, err := store.Configure(t.Context(), c, k, startMs, endMs, paused, open)
+	res, err := handle(c, k).Configure(t.Context(), startMs, endMs, paused, open)
 	if err != nil {
 		t.Fatalf("configure: %v", err)
 	}
@@ -61,17 +61,17 @@ func TestGates(t *testing.T) {
 	hour := time.Hour.Milliseconds()
 
 	t.Run("missing", func(t *testing.T) {
-		k := store.KeysFor("never-seeded")
+		k := keysOf("never-seeded")
 		if res := grabOne(t, c, k, "u"); res.Outcome != store.Missing {
 			t.Fatalf("grab on a missing activity: %+v, want missing", res)
 		}
 		if state := configure(t, c, k, 0, 0, false, true); state != string(store.Missing) {
 			t.Fatalf("configure on a missing activity returned %q, want missing", state)
 		}
-		if cr, err := store.Close(ctx, c, k, store.CloseExpired); err != nil || string(cr.Outcome) != "missing" {
+		if cr, err := handle(c, k).Close(ctx, store.CloseExpired); err != nil || string(cr.Outcome) != "missing" {
 			t.Fatalf("close on a missing activity: %+v, %v", cr, err)
 		}
-		if snap, err := store.ReadSnapshot(ctx, c, k); err != nil || snap.Exists() {
+		if snap, err := handle(c, k).Snapshot(ctx); err != nil || snap.Exists() {
 			t.Fatalf("snapshot of a missing activity: %+v, %v", snap, err)
 		}
 		// Nothing was created by any of it.
@@ -136,7 +136,7 @@ func TestGates(t *testing.T) {
 			t.Fatalf("grab while paused: %+v, want paused", res)
 		}
 		assertNoClaimWritten(t, c, k, 10)
-		if snap, _ := store.ReadSnapshot(ctx, c, k); !snap.Paused {
+		if snap, _ := handle(c, k).Snapshot(ctx); !snap.Paused {
 			t.Fatalf("snapshot %+v: want paused", snap)
 		}
 		configure(t, c, k, 0, 0, false, true)
@@ -157,13 +157,13 @@ func TestGates(t *testing.T) {
 
 	t.Run("seeded with a schedule", func(t *testing.T) {
 		// The schedule written at commit holds until configure changes it.
-		k := store.KeysFor("gate-seed-schedule")
-		if _, err := (store.Seeder{}).Seed(ctx, c, k, amounts, store.SeedParams{
+		k := keysOf("gate-seed-schedule")
+		if _, err := seeding(c, k, store.Seeder{}).Seed(ctx, amounts, store.SeedParams{
 			Count: 10, Total: 1000, StartMs: now + hour, EndMs: now + 2*hour, Paused: true, Sponsor: sponsor,
 		}); err != nil {
 			t.Fatal(err)
 		}
-		snap, err := store.ReadSnapshot(ctx, c, k)
+		snap, err := handle(c, k).Snapshot(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +187,7 @@ func TestCloseExpiredRefundsTheRest(t *testing.T) {
 	}
 	claimed := grantsSum(grants)
 
-	cr, err := store.Close(ctx, c, k, store.CloseExpired)
+	cr, err := handle(c, k).Close(ctx, store.CloseExpired)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestCloseExpiredRefundsTheRest(t *testing.T) {
 
 	// Closing again, for either reason, returns the first close's figures and adds nothing.
 	for _, reason := range []store.CloseReason{store.CloseExpired, store.CloseExhausted} {
-		again, err := store.Close(ctx, c, k, reason)
+		again, err := handle(c, k).Close(ctx, reason)
 		if err != nil || again != want {
 			t.Fatalf("second close (%s): %+v, %v; want %+v", reason, again, err, want)
 		}
@@ -246,7 +246,7 @@ func TestCloseExpiredWithNothingClaimed(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	amounts := splitOrFail(t, split.TypeLineCut, 5000, 40)
 	k := seedOpen(t, ctx, c, "close-untouched", amounts)
-	cr, err := store.Close(ctx, c, k, store.CloseExpired)
+	cr, err := handle(c, k).Close(ctx, store.CloseExpired)
 	if err != nil || cr.Refunded != 5000 {
 		t.Fatalf("close: %+v, %v; want all 5000 refunded", cr, err)
 	}
@@ -266,7 +266,7 @@ func TestCloseExhaustedOnlyWhenNothingLeft(t *testing.T) {
 	for _, u := range []string{"a", "b"} {
 		grants[u] = grabOne(t, c, k, u)
 	}
-	cr, err := store.Close(ctx, c, k, store.CloseExhausted)
+	cr, err := handle(c, k).Close(ctx, store.CloseExhausted)
 	if err != nil || cr != (store.CloseResult{Outcome: store.CloseStillOpen}) {
 		t.Fatalf("close exhausted with a packet left: %+v, %v; want open", cr, err)
 	}
@@ -281,7 +281,7 @@ func TestCloseExhaustedOnlyWhenNothingLeft(t *testing.T) {
 	if res := grabOne(t, c, k, "d"); res.Outcome != store.SoldOut {
 		t.Fatalf("after the last packet: %+v, want sold_out", res)
 	}
-	cr, err = store.Close(ctx, c, k, store.CloseExhausted)
+	cr, err = handle(c, k).Close(ctx, store.CloseExhausted)
 	if err != nil || cr != (store.CloseResult{Outcome: store.Closed, Reason: store.CloseExhausted}) {
 		t.Fatalf("close exhausted when sold out: %+v, %v", cr, err)
 	}
@@ -298,32 +298,31 @@ func TestCloseExhaustedOnlyWhenNothingLeft(t *testing.T) {
 }
 
 // readAll creates the consumer group and delivers every entry to one consumer.
-func readAll(t *testing.T, c *redis.Client, k store.Keys, group string) []redis.XMessage {
+func readAll(t *testing.T, c *redis.Client, k store.Keys, group string) []store.StreamEntry {
 	t.Helper()
 	ctx := t.Context()
-	if err := c.XGroupCreate(ctx, k.Stream, group, "0").Err(); err != nil {
-		t.Fatalf("XGROUP CREATE: %v", err)
+	s := shardOf(c, k)
+	if err := s.EnsureGroup(ctx, group); err != nil {
+		t.Fatal(err)
 	}
-	streams, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: group, Consumer: "worker-1", Streams: []string{k.Stream, ">"}, Count: 1000,
-	}).Result()
+	entries, err := s.ReadNew(ctx, group, "worker-1", 1000, 0)
 	if err != nil {
-		t.Fatalf("XREADGROUP: %v", err)
+		t.Fatal(err)
 	}
-	return streams[0].Messages
+	return entries
 }
 
-// decoded decodes one settlement stream entry and fails the test when it is malformed.
-func decoded(t *testing.T, m redis.XMessage) store.StreamEntry {
+// decoded fails the test when a settlement stream entry is malformed.
+func decoded(t *testing.T, e store.StreamEntry) store.StreamEntry {
 	t.Helper()
-	e := store.DecodeMessages([]redis.XMessage{m})[0]
 	if e.Malformed != nil {
-		t.Fatalf("entry %s %v: %v", m.ID, m.Values, e.Malformed)
+		t.Fatalf("entry %s %v: %v", e.ID, e.Fields, e.Malformed)
 	}
 	return e
 }
 
-func entryAmount(t *testing.T, m redis.XMessage) int64 {
+// entryAmount is the amount of a well-formed entry.
+func entryAmount(t *testing.T, m store.StreamEntry) int64 {
 	t.Helper()
 	return decoded(t, m).Amount
 }
@@ -336,7 +335,7 @@ func TestSettleAckCountsOnce(t *testing.T) {
 	k := seedOpen(t, ctx, c, "settle", amounts)
 	_, grants := tally(t, grabConcurrently(t, ctx, c, k, userIDs("s", 6), 6))
 	claimed := grantsSum(grants)
-	if _, err := store.Close(ctx, c, k, store.CloseExpired); err != nil {
+	if _, err := handle(c, k).Close(ctx, store.CloseExpired); err != nil {
 		t.Fatal(err)
 	}
 	msgs := readAll(t, c, k, "settlement")
@@ -348,14 +347,14 @@ func TestSettleAckCountsOnce(t *testing.T) {
 	if err := c.XGroupCreate(ctx, k.Stream, "other", "$").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := store.Ack(ctx, c, k, "other", msgs[0].ID, store.KindGrant, entryAmount(t, msgs[0])); err != nil || ok {
+	if ok, err := shardOf(c, k).Ack(ctx, "other", msgs[0].ID, store.KindGrant, entryAmount(t, msgs[0])); err != nil || ok {
 		t.Fatalf("ack of an undelivered entry: %v, %v; want false", ok, err)
 	}
 
 	for _, m := range msgs {
 		kind := decoded(t, m).Kind
 		for attempt := range 2 {
-			ok, err := store.Ack(ctx, c, k, "settlement", m.ID, kind, entryAmount(t, m))
+			ok, err := shardOf(c, k).Ack(ctx, "settlement", m.ID, kind, entryAmount(t, m))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -364,7 +363,7 @@ func TestSettleAckCountsOnce(t *testing.T) {
 			}
 		}
 	}
-	snap, err := store.ReadSnapshot(ctx, c, k)
+	snap, err := handle(c, k).Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,11 +387,11 @@ func TestDeadLetterOnce(t *testing.T) {
 	msgs := readAll(t, c, k, "settlement")
 	poison := msgs[0]
 	fields := map[string]any{}
-	for f, v := range poison.Values {
+	for f, v := range poison.Fields {
 		fields[f] = v
 	}
 	for attempt := range 2 {
-		ok, err := store.DeadLetter(ctx, c, k, "settlement", poison.ID, "webhook answered 500", fields)
+		ok, err := shardOf(c, k).DeadLetter(ctx, "settlement", poison.ID, "webhook answered 500", fields)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -408,19 +407,19 @@ func TestDeadLetterOnce(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
 	d := dead[0].Values
-	if d["entry"] != poison.ID || d["error"] != "webhook answered 500" || d["grant"] != poison.Values["grant"] ||
-		len(d) != len(poison.Values)+2 {
-		t.Fatalf("dead letter %v does not carry entry %s %v", d, poison.ID, poison.Values)
+	if d["entry"] != poison.ID || d["error"] != "webhook answered 500" || d["grant"] != poison.Fields["grant"] ||
+		len(d) != len(poison.Fields)+2 {
+		t.Fatalf("dead letter %v does not carry entry %s %v", d, poison.ID, poison.Fields)
 	}
 	// A parked entry is no longer pending and cannot be settled afterwards.
-	if ok, err := store.Ack(ctx, c, k, "settlement", poison.ID, store.KindGrant, entryAmount(t, poison)); err != nil || ok {
+	if ok, err := shardOf(c, k).Ack(ctx, "settlement", poison.ID, store.KindGrant, entryAmount(t, poison)); err != nil || ok {
 		t.Fatalf("ack of a dead-lettered entry: %v, %v", ok, err)
 	}
 	// The other entry settles normally.
-	if ok, err := store.Ack(ctx, c, k, "settlement", msgs[1].ID, store.KindGrant, entryAmount(t, msgs[1])); err != nil || !ok {
+	if ok, err := shardOf(c, k).Ack(ctx, "settlement", msgs[1].ID, store.KindGrant, entryAmount(t, msgs[1])); err != nil || !ok {
 		t.Fatalf("ack of the healthy entry: %v, %v", ok, err)
 	}
-	snap, err := store.ReadSnapshot(ctx, c, k)
+	snap, err := handle(c, k).Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,14 +451,14 @@ func TestLargeAmountsStayExact(t *testing.T) {
 	}
 	msgs := readAll(t, c, k, "g")
 	for _, m := range msgs {
-		if ok, err := store.Ack(ctx, c, k, "g", m.ID, store.KindGrant, entryAmount(t, m)); err != nil || !ok {
+		if ok, err := shardOf(c, k).Ack(ctx, "g", m.ID, store.KindGrant, entryAmount(t, m)); err != nil || !ok {
 			t.Fatalf("ack: %v %v", ok, err)
 		}
 	}
 	if e := decoded(t, msgs[1]); e.Amount != big || e.Fields["grant"] != "2:999999999999999:0::second" {
 		t.Fatalf("stream entry %v, want packet 2 of 999999999999999 to second", e.Fields)
 	}
-	if snap, _ = store.ReadSnapshot(ctx, c, k); snap.SettledAmount != total {
+	if snap, _ = handle(c, k).Snapshot(ctx); snap.SettledAmount != total {
 		t.Fatalf("settled %d, want %d", snap.SettledAmount, total)
 	}
 
@@ -468,7 +467,7 @@ func TestLargeAmountsStayExact(t *testing.T) {
 	total = sumOf(amounts)
 	k = seedOpen(t, ctx, c, "large-refund", amounts)
 	first := grabOne(t, c, k, "only")
-	cr, err := store.Close(ctx, c, k, store.CloseExpired)
+	cr, err := handle(c, k).Close(ctx, store.CloseExpired)
 	if err != nil || cr.Refunded != total-first.Amount {
 		t.Fatalf("close: %+v, %v; want %d refunded", cr, err, total-first.Amount)
 	}
@@ -483,9 +482,9 @@ func TestPurgeRemovesEverything(t *testing.T) {
 	grabOne(t, c, k, "u")
 	readAll(t, c, k, "g")
 	// A neighbouring activity keeps its keys.
-	other := store.KeysFor("neighbour")
+	other := keysOf("neighbour")
 	seedOpen(t, ctx, c, "neighbour", amounts)
-	if err := store.Purge(ctx, c, k); err != nil {
+	if err := handle(c, k).Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := c.Exists(ctx, k.All()...).Result(); err != nil || n != 0 {
@@ -494,7 +493,7 @@ func TestPurgeRemovesEverything(t *testing.T) {
 	if res := grabOne(t, c, k, "u"); res.Outcome != store.Missing {
 		t.Fatalf("grab after purge: %+v, want missing", res)
 	}
-	if snap, _ := store.ReadSnapshot(ctx, c, other); snap.RemainingCount != 5 {
+	if snap, _ := handle(c, other).Snapshot(ctx); snap.RemainingCount != 5 {
 		t.Fatalf("neighbour after purge: %+v", snap)
 	}
 }

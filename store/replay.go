@@ -5,13 +5,14 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
 	"redpacket.io/operator/lua"
 )
 
-// ReplayDead moves up to limit (>= 1) of the oldest dead-lettered entries back into the
+// replayDead moves up to limit (>= 1) of the oldest dead-lettered entries back into the
 // activity's stream as new entries, deletes them from the dead-letter stream and
 // lowers dead_count by as many, in one atomic step. It returns how many it moved.
-func ReplayDead(ctx context.Context, c redis.Scripter, k Keys, limit int) (int, error) {
+func replayDead(ctx context.Context, c redis.Scripter, k Keys, limit int) (int, error) {
 	if limit < 1 {
 		return 0, fmt.Errorf("replaying dead letters: limit %d, want at least 1", limit)
 	}
@@ -30,7 +31,7 @@ const replayChunk = 500
 // back into the activity's settlement stream, oldest first, and returns how many it
 // moved.
 //
-// Each entry is moved atomically, in steps of at most 500 (ReplayDead): it is
+// Each entry is moved atomically, in steps of at most 500 (replayDead): it is
 // appended to the stream as a new entry with its original fields (a grant's packed
 // field, plus an "at" field with the original entry's time, or the refund's kind,
 // packet, user, amount, currency and at), deleted from the dead-letter stream, and the activity's
@@ -50,13 +51,34 @@ func (a *Shard) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
 		if max > 0 {
 			n = min(n, max-moved)
 		}
-		got, err := ReplayDead(ctx, a.c, a.keys, n)
+		got, err := replayDead(ctx, a.c, a.keys, n)
 		if err != nil {
 			return moved, fmt.Errorf("replaying dead letters after %d moved: %w", moved, err)
 		}
 		moved += got
 		if got < n {
 			break
+		}
+	}
+	return moved, nil
+}
+
+// ReplayDeadLetters moves up to max dead letters of every shard back into its
+// settlement stream (Shard.ReplayDeadLetters), shard by shard, and returns how
+// many moved in all; max <= 0 means all of them.
+func (s *Activity) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
+	moved := 0
+	for i, a := range s.shards {
+		left := 0
+		if max > 0 {
+			if left = max - moved; left <= 0 {
+				break
+			}
+		}
+		n, err := a.ReplayDeadLetters(ctx, left)
+		moved += n
+		if err != nil {
+			return moved, fmt.Errorf("shard %d: %w", i, err)
 		}
 	}
 	return moved, nil

@@ -3,7 +3,6 @@ package store_test
 import (
 	"testing"
 
-	"github.com/redis/go-redis/v9"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
@@ -40,20 +39,19 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 				t.Fatal(err)
 			}
 			amounts := splitOrFail(t, split.TypeRandom, 10_000, 100)
-			k := store.KeysFor("flush-" + variant)
+			k := keysOf("flush-" + variant)
 
 			flush()
-			res, err := store.Seeder{ChunkSize: 30}.Seed(ctx, via, k, amounts,
-				store.SeedParams{Count: 100, Total: 10_000, Sponsor: sponsor})
+			res, err := seeding(via, k, store.Seeder{ChunkSize: 30}).Seed(ctx, amounts, store.SeedParams{Count: 100, Total: 10_000, Sponsor: sponsor})
 			if err != nil || !res.Committed {
 				t.Fatalf("seed after flush: %+v, %v", res, err)
 			}
 			flush()
-			if state, err := store.Configure(ctx, via, k, 0, 0, false, true); err != nil || state.State != store.StateOpen {
+			if state, err := handle(via, k).Configure(ctx, 0, 0, false, true); err != nil || state.State != store.StateOpen {
 				t.Fatalf("configure after flush: %q, %v", state.State, err)
 			}
 			flush()
-			first, err := store.Grab(ctx, via, k, "first")
+			first, err := shardOf(via, k).Grab(ctx, "first")
 			if err != nil || first.Outcome != store.Granted {
 				t.Fatalf("grab after flush: %+v, %v", first, err)
 			}
@@ -72,31 +70,30 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 			grants["first"] = first
 
 			flush()
-			again, err := store.Grab(ctx, via, k, "first")
+			again, err := shardOf(via, k).Grab(ctx, "first")
 			if err != nil || again.Outcome != store.AlreadyClaimed || again.PacketID != first.PacketID {
 				t.Fatalf("repeat grab after flush: %+v, %v", again, err)
 			}
 			flush()
 			verify(t, ctx, via, k, amounts, grants)
 			flush()
-			if cr, err := store.Close(ctx, via, k, store.CloseExhausted); err != nil || string(cr.Outcome) != "closed" {
+			if cr, err := handle(via, k).Close(ctx, store.CloseExhausted); err != nil || string(cr.Outcome) != "closed" {
 				t.Fatalf("close after flush: %+v, %v", cr, err)
 			}
 			flush()
-			if err := c.XGroupCreate(ctx, k.Stream, "g", "0").Err(); err != nil {
+			if err := shardOf(c, k).EnsureGroup(ctx, "g"); err != nil {
 				t.Fatal(err)
 			}
-			entries, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{k.Stream, ">"}, Count: 1}).Result()
-			if err != nil || len(entries[0].Messages) != 1 {
+			entries, err := shardOf(c, k).ReadNew(ctx, "g", "c", 1, 0)
+			if err != nil || len(entries) != 1 {
 				t.Fatalf("reading the stream: %v %v", entries, err)
 			}
-			msg := entries[0].Messages[0]
-			amount := store.DecodeMessages([]redis.XMessage{msg})[0].Amount
-			if ok, err := store.Ack(ctx, via, k, "g", msg.ID, store.KindGrant, amount); err != nil || !ok {
+			msg := entries[0]
+			if ok, err := shardOf(via, k).Ack(ctx, "g", msg.ID, store.KindGrant, msg.Amount); err != nil || !ok {
 				t.Fatalf("ack after flush: %v, %v", ok, err)
 			}
 			flush()
-			if ok, err := store.DeadLetter(ctx, via, k, "g", msg.ID, "boom", nil); err != nil || ok {
+			if ok, err := shardOf(via, k).DeadLetter(ctx, "g", msg.ID, "boom", nil); err != nil || ok {
 				t.Fatalf("dead-letter of an acked entry after flush: %v, %v", ok, err)
 			}
 		})
@@ -107,16 +104,16 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 func TestScriptErrorsAreReported(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	k := store.KeysFor("wrong-type")
+	k := keysOf("wrong-type")
 	// The meta key holds a string: HGET on it is a WRONGTYPE error inside the script.
 	if err := c.Set(ctx, k.Meta, "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := store.Grab(ctx, c, k, "u")
+	_, err := shardOf(c, k).Grab(ctx, "u")
 	if err == nil || lua.IsNoScript(err) {
 		t.Fatalf("grab on a wrong-typed key: %v, want a script error", err)
 	}
-	if _, err := store.ReadSnapshot(ctx, c, k); err == nil {
+	if _, err := handle(c, k).Snapshot(ctx); err == nil {
 		t.Fatal("snapshot on a wrong-typed key: no error")
 	}
 }

@@ -19,7 +19,7 @@ func TestSeedInterruptedThenRetried(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	const total, count = 123_456, 1000
 	amounts := splitOrFail(t, split.TypeRandom, total, count)
-	k := store.KeysFor("interrupted")
+	k := keysOf("interrupted")
 	params := store.SeedParams{Count: count, Total: total, Sponsor: sponsor}
 
 	// The first seeder dies after three chunks of 100.
@@ -31,17 +31,17 @@ func TestSeedInterruptedThenRetried(t *testing.T) {
 		}
 		return nil
 	}}
-	if _, err := crashing.Seed(ctx, c, k, amounts, params); !errors.Is(err, errCrash) {
+	if _, err := seeding(c, k, crashing).Seed(ctx, amounts, params); !errors.Is(err, errCrash) {
 		t.Fatalf("interrupted seed returned %v, want the crash", err)
 	}
-	snap, err := store.ReadSnapshot(ctx, c, k)
+	snap, err := handle(c, k).Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if snap.Exists() || snap.StagedCount != 300 || snap.RemainingCount != 0 {
 		t.Fatalf("after the crash: %+v, want nothing committed and 300 staged", snap)
 	}
-	if res, err := store.Grab(ctx, c, k, "early"); err != nil || res.Outcome != store.Missing {
+	if res, err := shardOf(c, k).Grab(ctx, "early"); err != nil || res.Outcome != store.Missing {
 		t.Fatalf("grab before the commit: %+v, %v; want missing", res, err)
 	}
 
@@ -49,10 +49,10 @@ func TestSeedInterruptedThenRetried(t *testing.T) {
 	// stages continue where the first left off.
 	chunks = 0
 	crashing.ChunkSize = 70
-	if _, err := crashing.Seed(ctx, c, k, amounts, params); !errors.Is(err, errCrash) {
+	if _, err := seeding(c, k, crashing).Seed(ctx, amounts, params); !errors.Is(err, errCrash) {
 		t.Fatalf("second interrupted seed returned %v, want the crash", err)
 	}
-	if snap, _ = store.ReadSnapshot(ctx, c, k); snap.Exists() || snap.StagedCount != 300+3*70 {
+	if snap, _ = handle(c, k).Snapshot(ctx); snap.Exists() || snap.StagedCount != 300+3*70 {
 		t.Fatalf("after the second crash: %+v, want %d staged", snap, 300+3*70)
 	}
 
@@ -62,7 +62,7 @@ func TestSeedInterruptedThenRetried(t *testing.T) {
 		progress = append(progress, staged)
 		return nil
 	}}
-	res, err := retry.Seed(ctx, c, k, amounts, params)
+	res, err := seeding(c, k, retry).Seed(ctx, amounts, params)
 	if err != nil {
 		t.Fatalf("retried seed: %v", err)
 	}
@@ -72,7 +72,7 @@ func TestSeedInterruptedThenRetried(t *testing.T) {
 	if len(progress) == 0 || progress[0] != 610 || progress[len(progress)-1] != count {
 		t.Fatalf("retry staged %v, want to continue from 510 up to %d", progress, count)
 	}
-	if _, err := store.Configure(ctx, c, k, 0, 0, false, true); err != nil {
+	if _, err := handle(c, k).Configure(ctx, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
 	snap = verify(t, ctx, c, k, amounts, nil)
@@ -83,7 +83,7 @@ func TestSeedInterruptedThenRetried(t *testing.T) {
 	// Seeding again adopts what is there and changes nothing, even after grabs.
 	answers := grabConcurrently(t, ctx, c, k, userIDs("u", 40), 10)
 	_, grants := tally(t, answers)
-	res, err = store.Seeder{ChunkSize: 100}.Seed(ctx, c, k, amounts, params)
+	res, err = seeding(c, k, store.Seeder{ChunkSize: 100}).Seed(ctx, amounts, params)
 	if err != nil || res.Committed {
 		t.Fatalf("seeding a committed activity: %+v, %v; want adopted, not committed", res, err)
 	}
@@ -101,7 +101,7 @@ func TestSeedersRacing(t *testing.T) {
 	params := store.SeedParams{Count: count, Total: total, Sponsor: sponsor}
 
 	for round := range 5 {
-		k := store.KeysFor(fmt.Sprintf("racing-%d", round))
+		k := keysOf(fmt.Sprintf("racing-%d", round))
 		var wg sync.WaitGroup
 		results := make([]store.SeedResult, 2)
 		errs := make([]error, 2)
@@ -111,7 +111,7 @@ func TestSeedersRacing(t *testing.T) {
 				// rounds race a seeder that stages through seed_stage.lua against one
 				// that stages in optimistic transactions, or two script seeders.
 				s := store.Seeder{ChunkSize: 97 + 200*i, ScriptOnly: (round+i)%3 == 0 || round == 4}
-				results[i], errs[i] = s.Seed(ctx, c, k, amounts, params)
+				results[i], errs[i] = seeding(c, k, s).Seed(ctx, amounts, params)
 			})
 		}
 		wg.Wait()
@@ -136,7 +136,7 @@ func TestSeedersInLockstep(t *testing.T) {
 	const total, count = 99_999, 2000
 	amounts := splitOrFail(t, split.TypeRandom, total, count)
 	params := store.SeedParams{Count: count, Total: total, Sponsor: sponsor}
-	k := store.KeysFor("lockstep")
+	k := keysOf("lockstep")
 
 	turn := [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}
 	done := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
@@ -159,7 +159,7 @@ func TestSeedersInLockstep(t *testing.T) {
 		}}
 		wg.Go(func() {
 			defer close(done[i])
-			results[i], errs[i] = s.Seed(ctx, c, k, amounts, params)
+			results[i], errs[i] = seeding(c, k, s).Seed(ctx, amounts, params)
 		})
 	}
 	wg.Wait()
@@ -181,7 +181,7 @@ func TestSeedersInLockstep(t *testing.T) {
 func TestSeedRefusesBadInput(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	k := store.KeysFor("bad-input")
+	k := keysOf("bad-input")
 	for _, tc := range []struct {
 		amounts []int64
 		p       store.SeedParams
@@ -192,7 +192,7 @@ func TestSeedRefusesBadInput(t *testing.T) {
 		{[]int64{1, -1, 3}, store.SeedParams{Count: 3, Total: 3}, "packet 2 has amount -1"},
 		{[]int64{1, 1, 2}, store.SeedParams{Count: 3, Total: 5}, "sum to 4, want 5"},
 	} {
-		_, err := store.Seeder{}.Seed(ctx, c, k, tc.amounts, tc.p)
+		_, err := seeding(c, k, store.Seeder{}).Seed(ctx, tc.amounts, tc.p)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Seed(%v, %+v) = %v, want an error with %q", tc.amounts, tc.p, err, tc.want)
 		}
@@ -211,7 +211,7 @@ func TestSeedDiscardsStagingOfAnotherSplit(t *testing.T) {
 	const total, count = 50_000, 500
 	first := splitOrFail(t, split.TypeRandom, total, count)
 	second := splitOrFail(t, split.TypeFixed, total, count)
-	k := store.KeysFor("two-splits")
+	k := keysOf("two-splits")
 	params := store.SeedParams{Count: count, Total: total, Sponsor: sponsor}
 
 	chunks := 0
@@ -221,13 +221,13 @@ func TestSeedDiscardsStagingOfAnotherSplit(t *testing.T) {
 		}
 		return nil
 	}}
-	if _, err := crashing.Seed(ctx, c, k, first, params); !errors.Is(err, errCrash) {
+	if _, err := seeding(c, k, crashing).Seed(ctx, first, params); !errors.Is(err, errCrash) {
 		t.Fatalf("interrupted seed returned %v, want the crash", err)
 	}
-	if res, err := (store.Seeder{ChunkSize: 100}).Seed(ctx, c, k, second, params); err != nil || !res.Committed {
+	if res, err := seeding(c, k, store.Seeder{ChunkSize: 100}).Seed(ctx, second, params); err != nil || !res.Committed {
 		t.Fatalf("seed of the second split: %+v, %v", res, err)
 	}
-	if _, err := store.Configure(ctx, c, k, 0, 0, false, true); err != nil {
+	if _, err := handle(c, k).Configure(ctx, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
 	verify(t, ctx, c, k, second, nil)

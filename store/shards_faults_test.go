@@ -24,7 +24,7 @@ import (
 func usersOn(prefix string, i, shards, n int) []string {
 	var out []string
 	for k := 0; len(out) < n; k++ {
-		if u := fmt.Sprintf("%s-%d", prefix, k); store.HomeShard(u, shards) == i {
+		if u := fmt.Sprintf("%s-%d", prefix, k); homeOf(u, shards) == i {
 			out = append(out, u)
 		}
 	}
@@ -197,7 +197,7 @@ func TestShardRollbackCaughtByStatusWatermarks(t *testing.T) {
 			v.Shards[1].ClaimedCount)
 	}
 	// A fresh grab pod: its watermarks come from the status alone.
-	r, _, err := act.Grab(ctx, on1[4], func(i int) store.Watermark { return store.ShardMark(&st, i) })
+	r, _, err := act.Grab(ctx, on1[4], func(i int) store.Watermark { return statusMark(&st, i) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,11 +268,11 @@ func TestActivityUserCanWaitForReplicas(t *testing.T) {
 	}
 	uc := userConn([]string{srv.Addr}, redisconn.ModeStandalone, own, "rv-wait-pw-0123456789").NewClient()
 	t.Cleanup(func() { _ = uc.Close() })
-	w := store.NewReplicaWaiter(uc, store.ShardUID(own, 1, 2), 1, 50*time.Millisecond)
+	w := store.NewActivity(uc, own, 2).Shard(1).ReplicaWaiter(1, 50*time.Millisecond)
 	err := w.Wait(ctx)
 	t.Logf("Wait as the activity's user on a master without replicas: %v", err)
 	if isNoPerm(err) {
-		t.Errorf("the activity's user may not wait for replicas: %v (commands: %v)", err, store.ActivityUserCommands())
+		t.Errorf("the activity's user may not wait for replicas: %v", err)
 	}
 }
 

@@ -36,7 +36,7 @@ func skewedUsers(n int, weights []float64, seed uint64) []string {
 	users := make([]string, 0, n)
 	for k := 0; len(users) < n; k++ {
 		id := "u" + strconv.Itoa(k)
-		if h := store.HomeShard(id, len(weights)); want[h] > 0 {
+		if h := homeOf(id, len(weights)); want[h] > 0 {
 			want[h]--
 			users = append(users, id)
 		}
@@ -163,16 +163,17 @@ func TestShardedActivity(t *testing.T) {
 		// A transfer whose mover died after its first half: the packets are in shard
 		// 1's journal only, taken from the tail as transfer_out.lua takes them.
 		keys := act.Shard(1).Keys()
+		listed, err := act.Shard(1).Listed(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
 		taken, err := c.RPopCount(ctx, keys.Packets, 4).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		var amount int64
-		for i, p := range taken {
-			packet, err := store.ParseListedPacket(p)
-			if err != nil {
-				t.Fatal(err)
-			}
+		for i := range taken {
+			packet := listed[len(listed)-1-i]
 			taken[i] = packet.ID + ":" + strconv.FormatInt(packet.Amount, 10)
 			amount += packet.Amount
 		}
@@ -365,8 +366,8 @@ func checkShardedRain(t *testing.T, ctx context.Context, act *store.Activity, ra
 		if call.err != nil {
 			t.Fatalf("user %s: %v", call.user, call.err)
 		}
-		if call.home != store.HomeShard(call.user, act.N()) {
-			t.Fatalf("user %s was decided on shard %d, home %d", call.user, call.home, store.HomeShard(call.user, act.N()))
+		if call.home != act.Home(call.user) {
+			t.Fatalf("user %s was decided on shard %d, home %d", call.user, call.home, act.Home(call.user))
 		}
 		switch call.res.Outcome {
 		case store.Granted, store.AlreadyClaimed:
@@ -412,7 +413,7 @@ func checkShardedRain(t *testing.T, ctx context.Context, act *store.Activity, ra
 			t.Fatal(err)
 		}
 		for user, cl := range claims {
-			if store.HomeShard(user, act.N()) != i {
+			if act.Home(user) != i {
 				t.Fatalf("user %s holds a claim on shard %d, not on their home shard", user, i)
 			}
 			held[user] = cl

@@ -16,9 +16,8 @@ import (
 // them over). A grant, as grab.lua writes it, is one field, entryGrant =
 // "<packetId>:<amount>:<epoch>:<currency>:<userId>" (the user id last: it may hold
 // ':'), and happened at its entry id's time; replay_dead.lua adds entryAt to a grant
-// it moves, so the grant keeps its own time. A refund (close.lua) and a grant
-// written before the packed form have the fields kind, packet, user, amount,
-// currency and at.
+// it moves, so the grant keeps its own time. A refund (refund_activity.lua) has the
+// fields kind (always "refund"), packet, user, amount, currency and at.
 const (
 	entryGrant    = "grant"
 	entryKind     = "kind"
@@ -29,7 +28,7 @@ const (
 	entryAt       = "at"
 )
 
-// entryFields are the fields DecodeStreamEntry reads.
+// entryFields are the fields decodeStreamEntry reads.
 var entryFields = map[string]bool{entryGrant: true, entryKind: true, entryPacket: true, entryUser: true,
 	entryAmount: true, entryCurrency: true, entryAt: true}
 
@@ -69,14 +68,14 @@ type StreamEntry struct {
 	amount string
 }
 
-// DecodeStreamEntry decodes the settlement stream entry id with the given fields: a
+// decodeStreamEntry decodes the settlement stream entry id with the given fields: a
 // packed grant (field grant, "<packetId>:<amount>:<epoch>:<currency>:<userId>", at
-// the entry id's time unless an at field says otherwise), or the fields kind (grant or
-// refund), packet, user, amount, currency and at (unix milliseconds). Packet and user
+// the entry id's time unless an at field says otherwise), or a refund, the fields
+// kind ("refund"), packet, user, amount, currency and at (unix milliseconds). Packet and user
 // must not be empty and the amount must be a non-negative integer. Fields it does
 // not know are ignored. When the fields do not decode, the entry's Malformed says
 // why.
-func DecodeStreamEntry(id string, fields map[string]string) StreamEntry {
+func decodeStreamEntry(id string, fields map[string]string) StreamEntry {
 	e := StreamEntry{ID: id, Fields: fields}
 	if err := e.decode(); err != nil {
 		return StreamEntry{ID: id, Fields: fields, Malformed: err}
@@ -99,7 +98,11 @@ func (e *StreamEntry) decode() error {
 	if e.Kind, err = str(entryKind); err != nil {
 		return err
 	}
-	if e.Kind != KindGrant && e.Kind != KindRefund {
+	switch e.Kind {
+	case KindRefund:
+	case KindGrant:
+		return fmt.Errorf("a grant without the %q field (grants are packed)", entryGrant)
+	default:
 		return fmt.Errorf("unknown kind %q", e.Kind)
 	}
 	if e.PacketID, err = str(entryPacket); err != nil {
@@ -179,12 +182,9 @@ func (e StreamEntry) FieldValues() map[string]any {
 	return out
 }
 
-// DecodeMessages decodes settlement stream entries as go-redis reads them (XRANGE,
-// XREADGROUP): each as DecodeStreamEntry does, and Malformed when a field it reads
+// decodeMessages decodes settlement stream entries as go-redis reads them (XRANGE,
+// XREADGROUP): each as decodeStreamEntry does, and Malformed when a field it reads
 // is not a string.
-func DecodeMessages(msgs []redis.XMessage) []StreamEntry { return decodeMessages(msgs) }
-
-// decodeMessages decodes the entries of a go-redis stream reply.
 func decodeMessages(msgs []redis.XMessage) []StreamEntry {
 	if len(msgs) == 0 {
 		return nil
@@ -203,7 +203,7 @@ func decodeMessages(msgs []redis.XMessage) []StreamEntry {
 			}
 			fields[k] = s
 		}
-		out[i] = DecodeStreamEntry(m.ID, fields)
+		out[i] = decodeStreamEntry(m.ID, fields)
 		if bad != nil {
 			out[i] = StreamEntry{ID: m.ID, Fields: fields, Malformed: bad}
 		}
@@ -568,4 +568,25 @@ func (a *Shard) StreamLen(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("reading the length of %s: %w", a.keys.Stream, err)
 	}
 	return n, nil
+}
+
+// Entries reads the whole settlement stream, decoded, oldest first. It reads every
+// entry at once, so it is for checks after the fact, not for delivery (ReadNew).
+func (a *Shard) Entries(ctx context.Context) ([]StreamEntry, error) {
+	return a.readAll(ctx, a.keys.Stream)
+}
+
+// DeadLetters reads the whole dead-letter stream, decoded, oldest first: each entry
+// keeps the fields of the settlement entry it parks, and the last error.
+func (a *Shard) DeadLetters(ctx context.Context) ([]StreamEntry, error) {
+	return a.readAll(ctx, a.keys.DeadLetters)
+}
+
+// readAll reads and decodes every entry of the stream key.
+func (a *Shard) readAll(ctx context.Context, key string) ([]StreamEntry, error) {
+	msgs, err := a.c.XRange(ctx, key, "-", "+").Result()
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", key, err)
+	}
+	return decodeMessages(msgs), nil
 }

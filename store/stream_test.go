@@ -16,99 +16,6 @@ import (
 	"redpacket.io/operator/test/redistest"
 )
 
-// A settlement stream entry decodes to its typed fields; an entry that is not a
-// grant or a refund says why and keeps its id and raw fields, so it can be parked
-// as it was.
-func TestDecodeStreamEntry(t *testing.T) {
-	good := func() map[string]string {
-		return map[string]string{"kind": "grant", "packet": "7", "user": "alice", "amount": "123", "at": "1767225600123"}
-	}
-	with := func(name, value string) map[string]string {
-		f := good()
-		f[name] = value
-		return f
-	}
-	without := func(name string) map[string]string {
-		f := good()
-		delete(f, name)
-		return f
-	}
-	at := time.Date(2026, 1, 1, 0, 0, 0, 123e6, time.UTC)
-	cases := []struct {
-		name   string
-		fields map[string]string
-		want   store.StreamEntry // ID and Fields are checked separately
-		bad    string            // part of the Malformed error; "" for a good entry
-	}{
-		{"grant", good(), store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, At: at}, ""},
-		{"refund", map[string]string{"kind": "refund", "packet": "refund", "user": "merchant-001", "amount": "9000", "at": "0"},
-			store.StreamEntry{Kind: store.KindRefund, PacketID: store.RefundPacketID, UserID: "merchant-001", Amount: 9000, At: time.UnixMilli(0).UTC()}, ""},
-		{"zero amount", with("amount", "0"), store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "alice", At: at}, ""},
-		{"unknown fields are ignored", with("entry", "1-1"), store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, At: at}, ""},
-		{"huge amount", with("amount", "9007199254740993"),
-			store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "alice", Amount: 9007199254740993, At: at}, ""},
-
-		{"no fields", nil, store.StreamEntry{}, `field "kind" missing`},
-		{"unknown kind", with("kind", "gift"), store.StreamEntry{}, `unknown kind "gift"`},
-		{"no kind", without("kind"), store.StreamEntry{}, `field "kind" missing`},
-		{"no packet", without("packet"), store.StreamEntry{}, `field "packet" missing`},
-		{"no user", without("user"), store.StreamEntry{}, `field "user" missing`},
-		{"no amount", without("amount"), store.StreamEntry{}, `field "amount" missing`},
-		{"no at", without("at"), store.StreamEntry{}, `field "at" missing`},
-		{"fractional amount", with("amount", "1.5"), store.StreamEntry{}, `amount "1.5" is not a non-negative integer`},
-		{"negative amount", with("amount", "-1"), store.StreamEntry{}, `amount "-1" is not a non-negative integer`},
-		{"amount beyond int64", with("amount", "9223372036854775808"), store.StreamEntry{}, "not a non-negative integer"},
-		{"at not a number", with("at", "x"), store.StreamEntry{}, `at "x" is not unix milliseconds`},
-		{"empty packet", with("packet", ""), store.StreamEntry{}, "empty packet or user"},
-		{"empty user", with("user", ""), store.StreamEntry{}, "empty packet or user"},
-		{"replayed without payload", map[string]string{"entry": "1-1"}, store.StreamEntry{}, `field "kind" missing`},
-
-		// The packed grant grab.lua writes: its time is the entry id's.
-		{"packed grant", map[string]string{"grant": "7:123:0:CNY:alice"},
-			store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, Currency: "CNY", At: at}, ""},
-		{"packed grant, user id with colons", map[string]string{"grant": "7:123:0::a:b:"},
-			store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "a:b:", Amount: 123, At: at}, ""},
-		{"packed grant, replayed with its time", map[string]string{"grant": "7:123:2:CNY:alice", "at": "0"},
-			store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "alice", Amount: 123, Currency: "CNY", At: time.UnixMilli(0).UTC()}, ""},
-		{"packed grant, huge amount", map[string]string{"grant": "7:9007199254740993:0:CNY:alice"},
-			store.StreamEntry{Kind: store.KindGrant, PacketID: "7", UserID: "alice", Amount: 9007199254740993, Currency: "CNY", At: at}, ""},
-		{"packed grant without user", map[string]string{"grant": "7:123:0:alice"}, store.StreamEntry{}, "is not <packetId>:<amount>:<epoch>:<currency>:<userId>"},
-		{"packed grant, bad amount", map[string]string{"grant": "7:-3:0:CNY:alice"}, store.StreamEntry{}, `amount "-3" is not a non-negative integer`},
-		{"packed grant, empty packet", map[string]string{"grant": ":3:0:CNY:alice"}, store.StreamEntry{}, "empty packet or user"},
-		{"packed grant, empty user", map[string]string{"grant": "7:3:0:CNY:"}, store.StreamEntry{}, "empty packet or user"},
-		{"packed grant, bad at", map[string]string{"grant": "7:3:0:CNY:alice", "at": "soon"}, store.StreamEntry{}, `at "soon" is not unix milliseconds`},
-		{"packed grant, bad epoch", map[string]string{"grant": "7:3:x:CNY:alice"}, store.StreamEntry{}, `epoch "x" is not a non-negative integer`},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			e := store.DecodeStreamEntry("1767225600123-0", tc.fields)
-			if e.ID != "1767225600123-0" || !maps.Equal(e.Fields, tc.fields) {
-				t.Fatalf("id %q fields %v, want the entry's own", e.ID, e.Fields)
-			}
-			if tc.bad != "" {
-				if e.Malformed == nil || !strings.Contains(e.Malformed.Error(), tc.bad) {
-					t.Fatalf("malformed %v, want an error with %q", e.Malformed, tc.bad)
-				}
-				if e.Kind != "" || e.PacketID != "" || e.UserID != "" || e.Amount != 0 || !e.At.IsZero() {
-					t.Fatalf("malformed entry carries decoded fields: %+v", e)
-				}
-				return
-			}
-			if e.Malformed != nil {
-				t.Fatalf("malformed: %v", e.Malformed)
-			}
-			w := tc.want
-			if e.Kind != w.Kind || e.PacketID != w.PacketID || e.UserID != w.UserID || e.Amount != w.Amount ||
-				e.Currency != w.Currency || !e.At.Equal(w.At) {
-				t.Fatalf("decoded %+v, want %+v", e, w)
-			}
-			if fv := e.FieldValues(); len(fv) != len(tc.fields) {
-				t.Fatalf("field values %v, want %v", fv, tc.fields)
-			}
-		})
-	}
-}
-
 // The consumer-group operations on a real server: a dead consumer's entry is taken
 // over once idle, delivery counts follow every read and claim, held entries are kept
 // from other consumers, and the pending count follows acknowledgements.
@@ -118,7 +25,7 @@ func TestConsumerGroupOperations(t *testing.T) {
 	const group = "settlement"
 	amounts := splitOrFail(t, split.TypeFixed, 600, 6)
 	k := seedOpen(t, ctx, c, "group-ops", amounts)
-	a := store.NewShard(c, "group-ops")
+	a := store.NewActivity(c, "group-ops", 1).Shard(0)
 
 	// Reads before the group exists say so.
 	if _, err := a.ReadNew(ctx, group, "w", 10, 0); !errors.Is(err, store.ErrNoGroup) {
@@ -270,7 +177,7 @@ func TestDeliveryCountsPageThroughPendingEntries(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
 	const group, n = "settlement", 1300
-	a := store.NewShard(c, "paging")
+	a := store.NewActivity(c, "paging", 1).Shard(0)
 	// The activity is in Redis (its group is created only then).
 	if err := c.HSet(ctx, a.Keys().Meta, "state", "open").Err(); err != nil {
 		t.Fatal(err)
@@ -309,28 +216,26 @@ func TestReplayDeadLettersMovesAtMostMax(t *testing.T) {
 	const group = "settlement"
 	amounts := splitOrFail(t, split.TypeFixed, 1_000, 10)
 	k := seedOpen(t, ctx, rdb, "uid-replay", amounts)
-	a := store.NewShard(rdb, "uid-replay")
+	a := store.NewActivity(rdb, "uid-replay", 1).Shard(0)
 	for _, u := range []string{"user-0000", "user-0001", "user-0002"} {
 		grabOne(t, rdb, k, u)
 	}
-	if err := rdb.XGroupCreateMkStream(ctx, k.Stream, group, "0").Err(); err != nil {
+	if err := a.EnsureGroup(ctx, group); err != nil {
 		t.Fatalf("group: %v", err)
 	}
-	streams, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c",
-		Streams: []string{k.Stream, ">"}, Block: -1}).Result()
-	if err != nil || len(streams[0].Messages) != 3 {
-		t.Fatalf("read: %v, %v", streams, err)
+	orig, err := a.ReadNew(ctx, group, "c", 10, 0)
+	if err != nil || len(orig) != 3 {
+		t.Fatalf("read: %v, %v", orig, err)
 	}
-	orig := streams[0].Messages
 	for _, m := range orig {
-		ok, err := store.DeadLetter(ctx, rdb, k, group, m.ID, "HTTP 400", m.Values)
+		ok, err := a.DeadLetter(ctx, group, m.ID, "HTTP 400", m.FieldValues())
 		if err != nil || !ok {
 			t.Fatalf("dead letter: %v, %v", ok, err)
 		}
 	}
 	snapshot := func() store.Snapshot {
 		t.Helper()
-		s, err := a.Snapshot(ctx)
+		s, err := store.NewActivity(rdb, "uid-replay", 1).Snapshot(ctx)
 		if err != nil {
 			t.Fatalf("snapshot: %v", err)
 		}
@@ -347,22 +252,22 @@ func TestReplayDeadLettersMovesAtMostMax(t *testing.T) {
 	if s := snapshot(); s.DeadCount != 1 {
 		t.Fatalf("dead count %d after replaying 2 of 3", s.DeadCount)
 	}
-	all, err := rdb.XRange(ctx, k.Stream, "-", "+").Result()
+	all, err := a.Entries(ctx)
 	if err != nil || len(all) != 5 {
 		t.Fatalf("stream: %d entries, %v; want 3 + 2 replayed", len(all), err)
 	}
 	// A packed grant takes its time from its id, so its copy also carries the
 	// original's time: it decodes to the same grant at the same instant.
-	for i, m := range all[3:] {
-		if len(m.Values) != len(orig[i].Values)+1 {
-			t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
+	for i, got := range all[3:] {
+		want := orig[i]
+		if len(got.Fields) != len(want.Fields)+1 {
+			t.Fatalf("replayed entry %v, original %v", got.Fields, want.Fields)
 		}
-		for f, v := range orig[i].Values {
-			if m.Values[f] != v {
-				t.Fatalf("replayed entry %v, original %v", m.Values, orig[i].Values)
+		for f, v := range want.Fields {
+			if got.Fields[f] != v {
+				t.Fatalf("replayed entry %v, original %v", got.Fields, want.Fields)
 			}
 		}
-		got, want := store.DecodeMessages([]redis.XMessage{m})[0], store.DecodeMessages(orig[i : i+1])[0]
 		if got.Malformed != nil || want.Malformed != nil || got.At != want.At || got.PacketID != want.PacketID ||
 			got.UserID != want.UserID || got.Amount != want.Amount || got.Kind != store.KindGrant {
 			t.Fatalf("replayed entry decodes to %+v, original to %+v", got, want)
@@ -376,31 +281,6 @@ func TestReplayDeadLettersMovesAtMostMax(t *testing.T) {
 	}
 }
 
-// The measurement helpers read what the benchmark reports.
-func TestMeasurementHelpers(t *testing.T) {
-	ctx := redistest.Context(t)
-	c := redistest.Start(t).Client(t)
-	v, err := store.ServerVersion(ctx, c)
-	if err != nil || !strings.Contains(v, ".") {
-		t.Fatalf("server version %q, %v", v, err)
-	}
-	before, err := store.UsedMemory(ctx, c)
-	if err != nil || before <= 0 {
-		t.Fatalf("used memory %d, %v", before, err)
-	}
-	amounts := splitOrFail(t, split.TypeFixed, 100_000, 1_000)
-	k := seedOpen(t, ctx, c, "measure", amounts)
-	a := store.NewShard(c, "measure")
-	grabOne(t, c, k, "m1")
-	m, err := a.KeyMemory(ctx)
-	if err != nil || m.Meta <= 0 || m.Packets <= 0 || m.Claims <= 0 || m.Stream <= 0 || m.Staging != 0 || m.DeadLetters != 0 {
-		t.Fatalf("key memory %+v, %v", m, err)
-	}
-	if after, err := store.UsedMemory(ctx, c); err != nil || after <= before {
-		t.Fatalf("used memory %d after seeding, %d before, %v", after, before, err)
-	}
-}
-
 // VerifyEntries accepts exactly the entries the activity's scripts wrote: a grant
 // that matches its user's claim, the refund that matches the close, whatever other
 // fields they carry; every other entry appended to the stream is forged, with a
@@ -410,7 +290,7 @@ func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	amounts := splitOrFail(t, split.TypeRandom, 10_000, 20)
 	k := seedOpen(t, ctx, c, "verify", amounts)
-	a := store.NewShard(c, "verify")
+	a := store.NewActivity(c, "verify", 1).Shard(0)
 	alice := grabOne(t, c, k, "alice")
 	bob := grabOne(t, c, k, "bob")
 	if alice.Outcome != store.Granted || bob.Outcome != store.Granted {
@@ -427,38 +307,25 @@ func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
 	amount := func(n int64) string { return strconv.FormatInt(n, 10) }
 	forgedWant := map[string]string{ // entry id -> what the reason must mention
 		// Mallory claims Alice's packet: Mallory holds no packet.
-		xadd("kind", "grant", "packet", alice.PacketID, "user", "mallory", "amount", amount(alice.Amount), "at", "1"): "holds no packet",
+		xadd("grant", alice.PacketID+":"+amount(alice.Amount)+":0::mallory"): "holds no packet",
 		// Bob's entry for Alice's packet.
-		xadd("kind", "grant", "packet", alice.PacketID, "user", "bob", "amount", amount(alice.Amount), "at", "1"): "whose claim is",
-		// Alice's packet for more money.
-		xadd("kind", "grant", "packet", alice.PacketID, "user", "alice", "amount", amount(alice.Amount+1), "at", "1"): "whose claim is",
+		xadd("grant", alice.PacketID+":"+amount(alice.Amount)+":0::bob"): "whose claim is",
+		// Alice's packet for more money, or spelt otherwise.
+		xadd("grant", alice.PacketID+":"+amount(alice.Amount+1)+":0::alice"): "whose claim is",
+		xadd("grant", alice.PacketID+":0"+amount(alice.Amount)+":0::alice"):  "whose claim is",
 		// A packet that does not exist, to Alice.
-		xadd("kind", "grant", "packet", "no-such-packet", "user", "alice", "amount", amount(alice.Amount), "at", "1"): "whose claim is",
+		xadd("grant", "no-such-packet:"+amount(alice.Amount)+":0::alice"): "whose claim is",
 		// A refund of an open activity.
 		xadd("kind", "refund", "packet", "refund", "user", sponsor, "amount", "5", "at", "1"): "not closed",
 		// A verbatim copy of Bob's genuine entry: right user, packet and amount, but
 		// not the entry his grant wrote (it would be credited and counted twice).
-		xadd("kind", "grant", "packet", bob.PacketID, "user", "bob", "amount", amount(bob.Amount), "at", "1",
-			"currency", "CNY"): "the one its grant wrote",
-		// The same in the packed form grab.lua writes.
-		xadd("grant", alice.PacketID+":"+amount(alice.Amount)+":0::mallory"): "holds no packet",
-		xadd("grant", alice.PacketID+":"+amount(alice.Amount+1)+":0::alice"): "whose claim is",
-		xadd("grant", alice.PacketID+":0"+amount(alice.Amount)+":0::alice"):  "whose claim is",
-		xadd("grant", bob.PacketID+":"+amount(bob.Amount)+":0::bob"):         "the one its grant wrote",
+		xadd("grant", bob.PacketID+":"+amount(bob.Amount)+":0:CNY:bob"): "the one its grant wrote",
 	}
 	malformed := xadd("kind", "gift")
 
-	msgs, err := c.XRange(ctx, k.Stream, "-", "+").Result()
+	entries, err := a.Entries(ctx)
 	if err != nil {
-		t.Fatalf("xrange: %v", err)
-	}
-	var entries []store.StreamEntry
-	for _, m := range msgs {
-		f := map[string]string{}
-		for name, v := range m.Values {
-			f[name] = v.(string)
-		}
-		entries = append(entries, store.DecodeStreamEntry(m.ID, f))
+		t.Fatalf("reading the stream: %v", err)
 	}
 	forged, err := a.VerifyEntries(ctx, entries)
 	if err != nil {
@@ -482,7 +349,7 @@ func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
 
 	// After the close, the refund close.lua wrote passes; one for another amount,
 	// another payee or another packet does not.
-	res, err := store.Close(ctx, c, k, store.CloseExpired)
+	res, err := handle(c, k).Close(ctx, store.CloseExpired)
 	if err != nil || res.Refunded <= 0 {
 		t.Fatalf("close: %+v, %v", res, err)
 	}
@@ -508,8 +375,16 @@ func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
 		{with("user", "mallory"), "but the sponsor is"},
 		{with("packet", "p1"), "with packet"},
 	}
-	for i, tc := range cases {
-		e := store.DecodeStreamEntry(fmt.Sprintf("%d-1", i+1), tc.fields)
+	for _, tc := range cases {
+		// Each refund is written to the stream and read back as a worker reads it.
+		if err := c.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: tc.fields}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		written, err := a.Entries(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := written[len(written)-1]
 		forged, err := a.VerifyEntries(ctx, []store.StreamEntry{e})
 		if err != nil {
 			t.Fatalf("verify refund: %v", err)
@@ -521,7 +396,7 @@ func TestVerifyEntriesTellsForgedEntriesFromGenuine(t *testing.T) {
 	}
 
 	// Without the activity's keys nothing can be verified, and nothing is called forged.
-	if err := a.Purge(ctx); err != nil {
+	if err := store.NewActivity(c, "verify", 1).Purge(ctx); err != nil {
 		t.Fatalf("purge: %v", err)
 	}
 	if _, err := a.VerifyEntries(ctx, entries); !errors.Is(err, store.ErrNotInRedis) {
@@ -536,11 +411,11 @@ func BenchmarkVerifyEntries(b *testing.B) {
 	c := redistest.Start(b).Client(b)
 	k := seedOpen(b, ctx, c, "verify-bench", splitOrFail(b, split.TypeFixed, 6_400, 64))
 	for i := range 64 {
-		if res, err := store.Grab(ctx, c, k, "u"+strconv.Itoa(i)); err != nil || res.Outcome != store.Granted {
+		if res, err := shardOf(c, k).Grab(ctx, "u"+strconv.Itoa(i)); err != nil || res.Outcome != store.Granted {
 			b.Fatalf("grab: %+v, %v", res, err)
 		}
 	}
-	a := store.NewShard(c, "verify-bench")
+	a := store.NewActivity(c, "verify-bench", 1).Shard(0)
 	if err := a.EnsureGroup(ctx, "g"); err != nil {
 		b.Fatal(err)
 	}
@@ -565,7 +440,7 @@ func TestLateWorkerAfterPurgeRecreatesNoKeyWithoutTTL(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
 	k := seedOpen(t, ctx, c, "purged", []int64{10, 20, 30})
-	a := store.NewShard(c, "purged")
+	a := store.NewActivity(c, "purged", 1).Shard(0)
 	for _, u := range []string{"u1", "u2"} {
 		if res, err := a.Grab(ctx, u); err != nil || res.Outcome != store.Granted {
 			t.Fatalf("grab: %+v %v", res, err)
@@ -579,7 +454,7 @@ func TestLateWorkerAfterPurgeRecreatesNoKeyWithoutTTL(t *testing.T) {
 	if err != nil || len(entries) != 2 {
 		t.Fatalf("read: %d entries, %v", len(entries), err)
 	}
-	if _, err := a.PurgeKeepingUnsettled(ctx, time.Hour); err != nil {
+	if _, err := store.NewActivity(c, "purged", 1).PurgeKeepingUnsettled(ctx, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := a.Ack(ctx, group, entries[0].ID, store.KindGrant, 10); err != nil || !ok {

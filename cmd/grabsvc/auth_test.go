@@ -56,13 +56,13 @@ func TestServiceWithoutKeyFailsClosed(t *testing.T) {
 	if err := cp.Client.Create(ctx, rpa); err != nil {
 		t.Fatal(err)
 	}
-	keys := store.KeysFor(string(rpa.UID))
 	admin := rs.Client(t)
-	if _, err := (store.Seeder{}).Seed(ctx, admin, keys, []int64{10, 10, 10, 10, 10},
-		store.SeedParams{Count: 5, Total: 50, Sponsor: "sponsor-1"}); err != nil {
+	act := store.NewActivity(admin, string(rpa.UID), 1)
+	keys := act.Shard(0).Keys()
+	if _, err := act.Seed(ctx, []int64{10, 10, 10, 10, 10}, store.SeedParams{Count: 5, Total: 50, Sponsor: "sponsor-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Configure(ctx, admin, keys, 0, 0, false, true); err != nil {
+	if _, err := act.Configure(ctx, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
 

@@ -192,16 +192,16 @@ func TestBinary(t *testing.T) {
 	if err := cp.Client.Create(ctx, rpa); err != nil {
 		t.Fatal(err)
 	}
-	keys := store.KeysFor(string(rpa.UID))
 	admin := rs.Client(t)
+	act := store.NewActivity(admin, string(rpa.UID), 1)
 	amounts := make([]int64, 10)
 	for i := range amounts {
 		amounts[i] = 10
 	}
-	if _, err := (store.Seeder{}).Seed(ctx, admin, keys, amounts, store.SeedParams{Count: 10, Total: 100, Sponsor: "sponsor-1"}); err != nil {
+	if _, err := act.Seed(ctx, amounts, store.SeedParams{Count: 10, Total: 100, Sponsor: "sponsor-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Configure(ctx, admin, keys, 0, 0, false, true); err != nil {
+	if _, err := act.Configure(ctx, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
 	wait.Until(t, 10*time.Second, "readiness", func() (bool, string) { return status(base+"/readyz") == 200, "" })

@@ -40,12 +40,13 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err := cp.Client.Create(ctx, rpa); err != nil {
 		t.Fatal(err)
 	}
-	keys := store.KeysFor(string(rpa.UID))
 	admin := rs.Client(t)
-	if _, err := (store.Seeder{}).Seed(ctx, admin, keys, []int64{10, 10, 10}, store.SeedParams{Count: 3, Total: 30, Sponsor: "sponsor-1"}); err != nil {
+	act := store.NewActivity(admin, string(rpa.UID), 1)
+	keys := act.Shard(0).Keys()
+	if _, err := act.Seed(ctx, []int64{10, 10, 10}, store.SeedParams{Count: 3, Total: 30, Sponsor: "sponsor-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Configure(ctx, admin, keys, 0, 0, false, true); err != nil {
+	if _, err := act.Configure(ctx, 0, 0, false, true); err != nil {
 		t.Fatal(err)
 	}
 	// Three grants, each parked by the dead-letter script as a worker would.
@@ -54,7 +55,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, u := range []string{"u1", "u2", "u3"} {
-		if r, err := store.Grab(ctx, admin, keys, u); err != nil || r.Outcome != store.Granted {
+		if r, err := act.Shard(0).Grab(ctx, u); err != nil || r.Outcome != store.Granted {
 			t.Fatalf("grab for %s: %+v %v", u, r, err)
 		}
 	}
@@ -63,7 +64,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatalf("reading the grants: %+v %v", read, err)
 	}
 	for _, m := range read[0].Messages {
-		if ok, err := store.DeadLetter(ctx, admin, keys, group, m.ID, "HTTP 400", m.Values); err != nil || !ok {
+		if ok, err := act.Shard(0).DeadLetter(ctx, group, m.ID, "HTTP 400", m.Values); err != nil || !ok {
 			t.Fatalf("dead-lettering %s: %v %v", m.ID, ok, err)
 		}
 	}
@@ -80,7 +81,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 	check := func(dead, streamLen int64) {
 		t.Helper()
-		snap, err := store.ReadSnapshot(ctx, admin, keys)
+		snap, err := act.Snapshot(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,12 +108,12 @@ func TestReplayDeadLetters(t *testing.T) {
 
 	// The replayed entries carry the original grants' fields, without the dead
 	// letter's own ones, so the workers deliver them again as they were.
-	news, err := admin.XRange(ctx, keys.Stream, "-", "+").Result()
+	news, err := act.Shard(0).Entries(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	users := map[string]bool{}
-	for _, e := range store.DecodeMessages(news[3:]) {
+	for _, e := range news[3:] {
 		if _, ok := e.Fields["error"]; ok || e.Malformed != nil || e.Kind != store.KindGrant || e.Amount != 10 {
 			t.Fatalf("replayed entry %s: %v", e.ID, e.Fields)
 		}

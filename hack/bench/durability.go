@@ -78,7 +78,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 			return latencies{}, err
 		}
 		defer replica.Stop()
-		h := store.NewShard(gc.Client, "bench-durable")
+		h := store.NewActivity(gc.Client, "bench-durable", 1).Shard(0)
 		deadline := time.Now().Add(10 * time.Second)
 		for h.CheckReplicas(ctx, 1) != nil {
 			if time.Now().After(deadline) {
@@ -86,7 +86,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		waiter = store.NewReplicaWaiter(gc.Client, "bench-durable", 1, time.Second)
+		waiter = h.ReplicaWaiter(1, time.Second)
 		defer waiter.Close()
 	}
 	// Seeding gets a client of its own with a long deadline, as the controller's
@@ -100,14 +100,14 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 	}
 	if waiter != nil {
 		// Let the replica catch up with the seeding before the clock starts.
-		catchUp := store.NewReplicaWaiter(gc.Client, "bench-durable", 1, time.Minute)
+		catchUp := store.NewActivity(gc.Client, "bench-durable", 1).Shard(0).ReplicaWaiter(1, time.Minute)
 		err := catchUp.Wait(ctx)
 		_ = catchUp.Close()
 		if err != nil {
 			return latencies{}, fmt.Errorf("the replica did not catch up with the seeding: %w", err)
 		}
 	}
-	a := store.NewShard(gc.Pipeliner, "bench-durable")
+	a := store.NewActivity(gc.Pipeliner, "bench-durable", 1).Shard(0)
 	l, firstErr, err := closedLoop(ctx, workers, dur, packets, func(_ context.Context, i int64) (string, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()

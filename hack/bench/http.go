@@ -195,7 +195,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		}
 		granted += high.granted
 	}
-	snap, err := store.NewShard(rc, uid).Snapshot(ctx)
+	snap, err := store.NewActivity(rc, uid, 1).Snapshot(ctx)
 	if err != nil {
 		return low, high, err
 	}

@@ -258,7 +258,7 @@ func run(ctx context.Context, o options) error {
 	}
 	r.seedCount = o.seedPackets
 	fmt.Printf("%s (%.0f packets/s)\n", r.seedTook.Round(time.Millisecond), float64(o.seedPackets)/r.seedTook.Seconds())
-	if err := store.NewShard(rc, "bench-seed").Purge(ctx); err != nil {
+	if err := store.NewActivity(rc, "bench-seed", 1).Purge(ctx); err != nil {
 		return err
 	}
 
@@ -406,7 +406,7 @@ func (c claimRound) ratio() float64 { return ratio(c.goAuto.Rate(), c.rb.Rate())
 // seconds apart. redis-benchmark and the Go runs grab from activities of their own
 // on the server at addr; every run must really grant.
 func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr string, rc redis.UniversalClient, r *results) error {
-	rb := store.NewShard(rc, "bench-rb")
+	rb := store.NewActivity(rc, "bench-rb", 1)
 	rbPackets := int64(o.requestsP1+o.claimRounds*o.requestsP16) * 11 / 10
 	fmt.Printf("    seeding %d packets for redis-benchmark ... ", rbPackets)
 	took, err := seedActivity(ctx, rc, "bench-rb", rbPackets)
@@ -429,7 +429,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 			return latencies{}, 0, err
 		}
 		runs++
-		l, err := redisBenchmark(ctx, addr, rb.Keys(), fmt.Sprintf("u%d:", runs), pipeline, o.benchClients, requests)
+		l, err := redisBenchmark(ctx, addr, rb.Shard(0).Keys(), fmt.Sprintf("u%d:", runs), pipeline, o.benchClients, requests)
 		if err != nil {
 			return latencies{}, 0, err
 		}
@@ -451,7 +451,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 	r.rbGranted += granted
 	fmt.Println(rateLine(r.rbP1))
 
-	goAct := store.NewShard(rc, "bench-go")
+	goAct := store.NewActivity(rc, "bench-go", 1)
 	goPackets := o.goPackets * int64(o.claimRounds+2)
 	fmt.Printf("    seeding %d packets for the Go claim path ... ", goPackets)
 	if took, err = seedActivity(ctx, rc, "bench-go", goPackets); err != nil {
@@ -464,7 +464,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 		return fmt.Errorf("grab service redis clients: %w", err)
 	}
 	defer func() { _ = gc.Close() }()
-	auto := store.NewShard(gc.Pipeliner, "bench-go")
+	auto := store.NewActivity(gc.Pipeliner, "bench-go", 1).Shard(0)
 	r.claimRounds = nil
 	for i := range o.claimRounds {
 		var round claimRound
@@ -494,7 +494,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 	r.rbP16, r.goAuto = median.rb, median.goAuto
 
 	fmt.Printf("(b) Go store.Grab, plain client (pool of 64), %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	if r.goPlain, err = goClaims(ctx, goAct, "plain:", o.goWorkers, o.goDuration, o.goPackets); err != nil {
+	if r.goPlain, err = goClaims(ctx, goAct.Shard(0), "plain:", o.goWorkers, o.goDuration, o.goPackets); err != nil {
 		return err
 	}
 	fmt.Println(rateLine(r.goPlain))
@@ -511,7 +511,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 		return fmt.Errorf("go-redis default auto-pipeliner: %w", err)
 	}
 	fmt.Printf("(b) Go store.Grab, go-redis default auto-pipelining, %d goroutines, %s ... ", o.goWorkers, o.goDuration)
-	r.goHalf, err = goClaims(ctx, store.NewShard(half, "bench-go"), "half:", o.goWorkers, o.goDuration, o.goPackets)
+	r.goHalf, err = goClaims(ctx, store.NewActivity(half, "bench-go", 1).Shard(0), "half:", o.goWorkers, o.goDuration, o.goPackets)
 	_ = half.Close()
 	_ = hc.Close()
 	if err != nil {

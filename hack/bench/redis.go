@@ -26,7 +26,7 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 	for i := range amounts {
 		amounts[i] = packetAmount
 	}
-	a := store.NewShard(c, uid)
+	a := store.NewActivity(c, uid, 1)
 	start := time.Now()
 	res, err := a.Seed(ctx, amounts, store.SeedParams{Count: count, Total: count * packetAmount, Sponsor: "bench"})
 	if err != nil {

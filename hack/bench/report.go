@@ -30,7 +30,7 @@ type machineInfo struct {
 func readMachine(ctx context.Context, rc redis.Cmdable) machineInfo {
 	m := machineInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), RedisVersion: "unknown",
 		CPUModel: "unknown", MemTotal: "unknown", Kernel: "unknown"}
-	if v, err := store.ServerVersion(ctx, rc); err == nil {
+	if v, err := serverVersion(ctx, rc); err == nil {
 		m.RedisVersion = v
 	}
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
@@ -77,38 +77,38 @@ func (m memoryFigures) perClaimDelta() float64 { return float64(m.claimed-m.seed
 
 // measureMemory seeds N packets, claims them all through pc's auto-pipeliner and
 // reads used_memory before, between and after, plus MEMORY USAGE of the activity's
-// keys (lua's measurement helpers).
+// keys (measure.go).
 func measureMemory(ctx context.Context, pc *redisconn.PipelinedClient, n int64) (memoryFigures, error) {
 	m := memoryFigures{N: n}
 	const uid = "bench-mem"
 	rc := pc.Client
 	var err error
-	if m.before, err = store.UsedMemory(ctx, rc); err != nil {
+	if m.before, err = usedMemory(ctx, rc); err != nil {
 		return m, err
 	}
 	if _, err := seedActivity(ctx, rc, uid, n); err != nil {
 		return m, err
 	}
-	if m.seeded, err = store.UsedMemory(ctx, rc); err != nil {
+	if m.seeded, err = usedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	act := store.NewShard(rc, uid)
-	seeded, err := act.KeyMemory(ctx)
+	act := store.NewActivity(rc, uid, 1)
+	seeded, err := measureKeys(ctx, rc, act.Shard(0))
 	if err != nil {
 		return m, err
 	}
 	m.packetsKey = seeded.Packets
-	l, err := goClaims(ctx, store.NewShard(pc.Pipeliner, uid), "m:", 64, 5*time.Minute, n)
+	l, err := goClaims(ctx, store.NewActivity(pc.Pipeliner, uid, 1).Shard(0), "m:", 64, 5*time.Minute, n)
 	if err != nil {
 		return m, err
 	}
 	if got := l.ByStatus[string(store.Granted)]; got != n {
 		return m, fmt.Errorf("memory run granted %d of %d packets: %v", got, n, l.ByStatus)
 	}
-	if m.claimed, err = store.UsedMemory(ctx, rc); err != nil {
+	if m.claimed, err = usedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	claimed, err := act.KeyMemory(ctx)
+	claimed, err := measureKeys(ctx, rc, act.Shard(0))
 	if err != nil {
 		return m, err
 	}

@@ -84,16 +84,18 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 			return r, fmt.Errorf("no activity UID found whose shards land on both masters")
 		}
 		uid := "bench-scale-" + strconv.Itoa(k)
-		m0 := masterOf(store.KeysFor(store.ShardUID(uid, 0, 2)).Meta)
-		m1 := masterOf(store.KeysFor(store.ShardUID(uid, 1, 2)).Meta)
+		sharded := store.NewActivity(c, uid, 2)
+		m0 := masterOf(sharded.Shard(0).Keys().Meta)
+		m1 := masterOf(sharded.Shard(1).Keys().Meta)
 		switch {
 		case uid2 == "" && m0 == 0 && m1 == 1:
 			uid2 = uid
-		case uid1 == "" && masterOf(store.KeysFor(uid).Meta) == 0:
+		case uid1 == "" && masterOf(store.NewActivity(c, uid, 1).Shard(0).Keys().Meta) == 0:
 			uid1 = uid
 		}
 	}
-	for _, key := range []string{store.KeysFor(store.ShardUID(uid2, 0, 2)).Meta, store.KeysFor(store.ShardUID(uid2, 1, 2)).Meta} {
+	sharded := store.NewActivity(c, uid2, 2)
+	for _, key := range []string{sharded.Shard(0).Keys().Meta, sharded.Shard(1).Keys().Meta} {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		slot, err := c.ClusterKeySlot(sctx, key).Result()
 		cancel()

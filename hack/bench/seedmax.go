@@ -26,7 +26,7 @@ func measureSeedMax(ctx context.Context, rc redis.UniversalClient, count int64) 
 	r := seedMaxRun{count: count}
 	const uid = "bench-seed-max"
 	total := count * 200 // about ¥2 a packet, in fen
-	before, err := store.UsedMemory(ctx, rc)
+	before, err := usedMemory(ctx, rc)
 	if err != nil {
 		return r, err
 	}
@@ -36,13 +36,13 @@ func measureSeedMax(ctx context.Context, rc redis.UniversalClient, count int64) 
 		return r, fmt.Errorf("splitting %d packets: %w", count, err)
 	}
 	r.split = time.Since(start)
-	a := store.NewShard(rc, uid)
+	a := store.NewActivity(rc, uid, 1)
 	res, err := a.Seed(ctx, amounts, store.SeedParams{Count: count, Total: total, Sponsor: "bench"})
 	if err != nil || !res.Committed {
 		return r, fmt.Errorf("seeding %d packets: committed %v, %v", count, res.Committed, err)
 	}
 	r.seed = time.Since(start) - r.split
-	after, err := store.UsedMemory(ctx, rc)
+	after, err := usedMemory(ctx, rc)
 	if err != nil {
 		return r, err
 	}

@@ -87,7 +87,7 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 	}
 	// The watermark run checks every call against a claimed count of 1 in epoch 0,
 	// as the grab service does once it has seen a grant: one grant makes it true.
-	if g, err := store.NewShard(rc, "bench-ours-mark").Grab(ctx, "bench-first"); err != nil || g.Outcome != store.Granted {
+	if g, err := store.NewActivity(rc, "bench-ours-mark", 1).Shard(0).Grab(ctx, "bench-first"); err != nil || g.Outcome != store.Granted {
 		return r, fmt.Errorf("the first grant of bench-ours-mark: %+v, %v", g, err)
 	}
 	const list = "seed:{bench}:operating"
@@ -106,7 +106,8 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 	if err != nil {
 		return r, fmt.Errorf("loading the seed's script: %w", err)
 	}
-	ours, marked := store.KeysFor("bench-ours"), store.KeysFor("bench-ours-mark")
+	oursAct, markedAct := store.NewActivity(rc, "bench-ours", 1), store.NewActivity(rc, "bench-ours-mark", 1)
+	ours, marked := oursAct.Shard(0).Keys(), markedAct.Shard(0).Keys()
 	for i := range rounds {
 		var round seedScriptRound
 		// Each run has user ids of its own (redis-benchmark's random numbers may
@@ -143,17 +144,17 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 	}
 	// Every call of ours was a grant: a fenced or sold-out run would be measuring
 	// something else.
-	for _, k := range []store.Keys{ours, marked} {
-		snap, err := store.ReadSnapshot(ctx, rc, k)
+	for _, act := range []*store.Activity{oursAct, markedAct} {
+		snap, err := act.Snapshot(ctx)
 		if err != nil {
 			return r, err
 		}
 		if snap.Fenced != "" || snap.RemainingCount == 0 {
-			return r, fmt.Errorf("%s after the runs: fenced %q, %d left", k.Meta, snap.Fenced, snap.RemainingCount)
+			return r, fmt.Errorf("%s after the runs: fenced %q, %d left", act.UID(), snap.Fenced, snap.RemainingCount)
 		}
 	}
-	for _, uid := range []string{"bench-ours", "bench-ours-mark"} {
-		if err := store.NewShard(rc, uid).Purge(ctx); err != nil {
+	for _, act := range []*store.Activity{oursAct, markedAct} {
+		if err := act.Purge(ctx); err != nil {
 			return r, err
 		}
 	}

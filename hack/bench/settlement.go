@@ -134,12 +134,12 @@ func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, m
 	conn := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}
 	rc := conn.NewClient()
 	defer func() { _ = rc.Close() }()
-	act := store.NewShard(rc, uid)
+	act := store.NewActivity(rc, uid, 1)
 	if _, err := seedActivity(ctx, rc, uid, int64(grants)); err != nil {
 		return run, err
 	}
 	defer func() { _ = act.Purge(context.WithoutCancel(ctx)) }()
-	l, err := goClaims(ctx, act, "s:", 32, time.Minute, int64(grants))
+	l, err := goClaims(ctx, act.Shard(0), "s:", 32, time.Minute, int64(grants))
 	if err != nil {
 		return run, err
 	}
@@ -166,7 +166,6 @@ func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, m
 	defer func() { _ = wrc.Close() }()
 	w, err := settlement.NewWorker(settlement.Config{
 		Redis:       wrc,
-		Keys:        store.KeysFor(uid),
 		Activity:    "default/" + uid,
 		ActivityUID: uid,
 		Currency:    settlement.DefaultCurrency,

@@ -102,8 +102,8 @@ func waitSettled(ctx context.Context, c client.Client, redisAddr string, count i
 	}
 	obs.waited = time.Since(start)
 
-	act := store.NewShard(rc, obs.uid)
-	claims, err := act.Claims(ctx)
+	act := store.NewActivity(rc, obs.uid, 1)
+	claims, err := act.Shard(0).Claims(ctx)
 	if err != nil {
 		return obs, err
 	}
@@ -114,7 +114,7 @@ func waitSettled(ctx context.Context, c client.Client, redisAddr string, count i
 	}
 	obs.redisClaims = int64(len(claims))
 	obs.redisPackets = int64(len(packets))
-	if obs.streamLen, err = act.StreamLen(ctx); err != nil {
+	if obs.streamLen, err = act.Shard(0).StreamLen(ctx); err != nil {
 		return obs, err
 	}
 	if obs.snapshot, err = act.Snapshot(ctx); err != nil {

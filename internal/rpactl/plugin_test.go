@@ -363,7 +363,8 @@ func TestPluginAgainstTheAPIServer(t *testing.T) {
 	}
 
 	// replay-dead-letters: three grants parked as a settlement worker parks them.
-	keys := store.KeysFor(string(w.activity(name).UID))
+	shard := store.NewActivity(w.rdb, string(w.activity(name).UID), 1).Shard(0)
+	keys := shard.Keys()
 	ctx := t.Context()
 	if err := w.rdb.XGroupCreateMkStream(ctx, keys.Stream, "plugin-test", "0").Err(); err != nil {
 		t.Fatal(err)
@@ -373,7 +374,7 @@ func TestPluginAgainstTheAPIServer(t *testing.T) {
 		t.Fatalf("reading three grants: %v %v", read, err)
 	}
 	for _, m := range read[0].Messages {
-		if ok, err := store.DeadLetter(ctx, w.rdb, keys, "plugin-test", m.ID, "HTTP 400", m.Values); err != nil || !ok {
+		if ok, err := shard.DeadLetter(ctx, "plugin-test", m.ID, "HTTP 400", m.Values); err != nil || !ok {
 			t.Fatalf("dead-lettering %s: %v %v", m.ID, ok, err)
 		}
 	}

@@ -51,7 +51,7 @@ func TestActivityThroughKubectl(t *testing.T) {
 		t.Fatalf("phase = %q, want Active", got)
 	}
 	uid := mustKubectl(t, "", "get", "rpa", name, "-n", ns, "-o", "jsonpath={.metadata.uid}")
-	keys := store.KeysFor(uid)
+	keys := store.NewActivity(env.redis, uid, 1).Shard(0).Keys()
 
 	// Ten users each get a different packet.
 	granted := map[string]answer{}

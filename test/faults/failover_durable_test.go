@@ -6,7 +6,6 @@ import (
 	"time"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/store"
 )
 
 // The same failover with spec.durability Replicas 1: a grant is answered only once
@@ -79,7 +78,7 @@ func TestFailoverWithReplicaDurabilityLosesNoAcknowledgedGrant(t *testing.T) {
 	if p := r.led.phase(1); p.Granted+p.AlreadyClaimed != 0 {
 		t.Errorf("%d grabs started while the replica was cut off were answered 200; want 503 for each", p.Granted+p.AlreadyClaimed)
 	}
-	if cr, err := store.Configure(context.Background(), pair.radmin, act.Keys, 0, 0, false, true); err != nil || cr.Fenced {
+	if cr, err := handleOf(pair.radmin, act).Configure(context.Background(), 0, 0, false, true); err != nil || cr.Fenced {
 		t.Errorf("configure on the promoted replica: %+v %v, want it open", cr, err)
 	}
 }

@@ -134,10 +134,10 @@ func TestFailoverToALaggingReplicaIsFenced(t *testing.T) {
 	r.stop()
 
 	checkFenced(t, svc, r.led, pair.radmin, act)
-	if cr, err := store.Configure(ctx, pair.radmin, act.Keys, 0, 0, false, true); err != nil || !cr.Fenced {
+	if cr, err := handleOf(pair.radmin, act).Configure(ctx, 0, 0, false, true); err != nil || !cr.Fenced {
 		t.Errorf("configure on the promoted replica: %+v %v, want fenced", cr, err)
 	}
-	if cl, err := store.Close(ctx, pair.radmin, act.Keys, store.CloseExpired); err != nil || cl.Outcome != store.CloseFenced {
+	if cl, err := handleOf(pair.radmin, act).Close(ctx, store.CloseExpired); err != nil || cl.Outcome != store.CloseFenced {
 		t.Errorf("close on the promoted replica: %+v %v, want fenced", cl, err)
 	}
 	v := readRedis(t, pair.radmin, act)
@@ -169,7 +169,7 @@ func checkFenced(t *testing.T, svc *grabService, led *ledger, c *redis.Client, a
 	if a := svc.grab("fenced-newcomer"); a.Status != http.StatusServiceUnavailable || a.Outcome != grabsvc.OutcomeUnavailable {
 		t.Errorf("grab of a new user: %s, want 503", a)
 	}
-	claims, err := store.NewShard(c, string(act.Object.UID)).Claims(context.Background())
+	claims, err := handleOf(c, act).Shard(0).Claims(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

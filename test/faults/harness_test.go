@@ -75,12 +75,12 @@ func newActivity(name string, count int) (*grabsvc.Resource, []int64) {
 func seedOpen(t *testing.T, c *redis.Client, act *grabsvc.Resource, amounts []int64) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := (store.Seeder{}).Seed(ctx, c, act.Keys, amounts, store.SeedParams{
+	if _, err := handleOf(c, act).Seed(ctx, amounts, store.SeedParams{
 		Count: act.Object.Spec.Count, Total: act.Object.Spec.TotalAmount, Sponsor: "sponsor-1", Currency: "CNY",
 	}); err != nil {
 		t.Fatalf("seeding %s: %v", act.Ref, err)
 	}
-	if st, err := store.Configure(ctx, c, act.Keys, 0, 0, false, true); err != nil || st.State != store.StateOpen {
+	if st, err := handleOf(c, act).Configure(ctx, 0, 0, false, true); err != nil || st.State != store.StateOpen {
 		t.Fatalf("opening %s: %+v %v", act.Ref, st, err)
 	}
 }
@@ -462,24 +462,29 @@ type redisView struct {
 	unclaimed map[string]int64
 }
 
+// handleOf is the handle of act's activity on c.
+func handleOf(c redis.Cmdable, act *grabsvc.Resource) *store.Activity {
+	return store.NewActivity(c, string(act.Object.UID), act.Object.Spec.ShardCount())
+}
+
 func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Resource) redisView {
 	t.Helper()
 	ctx := context.Background()
-	h := store.NewShard(c, string(act.Object.UID))
+	h := handleOf(c, act)
 	v := redisView{grants: map[string]store.Claim{}, unclaimed: map[string]int64{}}
 	var err error
 	if v.snap, err = h.Snapshot(ctx); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
-	if v.claims, err = h.Claims(ctx); err != nil {
+	if v.claims, err = h.Shard(0).Claims(ctx); err != nil {
 		t.Fatalf("claims: %v", err)
 	}
-	entries, err := c.XRange(ctx, act.Keys.Stream, "-", "+").Result()
+	entries, err := h.Shard(0).Entries(ctx)
 	if err != nil {
 		t.Fatalf("reading the stream: %v", err)
 	}
 	byPacket := map[string]string{}
-	for _, e := range store.DecodeMessages(entries) {
+	for _, e := range entries {
 		if e.Malformed != nil {
 			t.Fatalf("stream entry %s %v: %v", e.ID, e.Fields, e.Malformed)
 		}
@@ -497,15 +502,11 @@ func readRedis(t *testing.T, c *redis.Client, act *grabsvc.Resource) redisView {
 		}
 		byPacket[packet] = user
 	}
-	left, err := c.LRange(ctx, act.Keys.Packets, 0, -1).Result()
+	left, err := h.Shard(0).Listed(ctx)
 	if err != nil {
 		t.Fatalf("reading the packets list: %v", err)
 	}
-	for _, p := range left {
-		packet, err := store.ParseListedPacket(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, packet := range left {
 		v.unclaimed[packet.ID] = packet.Amount
 	}
 	return v
@@ -635,7 +636,7 @@ func infoField(t *testing.T, c *redis.Client, section, field string) string {
 
 // readSnapshot reads the activity's counters on c.
 func readSnapshot(c *redis.Client, act *grabsvc.Resource) (store.Snapshot, error) {
-	snap, err := store.ReadSnapshot(context.Background(), c, act.Keys)
+	snap, err := handleOf(c, act).Snapshot(context.Background())
 	if err != nil {
 		return store.Snapshot{}, fmt.Errorf("snapshot on %s: %w", c.Options().Addr, err)
 	}

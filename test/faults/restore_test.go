@@ -83,10 +83,10 @@ func TestRestoreFromOlderRDBIsFencedNeverReopened(t *testing.T) {
 	r.stop()
 
 	// The controller cannot reopen it or refund from it.
-	if cr, err := store.Configure(ctx, admin, act.Keys, 0, 0, false, true); err != nil || !cr.Fenced {
+	if cr, err := handleOf(admin, act).Configure(ctx, 0, 0, false, true); err != nil || !cr.Fenced {
 		t.Errorf("configure of the fenced activity: %+v %v, want fenced", cr, err)
 	}
-	if cl, err := store.Close(ctx, admin, act.Keys, store.CloseExpired); err != nil || cl.Outcome != store.CloseFenced {
+	if cl, err := handleOf(admin, act).Close(ctx, store.CloseExpired); err != nil || cl.Outcome != store.CloseFenced {
 		t.Errorf("close of the fenced activity: %+v %v, want fenced", cl, err)
 	}
 

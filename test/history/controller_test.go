@@ -136,7 +136,7 @@ func (c *controller) configure(ctx context.Context, cl redis.UniversalClient, a 
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	call := time.Now()
-	res, err := store.NewShard(cl, a.uid).Configure(cctx, a.want.startMs, a.want.endMs, a.want.paused, true)
+	res, err := store.NewActivity(cl, a.uid, 1).Configure(cctx, a.want.startMs, a.want.endMs, a.want.paused, true)
 	out := configureOutput(res, err)
 	c.rec.add(a.client, in, out, call, time.Now())
 	c.noteCut(ctx, err)
@@ -152,7 +152,7 @@ func (c *controller) close(ctx context.Context, cl redis.UniversalClient, a *ctr
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	call := time.Now()
-	res, err := store.NewShard(cl, a.uid).Close(cctx, reason)
+	res, err := store.NewActivity(cl, a.uid, 1).Close(cctx, reason)
 	c.rec.add(a.client, Input{Activity: a.uid, Op: op}, closeOutput(res, err), call, time.Now())
 	c.noteCut(ctx, err)
 }
@@ -201,7 +201,7 @@ func (c *controller) reconcile(a *ctrlActivity) {
 	if !up {
 		return // cut again: the next restart reconciles
 	}
-	h := store.NewShard(cl, a.uid)
+	h := store.NewActivity(cl, a.uid, 1)
 	var snap store.Snapshot
 	var now time.Time
 	for giveUp := time.Now().Add(5 * time.Second); ; {

@@ -382,7 +382,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			for _, v := range a.amounts {
 				total += v
 			}
-			if _, err := store.NewShard(direct, a.uid).Seed(ctx, a.amounts, store.SeedParams{
+			if _, err := store.NewActivity(direct, a.uid, 1).Seed(ctx, a.amounts, store.SeedParams{
 				Count: int64(len(a.amounts)), Total: total, Sponsor: "sponsor-" + a.uid}); err != nil {
 				t.Fatalf("seeding %s: %v", a.uid, err)
 			}
@@ -419,7 +419,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		wc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		defer func() { _ = wc.Close() }()
 		w, err := settlement.NewWorker(settlement.Config{
-			Redis: wc, Keys: store.KeysFor(a.uid), Activity: a.obj.Namespace + "/" + a.obj.Name, ActivityUID: a.uid, Currency: "CNY",
+			Redis: wc, Activity: a.obj.Namespace + "/" + a.obj.Name, ActivityUID: a.uid, Currency: "CNY",
 			WebhookURL: hook.URL + "/credit", MaxAttempts: 100000, Consumer: "history", ClaimIdle: time.Second,
 			HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}, BackoffBase: 10 * time.Millisecond,
 			BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond,
@@ -576,7 +576,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		ctrl.Close()
 		// The end: every activity is closed, which refunds the remainder.
 		for i, a := range acts {
-			act := store.NewShard(direct, a.uid)
+			act := store.NewActivity(direct, a.uid, 1)
 			for try := 0; ; try++ {
 				if closeDirect(rec, sc.clients+i, act, a.uid) {
 					break
@@ -624,7 +624,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	// Settlement drains: every claim and the refund reach the balance system.
 	deadline := time.Now().Add(60 * time.Second)
 	for _, a := range acts {
-		act := store.NewShard(direct, a.uid)
+		act := store.NewActivity(direct, a.uid, 1)
 		for {
 			snap, err := act.Snapshot(ctx)
 			if err == nil && snap.SettledCount == snap.ClaimedCount && snap.RefundSettled == snap.Refunded {
@@ -642,7 +642,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	// The final read of the claims, which also resolves the unknown grabs.
 	final := map[string]map[string]string{}
 	for _, a := range acts {
-		claims, err := store.NewShard(direct, a.uid).Claims(ctx)
+		claims, err := store.NewActivity(direct, a.uid, 1).Shard(0).Claims(ctx)
 		if err != nil {
 			t.Fatalf("claims: %v", err)
 		}
@@ -698,8 +698,8 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		t.Errorf("seed %d: balance system: %+v", sc.seed, tot)
 	}
 	for i, a := range acts {
-		act := store.NewShard(direct, a.uid)
-		claims, err := act.Claims(ctx)
+		act := store.NewActivity(direct, a.uid, 1)
+		claims, err := act.Shard(0).Claims(ctx)
 		if err != nil {
 			t.Fatalf("claims: %v", err)
 		}
@@ -757,7 +757,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 
 // closeDirect closes an activity as expired at the end of a run, on a direct client,
 // and records the call; it reports whether the outcome is known.
-func closeDirect(rec *recorder, client int, act *store.Shard, uid string) bool {
+func closeDirect(rec *recorder, client int, act *store.Activity, uid string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	call := time.Now()

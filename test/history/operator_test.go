@@ -556,7 +556,7 @@ func (o *operator) Create(rec *recorder, sc *scenario, webhook string, direct re
 	deadline := time.Now().Add(editWait)
 	for _, a := range out {
 		for {
-			snap, err := store.NewShard(direct, a.uid).Snapshot(ctx)
+			snap, err := store.NewActivity(direct, a.uid, 1).Snapshot(ctx)
 			if err == nil && snap.State != "" {
 				break
 			}
@@ -824,7 +824,7 @@ func (o *operator) CloseAll(direct redis.UniversalClient) {
 			if time.Now().After(deadline) {
 				o.t.Errorf("%s: the controller did not close it within %v: phase %q, observed generation %d of %d",
 					act.name, editWait, st.Phase, st.ObservedGeneration, gen)
-				closeDirect(o.rec, act.client, store.NewShard(direct, act.uid), act.uid)
+				closeDirect(o.rec, act.client, store.NewActivity(direct, act.uid, 1), act.uid)
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -864,7 +864,7 @@ func (o *operator) Stats() operatorStats {
 // snapshot), the activity is closed with the snapshot's reason, claimed is what the
 // claims hash holds (claims users, at least the acked users the history acknowledged),
 // nothing remains, and the refund is the total less what was claimed.
-func (o *operator) CheckStatus(i int, act *store.Shard, seed uint64, total, claimed int64, claims, acked int) {
+func (o *operator) CheckStatus(i int, act *store.Activity, seed uint64, total, claimed int64, claims, acked int) {
 	t := o.t
 	a := o.acts[i]
 	var snap store.Snapshot

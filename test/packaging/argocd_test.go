@@ -198,7 +198,7 @@ func TestArgoCDHealth(t *testing.T) {
 		return meta.IsStatusConditionTrue(a.Status.Conditions, redpacketv1alpha1.ConditionSeeded) &&
 			c != nil && c.Reason == redpacketv1alpha1.ReasonGrabServiceUnavailable
 	})
-	if n, err := e.redis.Del(ctx, store.KeysFor(string(waiting.UID)).All()...).Result(); err != nil || n == 0 {
+	if n, err := e.redis.Del(ctx, store.NewActivity(e.redis, string(waiting.UID), 1).Shard(0).Keys().All()...).Result(); err != nil || n == 0 {
 		t.Fatalf("deleting the Redis keys of %s: %d keys, %v", waiting.Name, n, err)
 	}
 	var lostNow redpacketv1alpha1.RedPacketActivity

@@ -2,177 +2,10 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
 )
-
-// Configure writes the schedule and pause flag on every shard; open moves a ready
-// activity to open.
-func (s *Activity) Configure(ctx context.Context, startMs, endMs int64, paused, open bool) (ConfigureResult, error) {
-	return s.ConfigureWith(ctx, Settings{StartMs: startMs, EndMs: endMs, Paused: paused, Open: open})
-}
-
-// ConfigureWith writes the settings on every shard. The result is shard 0's state;
-// Found is false when any shard is missing (a sharded activity that lost a shard has
-// lost data), Fenced true when any shard is fenced.
-func (s *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
-	results := make([]ConfigureResult, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
-		r, err := a.ConfigureWith(ctx, st)
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		results[i] = r
-		return nil
-	})
-	if err != nil {
-		return ConfigureResult{}, err
-	}
-	out := results[0]
-	closed := 0
-	for _, r := range results {
-		if !r.Found {
-			return ConfigureResult{}, nil
-		}
-		out.Fenced = out.Fenced || r.Fenced
-		if r.State == StateClosed {
-			closed++
-		}
-	}
-	if closed > 0 && len(s.shards) > 1 {
-		// The activity is closed once every shard is and its one refund is written; a
-		// close that stopped half-way is still open, so that the caller's Close
-		// finishes it.
-		root, err := s.shards[0].Snapshot(ctx)
-		if err != nil {
-			return ConfigureResult{}, fmt.Errorf("shard 0: %w", err)
-		}
-		out.State = StateOpen
-		if closed == len(s.shards) && root.activityRefunded {
-			out.State = StateClosed
-		}
-	}
-	return out, nil
-}
-
-// Fence fences every shard and returns shard 0's fence reason.
-func (s *Activity) Fence(ctx context.Context, why string) (string, error) {
-	reasons := make([]string, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
-		r, err := a.Fence(ctx, why)
-		reasons[i] = r
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
-	return reasons[0], err
-}
-
-// Accept lifts the fence of every shard that is at epoch seen and returns the new
-// epoch. A shard that moved on already (an accept that stopped half-way) is left as
-// it is.
-func (s *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
-	epochs := make([]int64, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
-		n, err := a.Accept(ctx, seen)
-		if errors.Is(err, ErrEpochMoved) && len(s.shards) > 1 {
-			snap, serr := a.Snapshot(ctx)
-			if serr == nil && snap.Epoch == seen+1 && snap.Fenced == "" {
-				n, err = snap.Epoch, nil
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		epochs[i] = n
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return epochs[0], nil
-}
-
-// Close ends grabbing on every shard. With one shard it is Activity.Close. With more,
-// an exhausted close happens only when a steady reading finds no packet listed or in
-// transfer anywhere; every shard is closed without a refund entry, and then the one
-// refund of the activity is written on shard 0 (refund_activity.lua): the total
-// minus every shard's claimed amount, read after all of them closed, so packets left
-// in a transfer journal are refunded too. Closing twice returns the first figures.
-func (s *Activity) Close(ctx context.Context, reason CloseReason) (CloseResult, error) {
-	if len(s.shards) == 1 {
-		return s.shards[0].Close(ctx, reason)
-	}
-	root := s.shards[0]
-	snap0, err := root.Snapshot(ctx)
-	if err != nil {
-		return CloseResult{}, fmt.Errorf("shard 0: %w", err)
-	}
-	if snap0.activityRefunded {
-		return CloseResult{Outcome: Closed, Reason: snap0.activityReason, Refunded: snap0.activityRefund}, nil
-	}
-	if reason == CloseExhausted {
-		// Packets still journalled are on their way to a home shard: finish the moves
-		// first, so that they are counted as listed.
-		if _, err := s.Resolve(ctx); err != nil {
-			return CloseResult{}, err
-		}
-		stock, steady, err := s.readStock(ctx)
-		if err != nil {
-			return CloseResult{}, err
-		}
-		for _, st := range stock {
-			if st.listed > 0 || st.journal > 0 || !steady {
-				return CloseResult{Outcome: CloseStillOpen}, nil
-			}
-		}
-	}
-	results := make([]CloseResult, len(s.shards))
-	err = s.eachShard(func(i int, a *Shard) error {
-		r, err := closeWith(ctx, a.c, a.keys, reason, false)
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		results[i] = r
-		return nil
-	})
-	if err != nil {
-		return CloseResult{}, err
-	}
-	for _, r := range results {
-		if r.Outcome != Closed {
-			return CloseResult{Outcome: r.Outcome}, nil
-		}
-	}
-	// Every shard is closed: no claim can be added, so the claimed amounts are final.
-	view, err := s.ReadShards(ctx)
-	if err != nil {
-		return CloseResult{}, err
-	}
-	if !view.Whole.Exists() {
-		return CloseResult{Outcome: CloseMissing}, nil
-	}
-	for i, sh := range view.Shards {
-		switch {
-		case sh.Fenced != "":
-			return CloseResult{Outcome: CloseFenced}, nil
-		case sh.State != StateClosed:
-			return CloseResult{}, fmt.Errorf("shard %d is %s after its close; the refund is not written", i, sh.State)
-		}
-	}
-	refund := view.Whole.Total - view.Whole.ClaimedAmount
-	why := results[0].Reason
-	got, err := lua.RefundActivityScript.Run(ctx, root.c, []string{root.keys.Meta, root.keys.Stream}, refund, string(why)).Int64()
-	if err != nil {
-		return CloseResult{}, fmt.Errorf("writing the activity's refund on shard 0: %w", err)
-	}
-	return CloseResult{Outcome: Closed, Reason: why, Refunded: got}, nil
-}
 
 // View is every shard's snapshot, read while no packet moved between shards,
 // with the activity's figures summed from them.
@@ -223,7 +56,8 @@ func (v View) Conservation() Imbalance {
 	}
 	im.Count += abs(count + v.InTransferCount - v.Whole.Count)
 	im.Amount += abs(total + v.InTransferAmount - v.Whole.Total)
-	if v.Whole.State == StateClosed && (len(v.Shards) == 1 || v.Whole.activityRefunded) {
+	// The activity is closed only once its refund is written (sum).
+	if v.Whole.State == StateClosed {
 		im.Amount += abs(v.Whole.ClaimedAmount + v.Whole.Refunded - v.Whole.Total)
 	}
 	return im
@@ -269,13 +103,6 @@ func (s *Activity) Snapshot(ctx context.Context) (Snapshot, error) {
 // ReadShards reads every shard's snapshot and transfer journal between two readings
 // of the transfer sequences, and again while they moved, up to a few times.
 func (s *Activity) ReadShards(ctx context.Context) (View, error) {
-	if len(s.shards) == 1 {
-		snap, err := s.shards[0].Snapshot(ctx)
-		if err != nil {
-			return View{}, err
-		}
-		return View{Whole: snap, Shards: []Snapshot{snap}, Steady: true}, nil
-	}
 	var v View
 	for range stockReads {
 		before, err := s.stockOnce(ctx)
@@ -308,7 +135,7 @@ func (s *Activity) readShardsOnce(ctx context.Context) (View, error) {
 	v := View{Shards: make([]Snapshot, len(s.shards))}
 	journals := make([]map[string]string, len(s.shards))
 	err := s.eachShard(func(i int, a *Shard) error {
-		snap, err := a.Snapshot(ctx)
+		snap, err := a.snapshot(ctx)
 		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
@@ -354,11 +181,18 @@ func (s *Activity) sum(shards []Snapshot, inTransfer int64) Snapshot {
 	a.Refunded, a.CloseReason = root.activityRefund, root.activityReason
 	a.ClaimedCount, a.ClaimedAmount, a.RemainingCount, a.StagedCount = 0, 0, inTransfer, 0
 	a.SettledCount, a.SettledAmount, a.RefundSettled, a.DeadCount = 0, 0, 0, 0
-	closed := 0
 	for _, sh := range shards {
 		if !sh.Exists() {
-			return Snapshot{}
+			// Not in Redis as a whole; what is staged shows how far seeding got.
+			var staged int64
+			for _, sh := range shards {
+				staged += sh.StagedCount
+			}
+			return Snapshot{StagedCount: staged}
 		}
+	}
+	closed := 0
+	for _, sh := range shards {
 		if a.Fenced == "" {
 			a.Fenced = sh.Fenced
 		}
@@ -391,101 +225,6 @@ func (s *Activity) sum(shards []Snapshot, inTransfer int64) Snapshot {
 	a.activityRefunded = root.activityRefunded
 	a.partlyFenced = a.partlyFenced && a.Fenced != ""
 	return a
-}
-
-// Time is the Redis clock of shard 0's master.
-func (s *Activity) Time(ctx context.Context) (time.Time, error) { return s.shards[0].Time(ctx) }
-
-// Ping checks that every shard's master answers.
-func (s *Activity) Ping(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.Ping(ctx); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
-}
-
-// LoadScripts loads every script on every master (see Activity.LoadScripts).
-func (s *Activity) LoadScripts(ctx context.Context) error { return s.shards[0].LoadScripts(ctx) }
-
-// Purge deletes every key of every shard.
-func (s *Activity) Purge(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.Purge(ctx); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
-}
-
-// PurgeKeepingUnsettled purges every shard but its settlement and dead-letter
-// streams (Activity.PurgeKeepingUnsettled) and returns the keys kept.
-func (s *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
-	kept := make([][]string, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
-		k, err := a.PurgeKeepingUnsettled(ctx, retention)
-		kept[i] = k
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
-	var all []string
-	for _, k := range kept {
-		all = append(all, k...)
-	}
-	return all, err
-}
-
-// CheckFsync checks every shard's master (Activity.CheckFsync).
-func (s *Activity) CheckFsync(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.CheckFsync(ctx); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
-}
-
-// CheckReplicas checks that every shard's master has at least n replicas connected.
-func (s *Activity) CheckReplicas(ctx context.Context, n int) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.CheckReplicas(ctx, n); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
-}
-
-// EnsureUser gives the activity's ACL user, whose key patterns cover every shard,
-// the password on every node (Activity.EnsureUser).
-func (s *Activity) EnsureUser(ctx context.Context, password string) (UserChange, error) {
-	return s.base.EnsureUser(ctx, password)
-}
-
-// DeleteUser removes the activity's ACL user from every node.
-func (s *Activity) DeleteUser(ctx context.Context) (int, error) { return s.base.DeleteUser(ctx) }
-
-// ReplayDeadLetters moves up to max dead letters of every shard back into its
-// settlement stream (Activity.ReplayDeadLetters), shard by shard, and returns how
-// many moved in all; max <= 0 means all of them.
-func (s *Activity) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
-	moved := 0
-	for i, a := range s.shards {
-		left := 0
-		if max > 0 {
-			if left = max - moved; left <= 0 {
-				break
-			}
-		}
-		n, err := a.ReplayDeadLetters(ctx, left)
-		moved += n
-		if err != nil {
-			return moved, fmt.Errorf("shard %d: %w", i, err)
-		}
-	}
-	return moved, nil
 }
 
 // RolledBack says how this view is older than what the status st records, or ""
@@ -550,14 +289,4 @@ func (v View) Watermarks(st *redpacketv1alpha1.RedPacketActivityStatus) *redpack
 		}
 	}
 	return w
-}
-
-// ShardMark is the watermark status st gives shard i: its figure in
-// status.shardWatermarks, in that epoch; the zero watermark when there is none.
-func ShardMark(st *redpacketv1alpha1.RedPacketActivityStatus, i int) Watermark {
-	w := st.ShardWatermarks
-	if w == nil || i >= len(w.ClaimedCounts) {
-		return Watermark{}
-	}
-	return Watermark{Epoch: w.Epoch, ClaimedCount: w.ClaimedCounts[i]}
 }

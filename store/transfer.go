@@ -2,233 +2,18 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"redpacket.io/operator/lua"
 )
 
-// MaxShards is the most shards one activity may have (spec.shards).
-const MaxShards = 64
-
 // DefaultTransferBatch is the most packets one refill moves between shards.
 const DefaultTransferBatch = 128
-
-// soldOutFor is how long a steady reading that found no packet anywhere answers for
-// the grabs that follow it.
-const soldOutFor = time.Second
-
-// Activity is one activity spread over n hash tags, so that a Redis Cluster can place
-// its parts on different masters: shard i is an ordinary activity (Activity, every
-// script unchanged) whose keys carry the tag {<uid>.<i>}. A one-shard activity is
-// the activity itself, under {<uid>}, so n = 1 is exactly the unsharded layout.
-//
-// The rules that keep a sharded activity as exact as one on a single slot:
-//
-//   - A user's claim is decided by their home shard alone (HomeShard, a stable hash
-//     of the user id), so that shard's claims hash is the whole truth about whether
-//     the user holds a packet: one packet per user across all shards.
-//   - Packets move between shards only by a journalled transfer (transfer_out,
-//     transfer_in, transfer_done). At every instant a packet is in exactly one of: a
-//     shard's list, a claim, or a source's journal entry that the destination has not
-//     applied. A transfer has an id; the destination applies an id at most once and
-//     the source keeps the entry until the destination has applied it, so a crash
-//     anywhere between the halves neither loses nor duplicates a packet: whoever
-//     finds the entry (Resolve) finishes the move.
-//   - Each shard's meta "count" and "total" follow its packets in and out, so on an
-//     open shard LLEN(packets) + claimed_count = count, and across shards
-//     Σ count + packets in transfer = the activity's count (the same for amounts).
-//     ReadShards checks both (Conservation).
-//   - A home shard that runs dry refills from the sibling with the most stock
-//     before its user is told sold_out; sold_out is answered only after a reading of
-//     every shard in which no packet moved between shards (the transfer sequences
-//     did not change) showed no packet listed or in transfer anywhere. Since grabs
-//     only remove packets, no packet was left anywhere at that instant, and none can
-//     appear later.
-//   - Closing closes every shard without refund entries, then writes one refund for
-//     the activity on shard 0: the total minus every shard's claimed amount, read
-//     after all of them closed. A packet still in a journal is neither claimed nor
-//     listed, so the refund counts it; a closed shard refuses transfers in and out.
-//
-// Activity is safe for concurrent use; refills of one home shard are serialized within
-// the process (other processes may refill at the same time: the journal keeps that
-// exact too).
-type Activity struct {
-	uid    string
-	shards []*Shard
-	// base is the activity's handle under {<uid>}: shard 0 when there is one shard;
-	// its ACL user's key patterns cover every shard (EnsureUser).
-	base *Shard
-	// Seeder stages and commits each shard's packets; its zero value is what
-	// production uses.
-	Seeder Seeder
-	// TransferBatch is the most packets one refill moves; 0 means
-	// DefaultTransferBatch. A refill takes half of its source's list, up to this.
-	TransferBatch int
-	// Replicated, when set, returns once enough replicas of shard i's master hold
-	// every write made to it so far (a ReplicaWaiter's Wait), and an error when they
-	// do not in time. A transfer then goes on only once its first half is on the
-	// source's replicas, and forgets its journal entry only once its second half is on
-	// the destination's: a failover to a replica can then neither give the source its
-	// packets back while the destination has them (granting them twice) nor take them
-	// from the destination after the source forgot them. Set it for durability
-	// Replicas; without replicas a crash is covered by fsync (durability Fsync).
-	Replicated func(ctx context.Context, shard int) error
-
-	idPrefix string
-	nextID   atomic.Uint64
-	refill   []sync.Mutex
-	// soldOutAt is when a steady reading last found no packet anywhere (unix nanos,
-	// 0 for never). Stock does not come back (short of an operator accepting a
-	// rolled-back state), so for soldOutFor after it a grab that finds its home dry is
-	// sold out at once, without reading every shard again.
-	soldOutAt atomic.Int64
-}
-
-// ShardUID is the UID whose hash tag holds shard i of an activity of n shards: the
-// activity's own UID when n is 1, "<uid>.<i>" otherwise.
-func ShardUID(uid string, i, n int) string {
-	if n <= 1 {
-		return uid
-	}
-	return uid + "." + strconv.Itoa(i)
-}
-
-// HomeShard is the shard that decides userID's claims: FNV-1a (64 bit) of the user
-// id, modulo n. It depends on nothing but the id and n, so every grab pod, restart
-// and version agrees; n is immutable for that reason.
-func HomeShard(userID string, n int) int {
-	if n <= 1 {
-		return 0
-	}
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(userID))
-	return int(h.Sum64() % uint64(n))
-}
-
-// NewActivity returns the handle of the activity uid spread over n shards (n ≤ 1 is
-// one shard) on client c, which must reach every shard's slot (a cluster client, or
-// any client of a single server).
-func NewActivity(c redis.Cmdable, uid string, n int) *Activity {
-	n = max(n, 1)
-	s := &Activity{uid: uid, shards: make([]*Shard, n), refill: make([]sync.Mutex, n)}
-	for i := range s.shards {
-		s.shards[i] = NewShard(c, ShardUID(uid, i, n))
-	}
-	s.base = s.shards[0]
-	if n > 1 {
-		s.base = NewShard(c, uid)
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	s.idPrefix = hex.EncodeToString(b[:]) + "-"
-	return s
-}
-
-// UID is the activity's UID.
-func (s *Activity) UID() string { return s.uid }
-
-// N is the number of shards.
-func (s *Activity) N() int { return len(s.shards) }
-
-// Shard is the handle of shard i: its grabs, settlement stream and consumer group.
-func (s *Activity) Shard(i int) *Shard { return s.shards[i] }
-
-// Home is the index of userID's home shard.
-func (s *Activity) Home(userID string) int { return HomeShard(userID, len(s.shards)) }
-
-// Seed seeds the split amounts (packet i+1 gets amounts[i]) over the shards: packet
-// j goes to shard j mod n and keeps its id j+1, so ids are unique across shards and
-// every shard gets an even share of large and small packets. Each shard is seeded
-// exactly once (Seeder); shard 0 also records the activity's count and total, the
-// figures conservation is checked against. Committed is true when any shard was
-// committed by this call.
-func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
-	n := len(s.shards)
-	if n == 1 {
-		return s.Seeder.Seed(ctx, s.base.c, s.base.keys, amounts, p)
-	}
-	if int64(len(amounts)) != p.Count {
-		return SeedResult{}, fmt.Errorf("seeding: %d packets, want %d", len(amounts), p.Count)
-	}
-	if p.Count < int64(n) {
-		return SeedResult{}, fmt.Errorf("seeding: %d packets cannot fill %d shards", p.Count, n)
-	}
-	var res SeedResult
-	for i, a := range s.shards {
-		part := make([]int64, 0, (len(amounts)+n-1)/n)
-		var total int64
-		for j := i; j < len(amounts); j += n {
-			part = append(part, amounts[j])
-			total += amounts[j]
-		}
-		sp := p
-		sp.Count, sp.Total = int64(len(part)), total
-		seeder := s.Seeder
-		seeder.IDStride, seeder.IDOffset = int64(n), int64(i)
-		r, err := seeder.Seed(ctx, a.c, a.keys, part, sp)
-		if err != nil {
-			return SeedResult{}, fmt.Errorf("shard %d: %w", i, err)
-		}
-		res.Committed = res.Committed || r.Committed
-	}
-	root := s.shards[0]
-	if err := root.c.HSet(ctx, root.keys.Meta, fieldActivityCount, p.Count, fieldActivityTotal, p.Total,
-		fieldShards, n).Err(); err != nil {
-		return SeedResult{}, fmt.Errorf("recording the activity's totals on shard 0: %w", err)
-	}
-	return res, nil
-}
-
-// Meta fields of a sharded activity, on shard 0.
-const (
-	fieldActivityCount  = "activity_count"
-	fieldActivityTotal  = "activity_total"
-	fieldActivityRefund = "activity_refund"
-	fieldActivityReason = "activity_close_reason"
-	fieldShards         = "shards"
-)
-
-// Grab decides one claim for userID on their home shard, which must not be below
-// markOf(home) (nil checks no watermark). When the home shard has run dry it refills
-// from its siblings and tries again, so sold_out means no packet was left anywhere.
-// It returns the home shard with the result.
-func (s *Activity) Grab(ctx context.Context, userID string, markOf func(shard int) Watermark) (GrabResult, int, error) {
-	h := s.Home(userID)
-	home := s.shards[h]
-	for {
-		var mark Watermark
-		if markOf != nil {
-			mark = markOf(h)
-		}
-		r, err := home.GrabAbove(ctx, userID, mark)
-		if err != nil || r.Outcome != SoldOut || len(s.shards) == 1 || s.recentlySoldOut() {
-			return r, h, err
-		}
-		refilled, err := s.Refill(ctx, h)
-		if err != nil {
-			return GrabResult{}, h, fmt.Errorf("refilling shard %d: %w", h, err)
-		}
-		if !refilled {
-			return r, h, nil
-		}
-	}
-}
-
-// recentlySoldOut reports whether a steady reading found nothing within soldOutFor.
-func (s *Activity) recentlySoldOut() bool {
-	at := s.soldOutAt.Load()
-	return at != 0 && time.Since(time.Unix(0, at)) < soldOutFor
-}
 
 // ErrShardUnavailable is wrapped when packets are left only on shards that cannot
 // give them now.
@@ -368,17 +153,6 @@ func (s *Activity) stockOf(ctx context.Context, i int) (shardStock, error) {
 	return shardStock{seq: seq, listed: listed, journal: journal, state: state}, nil
 }
 
-// eachShard runs fn for every shard at the same time and returns the first error.
-func (s *Activity) eachShard(fn func(i int, a *Shard) error) error {
-	errs := make([]error, len(s.shards))
-	var wg sync.WaitGroup
-	for i, a := range s.shards {
-		wg.Go(func() { errs[i] = fn(i, a) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
 // transfer is a journal entry: "<dest>|<count>|<amount>|<id>:<amount>,...".
 type transfer struct {
 	dest          int
@@ -487,9 +261,6 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 // the halves, or one racing this call: applying is idempotent). It returns how many
 // transfers are still journalled because their destination refused them.
 func (s *Activity) Resolve(ctx context.Context) (int, error) {
-	if len(s.shards) == 1 {
-		return 0, nil
-	}
 	var left atomic.Int64
 	err := s.eachShard(func(i int, a *Shard) error {
 		entries, err := a.c.HGetAll(ctx, a.keys.Transfers).Result()

@@ -1,4 +1,4 @@
-package store
+package main
 
 import (
 	"bufio"
@@ -10,44 +10,45 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"redpacket.io/operator/store"
 )
 
-// The measurement helpers below serve the benchmark (make bench) and the demo's
-// checks. They read whole keys or server-wide figures, so nothing on the grab path or
-// in the controller calls them.
+// The measurement helpers below read whole keys or server-wide figures with raw
+// Redis commands (MEMORY USAGE, INFO): they serve the benchmark only, never the
+// store.
 
-// KeyMemory is MEMORY USAGE of each key of an activity, with every element counted,
+// keyMemory is MEMORY USAGE of each key of an activity, with every element counted,
 // in bytes; a key that does not exist counts 0.
-type KeyMemory struct {
+type keyMemory struct {
 	Meta, Staging, Packets, Claims, Stream, DeadLetters int64
 }
 
-// KeyMemory measures the memory each of the activity's keys takes. It walks every
-// element of every key, so it takes time proportional to the activity's size: a
-// measurement helper, never to be called on a busy activity.
-func (a *Shard) KeyMemory(ctx context.Context) (KeyMemory, error) {
-	var m KeyMemory
-	for _, k := range []struct {
+// measureKeys measures the memory each key of shard s of an activity takes, on c. It
+// walks every element of every key, so it takes time proportional to the activity's
+// size: never to be called on a busy activity.
+func measureKeys(ctx context.Context, c redis.Cmdable, s *store.Shard) (keyMemory, error) {
+	k := s.Keys()
+	var m keyMemory
+	for _, key := range []struct {
 		key string
 		n   *int64
 	}{
-		{a.keys.Meta, &m.Meta}, {a.keys.Staging, &m.Staging}, {a.keys.Packets, &m.Packets},
-		{a.keys.Claims, &m.Claims}, {a.keys.Stream, &m.Stream}, {a.keys.DeadLetters, &m.DeadLetters},
+		{k.Meta, &m.Meta}, {k.Staging, &m.Staging}, {k.Packets, &m.Packets},
+		{k.Claims, &m.Claims}, {k.Stream, &m.Stream}, {k.DeadLetters, &m.DeadLetters},
 	} {
-		n, err := a.c.MemoryUsage(ctx, k.key, 0).Result()
+		n, err := c.MemoryUsage(ctx, key.key, 0).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return m, fmt.Errorf("MEMORY USAGE %s: %w", k.key, err)
+			return m, fmt.Errorf("MEMORY USAGE %s: %w", key.key, err)
 		}
-		*k.n = n
+		*key.n = n
 	}
 	return m, nil
 }
 
-// UsedMemory is the server's used_memory (INFO memory), in bytes: a measurement
-// helper. It first waits until no object is waiting to be freed in the background
+// usedMemory is the server's used_memory (INFO memory), in bytes. It first waits until no object is waiting to be freed in the background
 // (lazyfree_pending_objects 0): keys deleted with UNLINK are freed by another thread,
 // and memory they still hold would be counted against what is measured next.
-func UsedMemory(ctx context.Context, c redis.Cmdable) (int64, error) {
+func usedMemory(ctx context.Context, c redis.Cmdable) (int64, error) {
 	for {
 		pending, err := infoField(ctx, c, "memory", "lazyfree_pending_objects")
 		if err != nil || pending == "0" {
@@ -70,8 +71,8 @@ func UsedMemory(ctx context.Context, c redis.Cmdable) (int64, error) {
 	return n, nil
 }
 
-// ServerVersion is the server's redis_version (INFO server): a measurement helper.
-func ServerVersion(ctx context.Context, c redis.Cmdable) (string, error) {
+// serverVersion is the server's redis_version (INFO server).
+func serverVersion(ctx context.Context, c redis.Cmdable) (string, error) {
 	return infoField(ctx, c, "server", "redis_version")
 }
 

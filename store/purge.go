@@ -1,0 +1,73 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Purge deletes every key of every shard.
+func (s *Activity) Purge(ctx context.Context) error {
+	return s.eachShard(func(i int, a *Shard) error {
+		if err := purge(ctx, a.c, a.keys); err != nil {
+			return fmt.Errorf("shard %d: %w", i, err)
+		}
+		return nil
+	})
+}
+
+// PurgeKeepingUnsettled purges every shard but its settlement and dead-letter
+// streams (purgeKeepingUnsettled) and returns the keys kept.
+func (s *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
+	kept := make([][]string, len(s.shards))
+	err := s.eachShard(func(i int, a *Shard) error {
+		k, err := purgeKeepingUnsettled(ctx, a.c, a.keys, retention)
+		kept[i] = k
+		if err != nil {
+			return fmt.Errorf("shard %d: %w", i, err)
+		}
+		return nil
+	})
+	var all []string
+	for _, k := range kept {
+		all = append(all, k...)
+	}
+	return all, err
+}
+
+// purge deletes every key of one shard with UNLINK: the memory of a large
+// activity (millions of packets and claims) is freed off the event loop, so a shared
+// Redis does not stall while it goes.
+func purge(ctx context.Context, c redis.Cmdable, k Keys) error {
+	// One UNLINK per key keeps cluster clients happy whatever their slot checks.
+	for _, key := range k.All() {
+		if err := c.Unlink(ctx, key).Err(); err != nil {
+			return fmt.Errorf("deleting %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// purgeKeepingUnsettled deletes one shard's keys except its settlement stream and
+// dead-letter stream, which still record claims and refunds that were never
+// credited; those two are kept for retention, then expire. It returns the keys kept.
+func purgeKeepingUnsettled(ctx context.Context, c redis.Cmdable, k Keys, retention time.Duration) ([]string, error) {
+	for _, key := range []string{k.Meta, k.Staging, k.Packets, k.Claims, k.Transfers, k.Applied} {
+		if err := c.Unlink(ctx, key).Err(); err != nil {
+			return nil, fmt.Errorf("deleting %s: %w", key, err)
+		}
+	}
+	var kept []string
+	for _, key := range []string{k.Stream, k.DeadLetters} {
+		ok, err := c.Expire(ctx, key, retention).Result()
+		if err != nil {
+			return nil, fmt.Errorf("setting the retention of %s: %w", key, err)
+		}
+		if ok {
+			kept = append(kept, key)
+		}
+	}
+	return kept, nil
+}
