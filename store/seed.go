@@ -24,6 +24,16 @@ type SeedParams struct {
 	Sponsor string
 	// Currency is recorded in every settlement entry.
 	Currency string
+
+	// whole, set on shard 0's commit only, is the activity's count and total over
+	// all its shards, recorded in the same atomic step as shard 0's packets.
+	whole *wholeFigures
+}
+
+// wholeFigures are the activity's figures that shard 0 records for every shard.
+type wholeFigures struct {
+	count, total int64
+	shards       int
 }
 
 // DefaultChunkSize is how many packets one staging call appends.
@@ -67,9 +77,10 @@ type SeedResult struct {
 // Seed seeds the split amounts (packet i+1 gets amounts[i]) over the shards: packet
 // j goes to shard j mod n and keeps its id j+1, so ids are unique across shards and
 // every shard gets an even share of large and small packets. Each shard is seeded
-// exactly once (Seeder); shard 0 also records the activity's count and total, the
-// figures conservation is checked against. Committed is true when any shard was
-// committed by this call.
+// exactly once (Seeder); shard 0's commit also records the activity's count and
+// total, the figures conservation is checked against, in the same atomic step, so
+// that no interruption can leave a committed activity without them. Committed is
+// true when any shard was committed by this call.
 func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (SeedResult, error) {
 	n := len(s.shards)
 	if err := checkSplit(amounts, p); err != nil {
@@ -88,6 +99,9 @@ func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (See
 		}
 		sp := p
 		sp.Count, sp.Total = int64(len(part)), total
+		if i == 0 {
+			sp.whole = &wholeFigures{count: p.Count, total: p.Total, shards: n}
+		}
 		seeder := s.Seeder
 		seeder.IDStride, seeder.IDOffset = int64(n), int64(i)
 		r, err := seeder.seed(ctx, a.c, a.keys, part, sp)
@@ -95,11 +109,6 @@ func (s *Activity) Seed(ctx context.Context, amounts []int64, p SeedParams) (See
 			return SeedResult{}, fmt.Errorf("shard %d: %w", i, err)
 		}
 		res.Committed = res.Committed || r.Committed
-	}
-	root := s.shards[0]
-	if err := root.c.HSet(ctx, root.keys.Meta, fieldActivityCount, p.Count, fieldActivityTotal, p.Total,
-		fieldShards, n).Err(); err != nil {
-		return SeedResult{}, fmt.Errorf("recording the activity's totals on shard 0: %w", err)
 	}
 	return res, nil
 }
@@ -150,8 +159,11 @@ func (s Seeder) seed(ctx context.Context, c redis.Scripter, k Keys, amounts []in
 	if p.Paused {
 		paused = "1"
 	}
-	n, err := lua.SeedCommitScript.Run(ctx, c, []string{k.Meta, k.Staging, k.Packets},
-		p.Count, p.Total, p.StartMs, p.EndMs, paused, p.Sponsor, p.Currency).Int64()
+	args := []any{p.Count, p.Total, p.StartMs, p.EndMs, paused, p.Sponsor, p.Currency}
+	if w := p.whole; w != nil {
+		args = append(args, w.count, w.total, w.shards)
+	}
+	n, err := lua.SeedCommitScript.Run(ctx, c, []string{k.Meta, k.Staging, k.Packets}, args...).Int64()
 	if err != nil {
 		return SeedResult{}, fmt.Errorf("seed commit: %w", err)
 	}
