@@ -23,7 +23,7 @@ const (
 	grabImageFlag
 )
 
-// managerFlag is one flag of the manager (main.go) exposed as a chart value.
+// managerFlag is one flag of the manager (cmd/manager/main.go) exposed as a chart value.
 type managerFlag struct {
 	flag string
 	// path is the value's path in values.yaml, dot-separated.
