@@ -153,10 +153,26 @@ func (s *Activity) eachShard(fn func(i int, a *Shard) error) error {
 	errs := make([]error, len(s.shards))
 	var wg sync.WaitGroup
 	for i, a := range s.shards {
-		wg.Go(func() { errs[i] = fn(i, a) })
+		wg.Go(func() {
+			if err := fn(i, a); err != nil {
+				errs[i] = fmt.Errorf("shard %d: %w", i, err)
+			}
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// onEveryShard runs op on every shard at once (eachShard) and returns each shard's
+// result at its index, also where op failed.
+func onEveryShard[T any](s *Activity, op func(a *Shard) (T, error)) ([]T, error) {
+	out := make([]T, len(s.shards))
+	err := s.eachShard(func(i int, a *Shard) error {
+		r, err := op(a)
+		out[i] = r
+		return err
+	})
+	return out, err
 }
 
 // Time is the Redis clock of shard 0's master.
@@ -164,12 +180,7 @@ func (s *Activity) Time(ctx context.Context) (time.Time, error) { return s.shard
 
 // Ping checks that every shard's master answers.
 func (s *Activity) Ping(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.Ping(ctx); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
+	return s.eachShard(func(_ int, a *Shard) error { return a.Ping(ctx) })
 }
 
 // LoadScripts loads every script on every master (see Shard.LoadScripts).
@@ -177,22 +188,12 @@ func (s *Activity) LoadScripts(ctx context.Context) error { return s.shards[0].L
 
 // CheckFsync checks every shard's master (Shard.CheckFsync).
 func (s *Activity) CheckFsync(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.CheckFsync(ctx); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
+	return s.eachShard(func(_ int, a *Shard) error { return a.CheckFsync(ctx) })
 }
 
 // CheckReplicas checks that every shard's master has at least n replicas connected.
 func (s *Activity) CheckReplicas(ctx context.Context, n int) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := a.CheckReplicas(ctx, n); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
+	return s.eachShard(func(_ int, a *Shard) error { return a.CheckReplicas(ctx, n) })
 }
 
 // EnsureUser gives the activity's ACL user, whose key patterns cover every shard,

@@ -77,15 +77,7 @@ func (s *Activity) Close(ctx context.Context, reason CloseReason) (CloseResult, 
 			}
 		}
 	}
-	results := make([]CloseResult, len(s.shards))
-	err = s.eachShard(func(i int, a *Shard) error {
-		r, err := closeShard(ctx, a.c, a.keys, reason)
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		results[i] = r
-		return nil
-	})
+	results, err := onEveryShard(s, func(a *Shard) (CloseResult, error) { return closeShard(ctx, a.c, a.keys, reason) })
 	if err != nil {
 		return CloseResult{}, err
 	}

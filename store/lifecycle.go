@@ -39,15 +39,7 @@ func (s *Activity) Configure(ctx context.Context, startMs, endMs int64, paused, 
 // Found is false when any shard is missing (a sharded activity that lost a shard has
 // lost data), Fenced true when any shard is fenced.
 func (s *Activity) ConfigureWith(ctx context.Context, st Settings) (ConfigureResult, error) {
-	results := make([]ConfigureResult, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
-		r, err := configure(ctx, a.c, a.keys, st)
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		results[i] = r
-		return nil
-	})
+	results, err := onEveryShard(s, func(a *Shard) (ConfigureResult, error) { return configure(ctx, a.c, a.keys, st) })
 	if err != nil {
 		return ConfigureResult{}, err
 	}
@@ -99,15 +91,7 @@ func configure(ctx context.Context, c redis.Scripter, k Keys, st Settings) (Conf
 
 // Fence fences every shard and returns shard 0's fence reason.
 func (s *Activity) Fence(ctx context.Context, why string) (string, error) {
-	reasons := make([]string, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
-		r, err := fence(ctx, a.c, a.keys, why)
-		reasons[i] = r
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
+	reasons, err := onEveryShard(s, func(a *Shard) (string, error) { return fence(ctx, a.c, a.keys, why) })
 	return reasons[0], err
 }
 
@@ -132,8 +116,7 @@ var ErrEpochMoved = errors.New("the activity's Redis epoch moved since it was re
 // epoch. A shard that moved on already (an accept that stopped half-way) is left as
 // it is.
 func (s *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
-	epochs := make([]int64, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
+	epochs, err := onEveryShard(s, func(a *Shard) (int64, error) {
 		n, err := accept(ctx, a.c, a.keys, seen)
 		if errors.Is(err, ErrEpochMoved) {
 			snap, serr := a.snapshot(ctx)
@@ -141,11 +124,7 @@ func (s *Activity) Accept(ctx context.Context, seen int64) (int64, error) {
 				n, err = snap.Epoch, nil
 			}
 		}
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		epochs[i] = n
-		return nil
+		return n, err
 	})
 	if err != nil {
 		return 0, err

@@ -10,25 +10,14 @@ import (
 
 // Purge deletes every key of every shard.
 func (s *Activity) Purge(ctx context.Context) error {
-	return s.eachShard(func(i int, a *Shard) error {
-		if err := purge(ctx, a.c, a.keys); err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
-	})
+	return s.eachShard(func(_ int, a *Shard) error { return purge(ctx, a.c, a.keys) })
 }
 
 // PurgeKeepingUnsettled purges every shard but its settlement and dead-letter
 // streams (purgeKeepingUnsettled) and returns the keys kept.
 func (s *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
-	kept := make([][]string, len(s.shards))
-	err := s.eachShard(func(i int, a *Shard) error {
-		k, err := purgeKeepingUnsettled(ctx, a.c, a.keys, retention)
-		kept[i] = k
-		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
-		}
-		return nil
+	kept, err := onEveryShard(s, func(a *Shard) ([]string, error) {
+		return purgeKeepingUnsettled(ctx, a.c, a.keys, retention)
 	})
 	var all []string
 	for _, k := range kept {

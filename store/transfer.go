@@ -265,7 +265,7 @@ func (s *Activity) Resolve(ctx context.Context) (int, error) {
 	err := s.eachShard(func(i int, a *Shard) error {
 		entries, err := a.c.HGetAll(ctx, a.keys.Transfers).Result()
 		if err != nil {
-			return fmt.Errorf("reading the transfer journal of shard %d: %w", i, err)
+			return fmt.Errorf("reading its transfer journal: %w", err)
 		}
 		for id, entry := range entries {
 			n, err := s.apply(ctx, i, id, entry)

@@ -137,11 +137,11 @@ func (s *Activity) readShardsOnce(ctx context.Context) (View, error) {
 	err := s.eachShard(func(i int, a *Shard) error {
 		snap, err := a.snapshot(ctx)
 		if err != nil {
-			return fmt.Errorf("shard %d: %w", i, err)
+			return err
 		}
 		j, err := a.c.HGetAll(ctx, a.keys.Transfers).Result()
 		if err != nil {
-			return fmt.Errorf("reading the transfer journal of shard %d: %w", i, err)
+			return fmt.Errorf("reading its transfer journal: %w", err)
 		}
 		v.Shards[i], journals[i] = snap, j
 		return nil
