@@ -7,7 +7,6 @@ import (
 
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -75,14 +74,7 @@ func TestTenThousandPacketsTwentyThousandUsers(t *testing.T) {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Context(t)
 			c := redistest.Start(t).Client(t)
-			var via redisClient = c
-			if variant == "autopipeline" {
-				ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())
-				if err != nil {
-					t.Fatalf("auto-pipeliner: %v", err)
-				}
-				via = ap
-			}
+			via := clientOf(t, c, variant)
 			const total = 5_000_000
 			amounts := splitOrFail(t, split.TypeRandom, total, 10_000)
 			k := seedOpen(t, ctx, c, "burst-"+variant, amounts)

@@ -13,6 +13,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 )
 
 // redisClient is what the helpers need: scripts plus plain reads. A plain client,
@@ -348,4 +349,18 @@ func grantsSum(grants map[string]store.GrabResult) int64 {
 		s += g.Amount
 	}
 	return s
+}
+
+// clientOf is c itself for the variant "plain", and an auto-pipeliner over c with the
+// grab service's options for "autopipeline".
+func clientOf(t testing.TB, c *redis.Client, variant string) redisClient {
+	t.Helper()
+	if variant != "autopipeline" {
+		return c
+	}
+	ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())
+	if err != nil {
+		t.Fatalf("auto-pipeliner: %v", err)
+	}
+	return ap
 }

@@ -6,7 +6,6 @@ import (
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -18,14 +17,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Context(t)
 			c := redistest.Start(t).Client(t)
-			var via redisClient = c
-			if variant == "autopipeline" {
-				ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())
-				if err != nil {
-					t.Fatal(err)
-				}
-				via = ap
-			}
+			via := clientOf(t, c, variant)
 			flush := func() {
 				t.Helper()
 				if err := c.ScriptFlush(ctx).Err(); err != nil {
