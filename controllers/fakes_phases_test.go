@@ -398,6 +398,7 @@ func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *pha
 		},
 		statuses: writer,
 		counters: writer,
+		access:   &fakeReviewer{log: log, grants: map[string][]string{platformUser: {redpacketv1alpha1.VerbAcceptRedisState, redpacketv1alpha1.VerbAbandon}}},
 	}
 	return &phaseTest{r: r, log: log, store: store, status: writer, events: rec, client: c}
 }
@@ -438,3 +439,22 @@ func blockerReason(res stepResult) string {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// platformUser holds the platform verbs in the phase tests' fakeReviewer.
+const platformUser = "platform-alice"
+
+// fakeReviewer answers access reviews from a table of users and the verbs they hold.
+type fakeReviewer struct {
+	log    *callLog
+	grants map[string][]string
+}
+
+func (f *fakeReviewer) allowed(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, verb, user string, _ []string) (bool, string, error) {
+	f.log.add("review %s %s", user, verb)
+	for _, v := range f.grants[user] {
+		if v == verb {
+			return true, "", nil
+		}
+	}
+	return false, "no binding grants it", nil
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -68,6 +69,36 @@ func TestReconcileWritesStatusOnceOnEveryPath(t *testing.T) {
 	endedInRedis.EndMs = testNow.Add(-time.Minute).UnixMilli()
 	endedInRedis.Sponsor, endedInRedis.Currency = "merchant-001", "CNY"
 	const grace = 10 * time.Minute
+	fenced := unsettled
+	fenced.Fenced = "rolled_back"
+	recordedFour := func(a *redpacketv1alpha1.RedPacketActivity) {
+		seededStatus(a)
+		redpacketv1alpha1.SetCounters(&a.Status, redpacketv1alpha1.Counters{RemainingCount: 6, RemainingAmount: 600, ClaimedCount: 4, ClaimedAmount: 400})
+	}
+	dataLost := func(a *redpacketv1alpha1.RedPacketActivity) {
+		seededStatus(a)
+		a.Status.Phase = redpacketv1alpha1.PhaseFailed
+		meta.SetStatusCondition(&a.Status.Conditions, metav1.Condition{Type: redpacketv1alpha1.ConditionSeeded,
+			Status: metav1.ConditionFalse, Reason: redpacketv1alpha1.ReasonDataLost, Message: "gone"})
+		meta.SetStatusCondition(&a.Status.Conditions, metav1.Condition{Type: redpacketv1alpha1.ConditionStalled,
+			Status: metav1.ConditionTrue, Reason: redpacketv1alpha1.ReasonDataLost, Message: "gone"})
+	}
+	annotate := func(kv ...string) func(*redpacketv1alpha1.RedPacketActivity) {
+		return func(a *redpacketv1alpha1.RedPacketActivity) {
+			if a.Annotations == nil {
+				a.Annotations = map[string]string{}
+			}
+			for i := 0; i+1 < len(kv); i += 2 {
+				a.Annotations[kv[i]] = kv[i+1]
+			}
+		}
+	}
+	abandonBy := func(uid, user string) func(*redpacketv1alpha1.RedPacketActivity) {
+		return annotate(redpacketv1alpha1.AnnotationAbandon, uid, redpacketv1alpha1.AnnotationAbandonedBy, user)
+	}
+	acceptBy := func(epoch, user string) func(*redpacketv1alpha1.RedPacketActivity) {
+		return annotate(redpacketv1alpha1.AnnotationAcceptRedisState, epoch, redpacketv1alpha1.AnnotationAcceptedBy, user)
+	}
 	cases := []struct {
 		name   string
 		mutate []func(*redpacketv1alpha1.RedPacketActivity)
@@ -180,6 +211,77 @@ func TestReconcileWritesStatusOnceOnEveryPath(t *testing.T) {
 			wantStore: []string{"store.Snapshot"}, wantEvents: []string{"Warning CleanupAbandoned"}, wantGone: true,
 		},
 		{
+			name:   "deleted while fenced: held, keys and finalizer kept, nothing closed or purged",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute)},
+			snap:   fenced, wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot"},
+			wantEvents: []string{"Warning DeletionHeld"},
+		},
+		{
+			name:   "deleted after a rollback not yet fenced: fenced and held",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute), recordedFour},
+			snap:   unsettled, wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot", "store.Fence rolled_back"},
+			wantEvents: []string{"Warning DeletionHeld"},
+		},
+		{
+			name:   "deleted while fenced, past the grace period: still held",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(grace + time.Hour)},
+			snap:   fenced, wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot"},
+		},
+		{
+			name:       "deleted while DataLost: held, not let go",
+			mutate:     []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute), dataLost},
+			wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot"},
+			wantEvents: []string{"Warning DeletionHeld"},
+		},
+		{
+			name:   "deleted while DataLost, Redis down past the grace period: held, not let go",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(grace + time.Hour), dataLost},
+			fail:   map[string]error{"Snapshot": errRedisDown}, wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot"},
+		},
+		{
+			name:   "deleted while fenced, abandoned by the platform: purged without refund, let go",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute), abandonBy("uid-1", platformUser)},
+			snap:   fenced, wantStore: []string{"store.Snapshot", "store.Purge"},
+			wantEvents: []string{"Warning Abandoned"}, wantGone: true,
+		},
+		{
+			name:      "deleted while DataLost, abandoned by the platform: purged, let go",
+			mutate:    []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute), dataLost, abandonBy("uid-1", platformUser)},
+			wantStore: []string{"store.Snapshot", "store.Purge"}, wantEvents: []string{"Warning Abandoned"}, wantGone: true,
+		},
+		{
+			name:   "deleted while fenced, abandoned by a tenant: refused, held",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute), abandonBy("uid-1", "tenant-bob")},
+			snap:   fenced, wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot"},
+			wantEvents: []string{"Warning AbandonNotAllowed", "Warning DeletionHeld"},
+		},
+		{
+			name:   "deleted while fenced, an abandon copied from another activity: held",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute), abandonBy("uid-0", platformUser)},
+			snap:   fenced, wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot"},
+		},
+		{
+			name:   "deleted while fenced, accepted by the platform: a new epoch, closed and refunded, waits to settle",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, withWebhook, deleted(time.Minute), acceptBy("0", platformUser)},
+			snap:   fenced, wantWrites: []string{"Expired Ready=False/Deleting"}, wantObserved: 2, wantRequeue: 2 * time.Second,
+			wantStore:  []string{"store.Snapshot", "store.Accept 0", "store.Snapshot", "store.Close expired", "store.Snapshot"},
+			wantEvents: []string{"Normal RedisStateAccepted", "Normal Closed"},
+		},
+		{
+			name:   "deleted while fenced, accepted by a tenant: refused, held",
+			mutate: []func(*redpacketv1alpha1.RedPacketActivity){observed, deleted(time.Minute), acceptBy("0", "tenant-bob")},
+			snap:   fenced, wantWrites: []string{"Failed Ready=False/DeletionHeld"}, wantObserved: 2,
+			wantRequeue: dataLostRecheckPeriod, wantStore: []string{"store.Snapshot"},
+			wantEvents: []string{"Warning AcceptNotAllowed", "Warning DeletionHeld"},
+		},
+		{
 			name: "deleted, someone else removed the finalizer: nothing to do",
 			mutate: []func(*redpacketv1alpha1.RedPacketActivity){deleted(time.Minute), func(a *redpacketv1alpha1.RedPacketActivity) {
 				a.Finalizers = []string{"example.com/other"}
@@ -250,4 +352,58 @@ func prefixesMatch(calls, want []string) bool {
 		}
 	}
 	return true
+}
+
+// A deletion is held while the activity is fenced or DataLost; an acceptance of the
+// current epoch or an abandon that carries the UID is what may release it.
+func TestDecideDeletionHold(t *testing.T) {
+	open := openSnapshot()
+	fenced := open
+	fenced.Fenced = "rolled_back"
+	ahead := func(a *redpacketv1alpha1.RedPacketActivity) {
+		redpacketv1alpha1.SetCounters(&a.Status, redpacketv1alpha1.Counters{RemainingCount: 6, RemainingAmount: 600, ClaimedCount: 4, ClaimedAmount: 400})
+	}
+	lost := func(a *redpacketv1alpha1.RedPacketActivity) {
+		meta.SetStatusCondition(&a.Status.Conditions, metav1.Condition{Type: redpacketv1alpha1.ConditionSeeded,
+			Status: metav1.ConditionFalse, Reason: redpacketv1alpha1.ReasonDataLost})
+	}
+	annotations := func(kv ...string) func(*redpacketv1alpha1.RedPacketActivity) {
+		return func(a *redpacketv1alpha1.RedPacketActivity) {
+			a.Annotations = map[string]string{}
+			for i := 0; i+1 < len(kv); i += 2 {
+				a.Annotations[kv[i]] = kv[i+1]
+			}
+		}
+	}
+	cases := []struct {
+		name   string
+		mutate []func(*redpacketv1alpha1.RedPacketActivity)
+		snap   store.Snapshot
+		want   deletionHold
+	}{
+		{"open and current: the usual deletion", nil, open, holdNone},
+		{"nothing in Redis and nothing lost: the usual deletion", nil, store.Snapshot{}, holdNone},
+		{"fenced in Redis", nil, fenced, holdWait},
+		{"Redis behind status", fns(ahead), open, holdWait},
+		{"DataLost recorded, Redis empty", fns(lost), store.Snapshot{}, holdWait},
+		{"DataLost recorded but Redis holds it again: the fence step's business", fns(lost), open, holdNone},
+		{"fenced, accepted at the current epoch", fns(annotations(redpacketv1alpha1.AnnotationAcceptRedisState, "0")), fenced, holdAccept},
+		{"fenced, accepted at another epoch", fns(annotations(redpacketv1alpha1.AnnotationAcceptRedisState, "1")), fenced, holdWait},
+		{"fenced, abandoned with the UID", fns(annotations(redpacketv1alpha1.AnnotationAbandon, "uid-1")), fenced, holdAbandon},
+		{"fenced, abandoned with another UID", fns(annotations(redpacketv1alpha1.AnnotationAbandon, "uid-2")), fenced, holdWait},
+		{"DataLost, abandoned with the UID", fns(lost, annotations(redpacketv1alpha1.AnnotationAbandon, "uid-1")), store.Snapshot{}, holdAbandon},
+		{"DataLost cannot be accepted", fns(lost, annotations(redpacketv1alpha1.AnnotationAcceptRedisState, "0")), store.Snapshot{}, holdWait},
+		{"both: the acceptance, which refunds, wins", fns(annotations(redpacketv1alpha1.AnnotationAcceptRedisState, "0",
+			redpacketv1alpha1.AnnotationAbandon, "uid-1")), fenced, holdAccept},
+		{"an abandon on an activity that is not held does nothing", fns(annotations(redpacketv1alpha1.AnnotationAbandon, "uid-1")), open, holdNone},
+	}
+	for _, tc := range cases {
+		got, why := decideDeletionHold(testActivity(tc.mutate...), tc.snap)
+		if got != tc.want {
+			t.Errorf("%s: %s (%s), want %s", tc.name, got, why, tc.want)
+		}
+		if (got == holdNone) != (why == "") {
+			t.Errorf("%s: %s with reason %q", tc.name, got, why)
+		}
+	}
 }

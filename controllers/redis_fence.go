@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -43,8 +44,18 @@ func (r *RedPacketActivityReconciler) reconcileFence(ctx context.Context, s *act
 	if why == "" {
 		return stepResult{}, nil
 	}
-	if accept, ok := s.activity.Annotations[redpacketv1alpha1.AnnotationAcceptRedisState]; ok && accept == strconv.FormatInt(s.snapshot.Epoch, 10) {
-		return r.acceptRedisState(ctx, s, why)
+	refused := ""
+	if acceptsEpoch(s.activity, s.snapshot.Epoch) {
+		user, no, err := r.decidedBy(ctx, s.activity, acceptDecision)
+		if err != nil {
+			return blocked(redpacketv1alpha1.ReasonRedisRolledBack, "checking who accepted the Redis state: %v", err),
+				fmt.Errorf("checking the acceptance: %w", err)
+		}
+		if no == "" {
+			return r.acceptRedisState(ctx, s, why, user)
+		}
+		refused = no
+		r.refuseAcceptance(ctx, s, no)
 	}
 	if !s.snapshot.FullyFenced() {
 		// Fencing is idempotent: a shard fenced already keeps its reason, and every
@@ -60,7 +71,28 @@ func (r *RedPacketActivityReconciler) reconcileFence(ctx context.Context, s *act
 		}
 		r.logger(ctx).Info("Redis rolled back; the activity is fenced", "why", why)
 	}
-	return markRolledBack(s, why), nil
+	res := markRolledBack(s, why)
+	if refused != "" {
+		res.blocker.message += "; the acceptance was refused: " + refused
+		s.stalled = res.blocker
+	}
+	return res, nil
+}
+
+// acceptsEpoch reports whether the activity's accept annotation names epoch.
+func acceptsEpoch(a *redpacketv1alpha1.RedPacketActivity, epoch int64) bool {
+	accept, ok := a.Annotations[redpacketv1alpha1.AnnotationAcceptRedisState]
+	return ok && accept == strconv.FormatInt(epoch, 10)
+}
+
+// refuseAcceptance says with a Warning event that an acceptance does not stand;
+// nothing else changes.
+func (r *RedPacketActivityReconciler) refuseAcceptance(ctx context.Context, s *activityScope, why string) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(s.activity, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAcceptNotAllowed, "Accept",
+			"the Redis state was not accepted, the activity stays fenced: %s", why)
+	}
+	r.logger(ctx).Info("an acceptance of the Redis state was refused", "why", why)
 }
 
 // markRolledBack makes the activity Failed, Ready False and Stalled True with reason
@@ -78,11 +110,13 @@ func markRolledBack(s *activityScope, why string) stepResult {
 	return res
 }
 
-// acceptRedisState lifts the fence on a person's word: accept.lua starts a new epoch
-// in Redis (provided Redis is still at the epoch the annotation names), and the money
-// counters are written from Redis as they are, lower ones included, with the new
-// epoch. The chain then goes on as for any activity.
-func (r *RedPacketActivityReconciler) acceptRedisState(ctx context.Context, s *activityScope, why string) (stepResult, error) {
+// acceptRedisState lifts the fence on the word of user, whose permission decidedBy
+// confirmed: accept.lua starts a new epoch in Redis (provided Redis is still at the
+// epoch the annotation names), and the money counters are written from Redis as they
+// are, lower ones included, with the new epoch. status.lastAcceptance and an event
+// record who and when. The chain then goes on as for any activity.
+func (r *RedPacketActivityReconciler) acceptRedisState(ctx context.Context, s *activityScope, why, user string) (stepResult, error) {
+	accepted := s.snapshot.Epoch
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
 	epoch, err := s.store.Accept(rctx, s.snapshot.Epoch)
@@ -104,11 +138,13 @@ func (r *RedPacketActivityReconciler) acceptRedisState(ctx context.Context, s *a
 		return stepResult{}, fmt.Errorf("writing the accepted counters: %w", err)
 	}
 	s.activity.Status.RedisEpoch = &epoch
+	s.status.LastAcceptance = &redpacketv1alpha1.RedisStateAcceptance{Epoch: accepted, By: user, At: metav1.NewTime(s.now.UTC().Truncate(time.Second))}
 	if r.Recorder != nil {
 		r.Recorder.Eventf(s.activity, nil, corev1.EventTypeNormal, redpacketv1alpha1.ReasonRedisStateAccepted, "Accept",
-			"the Redis state was accepted as it is (%s; it was fenced because %s); epoch %d begins", snapshotDescribe(snap), why, epoch)
+			"%s accepted the Redis state of epoch %d as it is at %s (%s; it was fenced because %s); epoch %d begins",
+			user, accepted, s.status.LastAcceptance.At.Format(time.RFC3339), snapshotDescribe(snap), why, epoch)
 	}
-	r.logger(ctx).Info("Redis state accepted", "epoch", epoch, "was", why)
+	r.logger(ctx).Info("Redis state accepted", "epoch", epoch, "was", why, "by", user)
 	return stepResult{}, nil
 }
 

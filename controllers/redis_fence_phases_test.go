@@ -25,11 +25,15 @@ func TestFenceStep(t *testing.T) {
 		return func(a *redpacketv1alpha1.RedPacketActivity) { a.Status.RedisEpoch = &n }
 	}
 	exhausted := func(a *redpacketv1alpha1.RedPacketActivity) { a.Status.Phase = redpacketv1alpha1.PhaseExhausted }
-	accept := func(v string) func(*redpacketv1alpha1.RedPacketActivity) {
+	acceptBy := func(v, user string) func(*redpacketv1alpha1.RedPacketActivity) {
 		return func(a *redpacketv1alpha1.RedPacketActivity) {
 			a.Annotations = map[string]string{redpacketv1alpha1.AnnotationAcceptRedisState: v}
+			if user != "" {
+				a.Annotations[redpacketv1alpha1.AnnotationAcceptedBy] = user
+			}
 		}
 	}
+	accept := func(v string) func(*redpacketv1alpha1.RedPacketActivity) { return acceptBy(v, platformUser) }
 	redis := func(claimed, settled, epoch int64, fenced string) store.Snapshot {
 		s := openSnapshot()
 		s.ClaimedCount, s.ClaimedAmount, s.RemainingCount = claimed, 100*claimed, 10-claimed
@@ -44,6 +48,8 @@ func TestFenceStep(t *testing.T) {
 		wantStore   []string
 		wantEpoch   int64
 		wantWritten bool
+		// wantRefused: the acceptance is refused with a Warning event.
+		wantRefused bool
 	}{
 		{name: "Redis ahead of status: nothing to do", mutate: fns(recorded(4, 2)), snap: redis(5, 2, 0, "")},
 		{name: "Redis equal to status: nothing to do", mutate: fns(recorded(4, 2)), snap: redis(4, 2, 0, "")},
@@ -64,6 +70,10 @@ func TestFenceStep(t *testing.T) {
 			snap: redis(1, 1, 0, "rolled_back"), wantStore: []string{"store.Accept 0", "store.Snapshot"}, wantEpoch: 1, wantWritten: true},
 		{name: "an accept of another epoch does nothing", mutate: fns(recorded(4, 2), accept("3")), snap: redis(1, 1, 0, "rolled_back"),
 			wantFenced: true},
+		{name: "an accept that names nobody is refused", mutate: fns(recorded(4, 2), acceptBy("0", "")), snap: redis(1, 1, 0, "rolled_back"),
+			wantFenced: true, wantRefused: true},
+		{name: "an accept by a user without the platform verb is refused", mutate: fns(recorded(4, 2), acceptBy("0", "tenant-bob")),
+			snap: redis(1, 1, 0, "rolled_back"), wantFenced: true, wantRefused: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -90,6 +100,10 @@ func TestFenceStep(t *testing.T) {
 				if p.store.snap.Fenced == "" {
 					t.Errorf("Redis is not fenced")
 				}
+				refusedEvent := slices.Contains(p.eventReasons(), "Warning "+redpacketv1alpha1.ReasonAcceptNotAllowed)
+				if refusedEvent != tc.wantRefused || tc.wantRefused && !strings.Contains(res.blocker.message, "the acceptance was refused") {
+					t.Errorf("refusal event %t, message %q; want refused: %t", refusedEvent, res.blocker.message, tc.wantRefused)
+				}
 				return
 			}
 			if res.halt || res.blocker != nil || s.stalled != nil {
@@ -105,6 +119,12 @@ func TestFenceStep(t *testing.T) {
 			if tc.wantWritten {
 				if !strings.HasSuffix(writes[0], "epoch=1 lower=true") || s.status.RedisEpoch == nil || *s.status.RedisEpoch != tc.wantEpoch {
 					t.Errorf("counters %q, status epoch %v, want epoch %d written with lower counters allowed", writes[0], s.status.RedisEpoch, tc.wantEpoch)
+				}
+				if la := s.status.LastAcceptance; la == nil || la.By != platformUser || la.Epoch != 0 || !la.At.Time.Equal(testNow) {
+					t.Errorf("lastAcceptance %+v, want epoch 0 by %s at %s", la, platformUser, testNow)
+				}
+				if got := p.log.with("review"); !slices.Equal(got, []string{"review " + platformUser + " accept-redis-state"}) {
+					t.Errorf("access reviews %q", got)
 				}
 				if p.status.counters[0].ClaimedCount != 1 {
 					t.Errorf("accepted counters %+v, want Redis's (1 claim)", p.status.counters[0])

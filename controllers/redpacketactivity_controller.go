@@ -198,6 +198,9 @@ type RedPacketActivityReconciler struct {
 	// counters, when set, replaces the API server as the money counters' writer
 	// (the phase tests).
 	counters countersWriter
+	// access, when set, replaces the API server's SubjectAccessReviews as the judge
+	// of platform decisions (the phase tests).
+	access accessReviewer
 }
 
 // +kubebuilder:rbac:groups=redpacket.io,resources=redpacketactivities,verbs=get;list;watch;update;patch

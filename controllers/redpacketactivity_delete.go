@@ -6,6 +6,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -52,7 +54,43 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 	if err == nil {
 		s.conn = conn
 		s.store = r.storeFor(conn, a)
+		err = r.readForDeletion(ctx, s)
+	}
+	if err == nil {
+		hold, why := decideDeletionHold(a, s.snapshot)
+		switch hold {
+		case holdAccept:
+			user, refused, err := r.decidedBy(ctx, a, acceptDecision)
+			if err != nil {
+				return ctrl.Result{}, fmt.Errorf("checking who accepted the Redis state of the deleted activity: %w", err)
+			}
+			if refused != "" {
+				r.refuseAcceptance(ctx, s, refused)
+				return r.holdDeletion(ctx, s, why, "the acceptance was refused: "+refused)
+			}
+			if _, err := r.acceptRedisState(ctx, s, why, user); err != nil {
+				return ctrl.Result{}, fmt.Errorf("accepting the Redis state of the deleted activity: %w", err)
+			}
+			// Accepted: the usual deletion, which closes, refunds and drains.
+		case holdAbandon:
+			user, refused, err := r.decidedBy(ctx, a, abandonDecision)
+			if err != nil {
+				return ctrl.Result{}, fmt.Errorf("checking who abandoned the deleted activity: %w", err)
+			}
+			if refused != "" {
+				r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandonNotAllowed, "Delete",
+					"the deleted activity was not abandoned, its Redis keys stay: %s", refused)
+				return r.holdDeletion(ctx, s, why, "the abandon was refused: "+refused)
+			}
+			return r.abandonDeletion(ctx, s, why, user)
+		case holdWait:
+			return r.holdDeletion(ctx, s, why, "")
+		}
 		err = r.closeForDeletion(ctx, s)
+	} else if why := heldByStatus(&a.Status); why != "" {
+		// Redis cannot be read, and status says the activity is fenced or lost: the
+		// grace period does not let it go.
+		return r.holdDeletion(ctx, s, why, fmt.Sprintf("Redis cannot be read: %v", err))
 	}
 	if err != nil {
 		if graceLeft > 0 {
@@ -154,6 +192,172 @@ func (d deletionAction) String() string {
 	return fmt.Sprintf("deletionAction(%d)", int(d))
 }
 
+// deletionHold is whether a deletion is held, and what may release it.
+type deletionHold int
+
+const (
+	// holdNone: the activity is neither fenced nor DataLost; the usual deletion.
+	holdNone deletionHold = iota
+	// holdWait: the activity is fenced (RedisRolledBack) or DataLost; keep the
+	// finalizer and every key, refund nothing, purge nothing.
+	holdWait
+	// holdAccept: fenced, and the accept annotation names Redis's epoch: accept the
+	// state if the platform permission confirms it, then the usual deletion (close,
+	// refund, drain, purge).
+	holdAccept
+	// holdAbandon: fenced or DataLost, and the abandon annotation carries the
+	// activity's UID: purge without a refund if the platform permission confirms it.
+	holdAbandon
+)
+
+func (h deletionHold) String() string {
+	switch h {
+	case holdNone:
+		return "none"
+	case holdWait:
+		return "wait"
+	case holdAccept:
+		return "accept"
+	case holdAbandon:
+		return "abandon"
+	}
+	return fmt.Sprintf("deletionHold(%d)", int(h))
+}
+
+// decideDeletionHold decides whether the deletion of a, whose Redis holds snap (read
+// before anything was closed), is held, and says why. A deletion is held when Redis
+// rolled back behind the status (snap.RolledBack, a fence included) or when status
+// records that Redis lost the activity's data (DataLost) and Redis still does not hold
+// it: closing would refund nothing (a fenced close refunds nothing) and purging would
+// erase the claims and streams that the balances must be reconciled against. An
+// acceptance of the current epoch releases a fenced activity to the usual deletion;
+// an abandon that carries the activity's UID releases either to a purge without
+// refund. When both are set, the acceptance wins: it refunds.
+func decideDeletionHold(a *redpacketv1alpha1.RedPacketActivity, snap store.Snapshot) (deletionHold, string) {
+	why := snap.RolledBack(&a.Status)
+	rolledBack := why != ""
+	if !rolledBack {
+		if snap.Exists() || !statusRecordsDataLost(&a.Status) {
+			return holdNone, ""
+		}
+		why = "Redis lost the activity's data (DataLost)"
+	}
+	if rolledBack && acceptsEpoch(a, snap.Epoch) {
+		return holdAccept, why
+	}
+	if v, ok := a.Annotations[redpacketv1alpha1.AnnotationAbandon]; ok {
+		if v == string(a.UID) {
+			return holdAbandon, why
+		}
+		return holdWait, fmt.Sprintf("%s; the annotation %s=%q does not carry this activity's UID %s, so it does nothing",
+			why, redpacketv1alpha1.AnnotationAbandon, v, a.UID)
+	}
+	return holdWait, why
+}
+
+// statusRecordsDataLost reports whether status says Redis lost the activity's data.
+func statusRecordsDataLost(st *redpacketv1alpha1.RedPacketActivityStatus) bool {
+	for _, t := range []string{redpacketv1alpha1.ConditionSeeded, redpacketv1alpha1.ConditionStalled} {
+		if c := meta.FindStatusCondition(st.Conditions, t); c != nil && c.Reason == redpacketv1alpha1.ReasonDataLost {
+			return true
+		}
+	}
+	return false
+}
+
+// heldByStatus says why status alone holds a deletion when Redis cannot be read: the
+// activity is Stalled because Redis rolled back or lost its data. "" otherwise.
+func heldByStatus(st *redpacketv1alpha1.RedPacketActivityStatus) string {
+	c := meta.FindStatusCondition(st.Conditions, redpacketv1alpha1.ConditionStalled)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return ""
+	}
+	switch c.Reason {
+	case redpacketv1alpha1.ReasonRedisRolledBack:
+		return "status records that Redis rolled back (RedisRolledBack)"
+	case redpacketv1alpha1.ReasonDataLost:
+		return "status records that Redis lost the activity's data (DataLost)"
+	}
+	return ""
+}
+
+// notRefunded is the money of the activity that was neither claimed nor refunded:
+// from Redis when it holds the activity, else from status.
+func notRefunded(s *activityScope) (amount int64, source string) {
+	if s.snapshotRead && s.snapshot.Exists() {
+		return s.snapshot.RemainingAmount(), "Redis"
+	}
+	st := &s.activity.Status
+	amount = s.activity.Spec.TotalAmount
+	if st.ClaimedAmount != nil {
+		amount -= *st.ClaimedAmount
+	}
+	if st.RefundedAmount != nil {
+		amount -= *st.RefundedAmount
+	}
+	return amount, "status"
+}
+
+// holdDeletion keeps a deleted activity that is fenced or DataLost: the finalizer and
+// every Redis key stay, nothing is closed, refunded or purged, and the operator's
+// settlement worker does not run. A rolled-back Redis that is not fenced yet is
+// fenced, so it grants nothing meanwhile. Ready is False with reason DeletionHeld and
+// a message that names the amount not refunded and the two ways on; its arrival is
+// reported once as a Warning event (emitTransitionEvents), not at every reconcile.
+// Stalled stays True.
+func (r *RedPacketActivityReconciler) holdDeletion(ctx context.Context, s *activityScope, why, note string) (ctrl.Result, error) {
+	a := s.activity
+	r.Settlers.Stop(a.UID)
+	stalledReason := redpacketv1alpha1.ReasonRedisRolledBack
+	if s.snapshotRead && !s.snapshot.Exists() || !s.snapshotRead && statusRecordsDataLost(&a.Status) {
+		stalledReason = redpacketv1alpha1.ReasonDataLost
+	}
+	if s.snapshotRead && stalledReason == redpacketv1alpha1.ReasonRedisRolledBack && !s.snapshot.FullyFenced() {
+		rctx, cancel := r.redisContext(ctx)
+		defer cancel()
+		if _, err := s.store.Fence(rctx, fenceReasonRolledBack); err != nil {
+			s.notReady = notReady(redpacketv1alpha1.ReasonDeletionHeld, "the deletion is held because %s, and fencing Redis failed: %v", why, err)
+			return ctrl.Result{}, fmt.Errorf("fencing the rolled-back deleted activity: %w", err)
+		}
+	}
+	amount, source := notRefunded(s)
+	s.status.Phase = redpacketv1alpha1.PhaseFailed
+	s.stalled = notReady(stalledReason, "the deletion is held because %s", why)
+	msg := fmt.Sprintf("the deletion is held because %s: %d of the total %d was not refunded to the sponsor (from %s). "+
+		"The finalizer and every Redis key (claims, streams, meta) are kept until the platform team accepts the Redis state "+
+		"(%s=<status.redisEpoch>, after reconciling the balances; then the rest is refunded and the keys purged) "+
+		"or abandons it (%s=%s: the keys are purged and nothing is refunded)",
+		why, amount, a.Spec.TotalAmount, source, redpacketv1alpha1.AnnotationAcceptRedisState, redpacketv1alpha1.AnnotationAbandon, a.UID)
+	if note != "" {
+		msg += "; " + note
+	}
+	s.notReady = notReady(redpacketv1alpha1.ReasonDeletionHeld, "%s", msg)
+	r.logger(ctx).Info("the deletion of a fenced or lost activity is held", "why", why, "notRefunded", amount)
+	return ctrl.Result{RequeueAfter: dataLostRecheckPeriod}, nil
+}
+
+// abandonDeletion lets a held deletion go on user's word, which decidedBy confirmed:
+// every key is purged, nothing is refunded, and a Warning event names the amount
+// abandoned and who abandoned it.
+func (r *RedPacketActivityReconciler) abandonDeletion(ctx context.Context, s *activityScope, why, user string) (ctrl.Result, error) {
+	a := s.activity
+	r.Settlers.Stop(a.UID)
+	amount, source := notRefunded(s)
+	if err := r.purge(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned, "Delete",
+		"%s abandoned the activity (%s): %d of the total %d was never refunded to the sponsor (from %s); its Redis keys were purged",
+		user, why, amount, a.Spec.TotalAmount, source)
+	r.logger(ctx).Info("the deleted activity was abandoned", "by", user, "notRefunded", amount)
+	if a.Spec.Redis == nil {
+		if err := r.deleteActivityRedisUser(ctx, a); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, r.letGo(ctx, s)
+}
+
 // decideDeletion decides what a deletion does next from the activity's snapshot
 // (read after closing it) and the time left of the grace period.
 func decideDeletion(snap store.Snapshot, graceLeft time.Duration) deletionAction {
@@ -178,15 +382,25 @@ func waitingFor(snap store.Snapshot) string {
 	return msg + " before removing the activity's Redis keys"
 }
 
-// closeForDeletion reads the activity from Redis and closes it as expired when it is
-// not closed yet.
-func (r *RedPacketActivityReconciler) closeForDeletion(ctx context.Context, s *activityScope) error {
+// readForDeletion reads the deleted activity from Redis.
+func (r *RedPacketActivityReconciler) readForDeletion(ctx context.Context, s *activityScope) error {
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
 	snap, err := s.store.Snapshot(rctx)
 	if err != nil {
 		return fmt.Errorf("reading the activity from Redis: %w", err)
 	}
+	s.snapshot = snap
+	s.snapshotRead = true
+	return nil
+}
+
+// closeForDeletion closes the activity (as readForDeletion or an acceptance read it)
+// as expired when it is not closed yet, and reads it again.
+func (r *RedPacketActivityReconciler) closeForDeletion(ctx context.Context, s *activityScope) error {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	snap := s.snapshot
 	if snap.Exists() && snap.State != store.StateClosed {
 		res, err := s.store.Close(rctx, store.CloseExpired)
 		if err != nil {

@@ -44,6 +44,8 @@ var warningReasons = map[string]bool{
 	redpacketv1alpha1.ReasonNotAdopted:         true,
 	redpacketv1alpha1.ReasonWorkloadFailed:     true,
 	redpacketv1alpha1.ReasonDeadLetters:        true,
+	// A deletion that keeps a fenced or lost activity's keys (redpacketactivity_delete.go).
+	redpacketv1alpha1.ReasonDeletionHeld: true,
 	// The operator's policy refused what the spec asks (redis_policy.go, redis_acl.go).
 	redpacketv1alpha1.ReasonGrabImageNotAllowed: true,
 	redpacketv1alpha1.ReasonRedisNotAllowed:     true,
@@ -88,6 +90,9 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 	}
 	if st.SeededTime != nil {
 		out.SeededTime = st.SeededTime.DeepCopy()
+	}
+	if st.LastAcceptance != nil {
+		out.LastAcceptance = st.LastAcceptance.DeepCopy()
 	}
 	return out
 }
@@ -344,6 +349,7 @@ func mergeControllerStatus(dst *redpacketv1alpha1.RedPacketActivityStatus, src r
 	dst.Endpoint = src.Endpoint
 	dst.SplitSeed = src.SplitSeed
 	dst.SeededTime = src.SeededTime
+	dst.LastAcceptance = src.LastAcceptance
 	for _, c := range src.Conditions {
 		meta.SetStatusCondition(&dst.Conditions, c)
 	}

@@ -27,7 +27,55 @@ const (
 // status.redisEpoch (0 before any accept). The controller then takes the Redis state
 // as it is, starts a new epoch and lets the activity go on. A value that is not the
 // current epoch does nothing, so the annotation can stay.
+//
+// Setting or changing it is a platform decision: the admission policy of
+// config/policy (redpacket-platform-annotations) admits it only from a user allowed
+// the custom verb VerbAcceptRedisState on the activity (the redpacket-platform
+// ClusterRole; the edit and admin roles do not grant it), who also sets
+// AnnotationAcceptedBy to their own user name (and may set AnnotationAcceptedByGroups
+// to their groups). The controller checks that permission again for the recorded
+// user with a SubjectAccessReview before it acts, and records who and when in
+// status.lastAcceptance and in an event.
 const AnnotationAcceptRedisState = "redpacket.io/accept-redis-state"
+
+// AnnotationAcceptedBy names the user who set AnnotationAcceptRedisState; the
+// admission policy admits only the requesting user's own name.
+const AnnotationAcceptedBy = "redpacket.io/accepted-by"
+
+// AnnotationAcceptedByGroups optionally lists, comma-separated and in the order the
+// API server reports them, the groups of the user who set AnnotationAcceptRedisState;
+// the admission policy admits only the requesting user's own groups. The
+// controller's SubjectAccessReview includes them, so a permission granted to a group
+// counts.
+const AnnotationAcceptedByGroups = "redpacket.io/accepted-by-groups"
+
+// AnnotationAbandon lets a deletion that holds a fenced (RedisRolledBack) or
+// DataLost activity go without a refund: its value must be the activity's UID, so it
+// cannot take effect on another object it was copied to. The activity's Redis keys
+// (claims, streams, meta) are then purged, and a Warning event names the amount
+// abandoned and who abandoned it. Like AnnotationAcceptRedisState it is a platform
+// decision: the admission policy admits it only from a user allowed the custom verb
+// VerbAbandon, who also sets AnnotationAbandonedBy (and may set
+// AnnotationAbandonedByGroups), and the controller checks that permission again.
+// Without a deletion it does nothing.
+const AnnotationAbandon = "redpacket.io/abandon"
+
+// AnnotationAbandonedBy names the user who set AnnotationAbandon.
+const AnnotationAbandonedBy = "redpacket.io/abandoned-by"
+
+// AnnotationAbandonedByGroups optionally lists the groups of the user who set
+// AnnotationAbandon (see AnnotationAcceptedByGroups).
+const AnnotationAbandonedByGroups = "redpacket.io/abandoned-by-groups"
+
+// The custom verbs on redpacketactivities that the platform decisions need. No
+// built-in role grants them except cluster-admin's "*"; config/rbac ships the
+// redpacket-platform ClusterRole with both.
+const (
+	// VerbAcceptRedisState allows setting AnnotationAcceptRedisState.
+	VerbAcceptRedisState = "accept-redis-state"
+	// VerbAbandon allows setting AnnotationAbandon.
+	VerbAbandon = "abandon"
+)
 
 // Condition reasons that scripts and people may rely on. Every reason has its own
 // string, so a reason names one situation whatever condition carries it. Besides
@@ -68,6 +116,25 @@ const (
 	// ReasonRedisStateAccepted is the event reason when a person accepted the Redis
 	// state of a fenced activity.
 	ReasonRedisStateAccepted = "RedisStateAccepted"
+
+	// ReasonAcceptNotAllowed is the Warning event reason when the user recorded in
+	// AnnotationAcceptedBy (or nobody) may not accept the Redis state: the activity
+	// stays fenced, nothing changes.
+	ReasonAcceptNotAllowed = "AcceptNotAllowed"
+
+	// ReasonDeletionHeld: the activity is deleted while fenced (RedisRolledBack) or
+	// DataLost. Its finalizer and every Redis key (claims, streams, meta) are kept,
+	// nothing is refunded or purged, until a person accepts the Redis state (then the
+	// deletion closes, refunds and drains as usual) or abandons it with
+	// AnnotationAbandon (Ready False; a Warning event names the amount not refunded).
+	ReasonDeletionHeld = "DeletionHeld"
+	// ReasonAbandoned is the Warning event reason when a held deletion was abandoned:
+	// the keys were purged without a refund.
+	ReasonAbandoned = "Abandoned"
+	// ReasonAbandonNotAllowed is the Warning event reason when the user recorded in
+	// AnnotationAbandonedBy (or nobody) may not abandon the activity, or the
+	// annotation does not carry the activity's UID: the deletion stays held.
+	ReasonAbandonNotAllowed = "AbandonNotAllowed"
 
 	// ReasonDurabilityNotMet: the activity's Redis does not give the durability
 	// spec.durability asks for (AOF appendfsync always, or enough replicas); a

@@ -159,6 +159,21 @@ type Settlement struct {
 	MaxAttempts int32 `json:"maxAttempts,omitempty"`
 }
 
+// RedisStateAcceptance records who lifted a rollback fence, and when.
+type RedisStateAcceptance struct {
+	// epoch is the Redis epoch whose state was accepted (the annotation's value); the
+	// new epoch, epoch + 1, is in status.redisEpoch.
+	Epoch int64 `json:"epoch"`
+
+	// by is the user who set the accept annotation (redpacket.io/accepted-by), as the
+	// admission policy admitted it and a SubjectAccessReview confirmed it.
+	// +kubebuilder:validation:MaxLength=512
+	By string `json:"by"`
+
+	// at is when the controller acted on the acceptance.
+	At metav1.Time `json:"at"`
+}
+
 // ShardWatermarks are the shards' claimed counts within one Redis epoch.
 type ShardWatermarks struct {
 	// epoch is the Redis epoch the counts were read in (status.redisEpoch then).
@@ -322,6 +337,11 @@ type RedPacketActivityStatus struct {
 	// whose epoch is below it was restored from before an accept, and is fenced.
 	// +optional
 	RedisEpoch *int64 `json:"redisEpoch,omitempty"`
+
+	// lastAcceptance records the last time a person accepted a rolled-back Redis
+	// state (redpacket.io/accept-redis-state): which epoch, who, and when.
+	// +optional
+	LastAcceptance *RedisStateAcceptance `json:"lastAcceptance,omitempty"`
 
 	// shardWatermarks are the claimed counts of each shard of a sharded activity
 	// (spec.shards > 1) as the grab service last read them, never lowered within an
