@@ -108,10 +108,14 @@ func TestRolledBackRedisIsFencedUntilAccepted(t *testing.T) {
 		t.Errorf("grab on the fenced activity: %+v, want fenced", res)
 	}
 
-	// A person reconciled the balances and accepts the state of epoch 0.
-	e.patch("rewound", func(a *redpacketv1alpha1.RedPacketActivity) {
-		a.Annotations = map[string]string{redpacketv1alpha1.AnnotationAcceptRedisState: "0"}
-	})
+	// The platform team reconciled the balances and accepts the state of epoch 0, in
+	// its own name (platform_test.go).
+	installPolicies(t)
+	p := e.people()
+	if err := e.annotate(p.asPlatform, "rewound", map[string]string{
+		redpacketv1alpha1.AnnotationAcceptRedisState: "0", redpacketv1alpha1.AnnotationAcceptedBy: p.platform}); err != nil {
+		t.Fatalf("accepting as the platform team: %v", err)
+	}
 	a = e.waitStatus("rewound", "the accepted state", func(a *redpacketv1alpha1.RedPacketActivity) bool {
 		return a.Status.RedisEpoch != nil && *a.Status.RedisEpoch == 1 && a.Status.Phase == redpacketv1alpha1.PhaseActive &&
 			findCondition(a, redpacketv1alpha1.ConditionStalled) == nil
