@@ -44,6 +44,7 @@ var installPoliciesOnce sync.Once
 // requests that set platform decisions, so they do not disturb other tests.
 func installPolicies(t *testing.T) {
 	t.Helper()
+	needsServers(t)
 	var failed error
 	installPoliciesOnce.Do(func() {
 		root, err := controlplane.Root()
