@@ -121,4 +121,38 @@ func TestTransferMarksFenceAShardThatCameBack(t *testing.T) {
 				v.Shards[0].Fenced, v.InTransferCount)
 		}
 	})
+	t.Run("a pod that knows only the status", func(t *testing.T) {
+		// Another pod moved the packets; this one has no mark of its own, only the
+		// status the reporter wrote after the transfer.
+		act := store.NewActivity(c, "tm-status", 2)
+		seedOpenShards(t, ctx, act, []int64{10, 20, 30, 40, 50, 60, 70, 80})
+		u := usersOn("o", 1, 2, 2)
+		if r, _, err := act.Grab(ctx, u[0], nil); err != nil || r.Outcome != store.Granted {
+			t.Fatalf("grab on shard 1: %+v, %v", r, err)
+		}
+		replica := dumpShard(t, ctx, c, act.Shard(1).Keys())
+		if moved, err := act.Transfer(ctx, 1, 0, 2); err != nil || moved != 2 {
+			t.Fatalf("Transfer(1→0, 2): %d, %v", moved, err)
+		}
+		v, err := act.ReadShards(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st redpacketv1alpha1.RedPacketActivityStatus
+		st.Phase = redpacketv1alpha1.PhaseActive
+		redpacketv1alpha1.SetCounters(&st, v.Whole.Counters())
+		st.ShardWatermarks = v.Watermarks(&st)
+		restoreShard(t, ctx, c, replica)
+		if v, err = act.ReadShards(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if why := v.ShardBehind(&st); why == "" {
+			t.Fatalf("shard 1 came back from before its transfer out and the view against the status does not say so")
+		}
+		fresh := store.NewActivity(c, "tm-status", 2)
+		r, _, err := fresh.Grab(ctx, u[1], func(i int) store.Watermark { return statusMark(&st, i) })
+		if err != nil || r.Outcome != store.Fenced {
+			t.Fatalf("grab with the status's marks on the shard that came back: %+v, %v; want fenced", r, err)
+		}
+	})
 }
