@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
@@ -278,4 +281,76 @@ func TestRefillsUnderLoadNeverFenceFalsely(t *testing.T) {
 		seqs = append(seqs, s.TransferSeq)
 	}
 	t.Logf("transfer sequences after the rain: %v", seqs)
+}
+
+// The transfer marks go through the status, on a real API server: another pod moves
+// packets out of shard 1, the reporter writes status.shardWatermarks.transferSeqs, and
+// a grab replica that saw nothing but that status (started afterwards) fences shard 1
+// when it comes back from before the transfer, at its first grab there.
+func TestStatusTransferMarksFenceForAFreshReplica(t *testing.T) {
+	h := newHarness(t)
+	cp := controlPlane(t)
+	ctx := context.Background()
+	obj := activityForStatus(cp.Namespace(t), "transfer-marks", 8, 360)
+	obj.Spec.Shards = 2
+	obj.Spec.Durability = &redpacketv1alpha1.Durability{Mode: redpacketv1alpha1.DurabilityFsync}
+	if err := cp.Client.Create(ctx, obj); err != nil {
+		t.Fatalf("creating the activity: %v", err)
+	}
+	sh := store.NewActivity(h.admin, string(obj.UID), 2)
+	if _, err := sh.Seed(ctx, []int64{10, 20, 30, 40, 50, 60, 70, 80}, store.SeedParams{Count: 8, Total: 360, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := sh.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
+		t.Fatalf("opening: %+v %v", r, err)
+	}
+	h.act.Store(NewResource(obj))
+	on1 := usersAt(sh, "o", 1, 2)
+	if r := h.grab(on1[0], nil); r.Status != http.StatusOK {
+		t.Fatalf("grab on shard 1: %d %s", r.Status, r.Raw)
+	}
+	k1 := sh.Shard(1).Keys()
+	replica := takeBackup(t, h.admin, k1)
+	// Another pod's refill.
+	if moved, err := store.NewActivity(h.admin, string(obj.UID), 2).Transfer(ctx, 1, 0, 2); err != nil || moved != 2 {
+		t.Fatalf("Transfer(1→0, 2): %d, %v", moved, err)
+	}
+	rep := &Reporter{Client: cp.Client, Redis: h.admin, Resource: h.act.Load, Guard: h.srv.cfg.Guard}
+	if applied, err := rep.ReportOnce(ctx); err != nil || !applied {
+		t.Fatalf("report: applied %v, %v", applied, err)
+	}
+	live := &redpacketv1alpha1.RedPacketActivity{}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(obj), live); err != nil {
+		t.Fatal(err)
+	}
+	if w := live.Status.ShardWatermarks; w == nil || !slices.Equal(w.TransferSeqs, []int64{1, 2}) || !slices.Equal(w.ClaimedCounts, []int64{0, 1}) {
+		t.Fatalf("status.shardWatermarks %+v, want claimedCounts [0 1] and transferSeqs [1 2]", w)
+	}
+
+	// Shard 1 fails over to its replica from before the transfer; a replica started
+	// now knows the status alone.
+	replica.restore(t, h.admin, k1)
+	h.act.Store(NewResource(live))
+	_, fresh := secondServer(t, h)
+	r, err := postGrab(fresh.Client(), fresh.URL, on1[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("first grab of a fresh replica on the shard that came back: %d %s, want 503", r.Status, r.Raw)
+	}
+	view, err := sh.ReadShards(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if view.Shards[1].Fenced == "" {
+		t.Fatalf("shard 1 is not fenced: %v", fencedShards(view))
+	}
+	// And the reporter fences every shard.
+	if applied, err := rep.ReportOnce(ctx); err != nil || applied {
+		t.Fatalf("report after the failover: applied %v, %v; want nothing applied", applied, err)
+	}
+	if view, err = sh.ReadShards(ctx); err != nil || !view.Whole.FullyFenced() {
+		t.Fatalf("after the report: shards fenced %v, %v", fencedShards(view), err)
+	}
 }
