@@ -41,6 +41,9 @@ type handles struct {
 	// replicated, when set, gives each new handle its Replicated (store.Activity): how a
 	// transfer between shards waits for replicas.
 	replicated func(shard int) func(context.Context) error
+	// marks, when set, gives each new handle of a sharded activity its Marks
+	// (store.Activity): the guard's watermarks, for the transfers of its refills.
+	marks func(uid types.UID, n int) store.ShardMarks
 }
 
 type handle struct {
@@ -61,6 +64,9 @@ func (hs *handles) of(c redis.Cmdable, act *Resource) *store.Activity {
 			}
 			return nil
 		}
+	}
+	if n := act.Object.Spec.ShardCount(); hs.marks != nil && n > 1 {
+		h.h.Marks = hs.marks(act.Object.UID, n)
 	}
 	hs.cur.Store(h)
 	return h.h

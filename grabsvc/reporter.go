@@ -232,7 +232,15 @@ func statusApply(o *redpacketv1alpha1.RedPacketActivity, c Counters, marks *redp
 		for i, n := range marks.ClaimedCounts {
 			counts[i] = n
 		}
-		status["shardWatermarks"] = map[string]any{"epoch": marks.Epoch, "claimedCounts": counts}
+		wm := map[string]any{"epoch": marks.Epoch, "claimedCounts": counts}
+		if len(marks.TransferSeqs) > 0 {
+			seqs := make([]any, len(marks.TransferSeqs))
+			for i, n := range marks.TransferSeqs {
+				seqs[i] = n
+			}
+			wm["transferSeqs"] = seqs
+		}
+		status["shardWatermarks"] = wm
 	}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": redpacketv1alpha1.GroupVersion.String(),
@@ -270,5 +278,5 @@ func sameWatermarks(a, b *redpacketv1alpha1.ShardWatermarks) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return a.Epoch == b.Epoch && slices.Equal(a.ClaimedCounts, b.ClaimedCounts)
+	return a.Epoch == b.Epoch && slices.Equal(a.ClaimedCounts, b.ClaimedCounts) && slices.Equal(a.TransferSeqs, b.TransferSeqs)
 }

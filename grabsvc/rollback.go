@@ -24,10 +24,13 @@ import (
 //
 // The zero value is ready to use.
 //
-// A sharded activity has a watermark per shard, each the highest claimed count seen
-// on that shard: from grants, from the reporter's reading of the shard, and from
-// status.shardWatermarks (the status's counters are sums over the shards, so they
-// raise no shard's watermark).
+// A sharded activity has a watermark per shard, each the highest claimed count and
+// transfer sequence seen on that shard: from grants, from the transfer scripts'
+// answers and the stock readings of refills (store.Activity.Marks), from the
+// reporter's reading of the shard, and from status.shardWatermarks (the status's
+// counters are sums over the shards, so they raise no shard's watermark). A shard
+// below its transfer sequence came back from before a transfer and may list again
+// packets that left it: the grab and transfer scripts fence it.
 type RollbackGuard struct {
 	cur    atomic.Pointer[guardState]
 	shards atomic.Pointer[shardMarks]
@@ -57,15 +60,51 @@ func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus) store.Watermark {
 	return w
 }
 
-// shardMark is the watermark status st gives shard i: its figure in
-// status.shardWatermarks, in that epoch; the zero watermark when there is none.
+// shardMark is the watermark status st gives shard i: its figures in
+// status.shardWatermarks (claimed count and transfer sequence), in that epoch; the
+// zero watermark when there is none.
 func shardMark(st *redpacketv1alpha1.RedPacketActivityStatus, i int) store.Watermark {
 	w := st.ShardWatermarks
-	if w == nil || i >= len(w.ClaimedCounts) {
+	if w == nil {
 		return store.Watermark{}
 	}
-	return store.Watermark{Epoch: w.Epoch, ClaimedCount: w.ClaimedCounts[i]}
+	m := store.Watermark{Epoch: w.Epoch}
+	if i < len(w.ClaimedCounts) {
+		m.ClaimedCount = w.ClaimedCounts[i]
+	}
+	if i < len(w.TransferSeqs) {
+		m.TransferSeq = w.TransferSeqs[i]
+	}
+	if m == (store.Watermark{Epoch: w.Epoch}) {
+		return store.Watermark{}
+	}
+	return m
 }
+
+// guardMarks are the guard's watermarks of the shards of the activity uid as a
+// handle's transfers use them (store.ShardMarks): a transfer sends each shard's
+// MarkShard and raises it with what the scripts answer.
+type guardMarks struct {
+	g        *RollbackGuard
+	uid      types.UID
+	n        int
+	resource func() *Resource
+}
+
+var _ store.ShardMarks = guardMarks{}
+
+// Mark is MarkShard of the current activity; the zero watermark when the activity
+// is not uid any more (its handle is then replaced too).
+func (m guardMarks) Mark(i int) store.Watermark {
+	act := m.resource()
+	if act == nil || act.Object.UID != m.uid {
+		return store.Watermark{}
+	}
+	return m.g.MarkShard(act, i)
+}
+
+// Saw raises shard i's watermark.
+func (m guardMarks) Saw(i int, w store.Watermark) { m.g.SawShard(m.uid, i, m.n, w) }
 
 // Mark is the watermark to send with a grab of act: the higher of what this service
 // saw and what act's status records.

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc/web"
@@ -115,6 +116,10 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if s.cfg.Guard == nil {
 		s.cfg.Guard = &RollbackGuard{}
+	}
+	// The transfers of a refill send the guard's watermarks and raise them.
+	s.redis.marks = func(uid types.UID, n int) store.ShardMarks {
+		return guardMarks{g: s.cfg.Guard, uid: uid, n: n, resource: s.cfg.Resource}
 	}
 	if s.cfg.Durable == nil {
 		s.cfg.Durable = s.cfg.Ping

@@ -4,6 +4,8 @@
 -- ARGV[2] watermark: the claimed count this Redis has already been seen to reach
 --         (0 = none), ARGV[3] the epoch that watermark was seen in (0 before any
 --         accepted rollback); without ARGV[2] nothing is checked
+-- ARGV[4] optional, with ARGV[2]: the transfer mark, the highest transfer_seq this
+--         shard has been seen to reach in that epoch (see the fence, below)
 -- Returns, for a grant, one string:
 -- "<packetId>:<amount>@<countBefore>:<amountBefore>:<epoch>:<currency>", the packet as
 -- it was listed (what was claimed from its list before it: the count this grant
@@ -16,8 +18,9 @@
 -- packet was claimed and ended when its time ran out.
 --
 -- A grant is five commands on the gate's path: HGET claims, HGET gate, LPOP, XADD,
--- HSET claims. No counter is read or raised: the popped packet carries the claimed
--- count and amount (see the packets, below).
+-- HSET claims, and HGET transfer_seq when a transfer mark is sent (ARGV[4]). No
+-- counter is read or raised: the popped packet carries the claimed count and amount
+-- (see the packets, below).
 --
 -- The gate: the meta field "gate" says in one read what the grab of an open
 -- activity needs: "<epoch>:<currency>" while the activity is plainly open (state
@@ -45,6 +48,14 @@
 -- written. A claims hash lost on its own, with the list kept, is no such moment:
 -- lua.ShardsView.ClaimsLost (claimed + listed = count), read by the grab service's
 -- reporter at every report and by the controller at every resync, fences it.
+--
+-- The claimed count does not see transfers between shards: a shard that comes back
+-- from before a transfer_out holds every claim it held, and lists again the packets
+-- that left it, which its sibling holds too. Every transfer step raises the shard's
+-- transfer_seq (transfer_out.lua), so a caller that saw the shard reach a sequence
+-- sends it as ARGV[4], and a shard below it is fenced before its next grant. The
+-- sequence is read only when a mark is sent (a sharded activity after its first
+-- transfer): one HGET, on no other grab.
 --
 -- Every other read and check comes before the first write, but for that push back
 -- (the gate's rewrite only caches what the fields say). The settlement entry packs
@@ -95,11 +106,16 @@ if mark then
   local seen, behind = ARGV[3] or '0', false
   if string.find(tail, seen, 1, true) ~= 1 or string.byte(tail, #seen + 1) ~= 58 then -- ':'
     behind = (tonumber(seen) or 0) > tonumber(string.match(tail, '^%d+'))
-  elseif mark ~= '0' then
-    markN = tonumber(mark) or 0
-    if s then
-      behind = redis.call('HLEN', claims) < markN
-      markN = nil
+  else
+    if ARGV[4] then
+      behind = (tonumber(redis.call('HGET', meta, 'transfer_seq')) or 0) < tonumber(ARGV[4])
+    end
+    if not behind and mark ~= '0' then
+      markN = tonumber(mark) or 0
+      if s then
+        behind = redis.call('HLEN', claims) < markN
+        markN = nil
+      end
     end
   end
   if behind then

@@ -1,22 +1,37 @@
 -- transfer_in: the second half of a move between shards, on the destination.
 -- KEYS[1] meta, KEYS[2] packets, KEYS[3] applied transfers of the destination shard
--- ARGV[1] transfer id, ARGV[2] count, ARGV[3] amount, ARGV[4..] "<id>:<amount>"
--- Returns applied (now or before: a transfer is applied at most once, whoever
--- retries it), or missing / fenced / closed, when nothing was written. A closed
--- destination takes nothing: its refund is fixed, and the activity's refund counts
--- every packet that is neither claimed nor in an open list.
+-- ARGV[1] transfer id, ARGV[2] count, ARGV[3] amount
+-- ARGV[4] the caller's transfer mark of this shard (the highest transfer_seq it has
+--         seen it reach, 0 = none), ARGV[5] the epoch it was seen in (transfer_out.lua)
+-- ARGV[6..] "<id>:<amount>"
+-- Returns {result, transfer_seq, epoch}: result is applied (now or before: a
+-- transfer is applied at most once, whoever retries it), or missing / fenced /
+-- closed, when nothing was written; transfer_seq and epoch are the shard's after the
+-- call. A closed destination takes nothing: its refund is fixed, and the activity's
+-- refund counts every packet that is neither claimed nor in an open list. A
+-- destination below the caller's mark came back from before a transfer it took
+-- (its packets are then in no list, and what it applies is not what the caller saw):
+-- it is fenced and takes nothing.
+local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'count', 'total', 'transfer_seq', 'epoch')
+local seq, epoch = m[5] or '0', m[6] or '0'
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
-  return 'applied'
+  return {'applied', seq, epoch}
 end
-local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'count', 'total')
 if not m[1] then
-  return 'missing'
+  return {'missing', seq, epoch}
 end
 if m[2] then
-  return 'fenced'
+  return {'fenced', seq, epoch}
+end
+if ARGV[4] ~= '0' then
+  local seen, now = tonumber(ARGV[5]) or 0, tonumber(epoch)
+  if seen > now or (seen == now and tonumber(seq) < tonumber(ARGV[4])) then
+    redis.call('HSET', KEYS[1], 'fenced', 'rolled_back', 'gate', '-')
+    return {'fenced', seq, epoch}
+  end
 end
 if m[1] == 'closed' then
-  return 'closed'
+  return {'closed', seq, epoch}
 end
 -- Each packet is appended numbered on from the shard's count and total,
 -- "<id>:<amount>@<countBefore>:<amountBefore>": the list ends where count and total
@@ -24,7 +39,7 @@ end
 -- claimed (grab.lua, snapshot.lua).
 local count, before = tonumber(m[3]) or 0, tonumber(m[4]) or 0
 local batch, chunk = 1000, {}
-for i = 4, #ARGV do
+for i = 6, #ARGV do
   local p = ARGV[i]
   local at = string.find(p, '@', 1, true)
   if at then
@@ -40,6 +55,6 @@ for i = 4, #ARGV do
 end
 redis.call('HINCRBY', KEYS[1], 'count', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'total', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'transfer_seq', 1)
+seq = redis.call('HINCRBY', KEYS[1], 'transfer_seq', 1)
 redis.call('HSET', KEYS[3], ARGV[1], '1')
-return 'applied'
+return {'applied', string.format('%d', seq), epoch}

@@ -2,9 +2,13 @@
 -- another (shards live on different Redis masters, so no one script can do both).
 -- KEYS[1] meta, KEYS[2] packets, KEYS[3] transfers (journal) of the source shard
 -- ARGV[1] transfer id, ARGV[2] destination shard index, ARGV[3] most packets to take
--- Returns {result, journal entry}; result is moved (the entry was written now),
--- pending (this id was journalled before: the same entry again), empty (no packet to
--- give), or missing / fenced / closed / ended, when the source gives nothing.
+-- ARGV[4] the caller's transfer mark of this shard: the highest transfer_seq it has
+--         seen the shard reach (absent or 0 = none), ARGV[5] the epoch it was seen in
+-- Returns {result, journal entry, transfer_seq, epoch}; result is moved (the entry
+-- was written now), pending (this id was journalled before: the same entry again),
+-- empty (no packet to give), or missing / fenced / closed / ended, when the source
+-- gives nothing. transfer_seq and epoch are the shard's after the call, the caller's
+-- next mark.
 --
 -- The packets leave the list and enter the journal in one step, and the shard's
 -- count and total drop by what left, so at every instant each packet is in exactly
@@ -12,25 +16,39 @@
 -- The journal entry "<dest>|<count>|<amount>|<id>:<amount>,..." stays until the
 -- source hears that the destination applied it (transfer_done), so a crash between
 -- the halves loses nothing: whoever finds the entry finishes the move.
+--
+-- The transfer mark: every transfer step raises the shard's transfer_seq, and only
+-- they do, so a shard whose transfer_seq is below what a caller saw it reach came
+-- back from before a transfer (a failover to a lagging replica, a restored backup)
+-- and may list again packets that already left it. It is fenced here, as grab.lua
+-- fences it, before it gives anything.
+local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'end_ms', 'transfer_seq', 'epoch')
+local seq, epoch = m[4] or '0', m[5] or '0'
 local prev = redis.call('HGET', KEYS[3], ARGV[1])
 if prev then
-  return {'pending', prev}
+  return {'pending', prev, seq, epoch}
 end
-local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'end_ms')
 if not m[1] then
-  return {'missing', ''}
+  return {'missing', '', seq, epoch}
 end
 if m[2] then
-  return {'fenced', ''}
+  return {'fenced', '', seq, epoch}
+end
+if ARGV[4] and ARGV[4] ~= '0' then
+  local seen, now = tonumber(ARGV[5]) or 0, tonumber(epoch)
+  if seen > now or (seen == now and tonumber(seq) < tonumber(ARGV[4])) then
+    redis.call('HSET', KEYS[1], 'fenced', 'rolled_back', 'gate', '-')
+    return {'fenced', '', seq, epoch}
+  end
 end
 if m[1] == 'closed' then
-  return {'closed', ''}
+  return {'closed', '', seq, epoch}
 end
 local endMs = tonumber(m[3]) or 0
 if endMs > 0 then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= endMs then
-    return {'ended', ''}
+    return {'ended', '', seq, epoch}
   end
 end
 -- The packets leave from the tail, the end grab.lua does not pop: the list stays
@@ -38,7 +56,7 @@ end
 -- The journal carries them as "<id>:<amount>", without their place in this list.
 local taken = redis.call('RPOP', KEYS[2], tonumber(ARGV[3]))
 if not taken then
-  return {'empty', ''}
+  return {'empty', '', seq, epoch}
 end
 local amount = 0
 for i = 1, #taken do
@@ -52,5 +70,5 @@ local entry = ARGV[2] .. '|' .. #taken .. '|' .. amountStr .. '|' .. table.conca
 redis.call('HSET', KEYS[3], ARGV[1], entry)
 redis.call('HINCRBY', KEYS[1], 'count', -#taken)
 redis.call('HINCRBY', KEYS[1], 'total', '-' .. amountStr)
-redis.call('HINCRBY', KEYS[1], 'transfer_seq', 1)
-return {'moved', entry}
+seq = redis.call('HINCRBY', KEYS[1], 'transfer_seq', 1)
+return {'moved', entry, string.format('%d', seq), epoch}

@@ -73,6 +73,12 @@ type Activity struct {
 	// from the destination after the source forgot them. Set it for durability
 	// Replicas; without replicas a crash is covered by fsync (durability Fsync).
 	Replicated func(ctx context.Context, shard int) error
+	// Marks, when set, is what the caller has seen each shard reach (the grab
+	// service's guard): every transfer script gets the mark of the shard it runs on
+	// and fences a shard below it (transfer_out.lua), and the transfer sequences the
+	// scripts and the stock readings answer with raise the marks. Grab takes the
+	// grab's marks from its own argument.
+	Marks ShardMarks
 
 	idPrefix string
 	nextID   atomic.Uint64

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -118,4 +119,108 @@ func BenchmarkSeed1M(b *testing.B) {
 	b.ReportMetric(float64(claimsBytes)/claimsToMeasure, "claim+stream-bytes/claim")
 	b.ReportMetric(float64(after-before)/claimsToMeasure, "net-bytes/claim")
 	b.ReportMetric(float64(claimsToMeasure)/grabTime.Seconds(), "grabs/s")
+}
+
+// evalshaStats reads the server's EVALSHA calls and their total time in µs (INFO
+// commandstats).
+func evalshaStats(tb testing.TB, ctx context.Context, c *redis.Client) (calls, usec int64) {
+	tb.Helper()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				calls = n
+			case "usec":
+				usec = n
+			}
+		}
+	}
+	return calls, usec
+}
+
+// BenchmarkGrabTransferMark measures what the transfer mark adds to a grant on the
+// gate's path, on one shard of a sharded activity that took a transfer: rounds of
+// 1,000 grants with the claims watermark alone and 1,000 with the transfer mark too
+// (grab.lua's ARGV[4]: one HGET of transfer_seq), alternating on the same server so
+// that a busy machine weighs on both alike. It reports the server's own time per
+// grab script (INFO commandstats, EVALSHA), the median over the rounds of each, and
+// their ratio.
+func BenchmarkGrabTransferMark(b *testing.B) {
+	ctx := context.Background()
+	c := redistest.Start(b).Client(b)
+	if err := lua.LoadAll(ctx, c); err != nil {
+		b.Fatal(err)
+	}
+	const rounds, perRound = 20, 1000
+	var without, with []float64
+	run := 0
+	for b.Loop() {
+		b.StopTimer()
+		run++
+		act := store.NewActivity(c, fmt.Sprintf("bench-mark-%d", run), 2)
+		amounts := make([]int64, 2*(2*rounds*perRound+2))
+		for i := range amounts {
+			amounts[i] = 100
+		}
+		p := store.SeedParams{Count: int64(len(amounts)), Total: sum(amounts), Sponsor: sponsor, Currency: "CNY"}
+		if _, err := act.Seed(ctx, amounts, p); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := act.ConfigureWith(ctx, store.Settings{Open: true}); err != nil {
+			b.Fatal(err)
+		}
+		marks := &marksKept{}
+		act.Marks = marks
+		if moved, err := act.Transfer(ctx, 1, 0, 1); err != nil || moved != 1 {
+			b.Fatalf("transfer: %d, %v", moved, err)
+		}
+		sh := act.Shard(0)
+		if r, err := sh.Grab(ctx, "first"); err != nil || r.Outcome != store.Granted {
+			b.Fatalf("first grab: %+v, %v", r, err)
+		}
+		claimsOnly := store.Watermark{ClaimedCount: 1}
+		withSeq := store.Watermark{ClaimedCount: 1, TransferSeq: marks.Mark(0).TransferSeq}
+		if withSeq.TransferSeq == 0 {
+			b.Fatal("no transfer mark")
+		}
+		b.StartTimer()
+		u := 0
+		for range rounds {
+			for _, mark := range []store.Watermark{claimsOnly, withSeq} {
+				calls0, usec0 := evalshaStats(b, ctx, c)
+				for range perRound {
+					u++
+					r, err := sh.GrabAbove(ctx, "u-"+strconv.Itoa(u), mark)
+					if err != nil || r.Outcome != store.Granted {
+						b.Fatalf("grab %d: %+v, %v", u, r, err)
+					}
+				}
+				calls1, usec1 := evalshaStats(b, ctx, c)
+				per := float64(usec1-usec0) / float64(calls1-calls0)
+				if mark.TransferSeq == 0 {
+					without = append(without, per)
+				} else {
+					with = append(with, per)
+				}
+			}
+		}
+	}
+	median := func(v []float64) float64 {
+		v = append([]float64(nil), v...)
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	b.ReportMetric(median(without), "claims-µs/grab")
+	b.ReportMetric(median(with), "claims+transfer-µs/grab")
+	b.ReportMetric(median(with)/median(without), "ratio")
 }

@@ -37,7 +37,12 @@
 //     told apart (Shard.VerifyEntries); an entry is counted as settled only once
 //     (settle_ack.lua), and the refund is written once (refund_activity.lua).
 //   - A Redis that comes back older than what was acknowledged is fenced, and grants
-//     nothing until a person accepts its state (grab.lua, fence.lua, accept.lua).
+//     nothing until a person accepts its state (grab.lua, fence.lua, accept.lua): below
+//     a caller's claimed count or, for a shard, below its transfer sequence (Watermark,
+//     ShardMarks; the transfer scripts fence it too).
+//   - A sharded seed is all or nothing: shard 0's commit records the activity's count
+//     and total in the same script, so a seed cut between any two calls is completed
+//     by the next (seed_commit.lua).
 //
 // Every key of a shard carries one hash tag, {<uid>} for an activity of one shard and
 // {<uid>.<i>} for shard i of more, so a shard lives on one Redis Cluster slot and
@@ -45,7 +50,9 @@
 //
 //	rpa:{uid}:meta     hash: state, schedule, totals and every counter but the
 //	                   claimed count, and the grab script's gate (grab.lua); on
-//	                   shard 0 also the activity's count, total and refund
+//	                   shard 0 also the activity's count, total and refund; the
+//	                   shard's transfer_seq, raised by every transfer step and by
+//	                   nothing else (transfer_out.lua)
 //	rpa:{uid}:staging  list: packets written in chunks before the commit
 //	rpa:{uid}:packets  list: the unclaimed packets, "<packetId>:<amount>@<countBefore>:<amountBefore>",
 //	                   what was claimed from the list before each (grab.lua)

@@ -31,20 +31,39 @@ const (
 	Fenced Outcome = "fenced"
 )
 
-// Watermark is what a caller has already seen an activity's Redis reach: the
-// claimed_count, within an epoch. A Redis below it has rolled back. The zero value
-// checks nothing.
+// Watermark is what a caller has already seen a shard's Redis reach, within an
+// epoch: its claimed count and its transfer sequence (the meta field transfer_seq,
+// which every transfer step raises and nothing lowers: transfer_out.lua). A Redis
+// below either has rolled back: below the claimed count it forgot grants, below the
+// transfer sequence it forgot a transfer, and may list again packets that left it.
+// The zero value checks nothing.
 type Watermark struct {
 	Epoch        int64
 	ClaimedCount int64
+	TransferSeq  int64
 }
 
-// Raise returns the higher of w and o: a later epoch wins whatever its count.
+// Raise returns the higher of w and o: a later epoch wins whatever its figures;
+// within one epoch each figure is the higher of the two.
 func (w Watermark) Raise(o Watermark) Watermark {
-	if o.Epoch > w.Epoch || (o.Epoch == w.Epoch && o.ClaimedCount > w.ClaimedCount) {
+	switch {
+	case o.Epoch > w.Epoch:
 		return o
+	case o.Epoch < w.Epoch:
+		return w
 	}
-	return w
+	return Watermark{Epoch: w.Epoch, ClaimedCount: max(w.ClaimedCount, o.ClaimedCount), TransferSeq: max(w.TransferSeq, o.TransferSeq)}
+}
+
+// ShardMarks keeps what a caller has seen each shard of one activity reach (the grab
+// service's RollbackGuard). A transfer between shards sends each shard's mark to the
+// script that runs there, which fences a shard below it before it gives or takes a
+// packet, and reports the transfer sequence and epoch each script answered with.
+type ShardMarks interface {
+	// Mark is the watermark of shard i.
+	Mark(i int) Watermark
+	// Saw raises the watermark of shard i to w.
+	Saw(i int, w Watermark)
 }
 
 // GrabResult is the decision on one claim. PacketID and Amount are set for Granted
@@ -128,18 +147,25 @@ type commandProcessor interface {
 }
 
 // grab sends the grab script for userID, with mark as ARGV[2] and ARGV[3] unless
-// it is the zero watermark, which checks nothing either way (grab.lua), and falls
-// back to EVAL on NOSCRIPT as Script.Run does.
+// it is the zero watermark, which checks nothing either way, and its transfer
+// sequence as ARGV[4] when there is one (grab.lua); it falls back to EVAL on NOSCRIPT
+// as Script.Run does.
 func (g *grabCall) grab(ctx context.Context, c redis.Scripter, userID string, mark Watermark) (GrabResult, error) {
 	n := len(g.head) + 1
 	if mark != (Watermark{}) {
 		n += 2
+		if mark.TransferSeq > 0 {
+			n++
+		}
 	}
 	args := make([]any, n)
 	copy(args, g.head[:])
 	args[len(g.head)] = userID
 	if mark != (Watermark{}) {
 		args[len(g.head)+1], args[len(g.head)+2] = mark.ClaimedCount, mark.Epoch
+		if mark.TransferSeq > 0 {
+			args[len(g.head)+3] = mark.TransferSeq
+		}
 	}
 	argv := args[len(g.head):]
 	var cmd *redis.Cmd

@@ -51,7 +51,11 @@ func statusMark(st *redpacketv1alpha1.RedPacketActivityStatus, i int) store.Wate
 	if w == nil || i >= len(w.ClaimedCounts) {
 		return store.Watermark{}
 	}
-	return store.Watermark{Epoch: w.Epoch, ClaimedCount: w.ClaimedCounts[i]}
+	m := store.Watermark{Epoch: w.Epoch, ClaimedCount: w.ClaimedCounts[i]}
+	if i < len(w.TransferSeqs) {
+		m.TransferSeq = w.TransferSeqs[i]
+	}
+	return m
 }
 
 // seeding is handle(c, k) seeding with s.

@@ -61,6 +61,8 @@ const (
 	fieldCurrency      = "currency"
 	fieldFenced        = "fenced"
 	fieldEpoch         = "epoch"
+	// fieldTransferSeq counts the shard's transfer steps (transfer_out.lua).
+	fieldTransferSeq = "transfer_seq"
 	// fieldStagingFP is the fingerprint of the split being staged (seed_stage.lua).
 	fieldStagingFP = "staging_fp"
 	// The snapshot's list lengths, reported under these names.

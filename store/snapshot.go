@@ -38,6 +38,9 @@ type Snapshot struct {
 	Fenced string
 	// Epoch counts the rollbacks accepted by an operator (0 before any).
 	Epoch int64
+	// TransferSeq is the shard's transfer sequence: how many transfer steps it took
+	// (transfer_out.lua); for an activity as a whole, 0.
+	TransferSeq int64
 
 	// Shard 0 of a sharded activity also holds the activity's own count and total,
 	// and once every shard closed, its one refund (close.go).
@@ -54,9 +57,9 @@ type Snapshot struct {
 // spread to the others (Fence), so that no shard grants while one rolled back.
 func (s Snapshot) FullyFenced() bool { return s.Fenced != "" && !s.partlyFenced }
 
-// Watermark is the snapshot's claimed count within its epoch.
+// Watermark is the snapshot's claimed count and transfer sequence within its epoch.
 func (s Snapshot) Watermark() Watermark {
-	return Watermark{Epoch: s.Epoch, ClaimedCount: s.ClaimedCount}
+	return Watermark{Epoch: s.Epoch, ClaimedCount: s.ClaimedCount, TransferSeq: s.TransferSeq}
 }
 
 // Exists reports whether Redis holds the committed activity.
@@ -175,6 +178,7 @@ var snapshotInts = map[string]func(*Snapshot) *int64{
 	fieldEndMs:          func(s *Snapshot) *int64 { return &s.EndMs },
 	fieldSeededMs:       func(s *Snapshot) *int64 { return &s.SeededMs },
 	fieldEpoch:          func(s *Snapshot) *int64 { return &s.Epoch },
+	fieldTransferSeq:    func(s *Snapshot) *int64 { return &s.TransferSeq },
 	fieldRemainingCount: func(s *Snapshot) *int64 { return &s.RemainingCount },
 	fieldStagedCount:    func(s *Snapshot) *int64 { return &s.StagedCount },
 	fieldActivityCount:  func(s *Snapshot) *int64 { return &s.activityCount },

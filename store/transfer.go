@@ -95,8 +95,8 @@ func (s *Activity) Refill(ctx context.Context, h int) (bool, error) {
 
 // shardStock is one shard's stock as stock.lua reads it.
 type shardStock struct {
-	seq, listed, journal int64
-	state                string
+	seq, listed, journal, epoch int64
+	state                       string
 }
 
 // readStock reads every shard's stock three times over (transfer sequences, stock,
@@ -143,14 +143,49 @@ func (s *Activity) stockOf(ctx context.Context, i int) (shardStock, error) {
 	if err != nil {
 		return shardStock{}, fmt.Errorf("reading the stock of shard %d: %w", i, err)
 	}
-	if len(vals) != 4 {
-		return shardStock{}, fmt.Errorf("reading the stock of shard %d: %d values, want 4", i, len(vals))
+	if len(vals) != 5 {
+		return shardStock{}, fmt.Errorf("reading the stock of shard %d: %d values, want 5", i, len(vals))
 	}
 	seq, _ := vals[0].(int64)
 	listed, _ := vals[1].(int64)
 	journal, _ := vals[2].(int64)
 	state, _ := vals[3].(string)
-	return shardStock{seq: seq, listed: listed, journal: journal, state: state}, nil
+	epoch, _ := vals[4].(int64)
+	if state != "" {
+		s.saw(i, epoch, seq)
+	}
+	return shardStock{seq: seq, listed: listed, journal: journal, state: state, epoch: epoch}, nil
+}
+
+// markOf is the caller's mark of shard i (Marks), the zero watermark without one.
+func (s *Activity) markOf(i int) Watermark {
+	if s.Marks == nil {
+		return Watermark{}
+	}
+	return s.Marks.Mark(i)
+}
+
+// saw raises the caller's mark of shard i to the transfer sequence seq it was read
+// at in epoch.
+func (s *Activity) saw(i int, epoch, seq int64) {
+	if s.Marks != nil {
+		s.Marks.Saw(i, Watermark{Epoch: epoch, TransferSeq: seq})
+	}
+}
+
+// sawReply raises the caller's mark of shard i to what a transfer script answered:
+// its transfer sequence and epoch as decimal strings.
+func (s *Activity) sawReply(i int, seq, epoch string) error {
+	n, err := strconv.ParseInt(seq, 10, 64)
+	if err != nil {
+		return fmt.Errorf("transfer_seq %q of shard %d: %w", seq, i, err)
+	}
+	e, err := strconv.ParseInt(epoch, 10, 64)
+	if err != nil {
+		return fmt.Errorf("epoch %q of shard %d: %w", epoch, i, err)
+	}
+	s.saw(i, e, n)
+	return nil
 }
 
 // transfer is a journal entry: "<dest>|<count>|<amount>|<id>:<amount>,...".
@@ -185,20 +220,26 @@ func parseTransfer(entry string) (transfer, error) {
 
 // Transfer moves up to batch packets from shard src to shard dst in one journalled
 // transfer and returns how many moved (0 when src had none, or is closed, ended or
-// fenced). Refill uses it; so may an operator's rebalancing.
+// fenced). Refill uses it; so may an operator's rebalancing. With Marks, a source or
+// destination below its mark is fenced by the script that finds it so, and gives
+// or takes nothing.
 func (s *Activity) Transfer(ctx context.Context, src, dst int, batch int64) (int64, error) {
 	if src < 0 || src >= len(s.shards) || dst < 0 || dst >= len(s.shards) || src == dst {
 		return 0, fmt.Errorf("transfer from shard %d to shard %d of %d", src, dst, len(s.shards))
 	}
 	id := s.idPrefix + strconv.FormatUint(s.nextID.Add(1), 10)
 	a := s.shards[src]
+	mark := s.markOf(src)
 	vals, err := lua.TransferOutScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Packets, a.keys.Transfers},
-		id, dst, batch).StringSlice()
+		id, dst, batch, mark.TransferSeq, mark.Epoch).StringSlice()
 	if err != nil {
 		return 0, fmt.Errorf("transfer %s out of shard %d: %w", id, src, err)
 	}
-	if len(vals) != 2 {
-		return 0, fmt.Errorf("transfer %s out of shard %d: %d values, want 2", id, src, len(vals))
+	if len(vals) != 4 {
+		return 0, fmt.Errorf("transfer %s out of shard %d: %d values, want 4", id, src, len(vals))
+	}
+	if err := s.sawReply(src, vals[2], vals[3]); err != nil {
+		return 0, fmt.Errorf("transfer %s out: %w", id, err)
 	}
 	if vals[0] != "moved" && vals[0] != "pending" {
 		return 0, nil // empty, closed, ended, fenced or missing: nothing left the source
@@ -235,25 +276,43 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 		return 0, err
 	}
 	d := s.shards[t.dest]
-	args := make([]any, 0, 3+len(t.packets))
-	args = append(args, id, t.count, t.amount)
+	dmark := s.markOf(t.dest)
+	args := make([]any, 0, 5+len(t.packets))
+	args = append(args, id, t.count, t.amount, dmark.TransferSeq, dmark.Epoch)
 	for _, p := range t.packets {
 		args = append(args, p)
 	}
-	res, err := lua.TransferInScript.Run(ctx, d.c, []string{d.keys.Meta, d.keys.Packets, d.keys.Applied}, args...).Text()
+	res, err := lua.TransferInScript.Run(ctx, d.c, []string{d.keys.Meta, d.keys.Packets, d.keys.Applied}, args...).StringSlice()
 	if err != nil {
 		return 0, fmt.Errorf("transfer %s into shard %d: %w", id, t.dest, err)
 	}
-	if res != "applied" {
+	if len(res) != 3 {
+		return 0, fmt.Errorf("transfer %s into shard %d: %d values, want 3", id, t.dest, len(res))
+	}
+	if err := s.sawReply(t.dest, res[1], res[2]); err != nil {
+		return 0, fmt.Errorf("transfer %s in: %w", id, err)
+	}
+	if res[0] != "applied" {
 		return 0, nil
 	}
 	if err := s.replicated(ctx, t.dest, "transfer "+id+" in"); err != nil {
 		return 0, err
 	}
 	a := s.shards[src]
-	if err := lua.TransferDoneScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Transfers}, id).Err(); err != nil {
+	smark := s.markOf(src)
+	done, err := lua.TransferDoneScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Transfers}, id,
+		smark.TransferSeq, smark.Epoch).StringSlice()
+	if err != nil {
 		return 0, fmt.Errorf("transfer %s done on shard %d: %w", id, src, err)
 	}
+	if len(done) != 3 {
+		return 0, fmt.Errorf("transfer %s done on shard %d: %d values, want 3", id, src, len(done))
+	}
+	if err := s.sawReply(src, done[1], done[2]); err != nil {
+		return 0, fmt.Errorf("transfer %s done: %w", id, err)
+	}
+	// Fenced or not, the destination holds the packets now: a source fenced here
+	// (below its mark: it lost the transfer_out) grants nothing more.
 	return t.count, nil
 }
 

@@ -181,6 +181,7 @@ func (s *Activity) sum(shards []Snapshot, inTransfer int64) Snapshot {
 	a.Refunded, a.CloseReason = root.activityRefund, root.activityReason
 	a.ClaimedCount, a.ClaimedAmount, a.RemainingCount, a.StagedCount = 0, 0, inTransfer, 0
 	a.SettledCount, a.SettledAmount, a.RefundSettled, a.DeadCount = 0, 0, 0, 0
+	a.TransferSeq = 0
 	for _, sh := range shards {
 		if !sh.Exists() {
 			// Not in Redis as a whole; what is staged shows how far seeding got.
@@ -259,33 +260,51 @@ func (v View) ClaimsLost() string {
 	return ""
 }
 
-// ShardBehind says which shard of a sharded activity holds fewer claims than its
-// figure in status.shardWatermarks read in the view's epoch, or "" when none does.
+// ShardBehind says which shard of a sharded activity holds fewer claims, or has
+// taken fewer transfer steps, than its figures in status.shardWatermarks read in the
+// view's epoch, or "" when none does. A shard below its transfer sequence came back
+// from before a transfer: after a transfer out it lists again packets that its
+// sibling holds too, while every claim it held is there.
 func (v View) ShardBehind(st *redpacketv1alpha1.RedPacketActivityStatus) string {
 	w := st.ShardWatermarks
 	if w == nil || len(v.Shards) < 2 || w.Epoch != v.Whole.Epoch {
 		return ""
 	}
 	for i, sh := range v.Shards {
-		if i < len(w.ClaimedCounts) && sh.Exists() && sh.ClaimedCount < w.ClaimedCounts[i] {
+		if !sh.Exists() {
+			continue
+		}
+		if i < len(w.ClaimedCounts) && sh.ClaimedCount < w.ClaimedCounts[i] {
 			return fmt.Sprintf("shard %d holds %d claims, status records %d", i, sh.ClaimedCount, w.ClaimedCounts[i])
+		}
+		if i < len(w.TransferSeqs) && sh.TransferSeq < w.TransferSeqs[i] {
+			return fmt.Sprintf("shard %d is at transfer %d, status records %d: it came back from before a transfer between shards",
+				i, sh.TransferSeq, w.TransferSeqs[i])
 		}
 	}
 	return ""
 }
 
-// Watermarks are the view's shards' claimed counts in its epoch, raised to what st
-// already records in the same epoch (a shard's figure never falls), for
-// status.shardWatermarks; nil for an activity of one shard.
+// Watermarks are the view's shards' claimed counts and transfer sequences in its
+// epoch, each raised to what st already records in the same epoch (a shard's figure
+// never falls), for status.shardWatermarks; nil for an activity of one shard.
 func (v View) Watermarks(st *redpacketv1alpha1.RedPacketActivityStatus) *redpacketv1alpha1.ShardWatermarks {
 	if len(v.Shards) < 2 {
 		return nil
 	}
-	w := &redpacketv1alpha1.ShardWatermarks{Epoch: v.Whole.Epoch, ClaimedCounts: make([]int64, len(v.Shards))}
+	w := &redpacketv1alpha1.ShardWatermarks{Epoch: v.Whole.Epoch,
+		ClaimedCounts: make([]int64, len(v.Shards)), TransferSeqs: make([]int64, len(v.Shards))}
+	old := st.ShardWatermarks
+	if old != nil && old.Epoch != w.Epoch {
+		old = nil
+	}
 	for i, sh := range v.Shards {
-		w.ClaimedCounts[i] = sh.ClaimedCount
-		if old := st.ShardWatermarks; old != nil && old.Epoch == w.Epoch && i < len(old.ClaimedCounts) {
+		w.ClaimedCounts[i], w.TransferSeqs[i] = sh.ClaimedCount, sh.TransferSeq
+		if old != nil && i < len(old.ClaimedCounts) {
 			w.ClaimedCounts[i] = max(w.ClaimedCounts[i], old.ClaimedCounts[i])
+		}
+		if old != nil && i < len(old.TransferSeqs) {
+			w.TransferSeqs[i] = max(w.TransferSeqs[i], old.TransferSeqs[i])
 		}
 	}
 	return w

@@ -174,7 +174,8 @@ type RedisStateAcceptance struct {
 	At metav1.Time `json:"at"`
 }
 
-// ShardWatermarks are the shards' claimed counts within one Redis epoch.
+// ShardWatermarks are the shards' claimed counts and transfer sequences within one
+// Redis epoch.
 type ShardWatermarks struct {
 	// epoch is the Redis epoch the counts were read in (status.redisEpoch then).
 	Epoch int64 `json:"epoch"`
@@ -183,6 +184,16 @@ type ShardWatermarks struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
 	ClaimedCounts []int64 `json:"claimedCounts"`
+
+	// transferSeqs are the shards' transfer sequences, shard 0 first: how many
+	// transfer steps (a transfer out, in, or its end) each shard had taken. A shard
+	// below its figure came back from before a transfer (a failover to a lagging
+	// replica) and may list again packets that left it; it is fenced. Absent in a
+	// status written before the figure existed.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	TransferSeqs []int64 `json:"transferSeqs,omitempty"`
 }
 
 // ShardCount is the number of shards of the activity: spec.shards, 1 when unset.
@@ -343,12 +354,13 @@ type RedPacketActivityStatus struct {
 	// +optional
 	LastAcceptance *RedisStateAcceptance `json:"lastAcceptance,omitempty"`
 
-	// shardWatermarks are the claimed counts of each shard of a sharded activity
-	// (spec.shards > 1) as the grab service last read them, never lowered within an
-	// epoch. The counters above are sums over the shards, so a shard that came back
-	// behind while the others went on granting could hide in them; a grab service
-	// compares each shard with its own figure here, and fences the activity when one
-	// is behind.
+	// shardWatermarks are the claimed counts and transfer sequences of each shard of
+	// a sharded activity (spec.shards > 1) as the grab service last read them, never
+	// lowered within an epoch. The counters above are sums over the shards, so a
+	// shard that came back behind while the others went on granting could hide in
+	// them, and a shard that came back from before a transfer out holds every claim
+	// it held; a grab service and the controller compare each shard with its own
+	// figures here, and fence the activity when one is behind.
 	// +optional
 	ShardWatermarks *ShardWatermarks `json:"shardWatermarks,omitempty"`
 
