@@ -5,6 +5,11 @@
 -- retries it), or missing / fenced / closed, when nothing was written. A closed
 -- destination takes nothing: its refund is fixed, and the activity's refund counts
 -- every packet that is neither claimed nor in an open list.
+-- Bounded work: at most 1000 packets per call (transfer_out.lua journals no more); a
+-- call with more is refused before anything is written.
+if #ARGV - 3 > 1000 then
+  return redis.error_reply('ERR transfer of ' .. (#ARGV - 3) .. ' packets, at most 1000')
+end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
   return 'applied'
 end

@@ -12,6 +12,10 @@
 -- The journal entry "<dest>|<count>|<amount>|<id>:<amount>,..." stays until the
 -- source hears that the destination applied it (transfer_done), so a crash between
 -- the halves loses nothing: whoever finds the entry finishes the move.
+--
+-- Bounded work: at most 1000 packets leave per call, whatever ARGV[3] asks (a refill
+-- asks for at most store.DefaultTransferBatch), so one call is O(1000) and its
+-- journal entry is one that transfer_in.lua takes whole.
 local prev = redis.call('HGET', KEYS[3], ARGV[1])
 if prev then
   return {'pending', prev}
@@ -36,7 +40,11 @@ end
 -- The packets leave from the tail, the end grab.lua does not pop: the list stays
 -- numbered from its head, so its head still says the claimed amount (snapshot.lua).
 -- The journal carries them as "<id>:<amount>", without their place in this list.
-local taken = redis.call('RPOP', KEYS[2], tonumber(ARGV[3]))
+local want = math.min(tonumber(ARGV[3]) or 0, 1000)
+if want < 1 then
+  return redis.error_reply('ERR transfer of ' .. tostring(ARGV[3]) .. ' packets, want 1 to 1000')
+end
+local taken = redis.call('RPOP', KEYS[2], want)
 if not taken then
   return {'empty', ''}
 end
