@@ -1,6 +1,7 @@
 package lua_test
 
 import (
+	"context"
 	"regexp"
 	"slices"
 	"strings"
@@ -51,6 +52,9 @@ func TestGrabLibraryHoldsTheGrabSideScripts(t *testing.T) {
 func TestGrabLibraryLoadsAndIsRestored(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if ok, err := lua.GrabLibrary.LoadedOn(ctx, c); err != nil || ok {
 		t.Fatalf("library loaded on a fresh server: %v, %v", ok, err)
 	}
@@ -97,6 +101,11 @@ func TestGrabLibraryOnCluster(t *testing.T) {
 	ctx := redistest.Context(t)
 	cl := redistest.StartCluster(t, 3)
 	cc := cl.Client(t)
+	if err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		return n.FunctionFlush(ctx).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := lua.GrabLibrary.Ensure(ctx, cc); err != nil || n != 3 {
 		t.Fatalf("Ensure on 3 masters: loaded %d, %v", n, err)
 	}

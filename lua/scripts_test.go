@@ -44,6 +44,9 @@ func TestIsNoScript(t *testing.T) {
 func TestLoadAllStandalone(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	assertCached(t, c, false)
 	if err := lua.LoadAll(ctx, c); err != nil {
 		t.Fatalf("LoadAll: %v", err)
