@@ -3,6 +3,7 @@ package grabsvc
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -161,5 +162,35 @@ func TestFunctionFlushDuringBurstWithKeeper(t *testing.T) {
 		snap.ClaimedCount+snap.RemainingCount != packets || snap.ClaimedAmount+snap.RemainingAmount() != total {
 		t.Fatalf("%d claims (sum %d), %d told granted, snapshot %+v; want %d packets summing to %d",
 			len(claims), sum, len(granted), snap, packets, total)
+	}
+}
+
+// Over HTTP: with the function library gone, a grab answers 503 unavailable with a
+// sentence saying so, changes nothing and does not load the library; once the
+// operator loaded it again, the same user's retry is granted.
+func TestMissingFunctionsAnswerUnavailable(t *testing.T) {
+	h := newHarness(t)
+	act := testActivity("nofunctions")
+	h.useActivity(act, ones(3), 0, 0, false)
+	ctx := context.Background()
+	before := h.state(act)
+	if err := h.admin.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := h.grab("u1", nil)
+	if r.Status != 503 || r.Outcome != OutcomeUnavailable || !strings.Contains(r.Error, "operator is loading them again") {
+		t.Fatalf("grab without the functions: %d %s %q", r.Status, r.Outcome, r.Error)
+	}
+	if ok, err := lua.GrabLibrary.LoadedOn(ctx, h.admin); err != nil || ok {
+		t.Fatalf("the grab service loaded the library itself: %v, %v", ok, err)
+	}
+	if err := handleOf(h.admin, act).LoadScripts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := h.state(act); after != before {
+		t.Fatalf("the refused grab changed Redis: %+v, was %+v", after, before)
+	}
+	if r := h.grab("u1", nil); r.Status != 200 || r.Outcome != "granted" {
+		t.Fatalf("retry once the operator loaded the functions: %d %s %q", r.Status, r.Outcome, r.Error)
 	}
 }
