@@ -137,10 +137,27 @@ func (l *Library) Ensure(ctx context.Context, c redis.UniversalClient) (int, err
 	return loaded, err
 }
 
-// IsFunctionMissing reports whether err is the server saying it holds no such
-// function: the library is not loaded there (yet, or any more).
+// IsFunctionMissing reports whether err, or an error it wraps (a client with safe
+// error texts keeps the server's reply behind its own), is the server saying it
+// holds no such function: the library is not loaded there (yet, or any more).
 func IsFunctionMissing(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "Function not found")
+	if err == nil {
+		return false
+	}
+	if strings.Contains(err.Error(), "Function not found") {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return IsFunctionMissing(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if IsFunctionMissing(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // GrabLibrary holds the grab-side scripts, which an activity's own Redis user runs

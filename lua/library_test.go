@@ -2,6 +2,8 @@ package lua_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -116,3 +118,22 @@ func TestGrabLibraryOnCluster(t *testing.T) {
 		}
 	}
 }
+
+// A missing function is recognised behind wrapping, as a client with safe error
+// texts reports it.
+func TestIsFunctionMissing(t *testing.T) {
+	missing := errors.New("ERR Function not found")
+	if !lua.IsFunctionMissing(missing) || !lua.IsFunctionMissing(fmt.Errorf("snapshot: %w", &opaque{missing})) ||
+		!lua.IsFunctionMissing(errors.Join(errors.New("x"), &opaque{missing})) {
+		t.Fatal("a wrapped Function not found is not recognised")
+	}
+	if lua.IsFunctionMissing(nil) || lua.IsFunctionMissing(errors.New("ERR something")) {
+		t.Fatal("an unrelated error is taken for a missing function")
+	}
+}
+
+// opaque hides the text of the error it wraps, as redisconn.SafeError does.
+type opaque struct{ err error }
+
+func (o *opaque) Error() string { return "ERR Redis answered with an error" }
+func (o *opaque) Unwrap() error { return o.err }
