@@ -69,7 +69,9 @@ func (r *RedPacketActivityReconciler) storeFor(conn redisconn.Conn, a *redpacket
 		return r.newStore(conn, a.UID)
 	}
 	c := r.redisClient(conn)
-	h := store.NewActivity(c, string(a.UID), a.Spec.ShardCount())
+	// The operator's handle reloads the grab-side function library when a call finds
+	// it missing (a snapshot, a transfer it finishes), and retries once.
+	h := store.NewActivity(c, string(a.UID), a.Spec.ShardCount()).RestoreFunctions()
 	h.Seeder = r.Seeder
 	if d := a.Spec.Durability; d != nil && d.Mode == redpacketv1alpha1.DurabilityReplicas && d.Replicas > 0 && h.N() > 1 {
 		// Transfers the controller finishes (Resolve) wait for the replicas as the grab

@@ -80,9 +80,8 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	if a.Status.ObservedGeneration != a.Generation {
 		t.Errorf("observedGeneration %d, generation %d", a.Status.ObservedGeneration, a.Generation)
 	}
-	loaded, err := e.rdb.ScriptExists(context.Background(), lua.GrabScript.SHA()).Result()
-	if err != nil || len(loaded) != 1 || !loaded[0] {
-		t.Errorf("grab script not loaded in Redis: %v %v", loaded, err)
+	if loaded, err := lua.GrabLibrary.LoadedOn(context.Background(), e.rdb); err != nil || !loaded {
+		t.Errorf("grab function library not loaded in Redis: %v %v", loaded, err)
 	}
 	snap := e.snapshot(a)
 	if snap.State != store.StateOpen || snap.Count != count || snap.Total != total || snap.RemainingCount != count {

@@ -182,6 +182,9 @@ type RedPacketActivityReconciler struct {
 	// Settlers runs the operator's settlement workers of deleted activities that
 	// wait for settlement to drain.
 	Settlers *DeletionSettlers
+	// Functions keeps the grab-side function library loaded on every Redis the
+	// activities use (a leader-election runnable).
+	Functions *FunctionKeeper
 	// Seeder stages and commits packets; its zero value is what production uses.
 	Seeder store.Seeder
 	// Options are the operator-wide settings.
@@ -233,6 +236,12 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Redis = NewRedisClients()
 		if err := mgr.Add(r.Redis); err != nil {
 			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
+		}
+	}
+	if r.Functions == nil {
+		r.Functions = NewFunctionKeeper(r.redisClient)
+		if err := mgr.Add(r.Functions); err != nil {
+			return fmt.Errorf("adding the function keeper to the manager: %w", err)
 		}
 	}
 	if r.Settlers == nil {

@@ -450,6 +450,9 @@ func (r *RedPacketActivityReconciler) letGo(ctx context.Context, s *activityScop
 
 // removeFinalizer lets the activity go.
 func (r *RedPacketActivityReconciler) removeFinalizer(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity) error {
+	if r.Functions != nil {
+		r.Functions.Forget(a.UID)
+	}
 	orig := a.DeepCopy()
 	controllerutil.RemoveFinalizer(a, Finalizer)
 	if err := r.Client.Patch(ctx, a, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {

@@ -515,10 +515,12 @@ func scheduleMs(a *redpacketv1alpha1.RedPacketActivity) (startMs, endMs int64) {
 	return startMs, endMs
 }
 
-// reconcileScripts loads every script of the activity into Redis (on every master in
-// cluster mode) and puts the grab script's SHA into status. The grab path falls back
-// to EVAL on NOSCRIPT anyway; loading ahead saves that round trip after a restart,
-// failover or SCRIPT FLUSH.
+// reconcileScripts loads the operator's scripts into the script cache and the
+// grab-side function library (lua.GrabLibrary) into Redis, on every master in cluster
+// mode, puts the grab script's SHA into status, and has the function keeper watch
+// this Redis from now on. The operator's scripts fall back to EVAL on NOSCRIPT; the
+// grab side's FCALLs work only while the library is loaded, which the keeper sees to
+// between reconciles.
 func (r *RedPacketActivityReconciler) reconcileScripts(ctx context.Context, s *activityScope) (stepResult, error) {
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
@@ -526,6 +528,9 @@ func (r *RedPacketActivityReconciler) reconcileScripts(ctx context.Context, s *a
 		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "loading the scripts: %v", err), fmt.Errorf("loading the scripts: %w", err)
 	}
 	s.status.ScriptSHA = lua.GrabScript.SHA()
+	if r.Functions != nil {
+		r.Functions.Track(s.activity.UID, s.conn)
+	}
 	return stepResult{}, nil
 }
 

@@ -115,7 +115,7 @@ func BenchmarkRedisBenchmarkP16(b *testing.B) {
 	k := keysOf(act)
 	args := []string{"-h", host, "-p", port, "-n", strconv.Itoa(b.N), "-c", strconv.Itoa(rbClients),
 		"-P", strconv.Itoa(rbPipeline), "-r", "100000000", "-q",
-		"EVALSHA", lua.GrabScript.SHA(), "4", k.Meta, k.Packets, k.Claims, k.Stream, "u:__rand_int__"}
+		"FCALL", lua.GrabScript.Function(), "4", k.Meta, k.Packets, k.Claims, k.Stream, "u:__rand_int__"}
 	b.ResetTimer()
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	b.StopTimer()

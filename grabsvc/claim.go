@@ -14,6 +14,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 )
 
@@ -68,8 +69,13 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
 		msg := "the packet store is unavailable; nothing was claimed unless a retry says already_claimed"
-		if errors.Is(err, context.DeadlineExceeded) {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
 			msg = "the packet store did not answer in time; retrying is safe: a claim that went through is returned as already_claimed"
+		case lua.IsFunctionMissing(err):
+			// The grab service never loads the functions (its Redis user may not): the
+			// operator's function keeper restores them within its interval.
+			msg = "the packet store lost the grab functions and the operator is loading them again; nothing was claimed, retry shortly"
 		}
 		s.refuse(w, http.StatusServiceUnavailable, OutcomeUnavailable, msg)
 		return

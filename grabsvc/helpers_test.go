@@ -241,7 +241,7 @@ func scriptCalls(t testing.TB, c *redis.Client) int64 {
 	var n int64
 	for _, line := range strings.Split(info, "\n") {
 		line = strings.TrimSpace(line)
-		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"} {
 			if rest, ok := strings.CutPrefix(line, name); ok {
 				var calls int64
 				if _, err := fmt.Sscanf(rest, "calls=%d", &calls); err != nil {

@@ -6,6 +6,11 @@
 -- or when the activity was purged (its unsettled streams kept for retention): then
 -- nothing is written, so no key of a deleted activity comes back without a TTL; the
 -- entry stays in the retained stream.
+-- Bounded work: at most 64 field/value pairs (ARGV[4..131]); a call with more is
+-- refused before anything is written (the Go side keeps the first 64 by name).
+if #ARGV > 131 then
+  return redis.error_reply('ERR ' .. (#ARGV - 3) .. ' field values, at most 128')
+end
 if redis.call('HEXISTS', KEYS[1], 'state') == 0 then
   return 0
 end

@@ -63,7 +63,14 @@
 -- (the user id last, as it may hold ':'); its time is the entry id's, the Redis clock
 -- in milliseconds. Amounts travel as the decimal strings they were seeded as, never
 -- through a Lua number.
+--
+-- Bounded work: whoever calls it (an activity's own Redis user may FCALL it with any
+-- arguments), one call runs the fixed commands above, on strings of at most 1024
+-- bytes of user id (a longer one is refused before anything is read).
 local user, meta, claims = ARGV[1], KEYS[1], KEYS[3]
+if #user > 1024 then
+  return redis.error_reply('ERR user id of ' .. #user .. ' bytes, at most 1024')
+end
 
 local prev = redis.call('HGET', claims, user)
 if prev then

@@ -13,7 +13,14 @@
 -- stays forged when replayed. Only a packed grant is a grant (see grab.lua); a refund
 -- names no claim.
 -- Returns the number of entries moved.
-local entries = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', ARGV[1])
+-- Bounded work: at most 500 entries move per call, whatever ARGV[1] asks (the Go
+-- side loops); each entry costs its fields, at most 64 pairs for a dead letter that
+-- dead_letter.lua parked.
+local limit = math.min(tonumber(ARGV[1]) or 0, 500)
+if limit < 1 then
+  return redis.error_reply('ERR replay limit ' .. tostring(ARGV[1]) .. ', want 1 to 500')
+end
+local entries = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', limit)
 for _, e in ipairs(entries) do
   local f = e[2]
   local out = {}

@@ -18,6 +18,9 @@ type Script struct {
 	name string
 	src  string
 	sha  string
+	// function is the script's function in GrabLibrary, "" for a script that is
+	// only ever run with EVALSHA (the operator's).
+	function string
 }
 
 func newScript(name, src string) *Script {
@@ -33,6 +36,23 @@ func (s *Script) SHA() string { return s.sha }
 
 // Source is the Lua text of the script.
 func (s *Script) Source() string { return s.src }
+
+// Function is the name of the script's function in GrabLibrary (run by Call), or ""
+// when the script is not in the library.
+func (s *Script) Function() string { return s.function }
+
+// Call runs the script as its function in GrabLibrary (FCALL), routed by its first
+// key. It never falls back to EVAL: a server that lacks the library answers "ERR
+// Function not found" (IsFunctionMissing), and only the operator loads it. A script
+// that is not in the library is refused without a command sent.
+func (s *Script) Call(ctx context.Context, c redis.Cmdable, keys []string, args ...any) *redis.Cmd {
+	if s.function == "" {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(fmt.Errorf("script %s is not a function of library %s", s.name, GrabLibrary.name))
+		return cmd
+	}
+	return c.FCall(ctx, s.function, keys, args...)
+}
 
 // Run executes the script, with EVAL as the fallback on NOSCRIPT.
 func (s *Script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
@@ -164,12 +184,19 @@ func AllScripts() []*Script {
 		TransferDoneScript, StockScript, RefundActivityScript}
 }
 
-// LoadAll loads every script on every master.
+// LoadAll loads the operator's scripts into the script cache and GrabLibrary as a
+// function library, on every master.
 func LoadAll(ctx context.Context, c redis.UniversalClient) error {
 	for _, s := range AllScripts() {
+		if s.function != "" {
+			continue // run as a function, never from the script cache
+		}
 		if err := s.Load(ctx, c); err != nil {
 			return err
 		}
+	}
+	if _, err := GrabLibrary.Ensure(ctx, c); err != nil {
+		return err
 	}
 	return nil
 }

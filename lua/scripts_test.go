@@ -44,19 +44,32 @@ func TestIsNoScript(t *testing.T) {
 func TestLoadAllStandalone(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	assertCached(t, c, false)
 	if err := lua.LoadAll(ctx, c); err != nil {
 		t.Fatalf("LoadAll: %v", err)
 	}
 	assertCached(t, c, true)
+	if ok, err := lua.GrabLibrary.LoadedOn(ctx, c); err != nil || !ok {
+		t.Fatalf("function library %s loaded: %v, %v", lua.GrabLibrary.Name(), ok, err)
+	}
 }
 
-// assertCached checks whether every script is in the server's script cache.
+// assertCached checks whether every script run with EVALSHA (those not in the
+// function library) is in the server's script cache.
 func assertCached(t testing.TB, c redis.Scripter, want bool) {
 	t.Helper()
-	var shas []string
+	var (
+		shas    []string
+		scripts []*lua.Script
+	)
 	for _, s := range lua.AllScripts() {
-		shas = append(shas, s.SHA())
+		if s.Function() == "" {
+			shas = append(shas, s.SHA())
+			scripts = append(scripts, s)
+		}
 	}
 	got, err := c.ScriptExists(t.Context(), shas...).Result()
 	if err != nil {
@@ -64,7 +77,7 @@ func assertCached(t testing.TB, c redis.Scripter, want bool) {
 	}
 	for i, ok := range got {
 		if ok != want {
-			t.Fatalf("script %s cached = %v, want %v", lua.AllScripts()[i].Name(), ok, want)
+			t.Fatalf("script %s cached = %v, want %v", scripts[i].Name(), ok, want)
 		}
 	}
 }

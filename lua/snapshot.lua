@@ -13,6 +13,10 @@
 -- claimed amount. An empty list means all of the total was claimed (or, before the
 -- commit, that nothing is there to count); a closed activity keeps the figure
 -- close.lua recorded.
+--
+-- Bounded work: the meta hash is read whole, so a meta hash of more than 256 fields
+-- (an activity's has about 30; anything more was written by someone else) is
+-- refused before it is read; the other reads are O(1).
 local function claimedAmount(fields, head)
   if fields.state == 'closed' then
     return fields.claimed_amount or '0'
@@ -24,6 +28,10 @@ local function claimedAmount(fields, head)
   return string.sub(head, string.find(head, ':', at + 1, true) + 1)
 end
 
+local metaLen = redis.call('HLEN', KEYS[1])
+if metaLen > 256 then
+  return redis.error_reply('ERR meta hash ' .. KEYS[1] .. ' holds ' .. metaLen .. ' fields, at most 256')
+end
 local meta = redis.call('HGETALL', KEYS[1])
 local out, fields = {}, {}
 for i = 1, #meta, 2 do

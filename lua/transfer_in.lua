@@ -12,6 +12,11 @@
 -- destination below the caller's mark came back from before a transfer it took
 -- (its packets are then in no list, and what it applies is not what the caller saw):
 -- it is fenced and takes nothing.
+-- Bounded work: at most 1000 packets per call (transfer_out.lua journals no more); a
+-- call with more is refused before anything is written.
+if #ARGV - 5 > 1000 then
+  return redis.error_reply('ERR transfer of ' .. (#ARGV - 5) .. ' packets, at most 1000')
+end
 local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'count', 'total', 'transfer_seq', 'epoch')
 local seq, epoch = m[5] or '0', m[6] or '0'
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then

@@ -22,6 +22,10 @@
 -- back from before a transfer (a failover to a lagging replica, a restored backup)
 -- and may list again packets that already left it. It is fenced here, as grab.lua
 -- fences it, before it gives anything.
+--
+-- Bounded work: at most 1000 packets leave per call, whatever ARGV[3] asks (a refill
+-- asks for at most store.DefaultTransferBatch), so one call is O(1000) and its
+-- journal entry is one that transfer_in.lua takes whole.
 local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'end_ms', 'transfer_seq', 'epoch')
 local seq, epoch = m[4] or '0', m[5] or '0'
 local prev = redis.call('HGET', KEYS[3], ARGV[1])
@@ -54,7 +58,11 @@ end
 -- The packets leave from the tail, the end grab.lua does not pop: the list stays
 -- numbered from its head, so its head still says the claimed amount (snapshot.lua).
 -- The journal carries them as "<id>:<amount>", without their place in this list.
-local taken = redis.call('RPOP', KEYS[2], tonumber(ARGV[3]))
+local want = math.min(tonumber(ARGV[3]) or 0, 1000)
+if want < 1 then
+  return redis.error_reply('ERR transfer of ' .. tostring(ARGV[3]) .. ' packets, want 1 to 1000')
+end
+local taken = redis.call('RPOP', KEYS[2], want)
 if not taken then
   return {'empty', '', seq, epoch}
 end

@@ -37,33 +37,47 @@ var ErrACLUnavailable = errors.New("the Redis server cannot manage ACL users for
 // UID.
 func activityUserName(uid string) string { return "rpa-" + uid }
 
-// grabSideScripts are the scripts the grab pods run: the grab, the refill of a
-// sharded activity's dry shard (the transfers and the stock reading), the reporter's
-// snapshot, the settlement worker's acknowledgement and dead-lettering, and the
-// replay of dead letters. Every command they call is granted to the activity's user
-// (Redis checks the commands a script calls against the caller's ACL). Seeding,
-// configuring, closing and purging are the controller's, under the operator's user.
-func grabSideScripts() []*lua.Script {
-	return []*lua.Script{lua.GrabScript, lua.SnapshotScript, lua.SettleAckScript, lua.DeadLetterScript, lua.ReplayDeadScript, lua.EnsureGroupScript, lua.TransferOutScript, lua.TransferInScript, lua.TransferDoneScript,
+// grabSideScripts are the scripts the grab pods run, as the functions of
+// lua.GrabLibrary (lua.GrabSideScripts). Every command they call is granted to the
+// activity's user (Redis checks the commands a function calls against the caller's
+// ACL). Seeding, configuring, closing, fencing, accepting and purging are the
+// controller's, under the operator's user.
+func grabSideScripts() []*lua.Script { return lua.GrabSideScripts() }
 
-		// activityUserDirectCommands are the commands the grab pods send themselves, besides
-		// what their scripts call: the scripts (EVALSHA, and EVAL when the script cache lost
-		// them), the readiness ping, WAIT (durability Replicas: ReplicaWaiter; WAIT touches
-		// no key), the settlement worker's consumer group and its check of
-		// entries against the claims and meta hashes (stream.go), the reading of a sharded
-		// activity's transfer journals (transfer.go), and what a cluster client
-		// asks to learn the slot map and the commands' key positions (COMMAND, which only
-		// describes commands). AUTH and HELLO need no grant. A method of Activity that the
-		// grab pods call and that sends another command must add it here.
-		lua.StockScript,
-	}
-}
-
+// activityUserDirectCommands are the commands the grab pods send themselves, besides
+// what their functions call: FCALL of the library's functions (never EVAL, EVALSHA,
+// SCRIPT or FUNCTION: the user runs only the Lua the operator loaded, and cannot
+// load, replace, flush or kill any), the readiness ping, WAIT (durability Replicas:
+// ReplicaWaiter; WAIT touches no key, and blocks only the connection that sends it,
+// at most its timeout, never the server), the settlement worker's consumer group
+// (XREADGROUP may BLOCK, again only its own connection, for the worker's bounded
+// wait) and its check of entries against the claims and meta hashes (stream.go), the
+// reading of a sharded activity's transfer journals (transfer.go), and what a
+// cluster client asks to learn the slot map and the commands' key positions
+// (COMMAND, which only describes commands). AUTH and HELLO need no grant. A method
+// of Activity that the grab pods call and that sends another command must add it
+// here; forbiddenActivityCommands may never be added.
 var activityUserDirectCommands = []string{
-	"evalsha", "eval", "ping", "time", "wait",
+	"fcall", "ping", "time", "wait",
 	"xgroup|create", "xreadgroup", "xautoclaim", "xpending", "xclaim", "xlen", "hget", "hmget",
 	"hgetall", "hexists",
 	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
+}
+
+// forbiddenActivityCommands are the commands an activity's user must never hold:
+// every way to run Lua of one's own (EVAL and its variants, FUNCTION LOAD), to drop
+// or kill the operator's scripts and functions (SCRIPT, FUNCTION), and the commands
+// that stop or stall the whole server, touch every key or change its configuration.
+// activityUserCommands refuses to build a list that holds one, and a test checks the
+// user Redis holds against it.
+var forbiddenActivityCommands = []string{
+	"eval", "eval_ro", "evalsha", "evalsha_ro", "script", "function", "debug", "keys",
+	"flushall", "flushdb", "config", "shutdown", "monitor", "client", "acl", "save", "bgsave",
+	"bgrewriteaof", "replicaof", "slaveof", "sync", "psync", "failover", "swapdb", "select",
+	"migrate", "restore", "module", "cluster|reset", "cluster|failover", "blpop", "brpop",
+	"blmove", "brpoplpush", "blmpop", "bzpopmin", "bzpopmax", "bzmpop", "subscribe", "psubscribe",
+	"ssubscribe", "sort", "sort_ro", "scan", "dbsize", "info", "latency", "slowlog", "memory",
+	"object", "pfdebug", "lastsave", "role", "sentinel",
 }
 
 // scriptCall finds the commands a Lua script calls: redis.call('NAME', ...) and
@@ -93,6 +107,10 @@ func activityUserCommands() []string {
 	}
 	out := make([]string, 0, len(set))
 	for c := range set {
+		name, _, _ := strings.Cut(c, "|")
+		if slices.Contains(forbiddenActivityCommands, c) || slices.Contains(forbiddenActivityCommands, name) {
+			panic("the activity's Redis user would be granted the forbidden command " + c)
+		}
 		out = append(out, c)
 	}
 	sort.Strings(out)

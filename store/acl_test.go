@@ -66,8 +66,8 @@ func TestActivityUserIsConfinedToItsActivity(t *testing.T) {
 		t.Fatalf("second EnsureUser: %+v, %v; want nothing to change", change, err)
 	}
 
-	// The grab path, as the grab service opens it: the auto-pipeliner, with the
-	// script cache flushed so that EVALSHA falls back to EVAL.
+	// The grab path, as the grab service opens it: the auto-pipeliner, calling the
+	// grab-side functions (FCALL); the script cache, flushed, plays no part.
 	if err := op.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,13 @@ func testClusterSeedScenario(t *testing.T, cluster *redistest.Cluster) {
 		mu.Lock()
 		masters++
 		mu.Unlock()
+		if ok, err := lua.GrabLibrary.LoadedOn(ctx, node); err != nil || !ok {
+			return fmt.Errorf("function library on %s: loaded %v, %v", node.Options().Addr, ok, err)
+		}
 		for _, s := range lua.AllScripts() {
+			if s.Function() != "" {
+				continue
+			}
 			ok, err := node.ScriptExists(ctx, s.SHA()).Result()
 			if err != nil {
 				return fmt.Errorf("SCRIPT EXISTS on %s: %w", node.Options().Addr, err)

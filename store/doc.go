@@ -21,7 +21,16 @@
 //   - settlement: the consumer group and the checks of its entries (stream.go), the
 //     acknowledgement and the dead letters (settle.go, replay.go);
 //   - deleting an activity: purge.go; its Redis user: acl.go; durability:
-//     durability.go.
+//     durability.go;
+//   - how the scripts run: functions.go. The grab-side scripts (lua.GrabSideScripts)
+//     are the functions of one library, lua.GrabLibrary, called with FCALL by every
+//     caller; the operator's scripts (seed, configure, close, fence, accept, refund)
+//     are cached scripts run with EVALSHA and an EVAL fallback. Only the operator
+//     loads the library (LoadScripts, and the manager's function keeper); an
+//     activity's own Redis user may FCALL it and run no other Lua (acl.go). A call
+//     that finds the library missing fails, except on a handle of the operator's
+//     (RestoreFunctions), which loads it and retries once. Each grab-side script caps
+//     the work one call can do, whatever its arguments.
 //
 // The invariants, which every script keeps in one atomic step:
 //

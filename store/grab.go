@@ -116,19 +116,19 @@ const soldOutFor = time.Second
 // Grab decides one claim for userID (grab.lua), checking no watermark. The user id
 // travels as an ARGV, never a KEY.
 func (a *Shard) Grab(ctx context.Context, userID string) (GrabResult, error) {
-	return a.grabCall.grab(ctx, a.c, userID, Watermark{})
+	return a.grabCall.grab(ctx, a, userID, Watermark{})
 }
 
 // GrabAbove decides one claim for userID on a Redis that must not be below mark: a
 // Redis that rolled back below it is fenced and the answer is Fenced (grab.lua).
 func (a *Shard) GrabAbove(ctx context.Context, userID string, mark Watermark) (GrabResult, error) {
-	return a.grabCall.grab(ctx, a.c, userID, mark)
+	return a.grabCall.grab(ctx, a, userID, mark)
 }
 
-// grabCall is the grab script's EVALSHA on one activity's keys, with what never
-// changes between grabs (the command, the digest, the key count and the four keys)
-// boxed once: Activity keeps one, since the claim path sends one per grab and
-// boxing those six arguments anew each time was a tenth of its client's CPU.
+// grabCall is the grab function's FCALL on one activity's keys, with what never
+// changes between grabs (the command, the function's name, the key count and the
+// four keys) boxed once: Activity keeps one, since the claim path sends one per grab
+// and boxing those six arguments anew each time was a tenth of its client's CPU.
 type grabCall struct {
 	keys []string
 	head [7]any
@@ -136,7 +136,7 @@ type grabCall struct {
 
 func newGrabCall(k Keys) *grabCall {
 	g := &grabCall{keys: []string{k.Meta, k.Packets, k.Claims, k.Stream}}
-	g.head = [7]any{"evalsha", lua.GrabScript.SHA(), len(g.keys), k.Meta, k.Packets, k.Claims, k.Stream}
+	g.head = [7]any{"fcall", lua.GrabScript.Function(), len(g.keys), k.Meta, k.Packets, k.Claims, k.Stream}
 	return g
 }
 
@@ -146,11 +146,12 @@ type commandProcessor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// grab sends the grab script for userID, with mark as ARGV[2] and ARGV[3] unless
+// grab calls the grab function for userID, with mark as ARGV[2] and ARGV[3] unless
 // it is the zero watermark, which checks nothing either way, and its transfer
-// sequence as ARGV[4] when there is one (grab.lua); it falls back to EVAL on NOSCRIPT
-// as Script.Run does.
-func (g *grabCall) grab(ctx context.Context, c redis.Scripter, userID string, mark Watermark) (GrabResult, error) {
+// sequence as ARGV[4] when there is one (grab.lua). It never falls back to EVAL: a
+// server without the function library fails the call (the grab service answers
+// 503), and only a handle of the operator's restores it.
+func (g *grabCall) grab(ctx context.Context, a *Shard, userID string, mark Watermark) (GrabResult, error) {
 	n := len(g.head) + 1
 	if mark != (Watermark{}) {
 		n += 2
@@ -167,17 +168,13 @@ func (g *grabCall) grab(ctx context.Context, c redis.Scripter, userID string, ma
 			args[len(g.head)+3] = mark.TransferSeq
 		}
 	}
-	argv := args[len(g.head):]
 	var cmd *redis.Cmd
-	if p, ok := c.(commandProcessor); ok {
+	if p, ok := a.c.(commandProcessor); ok && !a.restores {
 		cmd = redis.NewCmd(ctx, args...)
 		cmd.SetFirstKeyPos(3)
 		_ = p.Process(ctx, cmd)
-		if lua.IsNoScript(cmd.Err()) {
-			cmd = c.Eval(ctx, lua.GrabScript.Source(), g.keys, argv...)
-		}
 	} else {
-		cmd = lua.GrabScript.Run(ctx, c, g.keys, argv...)
+		cmd = a.call(ctx, lua.GrabScript, g.keys, args[len(g.head):]...)
 	}
 	reply, err := cmd.Result()
 	if err != nil {

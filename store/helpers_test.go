@@ -35,7 +35,7 @@ func handle(c redis.Cmdable, k store.Keys) *store.Activity {
 	if !prefixed || !suffixed {
 		panic("not an activity's meta key: " + k.Meta)
 	}
-	return store.NewActivity(c, uid, 1)
+	return store.NewActivity(c, uid, 1).RestoreFunctions()
 }
 
 // shardOf is the one shard of the activity whose keys are k, on c.
@@ -101,6 +101,7 @@ func seedOpen(t testing.TB, ctx context.Context, c redisClient, uid string, amou
 func seedReady(t testing.TB, ctx context.Context, c redisClient, uid string, amounts []int64) store.Keys {
 	t.Helper()
 	k := keysOf(uid)
+	loadFunctions(t, ctx, c)
 	res, err := seeding(c, k, store.Seeder{}).Seed(ctx, amounts, store.SeedParams{
 		Count: int64(len(amounts)), Total: sumOf(amounts), Sponsor: sponsor,
 	})
@@ -367,4 +368,16 @@ func clientOf(t testing.TB, c *redis.Client, variant string) redisClient {
 		t.Fatalf("auto-pipeliner: %v", err)
 	}
 	return ap
+}
+
+// loadFunctions loads the scripts and the grab-side function library, as the
+// controller's "load scripts" step does, when c is a plain or cluster client (an
+// auto-pipeliner cannot reach every master).
+func loadFunctions(t testing.TB, ctx context.Context, c redis.Cmdable) {
+	t.Helper()
+	if u, ok := c.(redis.UniversalClient); ok {
+		if err := store.NewActivity(u, "functions", 1).LoadScripts(ctx); err != nil {
+			t.Fatalf("loading the scripts: %v", err)
+		}
+	}
 }

@@ -4,19 +4,18 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/redis/go-redis/v9"
-
 	"redpacket.io/operator/lua"
 )
 
 // replayDead moves up to limit (>= 1) of the oldest dead-lettered entries back into the
 // activity's stream as new entries, deletes them from the dead-letter stream and
 // lowers dead_count by as many, in one atomic step. It returns how many it moved.
-func replayDead(ctx context.Context, c redis.Scripter, k Keys, limit int) (int, error) {
+func (a *Shard) replayDead(ctx context.Context, limit int) (int, error) {
+	k := a.keys
 	if limit < 1 {
 		return 0, fmt.Errorf("replaying dead letters: limit %d, want at least 1", limit)
 	}
-	n, err := lua.ReplayDeadScript.Run(ctx, c, []string{k.Meta, k.Stream, k.DeadLetters, k.Claims}, limit).Int64()
+	n, err := a.call(ctx, lua.ReplayDeadScript, []string{k.Meta, k.Stream, k.DeadLetters, k.Claims}, limit).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("replay dead letters: %w", err)
 	}
@@ -24,7 +23,8 @@ func replayDead(ctx context.Context, c redis.Scripter, k Keys, limit int) (int, 
 }
 
 // replayChunk is how many dead letters one atomic replay step moves, so a large
-// replay never blocks Redis for long.
+// replay never blocks Redis for long; replay_dead.lua moves no more than this per
+// call whatever it is asked.
 const replayChunk = 500
 
 // ReplayDeadLetters moves up to max dead-lettered entries (all of them when max <= 0)
@@ -51,7 +51,7 @@ func (a *Shard) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
 		if max > 0 {
 			n = min(n, max-moved)
 		}
-		got, err := replayDead(ctx, a.c, a.keys, n)
+		got, err := a.replayDead(ctx, n)
 		if err != nil {
 			return moved, fmt.Errorf("replaying dead letters after %d moved: %w", moved, err)
 		}

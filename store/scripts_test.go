@@ -9,10 +9,12 @@ import (
 	"redpacket.io/operator/test/redistest"
 )
 
-// SCRIPT FLUSH before every step of an activity's life: each call falls back to
-// EVAL, on a plain client and through an auto-pipeliner where many callers'
-// EVALSHAs fail with NOSCRIPT inside one pipeline.
-func TestScriptFlushFallsBackToEval(t *testing.T) {
+// SCRIPT FLUSH and FUNCTION FLUSH before every step of an activity's life, with the
+// operator's handles (RestoreFunctions): the operator's scripts fall back to EVAL,
+// and a grab-side function call that finds the library gone loads it and runs once
+// more, on a plain client and through an auto-pipeliner where many callers' FCALLs
+// fail inside one pipeline.
+func TestScriptAndFunctionFlushBeforeEveryStep(t *testing.T) {
 	for _, variant := range []string{"plain", "autopipeline"} {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Context(t)
@@ -23,8 +25,14 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 				if err := c.ScriptFlush(ctx).Err(); err != nil {
 					t.Fatalf("SCRIPT FLUSH: %v", err)
 				}
-				if ok, err := c.ScriptExists(ctx, lua.GrabScript.SHA()).Result(); err != nil || ok[0] {
-					t.Fatalf("the grab script is still cached after SCRIPT FLUSH: %v %v", ok, err)
+				if err := c.FunctionFlush(ctx).Err(); err != nil {
+					t.Fatalf("FUNCTION FLUSH: %v", err)
+				}
+				if ok, err := c.ScriptExists(ctx, lua.ConfigureScript.SHA()).Result(); err != nil || ok[0] {
+					t.Fatalf("the configure script is still cached after SCRIPT FLUSH: %v %v", ok, err)
+				}
+				if ok, err := lua.GrabLibrary.LoadedOn(ctx, c); err != nil || ok {
+					t.Fatalf("the function library is still loaded after FUNCTION FLUSH: %v %v", ok, err)
 				}
 			}
 			if err := lua.LoadAll(ctx, c); err != nil {
@@ -47,9 +55,9 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 			if err != nil || first.Outcome != store.Granted {
 				t.Fatalf("grab after flush: %+v, %v", first, err)
 			}
-			// The fallback EVAL put the grab script back into the cache.
-			if ok, err := c.ScriptExists(ctx, lua.GrabScript.SHA()).Result(); err != nil || !ok[0] {
-				t.Fatalf("grab script not cached after the EVAL fallback: %v %v", ok, err)
+			// The operator's handle loaded the library again.
+			if ok, err := lua.GrabLibrary.LoadedOn(ctx, c); err != nil || !ok {
+				t.Fatalf("function library not loaded again after the grab: %v %v", ok, err)
 			}
 
 			// Many concurrent grabs right after a flush.
@@ -92,7 +100,8 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 	}
 }
 
-// A script error that is not NOSCRIPT is reported, not retried as EVAL.
+// A script error that is not NOSCRIPT or a missing function is reported, not
+// retried.
 func TestScriptErrorsAreReported(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)

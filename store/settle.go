@@ -3,8 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
-
-	"github.com/redis/go-redis/v9"
+	"sort"
 
 	"redpacket.io/operator/lua"
 )
@@ -17,8 +16,9 @@ const (
 
 // ack acknowledges a delivered stream entry and counts it as settled. It returns
 // false when the entry had been acknowledged before, so nothing is counted twice.
-func ack(ctx context.Context, c redis.Scripter, k Keys, group, entryID, kind string, amount int64) (bool, error) {
-	n, err := lua.SettleAckScript.Run(ctx, c, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
+func (a *Shard) ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
+	k := a.keys
+	n, err := a.call(ctx, lua.SettleAckScript, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
 	if err != nil {
 		return false, fmt.Errorf("settle ack of %s: %w", entryID, err)
 	}
@@ -27,12 +27,13 @@ func ack(ctx context.Context, c redis.Scripter, k Keys, group, entryID, kind str
 
 // deadLetter parks an undeliverable entry with its fields and the last error. It
 // returns false when the entry had been acknowledged before.
-func deadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+func (a *Shard) deadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+	k := a.keys
 	args := []any{group, entryID, lastErr}
-	for f, v := range fields {
-		args = append(args, f, v)
+	for _, f := range deadLetterFields(fields) {
+		args = append(args, f, fields[f])
 	}
-	n, err := lua.DeadLetterScript.Run(ctx, c, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
+	n, err := a.call(ctx, lua.DeadLetterScript, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("dead-letter of %s: %w", entryID, err)
 	}
@@ -41,10 +42,29 @@ func deadLetter(ctx context.Context, c redis.Scripter, k Keys, group, entryID, l
 
 // Ack acknowledges a delivered stream entry and counts it as settled, once.
 func (a *Shard) Ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
-	return ack(ctx, a.c, a.keys, group, entryID, kind, amount)
+	return a.ack(ctx, group, entryID, kind, amount)
 }
 
 // DeadLetter parks an undeliverable entry with its fields and the last error, once.
 func (a *Shard) DeadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
-	return deadLetter(ctx, a.c, a.keys, group, entryID, lastErr, fields)
+	return a.deadLetter(ctx, group, entryID, lastErr, fields)
+}
+
+// maxDeadLetterFields is the most fields of an entry a dead letter keeps: the cap of
+// dead_letter.lua (64 field/value pairs). A genuine entry has one to seven; one with
+// more was written by someone else and is parked with the first of them.
+const maxDeadLetterFields = 64
+
+// deadLetterFields are the names of the fields a dead letter keeps, in order: all
+// of them, or the first maxDeadLetterFields by name.
+func deadLetterFields(fields map[string]any) []string {
+	names := make([]string, 0, len(fields))
+	for f := range fields {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	if len(names) > maxDeadLetterFields {
+		names = names[:maxDeadLetterFields]
+	}
+	return names
 }

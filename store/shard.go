@@ -24,8 +24,11 @@ import (
 type Shard struct {
 	c    redis.Cmdable
 	keys Keys
-	// grabCall is the grab script's call on keys, its fixed arguments boxed once.
+	// grabCall is the grab function's call on keys, its fixed arguments boxed once.
 	grabCall *grabCall
+	// restores is set on the operator's handles (Activity.RestoreFunctions): a call
+	// that finds the function library missing loads it and retries once.
+	restores bool
 }
 
 // newShard returns the handle of the shard whose hash tag is {<uid>} on client c.
@@ -98,9 +101,10 @@ func (a *Shard) Listed(ctx context.Context) ([]ListedPacket, error) {
 	return out, nil
 }
 
-// LoadScripts loads every script ahead of use, on every master of a cluster. It
-// needs a plain or cluster client (not a pipeliner). The grab path falls back to
-// EVAL anyway.
+// LoadScripts loads the operator's scripts into the script cache and the grab-side
+// function library (lua.GrabLibrary), on every master of a cluster. It needs a plain
+// or cluster client (not a pipeliner). The operator's scripts fall back to EVAL
+// anyway; the grab side's functions work only once the library is loaded.
 func (a *Shard) LoadScripts(ctx context.Context) error {
 	u, ok := a.c.(redis.UniversalClient)
 	if !ok {

@@ -624,9 +624,9 @@ func (h *failAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		args := cmd.Args()
-		if err == nil && len(args) > 1 && (args[0] == "evalsha" || args[0] == "eval") {
+		if err == nil && len(args) > 1 && args[0] == "fcall" {
 			switch s, _ := args[1].(string); s {
-			case lua.TransferOutScript.SHA(), lua.TransferInScript.SHA(), lua.TransferDoneScript.SHA():
+			case lua.TransferOutScript.Function(), lua.TransferInScript.Function(), lua.TransferDoneScript.Function():
 				if h.n.Add(1)%3 == 0 {
 					h.failed.Add(1)
 					return errors.New("connection lost after the script ran")

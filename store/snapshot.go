@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 )
@@ -148,15 +146,16 @@ func (s Snapshot) RolledBack(st *redpacketv1alpha1.RedPacketActivityStatus) stri
 
 // snapshot reads every counter of the shard at one instant.
 func (a *Shard) snapshot(ctx context.Context) (Snapshot, error) {
-	return readSnapshot(ctx, a.c, a.keys)
+	return a.readSnapshot(ctx)
 }
 
 // readSnapshot reads every counter of one shard at one instant. The script
 // returns the meta hash's fields by name; each is decoded by its name (fields the
 // snapshot does not know, such as the staging fingerprint, are skipped), so the
 // order of fields in Redis or in the script means nothing.
-func readSnapshot(ctx context.Context, c redis.Scripter, k Keys) (Snapshot, error) {
-	vals, err := lua.SnapshotScript.Run(ctx, c, []string{k.Meta, k.Packets, k.Staging, k.Claims}).StringSlice()
+func (a *Shard) readSnapshot(ctx context.Context) (Snapshot, error) {
+	k := a.keys
+	vals, err := a.call(ctx, lua.SnapshotScript, []string{k.Meta, k.Packets, k.Staging, k.Claims}).StringSlice()
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot script: %w", err)
 	}

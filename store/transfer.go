@@ -139,7 +139,7 @@ func (s *Activity) stockOnce(ctx context.Context) ([]shardStock, error) {
 // stockOf reads shard i's stock (stock.lua).
 func (s *Activity) stockOf(ctx context.Context, i int) (shardStock, error) {
 	a := s.shards[i]
-	vals, err := lua.StockScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Packets, a.keys.Transfers}).Slice()
+	vals, err := a.call(ctx, lua.StockScript, []string{a.keys.Meta, a.keys.Packets, a.keys.Transfers}).Slice()
 	if err != nil {
 		return shardStock{}, fmt.Errorf("reading the stock of shard %d: %w", i, err)
 	}
@@ -230,7 +230,7 @@ func (s *Activity) Transfer(ctx context.Context, src, dst int, batch int64) (int
 	id := s.idPrefix + strconv.FormatUint(s.nextID.Add(1), 10)
 	a := s.shards[src]
 	mark := s.markOf(src)
-	vals, err := lua.TransferOutScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Packets, a.keys.Transfers},
+	vals, err := a.call(ctx, lua.TransferOutScript, []string{a.keys.Meta, a.keys.Packets, a.keys.Transfers},
 		id, dst, batch, mark.TransferSeq, mark.Epoch).StringSlice()
 	if err != nil {
 		return 0, fmt.Errorf("transfer %s out of shard %d: %w", id, src, err)
@@ -282,7 +282,7 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 	for _, p := range t.packets {
 		args = append(args, p)
 	}
-	res, err := lua.TransferInScript.Run(ctx, d.c, []string{d.keys.Meta, d.keys.Packets, d.keys.Applied}, args...).StringSlice()
+	res, err := d.call(ctx, lua.TransferInScript, []string{d.keys.Meta, d.keys.Packets, d.keys.Applied}, args...).StringSlice()
 	if err != nil {
 		return 0, fmt.Errorf("transfer %s into shard %d: %w", id, t.dest, err)
 	}
@@ -300,7 +300,7 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 	}
 	a := s.shards[src]
 	smark := s.markOf(src)
-	done, err := lua.TransferDoneScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Transfers}, id,
+	done, err := a.call(ctx, lua.TransferDoneScript, []string{a.keys.Meta, a.keys.Transfers}, id,
 		smark.TransferSeq, smark.Epoch).StringSlice()
 	if err != nil {
 		return 0, fmt.Errorf("transfer %s done on shard %d: %w", id, src, err)

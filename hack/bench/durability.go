@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
@@ -66,6 +67,9 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 		return latencies{}, err
 	}
 	defer func() { _ = gc.Close() }()
+	if err := lua.LoadAll(ctx, gc.Client); err != nil {
+		return latencies{}, fmt.Errorf("loading the scripts: %w", err)
+	}
 	var waiter *store.ReplicaWaiter
 	if withReplica {
 		rdir := dir + "-replica"

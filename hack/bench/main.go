@@ -443,7 +443,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 		}
 		return l, after - before, nil
 	}
-	fmt.Printf("(a) redis-benchmark EVALSHA grab -P 1, %d requests ... ", o.requestsP1)
+	fmt.Printf("(a) redis-benchmark FCALL grab -P 1, %d requests ... ", o.requestsP1)
 	var granted int64
 	if r.rbP1, granted, err = benchmark(1, o.requestsP1); err != nil {
 		return err
@@ -468,7 +468,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 	r.claimRounds = nil
 	for i := range o.claimRounds {
 		var round claimRound
-		fmt.Printf("(a) round %d: redis-benchmark EVALSHA grab -P 16, %d requests ... ", i+1, o.requestsP16)
+		fmt.Printf("(a) round %d: redis-benchmark FCALL grab -P 16, %d requests ... ", i+1, o.requestsP16)
 		redis := []cpuMeter{redisCPUMeter(ctx, rc)}
 		if round.rb, err = metered(redis, func() (l latencies, err error) {
 			l, round.rbGranted, err = benchmark(16, o.requestsP16)

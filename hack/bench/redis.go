@@ -46,24 +46,33 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 	return took, nil
 }
 
-// redisBenchmark runs redis-benchmark against the grab script: EVALSHA with the
-// activity's four keys and a random user id after the prefix users per call.
+// redisBenchmark runs redis-benchmark against the grab function, called as the grab
+// service calls it: FCALL with the activity's four keys and a random user id after
+// the prefix users per call.
 func redisBenchmark(ctx context.Context, addr string, k store.Keys, users string, pipeline, clients, requests int) (latencies, error) {
-	return benchmarkScript(ctx, addr, lua.GrabScript.SHA(), []string{k.Meta, k.Packets, k.Claims, k.Stream}, users, pipeline, clients, requests)
+	return benchmarkScript(ctx, addr, grabCall(), []string{k.Meta, k.Packets, k.Claims, k.Stream}, users, pipeline, clients, requests)
 }
 
-// benchmarkScript runs redis-benchmark -P pipeline of EVALSHA sha with keys, a random
+// grabCall is the command and function name of the grab as the grab service sends
+// it: FCALL of the grab function of the library the benchmark loaded (lua.LoadAll).
+func grabCall() [2]string { return [2]string{"FCALL", lua.GrabScript.Function()} }
+
+// evalsha is the command and digest of a cached script's call.
+func evalsha(sha string) [2]string { return [2]string{"EVALSHA", sha} }
+
+// benchmarkScript runs redis-benchmark -P pipeline of call (FCALL function or
+// EVALSHA sha) with keys, a random
 // user id after the prefix users and then extra arguments. redis-benchmark seeds
 // random() with the time in seconds XOR its pid, so two runs a few seconds apart can
 // draw the same user ids (one such run granted nothing, every call a repeat): every
 // run that must grant needs a prefix of its own.
-func benchmarkScript(ctx context.Context, addr, sha string, keys []string, users string, pipeline, clients, requests int, extra ...string) (latencies, error) {
+func benchmarkScript(ctx context.Context, addr string, call [2]string, keys []string, users string, pipeline, clients, requests int, extra ...string) (latencies, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return latencies{}, fmt.Errorf("splitting %s: %w", addr, err)
 	}
 	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(clients), "-n", strconv.Itoa(requests),
-		"-P", strconv.Itoa(pipeline), "-r", "1000000000", "--csv", "EVALSHA", sha, strconv.Itoa(len(keys))}
+		"-P", strconv.Itoa(pipeline), "-r", "1000000000", "--csv", call[0], call[1], strconv.Itoa(len(keys))}
 	args = append(args, keys...)
 	args = append(args, users+"__rand_int__")
 	args = append(args, extra...)

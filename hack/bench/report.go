@@ -133,8 +133,8 @@ func (r results) summary() string {
 	row := func(name string, l latencies) {
 		fmt.Fprintf(&b, "%-52s %12.0f %10s %10s\n", name, l.Rate(), fmtDur(l.P50), fmtDur(l.P99))
 	}
-	row("(a) redis-benchmark EVALSHA grab -P 1", r.rbP1)
-	row("(a) redis-benchmark EVALSHA grab -P 16", r.rbP16)
+	row("(a) redis-benchmark FCALL grab -P 1", r.rbP1)
+	row("(a) redis-benchmark FCALL grab -P 16", r.rbP16)
 	row("(b) Go store.Grab, plain pooled client", r.goPlain)
 	row("(b) Go store.Grab, auto-pipelining", r.goAuto)
 	row("(b) Go store.Grab, go-redis default auto-pipelining", r.goHalf)
@@ -191,8 +191,8 @@ func (r results) markdown() string {
 	row := func(name, load string, l latencies) {
 		p("| %s | %s | %.0f | %s | %s | %s |\n", name, load, l.Rate(), fmtDur(l.P50), fmtDur(l.P99), fmtDur(l.Max))
 	}
-	row("(a) `redis-benchmark` EVALSHA grab, -P 1", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP1), r.rbP1)
-	row("(a) `redis-benchmark` EVALSHA grab, -P 16 (median round)", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP16), r.rbP16)
+	row("(a) `redis-benchmark` FCALL grab, -P 1", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP1), r.rbP1)
+	row("(a) `redis-benchmark` FCALL grab, -P 16 (median round)", fmt.Sprintf("%d connections, %d requests", o.benchClients, o.requestsP16), r.rbP16)
 	row("(b) Go `store.Grab`, plain pooled client", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goPlain)
 	row("(b) Go `store.Grab`, go-redis auto-pipelining, the grab service's options (median round)", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goAuto)
 	row("(b) Go `store.Grab`, go-redis auto-pipelining, its defaults", fmt.Sprintf("%d goroutines, %s", o.goWorkers, o.goDuration), r.goHalf)
@@ -230,12 +230,12 @@ func (r results) markdown() string {
 	p("Outcomes: redis-benchmark granted %d packets in %d calls (random user ids repeat now and\n", r.rbGranted, o.requestsP1+o.claimRounds*o.requestsP16)
 	p("then); Go auto-pipelining in the median round %s; grab service HTTP statuses %s.\n\n", fmtCounts(r.goAuto.ByStatus), fmtCounts(r.httpGrab.ByStatus))
 	p("What is measured:\n\n")
-	p("* **(a)** `redis-benchmark -c %d -P {1,16} -r 1000000000 EVALSHA <grab sha> 4 <meta> <packets> <claims> <stream> u<run>:__rand_int__`\n", o.benchClients)
+	p("* **(a)** `redis-benchmark -c %d -P {1,16} -r 1000000000 FCALL <grab function> 4 <meta> <packets> <claims> <stream> u<run>:__rand_int__`\n", o.benchClients)
 	p("  against an activity seeded with %d packets, so it never sells out: every call is a real grant\n", int64(o.requestsP1+o.claimRounds*o.requestsP16)*11/10)
 	p("  (`HGET` of the user's claim, `HGET` of the gate that says the activity is open and has no\n")
 	p("  window, so no `TIME`; `LPOP` of a packet that carries the claimed count and amount before\n")
 	p("  it; `XADD` of one packed field; `HSET` of the claim; the grant answered as one string).\n")
-	p("* **(b)** `store.Grab` (EVALSHA with EVAL fallback) from %d goroutines in a closed loop, each call a\n", o.goWorkers)
+	p("* **(b)** `store.Grab` (FCALL of the grab function) from %d goroutines in a closed loop, each call a\n", o.goWorkers)
 	p("  fresh user: as many calls in flight as redis-benchmark's %d connections at -P 16 keep, since a\n", o.benchClients)
 	p("  closed loop's rate is its calls in flight over its latency. Each run is one of these:\n")
 	p("  a plain client with a pool of 64 connections; the grab service's own\n")

@@ -80,6 +80,9 @@ func seedOpen(t *testing.T, c *redis.Client, act *grabsvc.Resource, amounts []in
 	}); err != nil {
 		t.Fatalf("seeding %s: %v", act.Ref, err)
 	}
+	if err := handleOf(c, act).LoadScripts(ctx); err != nil {
+		t.Fatalf("loading the scripts and the grab-side functions: %v", err)
+	}
 	if st, err := handleOf(c, act).Configure(ctx, 0, 0, false, true); err != nil || st.State != store.StateOpen {
 		t.Fatalf("opening %s: %+v %v", act.Ref, st, err)
 	}

@@ -25,9 +25,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 )
 
@@ -393,6 +395,18 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			ctrl.track(a.uid, sc.clients+i, startMs, endMs)
 			acts[i] = runActivity{uid: a.uid, obj: fakeActivity(a.uid), count: len(a.amounts), total: total}
 		}
+		// The controller's "load scripts" step, and its function keeper, which
+		// restores the grab-side library after a FUNCTION FLUSH within 100 ms.
+		if err := store.NewActivity(direct, sc.activities[0].uid, 1).LoadScripts(ctx); err != nil {
+			t.Fatalf("loading the scripts: %v", err)
+		}
+		keeper := controllers.NewFunctionKeeper(func(redisconn.Conn) redis.UniversalClient { return direct })
+		for _, a := range sc.activities {
+			keeper.Track(types.UID(a.uid), redisconn.Conn{Addresses: []string{srv.Addr}})
+		}
+		kctx, stopKeeper := context.WithCancel(ctx)
+		defer stopKeeper()
+		go func() { _ = keeper.Start(kctx) }()
 	} else {
 		opr = startOperator(t, h.cp, srv.Addr, ctrlProxy)
 		defer opr.Stop()
@@ -470,6 +484,11 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			case faultScriptFlush:
 				if err := admin.ScriptFlush(ctx).Err(); err != nil {
 					t.Errorf("SCRIPT FLUSH: %v", err)
+				}
+				// The grab side's functions go too: grabs answer 503 until the
+				// operator's function keeper loads them again.
+				if err := admin.FunctionFlush(ctx).Err(); err != nil {
+					t.Errorf("FUNCTION FLUSH: %v", err)
 				}
 			case faultWebhookFail:
 				flaky.FailFor(f.dur)

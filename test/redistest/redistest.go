@@ -1,6 +1,11 @@
 // Package redistest starts real redis-server processes on free loopback ports for
 // tests: a standalone server or a Redis Cluster of several masters. A missing
 // redis-server fails the test; it never skips.
+//
+// A server or cluster a test starts (Start, StartProtected, StartCluster and the
+// other cluster starters) is as the operator leaves a Redis it serves: the grab-side
+// function library (lua.GrabLibrary) is loaded on every master, since an activity's
+// grab calls are FCALLs of it. A test of a missing library runs FUNCTION FLUSH.
 package redistest
 
 import (
@@ -16,6 +21,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/lua"
 )
 
 // Server is one redis-server process.
@@ -44,6 +51,9 @@ func Start(tb testing.TB) *Server {
 		tb.Fatalf("starting redis-server: %v", err)
 	}
 	tb.Cleanup(s.Stop)
+	if err := loadFunctions([]string{s.Addr}); err != nil {
+		tb.Fatal(err)
+	}
 	return s
 }
 
@@ -205,7 +215,32 @@ func startCluster(dir string, masters, replicas int, extraArgs ...string) (*Clus
 			return nil, err
 		}
 	}
+	if err := loadFunctions(c.Addrs); err != nil {
+		c.Stop()
+		return nil, err
+	}
 	return c, nil
+}
+
+// loadFunctions loads the grab-side function library on every master among addrs
+// (replicas get it by replication).
+func loadFunctions(addrs []string) error {
+	for _, a := range addrs {
+		role, err := redisCLI(a, "role")
+		if err != nil {
+			return fmt.Errorf("ROLE of %s: %v: %s", a, err, role)
+		}
+		if !strings.HasPrefix(role, "master") {
+			continue
+		}
+		c := redis.NewClient(&redis.Options{Addr: a})
+		_, err = lua.GrabLibrary.Load(context.Background(), c)
+		_ = c.Close()
+		if err != nil {
+			return fmt.Errorf("loading the function library on %s: %w", a, err)
+		}
+	}
+	return nil
 }
 
 // waitOK waits until every node says cluster_state:ok and every replica is in sync.
