@@ -386,7 +386,7 @@ func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *pha
 		Client:    c,
 		APIReader: c,
 		Recorder:  rec,
-		Settlers:  NewDeletionSettlers(),
+		Settlers:  NewSettlementRunner(),
 		Options: Options{
 			DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
 			ActiveResyncPeriod: 5 * time.Second,
