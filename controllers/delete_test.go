@@ -130,10 +130,11 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 	}
 }
 
-// With no grab pod left to settle (as after foreground deletion, where the garbage
-// collector removes the grab Deployment first), the operator settles a deleted
-// activity itself: every claim and the refund are credited, signed with the key from
-// the webhook's Secret, then the keys are purged, the finalizer removed, and the
+// With no grab pod left (as after foreground deletion, where the garbage collector
+// removes the grab Deployment first), the operator settles a deleted activity: every
+// claim and the refund are credited, signed with the operator's key for the
+// webhook's host (the tenant's Secret named by the deprecated secretRef holds another
+// key and signs nothing), then the keys are purged, the finalizer removed, and the
 // operator's worker stopped.
 func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 	t.Parallel()
@@ -144,11 +145,11 @@ func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 
 	// The key as kubectl create secret --from-file stores it, with the file's newline.
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "balance-hmac", Namespace: e.ns},
-		Data: map[string][]byte{"key": []byte("webhook-signing-key\n")}}
+		Data: map[string][]byte{"key": []byte("the-tenants-own-key\n")}}
 	if err := e.c.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	bal := newBalance(t, []byte("webhook-signing-key"))
+	bal := newBalance(t, []byte(testSigningKey))
 	const total = 1000
 	e.create(e.activity("orphaned", total, 5, withWebhook(bal.URL(), "balance-hmac")))
 	a := e.waitPhase("orphaned", redpacketv1alpha1.PhaseActive, 20*time.Second)
@@ -248,6 +249,7 @@ type balance struct {
 	tries    int
 	credited map[string]settlement.Delivery
 	bad      []string
+	budgets  int // budget announcements received
 }
 
 func newBalance(t *testing.T, key []byte) *balance {
@@ -271,7 +273,20 @@ func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
 	defer b.mu.Unlock()
 	b.tries++
 	var d settlement.Delivery
+	var kind struct {
+		Kind string `json:"kind"`
+	}
+	_ = json.Unmarshal(body, &kind)
 	switch {
+	case kind.Kind == settlement.KindBudget:
+		// The budget announcement, before any grant.
+		if b.key != nil && r.Header.Get("X-Signature") != settlement.Sign(b.key, body) {
+			b.bad = append(b.bad, "bad signature on the budget")
+			break
+		}
+		b.budgets++
+		w.WriteHeader(http.StatusOK)
+		return
 	case json.Unmarshal(body, &d) != nil:
 		b.bad = append(b.bad, "undecodable body "+string(body))
 	case r.Header.Get("Idempotency-Key") != d.IdempotencyKey():
