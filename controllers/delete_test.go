@@ -250,6 +250,8 @@ type balance struct {
 	credited map[string]settlement.Delivery
 	bad      []string
 	budgets  int // budget announcements received
+	// signed are the raw bodies and X-Signature headers of every request, in order.
+	signed []signedRequest
 }
 
 func newBalance(t *testing.T, key []byte) *balance {
@@ -272,6 +274,7 @@ func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.tries++
+	b.signed = append(b.signed, signedRequest{body: body, signature: r.Header.Get("X-Signature")})
 	var d settlement.Delivery
 	var kind struct {
 		Kind string `json:"kind"`
@@ -316,6 +319,19 @@ func (b *balance) credits() (map[string]settlement.Delivery, []string) {
 		out[k] = v
 	}
 	return out, append([]string(nil), b.bad...)
+}
+
+// signedRequest is one request's body and signature as the balance system got them.
+type signedRequest struct {
+	body      []byte
+	signature string
+}
+
+// requests returns every request received so far.
+func (b *balance) requests() []signedRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]signedRequest(nil), b.signed...)
 }
 
 func (b *balance) attempts() int {
