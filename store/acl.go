@@ -19,8 +19,9 @@ import (
 
 // An activity's own Redis ACL user is what its grab pods log in as, instead of the
 // operator's user: it may touch only the activity's keys (rpa:{uid}:*) and run only
-// the commands the grab service, its status reporter, its settlement worker and the
-// replay-dead-letters command need. The controller creates it (EnsureUser) on the
+// the commands the grab service, its status reporter and the replay-dead-letters
+// command need. Settlement runs in the operator, under the operator's user: the
+// activity's user may not read the consumer group, acknowledge or dead-letter. The controller creates it (EnsureUser) on the
 // operator's default Redis with the operator's own user, which must be allowed to run
 // ACL SETUSER, ACL GETUSER and ACL DELUSER, and removes it (DeleteUser) once the
 // activity is gone. A Redis keeps ACL users in memory, per node: on a cluster they are
@@ -39,18 +40,16 @@ func activityUserName(uid string) string { return "rpa-" + uid }
 
 // grabSideScripts are the scripts the grab pods run: the grab, the refill of a
 // sharded activity's dry shard (the transfers and the stock reading), the reporter's
-// snapshot, the settlement worker's acknowledgement and dead-lettering, and the
-// replay of dead letters. Every command they call is granted to the activity's user
+// snapshot, and the replay of dead letters. Every command they call is granted to the activity's user
 // (Redis checks the commands a script calls against the caller's ACL). Seeding,
 // configuring, closing and purging are the controller's, under the operator's user.
 func grabSideScripts() []*lua.Script {
-	return []*lua.Script{lua.GrabScript, lua.SnapshotScript, lua.SettleAckScript, lua.DeadLetterScript, lua.ReplayDeadScript, lua.EnsureGroupScript, lua.TransferOutScript, lua.TransferInScript, lua.TransferDoneScript,
+	return []*lua.Script{lua.GrabScript, lua.SnapshotScript, lua.ReplayDeadScript, lua.TransferOutScript, lua.TransferInScript, lua.TransferDoneScript,
 
 		// activityUserDirectCommands are the commands the grab pods send themselves, besides
 		// what their scripts call: the scripts (EVALSHA, and EVAL when the script cache lost
 		// them), the readiness ping, WAIT (durability Replicas: ReplicaWaiter; WAIT touches
-		// no key), the settlement worker's consumer group and its check of
-		// entries against the claims and meta hashes (stream.go), the reading of a sharded
+		// no key), the reading of a sharded
 		// activity's transfer journals (transfer.go), and what a cluster client
 		// asks to learn the slot map and the commands' key positions (COMMAND, which only
 		// describes commands). AUTH and HELLO need no grant. A method of Activity that the
@@ -61,7 +60,7 @@ func grabSideScripts() []*lua.Script {
 
 var activityUserDirectCommands = []string{
 	"evalsha", "eval", "ping", "time", "wait",
-	"xgroup|create", "xreadgroup", "xautoclaim", "xpending", "xclaim", "xlen", "hget", "hmget",
+	"xlen", "hget", "hmget",
 	"hgetall", "hexists",
 	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
 }
