@@ -317,29 +317,42 @@ func (v verificationRun) Ratio() float64 {
 	return ratio(float64(v.Verified.Credited), float64(v.Plain.Credited))
 }
 
-// measureVerification runs the healthy settlement twice on fresh activities, the
-// check off then on, in the same process against the same Redis.
+// verificationRounds is how many times each of the two runs is measured,
+// alternating, after one warm-up run; the fastest of each counts.
+const verificationRounds = 3
+
+// measureVerification runs the healthy settlement on fresh activities, the check off
+// and on alternately, verificationRounds times each after a warm-up, in the same
+// process against the same Redis, and keeps the fastest run of each.
 func measureVerification(ctx context.Context, o options, redisAddr string) (verificationRun, error) {
 	var v verificationRun
-	var err error
-	fmt.Printf("(g) settlement without the split and ledger check: %d grants ... ", o.settleGrants)
-	if v.Plain, err = measureSettlementVerified(ctx, redisAddr, "bench-settle-plain", o.settleGrants, failureMix{}, o.settleLimit, false); err != nil {
+	if _, err := measureSettlementVerified(ctx, redisAddr, "bench-settle-warmup", o.settleGrants, failureMix{}, o.settleLimit, true); err != nil {
 		return v, err
 	}
-	fmt.Println(settlementLine(v.Plain))
-	fmt.Printf("(g) settlement with the split and ledger check: %d grants ... ", o.settleGrants)
-	if v.Verified, err = measureSettlementVerified(ctx, redisAddr, "bench-settle-verified", o.settleGrants, failureMix{}, o.settleLimit, true); err != nil {
-		return v, err
+	for i := range verificationRounds {
+		for _, verify := range []bool{false, true} {
+			uid := fmt.Sprintf("bench-settle-%v-%d", verify, i)
+			s, err := measureSettlementVerified(ctx, redisAddr, uid, o.settleGrants, failureMix{}, o.settleLimit, verify)
+			if err != nil {
+				return v, err
+			}
+			best := &v.Plain
+			if verify {
+				best = &v.Verified
+			}
+			if best.Credited == 0 || s.Credited < best.Credited {
+				*best = s
+			}
+		}
 	}
-	fmt.Println(settlementLine(v.Verified))
 	fmt.Println(verificationLine(v))
 	return v, nil
 }
 
 // verificationLine is the console line of the verification's cost.
 func verificationLine(v verificationRun) string {
-	return fmt.Sprintf("(g) settlement check per entry: %s with, %s without; ratio with/without = %.2f",
-		perEntry(v.Verified), perEntry(v.Plain), v.Ratio())
+	return fmt.Sprintf("(g) settlement of %d grants, fastest of %d: %s per entry with the split and ledger check, %s without; ratio with/without = %.2f",
+		v.Plain.Grants, verificationRounds, perEntry(v.Verified), perEntry(v.Plain), v.Ratio())
 }
 
 // verificationMarkdown is the row of docs/benchmarks.md on the check's cost.
@@ -350,7 +363,8 @@ func verificationMarkdown(v verificationRun) string {
 	p("Every entry is checked before delivery against the split the operator seeded (packet id in\n")
 	p("range, amount equal to the seeded one, packet no longer listed: one `LINDEX` per batch) and\n")
 	p("decided in the operator's ledger (`ledger_credit.lua`, one call per batch of %d). The same\n", settlement.DefaultBatchSize)
-	p("healthy settlement of %d grants, on fresh activities in one run, without and with it:\n\n", v.Plain.Grants)
+	p("healthy settlement of %d grants, on fresh activities in one run, without and with it\n", v.Plain.Grants)
+	p("(alternately, %d times each after a warm-up; the fastest of each):\n\n", verificationRounds)
 	p("| run | credited in | per entry | per second |\n|---|---:|---:|---:|\n")
 	p("| claims-hash check only | %s | %s | %.0f |\n", v.Plain.Credited.Round(time.Millisecond), perEntry(v.Plain), v.Plain.Rate())
 	p("| split + ledger check too | %s | %s | %.0f |\n", v.Verified.Credited.Round(time.Millisecond), perEntry(v.Verified), v.Verified.Rate())
