@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -126,5 +127,26 @@ func TestActivityUserCannotTouchTheLedger(t *testing.T) {
 	}
 	if n, err := op.Exists(ctx, key).Result(); err != nil || n != 0 {
 		t.Fatalf("ledger after the purge: exists=%d %v", n, err)
+	}
+}
+
+// BenchmarkLedgerDecide is the ledger's cost per entry, decided in batches of 64 as
+// a settlement worker reads them.
+func BenchmarkLedgerDecide(b *testing.B) {
+	ctx := redistest.Context(b)
+	rdb := redistest.Start(b).Client(b)
+	l := store.NewActivity(rdb, "uid-ledger-bench", 1).Ledger()
+	const batch = 64
+	entries := make([]store.StreamEntry, batch)
+	next := 0
+	b.ResetTimer()
+	for i := 0; i < b.N; i += batch {
+		for j := range entries {
+			next++
+			entries[j] = store.StreamEntry{ID: "1-1", Kind: store.KindGrant, PacketID: strconv.Itoa(next), UserID: "u" + strconv.Itoa(next), Amount: 1}
+		}
+		if _, err := l.Decide(ctx, 1<<50, 1<<40, entries); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
