@@ -225,7 +225,7 @@ func TestSampleBecomesReady(t *testing.T) {
 		t.Fatalf("kubectl apply -f config/samples: %q", out)
 	}
 	mustKubectl(t, "", "wait", "--for=condition=Seeded", "rpa/quiz-night", "-n", "default", "--timeout=90s")
-	// The sample's webhook is an in-cluster address; this grab service only grabs.
+	// The sample's webhook host has no key in the operator's Secret: nothing is delivered.
 	base := startGrabWith(t, "default", "quiz-night")
 	mustKubectl(t, "", "wait", "--for=condition=Ready", "rpa/quiz-night", "-n", "default", "--timeout=90s")
 	c := columns(t, "rpa", "quiz-night", "-n", "default")
