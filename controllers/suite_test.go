@@ -94,14 +94,20 @@ func newEnv(t *testing.T) *env {
 	needsServers(t)
 	srv := redistest.Start(t)
 	e := &env{t: t, ns: cp.Namespace(t), redis: srv, rdb: srv.Client(t), c: cp.Client}
-	// The operator's settlement keys, in the test's namespace standing for the
-	// operator's: the hosts of withSettlement's webhook and of the test receivers.
+	e.createSettlementKeys()
+	return e
+}
+
+// createSettlementKeys creates the operator's settlement keys Secret in the test's
+// namespace, standing for the operator's: a key for the host of withSettlement's
+// webhook and for the test receivers' 127.0.0.1.
+func (e *env) createSettlementKeys() {
+	e.t.Helper()
 	keys := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: testSettlementKeys, Namespace: e.ns},
 		Data: map[string][]byte{"balance.default.svc": []byte(testSigningKey), "127.0.0.1": []byte(testSigningKey)}}
 	if err := e.c.Create(context.Background(), keys); err != nil {
-		t.Fatalf("creating the settlement keys Secret: %v", err)
+		e.t.Fatalf("creating the settlement keys Secret: %v", err)
 	}
-	return e
 }
 
 // testSettlementKeys is the operator's settlement keys Secret in every test
