@@ -282,7 +282,8 @@ func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(body, &kind)
 	switch {
 	case kind.Kind == settlement.KindBudget:
-		// The budget announcement, before any grant.
+		// The budget announcement, before any grant; recorded even while down, so the
+		// grants' deliveries are what the tests time.
 		if b.key != nil && r.Header.Get("X-Signature") != settlement.Sign(b.key, body) {
 			b.bad = append(b.bad, "bad signature on the budget")
 			break

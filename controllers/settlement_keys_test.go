@@ -38,6 +38,7 @@ func TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts(t *testing.T) {
 
 	// An allowed host (127.0.0.1 has a key in the operator's Secret).
 	bal := newBalance(t, []byte(testSigningKey))
+	bal.setUp(true)
 	e.create(e.activity("signed", 1000, 5, withWebhook(bal.URL(), "balance-hmac")))
 	a := e.waitPhase("signed", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	res := e.grab(a, "u1")
@@ -72,6 +73,7 @@ func TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts(t *testing.T) {
 
 	// A host with no key: nothing is delivered.
 	elsewhere := newBalance(t, nil)
+	elsewhere.setUp(true)
 	url := strings.Replace(elsewhere.URL(), "127.0.0.1", "localhost", 1)
 	e.create(e.activity("unlisted", 1000, 5, withWebhook(url, "balance-hmac")))
 	b := e.waitPhase("unlisted", redpacketv1alpha1.PhaseActive, 20*time.Second)
