@@ -113,10 +113,16 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 		return isNotFound(err), "get: " + errString(err)
 	})
 	// Only the settlement stream is left, with an expiry: it records the grant and the
-	// refund that were never credited.
+	// refund that were never credited; and the operator's ledger of what was credited,
+	// with the same expiry, so a replay of those entries cannot be credited twice.
 	keys := e.keys(a)
-	if n := e.dbsize(); n != 1 {
-		t.Fatalf("%d keys left in Redis after the grace period, want only the settlement stream", n)
+	ledger := e.handle(a).Ledger().Key()
+	if n := e.dbsize(); n != 2 {
+		all, _ := e.rdb.Keys(ctx, "*").Result()
+		t.Fatalf("%d keys left in Redis after the grace period (%v), want only the settlement stream and the ledger", n, all)
+	}
+	if ttl, err := e.rdb.TTL(ctx, ledger).Result(); err != nil || ttl <= 0 || ttl > controllers.DefaultUnsettledRetention {
+		t.Fatalf("ledger TTL %s (%v), want the retention", ttl, err)
 	}
 	if n, err := e.rdb.XLen(ctx, keys.Stream).Result(); err != nil || n != 2 {
 		t.Fatalf("settlement stream has %d entries (%v), want the grant and the refund", n, err)
