@@ -26,7 +26,6 @@ import (
 // nodeVersion tags the operator and pause images the node runs.
 const nodeVersion = "demo"
 
-
 // nodeDemo is the demo on a real single-node Kubernetes (test/cluster).
 type nodeDemo struct {
 	opts   options
