@@ -113,10 +113,16 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 		return isNotFound(err), "get: " + errString(err)
 	})
 	// Only the settlement stream is left, with an expiry: it records the grant and the
-	// refund that were never credited.
+	// refund that were never credited; and the operator's ledger of what was credited,
+	// with the same expiry, so a replay of those entries cannot be credited twice.
 	keys := e.keys(a)
-	if n := e.dbsize(); n != 1 {
-		t.Fatalf("%d keys left in Redis after the grace period, want only the settlement stream", n)
+	ledger := e.handle(a).Ledger().Key()
+	if n := e.dbsize(); n != 2 {
+		all, _ := e.rdb.Keys(ctx, "*").Result()
+		t.Fatalf("%d keys left in Redis after the grace period (%v), want only the settlement stream and the ledger", n, all)
+	}
+	if ttl, err := e.rdb.TTL(ctx, ledger).Result(); err != nil || ttl <= 0 || ttl > controllers.DefaultUnsettledRetention {
+		t.Fatalf("ledger TTL %s (%v), want the retention", ttl, err)
 	}
 	if n, err := e.rdb.XLen(ctx, keys.Stream).Result(); err != nil || n != 2 {
 		t.Fatalf("settlement stream has %d entries (%v), want the grant and the refund", n, err)
@@ -130,10 +136,11 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 	}
 }
 
-// With no grab pod left to settle (as after foreground deletion, where the garbage
-// collector removes the grab Deployment first), the operator settles a deleted
-// activity itself: every claim and the refund are credited, signed with the key from
-// the webhook's Secret, then the keys are purged, the finalizer removed, and the
+// With no grab pod left (as after foreground deletion, where the garbage collector
+// removes the grab Deployment first), the operator settles a deleted activity: every
+// claim and the refund are credited, signed with the operator's key for the
+// webhook's host (the tenant's Secret named by the deprecated secretRef holds another
+// key and signs nothing), then the keys are purged, the finalizer removed, and the
 // operator's worker stopped.
 func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 	t.Parallel()
@@ -144,11 +151,11 @@ func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 
 	// The key as kubectl create secret --from-file stores it, with the file's newline.
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "balance-hmac", Namespace: e.ns},
-		Data: map[string][]byte{"key": []byte("webhook-signing-key\n")}}
+		Data: map[string][]byte{"key": []byte("the-tenants-own-key\n")}}
 	if err := e.c.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	bal := newBalance(t, []byte("webhook-signing-key"))
+	bal := newBalance(t, []byte(testSigningKey))
 	const total = 1000
 	e.create(e.activity("orphaned", total, 5, withWebhook(bal.URL(), "balance-hmac")))
 	a := e.waitPhase("orphaned", redpacketv1alpha1.PhaseActive, 20*time.Second)
@@ -248,6 +255,9 @@ type balance struct {
 	tries    int
 	credited map[string]settlement.Delivery
 	bad      []string
+	budgets  int // budget announcements received
+	// signed are the raw bodies and X-Signature headers of every request, in order.
+	signed []signedRequest
 }
 
 func newBalance(t *testing.T, key []byte) *balance {
@@ -270,8 +280,23 @@ func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.tries++
+	b.signed = append(b.signed, signedRequest{body: body, signature: r.Header.Get("X-Signature")})
 	var d settlement.Delivery
+	var kind struct {
+		Kind string `json:"kind"`
+	}
+	_ = json.Unmarshal(body, &kind)
 	switch {
+	case kind.Kind == settlement.KindBudget:
+		// The budget announcement, before any grant; recorded even while down, so the
+		// grants' deliveries are what the tests time.
+		if b.key != nil && r.Header.Get("X-Signature") != settlement.Sign(b.key, body) {
+			b.bad = append(b.bad, "bad signature on the budget")
+			break
+		}
+		b.budgets++
+		w.WriteHeader(http.StatusOK)
+		return
 	case json.Unmarshal(body, &d) != nil:
 		b.bad = append(b.bad, "undecodable body "+string(body))
 	case r.Header.Get("Idempotency-Key") != d.IdempotencyKey():
@@ -301,6 +326,19 @@ func (b *balance) credits() (map[string]settlement.Delivery, []string) {
 		out[k] = v
 	}
 	return out, append([]string(nil), b.bad...)
+}
+
+// signedRequest is one request's body and signature as the balance system got them.
+type signedRequest struct {
+	body      []byte
+	signature string
+}
+
+// requests returns every request received so far.
+func (b *balance) requests() []signedRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]signedRequest(nil), b.signed...)
 }
 
 func (b *balance) attempts() int {

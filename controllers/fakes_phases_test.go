@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -378,15 +379,18 @@ func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *pha
 	log := &callLog{}
 	store := &fakeStore{log: log, clock: testNow, snap: snap}
 	writer := &fakeStatusWriter{log: log}
+	// The operator's settlement keys, allowing withWebhook's host.
+	keys := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: DefaultSettlementKeysSecret, Namespace: operatorNamespace()},
+		Data: map[string][]byte{"balance": []byte("phase-test-key")}}
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
 		WithStatusSubresource(&redpacketv1alpha1.RedPacketActivity{}).
-		WithObjects(objs...).Build()
+		WithObjects(append(objs, keys)...).Build()
 	rec := events.NewFakeRecorder(100)
 	r := &RedPacketActivityReconciler{
 		Client:    c,
 		APIReader: c,
 		Recorder:  rec,
-		Settlers:  NewDeletionSettlers(),
+		Settlers:  NewSettlementRunner(),
 		Options: Options{
 			DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
 			ActiveResyncPeriod: 5 * time.Second,

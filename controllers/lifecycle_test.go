@@ -23,7 +23,7 @@ import (
 func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.startController(nil)
+	e.startController(settledByHand)
 
 	const total, count = 2000, 20
 	e.create(e.activity("quiz", total, count, withSettlement))
@@ -143,7 +143,7 @@ func TestLifecycleCreateSeedGrabExhaust(t *testing.T) {
 func TestExpiredActivityRefundsTheRemainder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.startController(nil)
+	e.startController(settledByHand)
 
 	const total, count = 10000, 50
 	end := metav1.NewTime(time.Now().Add(6 * time.Second).Truncate(time.Second))

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -25,7 +24,6 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
@@ -47,7 +45,9 @@ func newProtectedEnv(t *testing.T) *env {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: operatorRedisPassword})
 	t.Cleanup(func() { _ = rdb.Close() })
-	return &env{t: t, ns: cp.Namespace(t), redis: srv, rdb: rdb, c: cp.Client}
+	e := &env{t: t, ns: cp.Namespace(t), redis: srv, rdb: rdb, c: cp.Client}
+	e.createSettlementKeys()
+	return e
 }
 
 // startProtectedController runs the controller with the operator's password.
@@ -97,7 +97,7 @@ func (e *env) noOperatorPassword() {
 }
 
 // The grab pods of an activity on the default Redis get a Redis user of their own:
-// with it the grab service, its reporter and its settlement worker do their work,
+// with it the grab service and its reporter do their work (the operator settles),
 // and nothing else. The operator's password stays out of the namespace. Deleting
 // the Secret rotates the password; deleting the activity removes the user.
 func TestActivityGetsItsOwnRedisUser(t *testing.T) {
@@ -106,8 +106,10 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	ctx := context.Background()
 	var delivered atomic.Int64
 	balance := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		delivered.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if !strings.Contains(string(body), `"kind":"budget"`) {
+			delivered.Add(1) // the grants; the budget goes first
+		}
 	}))
 	t.Cleanup(balance.Close)
 	e.startProtectedController(func(r *controllers.RedPacketActivityReconciler) {
@@ -138,7 +140,8 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	}
 
 	// The grab service as its pods run it, on the Secret's credentials: grabs through
-	// the HTTP API, readiness, the reporter's snapshots and the settlement worker.
+	// the HTTP API, readiness and the reporter's snapshots. The operator settles, on its
+	// own user; a settlement worker on the activity's user is refused.
 	pc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -159,17 +162,12 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 	}
 	rep := &grabsvc.Reporter{Client: e.c, Redis: pc.Pipeliner, Resource: src.Current, Guard: guard,
 		Interval: 200 * time.Millisecond, Heartbeat: time.Second}
-	cfg := settlement.ActivityConfig(alpha, nil)
-	cfg.Redis = plain
-	cfg.Consumer = "grab-pod-1"
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	worker, err := settlement.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
+	if err := store.NewActivity(plain, string(alpha.UID), 1).Shard(0).EnsureGroup(ctx, "grab-pod-group"); err == nil ||
+		!strings.Contains(err.Error(), "NOPERM") && !strings.Contains(err.Error(), "can't run this command") {
+		t.Errorf("a consumer group on the activity's user: %v; want NOPERM (the operator settles)", err)
 	}
 	wg.Go(func() { src.Run(runCtx) })
 	wg.Go(func() { rep.Run(runCtx) })
-	wg.Go(func() { _ = worker.Run(runCtx) })
 	api := httptest.NewServer(grabSrv.Handler())
 	t.Cleanup(api.Close)
 

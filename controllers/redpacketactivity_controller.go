@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -28,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -108,6 +111,14 @@ type Options struct {
 	// runs for deleted activities waiting for settlement; empty means "operator-" and
 	// the pod's name (POD_NAME, else the host name).
 	SettlementConsumer string
+	// SettlementKeysSecret is the Secret holding the keys that sign settlement
+	// deliveries, one per balance system host (settlement_keys.go); an empty name
+	// means DefaultSettlementKeysSecret, an empty namespace the operator's own
+	// (POD_NAMESPACE, else DefaultOperatorNamespace).
+	SettlementKeysSecret types.NamespacedName
+	// SettlementRegisterer receives the settlement workers' metrics; nil means
+	// controller-runtime's registry, which the manager serves.
+	SettlementRegisterer prometheus.Registerer
 	// Name is the controller's name; empty means ControllerName. Several managers in
 	// one process need distinct names (or SkipNameValidation).
 	Name string
@@ -160,6 +171,10 @@ func (o Options) withDefaults() Options {
 	if o.SettlementConsumer == "" {
 		o.SettlementConsumer = defaultSettlementConsumer()
 	}
+	o.SettlementKeysSecret = o.settlementKeysSecret()
+	if o.SettlementRegisterer == nil {
+		o.SettlementRegisterer = ctrlmetrics.Registry
+	}
 	if o.Name == "" {
 		o.Name = ControllerName
 	}
@@ -179,9 +194,9 @@ type RedPacketActivityReconciler struct {
 	Recorder events.EventRecorder
 	// Redis caches the Redis clients.
 	Redis *RedisClients
-	// Settlers runs the operator's settlement workers of deleted activities that
-	// wait for settlement to drain.
-	Settlers *DeletionSettlers
+	// Settlers runs the operator's settlement workers, one per seeded activity with a
+	// webhook, until its deletion has drained.
+	Settlers *SettlementRunner
 	// Functions keeps the grab-side function library loaded on every Redis the
 	// activities use (a leader-election runnable).
 	Functions *FunctionKeeper
@@ -245,7 +260,7 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 	}
 	if r.Settlers == nil {
-		r.Settlers = NewDeletionSettlers()
+		r.Settlers = NewSettlementRunner()
 		if err := mgr.Add(r.Settlers); err != nil {
 			return fmt.Errorf("adding the deletion settlement workers to the manager: %w", err)
 		}

@@ -34,13 +34,12 @@ import (
 // period is over and then lets the resource go with a Warning event: the keys, if any
 // are left, have to be removed by hand. decideDeletion makes that choice.
 //
-// While it waits, the operator runs a settlement worker of its own for the activity
-// (ensureDeletionSettlement, in r.Settlers), because the grab pods' workers may be
-// gone: foreground propagation has the garbage collector delete the grab Deployment
-// before the activity, and orphan propagation leaves it to the user. With background
-// propagation the grab pods keep settling too, as consumers of the same group. The
-// worker is stopped, and has stopped, before the keys are purged and before the
-// finalizer is removed, so nothing it does can recreate a key of a purged activity.
+// While it waits, the operator's settlement worker of the activity keeps running
+// (ensureSettlement, in r.Settlers), whatever became of the grab pods (foreground
+// propagation has the garbage collector delete the grab Deployment before the
+// activity). The worker is stopped, and has stopped, before the keys are purged and
+// before the finalizer is removed, so nothing it does can recreate a key of a purged
+// activity.
 //
 // Its status (Ready False with reason Deleting while it waits or retries) is applied
 // by Reconcile on the way out, like every other path's.
@@ -140,8 +139,9 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 			}
 		}
 		worker := "the operator is settling them"
-		switch err := r.ensureDeletionSettlement(ctx, s); {
+		switch err := r.ensureSettlement(ctx, s); {
 		case err != nil:
+			r.settlementNotStarted(s, err)
 			// Status says so; the next poll tries again.
 			log.V(1).Info("the operator's settlement worker of the deleted activity cannot start", "error", err.Error())
 			worker = fmt.Sprintf("the operator cannot settle them: %v", err)

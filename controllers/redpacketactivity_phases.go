@@ -53,6 +53,9 @@ type activityScope struct {
 	snapshotRead bool
 
 	amounts []int64
+	// settlementBlocked, when set, is why the operator delivers nothing for the
+	// activity (the webhook's host is not allowed): Settled is False with it.
+	settlementBlocked string
 	// seededRecorded is true once the status on the API server says Seeded, which is
 	// what allows grabbing to be opened.
 	seededRecorded bool
@@ -168,6 +171,7 @@ func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconci
 		{name: "grab workload", run: r.reconcileGrabWorkload, keepGoing: true},
 		{name: "schedule and close", run: r.reconcileSchedule},
 		{name: "counters", run: r.reconcileCounters},
+		{name: "settlement", run: r.reconcileSettlement, keepGoing: true},
 		{name: "conservation", run: r.reconcileConservation},
 	}
 }

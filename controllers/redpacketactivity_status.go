@@ -207,6 +207,8 @@ func computeSettled(s *activityScope) {
 	const condType = redpacketv1alpha1.ConditionSettled
 	snap := s.snapshot
 	switch {
+	case s.settlementBlocked != "":
+		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonWebhookHostNotAllowed, "%s", s.settlementBlocked)
 	case s.activity.Spec.Settlement == nil:
 		claims := int64(0)
 		if s.snapshotRead {

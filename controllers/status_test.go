@@ -183,6 +183,7 @@ func TestSettledFollowsTheGrabServiceReportPromptly(t *testing.T) {
 	e.startController(func(r *controllers.RedPacketActivityReconciler) {
 		// No resync could explain a prompt change.
 		r.Options.ActiveResyncPeriod = time.Hour
+		settledByHand(r)
 	})
 	ctx := context.Background()
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -92,7 +93,35 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	needsServers(t)
 	srv := redistest.Start(t)
-	return &env{t: t, ns: cp.Namespace(t), redis: srv, rdb: srv.Client(t), c: cp.Client}
+	e := &env{t: t, ns: cp.Namespace(t), redis: srv, rdb: srv.Client(t), c: cp.Client}
+	e.createSettlementKeys()
+	return e
+}
+
+// createSettlementKeys creates the operator's settlement keys Secret in the test's
+// namespace, standing for the operator's: a key for the host of withSettlement's
+// webhook and for the test receivers' 127.0.0.1.
+func (e *env) createSettlementKeys() {
+	e.t.Helper()
+	keys := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: testSettlementKeys, Namespace: e.ns},
+		Data: map[string][]byte{"balance.default.svc": []byte(testSigningKey), "127.0.0.1": []byte(testSigningKey)}}
+	if err := e.c.Create(context.Background(), keys); err != nil {
+		e.t.Fatalf("creating the settlement keys Secret: %v", err)
+	}
+}
+
+// testSettlementKeys is the operator's settlement keys Secret in every test
+// namespace, and testSigningKey the key it holds for every allowed host.
+const (
+	testSettlementKeys = "settlement-keys"
+	testSigningKey     = "webhook-signing-key"
+)
+
+// settledByHand keeps the operator's settlement workers from ever starting (a
+// runner the manager never starts), for the tests that play the settlement worker
+// themselves (settleAll, readPending and ack).
+func settledByHand(r *controllers.RedPacketActivityReconciler) {
+	r.Settlers = controllers.NewSettlementRunner()
 }
 
 // runningController is a started manager with the reconciler.
@@ -126,17 +155,18 @@ func (e *env) startControllerWith(cfg *rest.Config, configure func(r *controller
 	}
 	r := &controllers.RedPacketActivityReconciler{
 		Options: controllers.Options{
-			DefaultRedis:        redisconn.Conn{Addresses: []string{e.redis.Addr}, Mode: redisconn.ModeStandalone},
-			GrabImage:           "registry.example/redpacket-operator:test",
-			GrabReplicas:        1,
-			CleanupGracePeriod:  10 * time.Minute,
-			GrabReportTimeout:   10 * time.Second,
-			RedisTimeout:        3 * time.Second,
-			ActiveResyncPeriod:  500 * time.Millisecond,
-			CleanupPollInterval: 200 * time.Millisecond,
-			MaxBackoff:          time.Second,
-			Name:                fmt.Sprintf("rpa-%s-%d", e.ns, managerSeq.Add(1)),
-			SkipNameValidation:  true,
+			DefaultRedis:         redisconn.Conn{Addresses: []string{e.redis.Addr}, Mode: redisconn.ModeStandalone},
+			GrabImage:            "registry.example/redpacket-operator:test",
+			GrabReplicas:         1,
+			CleanupGracePeriod:   10 * time.Minute,
+			GrabReportTimeout:    10 * time.Second,
+			RedisTimeout:         3 * time.Second,
+			ActiveResyncPeriod:   500 * time.Millisecond,
+			CleanupPollInterval:  200 * time.Millisecond,
+			MaxBackoff:           time.Second,
+			Name:                 fmt.Sprintf("rpa-%s-%d", e.ns, managerSeq.Add(1)),
+			SkipNameValidation:   true,
+			SettlementKeysSecret: types.NamespacedName{Namespace: e.ns, Name: testSettlementKeys},
 		},
 	}
 	if configure != nil {

@@ -108,9 +108,9 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 	if !slices.Equal(c.Command, []string{"/grabsvc"}) {
 		t.Errorf("command %q, want /grabsvc", c.Command)
 	}
-	wantArgs := []string{"--namespace=" + e.ns, "--activity=owned", "--activity-uid=" + string(a.UID), "--listen=:8080", "--settlement=true",
+	wantArgs := []string{"--namespace=" + e.ns, "--activity=owned", "--activity-uid=" + string(a.UID), "--listen=:8080",
 		"--shutdown-delay=5s", "--shutdown-timeout=20s",
-		"--token-key-file=/etc/redpacket/token/key", "--token-max-lifetime=24h0m0s", "--webhook-key-file=/etc/redpacket/webhook/key"}
+		"--token-key-file=/etc/redpacket/token/key", "--token-max-lifetime=24h0m0s"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("args %q, want %q", c.Args, wantArgs)
 	}
@@ -145,7 +145,8 @@ func TestGrabWorkloadIsOwnedAndKeepsScaledReplicas(t *testing.T) {
 			}
 		}
 	}
-	if volumes["token-key"] != "grab-hmac" || volumes["webhook-key"] != "balance-hmac" {
+	// The webhook's secretRef (deprecated) is never mounted: grab pods do not settle.
+	if volumes["token-key"] != "grab-hmac" || len(volumes) != 1 {
 		t.Errorf("secret volumes %v", volumes)
 	}
 	// The key files are root:root 0440 unless the pod has an fsGroup: the service runs

@@ -172,6 +172,6 @@ var GrabLibrary = newLibrary(GrabSideScripts()...)
 // seeding, configuring, closing, fencing, accepting and refunding are the operator's
 // alone and stay cached scripts run with EVALSHA (Script.Run) under its own user.
 func GrabSideScripts() []*Script {
-	return []*Script{GrabScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript,
-		EnsureGroupScript, TransferOutScript, TransferInScript, TransferDoneScript, StockScript}
+	return []*Script{GrabScript, SnapshotScript, ReplayDeadScript, TransferOutScript, TransferInScript,
+		TransferDoneScript, StockScript}
 }

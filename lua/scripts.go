@@ -134,6 +134,10 @@ var (
 	refundActivitySrc string
 	//go:embed replay_dead.lua
 	replayDeadSrc string
+	//go:embed ledger_credit.lua
+	ledgerCreditSrc string
+	//go:embed ledger_budget.lua
+	ledgerBudgetSrc string
 )
 
 // The activity's scripts.
@@ -174,6 +178,11 @@ var (
 	RefundActivityScript = newScript("refund_activity", refundActivitySrc)
 	// ReplayDeadScript moves dead-lettered entries back into the settlement stream.
 	ReplayDeadScript = newScript("replay_dead", replayDeadSrc)
+	// LedgerCreditScript decides, once, whether settlement may credit an entry, in
+	// the operator's ledger (an operator-only key).
+	LedgerCreditScript = newScript("ledger_credit", ledgerCreditSrc)
+	// LedgerBudgetScript records that the activity's budget was announced.
+	LedgerBudgetScript = newScript("ledger_budget", ledgerBudgetSrc)
 )
 
 // AllScripts lists every script, for loading them all at once.
@@ -181,7 +190,7 @@ func AllScripts() []*Script {
 	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
 		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript,
 		FenceScript, AcceptScript, EnsureGroupScript, TransferOutScript, TransferInScript,
-		TransferDoneScript, StockScript, RefundActivityScript}
+		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerBudgetScript}
 }
 
 // LoadAll loads the operator's scripts into the script cache and GrabLibrary as a

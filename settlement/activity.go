@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,32 +16,18 @@ import (
 // spec.currency is empty (the API server defaults it to the same value).
 const DefaultCurrency = "CNY"
 
-// SecretKey is the key of the signing key in the Secret that
-// spec.settlement.webhook.secretRef names.
+// SecretKey is the data key of an HMAC key in a Secret of the activity's namespace
+// (the grab tokens' Secret).
 const SecretKey = "key"
 
 // ParseKey returns an HMAC key as stored in a Secret or a mounted key file: trailing
 // line breaks are removed (kubectl create secret --from-file keeps the file's last
 // newline), every other byte is part of the key. An empty key is an error. Every
-// reader of a key uses it, so a grab pod and the operator sign with the same bytes.
+// reader of a key uses it.
 func ParseKey(data []byte) ([]byte, error) {
 	key := bytes.TrimRight(data, "\r\n")
 	if len(key) == 0 {
 		return nil, errors.New("the key is empty")
-	}
-	return key, nil
-}
-
-// SigningKeyFromSecret returns the webhook signing key held in a Secret's data under
-// SecretKey.
-func SigningKeyFromSecret(data map[string][]byte) ([]byte, error) {
-	raw, ok := data[SecretKey]
-	if !ok {
-		return nil, fmt.Errorf("no %q key", SecretKey)
-	}
-	key, err := ParseKey(raw)
-	if err != nil {
-		return nil, fmt.Errorf("key %q: %w", SecretKey, err)
 	}
 	return key, nil
 }
@@ -54,11 +39,11 @@ func HasWebhook(a *redpacketv1alpha1.RedPacketActivity) bool {
 	return st != nil && st.Webhook != nil && st.Webhook.URL != ""
 }
 
-// ActivityConfig is the worker configuration every settlement worker of the activity
-// runs with, wherever it runs (a grab pod, or the operator while a deleted activity
-// drains): "<namespace>/<name>", the UID, the
+// ActivityConfig is the worker configuration of the activity's settlement worker,
+// which the operator runs: "<namespace>/<name>", the UID, the
 // currency (DefaultCurrency when empty), the webhook URL and maxAttempts from the
-// spec, signingKey (nil sends unsigned deliveries), the default consumer group and an
+// spec, signingKey (the operator's key for the webhook's host; nil sends unsigned
+// deliveries), the default consumer group and an
 // HTTP client with DefaultHTTPTimeout. Because every worker uses the same group, the
 // workers of one activity share its stream: each entry is delivered by one of them at
 // a time. The caller sets Redis (a client of the worker's own, on which the worker

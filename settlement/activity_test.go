@@ -31,12 +31,6 @@ func TestParseKey(t *testing.T) {
 			t.Errorf("ParseKey(%q) = %q, %v; want %q (error %v)", tc.in, got, err, tc.want, tc.wantErr)
 		}
 	}
-	if _, err := SigningKeyFromSecret(map[string][]byte{"other": []byte("x")}); err == nil {
-		t.Error("a Secret without the key \"key\" was accepted")
-	}
-	if k, err := SigningKeyFromSecret(map[string][]byte{SecretKey: []byte("s\n")}); err != nil || string(k) != "s" {
-		t.Errorf("SigningKeyFromSecret = %q, %v; want \"s\"", k, err)
-	}
 }
 
 // Every worker of an activity gets the same configuration from its spec, and the

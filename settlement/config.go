@@ -124,6 +124,17 @@ type Config struct {
 	ClaimInterval time.Duration
 	// Logger receives the worker's log lines; nil means slog.Default().
 	Logger *slog.Logger
+
+	// Budget, when set, is what the operator seeded: every entry is then checked
+	// against it before delivery (the packet's id and seeded amount, whether it is
+	// still listed) and decided in the activity's ledger (each packet credited at
+	// most once, the credits and the refund never above the total), besides the
+	// check against the claims (store.Shard.VerifyEntries). The operator's workers
+	// always set it; only tests of the delivery mechanics leave it nil.
+	Budget *Budget
+	// OnForged, when set, is called once for every entry the worker dead-lettered as
+	// forged (the operator raises a Warning event with it). It must not block.
+	OnForged func(ForgedEntry)
 }
 
 // withDefaults validates cfg and fills in the defaults.
@@ -222,6 +233,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Budget != nil {
+		if err := cfg.Budget.check(); err != nil {
+			return cfg, fmt.Errorf("settlement config: %w", err)
+		}
 	}
 	return cfg, nil
 }

@@ -78,16 +78,22 @@ func (w *Worker) post(ctx context.Context, d Delivery) error {
 	if err != nil {
 		return &deliveryError{msg: fmt.Sprintf("encoding delivery: %v", err)}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.cfg.WebhookURL, bytes.NewReader(body))
+	return postBody(ctx, w.cfg, body, d.IdempotencyKey())
+}
+
+// postBody POSTs body to cfg's webhook with the Idempotency-Key, signed with cfg's
+// key, and returns nil on a 2xx answer.
+func postBody(ctx context.Context, cfg Config, body []byte, idempotencyKey string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.WebhookURL, bytes.NewReader(body))
 	if err != nil {
 		return &deliveryError{msg: fmt.Sprintf("building request: %v", err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", d.IdempotencyKey())
-	if w.cfg.SigningKey != nil {
-		req.Header.Set("X-Signature", Sign(w.cfg.SigningKey, body))
+	req.Header.Set("Idempotency-Key", idempotencyKey)
+	if cfg.SigningKey != nil {
+		req.Header.Set("X-Signature", Sign(cfg.SigningKey, body))
 	}
-	resp, err := w.cfg.HTTPClient.Do(req)
+	resp, err := cfg.HTTPClient.Do(req)
 	if err != nil {
 		return &deliveryError{msg: fmt.Sprintf("posting to webhook: %v", err)}
 	}

@@ -29,6 +29,7 @@ type metrics struct {
 	hedges      prometheus.Counter
 	deadLetters prometheus.Counter
 	pending     prometheus.Gauge
+	forged      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
@@ -76,7 +77,14 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		Help:        "Entries read by the consumer group and not yet acknowledged (all consumers).",
 		ConstLabels: labels,
 	})
-	m := &metrics{lag: lag, deliveries: deliveries, retries: retries, hedges: hedges, deadLetters: dead, pending: pending}
+	forged := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace:   "redpacket",
+		Subsystem:   "settlement",
+		Name:        "forged_total",
+		Help:        "Entries dead-lettered as forged, never delivered, by reason (claim_mismatch, packet_out_of_range, amount_mismatch, packet_listed, duplicate_packet, over_budget, over_count).",
+		ConstLabels: labels,
+	}, []string{"reason"})
+	m := &metrics{lag: lag, deliveries: deliveries, retries: retries, hedges: hedges, deadLetters: dead, pending: pending, forged: forged}
 	if reg == nil {
 		return m, nil
 	}
@@ -97,6 +105,9 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		return nil, err
 	}
 	if m.pending, err = register(reg, pending); err != nil {
+		return nil, err
+	}
+	if m.forged, err = register(reg, forged); err != nil {
 		return nil, err
 	}
 	return m, nil

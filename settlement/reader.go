@@ -153,11 +153,20 @@ func (w *Worker) updatePending(ctx context.Context) {
 }
 
 // verify checks entries against the claims and the close (store.Shard.VerifyEntries)
-// and returns why each forged one is, by id. It retries until Redis answers: an
-// entry is never delivered unverified. It returns false when ctx ended first.
+// and, with a Budget, against the seeded split and the ledger (checkBudget), and
+// returns why each forged one is, by id. It retries until Redis answers: an entry is
+// never delivered unverified. It returns false when ctx ended first.
 func (w *Worker) verify(ctx context.Context, entries []store.StreamEntry) (map[string]error, bool) {
 	for failures := 0; ; failures++ {
 		forged, err := w.redis.VerifyEntries(ctx, entries)
+		if err == nil {
+			for id, why := range forged {
+				forged[id] = &ForgedError{Reason: ReasonClaimMismatch, Detail: why.Error()}
+			}
+			if w.cfg.Budget != nil {
+				err = w.checkBudget(ctx, entries, forged)
+			}
+		}
 		if err == nil {
 			return forged, true
 		}

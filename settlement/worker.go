@@ -63,10 +63,14 @@ const redisOpTimeout = 5 * time.Second
 type Worker struct {
 	cfg   Config
 	redis *store.Shard // the activity's handle on cfg.Redis
-	m     *metrics
-	log   *slog.Logger
-	held  atomic.Int64  // entries read or claimed and not yet finished
-	space chan struct{} // signalled when held goes down
+	// ledger is the activity's settlement ledger (used with cfg.Budget); shard is the
+	// index of the worker's shard, of shards.
+	ledger        *store.Ledger
+	shard, shards int
+	m             *metrics
+	log           *slog.Logger
+	held          atomic.Int64  // entries read or claimed and not yet finished
+	space         chan struct{} // signalled when held goes down
 	// transport is the HTTP transport the worker made for itself (nil when the
 	// configured client brought one); its idle connections close when Run returns.
 	transport *http.Transport
@@ -107,6 +111,7 @@ func newWorkers(cfg Config, n int) ([]*Worker, error) {
 	for i := range ws {
 		// One transport for all of them: the first worker closes its idle connections.
 		ws[i] = newWorker(cfg, m, act.Shard(i), ownTransport && i == 0)
+		ws[i].ledger, ws[i].shard, ws[i].shards = act.Ledger(), i, n
 	}
 	return ws, nil
 }
@@ -293,6 +298,7 @@ func (w *Worker) deadLetter(ctx context.Context, j job, r result) result {
 	}
 	if parked {
 		w.m.deadLetters.Inc()
+		w.forgedParked(j)
 		if errors.Is(j.undeliverable, store.ErrForged) {
 			w.log.Error("settlement entry not written by the activity's scripts dead-lettered, not delivered",
 				"entry", j.id, "fields", j.entry.Fields, "err", r.lastErr)

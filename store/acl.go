@@ -19,8 +19,9 @@ import (
 
 // An activity's own Redis ACL user is what its grab pods log in as, instead of the
 // operator's user: it may touch only the activity's keys (rpa:{uid}:*) and run only
-// the commands the grab service, its status reporter, its settlement worker and the
-// replay-dead-letters command need. The controller creates it (EnsureUser) on the
+// the commands the grab service, its status reporter and the replay-dead-letters
+// command need. Settlement runs in the operator, under the operator's user: the
+// activity's user may not read the consumer group, acknowledge or dead-letter. The controller creates it (EnsureUser) on the
 // operator's default Redis with the operator's own user, which must be allowed to run
 // ACL SETUSER, ACL GETUSER and ACL DELUSER, and removes it (DeleteUser) once the
 // activity is gone. A Redis keeps ACL users in memory, per node: on a cluster they are
@@ -38,10 +39,13 @@ var ErrACLUnavailable = errors.New("the Redis server cannot manage ACL users for
 func activityUserName(uid string) string { return "rpa-" + uid }
 
 // grabSideScripts are the scripts the grab pods run, as the functions of
-// lua.GrabLibrary (lua.GrabSideScripts). Every command they call is granted to the
-// activity's user (Redis checks the commands a function calls against the caller's
-// ACL). Seeding, configuring, closing, fencing, accepting and purging are the
-// controller's, under the operator's user.
+// lua.GrabLibrary (lua.GrabSideScripts): the grab, the refill of a sharded activity's
+// dry shard (the transfers and the stock reading), the reporter's snapshot and the
+// replay of dead letters. Every command they call is granted to the activity's user
+// (Redis checks the commands a function calls against the caller's ACL). Seeding,
+// configuring, closing, fencing, accepting, purging and settlement (the consumer
+// group, the acknowledgement, the dead letters and the ledger) are the operator's,
+// under the operator's user.
 func grabSideScripts() []*lua.Script { return lua.GrabSideScripts() }
 
 // activityUserDirectCommands are the commands the grab pods send themselves, besides
@@ -49,17 +53,16 @@ func grabSideScripts() []*lua.Script { return lua.GrabSideScripts() }
 // SCRIPT or FUNCTION: the user runs only the Lua the operator loaded, and cannot
 // load, replace, flush or kill any), the readiness ping, WAIT (durability Replicas:
 // ReplicaWaiter; WAIT touches no key, and blocks only the connection that sends it,
-// at most its timeout, never the server), the settlement worker's consumer group
-// (XREADGROUP may BLOCK, again only its own connection, for the worker's bounded
-// wait) and its check of entries against the claims and meta hashes (stream.go), the
-// reading of a sharded activity's transfer journals (transfer.go), and what a
+// at most its timeout, never the server), the reads of the claims and meta hashes and
+// of the stream's length, the reading of a sharded activity's transfer journals
+// (transfer.go), and what a
 // cluster client asks to learn the slot map and the commands' key positions
 // (COMMAND, which only describes commands). AUTH and HELLO need no grant. A method
 // of Activity that the grab pods call and that sends another command must add it
 // here; forbiddenActivityCommands may never be added.
 var activityUserDirectCommands = []string{
 	"fcall", "ping", "time", "wait",
-	"xgroup|create", "xreadgroup", "xautoclaim", "xpending", "xclaim", "xlen", "hget", "hmget",
+	"xlen", "hget", "hmget",
 	"hgetall", "hexists",
 	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
 }

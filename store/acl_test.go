@@ -90,41 +90,44 @@ func TestActivityUserIsConfinedToItsActivity(t *testing.T) {
 		t.Fatalf("readiness ping with the activity's user: %v", err)
 	}
 
-	// The settlement worker's calls, and the replay of dead letters.
+	// Settlement is the operator's: the activity's user may not read the consumer
+	// group, acknowledge or dead-letter (issue 24: the grab pods stop settling). The
+	// operator does it here, and the user replays the dead letter it parked.
 	uc := conn.NewClient()
 	t.Cleanup(func() { _ = uc.Close() })
 	w := store.NewActivity(uc, own, 1).Shard(0)
-	if err := w.EnsureGroup(ctx, group); err != nil {
-		t.Fatalf("creating the consumer group: %v", err)
+	opShard := store.NewActivity(op, own, 1).Shard(0)
+	if err := w.EnsureGroup(ctx, group); !isNoPerm(err) {
+		t.Fatalf("creating the consumer group as the activity's user: %v; want NOPERM", err)
 	}
-	entries, err := w.ReadNew(ctx, group, "w1", 10, 100*time.Millisecond)
+	if err := opShard.EnsureGroup(ctx, group); err != nil {
+		t.Fatalf("creating the consumer group as the operator: %v", err)
+	}
+	if _, err := w.ReadNew(ctx, group, "w1", 10, 100*time.Millisecond); !isNoPerm(err) {
+		t.Fatalf("reading new entries as the activity's user: %v; want NOPERM", err)
+	}
+	entries, err := opShard.ReadNew(ctx, group, "operator-0", 10, 100*time.Millisecond)
 	if err != nil || len(entries) != 3 {
-		t.Fatalf("reading new entries: %v, %v", entries, err)
+		t.Fatalf("reading new entries as the operator: %v, %v", entries, err)
 	}
 	ids := []string{entries[0].ID, entries[1].ID, entries[2].ID}
-	if counts, err := w.DeliveryCounts(ctx, group, "w1", ids); err != nil || len(counts) != 3 {
-		t.Fatalf("delivery counts: %v, %v", counts, err)
+	if _, err := w.DeliveryCounts(ctx, group, "operator-0", ids); !isNoPerm(err) {
+		t.Errorf("delivery counts as the activity's user: %v; want NOPERM", err)
 	}
-	if _, err := w.RefreshHeld(ctx, group, "w1", []store.HeldEntry{{ID: ids[0]}}); err != nil {
-		t.Fatalf("refreshing held entries: %v", err)
+	if _, err := w.ClaimForRetry(ctx, group, "w1", ids[1], 0); !isNoPerm(err) {
+		t.Errorf("claiming as the activity's user: %v; want NOPERM", err)
 	}
-	if mine, err := w.ClaimForRetry(ctx, group, "w1", ids[1], 0); err != nil || !mine {
-		t.Fatalf("claiming for a retry: %v, %v", mine, err)
+	if _, _, err := w.ClaimIdle(ctx, group, "w2", 0, "0-0", 10); !isNoPerm(err) {
+		t.Errorf("taking over entries as the activity's user: %v; want NOPERM", err)
 	}
-	if _, _, err := w.ClaimIdle(ctx, group, "w2", time.Hour, "0-0", 10); err != nil {
-		t.Fatalf("taking over idle entries: %v", err)
+	if _, err := w.Ack(ctx, group, ids[0], entries[0].Kind, 1<<40); !isNoPerm(err) {
+		t.Errorf("acknowledging as the activity's user: %v; want NOPERM", err)
 	}
-	if again, err := w.ReadOwnPending(ctx, group, "w1", "0", 10); err != nil || len(again) != 3 {
-		t.Fatalf("re-reading own pending entries: %v, %v", again, err)
+	if _, err := w.DeadLetter(ctx, group, ids[1], "mallory", entries[1].FieldValues()); !isNoPerm(err) {
+		t.Errorf("dead-lettering as the activity's user: %v; want NOPERM", err)
 	}
-	if ok, err := w.Ack(ctx, group, ids[0], entries[0].Kind, entries[0].Amount); err != nil || !ok {
-		t.Fatalf("acknowledging: %v, %v", ok, err)
-	}
-	if ok, err := w.DeadLetter(ctx, group, ids[1], "webhook answered 500", entries[1].FieldValues()); err != nil || !ok {
-		t.Fatalf("dead-lettering: %v, %v", ok, err)
-	}
-	if n, err := w.PendingCount(ctx, group); err != nil || n != 1 {
-		t.Fatalf("pending count %d, %v; want 1", n, err)
+	if ok, err := opShard.DeadLetter(ctx, group, ids[1], "webhook answered 500", entries[1].FieldValues()); err != nil || !ok {
+		t.Fatalf("dead-lettering as the operator: %v, %v", ok, err)
 	}
 	if n, err := w.StreamLen(ctx); err != nil || n != 3 {
 		t.Fatalf("stream length %d, %v; want 3", n, err)
@@ -141,9 +144,6 @@ func TestActivityUserIsConfinedToItsActivity(t *testing.T) {
 	}
 	if _, err := store.NewActivity(uc, other, 1).Snapshot(ctx); !isNoPerm(err) {
 		t.Errorf("snapshot of another activity: %v; want NOPERM", err)
-	}
-	if err := stranger.EnsureGroup(ctx, group); !isNoPerm(err) {
-		t.Errorf("consumer group on another activity's stream: %v; want NOPERM", err)
 	}
 	foreign := [][]any{
 		{"hgetall", otherKeys.Meta},

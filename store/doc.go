@@ -19,7 +19,8 @@
 //   - reading the counters: Shard snapshots (snapshot.go, snapshot.lua), summed
 //     over shards into a View (view.go);
 //   - settlement: the consumer group and the checks of its entries (stream.go), the
-//     acknowledgement and the dead letters (settle.go, replay.go);
+//     acknowledgement and the dead letters (settle.go, replay.go), and the operator's
+//     ledger of what was credited (ledger.go, ledger_credit.lua);
 //   - deleting an activity: purge.go; its Redis user: acl.go; durability:
 //     durability.go;
 //   - how the scripts run: functions.go. The grab-side scripts (lua.GrabSideScripts)
@@ -45,6 +46,9 @@
 //     records its claim, and the claim names that entry, so a copy of an entry is
 //     told apart (Shard.VerifyEntries); an entry is counted as settled only once
 //     (settle_ack.lua), and the refund is written once (refund_activity.lua).
+//   - Nothing beyond what was seeded is credited: the operator's ledger lets each
+//     packet be credited to one user at most, and the grants plus the refund never
+//     above the total (ledger_credit.lua), in one step with the decision.
 //   - A Redis that comes back older than what was acknowledged is fenced, and grants
 //     nothing until a person accepts its state (grab.lua, fence.lua, accept.lua): below
 //     a caller's claimed count or, for a shard, below its transfer sequence (Watermark,
@@ -72,4 +76,11 @@
 //	rpa:{uid}:dead     stream: deliveries parked after too many failures
 //	rpa:{uid}:xout     hash: transfers to another shard not yet known applied
 //	rpa:{uid}:xin      hash: transfers from other shards applied here
+//
+// One key per activity (all its shards) is the operator's alone: its prefix is not
+// the rpa: that the activity's ACL user is confined to, so the tenant who holds that
+// user's password cannot touch it.
+//
+//	rpl:{uid}:ledger   hash: "p:<packetId>" -> the user it was credited to, the sums
+//	                   credited and granted, the refund, the announced budget
 package store

@@ -8,13 +8,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Purge deletes every key of every shard.
+// Purge deletes every key of every shard, and the operator's ledger of the
+// activity.
 func (s *Activity) Purge(ctx context.Context) error {
-	return s.eachShard(func(_ int, a *Shard) error { return purge(ctx, a.c, a.keys) })
+	if err := s.eachShard(func(_ int, a *Shard) error { return purge(ctx, a.c, a.keys) }); err != nil {
+		return err
+	}
+	return s.Ledger().purge(ctx)
 }
 
 // PurgeKeepingUnsettled purges every shard but its settlement and dead-letter
-// streams (purgeKeepingUnsettled) and returns the keys kept.
+// streams (purgeKeepingUnsettled), keeps the operator's ledger of the activity for
+// as long (what was credited, for the entries still to be replayed), and returns the
+// keys kept.
 func (s *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Duration) ([]string, error) {
 	kept, err := onEveryShard(s, func(a *Shard) ([]string, error) {
 		return purgeKeepingUnsettled(ctx, a.c, a.keys, retention)
@@ -22,6 +28,14 @@ func (s *Activity) PurgeKeepingUnsettled(ctx context.Context, retention time.Dur
 	var all []string
 	for _, k := range kept {
 		all = append(all, k...)
+	}
+	if err != nil {
+		return all, err
+	}
+	l := s.Ledger()
+	ok, err := l.keepFor(ctx, retention)
+	if ok {
+		all = append(all, l.Key())
 	}
 	return all, err
 }

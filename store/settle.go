@@ -18,7 +18,7 @@ const (
 // false when the entry had been acknowledged before, so nothing is counted twice.
 func (a *Shard) ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
 	k := a.keys
-	n, err := a.call(ctx, lua.SettleAckScript, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
+	n, err := lua.SettleAckScript.Run(ctx, a.c, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
 	if err != nil {
 		return false, fmt.Errorf("settle ack of %s: %w", entryID, err)
 	}
@@ -33,7 +33,7 @@ func (a *Shard) deadLetter(ctx context.Context, group, entryID, lastErr string, 
 	for _, f := range deadLetterFields(fields) {
 		args = append(args, f, fields[f])
 	}
-	n, err := a.call(ctx, lua.DeadLetterScript, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
+	n, err := lua.DeadLetterScript.Run(ctx, a.c, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("dead-letter of %s: %w", entryID, err)
 	}

@@ -346,7 +346,7 @@ func groupErr(what string, err error) error {
 // activity nor its stream is in Redis (purged), nothing is created and the error
 // wraps ErrMissing.
 func (a *Shard) EnsureGroup(ctx context.Context, group string) error {
-	res, err := a.call(ctx, lua.EnsureGroupScript, []string{a.keys.Meta, a.keys.Stream}, group).Text()
+	res, err := lua.EnsureGroupScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Stream}, group).Text()
 	if err != nil {
 		return fmt.Errorf("creating consumer group %s on %s: %w", group, a.keys.Stream, err)
 	}

@@ -174,6 +174,9 @@ const (
 	// ReasonDeadLetters: deliveries were parked in the dead-letter stream after too
 	// many failures (Settled False).
 	ReasonDeadLetters = "DeadLetters"
+	// ReasonWebhookHostNotAllowed (Settled False): the webhook's host has no key in
+	// the operator's settlement keys Secret, so nothing is delivered to it.
+	ReasonWebhookHostNotAllowed = "WebhookHostNotAllowed"
 	// ReasonAllSettled: every claim and the refund are credited (Settled True).
 	ReasonAllSettled = "AllSettled"
 

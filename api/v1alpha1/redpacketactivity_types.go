@@ -133,13 +133,20 @@ type GrabService struct {
 
 // Webhook is the balance system's endpoint that credits users.
 type Webhook struct {
-	// url receives one POST per claim or refund; any 2xx acknowledges it.
+	// url receives one POST per claim or refund (and the budget, once, first); any
+	// 2xx acknowledges it. The operator delivers only to a host that has a key in its
+	// settlement keys Secret (--settlement-keys-secret, in the operator's namespace),
+	// and signs with that key; any other host gets nothing (Settled False,
+	// WebhookHostNotAllowed).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('http://') || self.startsWith('https://')",message="webhook url must start with http:// or https://"
 	URL string `json:"url"`
 
-	// secretRef names a Secret whose key "key" signs each delivery (X-Signature header).
+	// secretRef is deprecated and ignored: deliveries are signed with the key the
+	// operator's own namespace holds for the webhook's host, never with a Secret of
+	// the activity's namespace, which the tenant can read. Kept so existing manifests
+	// still apply.
 	// +optional
 	SecretRef *SecretReference `json:"secretRef,omitempty"`
 }

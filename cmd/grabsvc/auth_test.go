@@ -78,7 +78,7 @@ func TestServiceWithoutKeyFailsClosed(t *testing.T) {
 			done <- run(sctx, append([]string{
 				"--namespace", ns, "--activity", "guarded", "--activity-uid", string(rpa.UID), "--listen", addr,
 				"--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr, "--activity-refresh", "200ms",
-				"--shutdown-delay", "0s", "--settlement=false",
+				"--shutdown-delay", "0s",
 			}, extra...), logs)
 		}()
 		t.Cleanup(func() {

@@ -1,7 +1,7 @@
 // Command grabsvc is the grab service of one red-packet activity: it serves
 // POST /v1/grab and GET /v1/activity, reports the activity's counters into its
-// status, and (with --settlement) runs a settlement worker that credits claims to
-// the balance system.
+// status. It delivers nothing to the balance system: the operator settles every
+// activity's claims, with a signing key the grab pods never hold.
 //
 // Usage:
 //
@@ -22,14 +22,12 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -41,7 +39,6 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/internal/version"
-	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store/redisconn"
 )
 
@@ -88,12 +85,12 @@ type options struct {
 	activityUID                                string
 	redis                                      redisconn.Conn
 	redisTimeout                               time.Duration
-	tokenKeyFile, webhookKeyFile               string
+	tokenKeyFile                               string
 	tokenMaxLifetime                           time.Duration
 	reportInterval, refreshInterval            time.Duration
 	ratePerUser, ratePerClient                 float64
 	burstPerUser, burstPerClient, limitEntries int
-	settlement, page                           bool
+	page                                       bool
 	kubeconfig                                 string
 	shutdownDelay, shutdownTimeout             time.Duration
 	logLevel                                   string
@@ -121,7 +118,6 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		"and an activity with spec.grabService.auth gets 503 on every grab")
 	fs.DurationVar(&o.tokenMaxLifetime, "token-max-lifetime", grabsvc.DefaultTokenMaxLifetime,
 		"longest time ahead a user token's exp may lie; a token beyond it is refused (at least 1s)")
-	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "file holding the HMAC key that signs settlement deliveries; empty: unsigned")
 	fs.DurationVar(&o.reportInterval, "report-interval", grabsvc.DefaultReportInterval, "shortest time between two status reports")
 	fs.DurationVar(&o.refreshInterval, "activity-refresh", 5*time.Second, "how often the activity is re-read from the API server")
 	fs.Float64Var(&o.ratePerUser, "rate-per-user", 0, "grabs per second allowed per user id; 0: no limit")
@@ -130,7 +126,6 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.burstPerClient, "rate-burst-per-client", 0, "burst of the per-client limit; 0: the rate rounded up")
 	fs.IntVar(&o.limitEntries, "rate-limit-entries", grabsvc.DefaultMaxLimiterEntries, "most users (and clients) the rate limits track at once")
 	fs.BoolVar(&o.page, "page", true, "serve the red-packet rain page at / (false: / answers 404)")
-	fs.BoolVar(&o.settlement, "settlement", true, "run a settlement worker in this process when the activity has a webhook")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, in-cluster, or ~/.kube/config")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long readiness fails before the listener closes")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")
@@ -272,7 +267,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	hs := grabsvc.NewHTTPServer(o.listen, srv.Handler())
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	log.Info("grab service listening", "addr", ln.Addr().String(), "auth", tokens != nil,
-		"settlement", o.settlement, "page", o.page)
+		"page", o.page)
 
 	if o.pprofListen != "" {
 		pl, err := net.Listen("tcp", o.pprofListen)
@@ -290,12 +285,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer stopBG()
 	var wg sync.WaitGroup
 
-	settle := &settlementRunner{o: o, log: log, reg: reg, source: source}
-	if o.settlement {
-		settlementRedis := o.redis.NewClient()
-		defer func() { _ = settlementRedis.Close() }()
-		settle.redis = settlementRedis
-	}
 	changed := make(chan struct{}, 1)
 	missingKey := false
 	source.OnChange = func(a *grabsvc.Resource) {
@@ -323,7 +312,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			case <-changed:
 			case <-t.C:
 			}
-			settle.reconcile(bg)
 			reloadTokenKey(tokens, o.tokenKeyFile, log)
 		}
 	})
@@ -332,7 +320,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("http server stopped; stopping background work")
 	stopBG()
 	wg.Wait()
-	settle.restarter.Stop()
 	// One last report, so the status holds the final counters.
 	fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -353,92 +340,6 @@ func reloadTokenKey(v *grabsvc.TokenVerifier, path string, log *slog.Logger) {
 		return
 	}
 	_ = v.SetKey(key)
-}
-
-// settlementRunner keeps one settlement worker running while the activity has a
-// webhook, restarting it when the webhook settings (or the signing key) change.
-type settlementRunner struct {
-	o         options
-	log       *slog.Logger
-	reg       prometheus.Registerer
-	source    *grabsvc.ActivitySource
-	redis     redis.UniversalClient
-	restarter grabsvc.Restarter
-}
-
-func (s *settlementRunner) reconcile(ctx context.Context) {
-	act := s.source.Current()
-	if !s.o.settlement || act == nil {
-		return
-	}
-	cfg, key, err := s.config(act)
-	if err != nil {
-		s.log.Error("settlement is not configured correctly; no worker runs", "err", err)
-		s.restarter.Set(ctx, "", nil)
-		return
-	}
-	if key == "" {
-		if s.restarter.Key() != "" {
-			s.log.Info("the activity has no settlement webhook; stopping the settlement worker")
-		}
-		s.restarter.Set(ctx, "", nil)
-		return
-	}
-	if s.restarter.Key() == key {
-		return
-	}
-	ws, err := settlement.NewShardWorkers(cfg, act.Object.Spec.ShardCount())
-	if err != nil {
-		s.log.Error("creating the settlement worker failed", "err", err)
-		return
-	}
-	s.log.Info("starting the settlement worker", "webhook", cfg.WebhookURL, "consumer", cfg.Consumer,
-		"maxAttempts", cfg.MaxAttempts, "shards", len(ws))
-	s.restarter.Set(ctx, key, func(ctx context.Context) {
-		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
-			s.log.Error("settlement worker stopped", "err", err)
-		}
-	})
-}
-
-// config is the worker configuration for act and the key that identifies it; the
-// key is empty when no worker should run. The configuration is the one every worker
-// of the activity uses (settlement.ActivityConfig), with this process's Redis client,
-// consumer name, metrics and log.
-func (s *settlementRunner) config(act *grabsvc.Resource) (settlement.Config, string, error) {
-	if !settlement.HasWebhook(act.Object) {
-		return settlement.Config{}, "", nil
-	}
-	var signing []byte
-	if s.o.webhookKeyFile != "" {
-		k, err := grabsvc.ReadKeyFile(s.o.webhookKeyFile)
-		if err != nil {
-			return settlement.Config{}, "", fmt.Errorf("--webhook-key-file: %w", err)
-		}
-		signing = k
-	}
-	if s.redis == nil {
-		return settlement.Config{}, "", errors.New("no redis client for settlement")
-	}
-	cfg := settlement.ActivityConfig(act.Object, signing)
-	cfg.Redis = s.redis
-	cfg.Consumer = consumerName()
-	cfg.Registerer = s.reg
-	cfg.Logger = s.log
-	return cfg, cfg.Fingerprint(), nil
-}
-
-// consumerName is this process's stable consumer name: the pod's name, else
-// hostname-pid.
-func consumerName() string {
-	if n := os.Getenv("POD_NAME"); n != "" {
-		return n
-	}
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "grabsvc"
-	}
-	return host + "-" + strconv.Itoa(os.Getpid())
 }
 
 // newPprofServer serves Go's profiles (net/http/pprof) and nothing else, on a

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
@@ -55,6 +56,7 @@ func main() {
 		redisClientIdleTTL time.Duration
 		allowImageOverride bool
 		allowedRedisHosts  string
+		settlementKeys     string
 		showVersion        bool
 	)
 	flag.BoolVar(&showVersion, "version", false, "print the version and exit")
@@ -78,6 +80,7 @@ func main() {
 	flag.DurationVar(&redisClientIdleTTL, "redis-client-idle-timeout", controllers.DefaultRedisIdleTimeout, "close a cached Redis client unused for this long")
 	flag.BoolVar(&allowImageOverride, "allow-grab-image-override", false, "let activities replace the grab image with spec.grabService.image (when false, such an activity gets Ready=False with reason GrabImageNotAllowed)")
 	flag.StringVar(&allowedRedisHosts, "allowed-redis-hosts", "", "comma-separated host names, IP addresses and CIDR networks that spec.redis may name besides the default Redis (empty: the default Redis only)")
+	flag.StringVar(&settlementKeys, "settlement-keys-secret", controllers.DefaultSettlementKeysSecret, "Secret in the operator's namespace (POD_NAMESPACE) holding the keys that sign settlement deliveries: one data key per balance system host name (the webhook URL's host, without port), its HMAC key as the value; a webhook whose host has no key gets nothing")
 	logConfig := textlogger.NewConfig()
 	// Registered here rather than with logConfig.AddFlags, whose help text speaks of a
 	// testing logger.
@@ -145,6 +148,7 @@ func main() {
 			MaxConcurrentReconciles: concurrentRecons,
 			AllowGrabImageOverride:  allowImageOverride,
 			AllowedRedisHosts:       allowedHosts,
+			SettlementKeysSecret:    types.NamespacedName{Name: settlementKeys},
 		},
 	}
 	if err := reconciler.SetupWithManager(mgr); err != nil {

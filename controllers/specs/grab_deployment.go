@@ -15,7 +15,6 @@ import (
 // The grab container's mount points and identity.
 const (
 	tokenKeyDir       = "/etc/redpacket/token"
-	webhookKeyDir     = "/etc/redpacket/webhook"
 	secretKeyName     = "key"
 	nonRootUID        = 65532
 	grabContainerName = "grab"
@@ -32,7 +31,6 @@ const (
 // --shutdown-timeout, and the pod's terminationGracePeriodSeconds, which must leave
 // room for both and for what follows them: on SIGTERM the service fails readiness
 // for GrabShutdownDelay, gives in-flight requests up to GrabShutdownTimeout, then
-// stops its settlement worker (acknowledging finished deliveries, up to 5 s) and
 // writes a last status report (up to 3 s). GrabShutdownMargin covers that tail, so
 // the kubelet's SIGKILL never cuts a drain short.
 const (
@@ -59,7 +57,7 @@ func terminationGracePeriodSeconds(parts ...time.Duration) int64 {
 
 // GrabDeployment is the apply configuration of the grab Deployment, without its
 // replica count (GrabScale). Its pods run as UID and GID nonRootUID with fsGroup
-// nonRootUID, so the token and webhook key files, mounted with keyFileMode (0440),
+// nonRootUID, so the token key file, mounted with keyFileMode (0440),
 // belong to the container's group and are readable by the service and nobody else.
 // The service's shutdown flags come from GrabShutdownDelay and GrabShutdownTimeout,
 // and the pod's grace period from GrabTerminationGracePeriodSeconds, which exceeds
@@ -80,7 +78,6 @@ func GrabDeployment(in Grab) *appsv1ac.DeploymentApplyConfiguration {
 		"--activity=" + a.Name,
 		"--activity-uid=" + string(a.UID),
 		fmt.Sprintf("--listen=:%d", grabPort),
-		"--settlement=true",
 		"--shutdown-delay=" + GrabShutdownDelay.String(),
 		"--shutdown-timeout=" + GrabShutdownTimeout.String(),
 	}
@@ -96,9 +93,6 @@ func GrabDeployment(in Grab) *appsv1ac.DeploymentApplyConfiguration {
 	if auth := a.Spec.GrabService.Auth; auth != nil {
 		addKeyVolume("token-key", auth.TokenSecretRef.Name, tokenKeyDir, "--token-key-file")
 		args = append(args, "--token-max-lifetime="+in.TokenMaxLifetime.String())
-	}
-	if st := a.Spec.Settlement; st != nil && st.Webhook != nil && st.Webhook.SecretRef != nil {
-		addKeyVolume("webhook-key", st.Webhook.SecretRef.Name, webhookKeyDir, "--webhook-key-file")
 	}
 
 	container := corev1ac.Container().

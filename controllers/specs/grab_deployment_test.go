@@ -62,10 +62,13 @@ func TestGrabDeployment(t *testing.T) {
 			unwantedFlags: []string{"--webhook-key-file"},
 		},
 		{
-			name: "a signed webhook and signed tokens", mutate: []func(*redpacketv1alpha1.RedPacketActivity){withTokens, withSignedWebhook},
+			// The deprecated webhook secretRef never reaches the grab pods: the operator
+			// settles, with its own key.
+			name: "a webhook secretRef mounts nothing", mutate: []func(*redpacketv1alpha1.RedPacketActivity){withTokens, withSignedWebhook},
 			login: &testLogin, wantImage: "operator/grab:1", wantRedisSecret: "quiz-grab-redis",
-			wantKeys: map[string]string{"token-key": "grab-hmac", "webhook-key": "balance-hmac"},
-			wantArgs: []string{"--token-key-file=/etc/redpacket/token/key", "--webhook-key-file=/etc/redpacket/webhook/key"},
+			wantKeys:      map[string]string{"token-key": "grab-hmac"},
+			wantArgs:      []string{"--token-key-file=/etc/redpacket/token/key"},
+			unwantedFlags: []string{"--webhook-key-file", "--settlement"},
 		},
 		{
 			name: "a webhook without a key is not signed",
@@ -126,7 +129,7 @@ func TestGrabDeployment(t *testing.T) {
 				t.Errorf("container %q image %q command %q pull %s, want grab running /grabsvc from %q",
 					c.Name, c.Image, c.Command, c.ImagePullPolicy, tc.wantImage)
 			}
-			for _, want := range append([]string{"--namespace=ns", "--activity=quiz", "--activity-uid=uid-1", "--listen=:8080", "--settlement=true"},
+			for _, want := range append([]string{"--namespace=ns", "--activity=quiz", "--activity-uid=uid-1", "--listen=:8080"},
 				tc.wantArgs...) {
 				if !slices.Contains(c.Args, want) {
 					t.Errorf("args %q lack %q", c.Args, want)

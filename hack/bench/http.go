@@ -95,7 +95,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		return low, high, err
 	}
 	grabArgs := []string{"--namespace", "default", "--activity", benchActivity, "--listen", grabAddr,
-		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr, "--settlement=false"}
+		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr}
 	var pprofAddr string
 	if o.grabProfile != "" {
 		if pprofAddr, err = proc.FreeAddr(); err != nil {

@@ -73,6 +73,7 @@ type options struct {
 	settleTimeout       time.Duration
 	settleLimit         time.Duration
 	settlementOnly      bool
+	verifyOnly          bool
 	scaleOnly           bool
 	claimOnly           bool
 	httpOnly            bool
@@ -108,6 +109,7 @@ func main() {
 	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")
 	flag.DurationVar(&o.settleLimit, "settlement-limit", 10*time.Minute, "give a settlement run up this long")
 	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g); print them, write nothing")
+	flag.BoolVar(&o.verifyOnly, "settlement-check-only", false, "run only the cost of the settlement check per entry (g); print it, write nothing")
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
 	flag.StringVar(&o.grabProfile, "grab-cpu-profile", "", "write the grab service's CPU profile during (c) at -http-clients to this file (go tool pprof bin/grabsvc FILE)")
@@ -159,6 +161,7 @@ type results struct {
 	mem         memoryFigures
 	settleOK    settlementRun
 	settleBad   settlementRun
+	settleCheck verificationRun
 	durable     durabilityRun
 	seedScript  seedScriptRun
 	scale       scaleRun
@@ -243,8 +246,15 @@ func run(ctx context.Context, o options) error {
 		return nil
 	}
 
-	// (g) Settlement, healthy and under the failure mix.
+	// (g) Settlement, healthy and under the failure mix, and the check's cost.
+	if o.verifyOnly {
+		_, err := measureVerification(ctx, o, srv.Addr)
+		return err
+	}
 	if r.settleOK, r.settleBad, err = measureSettlements(ctx, o, srv.Addr); err != nil {
+		return err
+	}
+	if r.settleCheck, err = measureVerification(ctx, o, srv.Addr); err != nil {
 		return err
 	}
 	if o.settlementOnly {

@@ -162,6 +162,7 @@ func (r results) summary() string {
 		b.WriteString(r.seedMax.summary())
 	}
 	b.WriteString(settlementSummary(r.settleOK, r.settleBad))
+	b.WriteString(verificationLine(r.settleCheck) + "\n")
 	return b.String()
 }
 
@@ -332,6 +333,7 @@ to 0.59 in five rounds).
 		b.WriteString(r.seedMax.markdown())
 	}
 	b.WriteString(settlementMarkdown(r.settleOK, r.settleBad))
+	b.WriteString(verificationMarkdown(r.settleCheck))
 
 	p("## Command\n\n")
 	p("```\nmake bench            # = go run ./hack/bench\ngo run ./hack/bench -h  # the knobs: requests, goroutines, clients, durations\n```\n\n")

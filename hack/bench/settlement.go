@@ -130,6 +130,13 @@ func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // being the mix's SenderTimeout, DefaultHTTPTimeout when 0) against a benchReceiver,
 // and times it until every grant is credited and acknowledged, or limit passes.
 func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, mix failureMix, limit time.Duration) (settlementRun, error) {
+	return measureSettlementVerified(ctx, redisAddr, uid, grants, mix, limit, true)
+}
+
+// measureSettlementVerified is measureSettlement with (verify) or without the
+// operator's check of every entry against the seeded split and the ledger
+// (settlement.Budget); the check against the claims hash runs either way.
+func measureSettlementVerified(ctx context.Context, redisAddr, uid string, grants int, mix failureMix, limit time.Duration, verify bool) (settlementRun, error) {
 	run := settlementRun{Grants: grants, Mix: mix}
 	conn := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}
 	rc := conn.NewClient()
@@ -164,7 +171,16 @@ func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, m
 	reg := prometheus.NewRegistry()
 	wrc := conn.NewClient()
 	defer func() { _ = wrc.Close() }()
+	var budget *settlement.Budget
+	if verify {
+		amounts := make([]int64, grants)
+		for i := range amounts {
+			amounts[i] = packetAmount
+		}
+		budget = &settlement.Budget{Total: int64(grants) * packetAmount, Count: int64(grants), Amounts: amounts}
+	}
 	w, err := settlement.NewWorker(settlement.Config{
+		Budget:      budget,
 		Redis:       wrc,
 		Activity:    "default/" + uid,
 		ActivityUID: uid,
@@ -280,6 +296,80 @@ func measureSettlements(ctx context.Context, o options, redisAddr string) (healt
 	}
 	fmt.Println(settlementLine(failing))
 	return healthy, failing, nil
+}
+
+// verificationRun is the same healthy settlement measured without and with the
+// operator's check of every entry against the seeded split and the ledger.
+type verificationRun struct {
+	Plain, Verified settlementRun
+}
+
+// PerEntry is the time per credited entry of a run.
+func perEntry(s settlementRun) time.Duration {
+	if s.Grants == 0 {
+		return 0
+	}
+	return s.Credited / time.Duration(s.Grants)
+}
+
+// Ratio is the verified run's time per entry over the plain run's.
+func (v verificationRun) Ratio() float64 {
+	return ratio(float64(v.Verified.Credited), float64(v.Plain.Credited))
+}
+
+// verificationRounds is how many times each of the two runs is measured,
+// alternating, after one warm-up run; the fastest of each counts.
+const verificationRounds = 3
+
+// measureVerification runs the healthy settlement on fresh activities, the check off
+// and on alternately, verificationRounds times each after a warm-up, in the same
+// process against the same Redis, and keeps the fastest run of each.
+func measureVerification(ctx context.Context, o options, redisAddr string) (verificationRun, error) {
+	var v verificationRun
+	if _, err := measureSettlementVerified(ctx, redisAddr, "bench-settle-warmup", o.settleGrants, failureMix{}, o.settleLimit, true); err != nil {
+		return v, err
+	}
+	for i := range verificationRounds {
+		for _, verify := range []bool{false, true} {
+			uid := fmt.Sprintf("bench-settle-%v-%d", verify, i)
+			s, err := measureSettlementVerified(ctx, redisAddr, uid, o.settleGrants, failureMix{}, o.settleLimit, verify)
+			if err != nil {
+				return v, err
+			}
+			best := &v.Plain
+			if verify {
+				best = &v.Verified
+			}
+			if best.Credited == 0 || s.Credited < best.Credited {
+				*best = s
+			}
+		}
+	}
+	fmt.Println(verificationLine(v))
+	return v, nil
+}
+
+// verificationLine is the console line of the verification's cost.
+func verificationLine(v verificationRun) string {
+	return fmt.Sprintf("(g) settlement of %d grants, fastest of %d: %s per entry with the split and ledger check, %s without; ratio with/without = %.2f",
+		v.Plain.Grants, verificationRounds, perEntry(v.Verified), perEntry(v.Plain), v.Ratio())
+}
+
+// verificationMarkdown is the row of docs/benchmarks.md on the check's cost.
+func verificationMarkdown(v verificationRun) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("### The settlement check per entry\n\n")
+	p("Every entry is checked before delivery against the split the operator seeded (packet id in\n")
+	p("range, amount equal to the seeded one, packet no longer listed: one `LINDEX` per batch) and\n")
+	p("decided in the operator's ledger (`ledger_credit.lua`, one call per batch of %d). The same\n", settlement.DefaultBatchSize)
+	p("healthy settlement of %d grants, on fresh activities in one run, without and with it\n", v.Plain.Grants)
+	p("(alternately, %d times each after a warm-up; the fastest of each):\n\n", verificationRounds)
+	p("| run | credited in | per entry | per second |\n|---|---:|---:|---:|\n")
+	p("| claims-hash check only | %s | %s | %.0f |\n", v.Plain.Credited.Round(time.Millisecond), perEntry(v.Plain), v.Plain.Rate())
+	p("| split + ledger check too | %s | %s | %.0f |\n", v.Verified.Credited.Round(time.Millisecond), perEntry(v.Verified), v.Verified.Rate())
+	p("\nRatio with ÷ without: **%.2f**.\n\n", v.Ratio())
+	return b.String()
 }
 
 // settlementGoal is the issue's goal for the failure-mix run.

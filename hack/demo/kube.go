@@ -139,13 +139,12 @@ func demoManifest(sample map[string]any, name string, packets int64, webhookURL,
 	if _, ok := spec["sponsor"]; !ok {
 		spec["sponsor"] = "merchant-001"
 	}
-	spec["settlement"] = map[string]any{
-		"webhook": map[string]any{
-			"url":       webhookURL,
-			"secretRef": map[string]any{"name": webhookSecret},
-		},
-		"maxAttempts": 10,
+	webhook := map[string]any{"url": webhookURL}
+	if webhookSecret != "" {
+		// Deprecated and ignored: the operator signs with its own key.
+		webhook["secretRef"] = map[string]any{"name": webhookSecret}
 	}
+	spec["settlement"] = map[string]any{"webhook": webhook, "maxAttempts": 10}
 	if gs, ok := spec["grabService"].(map[string]any); ok {
 		delete(gs, "auth") // the demo's users send plain user ids
 	}

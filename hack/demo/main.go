@@ -183,6 +183,7 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("writing %s: %w", keyFile, err)
 	}
 	recv := rain.NewReceiver(keyHex)
+	recv.RequireBudget = true
 	recvURL, stopRecv, err := recv.Serve(ctx, "127.0.0.1")
 	if err != nil {
 		return err
@@ -212,7 +213,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "balance-hmac", 0)
+	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "", 0)
 	if err != nil {
 		return err
 	}
@@ -223,8 +224,13 @@ func (d *demo) run(ctx context.Context) error {
 	if from != "" {
 		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, settlement to the local receiver\n", from, o.packets)
 	}
-	if err := kc.show(ctx, "create", "secret", "generic", "balance-hmac", "--namespace", "default",
-		"--from-file=key="+keyFile); err != nil {
+	// The operator signs every delivery with the key its own namespace holds for the
+	// balance system's host; the tenant's namespace holds none.
+	if err := kc.show(ctx, "create", "namespace", "redpacket-system"); err != nil {
+		return err
+	}
+	if err := kc.show(ctx, "create", "secret", "generic", "redpacket-settlement-keys", "--namespace", "redpacket-system",
+		"--from-file=127.0.0.1="+keyFile); err != nil {
 		return err
 	}
 	if err := kc.show(ctx, "apply", "-f", rel(root, manifestPath)); err != nil {
@@ -240,7 +246,7 @@ func (d *demo) run(ctx context.Context) error {
 	gs, err := proc.Start("grab service", grabLog, []string{"KUBECONFIG=" + kubeconfig},
 		filepath.Join(root, "bin", "grabsvc"), "--namespace", "default", "--activity", o.name,
 		"--listen", grabAddr, "--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr,
-		"--webhook-key-file", keyFile, "--report-interval", "1s", "--shutdown-delay", "1s")
+		"--report-interval", "1s", "--shutdown-delay", "1s")
 	if err != nil {
 		return err
 	}

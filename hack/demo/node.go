@@ -26,9 +26,6 @@ import (
 // nodeVersion tags the operator and pause images the node runs.
 const nodeVersion = "demo"
 
-// webhookSecret is the Secret that holds the balance system's signing key.
-const webhookSecret = "balance-hmac"
-
 // nodeDemo is the demo on a real single-node Kubernetes (test/cluster).
 type nodeDemo struct {
 	opts   options
@@ -173,12 +170,13 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return fmt.Errorf("writing %s: %w", keyFile, err)
 	}
 	recv := rain.NewReceiver(keyHex)
+	recv.RequireBudget = true
 	recvURL, stopRecv, err := recv.Serve(ctx, cluster.NodeIP)
 	if err != nil {
 		return err
 	}
 	nd.onStop(stopRecv)
-	fmt.Printf("    %s/credit on the host, where the grab pods reach it; verifying X-Signature with %s\n", recvURL, rel(root, keyFile))
+	fmt.Printf("    %s/credit on the host, where the operator's pods reach it; verifying X-Signature with %s\n", recvURL, rel(root, keyFile))
 
 	step("applying the sample activity with kubectl")
 	sample, from, err := sampleActivity(root)
@@ -186,7 +184,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return err
 	}
 	const grabReplicas = 2
-	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", webhookSecret, grabReplicas)
+	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "", grabReplicas)
 	if err != nil {
 		return err
 	}
@@ -198,8 +196,11 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, %d grab pods, settlement to the receiver\n",
 			from, o.packets, grabReplicas)
 	}
-	if err := nd.kc.show(ctx, "create", "secret", "generic", webhookSecret, "--namespace", "default",
-		"--from-file=key="+rel(root, keyFile)); err != nil {
+	// The operator signs every delivery with the key its own namespace holds for the
+	// balance system's host (here the node's address); the tenant's namespace holds
+	// none.
+	if err := nd.kc.show(ctx, "create", "secret", "generic", "redpacket-settlement-keys", "--namespace", cluster.OperatorNamespace,
+		"--from-file="+cluster.NodeIP+"="+rel(root, keyFile)); err != nil {
 		return err
 	}
 	applied := time.Now()

@@ -23,15 +23,30 @@ type Delivery struct {
 	PacketID    string `json:"packetId"`
 	UserID      string `json:"userId"`
 	Amount      int64  `json:"amount"`
-	Currency    string `json:"currency"`
-	At          string `json:"at"`
+	// Count is the budget's number of packets (kind "budget" only).
+	Count    int64  `json:"count,omitempty"`
+	Currency string `json:"currency"`
+	At       string `json:"at"`
+}
+
+// budget is what the operator announced for one activity UID, and what was
+// credited against it.
+type budget struct {
+	amount, count     int64
+	credited, granted int64
 }
 
 // Receiver is a small balance system: it credits each idempotency key once, keeps
 // totals, and counts what a real one would alarm on. With a key, it refuses a
-// delivery whose X-Signature does not verify.
+// delivery whose X-Signature does not verify. It records each activity's announced
+// budget (kind "budget", Idempotency-Key "<uid>/budget") and refuses, with 409, a
+// credit that would take the activity's grants and refund beyond the budget's
+// amount or its grants beyond its count; with RequireBudget, also any credit of an
+// activity whose budget was not announced first.
 type Receiver struct {
 	key []byte
+	// RequireBudget refuses credits of an activity whose budget was not announced.
+	RequireBudget bool
 
 	mu          sync.Mutex
 	seen        map[string]Delivery
@@ -44,11 +59,13 @@ type Receiver struct {
 	refunds     int64
 	refundSum   int64
 	users       map[string]int64
+	budgets     map[string]*budget
+	overBudget  int64 // credits refused beyond the announced budget, or without one
 }
 
 // NewReceiver returns a receiver that verifies signatures made with key (nil: none).
 func NewReceiver(key []byte) *Receiver {
-	return &Receiver{key: key, seen: map[string]Delivery{}, users: map[string]int64{}}
+	return &Receiver{key: key, seen: map[string]Delivery{}, users: map[string]int64{}, budgets: map[string]*budget{}}
 }
 
 // ServeHTTP credits one delivery.
@@ -83,8 +100,21 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	idem := r.Header.Get("Idempotency-Key")
 	wantKey := d.ActivityUID + "/" + d.PacketID
-	if d.Kind == "refund" {
+	switch d.Kind {
+	case "refund":
 		wantKey = d.ActivityUID + "/refund"
+	case "budget":
+		wantKey = d.ActivityUID + "/budget"
+		if idem != wantKey || d.Amount <= 0 || d.Count <= 0 {
+			rc.badRequests++
+			http.Error(w, fmt.Sprintf("budget with idempotency key %q (want %q), amount %d, count %d", idem, wantKey, d.Amount, d.Count), http.StatusBadRequest)
+			return
+		}
+		if _, ok := rc.budgets[d.ActivityUID]; !ok {
+			rc.budgets[d.ActivityUID] = &budget{amount: d.Amount, count: d.Count}
+		}
+		w.WriteHeader(http.StatusOK)
+		return
 	}
 	if idem == "" || idem != wantKey || d.Amount <= 0 {
 		rc.badRequests++
@@ -98,6 +128,25 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.WriteHeader(http.StatusOK)
 		return
+	}
+	b := rc.budgets[d.ActivityUID]
+	if b == nil && rc.RequireBudget {
+		rc.overBudget++
+		http.Error(w, "no budget was announced for activity "+d.ActivityUID, http.StatusConflict)
+		return
+	}
+	if b != nil {
+		granted := b.granted
+		if d.Kind == "grant" {
+			granted++
+		}
+		if b.credited+d.Amount > b.amount || granted > b.count {
+			rc.overBudget++
+			http.Error(w, fmt.Sprintf("over the budget of %d in %d packets", b.amount, b.count), http.StatusConflict)
+			return
+		}
+		b.credited += d.Amount
+		b.granted = granted
 	}
 	rc.seen[idem] = d
 	switch d.Kind {
@@ -122,6 +171,9 @@ type Totals struct {
 	Requests, Repeats, Conflicts, BadRequests int64
 	Grants, GrantSum, Refunds, RefundSum      int64
 	UsersCreditedTwice                        int64
+	// Budgets is how many activities announced a budget; OverBudget how many
+	// credits were refused beyond one (or without one, with RequireBudget).
+	Budgets, OverBudget int64
 }
 
 // Totals returns the receiver's counters.
@@ -129,13 +181,25 @@ func (rc *Receiver) Totals() Totals {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	t := Totals{Requests: rc.requests, Repeats: rc.repeats, Conflicts: rc.conflicts, BadRequests: rc.badRequests,
-		Grants: rc.grants, GrantSum: rc.grantSum, Refunds: rc.refunds, RefundSum: rc.refundSum}
+		Grants: rc.grants, GrantSum: rc.grantSum, Refunds: rc.refunds, RefundSum: rc.refundSum,
+		Budgets: int64(len(rc.budgets)), OverBudget: rc.overBudget}
 	for _, n := range rc.users {
 		if n > 1 {
 			t.UsersCreditedTwice++
 		}
 	}
 	return t
+}
+
+// Budget returns the budget announced for an activity UID, and false when none was.
+func (rc *Receiver) Budget(activityUID string) (amount, count int64, ok bool) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	b := rc.budgets[activityUID]
+	if b == nil {
+		return 0, 0, false
+	}
+	return b.amount, b.count, true
 }
 
 // Delivered returns the delivery credited under an idempotency key.

@@ -16,6 +16,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"redpacket.io/operator/test/controlplane"
@@ -43,6 +45,10 @@ const (
 )
 
 // TestMain runs the tests inside the environment runMain starts.
+// operatorNamespace is the namespace the operator runs for (POD_NAMESPACE), where its
+// settlement keys are.
+const operatorNamespace = "redpacket-system"
+
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
@@ -98,12 +104,24 @@ func runMain(m *testing.M) int {
 	env.redis = redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer env.redis.Close()
 
+	// The operator settles, signing with the key its own namespace holds for the
+	// balance system's host: the tests' receivers listen on 127.0.0.1 (and do not
+	// check signatures).
+	ctx := context.Background()
+	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}}); err != nil {
+		return fail(err)
+	}
+	if err := cp.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "redpacket-settlement-keys", Namespace: operatorNamespace},
+		Data: map[string][]byte{"127.0.0.1": []byte("e2e-operator-signing-key")}}); err != nil {
+		return fail(err)
+	}
+
 	probe, err := proc.FreeAddr()
 	if err != nil {
 		return fail(err)
 	}
 	env.managerLog = filepath.Join(work, "manager.log")
-	mp, err := proc.Start("operator", env.managerLog, nil, manager, "--kubeconfig", env.kubeconfig,
+	mp, err := proc.Start("operator", env.managerLog, []string{"POD_NAMESPACE=" + operatorNamespace}, manager, "--kubeconfig", env.kubeconfig,
 		"--redis-addresses", rs.Addr, "--metrics-bind-address", "0", "--health-probe-bind-address", probe,
 		"--cleanup-grace-period", "2m")
 	if err != nil {

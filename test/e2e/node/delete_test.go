@@ -14,8 +14,8 @@ import (
 
 // TestDeleteWithEveryPropagation deletes three activities with claims, one with
 // each propagation policy, right after a rain. Foreground deletion (what Argo CD's
-// prune uses) removes the grab Deployment before the activity, and with it the grab
-// pods' settlement workers; orphan deletion leaves the Deployment running. Whatever
+// prune uses) removes the grab Deployment before the activity; orphan deletion
+// leaves the Deployment running; the operator settles in every case. Whatever
 // the policy, every grant and the sponsor's refund must be credited, the activity
 // must go away, and no Redis key of its UID may remain.
 func TestDeleteWithEveryPropagation(t *testing.T) {

@@ -91,8 +91,9 @@ func eventually(t *testing.T, within time.Duration, what string, f func() error)
 	}
 }
 
-// activityManifest is a RedPacketActivity with auth and a signed webhook to the
-// test's receiver.
+// activityManifest is a RedPacketActivity with auth and a webhook to the test's
+// receiver (the operator signs; the secretRef is deprecated and ignored, kept here
+// to show that a tenant's key signs nothing).
 func activityManifest(ns, name string, total, count int64, replicas int) string {
 	return fmt.Sprintf(`apiVersion: redpacket.io/v1alpha1
 kind: RedPacketActivity
@@ -120,12 +121,15 @@ spec:
 // tokenKey is the HMAC key of user tokens in every test namespace.
 var tokenKey = []byte("e2e-user-token-key")
 
-// namespace creates a namespace with the token and webhook key Secrets.
+// namespace creates a namespace with the token Secret and a (deprecated, ignored)
+// webhook key Secret.
 func namespace(t *testing.T, name string) string {
 	t.Helper()
 	kubectl(t, "", "create", "namespace", name)
 	kubectl(t, "", "-n", name, "create", "secret", "generic", "grab-hmac", "--from-literal=key="+string(tokenKey))
-	kubectl(t, "", "-n", name, "create", "secret", "generic", "balance-hmac", "--from-literal=key="+string(env.webhookKey))
+	// A tenant's own key, which the receiver does not accept: a delivery signed with
+	// it would be refused.
+	kubectl(t, "", "-n", name, "create", "secret", "generic", "balance-hmac", "--from-literal=key=tenant-key-signs-nothing")
 	return name
 }
 

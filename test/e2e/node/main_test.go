@@ -124,8 +124,15 @@ func runMain(m *testing.M) int {
 	env.redis = redis.NewClient(&redis.Options{Addr: installed.RedisAddr})
 	defer env.redis.Close()
 
+	// The operator signs deliveries with the key its own namespace holds for the
+	// receiver's host; the tenants' namespaces hold none that signs.
 	env.webhookKey = []byte("e2e-balance-signing-key")
+	if _, err := node.Kubectl(ctx, "", "-n", cluster.OperatorNamespace, "create", "secret", "generic", "redpacket-settlement-keys",
+		"--from-literal="+cluster.NodeIP+"="+string(env.webhookKey)); err != nil {
+		return fail(err)
+	}
 	env.receiver = rain.NewReceiver(env.webhookKey)
+	env.receiver.RequireBudget = true
 	url, stopReceiver, err := env.receiver.Serve(ctx, cluster.NodeIP)
 	if err != nil {
 		return fail(err)

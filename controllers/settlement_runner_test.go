@@ -41,9 +41,9 @@ func (f *fakeWorker) counts() (started, running int) {
 // activity, only on the elected leader, from the manager's start to its stop;
 // restarts a worker whose configuration changed; and stops workers on request,
 // waiting until they have stopped.
-func TestDeletionSettlersRunOneWorkerPerActivity(t *testing.T) {
+func TestSettlementRunnerRunOneWorkerPerActivity(t *testing.T) {
 	t.Parallel()
-	d := controllers.NewDeletionSettlers()
+	d := controllers.NewSettlementRunner()
 	var _ manager.Runnable = d
 	if !d.NeedLeaderElection() {
 		t.Fatal("NeedLeaderElection() is false: every operator replica would deliver")

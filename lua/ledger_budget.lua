@@ -1,0 +1,9 @@
+-- ledger_budget: read or record that the activity's budget was announced to the
+-- balance system.
+-- KEYS[1] the activity's ledger hash, rpl:{<uid>}:ledger (operator-only)
+-- ARGV[1] "get" or "set", ARGV[2] (set) the announced "<amount>:<count>"
+-- Returns the announced "<amount>:<count>", or false when none was.
+if ARGV[1] == 'set' then
+  redis.call('HSETNX', KEYS[1], 'budget', ARGV[2])
+end
+return redis.call('HGET', KEYS[1], 'budget')
