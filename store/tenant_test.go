@@ -350,3 +350,48 @@ func errOrOK(err error) string {
 	}
 	return "ok"
 }
+
+// A tenant's Redis user can write its own activity's claims hash. A claim it writes by
+// hand for a packet that is still listed makes the activity hold one claim more than
+// its list gave out, which the steady view reports as duplicated on an activity of
+// one shard too, so the reporter and the controller fence it before the packet is
+// granted again.
+func TestForgedClaimOfAListedPacketIsSeenOnOneShard(t *testing.T) {
+	t.Parallel()
+	ctx := redistest.Context(t)
+	srv, op := protectedRedis(t)
+	const uid, pw = "act-forged-claim", "forger-pw-0123456789"
+	k := seedOpen(t, ctx, op, uid, []int64{100, 200, 300})
+	act := store.NewActivity(op, uid, 1)
+	if _, err := act.EnsureUser(ctx, pw); err != nil {
+		t.Fatal(err)
+	}
+	if r, _, err := act.Grab(ctx, "alice", nil); err != nil || r.Outcome != store.Granted {
+		t.Fatalf("grab: %+v, %v", r, err)
+	}
+	v, err := act.ReadShards(ctx)
+	if err != nil || !v.Steady || v.Duplicated() {
+		t.Fatalf("before the forgery: steady %v, duplicated %v, %v", v.Steady, v.Duplicated(), err)
+	}
+
+	tenant := userConn([]string{srv.Addr}, redisconn.ModeStandalone, uid, pw).NewClient()
+	t.Cleanup(func() { _ = tenant.Close() })
+	// Packet 3 is still listed: the claim names it with its seeded amount and an entry
+	// the tenant wrote too.
+	entry, err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []any{"grant", "3:300:0:CNY:mallory"}}).Result()
+	if err != nil {
+		t.Fatalf("the tenant's XADD: %v", err)
+	}
+	if err := tenant.HSet(ctx, k.Claims, "mallory", "3:300:"+entry).Err(); err != nil {
+		t.Fatalf("the tenant's HSET: %v", err)
+	}
+
+	v, err = act.ReadShards(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.Steady || !v.Duplicated() {
+		t.Fatalf("after a forged claim of a listed packet: steady %v, duplicated %v, imbalance %+v; want it seen",
+			v.Steady, v.Duplicated(), v.Conservation())
+	}
+}
