@@ -105,6 +105,9 @@ type scenario struct {
 	window     time.Duration
 	activities []activitySpec
 	faults     []fault
+	// tenant is the activity a tenant adversary attacks during the run (tenant_test.go),
+	// nil for none.
+	tenant *tenantSpec
 }
 
 func newScenario(seed uint64) scenario {
@@ -165,6 +168,7 @@ func newScenario(seed uint64) scenario {
 		sc.faults = append(sc.faults, f)
 	}
 	sort.Slice(sc.faults, func(i, j int) bool { return sc.faults[i].at < sc.faults[j].at })
+	sc.tenant = newTenantSpec(seed)
 	return sc
 }
 
@@ -206,6 +210,8 @@ func (r *recorder) history() []porcupine.Operation {
 // runStats is what one run adds to the soak table.
 type runStats struct {
 	ops, unknown, dropped, granted, firstAlready, violations, lost int
+	// tenant is what the tenant adversary sent and what Redis did with it.
+	tenant adversaryStats
 	// faults counts the injected faults by kind; outcomes the grabs' answers by
 	// outcome, with "503" for the grab service's unavailable answers and
 	// "no-answer" for requests that got none.
@@ -228,6 +234,11 @@ func (st *runStats) add(o runStats) {
 	st.lost += o.lost
 	st.ctrlCut += o.ctrlCut
 	st.ctrlReissued += o.ctrlReissued
+	st.tenant.sent += o.tenant.sent
+	st.tenant.succeeded += o.tenant.succeeded
+	st.tenant.refused += o.tenant.refused
+	st.tenant.failed += o.tenant.failed
+	st.tenant.foreign += o.tenant.foreign
 	st.op.add(o.op)
 	st.check = max(st.check, o.check)
 	for _, m := range []struct{ to, from *map[string]int }{{&st.faults, &o.faults}, {&st.outcomes, &o.outcomes}} {
@@ -421,19 +432,13 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	wctx, stopWorkers := context.WithCancel(ctx)
 	var workers sync.WaitGroup
 	defer func() { stopWorkers(); workers.Wait() }()
-	for _, a := range acts {
-		counts[a.uid], totals[a.uid] = a.count, a.total
-		svc, err := newGrabService(a.obj, proxy.Addr(), sc.deadline)
-		if err != nil {
-			t.Fatalf("grab service of %s: %v", a.uid, err)
-		}
-		defer svc.Close()
-		svcs[a.uid] = svc
-		svcList = append(svcList, svc)
+	// settle starts the settlement worker of an activity, delivering to the balance
+	// system behind the flaky webhook.
+	settle := func(uid, activity string) {
 		wc := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		defer func() { _ = wc.Close() }()
+		t.Cleanup(func() { _ = wc.Close() })
 		w, err := settlement.NewWorker(settlement.Config{
-			Redis: wc, Activity: a.obj.Namespace + "/" + a.obj.Name, ActivityUID: a.uid, Currency: "CNY",
+			Redis: wc, Activity: activity, ActivityUID: uid, Currency: "CNY",
 			WebhookURL: hook.URL + "/credit", MaxAttempts: 100000, Consumer: "history", ClaimIdle: time.Second,
 			HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}, BackoffBase: 10 * time.Millisecond,
 			BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond,
@@ -446,9 +451,30 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		go func() {
 			defer workers.Done()
 			if err := w.Run(wctx); err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("settlement worker %s: %v", a.uid, err)
+				t.Errorf("settlement worker %s: %v", uid, err)
 			}
 		}()
+	}
+	for _, a := range acts {
+		counts[a.uid], totals[a.uid] = a.count, a.total
+		svc, err := newGrabService(a.obj, proxy.Addr(), sc.deadline)
+		if err != nil {
+			t.Fatalf("grab service of %s: %v", a.uid, err)
+		}
+		defer svc.Close()
+		svcs[a.uid] = svc
+		svcList = append(svcList, svc)
+		settle(a.uid, a.obj.Namespace+"/"+a.obj.Name)
+	}
+	// The tenant's activity and its adversary (stand-in runs only).
+	var tenant *tenantRun
+	if sc.tenant != nil && opr == nil {
+		var foreign []string
+		for _, a := range acts {
+			foreign = append(foreign, a.uid)
+		}
+		tenant = startTenant(t, ctx, srv, direct, proxy.Addr(), sc.tenant, foreign, sc.deadline, sc.window, sc.seed)
+		settle(sc.tenant.uid, "default/"+sc.tenant.uid)
 	}
 
 	var wg sync.WaitGroup
@@ -478,6 +504,9 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 					p.Stall(f.dur)
 				}
 			case faultClientPause:
+				if tenant != nil {
+					tenant.ping.excuse(f.dur + 200*time.Millisecond)
+				}
 				if err := admin.Do(ctx, "CLIENT", "PAUSE", strconv.FormatInt(f.dur.Milliseconds(), 10), "ALL").Err(); err != nil {
 					t.Errorf("CLIENT PAUSE: %v", err)
 				}
@@ -495,6 +524,9 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			case faultWebhookSlow:
 				flaky.SlowFor(f.dur)
 			case faultRedisRestart:
+				if tenant != nil {
+					tenant.ping.excuse(5 * time.Second)
+				}
 				if err := srv.restart(); err != nil {
 					t.Errorf("restarting redis-server: %v", err)
 				}
@@ -640,6 +672,10 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		}
 	}
 
+	if tenant != nil {
+		tenant.end(ctx, direct)
+	}
+
 	// Settlement drains: every claim and the refund reach the balance system.
 	deadline := time.Now().Add(60 * time.Second)
 	for _, a := range acts {
@@ -655,8 +691,17 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	if tenant != nil {
+		// The tenant's activity may never drain (the adversary may have broken its
+		// consumer group): what matters is what was credited by then.
+		time.Sleep(500 * time.Millisecond)
+	}
 	stopWorkers()
 	workers.Wait()
+	if tenant != nil {
+		st.violations += tenant.check(t, sc.seed, receiver)
+		st.tenant = tenant.adv.snapshot()
+	}
 
 	// The final read of the claims, which also resolves the unknown grabs.
 	final := map[string]map[string]string{}
@@ -843,7 +888,7 @@ func runSeeds(t *testing.T, h harness, runs int, scenarioOf func(uint64) scenari
 				windows = append(windows, fmt.Sprintf("%s %v..%v", a.uid, a.startAt, a.endAt))
 			}
 		}
-		ctrlLine := fmt.Sprintf("controller calls cut %d, re-issued %d", st.ctrlCut, st.ctrlReissued)
+		ctrlLine := fmt.Sprintf("controller calls cut %d, re-issued %d; tenant adversary %s", st.ctrlCut, st.ctrlReissued, st.tenant)
 		if sc.operator {
 			ctrlLine = "operator: " + st.op.String()
 		}
@@ -861,7 +906,7 @@ func runSeeds(t *testing.T, h harness, runs int, scenarioOf func(uint64) scenari
 	for _, n := range sum.faults {
 		nFaults += n
 	}
-	ctrlLine := fmt.Sprintf("stand-in controller calls cut %d, re-issued %d", sum.ctrlCut, sum.ctrlReissued)
+	ctrlLine := fmt.Sprintf("stand-in controller calls cut %d, re-issued %d\ntenant adversary: %s", sum.ctrlCut, sum.ctrlReissued, sum.tenant)
 	if h.cp != nil {
 		ctrlLine = "real controller: " + sum.op.String()
 	}

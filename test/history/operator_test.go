@@ -185,6 +185,7 @@ func TestHistoriesWithOperator(t *testing.T) {
 func operatorScenario(seed uint64) scenario {
 	sc := newScenario(seed)
 	sc.operator = true
+	sc.tenant = nil // the tenant adversary plays against the stand-in's runs
 	r := rand.New(rand.NewPCG(seed, 0x6f70))
 	var edits []time.Duration
 	for i := range sc.activities {
