@@ -434,16 +434,37 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	defer func() { stopWorkers(); workers.Wait() }()
 	// settle starts the settlement worker of an activity, delivering to the balance
 	// system behind the flaky webhook.
-	settle := func(uid, activity string) {
+	// With the seeded amounts known (the stand-in seeds them itself), the worker checks
+	// every entry against them and the activity's ledger, as the operator's do, after
+	// announcing the budget.
+	settle := func(uid, activity string, amounts []int64) {
 		wc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { _ = wc.Close() })
-		w, err := settlement.NewWorker(settlement.Config{
+		cfg := settlement.Config{
 			Redis: wc, Activity: activity, ActivityUID: uid, Currency: "CNY",
 			WebhookURL: hook.URL + "/credit", MaxAttempts: 100000, Consumer: "history", ClaimIdle: time.Second,
 			HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}, BackoffBase: 10 * time.Millisecond,
 			BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
+		}
+		if amounts != nil {
+			var total int64
+			for _, v := range amounts {
+				total += v
+			}
+			cfg.Budget = &settlement.Budget{Total: total, Count: int64(len(amounts)), Amounts: amounts, At: time.Now()}
+			for try := 0; ; try++ {
+				err := settlement.AnnounceBudget(ctx, cfg, 1)
+				if err == nil {
+					break
+				}
+				if try == 50 {
+					t.Fatalf("announcing the budget of %s: %v", uid, err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		w, err := settlement.NewWorker(cfg)
 		if err != nil {
 			t.Fatalf("settlement worker: %v", err)
 		}
@@ -455,7 +476,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			}
 		}()
 	}
-	for _, a := range acts {
+	for i, a := range acts {
 		counts[a.uid], totals[a.uid] = a.count, a.total
 		svc, err := newGrabService(a.obj, proxy.Addr(), sc.deadline)
 		if err != nil {
@@ -464,7 +485,11 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		defer svc.Close()
 		svcs[a.uid] = svc
 		svcList = append(svcList, svc)
-		settle(a.uid, a.obj.Namespace+"/"+a.obj.Name)
+		var amounts []int64
+		if opr == nil {
+			amounts = sc.activities[i].amounts
+		}
+		settle(a.uid, a.obj.Namespace+"/"+a.obj.Name, amounts)
 	}
 	// The tenant's activity and its adversary (stand-in runs only).
 	var tenant *tenantRun
@@ -474,7 +499,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			foreign = append(foreign, a.uid)
 		}
 		tenant = startTenant(t, ctx, srv, direct, proxy.Addr(), sc.tenant, foreign, sc.deadline, sc.window, sc.seed)
-		settle(sc.tenant.uid, "default/"+sc.tenant.uid)
+		settle(sc.tenant.uid, "default/"+sc.tenant.uid, sc.tenant.amounts)
 	}
 
 	var wg sync.WaitGroup
