@@ -166,10 +166,10 @@ var GrabLibrary = newLibrary(GrabSideScripts()...)
 
 // GrabSideScripts are the scripts the grab pods run: the grab, the refill of a
 // sharded activity's dry shard (the transfers and the stock reading), the reporter's
-// snapshot, the settlement worker's acknowledgement and dead-lettering, the
-// consumer group's creation, and the replay of dead letters. They are the functions
-// of GrabLibrary, called with FCALL (Script.Call) by everyone, the operator included;
-// seeding, configuring, closing, fencing, accepting and refunding are the operator's
+// snapshot and the replay of dead letters. They are the functions of GrabLibrary,
+// called with FCALL (Script.Call) by everyone, the operator included; seeding,
+// configuring, closing, fencing, accepting, refunding and settlement (the consumer
+// group, the acknowledgement, the dead letters and the ledger) are the operator's
 // alone and stay cached scripts run with EVALSHA (Script.Run) under its own user.
 func GrabSideScripts() []*Script {
 	return []*Script{GrabScript, SnapshotScript, ReplayDeadScript, TransferOutScript, TransferInScript,

@@ -44,8 +44,8 @@ func TestGrabLibraryHoldsTheGrabSideScripts(t *testing.T) {
 			t.Errorf("the operator's script %s is in the grab-side library", s.Name())
 		}
 	}
-	if len(lib.Scripts()) != 10 {
-		t.Errorf("%d scripts in the library, want the 10 grab-side ones", len(lib.Scripts()))
+	if len(lib.Scripts()) != 7 {
+		t.Errorf("%d scripts in the library, want the 7 grab-side ones", len(lib.Scripts()))
 	}
 }
 

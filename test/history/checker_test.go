@@ -94,6 +94,26 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			op(9, Input{Op: OpCloseExpired}, Output{State: "closed", Reason: store.CloseExpired}, 2, 3),
 			grabOp(0, "u1", store.Granted, "1", 4, 5),
 		}, false},
+		{"a close cut half-way: grabs end while configure still answers open, until a close finishes it", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpPause}, Output{State: "open"}, 2, 3),
+			op(9, Input{Op: OpCloseExpired}, Output{Unknown: true}, 4, 1000),
+			grabOp(0, "u1", store.Ended, "", 5, 6),
+			op(9, Input{Op: OpResume}, Output{State: "open"}, 7, 8),
+			op(9, Input{Op: OpCloseExpired}, Output{State: "closed", Reason: store.CloseExpired}, 9, 10),
+			grabOp(1, "u2", store.Ended, "", 11, 12),
+		}, true},
+		{"a completed close is never answered open", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpCloseExpired}, Output{State: "closed", Reason: store.CloseExpired}, 2, 3),
+			op(9, Input{Op: OpResume}, Output{State: "open"}, 4, 5),
+		}, false},
+		{"a close cut half-way and finished is never answered open again", 3, []porcupine.Operation{
+			openOp(0, 1),
+			op(9, Input{Op: OpCloseExpired}, Output{Unknown: true}, 2, 1000),
+			op(9, Input{Op: OpCloseExpired}, Output{State: "closed", Reason: store.CloseExpired}, 3, 4),
+			op(9, Input{Op: OpResume}, Output{State: "open"}, 5, 6),
+		}, false},
 		{"an unknown outcome does not excuse a double grant", 3, []porcupine.Operation{
 			openOp(0, 1),
 			grabOp(0, "u1", store.Granted, "1", 2, 3),

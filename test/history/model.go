@@ -94,6 +94,12 @@ type state struct {
 	startMs   int64 // the window Configure wrote, 0 for an open side
 	endMs     int64
 	closed    store.CloseReason // "" while not closed
+	// halfClosed marks a close whose outcome was unknown: it may have stopped after
+	// closing the shard and before writing the activity's refund (store.Activity.Close
+	// takes two steps). Grabs then end as the close's reason says, while Configure
+	// still answers open (store.Activity.ConfigureWith), so that the next Close
+	// finishes it; a close with a known outcome does.
+	halfClosed bool
 	claims    map[string]string // user -> packet id (or unknownClaim)
 	held      map[string]string // packet id -> user
 	hash      uint64            // order-independent hash of claims, kept with them
@@ -116,6 +122,9 @@ func (s *state) gateHash() uint64 {
 		g |= 2
 	}
 	g |= uint64(len(s.closed)) << 2
+	if s.halfClosed {
+		g |= 1 << 10
+	}
 	return s.hash ^ uint64(s.remaining)*0x9e3779b97f4a7c15 ^ g*0xc2b2ae3d27d4eb4f ^
 		uint64(s.startMs)*0x165667b19e3779f9 ^ uint64(s.endMs)*0x27d4eb2f165667c5
 }
@@ -263,7 +272,7 @@ func (s *state) stepGrab(in Input, out Output) (bool, *state) {
 
 func (s *state) stepConfigure(in Input, paused bool, out Output) (bool, *state) {
 	if s.closed != "" {
-		return out.Unknown || out.State == string(store.StateClosed), s
+		return out.Unknown || out.State == string(store.StateClosed) || s.halfClosed && out.State == string(store.StateOpen), s
 	}
 	if !out.Unknown && out.State != string(store.StateOpen) {
 		return false, s
@@ -276,7 +285,13 @@ func (s *state) stepConfigure(in Input, paused bool, out Output) (bool, *state) 
 
 func (s *state) stepClose(reason store.CloseReason, out Output) (bool, *state) {
 	if s.closed != "" {
-		return out.Unknown || out.State == string(store.Closed) && out.Reason == s.closed, s
+		ok := out.Unknown || out.State == string(store.Closed) && out.Reason == s.closed
+		if ok && !out.Unknown && s.halfClosed {
+			n := s.withGate()
+			n.halfClosed = false
+			return true, n
+		}
+		return ok, s
 	}
 	if reason == store.CloseExhausted && s.remaining > 0 {
 		return out.Unknown || out.State == string(store.CloseStillOpen), s
@@ -285,7 +300,7 @@ func (s *state) stepClose(reason store.CloseReason, out Output) (bool, *state) {
 		return false, s
 	}
 	n := s.withGate()
-	n.closed = reason
+	n.closed, n.halfClosed = reason, out.Unknown
 	return true, n
 }
 
@@ -350,7 +365,7 @@ func Model(counts map[string]int) porcupine.Model {
 			}
 			if x.count != y.count || x.remaining != y.remaining || x.opened != y.opened || x.paused != y.paused ||
 				x.startMs != y.startMs || x.endMs != y.endMs ||
-				x.closed != y.closed || x.hash != y.hash || len(x.claims) != len(y.claims) {
+				x.closed != y.closed || x.halfClosed != y.halfClosed || x.hash != y.hash || len(x.claims) != len(y.claims) {
 				return false
 			}
 			for k, v := range x.claims {
