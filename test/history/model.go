@@ -100,9 +100,9 @@ type state struct {
 	// still answers open (store.Activity.ConfigureWith), so that the next Close
 	// finishes it; a close with a known outcome does.
 	halfClosed bool
-	claims    map[string]string // user -> packet id (or unknownClaim)
-	held      map[string]string // packet id -> user
-	hash      uint64            // order-independent hash of claims, kept with them
+	claims     map[string]string // user -> packet id (or unknownClaim)
+	held       map[string]string // packet id -> user
+	hash       uint64            // order-independent hash of claims, kept with them
 }
 
 func entryHash(user, packet string) uint64 {
