@@ -17,6 +17,10 @@ const dashboardUID = "redpacket-operator"
 // activityFilter selects the series of the chosen activities.
 const activityFilter = `namespace=~"$namespace", name=~"$activity"`
 
+// settlementFilter selects the operator's settlement series of the chosen activities,
+// which name the activity in one label, activity="<namespace>/<name>".
+const settlementFilter = `activity=~"$namespace/$activity"`
+
 type gridPos struct {
 	H int `json:"h"`
 	W int `json:"w"`
@@ -114,25 +118,25 @@ var dashboardRows = []struct {
 		{kind: "timeseries", title: "Settlement lag", unit: "s", width: 12,
 			description: "Seconds from a claim (or refund) to its acknowledged delivery to the balance system: 50th and 99th percentile.",
 			queries: []query{
-				{`histogram_quantile(0.5, sum by (namespace, name, le) (rate(redpacket_settlement_lag_seconds_bucket{%s}[$__rate_interval])))`, "{{namespace}}/{{name}} p50"},
-				{`histogram_quantile(0.99, sum by (namespace, name, le) (rate(redpacket_settlement_lag_seconds_bucket{%s}[$__rate_interval])))`, "{{namespace}}/{{name}} p99"},
+				{`histogram_quantile(0.5, sum by (activity, le) (rate(redpacket_settlement_lag_seconds_bucket{` + settlementFilter + `}[$__rate_interval])))`, "{{activity}} p50"},
+				{`histogram_quantile(0.99, sum by (activity, le) (rate(redpacket_settlement_lag_seconds_bucket{` + settlementFilter + `}[$__rate_interval])))`, "{{activity}} p99"},
 			}},
 		{kind: "timeseries", title: "Deliveries/s by result", unit: "ops", width: 12,
 			description: "Settlement webhook deliveries by result (settled, already_settled, rejected, no_answer), and retries.",
 			queries: []query{
-				{`sum by (result) (rate(redpacket_settlement_deliveries_total{%s}[$__rate_interval]))`, "{{result}}"},
-				{`sum (rate(redpacket_settlement_retries_total{%s}[$__rate_interval]))`, "retries"},
+				{`sum by (result) (rate(redpacket_settlement_deliveries_total{` + settlementFilter + `}[$__rate_interval]))`, "{{result}}"},
+				{`sum (rate(redpacket_settlement_retries_total{` + settlementFilter + `}[$__rate_interval]))`, "retries"},
 			}},
 		{kind: "timeseries", title: "Dead letters", unit: "short", width: 12,
 			description: "Deliveries parked after too many failures: per activity (status.deadLetterCount) and parked in the interval.",
 			queries: []query{
 				{`max by (namespace, name) (redpacket_activity_dead_letters{%s})`, "{{namespace}}/{{name}} parked"},
-				{`sum by (namespace, name) (increase(redpacket_settlement_dead_letters_total{%s}[$__rate_interval]))`, "{{namespace}}/{{name}} new"},
+				{`sum by (activity) (increase(redpacket_settlement_dead_letters_total{` + settlementFilter + `}[$__rate_interval]))`, "{{activity}} new"},
 			}},
 		{kind: "timeseries", title: "Pending and settled", unit: "short", width: 12,
 			description: "Claims read by settlement and not yet acknowledged, and grants credited so far (status.settledCount).",
 			queries: []query{
-				{`max by (namespace, name) (redpacket_settlement_pending_entries{%s})`, "{{namespace}}/{{name}} pending"},
+				{`max by (activity) (redpacket_settlement_pending_entries{` + settlementFilter + `})`, "{{activity}} pending"},
 				{`max by (namespace, name) (redpacket_activity_settled_packets{%s})`, "{{namespace}}/{{name}} settled"},
 			}},
 	}},

@@ -90,6 +90,14 @@ type alert struct {
 	name, expr, forDuration, severity, summary, description string
 }
 
+// perActivity gives the series of an expression aggregated by the activity label,
+// which the operator's settlement metrics carry as "<namespace>/<name>" (the operator
+// settles every activity from its own namespace), the activity's namespace and name
+// labels, as the other alerts have them.
+func perActivity(expr string) string {
+	return `label_replace(label_replace(` + expr + `, "namespace", "$1", "activity", "([^/]*)/.*"), "name", "$1", "activity", "[^/]*/(.*)")`
+}
+
 // alertGroups are the alerts, by the component whose metrics they read. Every one
 // says what an on-call person must act on; docs/monitoring.md has what to do.
 // config/prometheus/tests/ has a promtool test of each firing and of each staying
@@ -125,26 +133,33 @@ var alertGroups = []struct {
 	{"redpacket-settlement", []alert{
 		{
 			name:        "RedPacketSettlementLagging",
-			expr:        `histogram_quantile(0.99, sum by (namespace, name, le) (rate(redpacket_settlement_lag_seconds_bucket[10m]))) > 300`,
+			expr:        perActivity(`histogram_quantile(0.99, sum by (activity, le) (rate(redpacket_settlement_lag_seconds_bucket[10m]))) > 300`),
 			forDuration: "10m", severity: "warning",
 			summary:     "Claims of {{ $labels.namespace }}/{{ $labels.name }} take {{ $value | humanizeDuration }} to be credited (p99)",
 			description: "The balance system acknowledges settlement deliveries late: users see their packet but not the money. Check the webhook's latency and errors (redpacket_settlement_deliveries_total by result).",
 		},
 		{
 			name: "RedPacketSettlementStuck",
-			expr: `max by (namespace, name) (redpacket_settlement_pending_entries) > 0
-unless on (namespace, name)
-  sum by (namespace, name) (increase(redpacket_settlement_deliveries_total{result=~"settled|already_settled"}[15m])) > 0`,
+			expr: perActivity(`max by (activity) (redpacket_settlement_pending_entries) > 0
+unless on (activity)
+  sum by (activity) (increase(redpacket_settlement_deliveries_total{result=~"settled|already_settled"}[15m])) > 0`),
 			forDuration: "15m", severity: "critical",
 			summary:     "Settlement of {{ $labels.namespace }}/{{ $labels.name }} delivered nothing for 15 minutes with {{ $value }} claims pending",
 			description: "No claim was credited while claims wait: the balance system rejects or does not answer the webhook. Deliveries are retried; after spec.settlement.maxAttempts they go to the dead-letter stream.",
 		},
 		{
 			name:        "RedPacketSettlementDeadLettering",
-			expr:        `sum by (namespace, name) (increase(redpacket_settlement_dead_letters_total[15m])) > 0`,
+			expr:        perActivity(`sum by (activity) (increase(redpacket_settlement_dead_letters_total[15m])) > 0`),
 			forDuration: "0m", severity: "critical",
 			summary:     "Settlement of {{ $labels.namespace }}/{{ $labels.name }} parked {{ $value | humanize }} claims in the dead-letter stream",
 			description: "Deliveries failed spec.settlement.maxAttempts times and were parked: those users are not credited until the dead letters are replayed (docs/operations.md).",
+		},
+		{
+			name:        "RedPacketSettlementForgedEntries",
+			expr:        perActivity(`sum by (activity) (increase(redpacket_settlement_forged_total[15m])) > 0`),
+			forDuration: "0m", severity: "critical",
+			summary:     "Settlement of {{ $labels.namespace }}/{{ $labels.name }} refused {{ $value | humanize }} entries that no grab of the activity wrote",
+			description: "Entries that do not match the seeded split, credit a packet twice or exceed the activity's total were dead-lettered, not delivered: someone holding the activity's Redis credentials wrote them. The Warning events ForgedSettlementEntry name each packet, user and reason (docs/operations.md, Who can do what).",
 		},
 	}},
 	{"redpacket-activity", []alert{

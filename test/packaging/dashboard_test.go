@@ -251,8 +251,8 @@ func gaugeValue(fams map[string]*dto.MetricFamily, name string, labels map[strin
 }
 
 // TestDashboardQueriesNameExportedMetrics runs an activity with settlement to its end
-// through the manager and a grab service (real processes, a real Redis and API
-// server), scrapes both /metrics endpoints, and checks that every metric each
+// through the manager (which settles it) and a grab service (real processes, a real
+// Redis and API server), scrapes both /metrics endpoints, and checks that every metric each
 // dashboard query names is one of them exports. It also checks that no redpacket_
 // series carries a label outside a small fixed set, or a user id as a value.
 func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
@@ -305,8 +305,8 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 			return false, fmt.Sprintf("claimed amount %v, want 600", gaugeValue(manager, "redpacket_activity_claimed_amount", activity))
 		case gaugeValue(manager, "redpacket_activity_settled_packets", activity) != 6:
 			return false, fmt.Sprintf("settled packets %v, want 6", gaugeValue(manager, "redpacket_activity_settled_packets", activity))
-		case !hasSeries(grab, "redpacket_settlement_deliveries_total", map[string]string{"result": "settled"}):
-			return false, "no settled delivery in the grab service's metrics"
+		case !hasSeries(manager, "redpacket_settlement_deliveries_total", map[string]string{"result": "settled", "activity": ns + "/dash"}):
+			return false, "no settled delivery in the operator's settlement metrics"
 		}
 		return true, ""
 	})

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -137,6 +138,18 @@ func newLiveEnv(bins binaries) (*liveEnv, error) {
 	e.redisAddr = e.redisProc.Addr
 	e.redis = redis.NewClient(&redis.Options{Addr: e.redisAddr})
 
+	// The operator settles, signing with the key its own namespace holds for the
+	// balance system's host (the receiver below listens on 127.0.0.1).
+	const operatorNamespace = "redpacket-system"
+	ctx := context.Background()
+	if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}}); err != nil {
+		return fail(err)
+	}
+	if err := e.client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "redpacket-settlement-keys", Namespace: operatorNamespace},
+		Data: map[string][]byte{"127.0.0.1": []byte("packaging-operator-signing-key")}}); err != nil {
+		return fail(err)
+	}
+
 	metrics, err := proc.FreeAddr()
 	if err != nil {
 		return fail(err)
@@ -147,7 +160,7 @@ func newLiveEnv(bins binaries) (*liveEnv, error) {
 	}
 	e.metricsURL = "http://" + metrics + "/metrics"
 	e.managerLog = filepath.Join(e.work, "manager.log")
-	if e.manager, err = proc.Start("operator", e.managerLog, nil, bins.manager, "--kubeconfig", e.kubeconfig,
+	if e.manager, err = proc.Start("operator", e.managerLog, []string{"POD_NAMESPACE=" + operatorNamespace}, bins.manager, "--kubeconfig", e.kubeconfig,
 		"--redis-addresses", e.redisAddr, "--metrics-bind-address", metrics, "--health-probe-bind-address", probe,
 		"--active-resync-period", "1s", "--cleanup-grace-period", "1m"); err != nil {
 		return fail(err)
