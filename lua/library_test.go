@@ -89,7 +89,7 @@ func TestGrabLibraryLoadsAndIsRestored(t *testing.T) {
 		t.Fatalf("Ensure after FUNCTION FLUSH: loaded %d, %v", n, err)
 	}
 	v, err := lua.StockScript.Call(ctx, c, []string{"rpa:{x}:meta", "rpa:{x}:packets", "rpa:{x}:xout"}).Slice()
-	if err != nil || len(v) != 4 {
+	if err != nil || len(v) != 5 {
 		t.Fatalf("FCALL of stock after the restore: %v, %v", v, err)
 	}
 	if err := lua.ConfigureScript.Call(ctx, c, []string{"rpa:{x}:meta"}).Err(); err == nil {
