@@ -470,17 +470,25 @@ func TestDeletingAFencedActivityKeepsTheMoneyTrail(t *testing.T) {
 	if err := abandon(p.asPlatform, p.platform); err != nil {
 		t.Fatalf("the platform abandoning: %v", err)
 	}
-	wait.Until(t, 15*time.Second, "the abandoned activity gone", func() (bool, string) {
+	e.waitGoneAndPurged(a, 15*time.Second, "the abandoned activity")
+	e.waitEvent("trail", "Warning", redpacketv1alpha1.ReasonAbandoned)
+	if note := e.eventNote("trail", "Warning", redpacketv1alpha1.ReasonAbandoned); !strings.Contains(note, "800") || !strings.Contains(note, p.platform) {
+		t.Errorf("the Abandoned warning %q does not name 800 and %s", note, p.platform)
+	}
+}
+
+// waitGoneAndPurged waits until the activity is gone from the API server, then checks
+// that Redis holds none of its keys (the test's Redis holds this activity alone).
+func (e *env) waitGoneAndPurged(a *redpacketv1alpha1.RedPacketActivity, timeout time.Duration, what string) {
+	e.t.Helper()
+	ctx := context.Background()
+	wait.Until(e.t, timeout, what+" gone", func() (bool, string) {
 		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
 		return isNotFound(err), "get: " + errString(err)
 	})
 	if n := e.dbsize(); n != 0 {
 		keys, _ := e.rdb.Keys(ctx, "*").Result()
-		t.Fatalf("%d keys left after the abandon: %v", n, keys)
-	}
-	e.waitEvent("trail", "Warning", redpacketv1alpha1.ReasonAbandoned)
-	if note := e.eventNote("trail", "Warning", redpacketv1alpha1.ReasonAbandoned); !strings.Contains(note, "800") || !strings.Contains(note, p.platform) {
-		t.Errorf("the Abandoned warning %q does not name 800 and %s", note, p.platform)
+		e.t.Fatalf("%d keys left after %s was deleted: %v", n, what, keys)
 	}
 }
 
@@ -507,14 +515,7 @@ func TestDeletingAFencedActivityThenAcceptingRefunds(t *testing.T) {
 		redpacketv1alpha1.AnnotationAcceptRedisState: "0", redpacketv1alpha1.AnnotationAcceptedBy: p.platform}); err != nil {
 		t.Fatalf("the platform accepting: %v", err)
 	}
-	wait.Until(t, 30*time.Second, "the accepted activity refunded, settled and gone", func() (bool, string) {
-		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
-		return isNotFound(err), "get: " + errString(err)
-	})
-	if n := e.dbsize(); n != 0 {
-		keys, _ := e.rdb.Keys(ctx, "*").Result()
-		t.Fatalf("%d keys left after the deletion: %v", n, keys)
-	}
+	e.waitGoneAndPurged(a, 30*time.Second, "the accepted activity, refunded and settled,")
 	credited, bad := bal.credits()
 	var refund int64
 	for _, d := range credited {
