@@ -44,6 +44,20 @@ func TestSeed004AtVolume(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = ap.Close() })
 		runSeed004AtVolume(t, c, ap)
+		// The shards, and so the packets, spread over every master.
+		masters := map[string]int{}
+		b := store.NewBudget(c, "seed-004-volume", 16)
+		for i := range b.N() {
+			node, err := c.MasterForKey(redistest.Context(t), b.ShardKeys(i).Meta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			masters[node.Options().Addr]++
+		}
+		if len(masters) != 3 {
+			t.Fatalf("the 16 shards are on %d masters: %v", len(masters), masters)
+		}
+		t.Logf("shards per master: %v", masters)
 	})
 }
 
