@@ -32,7 +32,7 @@ func TestExpiryBurst(t *testing.T) {
 		lead    = 60 * time.Second // creation and grabs must end within it
 	)
 	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 5, MinShare: 1,
-		Distributions: []string{split.TypeRandom}, DefaultTTL: time.Hour, MaxTTL: 2 * lead}
+		Distributions: []string{split.TypeRandom}, DefaultTTL: lead, MaxTTL: 2 * lead}
 	b := configuredBudget(t, ctx, c, "expiry-burst", shards, packets*1000, limits)
 	start := time.Now()
 	// Every packet expires at the same whole second, by the Redis clock.
@@ -120,7 +120,7 @@ func TestExpiryBurst(t *testing.T) {
 		n, refunded, calls := 0, int64(0), 0
 		for i := from; i < to; i++ {
 			for {
-				got, r, err := b.ExpireDue(ctx, i, store.MaxExpireBatch)
+				got, r, err := b.ExpireDue(ctx, i, store.DefaultExpireBatch)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -208,6 +208,6 @@ func TestExpiryBurst(t *testing.T) {
 	}
 	t.Logf("%d packets created and partly grabbed in %v; expired in %v by %d calls of at most %d; refunded %d exactly; "+
 		"SLOWLOG at 5 ms: empty over %d packets; at 0: slowest command %v µs (%s) over %d packets",
-		packets, ready.Round(time.Millisecond), expiry.Round(time.Millisecond), calls1+calls2, store.MaxExpireBatch, want,
+		packets, ready.Round(time.Millisecond), expiry.Round(time.Millisecond), calls1+calls2, store.DefaultExpireBatch, want,
 		n1, slowest.Duration.Microseconds(), strings.Join(slowest.Args[:min(2, len(slowest.Args))], " "), n2)
 }
