@@ -36,7 +36,7 @@ const MaxExpireBatch = 500
 // DefaultExpireBatch is the batch the operator asks for: on two busy shared cores a
 // call of this many packets stays well under 5 ms (TestExpiryBurst), so an expiry
 // burst never stalls the grabs on the same server.
-const DefaultExpireBatch = 100
+const DefaultExpireBatch = 50
 
 // ErrBudgetLowered is returned by Configure for a total below what the shards were
 // already allotted: a budget is raised (refilled), never lowered.
