@@ -83,4 +83,10 @@
 //
 //	rpl:{uid}:ledger   hash: "p:<packetId>" -> the user it was credited to, the sums
 //	                   credited and granted, the refund, the announced budget
+//
+// A RedPacketBudget's packets, created at runtime, live under the rpb: prefix, one hash
+// tag per budget shard (budget.go, budget_admin.go, budget_packets.go and
+// docs/budgets.md): a shard's meta, due index, stream and dead letters, and one hash
+// per packet under the tag of the shard its id hashes to, so creating a packet draws
+// its money and seeds it in one script.
 package store
