@@ -64,7 +64,9 @@ func BudgetSenderSecretName(b *redpacketv1alpha1.RedPacketBudget) string { retur
 
 // BudgetRedisSecretName is the name of the Secret with the budget's login on the
 // operator's default Redis.
-func BudgetRedisSecretName(b *redpacketv1alpha1.RedPacketBudget) string { return b.Name + "-grab-redis" }
+func BudgetRedisSecretName(b *redpacketv1alpha1.RedPacketBudget) string {
+	return b.Name + "-grab-redis"
+}
 
 // BudgetEndpoint is the budget's grab service's in-cluster URL.
 func BudgetEndpoint(b *redpacketv1alpha1.RedPacketBudget) string {
