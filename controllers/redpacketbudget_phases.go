@@ -251,7 +251,13 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetConfigure(ctx context.Context
 	}
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
-	if err := s.store.Configure(rctx, b.Spec.Total, budgetLimits(b)); err != nil {
+	switch err := s.store.Configure(rctx, b.Spec.Total, budgetLimits(b)); {
+	case errors.Is(err, store.ErrBudgetLowered), errors.Is(err, store.ErrInvalidLimits):
+		// Nothing was written, and nothing changes until the spec does.
+		res := blocked(redpacketv1alpha1.ReasonConfigureRefused, "Redis refused the budget's configuration: %v", err)
+		s.stalled = res.blocker
+		return res, nil
+	case err != nil:
 		res := blocked(redpacketv1alpha1.ReasonRedisUnavailable, "configuring the budget's shards: %v", err)
 		return res, fmt.Errorf("configuring the budget's %d shards: %w", b.Spec.ShardCount(), err)
 	}

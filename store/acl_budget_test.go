@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -44,6 +45,19 @@ func TestBudgetUserIsConfinedToItsBudget(t *testing.T) {
 	own := store.NewBudget(op, uid, 4).ShardKeys(2).Meta
 	if err := lua.SnapshotScript.Call(ctx, user, []string{own}).Err(); isNoPerm(err) {
 		t.Errorf("FCALL of the library on the budget's own key refused: %v", err)
+	}
+	// The grab fleet's calls as the user: create a packet and grab it.
+	if err := b.Configure(ctx, 10_000, store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{"Fixed"}, DefaultTTL: time.Hour, MaxTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	fleet := store.NewBudget(user, uid, 4)
+	if _, outcome, err := fleet.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "s1", Total: 500, Count: 5,
+		Distribution: "Fixed"}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("CreatePacket as the budget's user: %s, %v", outcome, err)
+	}
+	if g, err := fleet.GrabPacket(ctx, "order-1", "u1"); err != nil || g.Outcome != store.PacketGranted || g.Amount != 100 {
+		t.Fatalf("GrabPacket as the budget's user: %+v, %v", g, err)
 	}
 	refused := map[string]func() error{
 		"EVAL":                         func() error { return user.Eval(ctx, "return 1", nil).Err() },
