@@ -71,7 +71,7 @@ func TestImpossibleBudgetsAreRejected(t *testing.T) {
 			"metadata.name must be a DNS label of at most 58 characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := budget(ns, strings.ReplaceAll(tc.name, " ", "-"))
+			b := budget(ns, strings.ToLower(strings.ReplaceAll(tc.name, " ", "-")))
 			tc.mutate(b)
 			expectRejected(t, cp.Client.Create(testCtx(t), b), tc.msg)
 		})
