@@ -60,8 +60,9 @@ func (s *recordingSettlement) Forget(uid types.UID) {
 }
 
 // startBudgetController runs a manager with the budget reconciler for the test's
-// namespace, on the test's Redis as the default; it stops at the test's cleanup.
-func (e *env) startBudgetController(settlement controllers.BudgetSettlement) {
+// namespace, on the test's Redis as the default; it stops at the test's cleanup at
+// the latest, or when the returned function is called (which waits for it).
+func (e *env) startBudgetController(settlement controllers.BudgetSettlement) (stop func()) {
 	e.t.Helper()
 	grace := 10 * time.Second
 	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
@@ -99,17 +100,22 @@ func (e *env) startBudgetController(settlement controllers.BudgetSettlement) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				e.t.Errorf("manager stopped with an error: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					e.t.Errorf("manager stopped with an error: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				e.t.Errorf("manager did not stop within 30s")
 			}
-		case <-time.After(30 * time.Second):
-			e.t.Errorf("manager did not stop within 30s")
-		}
-	})
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
 }
 
 // getBudget reads the budget from the API server.
@@ -333,4 +339,76 @@ func TestBudgetLifecycle(t *testing.T) {
 	if _, err := e.rdb.Do(ctx, "acl", "getuser", "rpb-"+uid).Result(); err == nil {
 		t.Error("the budget's Redis user is still there")
 	}
+}
+
+// Expiry is driven by Redis data: packets that fall due while no operator runs are
+// expired, each remainder refunded exactly once, by the next operator's driver.
+func TestBudgetExpirySurvivesARestart(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	stop := e.startBudgetController(nil)
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "restart"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
+			Total: 100_000, BudgetShards: 3,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 5},
+		},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("restart", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 100_000)
+	})
+	stop()
+
+	fleet := store.NewBudget(e.rdb, string(b.UID), 3)
+	const packets = 30
+	var remainder int64
+	for p := range packets {
+		id := fmt.Sprintf("short-%02d", p)
+		if _, outcome, err := fleet.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "s-" + id, Total: 500, Count: 5,
+			Distribution: "Fixed", TTL: 500 * time.Millisecond}); err != nil || outcome != store.CreateCreated {
+			t.Fatalf("creating %s: %s, %v", id, outcome, err)
+		}
+		remainder += 500
+		for u := range p % 3 {
+			g, err := fleet.GrabPacket(ctx, id, fmt.Sprintf("u%d", u))
+			if err != nil || g.Outcome != store.PacketGranted {
+				t.Fatalf("grab: %+v, %v", g, err)
+			}
+			remainder -= g.Amount
+		}
+	}
+	time.Sleep(700 * time.Millisecond)
+	if snap, err := fleet.Snapshot(ctx); err != nil || snap.LivePackets != packets || snap.Refunded != 0 {
+		t.Fatalf("with no operator running nothing expires: %+v, %v", snap, err)
+	}
+
+	e.startBudgetController(nil)
+	got := e.waitRedPacketBudget("restart", "every packet expired", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.ExpiredPackets, packets) && is(b.Status.LivePackets, 0)
+	})
+	if !is(got.Status.Refunded, remainder) || !is(got.Status.InPackets, 0) ||
+		*got.Status.Total != *got.Status.Available+*got.Status.Claimed+*got.Status.Refunded {
+		t.Errorf("after expiry %s; want %d refunded", describeBudget(got), remainder)
+	}
+	refunds := 0
+	for i := range 3 {
+		entries, err := e.rdb.XRange(ctx, fleet.ShardKeys(i).Stream, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range entries {
+			for _, v := range m.Values {
+				if s, ok := v.(string); ok && strings.Contains(s, "/refund") {
+					refunds++
+				}
+			}
+		}
+	}
+	if refunds != packets {
+		t.Errorf("%d refund entries in the streams, want one per packet (%d)", refunds, packets)
+	}
+	t.Logf("after the restart: %s", describeBudget(got))
 }
