@@ -412,3 +412,41 @@ func TestBudgetExpirySurvivesARestart(t *testing.T) {
 	}
 	t.Logf("after the restart: %s", describeBudget(got))
 }
+
+// Money that does not add up in Redis makes the budget Stalled with
+// ConservationBroken and a Warning event; once it adds up again, Stalled goes.
+func TestBudgetConservationBrokenIsStalled(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.startBudgetController(nil)
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "leaky"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{Total: 10_000, BudgetShards: 2,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000}},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("leaky", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 10_000)
+	})
+	meta0 := store.NewBudget(e.rdb, string(b.UID), 2).ShardKeys(0).Meta
+	// Someone writes money into a shard by hand.
+	if err := e.rdb.HIncrBy(ctx, meta0, "available", 7).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitRedPacketBudget("leaky", "Stalled", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == redpacketv1alpha1.ReasonConservationBroken
+	})
+	if !is(got.Status.Available, 10_007) || meta.IsStatusConditionTrue(got.Status.Conditions, redpacketv1alpha1.ConditionReady) {
+		t.Errorf("status %s", describeBudget(got))
+	}
+	e.waitEvent("leaky", corev1.EventTypeWarning, redpacketv1alpha1.ReasonConservationBroken)
+	if err := e.rdb.HIncrBy(ctx, meta0, "available", -7).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRedPacketBudget("leaky", "no longer Stalled", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled) == nil && is(b.Status.Available, 10_000)
+	})
+}
