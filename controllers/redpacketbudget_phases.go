@@ -494,16 +494,16 @@ func computeBudgetStatus(s *budgetScope, clean bool) {
 		st.LivePackets, st.CreatedPackets, st.ExpiredPackets = new(snap.LivePackets), new(snap.CreatedPackets), new(snap.ExpiredPackets)
 		st.GrabbedShares, st.SettledCount, st.DeadLetters = new(snap.GrabbedShares), new(snap.SettledCount), new(snap.DeadLetters)
 		at := metav1.NewTime(s.now.Truncate(time.Millisecond))
-		if prevAt != nil && prevCreated != nil && prevGrabbed != nil {
-			if elapsed := s.now.Sub(prevAt.Time).Seconds(); elapsed >= 0.5 {
-				st.CreatedPerSecond = new(perSecond(snap.CreatedPackets-*prevCreated, elapsed))
-				st.GrabbedPerSecond = new(perSecond(snap.GrabbedShares-*prevGrabbed, elapsed))
-				st.SnapshotTime = &at
-			}
-		} else {
+		// The counters and the time they were read move together, so each rate is
+		// over exactly the time since the last snapshot; when no time passed (or the
+		// clock went back) the rates stay as they were.
+		if prevAt == nil || prevCreated == nil || prevGrabbed == nil {
 			st.CreatedPerSecond, st.GrabbedPerSecond = new(int64(0)), new(int64(0))
-			st.SnapshotTime = &at
+		} else if elapsed := at.Sub(prevAt.Time).Seconds(); elapsed > 0 {
+			st.CreatedPerSecond = new(perSecond(snap.CreatedPackets-*prevCreated, elapsed))
+			st.GrabbedPerSecond = new(perSecond(snap.GrabbedShares-*prevGrabbed, elapsed))
 		}
+		st.SnapshotTime = &at
 		if !snap.Conserved() {
 			s.stalled = notReady(redpacketv1alpha1.ReasonConservationBroken,
 				"the budget's money does not add up in Redis: total %d ≠ available %d + in packets %d + claimed %d + refunded %d",
