@@ -63,6 +63,9 @@ type budgetStore interface {
 	Snapshot(ctx context.Context) (store.BudgetSnapshot, error)
 	Close(ctx context.Context) error
 	Purge(ctx context.Context) error
+	// CheckDurability checks that the master of every shard gives d (nil: None);
+	// it wraps store.ErrDurabilityNotMet when one does not.
+	CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error
 	activityUsers
 }
 
@@ -77,6 +80,30 @@ type budgetHandle struct {
 func (h budgetHandle) LoadLibrary(ctx context.Context) error {
 	_, err := lua.GrabLibrary.Ensure(ctx, h.c)
 	return err
+}
+
+// CheckDurability checks the master of each shard's slot (the shards' settlement
+// handles name each shard's meta), as an activity's durability step does.
+func (h budgetHandle) CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error {
+	if d == nil || d.Mode == "" || d.Mode == redpacketv1alpha1.DurabilityNone {
+		return nil
+	}
+	for i := range h.N() {
+		shard := h.SettlementShard(i)
+		var err error
+		switch d.Mode {
+		case redpacketv1alpha1.DurabilityFsync:
+			err = shard.CheckFsync(ctx)
+		case redpacketv1alpha1.DurabilityReplicas:
+			err = shard.CheckReplicas(ctx, int(d.Replicas))
+		default:
+			return fmt.Errorf("unknown durability mode %q", d.Mode)
+		}
+		if err != nil {
+			return fmt.Errorf("budget shard %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // RedPacketBudgetReconciler reconciles a RedPacketBudget into Redis (its shards'

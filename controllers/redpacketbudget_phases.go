@@ -123,6 +123,7 @@ func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
 	return []budgetStep{
 		{name: "redis connection", run: r.reconcileBudgetRedis},
 		{name: "load functions", run: r.reconcileBudgetFunctions},
+		{name: "durability", run: r.reconcileBudgetDurability},
 		{name: "configure", run: r.reconcileBudgetConfigure},
 		{name: "expiry", run: r.reconcileBudgetExpiry},
 		{name: "sender credential", run: r.reconcileSenderSecret, keepGoing: true},
@@ -195,6 +196,27 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetFunctions(ctx context.Context
 		r.Functions.Track(s.budget.UID, s.conn)
 	}
 	return stepResult{}, nil
+}
+
+// reconcileBudgetDurability checks that the budget's Redis gives spec.durability
+// on the master of every shard before the budget is configured (and on every
+// resync): otherwise Ready is False with DurabilityNotMet and the chain halts, so a
+// new budget takes no money until it holds. A configured budget's packets keep being
+// served meanwhile; the grab fleet does not ask the operator.
+func (r *RedPacketBudgetReconciler) reconcileBudgetDurability(ctx context.Context, s *budgetScope) (stepResult, error) {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	switch err := s.store.CheckDurability(rctx, s.budget.Spec.Durability); {
+	case err == nil:
+		return stepResult{}, nil
+	case errors.Is(err, store.ErrDurabilityNotMet):
+		res := blocked(redpacketv1alpha1.ReasonDurabilityNotMet, "durability %s: %v", s.budget.Spec.Durability.Mode, err)
+		res.requeueAfter = r.Options.ActiveResyncPeriod
+		return res, nil
+	default:
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "checking durability: %v", err),
+			fmt.Errorf("checking durability: %w", err)
+	}
 }
 
 // budgetLimits are the spec's per-packet limits as the store writes them.

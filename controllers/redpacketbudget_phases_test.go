@@ -133,6 +133,16 @@ func (f *fakeBudget) Purge(context.Context) error {
 	return nil
 }
 
+func (f *fakeBudget) CheckDurability(_ context.Context, d *redpacketv1alpha1.Durability) error {
+	if err := f.fail("CheckDurability"); err != nil {
+		return err
+	}
+	if d != nil && d.Mode == redpacketv1alpha1.DurabilityFsync && f.failures["fsync"] != nil {
+		return f.failures["fsync"]
+	}
+	return nil
+}
+
 func (f *fakeBudget) UserName() string { return "rpb-fake" }
 
 func (f *fakeBudget) EnsureUser(context.Context, string) (store.UserChange, error) {
@@ -541,5 +551,29 @@ func TestBudgetExpiryPass(t *testing.T) {
 	}
 	if total, _ := e.Totals(); total != 1234+10+500+700 {
 		t.Errorf("totals %d", total)
+	}
+}
+
+// A budget whose Redis does not give its durability is not configured: Ready False
+// with DurabilityNotMet, and no money is allotted.
+func TestBudgetDurabilityNotMet(t *testing.T) {
+	f := newFakeBudget(4)
+	f.failures["fsync"] = fmt.Errorf("%w: appendfsync everysec", store.ErrDurabilityNotMet)
+	b := phaseBudget(func(b *redpacketv1alpha1.RedPacketBudget) {
+		b.Finalizers = []string{BudgetFinalizer}
+		b.Spec.Durability = &redpacketv1alpha1.Durability{Mode: redpacketv1alpha1.DurabilityFsync}
+	})
+	r, c := budgetPhaseReconciler(t, f, b)
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "shop"}}
+	if _, err := r.Reconcile(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	got := &redpacketv1alpha1.RedPacketBudget{}
+	if err := c.Get(t.Context(), req.NamespacedName, got); err != nil {
+		t.Fatal(err)
+	}
+	ready := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionReady)
+	if ready == nil || ready.Reason != redpacketv1alpha1.ReasonDurabilityNotMet || len(f.log.with("Configure")) > 0 {
+		t.Errorf("Ready %+v, calls %v: want DurabilityNotMet and nothing configured", ready, f.log.all())
 	}
 }
