@@ -212,6 +212,9 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetDurability(ctx context.Contex
 	case errors.Is(err, store.ErrDurabilityNotMet):
 		res := blocked(redpacketv1alpha1.ReasonDurabilityNotMet, "durability %s: %v", s.budget.Spec.Durability.Mode, err)
 		res.requeueAfter = r.Options.ActiveResyncPeriod
+		// A budget that holds money goes on, Ready False: its live packets must
+		// still expire and be refunded.
+		res.halt = s.snapshot.Total == 0
 		return res, nil
 	default:
 		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "checking durability: %v", err),
