@@ -1,6 +1,7 @@
 package v1alpha1_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +136,49 @@ func TestBudgetScaleSubresource(t *testing.T) {
 	}
 	if got.Spec.GrabService.Replicas == nil || *got.Spec.GrabService.Replicas != 5 {
 		t.Errorf("spec.grabService.replicas %v after scaling to 5", got.Spec.GrabService.Replicas)
+	}
+}
+
+// `kubectl get rpb` shows the money columns, and -o wide the rates.
+func TestKubectlGetBudgetColumns(t *testing.T) {
+	ctx := testCtx(t)
+	k := newKubectl(t)
+	ns := cp.Namespace(t)
+	b := budget(ns, "columns")
+	if err := cp.Client.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b.Status = v1alpha1.RedPacketBudgetStatus{
+		Total: new(int64(100_000_000)), Available: new(int64(99_990_000)), InPackets: new(int64(6000)),
+		Claimed: new(int64(3000)), Refunded: new(int64(1000)), LivePackets: new(int64(12)),
+		CreatedPerSecond: new(int64(5100)), GrabbedPerSecond: new(int64(9800)),
+		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBudgetReady,
+			Message: "ready", LastTransitionTime: metav1.Now()}},
+	}
+	if err := cp.Client.Status().Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	out, err := k.run(ctx, "get", "rpb", "-n", ns)
+	if err != nil {
+		t.Fatalf("kubectl get rpb: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("kubectl get rpb printed %d lines:\n%s", len(lines), out)
+	}
+	if got := strings.Fields(lines[0]); !slices.Equal(got, []string{"NAME", "TOTAL", "AVAILABLE", "IN-PACKETS", "CLAIMED", "REFUNDED", "LIVE", "READY", "AGE"}) {
+		t.Errorf("columns %v", got)
+	}
+	if got := strings.Fields(lines[1]); len(got) != 9 || !slices.Equal(got[:8], []string{"columns", "100000000", "99990000", "6000", "3000", "1000", "12", "True"}) {
+		t.Errorf("row %v", got)
+	}
+	out, err = k.run(ctx, "get", "rpb", "-n", ns, "-o", "wide")
+	if err != nil {
+		t.Fatalf("kubectl get rpb -o wide: %v\n%s", err, out)
+	}
+	for _, want := range []string{"CREATED/S", "GRABBED/S", "5100", "9800"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("-o wide lacks %s:\n%s", want, out)
+		}
 	}
 }
