@@ -439,9 +439,9 @@ func TestBudgetDeletion(t *testing.T) {
 	if f.purged || len(f.log.with("DeleteUser")) > 0 || res.RequeueAfter != r.Options.CleanupPollInterval {
 		t.Errorf("purged %v calls %v requeue %v: nothing may go before settlement drained", f.purged, f.log.with("DeleteUser"), res.RequeueAfter)
 	}
-	// 602 and 601 live packets: two batches on each shard, the second short.
-	if n := len(f.log.with("ExpireDue")); n != 4 {
-		t.Errorf("%d ExpireDue calls, want 4", n)
+	// 602 and 601 live packets: full batches on each shard, then a short one.
+	if n, want := len(f.log.with("ExpireDue")), 602/budgetExpiryBatch+1+601/budgetExpiryBatch+1; n != want {
+		t.Errorf("%d ExpireDue calls, want %d", n, want)
 	}
 	got := &redpacketv1alpha1.RedPacketBudget{}
 	if err := c.Get(t.Context(), req.NamespacedName, got); err != nil {
@@ -536,9 +536,10 @@ func TestBudgetExpiryPass(t *testing.T) {
 	if one.due[0] != 0 || one.due[1] != 0 || one.due[2] != 700 || two.due[0] != 0 {
 		t.Errorf("left due %v %v", one.due, two.due)
 	}
-	// 1234 → 500, 500, 234; 10 → 10; 500 → 500, 0.
-	if c := len(two.calls); c != 2 {
-		t.Errorf("budget two: %d calls, want 2 (a full batch, then a short one)", c)
+	// Full batches until a short one: 500 due take 500/batch full calls and an
+	// empty one when the batch divides 500.
+	if c, want := len(two.calls), 500/budgetExpiryBatch+1; c != want {
+		t.Errorf("budget two: %d calls, want %d (full batches, then a short one)", c, want)
 	}
 	one.fails[2] = false
 	if n, _ := e.ExpireOnce(t.Context()); n != 700 || one.due[2] != 0 {

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,7 +33,7 @@ func TestExpiryBurst(t *testing.T) {
 		lead    = 60 * time.Second // creation and grabs must end within it
 	)
 	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 5, MinShare: 1,
-		Distributions: []string{split.TypeRandom}, DefaultTTL: time.Hour, MaxTTL: 2 * lead}
+		Distributions: []string{split.TypeRandom}, DefaultTTL: lead, MaxTTL: 2 * lead}
 	b := configuredBudget(t, ctx, c, "expiry-burst", shards, packets*1000, limits)
 	start := time.Now()
 	// Every packet expires at the same whole second, by the Redis clock.
@@ -120,7 +121,7 @@ func TestExpiryBurst(t *testing.T) {
 		n, refunded, calls := 0, int64(0), 0
 		for i := from; i < to; i++ {
 			for {
-				got, r, err := b.ExpireDue(ctx, i, store.MaxExpireBatch)
+				got, r, err := b.ExpireDue(ctx, i, store.DefaultExpireBatch)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -137,34 +138,51 @@ func TestExpiryBurst(t *testing.T) {
 	expiryStart := time.Now()
 	slowlog("5000")
 	n1, r1, calls1 := expireShards(0, shards/2)
-	slow, err := c.SlowLogGet(ctx, -1).Result()
+	slowAt5, err := c.SlowLogGet(ctx, -1).Result()
 	if err != nil {
 		t.Fatal(err)
-	}
-	if len(slow) != 0 {
-		t.Fatalf("SLOWLOG at 5 ms holds %d entries, the first %v taking %v", len(slow), slow[0].Args, slow[0].Duration)
 	}
 	slowlog("0")
 	n2, r2, calls2 := expireShards(shards/2, shards)
 	expiry := time.Since(expiryStart)
-	slow, err = c.SlowLogGet(ctx, -1).Result()
+	slow, err := c.SlowLogGet(ctx, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
+	slowlog("10000")
 	var slowest redis.SlowLog
-	scripts := 0
+	var scriptTimes []time.Duration
+	over := 0
 	for _, e := range slow {
 		if len(e.Args) > 0 && strings.EqualFold(e.Args[0], "evalsha") {
-			scripts++
+			scriptTimes = append(scriptTimes, e.Duration)
 		}
 		if e.Duration > slowest.Duration {
 			slowest = e
 		}
+		if e.Duration >= 5*time.Millisecond {
+			over++
+		}
 	}
-	if scripts == 0 || slowest.Duration >= 5*time.Millisecond {
-		t.Fatalf("SLOWLOG at 0: %d expiry scripts logged, the slowest command %v taking %v", scripts, slowest.Args, slowest.Duration)
+	slices.Sort(scriptTimes)
+	if len(scriptTimes) == 0 {
+		t.Fatal("SLOWLOG at 0 logged no expiry call")
 	}
-	slowlog("10000")
+	median, p99 := scriptTimes[len(scriptTimes)/2], scriptTimes[len(scriptTimes)*99/100]
+	// The SLOWLOG checks come last, after the refunds are checked and the figures
+	// logged (below).
+	defer func() {
+		if len(slowAt5) != 0 {
+			var took []string
+			for _, e := range slowAt5 {
+				took = append(took, fmt.Sprintf("%s %v", e.Args[0], e.Duration))
+			}
+			t.Errorf("SLOWLOG at 5 ms holds %d entries over %d calls: %v", len(slowAt5), calls1, took)
+		}
+		if over != 0 {
+			t.Errorf("SLOWLOG at 0: %d of %d commands took 5 ms or more, the slowest %v taking %v", over, len(slow), slowest.Args, slowest.Duration)
+		}
+	}()
 
 	if n1+n2 != packets {
 		t.Fatalf("expired %d packets, want %d", n1+n2, packets)
@@ -207,7 +225,7 @@ func TestExpiryBurst(t *testing.T) {
 		t.Fatalf("after the burst: %+v", s)
 	}
 	t.Logf("%d packets created and partly grabbed in %v; expired in %v by %d calls of at most %d; refunded %d exactly; "+
-		"SLOWLOG at 5 ms: empty over %d packets; at 0: slowest command %v µs (%s) over %d packets",
-		packets, ready.Round(time.Millisecond), expiry.Round(time.Millisecond), calls1+calls2, store.MaxExpireBatch, want,
-		n1, slowest.Duration.Microseconds(), strings.Join(slowest.Args[:min(2, len(slowest.Args))], " "), n2)
+		"SLOWLOG at 5 ms: %d entries over %d packets; at 0 over %d packets: expiry call median %v µs, p99 %v µs, slowest command %v µs (%s)",
+		packets, ready.Round(time.Millisecond), expiry.Round(time.Millisecond), calls1+calls2, store.DefaultExpireBatch, want,
+		len(slowAt5), n1, n2, median.Microseconds(), p99.Microseconds(), slowest.Duration.Microseconds(), strings.Join(slowest.Args[:min(2, len(slowest.Args))], " "))
 }
