@@ -157,12 +157,33 @@ func passwordHash(password string) string {
 // held before; on; the one password; the activity's keys; no Pub/Sub channel; and
 // activityUserCommands only.
 func (k Keys) userRules(hash string) []any {
+	return k.aclUser().rules(hash)
+}
+
+// aclUser is the activity's ACL user as EnsureUser sets it.
+func (k Keys) aclUser() aclUserSpec {
+	return aclUserSpec{name: k.userName(), keyRules: k.keyRules(), commands: activityUserCommands()}
+}
+
+// aclUserSpec is a Redis ACL user the operator makes for a tenant's grab pods: an
+// activity's (Keys.aclUser) or a budget's (budgetACLUser). Only its name, its key
+// patterns and its commands differ; everything else about it is the same.
+type aclUserSpec struct {
+	name     string
+	keyRules []string
+	commands []string
+}
+
+// rules are the ACL SETUSER rules of the user with the given password hash:
+// everything reset first, so that the rules are exactly these whatever the user held
+// before; on; the one password; its keys; no Pub/Sub channel; and its commands only.
+func (u aclUserSpec) rules(hash string) []any {
 	rules := []any{"reset", "on", "#" + hash}
-	for _, p := range k.keyRules() {
+	for _, p := range u.keyRules {
 		rules = append(rules, p)
 	}
 	rules = append(rules, "resetchannels", "-@all")
-	for _, c := range activityUserCommands() {
+	for _, c := range u.commands {
 		rules = append(rules, "+"+c)
 	}
 	return rules
@@ -194,15 +215,21 @@ func (a *Shard) EnsureUser(ctx context.Context, password string) (UserChange, er
 	if password == "" {
 		return UserChange{}, errors.New("ensuring the activity's Redis user: empty password")
 	}
-	name := a.keys.userName()
+	return ensureUser(ctx, a.c, a.keys.aclUser(), password)
+}
+
+// ensureUser makes every node c reaches hold user with exactly password and its
+// rules (Shard.EnsureUser says how).
+func ensureUser(ctx context.Context, c redis.Cmdable, user aclUserSpec, password string) (UserChange, error) {
+	name := user.name
 	hash := passwordHash(password)
-	rules := a.keys.userRules(hash)
-	want := wantUser{hash: hash, keys: strings.Join(a.keys.keyRules(), " "), commands: commandTokens(rules)}
+	rules := user.rules(hash)
+	want := wantUser{hash: hash, keys: strings.Join(user.keyRules, " "), commands: commandTokens(rules)}
 	var (
 		mu     sync.Mutex
 		change UserChange
 	)
-	err := a.forEachNode(ctx, func(ctx context.Context, node *redis.Client) error {
+	err := forEachNode(ctx, c, func(ctx context.Context, node *redis.Client) error {
 		have, exists, err := getUser(ctx, node, name)
 		if err != nil {
 			return err
@@ -240,12 +267,16 @@ func (a *Shard) EnsureUser(ctx context.Context, password string) (UserChange, er
 // replica of a cluster), which closes the connections logged in as it. It returns on
 // how many nodes the user existed; a user that exists nowhere is no error.
 func (a *Shard) DeleteUser(ctx context.Context) (int, error) {
-	name := a.keys.userName()
+	return deleteUser(ctx, a.c, a.keys.userName())
+}
+
+// deleteUser removes the user name from every node c reaches.
+func deleteUser(ctx context.Context, c redis.Cmdable, name string) (int, error) {
 	var (
 		mu      sync.Mutex
 		deleted int
 	)
-	err := a.forEachNode(ctx, func(ctx context.Context, node *redis.Client) error {
+	err := forEachNode(ctx, c, func(ctx context.Context, node *redis.Client) error {
 		n, err := node.Do(ctx, "acl", "deluser", name).Int()
 		if err != nil {
 			return aclErr("ACL DELUSER "+name, err)
@@ -264,13 +295,19 @@ func (a *Shard) DeleteUser(ctx context.Context) (int, error) {
 // forEachNode runs fn on the standalone server, or concurrently on every master and
 // replica of a cluster (forEachClusterNode).
 func (a *Shard) forEachNode(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error {
-	switch c := a.c.(type) {
+	return forEachNode(ctx, a.c, fn)
+}
+
+// forEachNode runs fn on the standalone server c, or concurrently on every master and
+// replica of the cluster c (forEachClusterNode).
+func forEachNode(ctx context.Context, c redis.Cmdable, fn func(ctx context.Context, node *redis.Client) error) error {
+	switch c := c.(type) {
 	case *redis.ClusterClient:
 		return forEachClusterNode(ctx, c, fn)
 	case *redis.Client:
 		return fn(ctx, c)
 	default:
-		return fmt.Errorf("managing Redis users needs a plain or cluster client, not %T", a.c)
+		return fmt.Errorf("managing Redis users needs a plain or cluster client, not %T", c)
 	}
 }
 

@@ -154,6 +154,19 @@ func main() {
 	if err := reconciler.SetupWithManager(mgr); err != nil {
 		fail(log.Error, err, "setting up the controller")
 	}
+	// Budgets share the activities' settings, Redis clients and function keeper;
+	// their expiry driver is a leader-election runnable of its own. Settlement of
+	// budget streams plugs in as budgets.Settlement (controllers.BudgetSettlement).
+	budgetOptions := reconciler.Options
+	budgetOptions.Name = controllers.BudgetControllerName
+	budgets := &controllers.RedPacketBudgetReconciler{
+		Redis:     redisClients,
+		Functions: reconciler.Functions,
+		Options:   budgetOptions,
+	}
+	if err := budgets.SetupWithManager(mgr); err != nil {
+		fail(log.Error, err, "setting up the budget controller")
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		fail(log.Error, err, "adding the health check")
 	}

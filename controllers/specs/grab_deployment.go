@@ -152,6 +152,17 @@ func GrabDeployment(in Grab) *appsv1ac.DeploymentApplyConfiguration {
 // No password is part of the Deployment itself.
 func grabEnv(in Grab) []*corev1ac.EnvVarApplyConfiguration {
 	a := in.Activity
+	secretName := GrabRedisSecretName(a)
+	if a.Spec.Redis != nil {
+		secretName = a.Spec.Redis.SecretRef.Name
+	}
+	return grabPodEnv(secretName)
+}
+
+// grabPodEnv is a grab container's environment with its Redis connection read from
+// the Secret redisSecret (every key optional): the activity's and the budget's grab
+// pods reach Redis the same way.
+func grabPodEnv(redisSecret string) []*corev1ac.EnvVarApplyConfiguration {
 	env := []*corev1ac.EnvVarApplyConfiguration{
 		corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
 			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.name"))),
@@ -165,14 +176,10 @@ func grabEnv(in Grab) []*corev1ac.EnvVarApplyConfiguration {
 		{"REDIS_PASSWORD", "password"},
 		{"REDIS_TLS", "tls"},
 	}
-	secretName := GrabRedisSecretName(a)
-	if a.Spec.Redis != nil {
-		secretName = a.Spec.Redis.SecretRef.Name
-	}
 	for _, e := range redisEnv {
 		env = append(env, corev1ac.EnvVar().WithName(e.env).WithValueFrom(corev1ac.EnvVarSource().
 			WithSecretKeyRef(corev1ac.SecretKeySelector().
-				WithName(secretName).WithKey(e.secretKey).WithOptional(true))))
+				WithName(redisSecret).WithKey(e.secretKey).WithOptional(true))))
 	}
 	return env
 }

@@ -1,0 +1,184 @@
+package v1alpha1_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "redpacket.io/operator/api/v1alpha1"
+)
+
+// budget returns a valid budget to mutate.
+func budget(ns, name string) *v1alpha1.RedPacketBudget {
+	return &v1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.RedPacketBudgetSpec{
+			Total:   100_000_000,
+			Packets: v1alpha1.PacketLimits{MaxTotal: 20_000},
+		},
+	}
+}
+
+func ttl(s string) *metav1.Duration {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		panic(err)
+	}
+	return &metav1.Duration{Duration: d}
+}
+
+// The API server refuses a budget that could not run, with a message that says why.
+func TestImpossibleBudgetsAreRejected(t *testing.T) {
+	needsControlPlane(t)
+	ns := cp.Namespace(t)
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1alpha1.RedPacketBudget)
+		msg    string
+	}{
+		{"total zero", func(b *v1alpha1.RedPacketBudget) { b.Spec.Total = 0 },
+			"spec.total in body should be greater than or equal to 1"},
+		{"max total zero", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.MaxTotal = 0 },
+			"spec.packets.maxTotal in body should be greater than or equal to 1"},
+		{"max count above 1000", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.MaxCount = 1001 },
+			"spec.packets.maxCount in body should be less than or equal to 1000"},
+		{"min share zero", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.MinShare = -1 },
+			"spec.packets.minShare in body should be greater than or equal to 1"},
+		{"min share above max total", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.MinShare = 20_001 },
+			"packets.maxTotal must be at least packets.minShare"},
+		{"unknown distribution", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.Distributions = []v1alpha1.DistributionType{"Even"}
+		}, `Unsupported value: "Even"`},
+		{"max TTL above 7 days", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.MaxTTL = ttl("169h") },
+			"packets.maxTTL must be between 1s and 168h (7 days)"},
+		{"default TTL above max TTL", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.DefaultTTL, b.Spec.Packets.MaxTTL = ttl("2h"), ttl("1h")
+		}, "packets.defaultTTL must not exceed packets.maxTTL"},
+		{"default TTL zero", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.DefaultTTL = ttl("0s") },
+			"packets.defaultTTL must be at least 1s"},
+		{"too many shards", func(b *v1alpha1.RedPacketBudget) { b.Spec.BudgetShards = 257 },
+			"spec.budgetShards in body should be less than or equal to 256"},
+		{"lower-case currency", func(b *v1alpha1.RedPacketBudget) { b.Spec.Currency = "cny" },
+			"spec.currency in body should match"},
+		{"webhook without scheme", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "balance/credit"}}
+		}, "webhook url must start with http:// or https://"},
+		{"a name too long for its workload", func(b *v1alpha1.RedPacketBudget) { b.Name = strings.Repeat("b", 59) },
+			"metadata.name must be a DNS label of at most 58 characters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := budget(ns, strings.ToLower(strings.ReplaceAll(tc.name, " ", "-")))
+			tc.mutate(b)
+			expectRejected(t, cp.Client.Create(testCtx(t), b), tc.msg)
+		})
+	}
+}
+
+// A budget gets its defaults; its total may be raised but never lowered, and its
+// shards never change.
+func TestBudgetDefaultsAndTransitions(t *testing.T) {
+	needsControlPlane(t)
+	ctx := testCtx(t)
+	ns := cp.Namespace(t)
+	b := budget(ns, "refill")
+	if err := cp.Client.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	p := b.Spec.Packets
+	if b.Spec.Currency != "CNY" || b.Spec.BudgetShards != 16 || p.MaxCount != 100 || p.MinShare != 1 ||
+		len(p.Distributions) != 3 || p.DefaultTTL == nil || p.DefaultTTL.Duration != 24*time.Hour ||
+		p.MaxTTL == nil || p.MaxTTL.Duration != 24*time.Hour {
+		t.Errorf("defaults %+v", b.Spec)
+	}
+
+	b.Spec.Total = 150_000_000
+	if err := cp.Client.Update(ctx, b); err != nil {
+		t.Fatalf("a refill was refused: %v", err)
+	}
+	lowered := b.DeepCopy()
+	lowered.Spec.Total = 149_999_999
+	expectRejected(t, cp.Client.Update(ctx, lowered), "total may only grow")
+	reshard := b.DeepCopy()
+	reshard.Spec.BudgetShards = 32
+	expectRejected(t, cp.Client.Update(ctx, reshard), "budgetShards is immutable")
+}
+
+// The scale subresource reads and writes spec.grabService.replicas, so kubectl scale
+// and an HPA can drive the grab fleet through the budget.
+func TestBudgetScaleSubresource(t *testing.T) {
+	needsControlPlane(t)
+	ctx := testCtx(t)
+	ns := cp.Namespace(t)
+	b := budget(ns, "scaled")
+	b.Spec.GrabService.Replicas = new(int32(2))
+	if err := cp.Client.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	scale := &autoscalingv1.Scale{}
+	if err := cp.Client.SubResource("scale").Get(ctx, b, scale); err != nil {
+		t.Fatalf("reading the scale subresource: %v", err)
+	}
+	if scale.Spec.Replicas != 2 {
+		t.Errorf("scale replicas %d, want 2", scale.Spec.Replicas)
+	}
+	scale.Spec.Replicas = 5
+	if err := cp.Client.SubResource("scale").Update(ctx, b, client.WithSubResourceBody(scale)); err != nil {
+		t.Fatalf("scaling: %v", err)
+	}
+	got := &v1alpha1.RedPacketBudget{}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(b), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.GrabService.Replicas == nil || *got.Spec.GrabService.Replicas != 5 {
+		t.Errorf("spec.grabService.replicas %v after scaling to 5", got.Spec.GrabService.Replicas)
+	}
+}
+
+// `kubectl get rpb` shows the money columns, and -o wide the rates.
+func TestKubectlGetBudgetColumns(t *testing.T) {
+	ctx := testCtx(t)
+	k := newKubectl(t)
+	ns := cp.Namespace(t)
+	b := budget(ns, "columns")
+	if err := cp.Client.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b.Status = v1alpha1.RedPacketBudgetStatus{
+		Total: new(int64(100_000_000)), Available: new(int64(99_990_000)), InPackets: new(int64(6000)),
+		Claimed: new(int64(3000)), Refunded: new(int64(1000)), LivePackets: new(int64(12)),
+		CreatedPerSecond: new(int64(5100)), GrabbedPerSecond: new(int64(9800)),
+		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBudgetReady,
+			Message: "ready", LastTransitionTime: metav1.Now()}},
+	}
+	if err := cp.Client.Status().Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	out, err := k.run(ctx, "get", "rpb", "-n", ns)
+	if err != nil {
+		t.Fatalf("kubectl get rpb: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("kubectl get rpb printed %d lines:\n%s", len(lines), out)
+	}
+	if got := strings.Fields(lines[0]); !slices.Equal(got, []string{"NAME", "TOTAL", "AVAILABLE", "IN-PACKETS", "CLAIMED", "REFUNDED", "LIVE", "READY", "AGE"}) {
+		t.Errorf("columns %v", got)
+	}
+	if got := strings.Fields(lines[1]); len(got) != 9 || !slices.Equal(got[:8], []string{"columns", "100000000", "99990000", "6000", "3000", "1000", "12", "True"}) {
+		t.Errorf("row %v", got)
+	}
+	out, err = k.run(ctx, "get", "rpb", "-n", ns, "-o", "wide")
+	if err != nil {
+		t.Fatalf("kubectl get rpb -o wide: %v\n%s", err, out)
+	}
+	for _, want := range []string{"CREATED/S", "GRABBED/S", "5100", "9800"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("-o wide lacks %s:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,283 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
+)
+
+const (
+	// BudgetFieldManager is the field manager of everything the budget controller
+	// applies: the budget's status and its grab workload.
+	BudgetFieldManager = "redpacket-budget-controller"
+
+	// BudgetFinalizer holds a deleted budget until every live packet expired, was
+	// refunded and settled, and its Redis keys are gone.
+	BudgetFinalizer = "redpacket.io/budget-cleanup"
+
+	// BudgetControllerName is the default name of the budget controller.
+	BudgetControllerName = "redpacketbudget"
+)
+
+// BudgetSettlement runs the settlement of budgets' streams (the settlement engineer's
+// controllers/budget_settlement.go implements it). The reconciler calls Ensure at every
+// reconcile of a budget with spec.settlement.webhook, Drained while a deleted budget
+// waits to be purged, and Forget once it is gone. nil means no settlement: entries
+// wait in the streams.
+type BudgetSettlement interface {
+	// Ensure makes the budget's shards' streams be settled (idempotent).
+	Ensure(ctx context.Context, budget *redpacketv1alpha1.RedPacketBudget) error
+	// Drained reports whether every entry of every shard's stream was settled or
+	// dead-lettered, so the keys may go.
+	Drained(ctx context.Context, budget *redpacketv1alpha1.RedPacketBudget) (bool, error)
+	// Forget stops settling the budget uid.
+	Forget(uid types.UID)
+}
+
+// budgetStore is what the controller does to a budget in Redis; budgetHandle, on a
+// store.Budget, implements it, and the phase tests fake it.
+type budgetStore interface {
+	budgetExpirer
+	// LoadLibrary loads the grab-side function library on every master.
+	LoadLibrary(ctx context.Context) error
+	Configure(ctx context.Context, total int64, limits store.BudgetLimits) error
+	Snapshot(ctx context.Context) (store.BudgetSnapshot, error)
+	Close(ctx context.Context) error
+	Purge(ctx context.Context) error
+	// CheckDurability checks that the master of every shard gives d (nil: None);
+	// it wraps store.ErrDurabilityNotMet when one does not.
+	CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error
+	activityUsers
+}
+
+// budgetHandle is the production budgetStore: the store's handle and the client it
+// runs on.
+type budgetHandle struct {
+	*store.Budget
+	c redis.UniversalClient
+}
+
+// LoadLibrary loads lua.GrabLibrary wherever it is missing.
+func (h budgetHandle) LoadLibrary(ctx context.Context) error {
+	_, err := lua.GrabLibrary.Ensure(ctx, h.c)
+	return err
+}
+
+// CheckDurability checks the master of each shard's slot (the shards' settlement
+// handles name each shard's meta), as an activity's durability step does.
+func (h budgetHandle) CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error {
+	if d == nil || d.Mode == "" || d.Mode == redpacketv1alpha1.DurabilityNone {
+		return nil
+	}
+	for i := range h.N() {
+		shard := h.SettlementShard(i)
+		var err error
+		switch d.Mode {
+		case redpacketv1alpha1.DurabilityFsync:
+			err = shard.CheckFsync(ctx)
+		case redpacketv1alpha1.DurabilityReplicas:
+			err = shard.CheckReplicas(ctx, int(d.Replicas))
+		default:
+			return fmt.Errorf("unknown durability mode %q", d.Mode)
+		}
+		if err != nil {
+			return fmt.Errorf("budget shard %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// RedPacketBudgetReconciler reconciles a RedPacketBudget into Redis (its shards'
+// allotments and limits, the function library, its own Redis user) and into one
+// shared grab workload, mints its sender credential, reports its money in status
+// from Redis snapshots, and, at deletion, expires and refunds every live packet and
+// purges the budget's keys once settled.
+type RedPacketBudgetReconciler struct {
+	// Client reads through the manager's cache and writes to the API server.
+	Client client.Client
+	// APIReader reads from the API server directly.
+	APIReader client.Reader
+	// Recorder emits events.k8s.io events.
+	Recorder events.EventRecorder
+	// Redis caches the Redis clients (shared with the activity controller).
+	Redis *RedisClients
+	// Functions keeps the function library loaded (shared with the activity
+	// controller); nil means nobody watches it between reconciles.
+	Functions *FunctionKeeper
+	// Expiry is the leader-elected expiry driver of every budget.
+	Expiry *BudgetExpiry
+	// Settlement settles the budgets' streams; nil means no settlement.
+	Settlement BudgetSettlement
+	// Options are the operator-wide settings, the activity controller's.
+	Options Options
+	// Now is the controller's clock; nil means time.Now.
+	Now func() time.Time
+
+	// newStore, when set, replaces the budget stores on the cached Redis clients
+	// (the phase tests).
+	newStore func(conn redisconn.Conn, b *redpacketv1alpha1.RedPacketBudget) budgetStore
+}
+
+// +kubebuilder:rbac:groups=redpacket.io,resources=redpacketbudgets,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=redpacket.io,resources=redpacketbudgets/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=redpacket.io,resources=redpacketbudgets/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+
+// SetupWithManager registers the reconciler with mgr. Redis, Functions and Expiry
+// left nil are made and added to the manager (Functions and Expiry are leader-election
+// runnables).
+func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.Options = r.Options.withDefaults()
+	if r.Options.Name == ControllerName {
+		r.Options.Name = BudgetControllerName
+	}
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(EventReporter)
+	}
+	if r.Redis == nil {
+		r.Redis = NewRedisClients()
+		if err := mgr.Add(r.Redis); err != nil {
+			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
+		}
+	}
+	if r.Functions == nil {
+		r.Functions = NewFunctionKeeper(r.policy().redisClient)
+		if err := mgr.Add(r.Functions); err != nil {
+			return fmt.Errorf("adding the function keeper to the manager: %w", err)
+		}
+	}
+	if r.Expiry == nil {
+		r.Expiry = NewBudgetExpiry()
+		if err := mgr.Add(r.Expiry); err != nil {
+			return fmt.Errorf("adding the budget expiry driver to the manager: %w", err)
+		}
+	}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	skip := r.Options.SkipNameValidation
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named(r.Options.Name).
+		For(&redpacketv1alpha1.RedPacketBudget{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{},
+			predicate.LabelChangedPredicate{}, deletionPredicate()))).
+		Owns(&appsv1.Deployment{}).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
+			SkipNameValidation:      &skip,
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
+				100*time.Millisecond, r.Options.MaxBackoff),
+		}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("building the %s controller: %w", r.Options.Name, err)
+	}
+	return nil
+}
+
+// Reconcile moves one budget towards its spec: deletion first, then the finalizer,
+// then the ordered steps of budgetNormalSteps. The status is applied once, on the way
+// out, whatever happened, unless the budget was let go.
+func (r *RedPacketBudgetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
+	budget := &redpacketv1alpha1.RedPacketBudget{}
+	if err := r.Client.Get(ctx, req.NamespacedName, budget); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("getting budget %s: %w", req.NamespacedName, err)
+	}
+	deleting := !budget.DeletionTimestamp.IsZero()
+	if deleting && !controllerutil.ContainsFinalizer(budget, BudgetFinalizer) {
+		r.forget(budget.UID)
+		return ctrl.Result{}, nil
+	}
+
+	s := newBudgetScope(budget, r.now())
+	defer func() {
+		result, retErr = r.finishBudgetReconcile(ctx, s, result, retErr)
+	}()
+
+	if deleting {
+		return runBudgetSteps(ctx, s, r.budgetDeleteSteps())
+	}
+	if !controllerutil.ContainsFinalizer(budget, BudgetFinalizer) {
+		orig := budget.DeepCopy()
+		controllerutil.AddFinalizer(budget, BudgetFinalizer)
+		if err := r.Client.Patch(ctx, budget, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding finalizer %s: %w", BudgetFinalizer, err)
+		}
+	}
+	result, retErr = runBudgetSteps(ctx, s, r.budgetNormalSteps())
+	if retErr != nil {
+		ctrl.LoggerFrom(ctx).V(1).Info("reconcile stopped, retrying with backoff", "error", retErr.Error())
+	}
+	return result, retErr
+}
+
+// forget stops everything the operator runs for the budget uid.
+func (r *RedPacketBudgetReconciler) forget(uid types.UID) {
+	if r.Expiry != nil {
+		r.Expiry.Forget(uid)
+	}
+	if r.Functions != nil {
+		r.Functions.Forget(uid)
+	}
+	if r.Settlement != nil {
+		r.Settlement.Forget(uid)
+	}
+}
+
+// policy is an activity reconciler with the same options and Redis client cache, to
+// which the budget controller leaves what is the same for both kinds: the Redis
+// address policy, the cached clients and the operator's default connection.
+func (r *RedPacketBudgetReconciler) policy() *RedPacketActivityReconciler {
+	return &RedPacketActivityReconciler{Options: r.Options, Redis: r.Redis}
+}
+
+// storeFor is the budget's store on conn.
+func (r *RedPacketBudgetReconciler) storeFor(conn redisconn.Conn, b *redpacketv1alpha1.RedPacketBudget) budgetStore {
+	if r.newStore != nil {
+		return r.newStore(conn, b)
+	}
+	c := r.policy().redisClient(conn)
+	return budgetHandle{Budget: store.NewBudget(c, string(b.UID), b.Spec.ShardCount()), c: c}
+}
+
+func (r *RedPacketBudgetReconciler) now() time.Time {
+	if r.Now == nil {
+		return time.Now()
+	}
+	return r.Now()
+}
+
+// redisContext bounds one Redis call.
+func (r *RedPacketBudgetReconciler) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.Options.RedisTimeout)
+}

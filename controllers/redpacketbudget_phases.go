@@ -1,0 +1,683 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers/specs"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
+)
+
+// budgetScope carries one reconcile's facts from one step to the next: the budget,
+// the status the controller will apply once on the way out, and what the steps
+// learned from Redis and the API server.
+type budgetScope struct {
+	budget *redpacketv1alpha1.RedPacketBudget
+	// now is the controller's clock when the reconcile started.
+	now time.Time
+	// status is the status to apply; it starts as the current one.
+	status redpacketv1alpha1.RedPacketBudgetStatus
+	// notReady, when set, is why Ready is False.
+	notReady *readyBlocker
+	// stalled, when set, is why the budget cannot go on without a person (or a
+	// Redis that answers): Stalled is True with its reason.
+	stalled *readyBlocker
+
+	conn     redisconn.Conn
+	store    budgetStore
+	snapshot store.BudgetSnapshot
+	// snapshotRead is true once snapshot holds what Redis said in this reconcile.
+	snapshotRead bool
+	// configured is true once Redis holds the spec's total and limits.
+	configured bool
+	// defaultRedisLogin is the budget's own login on the default Redis; nil with
+	// spec.redis or before the redis user step.
+	defaultRedisLogin *specs.RedisLogin
+	// redisLoginSettled is true once the redis user step settled how the grab pods
+	// reach Redis; the workload step applies nothing before.
+	redisLoginSettled bool
+	// deployment is the grab Deployment as last read; nil when there is none.
+	deployment *appsv1.Deployment
+
+	halted bool
+	// released is true once the deletion let the budget go: no status is applied.
+	released bool
+}
+
+func newBudgetScope(b *redpacketv1alpha1.RedPacketBudget, now time.Time) *budgetScope {
+	return &budgetScope{budget: b, now: now, status: *b.Status.DeepCopy()}
+}
+
+// setCondition sets a condition on the status to apply.
+func (s *budgetScope) setCondition(condType string, status metav1.ConditionStatus, reason, format string, args ...any) {
+	meta.SetStatusCondition(&s.status.Conditions, metav1.Condition{
+		Type:               condType,
+		Status:             status,
+		Reason:             reason,
+		Message:            fmt.Sprintf(format, args...),
+		ObservedGeneration: s.budget.Generation,
+		LastTransitionTime: metav1.NewTime(s.now.Truncate(time.Second)),
+	})
+}
+
+// budgetStep is one step of a budget's reconcile.
+type budgetStep struct {
+	name string
+	run  func(context.Context, *budgetScope) (stepResult, error)
+	// keepGoing lets the later steps run when this one fails or halts (the
+	// workload never holds up the status or expiry).
+	keepGoing bool
+}
+
+// runBudgetSteps runs the steps in order, as runSteps does for activities: a blocker
+// makes Ready False, a halt or an error stops the chain unless the step keeps going,
+// and the soonest requeue wins.
+func runBudgetSteps(ctx context.Context, s *budgetScope, steps []budgetStep) (ctrl.Result, error) {
+	var requeue time.Duration
+	var deferred []error
+	for _, step := range steps {
+		res, err := step.run(ctx, s)
+		if res.blocker != nil && s.notReady == nil {
+			s.notReady = res.blocker
+		}
+		if err != nil {
+			err = fmt.Errorf("%s: %w", step.name, err)
+			s.halted = true
+			if !step.keepGoing {
+				return ctrl.Result{}, errors.Join(append(deferred, err)...)
+			}
+			deferred = append(deferred, err)
+			continue
+		}
+		requeue = soonest(requeue, res.requeueAfter)
+		if res.halt {
+			s.halted = true
+			if !step.keepGoing {
+				break
+			}
+		}
+	}
+	return ctrl.Result{RequeueAfter: requeue}, errors.Join(deferred...)
+}
+
+// budgetNormalSteps are the steps of a budget that is not being deleted, in order.
+func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
+	return []budgetStep{
+		{name: "redis connection", run: r.reconcileBudgetRedis},
+		{name: "load functions", run: r.reconcileBudgetFunctions},
+		{name: "durability", run: r.reconcileBudgetDurability},
+		{name: "configure", run: r.reconcileBudgetConfigure},
+		{name: "expiry", run: r.reconcileBudgetExpiry},
+		{name: "sender credential", run: r.reconcileSenderSecret, keepGoing: true},
+		{name: "redis user", run: r.reconcileBudgetRedisUser, keepGoing: true},
+		{name: "grab workload", run: r.reconcileBudgetWorkload, keepGoing: true},
+		{name: "settlement", run: r.reconcileBudgetSettlement, keepGoing: true},
+		{name: "status", run: r.reconcileBudgetStatus},
+	}
+}
+
+// reconcileBudgetRedis resolves the budget's Redis connection (spec.redis's Secret
+// or the operator's default), takes the budget's store on it and reads a snapshot.
+// A missing or unusable Secret is RedisConfigInvalid (or RedisNotAllowed); a Redis
+// that does not answer is RedisUnavailable, and Stalled says so too.
+func (r *RedPacketBudgetReconciler) reconcileBudgetRedis(ctx context.Context, s *budgetScope) (stepResult, error) {
+	conn, err := r.budgetConnection(ctx, s.budget)
+	if err != nil {
+		return blocked(connectionFailureReason(err), "%v", err), err
+	}
+	s.conn = conn
+	s.store = r.storeFor(conn, s.budget)
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	snap, err := s.store.Snapshot(rctx)
+	if err != nil {
+		res := blocked(redpacketv1alpha1.ReasonRedisUnavailable, "reading the budget from Redis at %s: %v",
+			strings.Join(conn.Addresses, ","), err)
+		s.stalled = res.blocker
+		return res, fmt.Errorf("reading the budget's snapshot: %w", err)
+	}
+	s.snapshot, s.snapshotRead = snap, true
+	return stepResult{}, nil
+}
+
+// budgetConnection is the budget's Redis connection, checked against the operator's
+// Redis policy as an activity's is.
+func (r *RedPacketBudgetReconciler) budgetConnection(ctx context.Context, b *redpacketv1alpha1.RedPacketBudget) (redisconn.Conn, error) {
+	if b.Spec.Redis == nil {
+		return r.policy().defaultRedisConn()
+	}
+	secret := &corev1.Secret{}
+	key := client.ObjectKey{Namespace: b.Namespace, Name: b.Spec.Redis.SecretRef.Name}
+	if err := r.APIReader.Get(ctx, key, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return redisconn.Conn{}, fmt.Errorf("secret %s named by spec.redis.secretRef does not exist", key.Name)
+		}
+		return redisconn.Conn{}, fmt.Errorf("reading secret %s: %w", key.Name, err)
+	}
+	conn, err := redisconn.ConnFromSecret(secret.Data)
+	if err != nil {
+		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
+	}
+	if err := r.policy().checkRedisAllowed(conn); err != nil {
+		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
+	}
+	return conn, nil
+}
+
+// reconcileBudgetFunctions loads the grab-side function library, which the grab pods
+// FCALL and cannot load, on every master, and has the function keeper watch this
+// Redis from now on.
+func (r *RedPacketBudgetReconciler) reconcileBudgetFunctions(ctx context.Context, s *budgetScope) (stepResult, error) {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	if err := s.store.LoadLibrary(rctx); err != nil {
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "loading the function library: %v", err),
+			fmt.Errorf("loading the function library: %w", err)
+	}
+	if r.Functions != nil {
+		r.Functions.Track(s.budget.UID, s.conn)
+	}
+	return stepResult{}, nil
+}
+
+// reconcileBudgetDurability checks that the budget's Redis gives spec.durability
+// on the master of every shard before the budget is configured (and on every
+// resync): otherwise Ready is False with DurabilityNotMet and the chain halts, so a
+// new budget takes no money until it holds. A configured budget's packets keep being
+// served meanwhile; the grab fleet does not ask the operator.
+func (r *RedPacketBudgetReconciler) reconcileBudgetDurability(ctx context.Context, s *budgetScope) (stepResult, error) {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	switch err := s.store.CheckDurability(rctx, s.budget.Spec.Durability); {
+	case err == nil:
+		return stepResult{}, nil
+	case errors.Is(err, store.ErrDurabilityNotMet):
+		res := blocked(redpacketv1alpha1.ReasonDurabilityNotMet, "durability %s: %v", s.budget.Spec.Durability.Mode, err)
+		res.requeueAfter = r.Options.ActiveResyncPeriod
+		// A budget that holds money goes on, Ready False: its live packets must
+		// still expire and be refunded.
+		res.halt = s.snapshot.Total == 0
+		return res, nil
+	default:
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "checking durability: %v", err),
+			fmt.Errorf("checking durability: %w", err)
+	}
+}
+
+// budgetLimits are the spec's per-packet limits as the store writes them.
+func budgetLimits(b *redpacketv1alpha1.RedPacketBudget) store.BudgetLimits {
+	p := b.Spec.Packets
+	l := store.BudgetLimits{
+		Currency:   b.Spec.Currency,
+		MaxTotal:   p.MaxTotal,
+		MaxCount:   int64(p.MaxCount),
+		MinShare:   max(p.MinShare, 1),
+		DefaultTTL: 24 * time.Hour,
+		MaxTTL:     24 * time.Hour,
+	}
+	if l.Currency == "" {
+		l.Currency = "CNY"
+	}
+	if l.MaxCount < 1 {
+		l.MaxCount = 100
+	}
+	for _, d := range p.Distributions {
+		l.Distributions = append(l.Distributions, string(d))
+	}
+	if len(l.Distributions) == 0 {
+		l.Distributions = []string{string(redpacketv1alpha1.DistributionRandom), string(redpacketv1alpha1.DistributionLineCut),
+			string(redpacketv1alpha1.DistributionFixed)}
+	}
+	if p.MaxTTL != nil && p.MaxTTL.Duration > 0 {
+		l.MaxTTL = p.MaxTTL.Duration
+	}
+	if p.DefaultTTL != nil && p.DefaultTTL.Duration > 0 {
+		l.DefaultTTL = p.DefaultTTL.Duration
+	}
+	l.DefaultTTL = min(l.DefaultTTL, l.MaxTTL)
+	return l
+}
+
+// reconcileBudgetConfigure writes the spec's total and limits to every shard when
+// the spec changed since it was last observed or Redis holds another total (a first
+// configuration, a refill, or a Redis that lost the budget), then reads the snapshot
+// again. A total below what Redis already allotted is never written: the budget is
+// Stalled with ConfigureRefused (the API server refuses lowering it, so this is a
+// Redis that holds a newer budget than the spec, or a restore).
+func (r *RedPacketBudgetReconciler) reconcileBudgetConfigure(ctx context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	if s.snapshot.Total > b.Spec.Total {
+		res := blocked(redpacketv1alpha1.ReasonConfigureRefused,
+			"Redis allots %d to the budget, more than spec.total %d; a total is never lowered", s.snapshot.Total, b.Spec.Total)
+		s.stalled = res.blocker
+		return res, nil
+	}
+	if s.snapshot.Total == b.Spec.Total && b.Status.ObservedGeneration == b.Generation {
+		s.configured = true
+		return stepResult{}, nil
+	}
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	switch err := s.store.Configure(rctx, b.Spec.Total, budgetLimits(b)); {
+	case errors.Is(err, store.ErrBudgetLowered), errors.Is(err, store.ErrInvalidLimits):
+		// Nothing was written, and nothing changes until the spec does.
+		res := blocked(redpacketv1alpha1.ReasonConfigureRefused, "Redis refused the budget's configuration: %v", err)
+		s.stalled = res.blocker
+		return res, nil
+	case err != nil:
+		res := blocked(redpacketv1alpha1.ReasonRedisUnavailable, "configuring the budget's shards: %v", err)
+		return res, fmt.Errorf("configuring the budget's %d shards: %w", b.Spec.ShardCount(), err)
+	}
+	snap, err := s.store.Snapshot(rctx)
+	if err != nil {
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "reading the budget after configuring it: %v", err),
+			fmt.Errorf("reading the budget after configuring it: %w", err)
+	}
+	if snap.Total != b.Spec.Total {
+		return blocked(redpacketv1alpha1.ReasonConfiguring, "Redis allots %d after configuring %d", snap.Total, b.Spec.Total),
+			fmt.Errorf("configuring the budget: Redis allots %d, the spec says %d", snap.Total, b.Spec.Total)
+	}
+	if s.snapshot.Total != snap.Total {
+		ctrl.LoggerFrom(ctx).Info("configured the budget", "total", snap.Total, "was", s.snapshot.Total, "shards", b.Spec.ShardCount())
+	}
+	s.snapshot, s.configured = snap, true
+	return stepResult{}, nil
+}
+
+// reconcileBudgetExpiry has the expiry driver expire the budget's due packets from
+// now on. The driver holds nothing but the handle: the due indexes in Redis are the
+// state, so after a restart the first reconcile of each budget resumes it.
+func (r *RedPacketBudgetReconciler) reconcileBudgetExpiry(_ context.Context, s *budgetScope) (stepResult, error) {
+	if r.Expiry != nil {
+		r.Expiry.Track(s.budget.UID, s.store)
+	}
+	return stepResult{}, nil
+}
+
+// reconcileSenderSecret mints the sender credential: the Secret <budget>-sender with
+// a random token, created once and never overwritten (a Create, which fails on an
+// existing Secret, never an apply). Deleting the Secret rotates the token (the grab
+// pods read the mounted file again). A Secret of that name that is not the budget's
+// is left alone and the budget is not Ready (NotAdopted).
+func (r *RedPacketBudgetReconciler) reconcileSenderSecret(ctx context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	name := specs.BudgetSenderSecretName(b)
+	existing := &corev1.Secret{}
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: b.Namespace, Name: name}, existing)
+	switch {
+	case err == nil:
+		if !metav1.IsControlledBy(existing, b) {
+			return stepResult{halt: true, blocker: notReady(redpacketv1alpha1.ReasonNotAdopted,
+				"secret %s exists and is not the budget's; the sender credential is not minted", name)}, nil
+		}
+	case apierrors.IsNotFound(err):
+		token, err := specs.NewSenderToken()
+		if err != nil {
+			return stepResult{}, err
+		}
+		if err := r.Client.Create(ctx, specs.BudgetSenderSecret(b, token), client.FieldOwner(BudgetFieldManager)); err != nil &&
+			!apierrors.IsAlreadyExists(err) {
+			return stepResult{}, fmt.Errorf("creating secret %s: %w", name, err)
+		}
+		ctrl.LoggerFrom(ctx).Info("minted the sender credential", "secret", name)
+	default:
+		return stepResult{}, fmt.Errorf("reading secret %s: %w", name, err)
+	}
+	s.status.SenderSecretName = name
+	return stepResult{}, nil
+}
+
+// reconcileBudgetRedisUser gives a budget on the operator's default Redis its own ACL
+// user (store.Budget.EnsureUser: keys rpb:{<uid>.*, FCALL of the library) and the
+// Secret <budget>-grab-redis with its login, as an activity's redis user step does;
+// the password is the one the Secret holds, a new one when there is none. A budget
+// with spec.redis brings its own credentials.
+func (r *RedPacketBudgetReconciler) reconcileBudgetRedisUser(ctx context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	if b.Spec.Redis != nil {
+		s.redisLoginSettled = true
+		return stepResult{}, nil
+	}
+	conn, err := r.policy().defaultRedisConn()
+	if err != nil {
+		return blocked(redpacketv1alpha1.ReasonRedisConfigInvalid, "%v", err), err
+	}
+	name := specs.BudgetRedisSecretName(b)
+	existing := &corev1.Secret{}
+	switch err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: b.Namespace, Name: name}, existing); {
+	case apierrors.IsNotFound(err):
+		existing = nil
+	case err != nil:
+		return stepResult{}, fmt.Errorf("reading secret %s: %w", name, err)
+	case !metav1.IsControlledBy(existing, b):
+		return blocked(redpacketv1alpha1.ReasonNotAdopted, "secret %s exists and is not the budget's", name), nil
+	}
+	user := s.store.UserName()
+	password := ""
+	if existing != nil && string(existing.Data[redisconn.SecretUsername]) == user &&
+		len(existing.Data[redisconn.SecretPassword]) >= 2*activityPasswordBytes {
+		password = string(existing.Data[redisconn.SecretPassword])
+	} else if password, err = newActivityPassword(); err != nil {
+		return stepResult{}, err
+	}
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	if _, err := s.store.EnsureUser(rctx, password); err != nil {
+		if errors.Is(err, store.ErrACLUnavailable) {
+			return blocked(redpacketv1alpha1.ReasonRedisACLUnavailable,
+				"the operator's default Redis cannot give the budget a Redis user of its own: %v; the grab service is not deployed", err), nil
+		}
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "setting up the budget's Redis user: %v", err),
+			fmt.Errorf("setting up the budget's Redis user: %w", err)
+	}
+	login := &specs.RedisLogin{Addresses: conn.Addresses, Mode: conn.Mode, TLS: conn.TLS, Username: user, Password: password}
+	if existing == nil || !secretDataEqual(existing.Data, login.SecretData()) {
+		if err := r.Client.Apply(ctx, specs.BudgetRedisSecret(b, *login), client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
+			return workloadFailed(err), fmt.Errorf("applying secret %s: %w", name, err)
+		}
+	}
+	s.defaultRedisLogin = login
+	s.redisLoginSettled = true
+	return stepResult{}, nil
+}
+
+// reconcileBudgetWorkload applies the shared grab Service and Deployment
+// (specs.BudgetGrabService, specs.BudgetGrabDeployment) under BudgetFieldManager,
+// once the redis user step settled the login. An object of those names that is not
+// the budget's is left alone (NotAdopted); an image other than the operator's needs
+// --allow-grab-image-override (GrabImageNotAllowed).
+func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	if img := b.Spec.GrabService.Image; img != "" && img != r.Options.GrabImage && !r.Options.AllowGrabImageOverride {
+		return blocked(redpacketv1alpha1.ReasonGrabImageNotAllowed,
+			"spec.grabService.image %q is not the operator's grab image and the operator does not allow another", img), nil
+	}
+	if !s.redisLoginSettled {
+		return stepResult{halt: true}, nil
+	}
+	key := client.ObjectKey{Namespace: b.Namespace, Name: specs.BudgetGrabName(b)}
+	for _, obj := range []client.Object{&corev1.Service{}, &appsv1.Deployment{}} {
+		err := r.APIReader.Get(ctx, key, obj)
+		if err == nil && !metav1.IsControlledBy(obj, b) {
+			return blocked(redpacketv1alpha1.ReasonNotAdopted, "%T %s exists and is not the budget's; it is left alone", obj, key.Name), nil
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return stepResult{}, fmt.Errorf("reading %s: %w", key.Name, err)
+		}
+	}
+	in := specs.BudgetGrab{Budget: b, OperatorImage: r.Options.GrabImage, TokenMaxLifetime: r.Options.GrabTokenMaxLifetime,
+		DefaultRedis: s.defaultRedisLogin}
+	for _, obj := range []runtime.ApplyConfiguration{specs.BudgetGrabService(b), specs.BudgetGrabDeployment(in)} {
+		if err := r.Client.Apply(ctx, obj, client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
+			return workloadFailed(err), fmt.Errorf("applying the grab workload: %w", err)
+		}
+	}
+	d := &appsv1.Deployment{}
+	if err := r.APIReader.Get(ctx, key, d); err == nil {
+		s.deployment = d
+	}
+	s.status.Endpoint = specs.BudgetEndpoint(b)
+	return stepResult{}, nil
+}
+
+// reconcileBudgetSettlement hands a budget with a webhook to the settlement runner.
+func (r *RedPacketBudgetReconciler) reconcileBudgetSettlement(ctx context.Context, s *budgetScope) (stepResult, error) {
+	if r.Settlement == nil || s.budget.Spec.Settlement == nil || s.budget.Spec.Settlement.Webhook == nil {
+		return stepResult{}, nil
+	}
+	if err := r.Settlement.Ensure(ctx, s.budget); err != nil {
+		return stepResult{}, fmt.Errorf("starting the budget's settlement: %w", err)
+	}
+	return stepResult{}, nil
+}
+
+// reconcileBudgetStatus asks to come back every ActiveResyncPeriod, so the status's
+// figures and rates follow Redis; the figures are written by finishBudgetReconcile.
+func (r *RedPacketBudgetReconciler) reconcileBudgetStatus(_ context.Context, _ *budgetScope) (stepResult, error) {
+	return stepResult{requeueAfter: r.Options.ActiveResyncPeriod}, nil
+}
+
+// finishBudgetReconcile is the one status apply of a reconcile, on every path: the
+// money figures from this reconcile's snapshot, the rates against the last status,
+// Ready and Stalled. A conservation failure (the snapshot's money does not add up) is
+// Stalled with ConservationBroken and a Warning event.
+func (r *RedPacketBudgetReconciler) finishBudgetReconcile(ctx context.Context, s *budgetScope, result ctrl.Result, retErr error) (ctrl.Result, error) {
+	if s.released {
+		return result, retErr
+	}
+	before := s.budget.Status
+	computeBudgetStatus(s, retErr == nil && !s.halted)
+	if c := meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil &&
+		c.Reason == redpacketv1alpha1.ReasonConservationBroken && c.Status == metav1.ConditionTrue &&
+		!meta.IsStatusConditionTrue(before.Conditions, redpacketv1alpha1.ConditionStalled) && r.Recorder != nil {
+		r.Recorder.Eventf(s.budget, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonConservationBroken, "Reconcile", "%s", c.Message)
+	}
+	if equality.Semantic.DeepEqual(before, s.status) {
+		return result, retErr
+	}
+	if err := r.applyBudgetStatus(ctx, s.budget, s.status); err != nil && !isNotFoundOrGone(err) {
+		return result, errors.Join(retErr, err)
+	}
+	s.budget.Status = s.status
+	return result, retErr
+}
+
+// applyBudgetStatus writes status with a server-side apply under BudgetFieldManager.
+func (r *RedPacketBudgetReconciler) applyBudgetStatus(ctx context.Context, b *redpacketv1alpha1.RedPacketBudget, st redpacketv1alpha1.RedPacketBudgetStatus) error {
+	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return fmt.Errorf("converting the budget's status: %w", err)
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
+	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
+	obj.SetKind("RedPacketBudget")
+	obj.SetNamespace(b.Namespace)
+	obj.SetName(b.Name)
+	if err := r.Client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying the budget's status: %w", err)
+	}
+	return nil
+}
+
+// computeBudgetStatus fills the scope's status: the snapshot's figures (all of them
+// from one snapshot, so they add up), the per-second rates since the last status's
+// snapshot, the grab Deployment's replicas and selector, and the conditions. clean
+// says the reconcile went through, so the generation counts as observed.
+func computeBudgetStatus(s *budgetScope, clean bool) {
+	b := s.budget
+	st := &s.status
+	if clean {
+		st.ObservedGeneration = b.Generation
+	}
+	st.Selector = specs.BudgetSelectorString(b)
+	if s.deployment != nil {
+		st.Replicas = s.deployment.Status.Replicas
+	}
+	if s.snapshotRead {
+		snap := s.snapshot
+		prevCreated, prevGrabbed, prevAt := st.CreatedPackets, st.GrabbedShares, st.SnapshotTime
+		st.Total, st.Available, st.InPackets = new(snap.Total), new(snap.Available), new(snap.Live)
+		st.Claimed, st.Refunded = new(snap.Claimed), new(snap.Refunded)
+		st.LivePackets, st.CreatedPackets, st.ExpiredPackets = new(snap.LivePackets), new(snap.CreatedPackets), new(snap.ExpiredPackets)
+		st.GrabbedShares, st.SettledCount, st.DeadLetters = new(snap.GrabbedShares), new(snap.SettledCount), new(snap.DeadLetters)
+		at := metav1.NewTime(s.now.Truncate(time.Millisecond))
+		// The counters and the time they were read move together, so each rate is
+		// over exactly the time since the last snapshot; when no time passed (or the
+		// clock went back) the rates stay as they were.
+		if prevAt == nil || prevCreated == nil || prevGrabbed == nil {
+			st.CreatedPerSecond, st.GrabbedPerSecond = new(int64(0)), new(int64(0))
+		} else if elapsed := at.Sub(prevAt.Time).Seconds(); elapsed > 0 {
+			st.CreatedPerSecond = new(perSecond(snap.CreatedPackets-*prevCreated, elapsed))
+			st.GrabbedPerSecond = new(perSecond(snap.GrabbedShares-*prevGrabbed, elapsed))
+		}
+		st.SnapshotTime = &at
+		if !snap.Conserved() {
+			s.stalled = notReady(redpacketv1alpha1.ReasonConservationBroken,
+				"the budget's money does not add up in Redis: total %d ≠ available %d + in packets %d + claimed %d + refunded %d",
+				snap.Total, snap.Available, snap.Live, snap.Claimed, snap.Refunded)
+		}
+	}
+
+	switch {
+	case s.stalled != nil:
+		s.setCondition(redpacketv1alpha1.ConditionStalled, metav1.ConditionTrue, s.stalled.reason, "%s", s.stalled.message)
+	default:
+		meta.RemoveStatusCondition(&st.Conditions, redpacketv1alpha1.ConditionStalled)
+	}
+	switch {
+	case s.stalled != nil:
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, s.stalled.reason, "%s", s.stalled.message)
+	case s.notReady != nil:
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, s.notReady.reason, "%s", s.notReady.message)
+	case !s.configured:
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonConfiguring,
+			"the budget's shards are not configured yet")
+	case s.deployment == nil || s.deployment.Status.AvailableReplicas < 1:
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonGrabServiceUnavailable,
+			"the budget is configured but its grab Deployment has no available replica")
+	default:
+		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, redpacketv1alpha1.ReasonBudgetReady,
+			"%d of %d available over %d shards; %d live packets; %d grab replicas available",
+			s.snapshot.Available, s.snapshot.Total, b.Spec.ShardCount(), s.snapshot.LivePackets, s.deployment.Status.AvailableReplicas)
+	}
+}
+
+// perSecond is n per elapsed seconds, rounded; never negative (a counter below its
+// last figure is a Redis that rolled back, not a negative rate).
+func perSecond(n int64, elapsed float64) int64 {
+	if n <= 0 || elapsed <= 0 {
+		return 0
+	}
+	return int64(math.Round(float64(n) / elapsed))
+}
+
+// budgetDeleteSteps are the steps of a deleted budget, in order: close creation,
+// expire every live packet (each refunded through settlement), wait for settlement to
+// drain, then remove the Redis user and every key, and let the budget go.
+func (r *RedPacketBudgetReconciler) budgetDeleteSteps() []budgetStep {
+	return []budgetStep{
+		{name: "redis connection", run: r.reconcileBudgetRedis},
+		{name: "close", run: r.deleteBudgetClose},
+		{name: "expire everything", run: r.deleteBudgetExpireAll},
+		{name: "settlement drained", run: r.deleteBudgetDrained},
+		{name: "purge", run: r.deleteBudgetPurge},
+	}
+}
+
+// deleteBudgetClose stops creation on every shard; ExpireDue then expires every live
+// packet whatever its time.
+func (r *RedPacketBudgetReconciler) deleteBudgetClose(ctx context.Context, s *budgetScope) (stepResult, error) {
+	s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "the budget is being deleted: its live packets expire and are refunded")
+	if s.snapshot.Closed {
+		return stepResult{}, nil
+	}
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	if err := s.store.Close(rctx); err != nil {
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "closing the budget: %v", err), fmt.Errorf("closing the budget: %w", err)
+	}
+	return stepResult{}, nil
+}
+
+// budgetDeleteBatchTime bounds how long one reconcile of a deleted budget expires
+// packets before it lets others go and comes back.
+const budgetDeleteBatchTime = 2 * time.Second
+
+// deleteBudgetExpireAll expires every live packet of the closed budget, a bounded
+// batch at a time on each shard, and reads the snapshot again; while packets are
+// live it comes back at once.
+func (r *RedPacketBudgetReconciler) deleteBudgetExpireAll(ctx context.Context, s *budgetScope) (stepResult, error) {
+	deadline := time.Now().Add(budgetDeleteBatchTime)
+	for i := range s.budget.Spec.ShardCount() {
+		for time.Now().Before(deadline) {
+			rctx, cancel := r.redisContext(ctx)
+			n, _, err := s.store.ExpireDue(rctx, i, budgetExpiryBatch)
+			cancel()
+			if err != nil {
+				return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "expiring shard %d: %v", i, err),
+					fmt.Errorf("expiring shard %d of the deleted budget: %w", i, err)
+			}
+			if n < budgetExpiryBatch {
+				break
+			}
+		}
+	}
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	snap, err := s.store.Snapshot(rctx)
+	if err != nil {
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "reading the budget: %v", err), fmt.Errorf("reading the budget: %w", err)
+	}
+	s.snapshot = snap
+	if snap.LivePackets > 0 || snap.Live > 0 {
+		return stepResult{halt: true, requeueAfter: 10 * time.Millisecond}, nil
+	}
+	return stepResult{}, nil
+}
+
+// deleteBudgetDrained waits until settlement delivered every entry of the budget's
+// streams, when it has a webhook and the operator runs its settlement.
+func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *budgetScope) (stepResult, error) {
+	if r.Settlement == nil || s.budget.Spec.Settlement == nil || s.budget.Spec.Settlement.Webhook == nil {
+		return stepResult{}, nil
+	}
+	if err := r.Settlement.Ensure(ctx, s.budget); err != nil {
+		return stepResult{}, fmt.Errorf("settling the deleted budget: %w", err)
+	}
+	drained, err := r.Settlement.Drained(ctx, s.budget)
+	if err != nil {
+		return stepResult{}, fmt.Errorf("checking the budget's settlement: %w", err)
+	}
+	if !drained {
+		s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "the budget is deleted and waits for its settlement to drain")
+		return stepResult{halt: true, requeueAfter: r.Options.CleanupPollInterval}, nil
+	}
+	return stepResult{}, nil
+}
+
+// deleteBudgetPurge removes the budget's Redis user (on the default Redis) and every
+// key, stops what the operator runs for it, and removes the finalizer.
+func (r *RedPacketBudgetReconciler) deleteBudgetPurge(ctx context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	if b.Spec.Redis == nil {
+		if _, err := s.store.DeleteUser(rctx); err != nil && !errors.Is(err, store.ErrACLUnavailable) {
+			return stepResult{}, fmt.Errorf("removing the budget's Redis user: %w", err)
+		}
+	}
+	if r.Expiry != nil {
+		// Nothing may expire into the keys while they go.
+		r.Expiry.Forget(b.UID)
+	}
+	if err := s.store.Purge(rctx); err != nil {
+		return stepResult{}, fmt.Errorf("purging the budget's keys: %w", err)
+	}
+	r.forget(b.UID)
+	orig := b.DeepCopy()
+	controllerutil.RemoveFinalizer(b, BudgetFinalizer)
+	if err := r.Client.Patch(ctx, b, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+		return stepResult{}, fmt.Errorf("removing finalizer %s: %w", BudgetFinalizer, err)
+	}
+	s.released = true
+	ctrl.LoggerFrom(ctx).Info("purged the deleted budget", "refunded", s.snapshot.Refunded, "claimed", s.snapshot.Claimed)
+	return stepResult{}, nil
+}

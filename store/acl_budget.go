@@ -1,0 +1,89 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sort"
+	"strings"
+
+	"redpacket.io/operator/lua"
+)
+
+// A budget on the operator's default Redis gets a Redis ACL user of its own, as an
+// activity does (acl.go): its grab pods log in as it. It may touch only the budget's
+// keys, rpb:{<uid>.*, never the operator's ledger (rpl:{<uid>}:…), and it may run
+// FCALL of the operator's function library and what a client needs to find its way
+// (PING, TIME, the cluster's slot map), nothing else of its own. Redis checks the
+// commands a function calls against the caller's rules, so the user holds the
+// commands the library's functions call too, but it can only run them through the
+// functions.
+
+// budgetUserName is the name of the Redis ACL user of the budget with the given UID.
+func budgetUserName(uid string) string { return "rpb-" + uid }
+
+// budgetUserDirectCommands are the commands a budget's grab pods send themselves:
+// FCALL (never EVAL, SCRIPT or FUNCTION), the readiness ping, the clock, WAIT for
+// durability Replicas, and what a cluster client asks to learn the slot map.
+var budgetUserDirectCommands = []string{
+	"fcall", "ping", "time", "wait",
+	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
+}
+
+// budgetUserCommands lists, sorted and in lower case, every command the budget's
+// user may run: budgetUserDirectCommands and every command the function library's
+// functions call. It refuses (panics on) a forbidden command, as the activity's does.
+func budgetUserCommands() []string {
+	set := map[string]bool{}
+	for _, c := range budgetUserDirectCommands {
+		set[c] = true
+	}
+	for _, s := range lua.GrabLibrary.Scripts() {
+		for _, m := range scriptCall.FindAllStringSubmatch(s.Source(), -1) {
+			name := strings.ToLower(m[1])
+			if containerCommands[name] {
+				name += "|" + strings.ToLower(m[2])
+			}
+			set[name] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for c := range set {
+		name, _, _ := strings.Cut(c, "|")
+		if slices.Contains(forbiddenActivityCommands, c) || slices.Contains(forbiddenActivityCommands, name) {
+			panic("the budget's Redis user would be granted the forbidden command " + c)
+		}
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// BudgetKeyPattern is the ACL key pattern of every key of the budget uid: each of its
+// shards' tags starts with "{<uid>." (ACL globs treat the braces as plain characters).
+func BudgetKeyPattern(uid string) string { return "rpb:{" + uid + ".*" }
+
+// aclUser is the budget's ACL user as EnsureUser sets it.
+func (b *Budget) aclUser() aclUserSpec {
+	return aclUserSpec{name: budgetUserName(b.uid), keyRules: []string{"~" + BudgetKeyPattern(b.uid)},
+		commands: budgetUserCommands()}
+}
+
+// UserName is the name of the budget's Redis ACL user.
+func (b *Budget) UserName() string { return budgetUserName(b.uid) }
+
+// EnsureUser makes every node of the budget's Redis hold the budget's ACL user with
+// exactly the given password and rules, as Shard.EnsureUser does for an activity:
+// a node that holds them already is left alone, another password is a rotation.
+func (b *Budget) EnsureUser(ctx context.Context, password string) (UserChange, error) {
+	if password == "" {
+		return UserChange{}, errors.New("ensuring the budget's Redis user: empty password")
+	}
+	return ensureUser(ctx, b.c, b.aclUser(), password)
+}
+
+// DeleteUser removes the budget's ACL user from every node, which closes its
+// connections; it returns on how many nodes the user existed.
+func (b *Budget) DeleteUser(ctx context.Context) (int, error) {
+	return deleteUser(ctx, b.c, budgetUserName(b.uid))
+}
