@@ -91,6 +91,7 @@ func (p Packets) withDefaults() (Packets, error) {
 // packetsCheck is a budget worker's check before delivery and its step after.
 type packetsCheck struct {
 	cfg    Packets
+	budget *store.Budget
 	ledger *store.BudgetLedger
 	// forget deletes an expired packet once its refund was delivered
 	// (store.Budget.ForgetPacket).
@@ -125,7 +126,7 @@ func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	check := &packetsCheck{cfg: p, ledger: b.SettlementLedger(p.LedgerRetention), forget: b.ForgetPacket, now: time.Now}
+	check := &packetsCheck{cfg: p, budget: b, ledger: b.SettlementLedger(p.LedgerRetention), forget: b.ForgetPacket, now: time.Now}
 	ws := make([]*Worker, b.N())
 	for i := range ws {
 		ws[i] = newWorker(cfg, m, b.SettlementShard(i), ownTransport && i == 0)
@@ -266,8 +267,9 @@ func checkPacketID(id string) string {
 // checkPackets checks a budget's entries before delivery and returns why each
 // forged one is, by id: fields that are not a grant or refund (ReasonMalformed), a
 // packet id that is not a key of a packet (ReasonPacketIDMalformed), an entry older
-// than the ledger remembers (ReasonStaleEntry), and then the ledger's verdicts on
-// the rest, in one atomic step (store.BudgetLedger.Decide): ReasonDuplicatePacket,
+// than the ledger remembers (ReasonStaleEntry), an entry its packet, still in Redis,
+// does not record (ReasonClaimMismatch: store.Budget.VerifyPacketEntries), and then
+// the ledger's verdicts on the rest, in one atomic step (store.BudgetLedger.Decide): ReasonDuplicatePacket,
 // ReasonOverBudget. A Redis error, or no announced total yet, is returned: the
 // entries are checked again, never delivered unchecked.
 func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamEntry) (map[string]error, error) {
@@ -293,6 +295,24 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 		}
 		decide = append(decide, e)
 		credits = append(credits, store.BudgetCredit{Kind: e.Kind, PacketID: packetID, Share: share, UserID: e.UserID, Amount: e.Amount, At: e.At})
+	}
+	// The packets still in Redis say what their scripts wrote; what does not match
+	// is not decided in the ledger at all.
+	mismatch, err := c.budget.VerifyPacketEntries(ctx, credits)
+	if err != nil {
+		return nil, err
+	}
+	if len(mismatch) > 0 {
+		var keepEntries []store.StreamEntry
+		var keepCredits []store.BudgetCredit
+		for i, e := range decide {
+			if why := mismatch[i]; why != nil {
+				forged[e.ID] = &ForgedError{Reason: ReasonClaimMismatch, Detail: why.Error()}
+				continue
+			}
+			keepEntries, keepCredits = append(keepEntries, e), append(keepCredits, credits[i])
+		}
+		decide, credits = keepEntries, keepCredits
 	}
 	verdicts, err := c.ledger.Decide(ctx, credits)
 	if err != nil {

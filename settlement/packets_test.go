@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
 )
 
@@ -576,5 +578,124 @@ func TestBudgetTotalIsAnnouncedOnceAndAgainWhenRaised(t *testing.T) {
 	}
 	if bal.requests[uid+"/budget:1000"] != 2 || bal.requests[uid+"/budget:1500"] != 1 {
 		t.Errorf("announcement requests %v", bal.requests)
+	}
+}
+
+// With the store's own scripts: packets created, grabbed, then expired by the
+// budget's close, are settled through the budget's workers with the store's
+// ForgetPacket: every grant and refund is credited once and matches the packet, each
+// expired packet with a refund is gone once the refund was delivered, the ledger equals the
+// budget's claimed + refunded, and entries that do not match a packet still in
+// Redis (a grant the packet does not record, a refund of another amount) are
+// dead-lettered as claim_mismatch.
+func TestBudgetSettlesPacketsMadeByTheStoreAndForgetsThem(t *testing.T) {
+	ctx := context.Background()
+	const uid = "rpb-uid-store"
+	key := []byte("operator-signing-key")
+	rdb := newRedis(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, uid, 4)
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 20_000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	tb := testBudget{t: t, rdb: rdb, b: b}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
+	// Announce first, then raise the shards' allotment: nothing is ever drawn beyond
+	// what the balance system was told.
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 100_000); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Configure(ctx, 100_000, limits); err != nil {
+		t.Fatal(err)
+	}
+	const packets = 12
+	for p := range packets {
+		id := fmt.Sprintf("order-%02d", p)
+		if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-7", Total: 1000, Count: 5,
+			Distribution: split.TypeRandom}); err != nil || outcome != store.CreateCreated {
+			t.Fatalf("creating %s: %v, %v", id, outcome, err)
+		}
+		for u := range p % 6 {
+			if _, err := b.GrabPacket(ctx, id, fmt.Sprintf("user-%d", u)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A grant the packet does not record (mallory never grabbed order-01), and a
+	// refund of another amount than order-02's remainder, written before expiry.
+	forgedGrant := tb.grant("order-01", 0, "mallory", 1)
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range b.N() {
+		if _, _, err := b.ExpireDue(ctx, i, 500); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forgedRefund := tb.refund("order-02", "merchant-7", 1, time.Now())
+	snap, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !snap.Conserved() || snap.Live != 0 || snap.Claimed+snap.Refunded != packets*1000 {
+		t.Fatalf("snapshot %+v after expiry", snap)
+	}
+
+	ws, err := NewBudgetWorkers(func() Config { c := cfg; c.Logger = testLogger(t); return c }(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- RunAll(wctx, ws) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	eventually(t, 20*time.Second, "every shard drained", func() bool {
+		ok, err := BudgetDrained(ctx, b, "")
+		return err == nil && ok
+	})
+	got, problems := bal.credits()
+	if len(problems) > 0 {
+		t.Fatalf("the balance system saw: %v", problems)
+	}
+	var credited int64
+	for _, d := range got {
+		credited += d.Amount
+	}
+	if credited != snap.Claimed+snap.Refunded {
+		t.Errorf("credited %d, want claimed %d + refunded %d", credited, snap.Claimed, snap.Refunded)
+	}
+	// A packet grabbed to its last share has nothing to refund: expiry writes no
+	// refund entry for it, so settlement has nothing to forget it after.
+	const emptied = 2 // order-05 and order-11
+	if n := int64(len(got)); n != snap.GrabbedShares+packets-emptied {
+		t.Errorf("%d credits, want %d grants and %d refunds", n, snap.GrabbedShares, packets-emptied)
+	}
+	for p := range packets {
+		id := fmt.Sprintf("order-%02d", p)
+		if p%6 == 5 {
+			continue
+		}
+		if _, ok := got[uid+"/"+id+"/refund"]; !ok {
+			t.Errorf("packet %s: no refund credited", id)
+		}
+		if _, exists, err := b.Packet(ctx, id); err != nil || exists {
+			t.Errorf("packet %s still in Redis (%v) after its refund was delivered", id, err)
+		}
+	}
+	dead := tb.deadLetters()
+	for _, id := range []string{forgedGrant, forgedRefund} {
+		if !strings.HasPrefix(dead[id], "forged settlement entry (claim_mismatch)") {
+			t.Errorf("entry %s dead-lettered as %q, want claim_mismatch; all: %v", id, dead[id], dead)
+		}
+	}
+	sums, err := b.SettlementLedger(0).Sums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sums.Granted != snap.Claimed || sums.Refunded != snap.Refunded {
+		t.Errorf("ledger %+v, want granted %d and refunded %d", sums, snap.Claimed, snap.Refunded)
 	}
 }

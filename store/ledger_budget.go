@@ -233,3 +233,62 @@ func (a *Shard) Drained(ctx context.Context, group string) (bool, error) {
 	}
 	return false, nil
 }
+
+// VerifyPacketEntries checks each credit against its packet's hash, when the packet
+// is still in Redis, and returns why each one that does not match is forged (by
+// index in credits, wrapping ErrForged):
+//
+//   - a grant of share s of amount a to user u: the packet records u's grab as share
+//     s of a (packet_grab.lua writes it in the step that appends the grant; the
+//     entry id is not compared, so a replayed dead letter still matches);
+//   - a refund of a to user u: the packet expired, its sender is u and its
+//     remainder, which packet_expire.lua refunded, is a.
+//
+// A packet no longer in Redis (forgotten once its refund settled, or never created)
+// cannot be checked here: the ledger's bounds still hold for it. All reads go in
+// one pipeline.
+func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit) (map[int]error, error) {
+	forged := map[int]error{}
+	if len(credits) == 0 {
+		return forged, nil
+	}
+	pipe := b.c.Pipeline()
+	reads := make([]*redis.SliceCmd, len(credits))
+	for i, c := range credits {
+		reads[i] = pipe.HMGet(ctx, b.keys[b.ShardOf(c.PacketID)].Packet(c.PacketID), "cnt", "x", "snd", "r", "u:"+c.UserID)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("verifying settlement entries against their packets: %w", err)
+	}
+	for i, c := range credits {
+		v, err := reads[i].Result()
+		if err != nil {
+			return nil, fmt.Errorf("verifying settlement entries: reading packet %s: %w", c.PacketID, err)
+		}
+		str := func(x any) string { s, _ := x.(string); return s }
+		count, expired, sender, remainder, claim := str(v[0]), str(v[1]), str(v[2]), str(v[3]), str(v[4])
+		if count == "" && expired == "" {
+			continue // not in Redis
+		}
+		amount := strconv.FormatInt(c.Amount, 10)
+		switch c.Kind {
+		case KindRefund:
+			switch {
+			case expired == "":
+				forged[i] = fmt.Errorf("%w: a refund of packet %s, which has not expired", ErrForged, c.PacketID)
+			case sender != c.UserID:
+				forged[i] = fmt.Errorf("%w: a refund of packet %s to %q, whose sender is %q", ErrForged, c.PacketID, c.UserID, sender)
+			case remainder != amount:
+				forged[i] = fmt.Errorf("%w: a refund of %s of packet %s, which had %s left", ErrForged, amount, c.PacketID, remainder)
+			}
+		default:
+			share, rest, _ := strings.Cut(claim, ":")
+			got, _, _ := strings.Cut(rest, ":")
+			if claim == "" || share != c.Share || got != amount {
+				forged[i] = fmt.Errorf("%w: share %s of %s of packet %s to %q, but the packet records %q for that user",
+					ErrForged, c.Share, amount, c.PacketID, c.UserID, claim)
+			}
+		}
+	}
+	return forged, nil
+}
