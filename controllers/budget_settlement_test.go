@@ -155,8 +155,8 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	if len(bad) > 0 {
 		t.Fatalf("unsigned or badly signed deliveries: %v", bad)
 	}
-	if credited != snap.Claimed+snap.Refunded || int64(credits) != snap.GrabbedShares+5 {
-		t.Errorf("credited %d in %d deliveries; the budget claimed %d in %d shares and refunded %d (5 packets with a remainder)",
+	if credited != snap.Claimed+snap.Refunded || int64(credits) != snap.GrabbedShares+6 {
+		t.Errorf("credited %d in %d deliveries; the budget claimed %d in %d shares and refunded %d (6 packets, each with a remainder)",
 			credited, credits, snap.Claimed, snap.GrabbedShares, snap.Refunded)
 	}
 
