@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"redpacket.io/operator/lua"
@@ -219,5 +220,70 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 	noList := PacketsClient{BaseURL: grabStandIn(t, b, "sender-secret-token", false).URL, HTTP: hs.Client()}
 	if _, err := noList.Live(ctx, 10); !errors.Is(err, ErrNoListing) {
 		t.Errorf("a grab service without listing: %v, want ErrNoListing", err)
+	}
+}
+
+// A budget's dead letters, parked by the settlement workers' own script in two
+// shards, go back into their shards' streams with their fields, the dead-letter
+// streams empty and each shard's dead count back to zero; --max bounds how many.
+func TestReplayBudgetDeadLetters(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	b := store.NewBudget(rdb, "budget-replay", 2)
+	if err := b.Configure(ctx, 10_000, store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeRandom}, DefaultTTL: time.Hour, MaxTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	parked := 0
+	for i := range b.N() {
+		sh := b.SettlementShard(i)
+		if err := sh.EnsureGroup(ctx, "settlement"); err != nil {
+			t.Fatal(err)
+		}
+		for n := range 3 {
+			grant := "p-" + strconv.Itoa(i) + "/" + strconv.Itoa(n) + ":100:0:CNY:user-" + strconv.Itoa(n)
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.ShardKeys(i).Stream, Values: []string{"grant", grant}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		entries, err := sh.ReadNew(ctx, "settlement", "op", 10, time.Millisecond)
+		if err != nil || len(entries) != 3 {
+			t.Fatalf("shard %d: read %d entries, %v", i, len(entries), err)
+		}
+		for _, e := range entries {
+			ok, err := sh.DeadLetter(ctx, "settlement", e.ID, "webhook answered 500", e.FieldValues())
+			if err != nil || !ok {
+				t.Fatalf("parking %s: %v, %v", e.ID, ok, err)
+			}
+			parked++
+		}
+	}
+	if n, err := ReplayBudgetDeadLetters(ctx, b, 2); err != nil || n != 2 {
+		t.Fatalf("replaying at most 2: %d, %v", n, err)
+	}
+	if n, err := ReplayBudgetDeadLetters(ctx, b, 0); err != nil || n != parked-2 {
+		t.Fatalf("replaying the rest: %d, %v; want %d", n, err, parked-2)
+	}
+	snap, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.DeadLetters != 0 {
+		t.Errorf("%d dead letters counted after the replay", snap.DeadLetters)
+	}
+	for i := range b.N() {
+		dead, err := b.SettlementShard(i).DeadLetters(ctx)
+		if err != nil || len(dead) != 0 {
+			t.Errorf("shard %d: %d dead letters left, %v", i, len(dead), err)
+		}
+		all, err := b.SettlementShard(i).Entries(ctx)
+		if err != nil || len(all) != 6 {
+			t.Fatalf("shard %d: %d entries, %v; want the 3 written and the 3 replayed", i, len(all), err)
+		}
+		for _, e := range all[3:] {
+			if e.Malformed != nil || e.Kind != store.KindGrant || !strings.HasPrefix(e.PacketID, "p-"+strconv.Itoa(i)+"/") || e.Amount != 100 {
+				t.Errorf("shard %d: replayed entry %+v", i, e)
+			}
+		}
 	}
 }

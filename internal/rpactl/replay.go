@@ -194,6 +194,18 @@ func (s *session) replayBudget(ctx context.Context, name string, rf redisFlags, 
 	if snap.Total == 0 && snap.CreatedPackets == 0 {
 		return fmt.Errorf("no data of %s (uid %s) in the Redis reached via %s: is it the budget's Redis?", resource, b.UID, where)
 	}
+	moved, err := ReplayBudgetDeadLetters(ctx, h, max)
+	if err != nil {
+		return fmt.Errorf("%s: %w", resource, err)
+	}
+	_, err = fmt.Fprintf(out, "moved %d of %d dead letters of %s back into the settlement streams\n", moved, snap.DeadLetters, resource)
+	return err
+}
+
+// ReplayBudgetDeadLetters moves up to max dead letters (all when max <= 0) of every
+// shard of the budget back into that shard's settlement stream, shard by shard
+// (store.Shard.ReplayDeadLetters), and returns how many moved.
+func ReplayBudgetDeadLetters(ctx context.Context, h *store.Budget, max int) (int, error) {
 	moved := 0
 	for i := range h.N() {
 		left := 0
@@ -205,9 +217,8 @@ func (s *session) replayBudget(ctx context.Context, name string, rf redisFlags, 
 		n, err := h.SettlementShard(i).ReplayDeadLetters(ctx, left)
 		moved += n
 		if err != nil {
-			return fmt.Errorf("%s, budget shard %d (after %d moved): %w", resource, i, moved, err)
+			return moved, fmt.Errorf("budget shard %d (after %d moved): %w", i, moved, err)
 		}
 	}
-	_, err = fmt.Fprintf(out, "moved %d of %d dead letters of %s back into the settlement streams\n", moved, snap.DeadLetters, resource)
-	return err
+	return moved, nil
 }
