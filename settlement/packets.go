@@ -318,6 +318,9 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 	if err != nil {
 		return nil, err
 	}
+	if err := c.refillUnderWay(ctx, verdicts); err != nil {
+		return nil, err
+	}
 	for i, v := range verdicts {
 		if v.Deliver() {
 			continue
@@ -378,4 +381,37 @@ func BudgetConfigFor(namespace, name, uid, currency, webhookURL string, maxAttem
 		HTTPClient:  &http.Client{Timeout: DefaultHTTPTimeout},
 		Packets:     &p,
 	}
+}
+
+// ErrRefillNotAnnounced is returned by the check of a batch with an entry over the
+// announced total while the budget's shards are allotted more than was announced: a
+// refill whose announcement has not been acknowledged yet. The batch is checked again
+// later (what the ledger let through stays recorded and passes again), and nothing is
+// dead-lettered for it.
+var ErrRefillNotAnnounced = errors.New("the budget's shards are allotted more than was announced to the balance system")
+
+// refillUnderWay returns ErrRefillNotAnnounced (wrapped) when a verdict is over the
+// budget and the shards' allotment, which only the operator writes, exceeds the
+// announced total: the operator raised the total and has not announced it yet (or
+// the announcement failed). Only then does it read the allotment.
+func (c *packetsCheck) refillUnderWay(ctx context.Context, verdicts []store.LedgerVerdict) error {
+	over := false
+	for _, v := range verdicts {
+		over = over || v.Verdict == store.LedgerOverBudget
+	}
+	if !over {
+		return nil
+	}
+	snap, err := c.budget.Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the budget's allotment: %w", err)
+	}
+	st, err := c.ledger.Announcement(ctx)
+	if err != nil {
+		return err
+	}
+	if snap.Total > st.Total {
+		return fmt.Errorf("%w: %d allotted, %d announced; waiting for the announcement", ErrRefillNotAnnounced, snap.Total, st.Total)
+	}
+	return nil
 }

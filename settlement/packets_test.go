@@ -699,3 +699,54 @@ func TestBudgetSettlesPacketsMadeByTheStoreAndForgetsThem(t *testing.T) {
 		t.Errorf("ledger %+v, want granted %d and refunded %d", sums, snap.Claimed, snap.Refunded)
 	}
 }
+
+// A refill raised in Redis before its announcement was acknowledged: a batch with
+// grants beyond the announced total waits (nothing dead-lettered) until the new total
+// is announced, and is delivered then.
+func TestBudgetGrantsOfARefillWaitForItsAnnouncement(t *testing.T) {
+	ctx := context.Background()
+	const uid = "rpb-uid-refill"
+	key := []byte("operator-signing-key")
+	rdb := newRedis(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, uid, 1)
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 20_000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	tb := testBudget{t: t, rdb: rdb, b: b}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Configure(ctx, 3000, limits); err != nil { // raised before it was announced
+		t.Fatal(err)
+	}
+	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "big", Sender: "m", Total: 2000, Count: 4,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("create: %s, %v", outcome, err)
+	}
+	for _, u := range []string{"a", "b", "c", "d"} {
+		if _, err := b.GrabPacket(ctx, "big", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &forgotten{ids: map[string]int{}}
+	startBudgetWorkers(t, tb, cfg, f)
+	// The batch that holds a grant beyond 1000 waits whole, and nothing is parked.
+	time.Sleep(time.Second)
+	if got, _ := bal.credits(); len(got) != 0 || len(tb.deadLetters()) != 0 {
+		t.Fatalf("before the announcement: %d credited, dead letters %v; want none of either", len(got), tb.deadLetters())
+	}
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 3000); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "every grant credited after the announcement", func() bool {
+		got, _ := bal.credits()
+		return len(got) == 4
+	})
+	if _, problems := bal.credits(); len(problems) > 0 || len(tb.deadLetters()) != 0 {
+		t.Fatalf("problems %v, dead letters %v", problems, tb.deadLetters())
+	}
+}
