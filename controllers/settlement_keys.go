@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"redpacket.io/operator/settlement"
 )
@@ -60,14 +61,20 @@ func (o Options) settlementKeysSecret() types.NamespacedName {
 // cannot read: the Secret is both the key store and the allowlist of balance
 // systems. A host with no key wraps errWebhookHostNotAllowed.
 func (r *RedPacketActivityReconciler) settlementKey(ctx context.Context, webhookURL string) ([]byte, error) {
+	return readSettlementKey(ctx, r.APIReader, r.Options.settlementKeysSecret(), webhookURL)
+}
+
+// readSettlementKey is the key that signs deliveries to webhookURL, read through
+// reader from the keys Secret ref (see settlementKey): the activities' and the
+// budgets' settlement share it.
+func readSettlementKey(ctx context.Context, reader client.Reader, ref types.NamespacedName, webhookURL string) ([]byte, error) {
 	u, err := url.Parse(webhookURL)
 	if err != nil || u.Hostname() == "" {
 		return nil, fmt.Errorf("spec.settlement.webhook.url %q has no host", webhookURL)
 	}
 	host := u.Hostname()
-	ref := r.Options.settlementKeysSecret()
 	secret := &corev1.Secret{}
-	if err := r.APIReader.Get(ctx, ref, secret); err != nil {
+	if err := reader.Get(ctx, ref, secret); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("%w: host %q: the operator's settlement keys Secret %s does not exist", errWebhookHostNotAllowed, host, ref)
 		}

@@ -45,6 +45,9 @@ type Config struct {
 	ActivityUID string
 	// Currency is sent in every delivery.
 	Currency string
+	// Source, when set, is sent as "source" in every delivery: SourceBudget for a
+	// RedPacketBudget's. An activity's deliveries have none.
+	Source string
 	// WebhookURL is where deliveries are POSTed. Empty: the worker idles and claims
 	// wait in the stream.
 	WebhookURL string
@@ -135,6 +138,11 @@ type Config struct {
 	// OnForged, when set, is called once for every entry the worker dead-lettered as
 	// forged (the operator raises a Warning event with it). It must not block.
 	OnForged func(ForgedEntry)
+	// Packets, when set, makes the workers those of a RedPacketBudget's runtime
+	// packets (NewBudgetWorkers): every entry is decided in the budget's ledger
+	// before delivery instead of checked against a seeded split and claims, and a
+	// delivered refund's packet is forgotten (packets.go). It excludes Budget.
+	Packets *Packets
 }
 
 // withDefaults validates cfg and fills in the defaults.
@@ -233,6 +241,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Budget != nil && cfg.Packets != nil {
+		return cfg, errors.New("settlement config: an activity's Budget and a budget's Packets exclude each other")
 	}
 	if cfg.Budget != nil {
 		if err := cfg.Budget.check(); err != nil {

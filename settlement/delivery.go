@@ -33,6 +33,9 @@ type Delivery struct {
 	Currency string `json:"currency"`
 	// At is when the claim (or refund) happened, RFC 3339 with milliseconds.
 	At string `json:"at"`
+	// Source is "budget" (SourceBudget) for a RedPacketBudget's runtime packets,
+	// absent for an activity's.
+	Source string `json:"source,omitempty"`
 }
 
 // IdempotencyKey is the delivery's Idempotency-Key header: "<activityUID>/<packetId>",
@@ -61,6 +64,7 @@ func (w *Worker) delivery(e store.StreamEntry) Delivery {
 		Amount:      e.Amount,
 		Currency:    w.cfg.Currency,
 		At:          e.At.UTC().Format(rfc3339Milli),
+		Source:      w.cfg.Source,
 	}
 }
 

@@ -81,7 +81,7 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		Namespace:   "redpacket",
 		Subsystem:   "settlement",
 		Name:        "forged_total",
-		Help:        "Entries dead-lettered as forged, never delivered, by reason (claim_mismatch, packet_out_of_range, amount_mismatch, packet_listed, duplicate_packet, over_budget, over_count).",
+		Help:        "Entries dead-lettered as forged, never delivered, by reason (claim_mismatch, packet_out_of_range, amount_mismatch, packet_listed, duplicate_packet, over_budget, over_count; for a budget's packets also malformed, packet_id_malformed, stale_entry).",
 		ConstLabels: labels,
 	}, []string{"reason"})
 	m := &metrics{lag: lag, deliveries: deliveries, retries: retries, hedges: hedges, deadLetters: dead, pending: pending, forged: forged}

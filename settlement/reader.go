@@ -158,6 +158,20 @@ func (w *Worker) updatePending(ctx context.Context) {
 // never delivered unverified. It returns false when ctx ended first.
 func (w *Worker) verify(ctx context.Context, entries []store.StreamEntry) (map[string]error, bool) {
 	for failures := 0; ; failures++ {
+		if w.packets != nil {
+			forged, err := w.packets.checkPackets(ctx, entries)
+			if err == nil {
+				return forged, true
+			}
+			if ctx.Err() != nil {
+				return nil, false
+			}
+			w.log.Warn("checking a budget's settlement entries against its ledger", "err", err)
+			if !sleep(ctx, retryPause(failures)) {
+				return nil, false
+			}
+			continue
+		}
 		forged, err := w.redis.VerifyEntries(ctx, entries)
 		if err == nil {
 			for id, why := range forged {

@@ -3,6 +3,7 @@ package settlement
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -56,6 +57,10 @@ type entry struct {
 
 // undeliverable says why e must be dead-lettered without a delivery, or nil.
 func (e *entry) undeliverable() error {
+	var fe *ForgedError
+	if errors.As(e.forged, &fe) {
+		return e.forged // a budget's check counts a malformed entry as forged too
+	}
 	if e.entry.Malformed != nil {
 		return fmt.Errorf("malformed entry: %w", e.entry.Malformed)
 	}

@@ -74,6 +74,9 @@ type Worker struct {
 	// transport is the HTTP transport the worker made for itself (nil when the
 	// configured client brought one); its idle connections close when Run returns.
 	transport *http.Transport
+	// packets is the check of a RedPacketBudget's workers (NewBudgetWorkers); nil
+	// for an activity's.
+	packets *packetsCheck
 }
 
 // NewWorker checks cfg, fills in its defaults and registers the metrics.
@@ -267,6 +270,14 @@ func (w *Worker) postTimed(ctx context.Context, j job, r *result) error {
 func (w *Worker) ack(ctx context.Context, j job, r result) result {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisOpTimeout)
 	defer cancel()
+	if w.packets != nil {
+		if err := w.packets.forgetRefunded(actx, j.entry); err != nil {
+			w.log.Warn("forgetting the packet of a delivered refund", "entry", j.id, "err", err)
+			r.step = stepAck
+			r.outcome = outcomeRetry
+			return r
+		}
+	}
 	settled, err := w.redis.Ack(actx, w.cfg.Group, j.id, j.entry.Kind, j.entry.Amount)
 	if err != nil {
 		w.log.Warn("acknowledging a delivered settlement entry", "entry", j.id, "err", err)

@@ -37,21 +37,27 @@ func grabServiceName(a *redpacketv1alpha1.RedPacketActivity) string { return a.N
 // port), through the API server as kubectl port-forward does: WebSockets, falling
 // back to SPDY. It needs get on services, list on pods and create on pods/portforward.
 func (s *session) forwardToGrabPod(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, errOut io.Writer) (*forward, error) {
+	return s.forwardToService(ctx, a.Namespace, grabServiceName(a), errOut)
+}
+
+// forwardToService port-forwards a random loopback port to a Ready pod of the
+// Service namespace/svcName, as forwardToGrabPod does (a budget's grab Service is
+// "<budget>-grab").
+func (s *session) forwardToService(ctx context.Context, namespace, svcName string, errOut io.Writer) (*forward, error) {
 	svc := &corev1.Service{}
-	svcName := grabServiceName(a)
-	if err := s.client.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: svcName}, svc); err != nil {
-		return nil, fmt.Errorf("reading the grab Service %s/%s: %w", a.Namespace, svcName, err)
+	if err := s.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: svcName}, svc); err != nil {
+		return nil, fmt.Errorf("reading the grab Service %s/%s: %w", namespace, svcName, err)
 	}
 	if len(svc.Spec.Selector) == 0 || len(svc.Spec.Ports) == 0 {
-		return nil, fmt.Errorf("the grab Service %s/%s has no selector or no port", a.Namespace, svcName)
+		return nil, fmt.Errorf("the grab Service %s/%s has no selector or no port", namespace, svcName)
 	}
 	pods := &corev1.PodList{}
-	if err := s.client.List(ctx, pods, client.InNamespace(a.Namespace), client.MatchingLabels(svc.Spec.Selector)); err != nil {
-		return nil, fmt.Errorf("listing the grab pods of %s/%s: %w", a.Namespace, svcName, err)
+	if err := s.client.List(ctx, pods, client.InNamespace(namespace), client.MatchingLabels(svc.Spec.Selector)); err != nil {
+		return nil, fmt.Errorf("listing the grab pods of %s/%s: %w", namespace, svcName, err)
 	}
 	pod := pickReadyPod(pods.Items)
 	if pod == nil {
-		return nil, fmt.Errorf("the grab Service %s/%s has no Ready pod (of %d)", a.Namespace, svcName, len(pods.Items))
+		return nil, fmt.Errorf("the grab Service %s/%s has no Ready pod (of %d)", namespace, svcName, len(pods.Items))
 	}
 	port, err := targetPort(svc.Spec.Ports[0], pod)
 	if err != nil {

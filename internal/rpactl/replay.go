@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -38,9 +39,19 @@ var errDefaultRedis = errors.New("the activity has no spec.redis and uses the op
 // --redis-addr when given; without a Secret, --redis-addr and --redis-mode with the
 // password from $REDIS_PASSWORD.
 func (f *redisFlags) connection(ctx context.Context, s *session, a *redpacketv1alpha1.RedPacketActivity) (redisconn.Conn, string, error) {
+	specSecret := ""
+	if a.Spec.Redis != nil {
+		specSecret = a.Spec.Redis.SecretRef.Name
+	}
+	return f.connectionOf(ctx, s, "redpacketactivity "+a.Namespace+"/"+a.Name, specSecret)
+}
+
+// connectionOf is connection for the resource named what (an activity or a budget)
+// whose spec.redis.secretRef names specSecret ("" on the operator's default Redis).
+func (f *redisFlags) connectionOf(ctx context.Context, s *session, resource, specSecret string) (redisconn.Conn, string, error) {
 	secretName, what := f.secret, "--redis-secret"
-	if secretName == "" && a.Spec.Redis != nil {
-		secretName, what = a.Spec.Redis.SecretRef.Name, "spec.redis.secretRef"
+	if secretName == "" && specSecret != "" {
+		secretName, what = specSecret, "spec.redis.secretRef"
 	}
 	var conn redisconn.Conn
 	var source string
@@ -58,7 +69,7 @@ func (f *redisFlags) connection(ctx context.Context, s *session, a *redpacketv1a
 		conn = redisconn.Conn{Mode: strings.TrimSpace(f.mode), Password: os.Getenv("REDIS_PASSWORD")}
 		source = "--redis-addr"
 	default:
-		return redisconn.Conn{}, "", fmt.Errorf("redpacketactivity %s/%s: %w", a.Namespace, a.Name, errDefaultRedis)
+		return redisconn.Conn{}, "", fmt.Errorf("%s: %w", resource, errDefaultRedis)
 	}
 	if f.addr != "" {
 		conn.Addresses = redisconn.ParseAddresses(f.addr)
@@ -79,8 +90,8 @@ func newReplayCommand(flags *kubeFlags, streams Streams) *cobra.Command {
 		timeout time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "replay-dead-letters NAME",
-		Short: "Move an activity's dead-lettered settlement entries back into its settlement stream",
+		Use:   "replay-dead-letters NAME | rpb/BUDGET",
+		Short: "Move an activity's (or a budget's) dead-lettered settlement entries back into its settlement streams",
 		Long: `Move the settlement entries that were parked after too many failed deliveries back
 into the activity's settlement stream, oldest first, in atomic steps (lua/replay_dead.lua);
 the settlement workers then deliver them again with the same Idempotency-Key. Fix the
@@ -89,9 +100,16 @@ cause first: each parked entry holds the balance system's last answer.
 The plugin talks to the activity's Redis directly. It reads the connection from the
 Secret that spec.redis.secretRef names (or --redis-secret), but the addresses there
 are usually cluster-internal: reach Redis with kubectl port-forward and pass
---redis-addr. An activity on the operator's default Redis needs --redis-addr.`,
+--redis-addr. An activity on the operator's default Redis needs --redis-addr.
+
+A RedPacketBudget is named rpb/BUDGET (or redpacketbudget/BUDGET): the dead letters
+of every budget shard go back into that shard's stream, and the operator's workers
+deliver them again with the same Idempotency-Key ("<uid>/<packetId>/<share>",
+"<uid>/<packetId>/refund"), checked again against the packet and the budget's
+ledger.`,
 		Example: `  kubectl -n redpacket-system port-forward service/redis 6379 &
-  kubectl rpa replay-dead-letters quiz-night --redis-addr 127.0.0.1:6379`,
+  kubectl rpa replay-dead-letters quiz-night --redis-addr 127.0.0.1:6379
+  kubectl rpa replay-dead-letters rpb/group-packets --redis-addr 127.0.0.1:6379`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if max < 0 {
@@ -102,6 +120,9 @@ are usually cluster-internal: reach Redis with kubectl port-forward and pass
 			s, err := flags.connect()
 			if err != nil {
 				return err
+			}
+			if name, ok := budgetArg(args[0]); ok {
+				return s.replayBudget(ctx, name, rf, max, streams.Out)
 			}
 			a, err := s.activity(ctx, args[0])
 			if err != nil {
@@ -135,4 +156,69 @@ are usually cluster-internal: reach Redis with kubectl port-forward and pass
 	cmd.Flags().IntVar(&max, "max", 0, "move at most this many, oldest first; 0: all")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "deadline of the whole command")
 	return cmd
+}
+
+// budgetArg reports whether arg names a RedPacketBudget, "rpb/NAME",
+// "redpacketbudget/NAME" or "redpacketbudgets/NAME", and returns NAME.
+func budgetArg(arg string) (string, bool) {
+	kind, name, ok := strings.Cut(arg, "/")
+	if !ok || name == "" {
+		return "", false
+	}
+	switch strings.ToLower(kind) {
+	case "rpb", "redpacketbudget", "redpacketbudgets", "redpacketbudget.redpacket.io", "redpacketbudgets.redpacket.io":
+		return name, true
+	}
+	return "", false
+}
+
+// replayBudget moves up to max dead letters (all when 0) of every shard of the
+// budget back into the shard's settlement stream.
+func (s *session) replayBudget(ctx context.Context, name string, rf redisFlags, max int, out io.Writer) error {
+	b, err := s.budget(ctx, name)
+	if err != nil {
+		return err
+	}
+	resource := "redpacketbudget " + b.Namespace + "/" + b.Name
+	conn, where, err := rf.connectionOf(ctx, s, resource, b.RedisSecret)
+	if err != nil {
+		return err
+	}
+	rdb := conn.NewClient(redisconn.ClientOptions{Timeout: 10 * time.Second})
+	defer func() { _ = rdb.Close() }()
+	h := store.NewBudget(rdb, b.UID, b.Shards)
+	snap, err := h.Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("reading %s from Redis via %s: %w", resource, where, err)
+	}
+	if snap.Total == 0 && snap.CreatedPackets == 0 {
+		return fmt.Errorf("no data of %s (uid %s) in the Redis reached via %s: is it the budget's Redis?", resource, b.UID, where)
+	}
+	moved, err := ReplayBudgetDeadLetters(ctx, h, max)
+	if err != nil {
+		return fmt.Errorf("%s: %w", resource, err)
+	}
+	_, err = fmt.Fprintf(out, "moved %d of %d dead letters of %s back into the settlement streams\n", moved, snap.DeadLetters, resource)
+	return err
+}
+
+// ReplayBudgetDeadLetters moves up to max dead letters (all when max <= 0) of every
+// shard of the budget back into that shard's settlement stream, shard by shard
+// (store.Shard.ReplayDeadLetters), and returns how many moved.
+func ReplayBudgetDeadLetters(ctx context.Context, h *store.Budget, max int) (int, error) {
+	moved := 0
+	for i := range h.N() {
+		left := 0
+		if max > 0 {
+			if left = max - moved; left <= 0 {
+				break
+			}
+		}
+		n, err := h.SettlementShard(i).ReplayDeadLetters(ctx, left)
+		moved += n
+		if err != nil {
+			return moved, fmt.Errorf("budget shard %d (after %d moved): %w", i, moved, err)
+		}
+	}
+	return moved, nil
 }

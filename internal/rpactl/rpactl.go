@@ -2,8 +2,11 @@
 // resources. `kubectl rpa status` prints an activity's money table and checks its
 // conservation invariant, `pause` and `resume` patch spec.paused, `token` mints a
 // user token with the activity's HMAC key, `replay-dead-letters` moves parked
-// settlement entries back into the stream, and `rain` runs a bounded rehearsal load
-// against the activity's grab service.
+// settlement entries back into the stream (of an activity, or of a budget named
+// rpb/NAME), and `rain` runs a bounded rehearsal load against the activity's grab
+// service. For a RedPacketBudget, `packets` lists its live packets and money,
+// `packet` shows one with who got what, and `send` creates one with the sender
+// credential, through the budget's grab Service.
 //
 // It reads the user's kubeconfig the way kubectl does ($KUBECONFIG, ~/.kube/config,
 // --kubeconfig, --context, -n/--namespace) and prints tables in kubectl's style.
@@ -149,6 +152,9 @@ It uses your kubeconfig like kubectl does: $KUBECONFIG or ~/.kube/config, with
 		newTokenCommand(flags, streams),
 		newReplayCommand(flags, streams),
 		newRainCommand(flags, streams),
+		newPacketsCommand(flags, streams),
+		newPacketCommand(flags, streams),
+		newSendCommand(flags, streams),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the plugin's version",

@@ -1,0 +1,239 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
+)
+
+// BudgetSettlementTarget is what the settlement of one RedPacketBudget needs to know,
+// filled in by the budget reconciler from the resource and the Redis connection it
+// resolved (so this file does not depend on the API type):
+//
+//	BudgetSettlementTarget{
+//		UID: b.UID, Name: client.ObjectKeyFromObject(b), Object: b,
+//		Shards: int(b.Spec.BudgetShards), Total: b.Spec.Total, Currency: b.Spec.Currency,
+//		WebhookURL: b.Spec.Settlement.Webhook.URL, MaxAttempts: int(b.Spec.Settlement.MaxAttempts),
+//		MaxPacketCount: b.Spec.Packets.MaxCount, MaxTTL: b.Spec.Packets.MaxTTL.Duration,
+//		Conn: s.conn, ClientOptions: r.redisClientOptions(s.conn, false),
+//	}
+type BudgetSettlementTarget struct {
+	// UID is the budget's UID: the activityUID of its deliveries and the prefix of
+	// every Idempotency-Key.
+	UID types.UID
+	// Name is the budget's namespace and name, "activity" in its deliveries.
+	Name types.NamespacedName
+	// Object, when set, is the budget the Warning events of forged entries are
+	// about.
+	Object runtime.Object
+	// Shards is spec.budgetShards (immutable).
+	Shards int
+	// Total is spec.total: it is announced to the balance system before anything
+	// beyond the last announced total may be credited.
+	Total int64
+	// Currency is spec.currency (settlement.DefaultCurrency when empty).
+	Currency string
+	// WebhookURL is spec.settlement.webhook.url; empty: nothing is settled and the
+	// entries wait in the streams.
+	WebhookURL string
+	// MaxAttempts is spec.settlement.maxAttempts (0: the default).
+	MaxAttempts int
+	// MaxPacketCount is spec.packets.maxCount: a grant's share index is below it.
+	MaxPacketCount int64
+	// MaxTTL is spec.packets.maxTTL (0: a day): how long after its creation a
+	// packet's entries may still be written.
+	MaxTTL time.Duration
+	// Conn is the budget's Redis as the operator reaches it, with ClientOptions (the
+	// address check of a tenant's Redis).
+	Conn          redisconn.Conn
+	ClientOptions redisconn.ClientOptions
+}
+
+// BudgetSettlementRunner runs the operator's settlement of RedPacketBudgets: for each
+// budget with a webhook, one worker per budget shard (settlement.NewBudgetWorkers),
+// signing with the operator's key for the webhook's host from the settlement keys
+// Secret (the host allowlist), every entry checked against its packet and decided in
+// the budget's ledger before delivery. It is the hook the budget reconciler calls:
+// EnsureTarget at every reconcile of a budget with a webhook (also while a deleted
+// budget drains), DrainedTarget while a deleted budget waits to be purged, Forget
+// once it is gone.
+//
+// It is a manager Runnable that needs leader election (the workers run only on the
+// elected operator); workers asked for before Start runs start with it. Its
+// registry of workers is a SettlementRunner of its own, so budgets and activities
+// never share a worker slot even if a UID were reused.
+type BudgetSettlementRunner struct {
+	// Reader reads the settlement keys Secret from the API server.
+	Reader client.Reader
+	// Recorder raises the Warning events of forged entries; nil raises none.
+	Recorder events.EventRecorder
+	// KeysSecret is the settlement keys Secret (Options.settlementKeysSecret).
+	KeysSecret types.NamespacedName
+	// Consumer is the workers' consumer name (defaultSettlementConsumer when empty).
+	Consumer string
+	// Registerer receives the workers' metrics; nil: controller-runtime's registry.
+	Registerer prometheus.Registerer
+	// LedgerRetention is how long a budget's ledger keeps a packet after its last
+	// credit; 0 means store.DefaultPacketLedgerRetention.
+	LedgerRetention time.Duration
+
+	registry *SettlementRunner
+	mu       sync.Mutex
+	// announced is, per budget, the total the balance system acknowledged, so that
+	// Ensure announces only when the total grew.
+	announced map[types.UID]int64
+}
+
+var _ manager.LeaderElectionRunnable = (*BudgetSettlementRunner)(nil)
+
+// NewBudgetSettlementRunner returns a runner with no workers that reads the keys
+// Secret through reader, with the operator's options (the keys Secret, the consumer
+// name and the metrics registry, as the activities' settlement uses them).
+func NewBudgetSettlementRunner(reader client.Reader, recorder events.EventRecorder, o Options) *BudgetSettlementRunner {
+	consumer := o.SettlementConsumer
+	if consumer == "" {
+		consumer = defaultSettlementConsumer()
+	}
+	return &BudgetSettlementRunner{Reader: reader, Recorder: recorder, KeysSecret: o.settlementKeysSecret(),
+		Consumer: consumer, Registerer: o.SettlementRegisterer,
+		registry: NewSettlementRunner(), announced: map[types.UID]int64{}}
+}
+
+// Start runs the workers until ctx ends (see SettlementRunner.Start).
+func (d *BudgetSettlementRunner) Start(ctx context.Context) error { return d.registry.Start(ctx) }
+
+// NeedLeaderElection is true: only the elected operator delivers.
+func (d *BudgetSettlementRunner) NeedLeaderElection() bool { return true }
+
+// Running reports whether the budget's workers run.
+func (d *BudgetSettlementRunner) Running(uid types.UID) bool { return d.registry.Running(uid) }
+
+// Forget stops the budget's workers, waiting for them, and forgets what was
+// announced for it.
+func (d *BudgetSettlementRunner) Forget(uid types.UID) {
+	d.registry.Stop(uid)
+	d.mu.Lock()
+	delete(d.announced, uid)
+	d.mu.Unlock()
+}
+
+// EnsureTarget keeps the budget's workers running and its total announced:
+//
+//  1. without a webhook, its workers stop (entries wait in the streams);
+//  2. the signing key is read for the webhook's host; a host with no key stops the
+//     workers and returns errWebhookHostNotAllowed (wrapped);
+//  3. when Total exceeds the total announced so far, it is announced, synchronously
+//     (settlement.AnnounceBudgetTotal): EnsureTarget returns nil only once the
+//     balance system acknowledged it. Call it before Budget.Configure raises the
+//     shards' allotment, so nothing is drawn that the ledger would refuse;
+//  4. the workers are (re)started when where or how they deliver changed (the
+//     webhook, the key, the currency, maxAttempts, the connection, the limits); a
+//     new total needs no restart, since the ledger reads the announced total.
+func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettlementTarget) error {
+	if t.WebhookURL == "" {
+		d.registry.Stop(t.UID)
+		return nil
+	}
+	signing, err := readSettlementKey(ctx, d.Reader, d.KeysSecret, t.WebhookURL)
+	if err != nil {
+		d.registry.Stop(t.UID)
+		return err
+	}
+	cfg := d.config(t, signing)
+	if err := d.announce(ctx, t, cfg); err != nil {
+		return err
+	}
+	connSum := sha256.Sum256([]byte(t.Conn.Key()))
+	fingerprint := cfg.Fingerprint() + "|budget|" + strconv.Itoa(t.Shards) + "|" + strconv.FormatInt(t.MaxPacketCount, 10) +
+		"|" + t.MaxTTL.String() + "|" + hex.EncodeToString(connSum[:])
+	conn, opts, shards := t.Conn, t.ClientOptions, t.Shards
+	d.registry.Ensure(t.UID, t.Name, fingerprint, func(ctx context.Context) {
+		rdb := conn.NewClient(opts)
+		defer func() { _ = rdb.Close() }()
+		cfg.Redis = rdb
+		ws, err := settlement.NewBudgetWorkers(cfg, store.NewBudget(rdb, string(t.UID), shards))
+		if err != nil {
+			// The workers end; the next reconcile starts them again.
+			cfg.Logger.Error("creating the budget's settlement workers failed", "budget", cfg.Activity, "err", err)
+			return
+		}
+		cfg.Logger.Info("settling the budget's packets from the operator", "budget", cfg.Activity, "webhook", cfg.WebhookURL,
+			"consumer", cfg.Consumer, "shards", len(ws))
+		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
+			cfg.Logger.Error("the budget's settlement workers stopped", "budget", cfg.Activity, "err", err)
+		}
+	})
+	return nil
+}
+
+// config is the workers' configuration for t, signing with signing.
+func (d *BudgetSettlementRunner) config(t BudgetSettlementTarget, signing []byte) settlement.Config {
+	cfg := settlement.BudgetConfigFor(t.Name.Namespace, t.Name.Name, string(t.UID), t.Currency, t.WebhookURL, t.MaxAttempts, signing,
+		settlement.Packets{MaxCount: t.MaxPacketCount, MaxTTL: t.MaxTTL, LedgerRetention: d.LedgerRetention})
+	cfg.Consumer = d.Consumer
+	cfg.Registerer = d.Registerer
+	cfg.Logger = slog.New(logr.ToSlogHandler(ctrl.Log.WithName("settlement")))
+	if d.Recorder != nil && t.Object != nil {
+		recorder, ref := d.Recorder, t.Object.DeepCopyObject()
+		cfg.OnForged = func(f settlement.ForgedEntry) {
+			recorder.Eventf(ref, nil, corev1.EventTypeWarning, "ForgedSettlementEntry", "Settle",
+				"settlement entry %s (budget shard %d) dead-lettered, not delivered: %s of %s to user %q for %d: %s (%s)",
+				f.EntryID, f.Shard, f.Kind, f.PacketID, f.UserID, f.Amount, f.Reason, f.Detail)
+		}
+	}
+	return cfg
+}
+
+// announce announces t.Total unless the balance system acknowledged it (or more)
+// before, as far as this process knows; the ledger knows across restarts.
+func (d *BudgetSettlementRunner) announce(ctx context.Context, t BudgetSettlementTarget, cfg settlement.Config) error {
+	d.mu.Lock()
+	done := d.announced[t.UID] >= t.Total
+	d.mu.Unlock()
+	if done {
+		return nil
+	}
+	rdb := t.Conn.NewClient(t.ClientOptions)
+	defer func() { _ = rdb.Close() }()
+	cfg.Redis = rdb
+	got, err := settlement.AnnounceBudgetTotal(ctx, cfg, store.NewBudget(rdb, string(t.UID), t.Shards), t.Total)
+	if err != nil {
+		return fmt.Errorf("announcing budget %s's total of %d to the balance system: %w", t.Name, t.Total, err)
+	}
+	d.mu.Lock()
+	d.announced[t.UID] = max(d.announced[t.UID], got)
+	d.mu.Unlock()
+	return nil
+}
+
+// DrainedTarget reports whether every entry of every shard's stream of the budget
+// was settled or dead-lettered by the operator's consumer group. A budget without a
+// webhook is never drained while entries wait in its streams.
+func (d *BudgetSettlementRunner) DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (bool, error) {
+	rdb := t.Conn.NewClient(t.ClientOptions)
+	defer func() { _ = rdb.Close() }()
+	ok, err := settlement.BudgetDrained(ctx, store.NewBudget(rdb, string(t.UID), t.Shards), settlement.DefaultGroup)
+	if err != nil {
+		return false, fmt.Errorf("checking budget %s's settlement: %w", t.Name, err)
+	}
+	return ok, nil
+}

@@ -1,0 +1,289 @@
+package rpactl
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/redistest"
+)
+
+// A budget is named rpb/NAME (or by its kind's names) for replay-dead-letters; an
+// activity's name, with or without a slash of another kind, is not a budget.
+func TestBudgetArg(t *testing.T) {
+	for arg, want := range map[string]string{"rpb/group": "group", "redpacketbudget/g": "g", "RedPacketBudgets/x": "x",
+		"redpacketbudget.redpacket.io/y": "y", "quiz-night": "", "rpa/quiz": "", "rpb/": ""} {
+		got, ok := budgetArg(arg)
+		if got != want || ok != (want != "") {
+			t.Errorf("budgetArg(%q) = %q, %v; want %q", arg, got, ok, want)
+		}
+	}
+}
+
+// The plugin reads what it needs of a budget without its Go type, with the
+// defaults: currency CNY, one shard, the sender Secret "<budget>-sender".
+func TestBudgetViewOf(t *testing.T) {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"metadata": map[string]any{"name": "group", "namespace": "shop", "uid": "u-1"},
+		"spec":     map[string]any{"budgetShards": int64(16), "redis": map[string]any{"secretRef": map[string]any{"name": "redis"}}},
+		"status": map[string]any{"total": int64(1000), "available": int64(400), "inPackets": int64(300), "claimed": int64(200),
+			"refunded": int64(100), "livePackets": int64(3)},
+	}}
+	b := budgetViewOf(u)
+	if b.UID != "u-1" || b.Shards != 16 || b.Currency != "CNY" || b.RedisSecret != "redis" || b.SenderSecret != "group-sender" ||
+		b.Total != 1000 || b.InPackets != 300 || b.LivePackets != 3 {
+		t.Fatalf("view %+v", b)
+	}
+	var out bytes.Buffer
+	if err := PrintBudgetMoney(&out, b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "Invariant:   OK: available + in packets + claimed + refunded = 400 + 300 + 200 + 100 = 1000, total 1000") {
+		t.Errorf("money table:\n%s", out.String())
+	}
+	b.Refunded++
+	out.Reset()
+	_ = PrintBudgetMoney(&out, b)
+	if !strings.Contains(out.String(), "VIOLATED") {
+		t.Errorf("a budget that does not add up printed:\n%s", out.String())
+	}
+}
+
+// grabStandIn serves the packet API of docs/grab-api.md from a real store.Budget on
+// a real redis-server, for the plugin's client: POST /v1/packets with a bearer
+// sender token, GET /v1/packets/{id}, and GET /v1/packets?limit=N when listing is on.
+func grabStandIn(t *testing.T, b *store.Budget, token string, listing bool) *httptest.Server {
+	t.Helper()
+	view := func(d store.PacketDetail, outcome string) PacketView {
+		v := PacketView{ID: d.ID, Sender: d.Sender, Currency: d.Currency, Distribution: d.Distribution, TotalAmount: d.Total,
+			Count: d.Count, RemainingAmount: d.RemainingAmount, RemainingCount: d.RemainingCount,
+			CreatedAt: d.CreatedAt.Format(time.RFC3339), ExpiresAt: d.ExpiresAt.Format(time.RFC3339), Expired: d.Expired, Outcome: outcome}
+		for _, g := range d.Grabs {
+			v.Grabs = append(v.Grabs, PacketShareView{Share: g.Share, UserID: g.UserID, Amount: g.Amount, At: g.At.Format(time.RFC3339)})
+		}
+		return v
+	}
+	reply := func(w http.ResponseWriter, status int, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/packets", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && listing {
+			limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+			var l packetList
+			for i := range b.N() {
+				ps, err := b.LivePackets(r.Context(), i, limit)
+				if err != nil {
+					reply(w, http.StatusServiceUnavailable, apiError{Error: "unavailable", Message: err.Error()})
+					return
+				}
+				for _, p := range ps {
+					l.Packets = append(l.Packets, view(p, ""))
+				}
+			}
+			reply(w, http.StatusOK, l)
+			return
+		}
+		if r.Method != http.MethodPost {
+			reply(w, http.StatusMethodNotAllowed, apiError{Error: "invalid_request", Message: "use POST on /v1/packets"})
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			reply(w, http.StatusUnauthorized, apiError{Error: "unauthorized", Message: "no sender credential"})
+			return
+		}
+		var req SendRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			reply(w, http.StatusBadRequest, apiError{Error: "invalid_request", Message: err.Error()})
+			return
+		}
+		if req.Distribution == "" {
+			req.Distribution = split.TypeRandom // the grab service's default
+		}
+		d, outcome, err := b.CreatePacket(r.Context(), store.NewPacket{ID: req.ID, Sender: req.Sender, Total: req.TotalAmount,
+			Count: req.Count, Distribution: req.Distribution, TTL: time.Duration(req.TTLSeconds) * time.Second})
+		switch {
+		case err != nil:
+			reply(w, http.StatusServiceUnavailable, apiError{Error: "unavailable", Message: err.Error()})
+		case outcome == store.CreateCreated:
+			reply(w, http.StatusCreated, view(d, string(outcome)))
+		case outcome == store.CreateExisting:
+			reply(w, http.StatusOK, view(d, string(outcome)))
+		case outcome == store.CreateConflict:
+			reply(w, http.StatusConflict, apiError{Error: string(outcome), Message: "another body under this id"})
+		default:
+			reply(w, http.StatusUnprocessableEntity, apiError{Error: string(outcome), Message: "refused"})
+		}
+	})
+	mux.HandleFunc("/v1/packets/{id}", func(w http.ResponseWriter, r *http.Request) {
+		d, ok, err := b.Packet(r.Context(), r.PathValue("id"))
+		switch {
+		case err != nil:
+			reply(w, http.StatusServiceUnavailable, apiError{Error: "unavailable", Message: err.Error()})
+		case !ok:
+			reply(w, http.StatusNotFound, apiError{Error: "not_found", Message: "no such packet"})
+		default:
+			reply(w, http.StatusOK, view(d, ""))
+		}
+	})
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+// The plugin's packet client against the packet API served from a real budget:
+// send creates a packet with the sender credential and is idempotent by id, another
+// body under the id is refused with the service's code, packet shows who got what
+// in grab order with granted + left = total, packets lists the live ones, and a
+// service that does not list says so.
+func TestPacketsClientAgainstARealBudget(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, "budget-plugin", 4)
+	if err := b.Configure(ctx, 100_000, store.BudgetLimits{Currency: "CNY", MaxTotal: 10_000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	hs := grabStandIn(t, b, "sender-secret-token", true)
+	c := PacketsClient{BaseURL: hs.URL, HTTP: hs.Client()}
+
+	req := SendRequest{ID: "order-1", Sender: "merchant-7", TotalAmount: 1000, Count: 5, Distribution: split.TypeFixed, TTLSeconds: 600}
+	if _, err := c.Send(ctx, "wrong-token", req); err == nil || !strings.Contains(err.Error(), "unauthorized") {
+		t.Fatalf("a send with a wrong credential: %v", err)
+	}
+	p, err := c.Send(ctx, "sender-secret-token", req)
+	if err != nil || p.Outcome != "created" || p.TotalAmount != 1000 || p.RemainingCount != 5 {
+		t.Fatalf("send: %+v, %v", p, err)
+	}
+	if p, err := c.Send(ctx, "sender-secret-token", req); err != nil || p.Outcome != "existing" {
+		t.Fatalf("the same send again: %+v, %v", p, err)
+	}
+	other := req
+	other.TotalAmount = 900
+	if _, err := c.Send(ctx, "sender-secret-token", other); err == nil || !strings.Contains(err.Error(), "409") || !strings.Contains(err.Error(), "conflict") {
+		t.Fatalf("another body under the same id: %v", err)
+	}
+	for _, u := range []string{"alice", "bob"} {
+		if _, err := b.GrabPacket(ctx, "order-1", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err = c.Packet(ctx, "order-1")
+	if err != nil || len(p.Grabs) != 2 || p.Grabs[0].UserID != "alice" || p.Grabs[1].UserID != "bob" || p.RemainingCount != 3 {
+		t.Fatalf("packet: %+v, %v", p, err)
+	}
+	var out bytes.Buffer
+	if err := PrintPacket(&out, p, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"0       alice   200", "1       bob     200", "Granted:        400 in 2 shares; granted + left = 1000, total 1000"} {
+		if !strings.Contains(strings.Join(strings.Fields(out.String()), " "), strings.Join(strings.Fields(want), " ")) {
+			t.Errorf("packet detail lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, err := c.Packet(ctx, "order-404"); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Errorf("a missing packet: %v", err)
+	}
+
+	if _, err := c.Send(ctx, "sender-secret-token", SendRequest{ID: "order-2", Sender: "merchant-7", TotalAmount: 300, Count: 3}); err != nil {
+		t.Fatal(err)
+	}
+	live, err := c.Live(ctx, 100)
+	if err != nil || len(live) != 2 {
+		t.Fatalf("live packets: %+v, %v", live, err)
+	}
+	out.Reset()
+	if err := PrintPackets(&out, live, "CNY", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "2 live packets listed, 900 (9.00 CNY) left in them") {
+		t.Errorf("packets table:\n%s", out.String())
+	}
+
+	noList := PacketsClient{BaseURL: grabStandIn(t, b, "sender-secret-token", false).URL, HTTP: hs.Client()}
+	if _, err := noList.Live(ctx, 10); !errors.Is(err, ErrNoListing) {
+		t.Errorf("a grab service without listing: %v, want ErrNoListing", err)
+	}
+}
+
+// A budget's dead letters, parked by the settlement workers' own script in two
+// shards, go back into their shards' streams with their fields, the dead-letter
+// streams empty and each shard's dead count back to zero; --max bounds how many.
+func TestReplayBudgetDeadLetters(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	b := store.NewBudget(rdb, "budget-replay", 2)
+	if err := b.Configure(ctx, 10_000, store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeRandom}, DefaultTTL: time.Hour, MaxTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	parked := 0
+	for i := range b.N() {
+		sh := b.SettlementShard(i)
+		if err := sh.EnsureGroup(ctx, "settlement"); err != nil {
+			t.Fatal(err)
+		}
+		for n := range 3 {
+			grant := "p-" + strconv.Itoa(i) + "/" + strconv.Itoa(n) + ":100:0:CNY:user-" + strconv.Itoa(n)
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.ShardKeys(i).Stream, Values: []string{"grant", grant}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		entries, err := sh.ReadNew(ctx, "settlement", "op", 10, time.Millisecond)
+		if err != nil || len(entries) != 3 {
+			t.Fatalf("shard %d: read %d entries, %v", i, len(entries), err)
+		}
+		for _, e := range entries {
+			ok, err := sh.DeadLetter(ctx, "settlement", e.ID, "webhook answered 500", e.FieldValues())
+			if err != nil || !ok {
+				t.Fatalf("parking %s: %v, %v", e.ID, ok, err)
+			}
+			parked++
+		}
+	}
+	if n, err := ReplayBudgetDeadLetters(ctx, b, 2); err != nil || n != 2 {
+		t.Fatalf("replaying at most 2: %d, %v", n, err)
+	}
+	if n, err := ReplayBudgetDeadLetters(ctx, b, 0); err != nil || n != parked-2 {
+		t.Fatalf("replaying the rest: %d, %v; want %d", n, err, parked-2)
+	}
+	snap, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.DeadLetters != 0 {
+		t.Errorf("%d dead letters counted after the replay", snap.DeadLetters)
+	}
+	for i := range b.N() {
+		dead, err := b.SettlementShard(i).DeadLetters(ctx)
+		if err != nil || len(dead) != 0 {
+			t.Errorf("shard %d: %d dead letters left, %v", i, len(dead), err)
+		}
+		all, err := b.SettlementShard(i).Entries(ctx)
+		if err != nil || len(all) != 6 {
+			t.Fatalf("shard %d: %d entries, %v; want the 3 written and the 3 replayed", i, len(all), err)
+		}
+		for _, e := range all[3:] {
+			if e.Malformed != nil || e.Kind != store.KindGrant || !strings.HasPrefix(e.PacketID, "p-"+strconv.Itoa(i)+"/") || e.Amount != 100 {
+				t.Errorf("shard %d: replayed entry %+v", i, e)
+			}
+		}
+	}
+}

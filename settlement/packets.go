@@ -1,0 +1,417 @@
+package settlement
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"redpacket.io/operator/store"
+)
+
+// Settlement of a RedPacketBudget's runtime packets (docs/budgets.md).
+//
+// The same Worker delivers a budget's shard streams: the same consumer group,
+// retries, hedges, dead letters and signing. Only the check before delivery differs.
+// An activity's entries are checked against its seeded split; a budget's packets are
+// created at runtime, so there is nothing seeded to compare with, and the budget's
+// ledger (store.BudgetLedger) decides alone: each key ("<packetId>/<share>",
+// "<packetId>/refund") is credited with one body at most (user, amount, time), and the
+// grants and refunds together never exceed the budget total announced to the balance
+// system (AnnounceBudgetTotal). The balance system applies the same bound to the
+// budget's UID as a whole.
+//
+// Deliveries carry the budget as the activity fields: "activity" is
+// "<namespace>/<name>" of the RedPacketBudget, "activityUID" its UID, and "source"
+// is "budget" (SourceBudget), so the Idempotency-Keys are "<uid>/<packetId>/<share>"
+// and "<uid>/<packetId>/refund".
+
+// SourceBudget is the "source" of the deliveries and announcements of a
+// RedPacketBudget. An activity's deliveries have no "source".
+const SourceBudget = "budget"
+
+// Reasons a budget's entry is dead-lettered as forged, besides ReasonDuplicatePacket
+// and ReasonOverBudget.
+const (
+	// ReasonMalformed: the entry's fields are not a grant or a refund.
+	ReasonMalformed = "malformed"
+	// ReasonPacketIDMalformed: the packet id is not "<packetId>/<share>" for a grant,
+	// "<packetId>/refund" for a refund, with a packet id a creation accepts and a share
+	// below the budget's maxCount.
+	ReasonPacketIDMalformed = "packet_id_malformed"
+	// ReasonStaleEntry: the entry is older than the ledger remembers its packet for
+	// (store.BudgetLedger's retention less the longest time to live), so it cannot be
+	// told whether it was credited before. Pay it by hand after checking.
+	ReasonStaleEntry = "stale_entry"
+)
+
+// Packets is what a worker of a RedPacketBudget knows about its packets. Set it in
+// Config.Packets (and leave Config.Budget nil) and make the workers with
+// NewBudgetWorkers.
+type Packets struct {
+	// MaxCount is the budget's spec.packets.maxCount: a share index must be below it.
+	// 0 means store's bound (a share index below 1,000,000).
+	MaxCount int64
+	// MaxTTL is the budget's longest packet time to live; 0 means a day.
+	MaxTTL time.Duration
+	// LedgerRetention is how long the ledger keeps a packet after its last credit;
+	// 0 means store.DefaultPacketLedgerRetention. It must exceed MaxTTL.
+	LedgerRetention time.Duration
+}
+
+// Defaults of Packets.
+const (
+	defaultPacketMaxTTL   = 24 * time.Hour
+	defaultMaxShareIndex  = 1_000_000
+	maxPacketLedgerMargin = time.Hour
+)
+
+// withDefaults fills in the defaults and checks p.
+func (p Packets) withDefaults() (Packets, error) {
+	if p.MaxCount <= 0 {
+		p.MaxCount = defaultMaxShareIndex
+	}
+	if p.MaxTTL <= 0 {
+		p.MaxTTL = defaultPacketMaxTTL
+	}
+	if p.LedgerRetention <= 0 {
+		p.LedgerRetention = store.DefaultPacketLedgerRetention
+	}
+	if p.LedgerRetention < p.MaxTTL+maxPacketLedgerMargin {
+		return p, fmt.Errorf("packets: the ledger retention %s must exceed the longest time to live %s by %s",
+			p.LedgerRetention, p.MaxTTL, maxPacketLedgerMargin)
+	}
+	return p, nil
+}
+
+// packetsCheck is a budget worker's check before delivery and its step after.
+type packetsCheck struct {
+	cfg    Packets
+	budget *store.Budget
+	ledger *store.BudgetLedger
+	// forget deletes an expired packet once its refund was delivered
+	// (store.Budget.ForgetPacket).
+	forget func(ctx context.Context, packetID string) error
+	now    func() time.Time
+}
+
+// NewBudgetWorkers checks cfg and returns one worker per budget shard of b, each
+// delivering shard i's stream (b.SettlementShard(i)) under one set of metrics, with
+// the budget's check before delivery (checkPackets). cfg must carry Packets and no
+// Budget.
+func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
+	if cfg.Packets == nil {
+		return nil, errors.New("settlement config: a budget's workers need Packets")
+	}
+	if cfg.Budget != nil {
+		return nil, errors.New("settlement config: a budget's workers take Packets, not an activity's Budget")
+	}
+	if cfg.ActivityUID != b.UID() {
+		return nil, fmt.Errorf("settlement config: UID %q, but the budget's is %q", cfg.ActivityUID, b.UID())
+	}
+	ownTransport := cfg.HTTPClient == nil || cfg.HTTPClient.Transport == nil
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p, err := cfg.Packets.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("settlement config: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Activity)
+	if err != nil {
+		return nil, err
+	}
+	check := &packetsCheck{cfg: p, budget: b, ledger: b.SettlementLedger(p.LedgerRetention), forget: b.ForgetPacket, now: time.Now}
+	ws := make([]*Worker, b.N())
+	for i := range ws {
+		ws[i] = newWorker(cfg, m, b.SettlementShard(i), ownTransport && i == 0)
+		ws[i].packets, ws[i].shard, ws[i].shards = check, i, b.N()
+	}
+	return ws, nil
+}
+
+// BudgetIdempotencyKeyOf is the Idempotency-Key of the announcement of a budget's
+// total: "<uid>/budget:<total>". A packet id has no ':' and every packet's key has a
+// share after it, so no credit's key is ever one of these.
+func BudgetIdempotencyKeyOf(budgetUID string, total int64) string {
+	return budgetUID + "/" + KindBudget + ":" + strconv.FormatInt(total, 10)
+}
+
+// budgetTotalDelivery is the body of a budget total's announcement.
+type budgetTotalDelivery struct {
+	Kind        string `json:"kind"`
+	Source      string `json:"source"`
+	Activity    string `json:"activity"`
+	ActivityUID string `json:"activityUID"`
+	Amount      int64  `json:"amount"`
+	Currency    string `json:"currency"`
+	At          string `json:"at"`
+}
+
+// AnnounceBudgetTotal makes sure the balance system was told the budget's total
+// before anything beyond the previous one is credited:
+// {"kind":"budget","source":"budget","activity","activityUID","amount":<total>,
+// "currency","at"}, signed, with Idempotency-Key "<uid>/budget:<total>". The amount
+// is the budget's whole total, not the increase: the latest announcement is the
+// budget. A total not above the one recorded as announced sends nothing (the total
+// only grows; a lower one is never announced). The announcement under way is
+// recorded in the ledger before it is sent, with its time, so every resend after a
+// failure or a restart has the same body; once a 2xx answers, the ledger's total
+// becomes it and the worker may credit up to it. It returns the announced total.
+func AnnounceBudgetTotal(ctx context.Context, cfg Config, b *store.Budget, total int64) (int64, error) {
+	if total < 1 {
+		return 0, fmt.Errorf("announcing the budget: total %d", total)
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return 0, err
+	}
+	if cfg.WebhookURL == "" {
+		return 0, errors.New("announcing the budget: no webhook URL")
+	}
+	var retention time.Duration
+	if cfg.Packets != nil {
+		retention = cfg.Packets.LedgerRetention
+	}
+	ledger := b.SettlementLedger(retention)
+	for {
+		st, err := ledger.PrepareAnnouncement(ctx, total, time.Now())
+		if err != nil {
+			return 0, err
+		}
+		if st.Pending == 0 {
+			return st.Total, nil // nothing under way: the total is announced
+		}
+		body, err := json.Marshal(budgetTotalDelivery{Kind: KindBudget, Source: SourceBudget, Activity: cfg.Activity,
+			ActivityUID: cfg.ActivityUID, Amount: st.Pending, Currency: cfg.Currency, At: st.At.Format(rfc3339Milli)})
+		if err != nil {
+			return 0, fmt.Errorf("encoding the budget: %w", err)
+		}
+		if err := postBody(ctx, cfg, body, BudgetIdempotencyKeyOf(cfg.ActivityUID, st.Pending)); err != nil {
+			return st.Total, fmt.Errorf("announcing the budget total %d: %w", st.Pending, err)
+		}
+		if _, err := ledger.CommitAnnouncement(ctx, st.Pending); err != nil {
+			return st.Total, err
+		}
+	}
+}
+
+// BudgetDrained reports whether every entry of every shard of b was settled or
+// dead-lettered by the consumer group (DefaultGroup when empty).
+func BudgetDrained(ctx context.Context, b *store.Budget, group string) (bool, error) {
+	if group == "" {
+		group = DefaultGroup
+	}
+	for i := range b.N() {
+		ok, err := b.SettlementShard(i).Drained(ctx, group)
+		if err != nil {
+			return false, fmt.Errorf("budget shard %d: %w", i, err)
+		}
+		if !ok {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// splitPacketKey splits an entry's packet id into the packet and the share:
+// "<packetId>/<share>" for a grant (a canonical decimal below maxCount),
+// "<packetId>/refund" for a refund. It says why when the id is not one of those.
+func splitPacketKey(kind, key string, maxCount int64) (packetID, share string, why string) {
+	i := strings.LastIndexByte(key, '/')
+	if i < 0 {
+		return "", "", fmt.Sprintf("packet id %q is not <packetId>/<share>", key)
+	}
+	packetID, share = key[:i], key[i+1:]
+	if msg := checkPacketID(packetID); msg != "" {
+		return "", "", msg
+	}
+	switch kind {
+	case store.KindRefund:
+		if share != store.RefundShare {
+			return "", "", fmt.Sprintf("a refund of %q, not of <packetId>/refund", key)
+		}
+	default:
+		n, err := strconv.ParseInt(share, 10, 64)
+		if err != nil || n < 0 || strconv.FormatInt(n, 10) != share {
+			return "", "", fmt.Sprintf("a grant of %q, whose share is not a 0-based index", key)
+		}
+		if n >= maxCount {
+			return "", "", fmt.Sprintf("a grant of share %d of packet %q, but a packet has at most %d shares", n, packetID, maxCount)
+		}
+	}
+	return packetID, share, ""
+}
+
+// checkPacketID says why id is not a packet id a creation accepts
+// ([A-Za-z0-9][A-Za-z0-9._-]{0,63}), or "".
+func checkPacketID(id string) string {
+	if id == "" || len(id) > store.MaxPacketIDLength {
+		return fmt.Sprintf("packet id %q is empty or longer than %d", id, store.MaxPacketIDLength)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return fmt.Sprintf("packet id %q holds %q", id, c)
+		}
+	}
+	return ""
+}
+
+// checkPackets checks a budget's entries before delivery and returns why each
+// forged one is, by id: fields that are not a grant or refund (ReasonMalformed), a
+// packet id that is not a key of a packet (ReasonPacketIDMalformed), an entry older
+// than the ledger remembers (ReasonStaleEntry), an entry its packet, still in Redis,
+// does not record (ReasonClaimMismatch: store.Budget.VerifyPacketEntries), and then
+// the ledger's verdicts on the rest, in one atomic step (store.BudgetLedger.Decide): ReasonDuplicatePacket,
+// ReasonOverBudget. A Redis error, or no announced total yet, is returned: the
+// entries are checked again, never delivered unchecked.
+func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamEntry) (map[string]error, error) {
+	forged := map[string]error{}
+	staleBefore := c.now().Add(-(c.cfg.LedgerRetention - c.cfg.MaxTTL - maxPacketLedgerMargin))
+	var decide []store.StreamEntry
+	var credits []store.BudgetCredit
+	for _, e := range entries {
+		if e.Malformed != nil {
+			forged[e.ID] = &ForgedError{Reason: ReasonMalformed, Detail: e.Malformed.Error()}
+			continue
+		}
+		packetID, share, why := splitPacketKey(e.Kind, e.PacketID, c.cfg.MaxCount)
+		if why != "" {
+			forged[e.ID] = &ForgedError{Reason: ReasonPacketIDMalformed, Detail: fmt.Sprintf("%s of %d for user %q: %s", e.Kind, e.Amount, e.UserID, why)}
+			continue
+		}
+		if e.At.Before(staleBefore) {
+			forged[e.ID] = &ForgedError{Reason: ReasonStaleEntry, Detail: fmt.Sprintf(
+				"%s %s of %d for user %q was written at %s, before the ledger's memory (%s): check by hand whether it was paid",
+				e.Kind, e.PacketID, e.Amount, e.UserID, e.At.Format(time.RFC3339), staleBefore.Format(time.RFC3339))}
+			continue
+		}
+		decide = append(decide, e)
+		credits = append(credits, store.BudgetCredit{Kind: e.Kind, PacketID: packetID, Share: share, UserID: e.UserID, Amount: e.Amount, At: e.At})
+	}
+	// The packets still in Redis say what their scripts wrote; what does not match
+	// is not decided in the ledger at all.
+	mismatch, err := c.budget.VerifyPacketEntries(ctx, credits)
+	if err != nil {
+		return nil, err
+	}
+	if len(mismatch) > 0 {
+		var keepEntries []store.StreamEntry
+		var keepCredits []store.BudgetCredit
+		for i, e := range decide {
+			if why := mismatch[i]; why != nil {
+				forged[e.ID] = &ForgedError{Reason: ReasonClaimMismatch, Detail: why.Error()}
+				continue
+			}
+			keepEntries, keepCredits = append(keepEntries, e), append(keepCredits, credits[i])
+		}
+		decide, credits = keepEntries, keepCredits
+	}
+	verdicts, err := c.ledger.Decide(ctx, credits)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.refillUnderWay(ctx, verdicts); err != nil {
+		return nil, err
+	}
+	for i, v := range verdicts {
+		if v.Deliver() {
+			continue
+		}
+		e := decide[i]
+		fe := &ForgedError{Reason: v.Verdict}
+		switch v.Verdict {
+		case store.LedgerDuplicatePacket:
+			fe.Detail = fmt.Sprintf("%s %s of %d for user %q: the key was credited already, to %q (the same body again would pass)", e.Kind, e.PacketID, e.Amount, e.UserID, v.CreditedTo)
+		case store.LedgerOverBudget:
+			fe.Detail = fmt.Sprintf("%s %s of %d for user %q: the credits would exceed the budget total announced to the balance system", e.Kind, e.PacketID, e.Amount, e.UserID)
+		default:
+			fe.Detail = fmt.Sprintf("%s %s for user %q: the ledger answered %q", e.Kind, e.PacketID, e.UserID, v.Verdict)
+		}
+		forged[e.ID] = fe
+	}
+	return forged, nil
+}
+
+// forgetRefunded deletes the packet of a delivered refund entry (its packet id is
+// "<packetId>/refund"). It runs after the balance system's 2xx and before the
+// acknowledgement, so a crash between the two leaves the entry pending: it is
+// delivered again (the balance system dedups the key) and the packet forgotten again
+// (which is idempotent) before it is acknowledged.
+func (c *packetsCheck) forgetRefunded(ctx context.Context, e store.StreamEntry) error {
+	if e.Kind != store.KindRefund {
+		return nil
+	}
+	packetID, ok := strings.CutSuffix(e.PacketID, "/"+store.RefundShare)
+	if !ok {
+		return nil
+	}
+	if err := c.forget(ctx, packetID); err != nil {
+		return fmt.Errorf("forgetting packet %q after its refund was delivered: %w", packetID, err)
+	}
+	return nil
+}
+
+// BudgetConfigFor is the worker configuration of a budget's settlement workers:
+// the budget as "<namespace>/<name>" and its UID in the activity fields, source
+// "budget", its currency (DefaultCurrency when empty), the webhook and maxAttempts,
+// the operator's signing key, the default group, an HTTP client with
+// DefaultHTTPTimeout, and Packets. The caller sets Redis, Consumer and optionally
+// Registerer, Logger and OnForged.
+func BudgetConfigFor(namespace, name, uid, currency, webhookURL string, maxAttempts int, signingKey []byte, p Packets) Config {
+	if currency == "" {
+		currency = DefaultCurrency
+	}
+	return Config{
+		Activity:    namespace + "/" + name,
+		ActivityUID: uid,
+		Source:      SourceBudget,
+		Currency:    currency,
+		WebhookURL:  webhookURL,
+		MaxAttempts: maxAttempts,
+		SigningKey:  signingKey,
+		Group:       DefaultGroup,
+		HTTPClient:  &http.Client{Timeout: DefaultHTTPTimeout},
+		Packets:     &p,
+	}
+}
+
+// ErrRefillNotAnnounced is returned by the check of a batch with an entry over the
+// announced total while the budget's shards are allotted more than was announced: a
+// refill whose announcement has not been acknowledged yet. The batch is checked again
+// later (what the ledger let through stays recorded and passes again), and nothing is
+// dead-lettered for it.
+var ErrRefillNotAnnounced = errors.New("the budget's shards are allotted more than was announced to the balance system")
+
+// refillUnderWay returns ErrRefillNotAnnounced (wrapped) when a verdict is over the
+// budget and the shards' allotment, which only the operator writes, exceeds the
+// announced total: the operator raised the total and has not announced it yet (or
+// the announcement failed). Only then does it read the allotment.
+func (c *packetsCheck) refillUnderWay(ctx context.Context, verdicts []store.LedgerVerdict) error {
+	over := false
+	for _, v := range verdicts {
+		over = over || v.Verdict == store.LedgerOverBudget
+	}
+	if !over {
+		return nil
+	}
+	snap, err := c.budget.Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the budget's allotment: %w", err)
+	}
+	st, err := c.ledger.Announcement(ctx)
+	if err != nil {
+		return err
+	}
+	if snap.Total > st.Total {
+		return fmt.Errorf("%w: %d allotted, %d announced; waiting for the announcement", ErrRefillNotAnnounced, snap.Total, st.Total)
+	}
+	return nil
+}

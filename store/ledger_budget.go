@@ -1,0 +1,294 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/lua"
+)
+
+// The operator's settlement ledger of a RedPacketBudget. Packets are created at
+// runtime, so there is no split to check an entry against: the ledger alone decides
+// whether an entry may be credited, in one atomic step per batch
+// (ledger_packets_credit.lua), so that each Idempotency-Key ("<uid>/<packetId>/<share>",
+// "<uid>/<packetId>/refund") is credited at most once and the grants and refunds
+// together never exceed the budget total announced to the balance system.
+//
+// Keys, with the budget's UID as hash tag (one slot) and the rpl: prefix that the
+// budget's Redis user (~rpb:{<uid>.*) cannot reach:
+//
+//	rpl:{<uid>}:ledger       hash  the announced total ("total"), the announcement under
+//	                               way ("announcing"), and the sums credited ("credited",
+//	                               "grants", "granted", "refunds", "refunded")
+//	rpl:{<uid>}:p:<packetId> hash  share (or "refund") -> "<amount>:<at ms>:<user>", for each
+//	                               key credited; kept PacketLedgerRetention after its
+//	                               last credit, so the ledger does not grow with every
+//	                               packet a long-lived budget ever made
+//
+// A packet's ledger outlives the packet by far (its entries are written within its
+// time to live, at most a day): an entry older than the retention is refused by the
+// settlement worker (stale) rather than decided by a ledger that forgot it, so a key
+// is never credited twice.
+
+// DefaultPacketLedgerRetention is how long a packet's ledger is kept after its last
+// credit: a week beyond the longest time to live (a day).
+const DefaultPacketLedgerRetention = 8 * 24 * time.Hour
+
+// BudgetLedger is the handle of a budget's settlement ledger (see above).
+type BudgetLedger struct {
+	c   redis.Cmdable
+	uid string
+	key string
+	// retention is how long a packet's ledger is kept after its last credit.
+	retention time.Duration
+}
+
+// SettlementLedger is the budget's settlement ledger, keeping each packet's ledger
+// for retention after its last credit (DefaultPacketLedgerRetention when 0 or less).
+func (b *Budget) SettlementLedger(retention time.Duration) *BudgetLedger {
+	if retention <= 0 {
+		retention = DefaultPacketLedgerRetention
+	}
+	return &BudgetLedger{c: b.c, uid: b.uid, key: ledgerKey(b.uid), retention: retention}
+}
+
+// Key is the budget ledger's Redis key.
+func (l *BudgetLedger) Key() string { return l.key }
+
+// Retention is how long a packet's ledger is kept after its last credit.
+func (l *BudgetLedger) Retention() time.Duration { return l.retention }
+
+// PacketKey is the ledger of one packet.
+func (l *BudgetLedger) PacketKey(packetID string) string {
+	return "rpl:{" + l.uid + "}:p:" + packetID
+}
+
+// BudgetCredit is one entry to decide: a grant of share Share of packet PacketID (or
+// its refund, Share RefundShare) to UserID of Amount, made At (what the delivery's
+// body says).
+type BudgetCredit struct {
+	Kind, PacketID, Share, UserID string
+	Amount                        int64
+	At                            time.Time
+}
+
+// RefundShare is the share of a packet's refund: its key is "<packetId>/refund".
+const RefundShare = "refund"
+
+// ErrNotAnnounced is returned by Decide when no budget total was announced yet.
+var ErrNotAnnounced = errors.New("the budget was not announced to the balance system")
+
+// Decide decides for each credit, in order, whether it may be delivered, and records
+// each one it lets through for the first time, in one atomic step
+// (ledger_packets_credit.lua): a key (packet and share) is credited with one body at
+// most (user, amount and time; the same body again passes as LedgerAgain), and everything credited never exceeds the announced total.
+// Verdicts are LedgerCredit, LedgerAgain, LedgerDuplicatePacket (with CreditedTo) or
+// LedgerOverBudget. It wraps ErrNotAnnounced when no total was announced.
+func (l *BudgetLedger) Decide(ctx context.Context, credits []BudgetCredit) ([]LedgerVerdict, error) {
+	if len(credits) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, 0, 1+len(credits))
+	keys = append(keys, l.key)
+	args := make([]any, 0, 1+5*len(credits))
+	args = append(args, l.retention.Milliseconds())
+	for _, c := range credits {
+		if c.PacketID == "" || c.Share == "" || c.UserID == "" || c.Amount < 0 {
+			return nil, fmt.Errorf("ledger %s: credit %+v is incomplete", l.key, c)
+		}
+		keys = append(keys, l.PacketKey(c.PacketID))
+		args = append(args, c.Kind, c.Share, c.UserID, c.Amount, c.At.UnixMilli())
+	}
+	res, err := lua.LedgerPacketsCreditScript.Run(ctx, l.c, keys, args...).StringSlice()
+	if err != nil {
+		if strings.Contains(err.Error(), "was not announced") {
+			return nil, fmt.Errorf("deciding %d settlement entries in %s: %w", len(credits), l.key, ErrNotAnnounced)
+		}
+		return nil, fmt.Errorf("deciding %d settlement entries in %s: %w", len(credits), l.key, err)
+	}
+	if len(res) != len(credits) {
+		return nil, fmt.Errorf("deciding settlement entries in %s: %d verdicts for %d entries", l.key, len(res), len(credits))
+	}
+	out := make([]LedgerVerdict, len(res))
+	for i, v := range res {
+		if to, ok := strings.CutPrefix(v, LedgerDuplicatePacket+":"); ok {
+			out[i] = LedgerVerdict{Verdict: LedgerDuplicatePacket, CreditedTo: to}
+			continue
+		}
+		out[i] = LedgerVerdict{Verdict: v}
+	}
+	return out, nil
+}
+
+// BudgetAnnouncement is the budget total recorded as announced and the announcement
+// under way.
+type BudgetAnnouncement struct {
+	// Total is the highest total the balance system acknowledged; 0 when none.
+	Total int64
+	// Pending is the total being announced, and At its time (the body of every
+	// resend); Pending is 0 when none is under way.
+	Pending int64
+	At      time.Time
+}
+
+// announcementOp runs ledger_packets_total.lua.
+func (l *BudgetLedger) announcementOp(ctx context.Context, args ...any) (BudgetAnnouncement, error) {
+	res, err := lua.LedgerPacketsTotalScript.Run(ctx, l.c, []string{l.key}, args...).StringSlice()
+	if err != nil {
+		return BudgetAnnouncement{}, fmt.Errorf("%s of the announced budget in %s: %w", args[0], l.key, err)
+	}
+	if len(res) != 2 {
+		return BudgetAnnouncement{}, fmt.Errorf("%s of the announced budget in %s: %d values", args[0], l.key, len(res))
+	}
+	var a BudgetAnnouncement
+	if res[0] != "" {
+		if a.Total, err = strconv.ParseInt(res[0], 10, 64); err != nil {
+			return BudgetAnnouncement{}, fmt.Errorf("the announced total %q in %s is not a number", res[0], l.key)
+		}
+	}
+	if res[1] != "" {
+		total, at, ok := strings.Cut(res[1], ":")
+		ms, err2 := strconv.ParseInt(at, 10, 64)
+		a.Pending, err = strconv.ParseInt(total, 10, 64)
+		if !ok || err != nil || err2 != nil {
+			return BudgetAnnouncement{}, fmt.Errorf("the announcement under way %q in %s is not <total>:<ms>", res[1], l.key)
+		}
+		a.At = time.UnixMilli(ms).UTC()
+	}
+	return a, nil
+}
+
+// Announcement reads the announced total and the announcement under way.
+func (l *BudgetLedger) Announcement(ctx context.Context) (BudgetAnnouncement, error) {
+	return l.announcementOp(ctx, "get")
+}
+
+// PrepareAnnouncement records that total is being announced at at, unless it is
+// not above the announced total or another announcement is under way (which is to
+// be finished first), and returns the state.
+func (l *BudgetLedger) PrepareAnnouncement(ctx context.Context, total int64, at time.Time) (BudgetAnnouncement, error) {
+	return l.announcementOp(ctx, "prepare", total, at.UnixMilli())
+}
+
+// CommitAnnouncement records that the balance system acknowledged the announcement
+// of total: the announced total becomes at least total.
+func (l *BudgetLedger) CommitAnnouncement(ctx context.Context, total int64) (BudgetAnnouncement, error) {
+	return l.announcementOp(ctx, "commit", total)
+}
+
+// BudgetLedgerSums are what a budget's ledger recorded as credited.
+type BudgetLedgerSums struct {
+	// Total is the announced total.
+	Total int64
+	// Credited is everything credited: Granted in Grants grants and Refunded in
+	// Refunds refunds.
+	Credited, Grants, Granted, Refunds, Refunded int64
+}
+
+// Sums reads what the ledger recorded.
+func (l *BudgetLedger) Sums(ctx context.Context) (BudgetLedgerSums, error) {
+	v, err := l.c.HMGet(ctx, l.key, "total", "credited", "grants", "granted", "refunds", "refunded").Result()
+	if err != nil {
+		return BudgetLedgerSums{}, fmt.Errorf("reading %s: %w", l.key, err)
+	}
+	num := func(x any) int64 {
+		s, _ := x.(string)
+		n, _ := strconv.ParseInt(s, 10, 64)
+		return n
+	}
+	return BudgetLedgerSums{Total: num(v[0]), Credited: num(v[1]), Grants: num(v[2]), Granted: num(v[3]),
+		Refunds: num(v[4]), Refunded: num(v[5])}, nil
+}
+
+// Drained reports whether every entry of the shard's settlement stream was settled
+// or dead-lettered by group: the group has read up to the stream's last entry and
+// holds none pending. A shard without a stream is drained; a stream with entries and
+// no group is not.
+func (a *Shard) Drained(ctx context.Context, group string) (bool, error) {
+	info, err := a.c.XInfoStream(ctx, a.keys.Stream).Result()
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") {
+			return true, nil
+		}
+		return false, fmt.Errorf("reading %s: %w", a.keys.Stream, err)
+	}
+	if info.Length == 0 {
+		return true, nil
+	}
+	groups, err := a.c.XInfoGroups(ctx, a.keys.Stream).Result()
+	if err != nil {
+		return false, fmt.Errorf("reading the consumer groups of %s: %w", a.keys.Stream, err)
+	}
+	for _, g := range groups {
+		if g.Name != group {
+			continue
+		}
+		return g.Pending == 0 && compareStreamIDs(g.LastDeliveredID, info.LastGeneratedID) >= 0, nil
+	}
+	return false, nil
+}
+
+// VerifyPacketEntries checks each credit against its packet's hash, when the packet
+// is still in Redis, and returns why each one that does not match is forged (by
+// index in credits, wrapping ErrForged):
+//
+//   - a grant of share s of amount a to user u: the packet records u's grab as share
+//     s of a (packet_grab.lua writes it in the step that appends the grant; the
+//     entry id is not compared, so a replayed dead letter still matches);
+//   - a refund of a to user u: the packet expired, its sender is u and its
+//     remainder, which packet_expire.lua refunded, is a.
+//
+// A packet no longer in Redis (forgotten once its refund settled, or never created)
+// cannot be checked here: the ledger's bounds still hold for it. All reads go in
+// one pipeline.
+func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit) (map[int]error, error) {
+	forged := map[int]error{}
+	if len(credits) == 0 {
+		return forged, nil
+	}
+	pipe := b.c.Pipeline()
+	reads := make([]*redis.SliceCmd, len(credits))
+	for i, c := range credits {
+		reads[i] = pipe.HMGet(ctx, b.keys[b.ShardOf(c.PacketID)].Packet(c.PacketID), "cnt", "x", "snd", "r", "u:"+c.UserID)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("verifying settlement entries against their packets: %w", err)
+	}
+	for i, c := range credits {
+		v, err := reads[i].Result()
+		if err != nil {
+			return nil, fmt.Errorf("verifying settlement entries: reading packet %s: %w", c.PacketID, err)
+		}
+		str := func(x any) string { s, _ := x.(string); return s }
+		count, expired, sender, remainder, claim := str(v[0]), str(v[1]), str(v[2]), str(v[3]), str(v[4])
+		if count == "" && expired == "" {
+			continue // not in Redis
+		}
+		amount := strconv.FormatInt(c.Amount, 10)
+		switch c.Kind {
+		case KindRefund:
+			switch {
+			case expired == "":
+				forged[i] = fmt.Errorf("%w: a refund of packet %s, which has not expired", ErrForged, c.PacketID)
+			case sender != c.UserID:
+				forged[i] = fmt.Errorf("%w: a refund of packet %s to %q, whose sender is %q", ErrForged, c.PacketID, c.UserID, sender)
+			case remainder != amount:
+				forged[i] = fmt.Errorf("%w: a refund of %s of packet %s, which had %s left", ErrForged, amount, c.PacketID, remainder)
+			}
+		default:
+			share, rest, _ := strings.Cut(claim, ":")
+			got, _, _ := strings.Cut(rest, ":")
+			if claim == "" || share != c.Share || got != amount {
+				forged[i] = fmt.Errorf("%w: share %s of %s of packet %s to %q, but the packet records %q for that user",
+					ErrForged, c.Share, amount, c.PacketID, c.UserID, claim)
+			}
+		}
+	}
+	return forged, nil
+}
