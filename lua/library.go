@@ -161,8 +161,9 @@ func IsFunctionMissing(err error) bool {
 }
 
 // GrabLibrary holds the grab-side scripts, which an activity's own Redis user runs
-// (GrabSideScripts).
-var GrabLibrary = newLibrary(GrabSideScripts()...)
+// (GrabSideScripts), and those of runtime packets, which a budget's grab fleet runs
+// (PacketSideScripts).
+var GrabLibrary = newLibrary(append(GrabSideScripts(), PacketSideScripts()...)...)
 
 // GrabSideScripts are the scripts the grab pods run: the grab, the refill of a
 // sharded activity's dry shard (the transfers and the stock reading), the reporter's

@@ -138,6 +138,24 @@ var (
 	ledgerCreditSrc string
 	//go:embed ledger_budget.lua
 	ledgerBudgetSrc string
+	//go:embed packet_create.lua
+	packetCreateSrc string
+	//go:embed packet_grab.lua
+	packetGrabSrc string
+	//go:embed packet_detail.lua
+	packetDetailSrc string
+	//go:embed packet_live.lua
+	packetLiveSrc string
+	//go:embed packet_expire.lua
+	packetExpireSrc string
+	//go:embed packet_forget.lua
+	packetForgetSrc string
+	//go:embed budget_configure.lua
+	budgetConfigureSrc string
+	//go:embed budget_close.lua
+	budgetCloseSrc string
+	//go:embed budget_snapshot.lua
+	budgetSnapshotSrc string
 )
 
 // The activity's scripts.
@@ -185,12 +203,46 @@ var (
 	LedgerBudgetScript = newScript("ledger_budget", ledgerBudgetSrc)
 )
 
+// The scripts of a RedPacketBudget's runtime packets (docs/budgets.md). The grab
+// fleet's (create, grab, detail, live listing) are functions of GrabLibrary
+// (PacketSideScripts); the operator's run with EVALSHA.
+var (
+	// PacketCreateScript draws a packet's money from its budget shard and seeds it,
+	// in one step: see packet_create.lua.
+	PacketCreateScript = newScript("packet_create", packetCreateSrc)
+	// PacketGrabScript decides one user's grab of a runtime packet.
+	PacketGrabScript = newScript("packet_grab", packetGrabSrc)
+	// PacketDetailScript reads a runtime packet and its grabs.
+	PacketDetailScript = newScript("packet_detail", packetDetailSrc)
+	// PacketLiveScript lists a budget shard's live packets, soonest expiry first.
+	PacketLiveScript = newScript("packet_live", packetLiveSrc)
+	// PacketExpireScript expires a bounded batch of due packets, refunding each
+	// remainder once.
+	PacketExpireScript = newScript("packet_expire", packetExpireSrc)
+	// PacketForgetScript deletes an expired packet's hash.
+	PacketForgetScript = newScript("packet_forget", packetForgetSrc)
+	// BudgetConfigureScript writes a budget shard's limits and raises its allotment.
+	BudgetConfigureScript = newScript("budget_configure", budgetConfigureSrc)
+	// BudgetCloseScript stops creation on a budget shard.
+	BudgetCloseScript = newScript("budget_close", budgetCloseSrc)
+	// BudgetSnapshotScript reads a budget shard's money and counters at one instant.
+	BudgetSnapshotScript = newScript("budget_snapshot", budgetSnapshotSrc)
+)
+
+// PacketSideScripts are the scripts of runtime packets the grab fleet runs, as
+// functions of GrabLibrary: the create, the grab, the detail and the live listing.
+func PacketSideScripts() []*Script {
+	return []*Script{PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript}
+}
+
 // AllScripts lists every script, for loading them all at once.
 func AllScripts() []*Script {
 	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
 		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript,
 		FenceScript, AcceptScript, EnsureGroupScript, TransferOutScript, TransferInScript,
-		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerBudgetScript}
+		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerBudgetScript,
+		PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript, PacketExpireScript,
+		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript}
 }
 
 // LoadAll loads the operator's scripts into the script cache and GrabLibrary as a

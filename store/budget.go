@@ -1,10 +1,10 @@
 package store
 
 import (
-	"context"
 	"errors"
 	"hash/fnv"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -103,6 +103,12 @@ type Budget struct {
 	c    redis.Cmdable
 	uid  string
 	keys []BudgetKeys
+	// restores is set on the operator's handles (RestoreFunctions): a function call
+	// that finds the library missing loads it and retries once.
+	restores bool
+	// limits caches what the shards' meta says one packet may be (limitsFor), for the
+	// split's minimum share.
+	limits atomic.Pointer[cachedLimits]
 }
 
 // NewBudget returns the handle of budget uid spread over n shards (n ≤ 1 is one).
@@ -208,8 +214,9 @@ type BudgetSnapshot struct {
 	Claimed, Refunded int64
 	// Packet and share counts.
 	LivePackets, CreatedPackets, ExpiredPackets, GrabbedShares int64
-	// Settled and dead-lettered settlement entries.
-	SettledCount, SettledAmount, DeadLetters int64
+	// Settled and dead-lettered settlement entries: the grants settled and their
+	// money, the refunds' money settled, and the dead letters.
+	SettledCount, SettledAmount, RefundSettled, DeadLetters int64
 	// Closed is set once creation was closed (deletion).
 	Closed bool
 }
@@ -217,61 +224,6 @@ type BudgetSnapshot struct {
 // Conserved reports whether the snapshot's money adds up.
 func (s BudgetSnapshot) Conserved() bool {
 	return s.Total == s.Available+s.Live+s.Claimed+s.Refunded
-}
-
-// errBudgetNotBuilt marks the calls whose scripts are not written yet.
-var errBudgetNotBuilt = errors.New("runtime packets are not built yet")
-
-// Configure writes the budget's limits to every shard and raises the shards'
-// allotments so that they sum to total, creating the shards on the first call. The
-// total never decreases: a smaller one than already allotted is refused. Idempotent.
-func (b *Budget) Configure(ctx context.Context, total int64, limits BudgetLimits) error {
-	return errBudgetNotBuilt
-}
-
-// Snapshot reads every shard, each at one instant, and sums them.
-func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
-	return BudgetSnapshot{}, errBudgetNotBuilt
-}
-
-// ExpireDue expires at most max of shard i's packets whose time is up by the Redis
-// clock: each one's remainder is refunded through the shard's settlement stream and
-// its grabs are refused from then on. It reports how many it expired and the money
-// refunded.
-func (b *Budget) ExpireDue(ctx context.Context, i, max int) (int, int64, error) {
-	return 0, 0, errBudgetNotBuilt
-}
-
-// Close stops creation on every shard (the budget is being deleted); ExpireDue then
-// expires every live packet at once, whatever its time.
-func (b *Budget) Close(ctx context.Context) error { return errBudgetNotBuilt }
-
-// ForgetPacket deletes an expired packet's hash once its refund settled.
-func (b *Budget) ForgetPacket(ctx context.Context, packetID string) error { return errBudgetNotBuilt }
-
-// Purge deletes every key of the budget.
-func (b *Budget) Purge(ctx context.Context) error { return errBudgetNotBuilt }
-
-// CreatePacket splits p.Total into p.Count shares (lua/split, seeded by the budget's
-// UID and the packet id, so a repeat yields the same shares), draws the money from
-// the packet's shard and seeds the packet, in one script.
-func (b *Budget) CreatePacket(ctx context.Context, p NewPacket) (PacketDetail, CreateOutcome, error) {
-	return PacketDetail{}, "", errBudgetNotBuilt
-}
-
-// GrabPacket decides one user's grab of a packet, once per user per packet.
-func (b *Budget) GrabPacket(ctx context.Context, packetID, userID string) (PacketGrab, error) {
-	return PacketGrab{}, errBudgetNotBuilt
-}
-
-// Packet reads a packet and its grabs; false when there is no such packet.
-func (b *Budget) Packet(ctx context.Context, packetID string) (PacketDetail, bool, error) {
-	return PacketDetail{}, false, errBudgetNotBuilt
-}
-
-// LivePackets lists at most limit live packets of shard i, soonest expiry first.
-func (b *Budget) LivePackets(ctx context.Context, i, limit int) ([]PacketDetail, error) {
-	return nil, errBudgetNotBuilt
 }
 
 // SettlementShard is a handle on shard i's settlement stream, dead letters and

@@ -1,0 +1,138 @@
+-- packet_create: create one runtime packet of a budget, drawing its money from the
+-- budget shard it hashes to, in one atomic step.
+-- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's due index
+-- ARGV[1] packet id, ARGV[2] body fingerprint, ARGV[3] sender, ARGV[4] total,
+-- ARGV[5] count, ARGV[6] distribution, ARGV[7] time to live in ms (0: the budget's
+-- default), ARGV[8..7+count] the shares in grab order (lua/split's, computed by the
+-- caller; they are checked here, not trusted)
+-- Returns a list: {'created', createdMs, expiresMs}, {'existing'} (the same id with
+-- the same fingerprint: the packet as it is), or one of {'conflict'} (the same id
+-- with another body), {'closed'}, {'limit_exceeded', why}, {'invalid_request', why},
+-- {'budget_exhausted'}; every answer but created writes nothing. A shard that was
+-- never configured is an error.
+--
+-- Order of the checks: the id first (an existing packet answers as it is, even once
+-- the budget closed, so a retried creation is idempotent), then the closed flag, the
+-- body, the limits written by budget_configure, and the money: available must cover
+-- the total. Then the total moves from available to live, the packet hash is written
+-- with its shares (s0..s<count-1>) and the packet enters the due index.
+--
+-- The packet hash: fp fingerprint, snd sender, tot total, cnt count, dst
+-- distribution, ct created and ex expires (unix ms), g shares granted, r remaining
+-- money, s<i> share i's amount; packet_grab adds u:<user> per grant, packet_expire
+-- sets x when it expired the packet. The names are short so that a 5-share packet
+-- stays a small listpack.
+--
+-- Numbers: every amount is a decimal string of at most 15 digits, below 2^53, so
+-- tonumber reads it exactly; the shares are summed in a Lua number only while the
+-- running sum stays at most the total. Money in meta moves by HINCRBY, which is exact
+-- int64 arithmetic in Redis, and available is compared with the total as text.
+--
+-- Bounded work: whoever calls it (a tenant may FCALL it with anything), the id is at
+-- most 64 chars of [A-Za-z0-9._-], the sender at most 1024 bytes, the fingerprint at
+-- most 64, and the shares are read only once their count is known to be at most the
+-- shard's max_count (itself at most 1000).
+local id, fp, sender, total, count, dist, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if not ttl then
+  return redis.error_reply('ERR packet_create takes at least 7 arguments')
+end
+if #id > 64 or not string.find(id, '^[A-Za-z0-9][A-Za-z0-9%._%-]*$') then
+  return redis.error_reply('ERR packet id must be 1 to 64 of [A-Za-z0-9._-], the first alphanumeric')
+end
+local prefix = string.sub(KEYS[1], 1, -5)
+if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[3] ~= prefix .. 'due' then
+  return redis.error_reply('ERR keys are not one budget shard\'s meta, packet ' .. id .. ' and due index')
+end
+if #fp < 1 or #fp > 64 then
+  return redis.error_reply('ERR fingerprint must be 1 to 64 bytes')
+end
+
+local known = redis.call('HGET', KEYS[2], 'fp')
+if known then
+  if known == fp then
+    return {'existing'}
+  end
+  return {'conflict'}
+end
+
+local m = redis.call('HMGET', KEYS[1], 'state', 'available', 'max_total', 'max_count', 'min_share', 'dists',
+  'default_ttl_ms', 'max_ttl_ms')
+if not m[1] then
+  return redis.error_reply('ERR budget shard ' .. KEYS[1] .. ' is not configured')
+end
+if m[1] == 'closed' then
+  return {'closed'}
+end
+
+local function amount(s)
+  return #s <= 15 and string.find(s, '^[1-9]%d*$') ~= nil
+end
+if #sender < 1 or #sender > 1024 then
+  return {'invalid_request', 'sender must be 1 to 1024 bytes'}
+end
+if not amount(total) then
+  return {'invalid_request', 'total must be a positive integer of at most 15 digits'}
+end
+if #count > 4 or not string.find(count, '^[1-9]%d*$') then
+  return {'invalid_request', 'count must be a positive integer'}
+end
+if #ttl > 15 or not string.find(ttl, '^%d+$') then
+  return {'invalid_request', 'ttl must be a non-negative integer of milliseconds'}
+end
+local n, t = tonumber(count), tonumber(total)
+if n > tonumber(m[4]) then
+  return {'limit_exceeded', 'count ' .. count .. ' is above the budget\'s maximum of ' .. m[4]}
+end
+if t > tonumber(m[3]) then
+  return {'limit_exceeded', 'total ' .. total .. ' is above the budget\'s maximum of ' .. m[3]}
+end
+if #dist > 32 or not string.find(m[6], ',' .. dist .. ',', 1, true) then
+  return {'limit_exceeded', 'distribution is not one the budget allows'}
+end
+local ttlMs = tonumber(ttl)
+if ttlMs == 0 then
+  ttlMs = tonumber(m[7])
+end
+if ttlMs > tonumber(m[8]) then
+  return {'limit_exceeded', 'ttl ' .. ttlMs .. ' ms is above the budget\'s maximum of ' .. m[8]}
+end
+if #ARGV ~= 7 + n then
+  return {'invalid_request', (#ARGV - 7) .. ' shares for a count of ' .. count}
+end
+local minShare, sum = tonumber(m[5]), 0
+local fields = {'fp', fp, 'snd', sender, 'tot', total, 'cnt', count, 'dst', dist, 'ct', 0, 'ex', 0, 'g', 0, 'r', total}
+for i = 1, n do
+  local a = ARGV[7 + i]
+  if not amount(a) then
+    return {'invalid_request', 'share ' .. (i - 1) .. ' is not a positive integer of at most 15 digits'}
+  end
+  local v = tonumber(a)
+  if v < minShare then
+    return {'limit_exceeded', 'share ' .. (i - 1) .. ' is below the minimum share of ' .. m[5]}
+  end
+  sum = sum + v
+  if sum > t then
+    return {'invalid_request', 'the shares sum to more than the total'}
+  end
+  fields[#fields + 1] = 's' .. (i - 1)
+  fields[#fields + 1] = a
+end
+if sum ~= t then
+  return {'invalid_request', 'the shares sum to less than the total'}
+end
+
+local avail = m[2] or '0'
+if #avail < #total or (#avail == #total and avail < total) or string.byte(avail) == 45 then -- '-'
+  return {'budget_exhausted'}
+end
+
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local created, expires = string.format('%d', now), string.format('%d', now + ttlMs)
+fields[12], fields[14] = created, expires
+redis.call('HINCRBY', KEYS[1], 'available', '-' .. total)
+redis.call('HINCRBY', KEYS[1], 'live', total)
+redis.call('HINCRBY', KEYS[1], 'created', 1)
+redis.call('HSET', KEYS[2], unpack(fields))
+redis.call('ZADD', KEYS[3], expires, id)
+return {'created', created, expires}

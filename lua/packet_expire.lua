@@ -1,0 +1,60 @@
+-- packet_expire: expire a bounded batch of a budget shard's packets that are due.
+-- KEYS[1] the shard's meta, KEYS[2] the shard's due index, KEYS[3] the shard's
+-- settlement stream
+-- ARGV[1] the most packets to expire, 1 to 500
+-- Returns a flat list, two values per packet expired by this call: its id and the
+-- money refunded ("0" when every share had been granted).
+--
+-- Due means an expiry (the due index's score, unix ms) at or before the Redis clock;
+-- on a closed shard (budget_close) every packet in the index is due. For each one, in
+-- one step: its remaining money moves from live to refunded, one refund entry goes
+-- to the settlement stream (kind refund, packet "<id>/refund", user the sender,
+-- amount, currency, at), the packet is marked expired (x, which packet_grab answers
+-- expired from then on) and it leaves the due index. A packet with nothing left
+-- writes no refund. A second call finds it no longer due, so a refund is written
+-- once: settlement delivers it with the Idempotency-Key "<budget uid>/<id>/refund".
+--
+-- Numbers: the remainders move by HINCRBY as the decimal strings the packet holds;
+-- nothing is summed in Lua.
+--
+-- Bounded work: at most 500 packets of the index, each a fixed handful of commands.
+local limit = tonumber(ARGV[1])
+if not limit or limit < 1 or limit > 500 or limit ~= math.floor(limit) then
+  return redis.error_reply('ERR limit must be an integer from 1 to 500')
+end
+local prefix = string.sub(KEYS[1], 1, -5)
+if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'due' or KEYS[3] ~= prefix .. 'stream' then
+  return redis.error_reply('ERR keys are not one budget shard\'s meta, due index and stream')
+end
+local m = redis.call('HMGET', KEYS[1], 'state', 'currency')
+if not m[1] then
+  return {}
+end
+local clock = redis.call('TIME')
+local now = string.format('%d', tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000))
+local upto = now
+if m[1] == 'closed' then
+  upto = '+inf'
+end
+local out = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', upto, 'LIMIT', 0, limit)) do
+  local key = prefix .. 'p:' .. id
+  local p = redis.call('HMGET', key, 'snd', 'r', 'x')
+  if p[2] and not p[3] then
+    local rem = p[2]
+    if rem ~= '0' then
+      redis.call('XADD', KEYS[3], '*', 'kind', 'refund', 'packet', id .. '/refund', 'user', p[1], 'amount', rem,
+        'currency', m[2] or '', 'at', now)
+      redis.call('HINCRBY', KEYS[1], 'live', '-' .. rem)
+      redis.call('HINCRBY', KEYS[1], 'refunded', rem)
+    end
+    redis.call('HSET', key, 'x', '1')
+    out[#out + 1] = id
+    out[#out + 1] = rem
+  end
+  redis.call('ZREM', KEYS[2], id)
+end
+if #out > 0 then
+  redis.call('HINCRBY', KEYS[1], 'expired', #out / 2)
+end
+return out

@@ -1,0 +1,69 @@
+-- packet_grab: decide one user's grab of a runtime packet, once per user per packet.
+-- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's
+-- settlement stream
+-- ARGV[1] packet id, ARGV[2] user id
+-- Returns a list: {'granted', share, amount}, {'already_claimed', claim} with the
+-- user's claim as stored, "<share>:<amount>:<entryId>", or {outcome} for sold_out
+-- (every share was granted), expired (its time is up by the Redis clock, or
+-- packet_expire refunded it) and missing (no such packet: never created, or its hash
+-- was forgotten after its refund settled).
+--
+-- A grant hands out the next share in order: share g (the packet's g field, the
+-- count of grants so far) with the amount fixed at creation (s<g>), so a packet never
+-- hands out more than its count and its shares sum to its total. In the same step the
+-- amount moves from the packet's remaining money (r) and the shard's live money to
+-- its claimed money, the user's claim u:<user> is recorded, and the grant goes to the
+-- settlement stream in the activities' packed format,
+-- grant = "<id>/<share>:<amount>:0:<currency>:<user>" (epoch 0; the user id last, as
+-- it may hold ':'), whose entry id is the grant's time. The claim names that entry,
+-- so settlement can tell the one entry this grant wrote from any copy.
+--
+-- Numbers: amounts travel as the decimal strings they were created as and move by
+-- HINCRBY; the only numbers read are the count, the grants so far and the clock.
+--
+-- Bounded work: a user id of at most 1024 bytes and a packet id of at most 64 chars
+-- of [A-Za-z0-9._-] (anything else is refused before a key is read); a grant is at
+-- most ten commands.
+local id, user = ARGV[1], ARGV[2]
+if not user or #user < 1 or #user > 1024 then
+  return redis.error_reply('ERR user id must be 1 to 1024 bytes')
+end
+if #id > 64 or not string.find(id, '^[A-Za-z0-9][A-Za-z0-9%._%-]*$') then
+  return redis.error_reply('ERR packet id must be 1 to 64 of [A-Za-z0-9._-], the first alphanumeric')
+end
+local prefix = string.sub(KEYS[1], 1, -5)
+if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[3] ~= prefix .. 'stream' then
+  return redis.error_reply('ERR keys are not one budget shard\'s meta, packet ' .. id .. ' and stream')
+end
+
+local prev = redis.call('HGET', KEYS[2], 'u:' .. user)
+if prev then
+  return {'already_claimed', prev}
+end
+local p = redis.call('HMGET', KEYS[2], 'cnt', 'g', 'ex', 'x')
+if not p[1] then
+  return {'missing'}
+end
+local g = tonumber(p[2])
+if g >= tonumber(p[1]) then
+  return {'sold_out'}
+end
+if p[4] then
+  return {'expired'}
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+if now >= tonumber(p[3]) then
+  return {'expired'}
+end
+
+local share = string.format('%d', g)
+local amount = redis.call('HGET', KEYS[2], 's' .. share)
+local currency = redis.call('HGET', KEYS[1], 'currency') or ''
+local entry = redis.call('XADD', KEYS[3], '*', 'grant', id .. '/' .. share .. ':' .. amount .. ':0:' .. currency .. ':' .. user)
+redis.call('HSET', KEYS[2], 'g', g + 1, 'u:' .. user, share .. ':' .. amount .. ':' .. entry)
+redis.call('HINCRBY', KEYS[2], 'r', '-' .. amount)
+redis.call('HINCRBY', KEYS[1], 'live', '-' .. amount)
+redis.call('HINCRBY', KEYS[1], 'claimed', amount)
+redis.call('HINCRBY', KEYS[1], 'grabbed', 1)
+return {'granted', share, amount}
