@@ -231,13 +231,8 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	type created struct {
-		d store.PacketDetail
-		o store.CreateOutcome
-	}
-	res, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (created, error) {
-		d, o, err := s.budget.CreatePacket(ctx, p)
-		return created{d, o}, err
+	res, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (store.CreateResult, error) {
+		return s.budget.Create(ctx, p)
 	})
 	s.metrics.RedisDuration.WithLabelValues("create").Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -250,22 +245,26 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 			"nothing was created unless a retry with the same id and body answers 200"))
 		return
 	}
-	code, known := packetStatus[res.o]
+	code, known := packetStatus[res.Outcome]
 	if !known {
-		s.log.Error("the create function returned an unknown outcome", "outcome", string(res.o), "packet", p.ID)
+		s.log.Error("the create function returned an unknown outcome", "outcome", string(res.Outcome), "packet", p.ID)
 		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store gave an unexpected answer")
 		return
 	}
-	s.metrics.countCreate(string(res.o))
-	if res.o != store.CreateCreated && res.o != store.CreateExisting {
-		writeJSON(w, code, apiError{Error: string(res.o), Message: createMessages[res.o]})
+	s.metrics.countCreate(string(res.Outcome))
+	if res.Outcome != store.CreateCreated && res.Outcome != store.CreateExisting {
+		msg := createMessages[res.Outcome]
+		if res.Reason != "" {
+			msg += ": " + res.Reason
+		}
+		writeJSON(w, code, apiError{Error: string(res.Outcome), Message: msg})
 		return
 	}
-	if res.o == store.CreateCreated {
+	if res.Outcome == store.CreateCreated {
 		s.metrics.CreatedAmount.Add(float64(p.Total))
 	}
-	v := NewPacketView(res.d)
-	v.Outcome = string(res.o)
+	v := NewPacketView(res.Packet)
+	v.Outcome = string(res.Outcome)
 	writeJSON(w, code, v)
 }
 
@@ -494,7 +493,7 @@ type SenderCredential struct {
 
 // ErrSenderCredential answers a creation without the sender's credential or with
 // another one.
-var ErrSenderCredential = errors.New("creating packets needs the budget's sender credential: Authorization: Bearer <token>")
+var ErrSenderCredential = errors.New("creating packets needs the budget's sender credential as a bearer token (Authorization: Bearer followed by the token)")
 
 // NewSenderCredential returns a credential for token, which must not be empty.
 func NewSenderCredential(token []byte) (*SenderCredential, error) {

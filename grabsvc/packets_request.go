@@ -15,12 +15,6 @@ import (
 	"redpacket.io/operator/store"
 )
 
-// MaxPacketShares is the most shares a packet created at runtime may have, whatever
-// the budget allows: the shares are split in the grab service's memory before the
-// budget's limits are checked in Redis, so a mistyped count must stop here. A
-// budget's spec.packets.maxCount above it is capped by it.
-const MaxPacketShares = 10_000
-
 // MaxPacketTTL bounds ttlSeconds before Redis sees it; the budget's spec.packets.maxTTL
 // (checked in Redis) is the real limit.
 const MaxPacketTTL = 30 * 24 * time.Hour
@@ -87,9 +81,11 @@ func ParseCreatePacket(body []byte) (store.NewPacket, string) {
 		return store.NewPacket{}, `"totalAmount" must be at least 1 (minor units)`
 	case p.Count < 1:
 		return store.NewPacket{}, `"count" must be at least 1`
-	case p.Count > MaxPacketShares:
+	case p.Total > store.MaxPacketTotal:
+		return store.NewPacket{}, `"totalAmount" is above ` + strconv.FormatInt(store.MaxPacketTotal, 10) + ", the most one packet may hold"
+	case p.Count > store.MaxPacketShares:
 		return store.NewPacket{}, `"count" is ` + strconv.FormatInt(p.Count, 10) + "; a packet has at most " +
-			strconv.Itoa(MaxPacketShares) + " shares"
+			strconv.Itoa(store.MaxPacketShares) + " shares"
 	case p.Count > p.Total:
 		return store.NewPacket{}, `"count" is larger than "totalAmount": every share is at least 1 minor unit`
 	}
