@@ -62,9 +62,11 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 		return r, err
 	}
 
+	// The budget-mode binary is built into the work directory: bin/ may be shared.
 	grabBin := filepath.Join(root, "bin", "grabsvc")
 	if !o.skipBuild {
-		fmt.Println("    building bin/grabsvc ...")
+		grabBin = filepath.Join(work, "grabsvc")
+		fmt.Println("    building grabsvc ...")
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", grabBin, "./cmd/grabsvc")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
@@ -160,7 +162,9 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 // and reads used_memory before and after, then grabs every share and reads it again.
 func measureBudgetMemory(ctx context.Context, rc redis.UniversalClient, shards int, limits store.BudgetLimits, r *budgetRun) error {
 	b := store.NewBudget(rc, string(uuid.NewUUID()), shards)
-	if err := b.Configure(ctx, r.memPackets*budgetPacketAmount, limits); err != nil {
+	// Twice the money the packets need: each shard is allotted an equal part, and the
+	// ids do not spread exactly evenly over the shards.
+	if err := b.Configure(ctx, 2*r.memPackets*budgetPacketAmount, limits); err != nil {
 		return err
 	}
 	n := r.memPackets
