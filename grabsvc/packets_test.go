@@ -208,6 +208,7 @@ func TestPacketCreateGrabDetail(t *testing.T) {
 		c.str("sender") != "merchant-7" || c.str("currency") != "CNY" || c.str("distribution") != "Random" {
 		t.Fatalf("create: %d %s", c.Status, c.Raw)
 	}
+	t.Logf("created: %d %s", c.Status, strings.TrimSpace(c.Raw))
 	created, err1 := time.Parse(time.RFC3339, c.str("createdAt"))
 	expires, err2 := time.Parse(time.RFC3339, c.str("expiresAt"))
 	if err1 != nil || err2 != nil || expires.Sub(created) != 10*time.Minute {
@@ -234,6 +235,7 @@ func TestPacketCreateGrabDetail(t *testing.T) {
 			t.Fatalf("grab %d: %d %s", i, g.Status, g.Raw)
 		}
 		amounts[user] = g.num("amount")
+		t.Logf("grab: %d %s", g.Status, strings.TrimSpace(g.Raw))
 		sum += g.num("amount")
 	}
 	if sum != 1000 {
@@ -251,6 +253,7 @@ func TestPacketCreateGrabDetail(t *testing.T) {
 	}
 
 	d := h.do(http.MethodGet, "/v1/packets/order-1001", "", nil)
+	t.Logf("detail: %d %s", d.Status, strings.TrimSpace(d.Raw))
 	var detail PacketDetailView
 	if err := json.Unmarshal([]byte(d.Raw), &detail); err != nil || d.Status != http.StatusOK {
 		t.Fatalf("detail: %d %s", d.Status, d.Raw)
