@@ -39,7 +39,7 @@ func packetLimits() store.BudgetLimits {
 // listener, the budget of shards shards configured with total and packetLimits (each
 // shard is allotted its part of total, and a packet draws from its own shard's).
 type packetHarness struct {
-	t       *testing.T
+	t       testing.TB
 	redis   *redistest.Server
 	admin   *redis.Client
 	budget  Budget
@@ -49,7 +49,7 @@ type packetHarness struct {
 	metrics *PacketMetrics
 }
 
-func newPacketHarness(t *testing.T, total int64, shards int, opts ...func(*PacketConfig)) *packetHarness {
+func newPacketHarness(t testing.TB, total int64, shards int, opts ...func(*PacketConfig)) *packetHarness {
 	t.Helper()
 	h := &packetHarness{t: t, redis: redistest.Start(t)}
 	h.admin = h.redis.Client(t)
