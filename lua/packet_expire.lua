@@ -14,8 +14,9 @@
 -- writes no refund. A second call finds it no longer due, so a refund is written
 -- once: settlement delivers it with the Idempotency-Key "<budget uid>/<id>/refund".
 --
--- Numbers: the remainders move by HINCRBY as the decimal strings the packet holds;
--- nothing is summed in Lua.
+-- Numbers: a remainder is at most 15 digits (packet_create.lua), so tonumber reads it
+-- exactly; they are summed in Lua only up to 2^52 before the sum moves by HINCRBY, so
+-- every sum is exact too.
 --
 -- Bounded work: at most 500 packets of the index, each a fixed handful of commands.
 local limit = tonumber(ARGV[1])
@@ -36,7 +37,17 @@ local upto = now
 if m[1] == 'closed' then
   upto = '+inf'
 end
-local out = {}
+local out, done, moved = {}, {}, 0
+-- The refunds move from live to refunded in sums of at most 2^52, each remainder
+-- below 10^15, so the sum is exact as a Lua number and one HINCRBY pair moves many.
+local function flush()
+  if moved > 0 then
+    local n = string.format('%d', moved)
+    redis.call('HINCRBY', KEYS[1], 'live', '-' .. n)
+    redis.call('HINCRBY', KEYS[1], 'refunded', n)
+    moved = 0
+  end
+end
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', upto, 'LIMIT', 0, limit)) do
   local key = prefix .. 'p:' .. id
   local p = redis.call('HMGET', key, 'snd', 'r', 'x')
@@ -45,14 +56,20 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', upto, 'LIMIT', 
     if rem ~= '0' then
       redis.call('XADD', KEYS[3], '*', 'kind', 'refund', 'packet', id .. '/refund', 'user', p[1], 'amount', rem,
         'currency', m[2] or '', 'at', now)
-      redis.call('HINCRBY', KEYS[1], 'live', '-' .. rem)
-      redis.call('HINCRBY', KEYS[1], 'refunded', rem)
+      if moved > 4503599627370496 then -- 2^52
+        flush()
+      end
+      moved = moved + tonumber(rem)
     end
     redis.call('HSET', key, 'x', '1')
     out[#out + 1] = id
     out[#out + 1] = rem
   end
-  redis.call('ZREM', KEYS[2], id)
+  done[#done + 1] = id
+end
+flush()
+if #done > 0 then
+  redis.call('ZREM', KEYS[2], unpack(done))
 end
 if #out > 0 then
   redis.call('HINCRBY', KEYS[1], 'expired', #out / 2)
