@@ -36,6 +36,16 @@ type TokenClaims struct {
 	// Exp is the expiry in unix seconds; the token is refused from that second on,
 	// and also when it lies further ahead than the verifier's maximum lifetime.
 	Exp int64 `json:"exp"`
+	// Budget is "<namespace>/<name>" of the RedPacketBudget a token for runtime
+	// packets is good for; such a token names no activity, and an activity's token
+	// names no budget, so neither is good for the other.
+	Budget string `json:"budget,omitempty"`
+	// BudgetUID is the metadata.uid of that budget, binding the token to it as
+	// ActivityUID binds an activity's.
+	BudgetUID types.UID `json:"budgetUID,omitempty"`
+	// Packet, when set, narrows a budget's token to the one packet with this id;
+	// empty, the token is good for every packet of the budget.
+	Packet string `json:"packet,omitempty"`
 }
 
 // TokenAudience is what a token must name to be good for a grab: the activity's
@@ -70,6 +80,12 @@ var (
 		"(an activity created again under the same name has a new UID)")
 	// ErrTokenLifetime is answered like the others, with the limit in the message.
 	ErrTokenLifetime = errors.New("the bearer token's exp lies further ahead than this service's maximum token lifetime")
+	// ErrTokenBudget answers a token for another budget (name or UID), or one that
+	// names no budget (an activity's token).
+	ErrTokenBudget = errors.New("the bearer token is not for this budget (its budget and budgetUID must be this budget's " +
+		"<namespace>/<name> and metadata.uid)")
+	// ErrTokenPacket answers a token bound to another packet.
+	ErrTokenPacket = errors.New("the bearer token is for another packet")
 )
 
 // ErrNoTokenKey is returned by a nil TokenVerifier's Check for an activity that
@@ -161,49 +177,9 @@ func (v *TokenVerifier) Check(authorization string, act *Resource, userID string
 // returns nil when the token is genuine, unexpired, not longer-lived than
 // MaxLifetime allows, for this activity (name and UID) and for this user.
 func (v *TokenVerifier) Verify(authorization string, aud TokenAudience, userID string) error {
-	const prefix = "Bearer "
-	if authorization == "" {
-		return ErrTokenMissing
-	}
-	if len(authorization) <= len(prefix) || !strings.EqualFold(authorization[:len(prefix)], prefix) {
-		return ErrTokenMalformed
-	}
-	token := strings.TrimSpace(authorization[len(prefix):])
-	if len(token) > maxTokenLen {
-		return ErrTokenMalformed
-	}
-	encPayload, encSig, ok := strings.Cut(token, ".")
-	if !ok || strings.Contains(encSig, ".") {
-		return ErrTokenMalformed
-	}
-	payload, err := decodeB64URL(encPayload)
-	if err != nil || len(payload) == 0 {
-		return ErrTokenMalformed
-	}
-	sig, err := decodeB64URL(encSig)
+	c, err := v.claims(authorization)
 	if err != nil {
-		return ErrTokenMalformed
-	}
-	mac := hmac.New(sha256.New, *v.key.Load())
-	mac.Write(payload)
-	if !hmac.Equal(sig, mac.Sum(nil)) {
-		return ErrTokenSignature
-	}
-	var c TokenClaims
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	if err := dec.Decode(&c); err != nil || dec.More() {
-		return ErrTokenMalformed
-	}
-	now := time.Now
-	if v.Now != nil {
-		now = v.Now
-	}
-	nowSec := now().Unix()
-	if c.Exp <= nowSec {
-		return ErrTokenExpired
-	}
-	if v.MaxLifetime > 0 && c.Exp-nowSec > int64(v.MaxLifetime/time.Second) {
-		return fmt.Errorf("%w (%s)", ErrTokenLifetime, v.MaxLifetime)
+		return err
 	}
 	if c.Activity != aud.Activity {
 		return ErrTokenActivity
@@ -215,6 +191,84 @@ func (v *TokenVerifier) Verify(authorization string, aud TokenAudience, userID s
 		return ErrTokenUser
 	}
 	return nil
+}
+
+// BudgetAudience is what a token must name to be good for a grab of a runtime
+// packet: the budget's "<namespace>/<name>" and its UID.
+type BudgetAudience struct {
+	Budget string
+	UID    types.UID
+}
+
+// VerifyPacket checks the Authorization header value of a grab by userID of the
+// budget's packet packetID. It returns nil when the token is genuine, unexpired, not
+// longer-lived than MaxLifetime allows, for this budget (name and UID), for this
+// packet when it names one, and for this user.
+func (v *TokenVerifier) VerifyPacket(authorization string, aud BudgetAudience, packetID, userID string) error {
+	c, err := v.claims(authorization)
+	if err != nil {
+		return err
+	}
+	if c.Budget == "" || c.Budget != aud.Budget || c.BudgetUID != aud.UID {
+		return ErrTokenBudget
+	}
+	if c.Packet != "" && c.Packet != packetID {
+		return ErrTokenPacket
+	}
+	if c.UserID != userID {
+		return ErrTokenUser
+	}
+	return nil
+}
+
+// claims returns the claims of a genuine, unexpired token that is not longer-lived
+// than MaxLifetime allows, from an Authorization header value.
+func (v *TokenVerifier) claims(authorization string) (TokenClaims, error) {
+	const prefix = "Bearer "
+	if authorization == "" {
+		return TokenClaims{}, ErrTokenMissing
+	}
+	if len(authorization) <= len(prefix) || !strings.EqualFold(authorization[:len(prefix)], prefix) {
+		return TokenClaims{}, ErrTokenMalformed
+	}
+	token := strings.TrimSpace(authorization[len(prefix):])
+	if len(token) > maxTokenLen {
+		return TokenClaims{}, ErrTokenMalformed
+	}
+	encPayload, encSig, ok := strings.Cut(token, ".")
+	if !ok || strings.Contains(encSig, ".") {
+		return TokenClaims{}, ErrTokenMalformed
+	}
+	payload, err := decodeB64URL(encPayload)
+	if err != nil || len(payload) == 0 {
+		return TokenClaims{}, ErrTokenMalformed
+	}
+	sig, err := decodeB64URL(encSig)
+	if err != nil {
+		return TokenClaims{}, ErrTokenMalformed
+	}
+	mac := hmac.New(sha256.New, *v.key.Load())
+	mac.Write(payload)
+	if !hmac.Equal(sig, mac.Sum(nil)) {
+		return TokenClaims{}, ErrTokenSignature
+	}
+	var c TokenClaims
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if err := dec.Decode(&c); err != nil || dec.More() {
+		return TokenClaims{}, ErrTokenMalformed
+	}
+	now := time.Now
+	if v.Now != nil {
+		now = v.Now
+	}
+	nowSec := now().Unix()
+	if c.Exp <= nowSec {
+		return TokenClaims{}, ErrTokenExpired
+	}
+	if v.MaxLifetime > 0 && c.Exp-nowSec > int64(v.MaxLifetime/time.Second) {
+		return TokenClaims{}, fmt.Errorf("%w (%s)", ErrTokenLifetime, v.MaxLifetime)
+	}
+	return c, nil
 }
 
 // decodeB64URL decodes base64url with or without padding.

@@ -10,10 +10,14 @@ import (
 	"time"
 )
 
+// Drainer is a server whose readiness can be made to fail before it shuts down: a
+// Server (an activity's) or a PacketServer (a budget's).
+type Drainer interface{ SetDraining() }
+
 // Serve serves hs on ln until ctx is done, then shuts down gracefully: readiness
 // fails first (s.SetDraining), after delay the listener closes and in-flight
 // requests get up to timeout to finish. It returns when the server has stopped.
-func Serve(ctx context.Context, hs *http.Server, ln net.Listener, s *Server, delay, timeout time.Duration) error {
+func Serve(ctx context.Context, hs *http.Server, ln net.Listener, s Drainer, delay, timeout time.Duration) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {

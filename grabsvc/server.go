@@ -2,7 +2,9 @@
 // decides claims through the activity's atomic grab script (claim.go), user tokens
 // (auth.go), rate limits (ratelimit.go), the status reporter that writes the
 // counters back into the RedPacketActivity (reporter.go), the activity lookup
-// (activity.go) and the service's metrics (metrics.go).
+// (activity.go) and the service's metrics (metrics.go). PacketServer (packets*.go) is
+// the same service for a RedPacketBudget: the runtime packet API of its shared grab
+// fleet and the packet page.
 package grabsvc
 
 import (

@@ -3,9 +3,16 @@
 // status. It delivers nothing to the balance system: the operator settles every
 // activity's claims, with a signing key the grab pods never hold.
 //
+// With --budget it is instead one pod of a RedPacketBudget's shared grab fleet: it
+// serves the runtime packet API (POST /v1/packets, POST /v1/packets/{id}/grab,
+// GET /v1/packets/{id}) and the packet page /p/{id}, and reads nothing from the API
+// server (the operator reports the budget's status).
+//
 // Usage:
 //
 //	grabsvc --activity NAME [flags]                      serve the activity
+//	grabsvc --budget NAME --budget-uid UID --budget-shards N --sender-token-file PATH [flags]
+//	                                                     serve the budget's packets
 //	grabsvc replay-dead-letters --activity NAME [flags]  move its dead letters back into the settlement stream
 //	grabsvc --version                                    print the version
 package main
@@ -39,6 +46,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/internal/version"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
 
@@ -94,6 +102,9 @@ type options struct {
 	kubeconfig                                 string
 	shutdownDelay, shutdownTimeout             time.Duration
 	logLevel                                   string
+	// Budget mode (--budget).
+	budget, budgetUID, senderTokenFile string
+	budgetShards                       int
 }
 
 func envOr(name, def string) string {
@@ -108,7 +119,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs := flag.NewFlagSet("grabsvc", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "default"), "namespace of the RedPacketActivity")
-	fs.StringVar(&o.activity, "activity", "", "name of the RedPacketActivity (required)")
+	fs.StringVar(&o.activity, "activity", "", "name of the RedPacketActivity (this or --budget is required)")
+	fs.StringVar(&o.budget, "budget", "", "name of the RedPacketBudget whose runtime packets to serve (instead of --activity)")
+	fs.StringVar(&o.budgetUID, "budget-uid", "", "with --budget: the budget's metadata.uid, the tag of its Redis keys (required)")
+	fs.IntVar(&o.budgetShards, "budget-shards", 0, "with --budget: spec.budgetShards, the budget's shard count (required, immutable)")
+	fs.StringVar(&o.senderTokenFile, "sender-token-file", "", "with --budget: file holding the sender credential that "+
+		"POST /v1/packets requires as a bearer token (required; re-read every --activity-refresh)")
 	fs.StringVar(&o.activityUID, "activity-uid", "", "serve only the activity with this UID; empty: whichever has the name")
 	fs.StringVar(&o.listen, "listen", ":8080", "address of the HTTP API, probes and metrics")
 	fs.StringVar(&o.pprofListen, "pprof-listen", "", "address serving Go's profiles under /debug/pprof/; empty: none. Bind it to loopback or a port no Service exposes")
@@ -137,8 +153,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	if o.activity == "" {
-		return o, errors.New("--activity is required")
+	if err := checkMode(o); err != nil {
+		return o, err
 	}
 	if err := finishRedis(); err != nil {
 		return o, err
@@ -170,11 +186,41 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// checkMode checks that the command line names one activity or one budget, with
+// what budget mode needs.
+func checkMode(o options) error {
+	switch {
+	case o.activity == "" && o.budget == "":
+		return errors.New("--activity or --budget is required")
+	case o.activity != "" && o.budget != "":
+		return errors.New("--activity and --budget are mutually exclusive: one grab service serves one activity or one budget")
+	case o.activity != "":
+		if o.budgetUID != "" || o.budgetShards != 0 || o.senderTokenFile != "" {
+			return errors.New("--budget-uid, --budget-shards and --sender-token-file go with --budget, not --activity")
+		}
+		return nil
+	}
+	switch {
+	case o.activityUID != "":
+		return errors.New("--activity-uid goes with --activity; a budget's UID is --budget-uid")
+	case o.budgetUID == "":
+		return errors.New("--budget-uid is required with --budget")
+	case o.budgetShards < 1 || o.budgetShards > store.MaxBudgetShards:
+		return fmt.Errorf("--budget-shards must be between 1 and %d", store.MaxBudgetShards)
+	case o.senderTokenFile == "":
+		return errors.New("--sender-token-file is required with --budget")
+	}
+	return nil
+}
+
 // run is the whole service: it returns when ctx is done and everything stopped.
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.budget != "" {
+		return runBudget(ctx, o, stderr)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

@@ -226,6 +226,10 @@ type loadSpec struct {
 	Max      int64
 	// Body returns the body of request number i (unique across workers).
 	Body func(i int64) []byte
+	// URLOf, when set, returns the URL of request number i instead of URL.
+	URLOf func(i int64) string
+	// Header is set on every request besides Content-Type.
+	Header map[string]string
 	// Meters are read before and after the measured part.
 	Meters []cpuMeter
 }
@@ -247,11 +251,18 @@ func runHTTPLoad(ctx context.Context, spec loadSpec) (latencies, error) {
 	var next atomic.Int64
 	send := func(ctx context.Context) (int, error) {
 		i := next.Add(1)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, spec.URL, bytes.NewReader(spec.Body(i)))
+		url := spec.URL
+		if spec.URLOf != nil {
+			url = spec.URLOf(i)
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(spec.Body(i)))
 		if err != nil {
 			return 0, fmt.Errorf("building request: %w", err)
 		}
 		req.Header.Set("Content-Type", "application/json")
+		for k, v := range spec.Header {
+			req.Header.Set(k, v)
+		}
 		resp, err := hc.Do(req)
 		if err != nil {
 			return 0, err

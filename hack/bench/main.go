@@ -11,7 +11,9 @@
 //	(h) the grab path under each durability mode (None, Fsync, Replicas 1);
 //	(i) our grab script against seed article 000's, through redis-benchmark -P 16;
 //	(j) one activity over one master and over two (spec.shards), and a model of more;
-//	(k) splitting and seeding 10,000,000 packets, the CRD's limit.
+//	(k) splitting and seeding 10,000,000 packets, the CRD's limit;
+//	(l) runtime packets of a budget: created/s and grabs/s through one grab service in
+//	    budget mode, and Redis memory per live 5-share packet.
 //
 // It prints the figures and the ratios b/a(-P16) and c/d, and writes them with the
 // machine's details to docs/benchmarks.md. Every loop is bounded by a request count
@@ -79,6 +81,10 @@ type options struct {
 	httpOnly            bool
 	httpRounds          int
 	grabProfile         string
+
+	budgetOnly       bool
+	budgetShards     int
+	budgetMemPackets int64
 }
 
 func main() {
@@ -116,6 +122,9 @@ func main() {
 	flag.IntVar(&o.httpRounds, "http-rounds", 5, "rounds of (d) and (c), alternating, at each HTTP load; c/d is the median round's")
 	flag.BoolVar(&o.httpOnly, "http-only", false, "run only the HTTP measurements, (c) and (d); print them, write nothing")
 	flag.BoolVar(&o.claimOnly, "claim-only", false, "run only the claim path, redis-benchmark (a) and Go (b); print them, write nothing")
+	flag.BoolVar(&o.budgetOnly, "budget-only", false, "run only the runtime packets of a budget (l); print them, write nothing")
+	flag.IntVar(&o.budgetShards, "budget-shards", 16, "budget shards of the budget in (l)")
+	flag.Int64Var(&o.budgetMemPackets, "budget-memory-packets", 20000, "packets of 5 shares created for the memory figures of (l)")
 	flag.Parse()
 	if o.goWorkers <= 0 {
 		// The ratio b/a compares two closed loops, so each gets the same number of
@@ -169,6 +178,8 @@ type results struct {
 	opts        options
 	loadBefore  string
 	loadAfter   string
+	// budget is (l).
+	budget budgetRun
 }
 
 func run(ctx context.Context, o options) error {
@@ -228,6 +239,15 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		fmt.Print(s.summary())
+		return nil
+	}
+
+	if o.budgetOnly {
+		b, err := measureBudget(ctx, o, root, work, srv.Addr, rc)
+		if err != nil {
+			return err
+		}
+		fmt.Print("\n", b.summary())
 		return nil
 	}
 
@@ -316,6 +336,11 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	r.httpGrab, r.httpNoop, r.httpLow, r.httpHigh = low.grab, low.noop, low, high
+
+	// (l) Runtime packets of a budget.
+	if r.budget, err = measureBudget(ctx, o, root, work, srv.Addr, rc); err != nil {
+		return fmt.Errorf("budget: %w", err)
+	}
 
 	r.took = time.Since(start)
 	r.loadAfter = loadAverage()

@@ -333,6 +333,9 @@ to 0.59 in five rounds).
 		b.WriteString(r.seedMax.markdown())
 	}
 	b.WriteString(settlementMarkdown(r.settleOK, r.settleBad))
+	if r.budget.created > 0 {
+		b.WriteString(r.budget.markdown())
+	}
 	b.WriteString(verificationMarkdown(r.settleCheck))
 
 	p("## Command\n\n")

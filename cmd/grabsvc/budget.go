@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+
+	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/store/redisconn"
+)
+
+// runBudget is budget mode (--budget): one pod of the budget's shared grab fleet,
+// serving its runtime packets. It reads nothing from the API server: the budget's
+// identity, shards and credentials come from the command line and mounted files,
+// and the operator reports the budget's status. It returns when ctx is done and
+// everything stopped.
+func runBudget(ctx context.Context, o options, stderr io.Writer) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})).
+		With("budget", o.namespace+"/"+o.budget)
+
+	senderToken, err := grabsvc.ReadKeyFile(o.senderTokenFile)
+	if err != nil {
+		return fmt.Errorf("--sender-token-file: %w", err)
+	}
+	sender, err := grabsvc.NewSenderCredential(senderToken)
+	if err != nil {
+		return fmt.Errorf("--sender-token-file: %w", err)
+	}
+	var tokens *grabsvc.TokenVerifier
+	if o.tokenKeyFile != "" {
+		key, err := grabsvc.ReadKeyFile(o.tokenKeyFile)
+		if err != nil {
+			return fmt.Errorf("--token-key-file: %w", err)
+		}
+		if tokens, err = grabsvc.NewTokenVerifier(key); err != nil {
+			return fmt.Errorf("--token-key-file: %w", err)
+		}
+		tokens.MaxLifetime = o.tokenMaxLifetime
+	} else {
+		log.Warn("no --token-key-file: grabs of the budget's packets carry no user token")
+	}
+
+	rc, err := o.redis.NewPipelinedClient(redisconn.GrabClientOptions(o.redisTimeout))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = rc.Close() }()
+
+	reg := prometheus.NewRegistry()
+	srv, err := grabsvc.NewPacketServer(grabsvc.PacketConfig{
+		Budget: grabsvc.Budget{Namespace: o.namespace, Name: o.budget, UID: types.UID(o.budgetUID),
+			Shards: o.budgetShards},
+		Redis:         rc.Pipeliner,
+		Ping:          rc.Client,
+		Sender:        sender,
+		Tokens:        tokens,
+		UserLimiter:   grabsvc.NewKeyedLimiter(o.ratePerUser, o.burstPerUser, o.limitEntries),
+		ClientLimiter: grabsvc.NewKeyedLimiter(o.ratePerClient, o.burstPerClient, o.limitEntries),
+		RedisTimeout:  o.redisTimeout,
+		Metrics:       grabsvc.NewPacketMetrics(reg),
+		Gatherer:      reg,
+		Log:           log,
+		Page:          o.page,
+	})
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", o.listen, err)
+	}
+	hs := grabsvc.NewHTTPServer(o.listen, srv.Handler())
+	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	log.Info("budget grab service listening", "addr", ln.Addr().String(), "shards", o.budgetShards,
+		"auth", tokens != nil, "page", o.page)
+
+	if o.pprofListen != "" {
+		pl, err := net.Listen("tcp", o.pprofListen)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", o.pprofListen, err)
+		}
+		ps := newPprofServer()
+		defer func() { _ = ps.Close() }()
+		go func() { _ = ps.Serve(pl) }()
+		log.Info("serving profiles", "addr", pl.Addr().String())
+	}
+
+	// Rotated Secrets are mounted in place: re-read both credentials periodically.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(o.refreshInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-bg.Done():
+				return
+			case <-t.C:
+			}
+			reloadTokenKey(tokens, o.tokenKeyFile, log)
+			reloadSenderToken(sender, o.senderTokenFile, log)
+		}
+	})
+
+	serveErr := grabsvc.Serve(ctx, hs, ln, srv, o.shutdownDelay, o.shutdownTimeout)
+	log.Info("http server stopped")
+	stopBG()
+	wg.Wait()
+	return serveErr
+}
+
+// reloadSenderToken picks up a rotated sender credential.
+func reloadSenderToken(c *grabsvc.SenderCredential, path string, log *slog.Logger) {
+	token, err := grabsvc.ReadKeyFile(path)
+	if err != nil {
+		log.Warn("re-reading the sender credential failed; keeping the current one", "err", err)
+		return
+	}
+	_ = c.Set(token)
+}

@@ -1,0 +1,530 @@
+package grabsvc
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/types"
+
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
+)
+
+// Outcomes of the runtime packet API that the activity's grab API does not have.
+const (
+	// OutcomeExpired answers a grab of a packet whose time is up.
+	OutcomeExpired = string(store.PacketExpired)
+	// OutcomeNotFound answers a grab or a read of a packet that does not exist (never
+	// created, or forgotten once its refund settled).
+	OutcomeNotFound = "not_found"
+)
+
+// Budget is the RedPacketBudget a PacketServer serves: how user tokens name it, and
+// its Redis keyspace (store.NewBudget).
+type Budget struct {
+	// Namespace and Name name the budget; user tokens carry "<namespace>/<name>".
+	Namespace, Name string
+	// UID is the budget's metadata.uid: the tag of its keys and the audience of its
+	// user tokens.
+	UID types.UID
+	// Shards is spec.budgetShards, immutable: which shard holds a packet depends on it.
+	Shards int
+}
+
+// Ref is "<namespace>/<name>".
+func (b Budget) Ref() string { return b.Namespace + "/" + b.Name }
+
+// PacketConfig is what a PacketServer needs.
+type PacketConfig struct {
+	// Budget is the budget served.
+	Budget Budget
+	// Redis runs the budget's functions (store.Budget): the auto-pipeliner of the
+	// budget's Redis (redisconn.PipelinedClient.Pipeliner), or any client that reaches
+	// every shard's slot.
+	Redis redis.Cmdable
+	// Ping, when set, is the client /readyz pings; the plain client under the
+	// auto-pipeliner.
+	Ping redis.Cmdable
+	// Sender is the credential POST /v1/packets requires. nil refuses every creation
+	// with 503 and fails /readyz: the service fails closed.
+	Sender *SenderCredential
+	// Tokens, when set, requires a user token for the budget (or the packet) on every
+	// grab; nil grabs without tokens.
+	Tokens *TokenVerifier
+	// UserLimiter limits grabs per user id, ClientLimiter grabs and reads per client
+	// address (creation is the sender's and is not limited per address); nil means
+	// no limit.
+	UserLimiter, ClientLimiter *KeyedLimiter
+	// RedisTimeout bounds every Redis call; 0 means DefaultRedisTimeout.
+	RedisTimeout time.Duration
+	// Metrics receives the measurements; nil means a private registry.
+	Metrics *PacketMetrics
+	// Gatherer serves /metrics; nil means no /metrics endpoint.
+	Gatherer prometheus.Gatherer
+	// Log receives unexpected errors; nil means slog.Default().
+	Log *slog.Logger
+	// Page serves the packet page (package web) at /p/{id}, /packet.css and /packet.js.
+	Page bool
+}
+
+// PacketServer serves the runtime packet API of one budget: creation by the sender's
+// backend, grabs and the detail list by the group, and the packet page. Every check
+// that can refuse a request (method, credential, body, ids, tokens, rate limits) runs
+// before Redis is touched, so a refused request has no Redis effect; every decision
+// is one atomic function call on the packet's budget shard (store.Budget).
+type PacketServer struct {
+	cfg      PacketConfig
+	budget   *store.Budget
+	aud      BudgetAudience
+	timeout  time.Duration
+	metrics  *PacketMetrics
+	log      *slog.Logger
+	draining atomic.Bool
+	mux      *http.ServeMux
+}
+
+// NewPacketServer returns a server for cfg.
+func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
+	if cfg.Redis == nil {
+		return nil, errors.New("packet server: no redis client")
+	}
+	if cfg.Budget.UID == "" || cfg.Budget.Name == "" {
+		return nil, errors.New("packet server: the budget's name and UID are required")
+	}
+	if cfg.Budget.Shards < 1 || cfg.Budget.Shards > store.MaxBudgetShards {
+		return nil, fmt.Errorf("packet server: %d budget shards is outside [1, %d]", cfg.Budget.Shards, store.MaxBudgetShards)
+	}
+	s := &PacketServer{
+		cfg:     cfg,
+		budget:  store.NewBudget(cfg.Redis, string(cfg.Budget.UID), cfg.Budget.Shards),
+		aud:     BudgetAudience{Budget: cfg.Budget.Ref(), UID: cfg.Budget.UID},
+		timeout: cfg.RedisTimeout,
+		metrics: cfg.Metrics,
+		log:     cfg.Log,
+	}
+	if s.timeout <= 0 {
+		s.timeout = DefaultRedisTimeout
+	}
+	if s.metrics == nil {
+		s.metrics = NewPacketMetrics(prometheus.NewRegistry())
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("/v1/packets", s.handleCreate)
+	s.mux.HandleFunc("/v1/packets/{id}", s.handleDetail)
+	s.mux.HandleFunc("/v1/packets/{id}/grab", s.handleGrab)
+	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if ok, why := s.Ready(r.Context()); !ok {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": why})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	if cfg.Gatherer != nil {
+		s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	if cfg.Page {
+		if err := registerPacketPage(s.mux); err != nil {
+			return nil, err
+		}
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such endpoint: " + r.URL.Path})
+	})
+	return s, nil
+}
+
+// Handler is the server's HTTP handler.
+func (s *PacketServer) Handler() http.Handler { return s.mux }
+
+// Metrics are the server's metrics.
+func (s *PacketServer) Metrics() *PacketMetrics { return s.metrics }
+
+// SetDraining makes readiness fail from now on; requests are still served.
+func (s *PacketServer) SetDraining() { s.draining.Store(true) }
+
+// Ready reports whether the server should receive traffic: it is not draining, it
+// holds a sender credential (else it could create nothing), and Redis answers a ping
+// within the Redis deadline.
+func (s *PacketServer) Ready(ctx context.Context) (bool, string) {
+	if s.draining.Load() {
+		return false, "shutting down"
+	}
+	if s.cfg.Sender == nil {
+		return false, "this grab service has no sender credential (--sender-token-file), so it can create no packet"
+	}
+	if s.cfg.Ping != nil {
+		if _, err := callWithDeadline(ctx, s.timeout, func(ctx context.Context) (string, error) {
+			return s.cfg.Ping.Ping(ctx).Result()
+		}); err != nil {
+			return false, "redis does not answer"
+		}
+	}
+	return true, ""
+}
+
+// packetStatus is the HTTP status of each creation outcome. budget_exhausted is a
+// conflict with the budget's state (a refill, or packets expiring, can change the
+// answer); limit_exceeded is a well-formed request the budget's rules refuse.
+var packetStatus = map[store.CreateOutcome]int{
+	store.CreateCreated:         http.StatusCreated,
+	store.CreateExisting:        http.StatusOK,
+	store.CreateConflict:        http.StatusConflict,
+	store.CreateBudgetExhausted: http.StatusConflict,
+	store.CreateLimitExceeded:   http.StatusUnprocessableEntity,
+	store.CreateInvalid:         http.StatusBadRequest,
+	store.CreateClosed:          http.StatusGone,
+}
+
+// createMessages say what a refusal from Redis means.
+var createMessages = map[store.CreateOutcome]string{
+	store.CreateConflict:        "a packet with this id exists with another body; an id stands for one packet (send the same body to read it back)",
+	store.CreateBudgetExhausted: "the budget has not enough money available for this packet; nothing was drawn",
+	store.CreateLimitExceeded:   "the packet is outside the budget's limits (spec.packets: maxTotal, maxCount, minShare, distributions, maxTTL); nothing was drawn",
+	store.CreateInvalid:         "the packet cannot be split as asked; nothing was drawn",
+	store.CreateClosed:          "the budget is being deleted and takes no new packets",
+}
+
+// handleCreate is POST /v1/packets: the sender's credential, then the body, then one
+// atomic creation on the packet's shard.
+func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		s.refuseCreate(w, http.StatusMethodNotAllowed, OutcomeInvalidRequest, "use POST on /v1/packets")
+		return
+	}
+	if s.cfg.Sender == nil {
+		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable,
+			"this grab service has no sender credential (--sender-token-file); it creates nothing until restarted with one")
+		return
+	}
+	if err := s.cfg.Sender.Check(r.Header.Get("Authorization")); err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="packets"`)
+		s.refuseCreate(w, http.StatusUnauthorized, OutcomeUnauthorized, err.Error())
+		return
+	}
+	body, status, msg := readLimitedBody(w, r)
+	if msg != "" {
+		s.refuseCreate(w, status, OutcomeInvalidRequest, msg)
+		return
+	}
+	p, msg := ParseCreatePacket(body)
+	if msg != "" {
+		s.refuseCreate(w, http.StatusBadRequest, OutcomeInvalidRequest, msg)
+		return
+	}
+	start := time.Now()
+	res, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (store.CreateResult, error) {
+		return s.budget.Create(ctx, p)
+	})
+	s.metrics.RedisDuration.WithLabelValues("create").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.RedisErrors.WithLabelValues("create").Inc()
+		if errors.Is(err, store.ErrBudgetClosed) {
+			s.refuseCreate(w, http.StatusGone, string(store.CreateClosed), createMessages[store.CreateClosed])
+			return
+		}
+		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err,
+			"nothing was created unless a retry with the same id and body answers 200"))
+		return
+	}
+	code, known := packetStatus[res.Outcome]
+	if !known {
+		s.log.Error("the create function returned an unknown outcome", "outcome", string(res.Outcome), "packet", p.ID)
+		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store gave an unexpected answer")
+		return
+	}
+	s.metrics.countCreate(string(res.Outcome))
+	if res.Outcome != store.CreateCreated && res.Outcome != store.CreateExisting {
+		msg := createMessages[res.Outcome]
+		if res.Reason != "" {
+			msg += ": " + res.Reason
+		}
+		writeJSON(w, code, apiError{Error: string(res.Outcome), Message: msg})
+		return
+	}
+	if res.Outcome == store.CreateCreated {
+		s.metrics.CreatedAmount.Add(float64(p.Total))
+	}
+	v := NewPacketView(res.Packet)
+	v.Outcome = string(res.Outcome)
+	writeJSON(w, code, v)
+}
+
+// handleGrab is POST /v1/packets/{id}/grab: one user's grab of one packet, with the
+// shape of POST /v1/grab's answers plus the share (the 0-based grab order).
+func (s *PacketServer) handleGrab(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		s.refuseGrab(w, http.StatusMethodNotAllowed, OutcomeInvalidRequest, "use POST on /v1/packets/{id}/grab")
+		return
+	}
+	now := time.Now()
+	if ok, wait := s.cfg.ClientLimiter.Allow(clientAddr(r), now); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+		s.refuseGrab(w, http.StatusTooManyRequests, OutcomeRateLimited, "too many requests from this client; retry later")
+		return
+	}
+	packetID := r.PathValue("id")
+	if msg := CheckPacketID(packetID); msg != "" {
+		s.refuseGrab(w, http.StatusBadRequest, OutcomeInvalidRequest, "the packet id in the path: "+msg)
+		return
+	}
+	userID, status, msg := readGrabRequest(w, r)
+	if msg != "" {
+		s.refuseGrab(w, status, OutcomeInvalidRequest, msg)
+		return
+	}
+	if s.cfg.Tokens != nil {
+		if err := s.cfg.Tokens.VerifyPacket(r.Header.Get("Authorization"), s.aud, packetID, userID); err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="grab"`)
+			s.refuseGrab(w, http.StatusUnauthorized, OutcomeUnauthorized, err.Error())
+			return
+		}
+	}
+	if ok, wait := s.cfg.UserLimiter.Allow(userID, now); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+		s.refuseGrab(w, http.StatusTooManyRequests, OutcomeRateLimited, "too many grabs for this user; retry later")
+		return
+	}
+	start := time.Now()
+	g, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (store.PacketGrab, error) {
+		return s.budget.GrabPacket(ctx, packetID, userID)
+	})
+	s.metrics.RedisDuration.WithLabelValues("grab").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
+		s.refuseGrab(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err,
+			"nothing was granted unless a retry says already_claimed"))
+		return
+	}
+	switch g.Outcome {
+	case store.PacketGranted, store.PacketAlreadyClaimed:
+		s.metrics.countGrab(string(g.Outcome))
+		if g.Outcome == store.PacketGranted {
+			s.metrics.GrantedAmount.Add(float64(g.Amount))
+		}
+		share, amount := g.Share, g.Amount
+		writeJSON(w, http.StatusOK, packetGrabResponse{Outcome: string(g.Outcome), PacketID: packetID, Share: &share, Amount: &amount})
+	case store.PacketSoldOut, store.PacketExpired:
+		s.metrics.countGrab(string(g.Outcome))
+		writeJSON(w, http.StatusConflict, packetGrabResponse{Outcome: string(g.Outcome), PacketID: packetID})
+	case store.PacketMissing:
+		s.metrics.countGrab(OutcomeNotFound)
+		writeJSON(w, http.StatusNotFound, packetGrabResponse{Outcome: OutcomeNotFound, PacketID: packetID,
+			Error: "no packet with this id: never created, or expired and settled"})
+	default:
+		s.log.Error("the grab function returned an unknown outcome", "outcome", string(g.Outcome), "packet", packetID)
+		s.refuseGrab(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store gave an unexpected answer")
+	}
+}
+
+// handleDetail is GET /v1/packets/{id}: the packet, its remaining count and amount,
+// and who got what in grab order, read in one step.
+func (s *PacketServer) handleDetail(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		s.refuseDetail(w, http.StatusMethodNotAllowed, OutcomeInvalidRequest, "use GET on /v1/packets/{id}")
+		return
+	}
+	if ok, wait := s.cfg.ClientLimiter.Allow(clientAddr(r), time.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+		s.refuseDetail(w, http.StatusTooManyRequests, OutcomeRateLimited, "too many requests from this client; retry later")
+		return
+	}
+	packetID := r.PathValue("id")
+	if msg := CheckPacketID(packetID); msg != "" {
+		s.refuseDetail(w, http.StatusBadRequest, OutcomeInvalidRequest, "the packet id in the path: "+msg)
+		return
+	}
+	type found struct {
+		d  store.PacketDetail
+		ok bool
+	}
+	start := time.Now()
+	res, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (found, error) {
+		d, ok, err := s.budget.Packet(ctx, packetID)
+		return found{d, ok}, err
+	})
+	s.metrics.RedisDuration.WithLabelValues("detail").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.RedisErrors.WithLabelValues("detail").Inc()
+		s.refuseDetail(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err, "retry later"))
+		return
+	}
+	if !res.ok {
+		s.refuseDetail(w, http.StatusNotFound, OutcomeNotFound, "no packet with this id: never created, or expired and settled")
+		return
+	}
+	s.metrics.countDetail("ok")
+	writeJSON(w, http.StatusOK, NewPacketDetailView(res.d))
+}
+
+// unavailableMessage says why Redis could not decide, and what a retry does.
+func unavailableMessage(err error, retry string) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "the packet store did not answer in time; " + retry
+	case lua.IsFunctionMissing(err):
+		return "the packet store lost its functions and the operator is loading them again; " + retry
+	default:
+		return "the packet store is unavailable; " + retry
+	}
+}
+
+// apiError is the body of every refusal of POST /v1/packets and GET /v1/packets/{id}:
+// a code programs switch on, and a sentence for people.
+type apiError struct {
+	Error   string `json:"error"`
+	Message string `json:"message"`
+}
+
+func (s *PacketServer) refuseCreate(w http.ResponseWriter, status int, code, msg string) {
+	s.metrics.countCreate(code)
+	writeJSON(w, status, apiError{Error: code, Message: msg})
+}
+
+func (s *PacketServer) refuseDetail(w http.ResponseWriter, status int, code, msg string) {
+	s.metrics.countDetail(code)
+	writeJSON(w, status, apiError{Error: code, Message: msg})
+}
+
+func (s *PacketServer) refuseGrab(w http.ResponseWriter, status int, outcome, msg string) {
+	s.metrics.countGrab(outcome)
+	writeJSON(w, status, packetGrabResponse{Outcome: outcome, Error: msg})
+}
+
+// packetGrabResponse is the body of every POST /v1/packets/{id}/grab answer.
+type packetGrabResponse struct {
+	Outcome  string `json:"outcome"`
+	PacketID string `json:"packetId,omitempty"`
+	// Share is the 0-based grab order of the user's share in the packet.
+	Share  *int   `json:"share,omitempty"`
+	Amount *int64 `json:"amount,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// PacketView is a packet as POST /v1/packets answers it.
+type PacketView struct {
+	// Outcome is created or existing in a creation's answer, absent elsewhere.
+	Outcome         string `json:"outcome,omitempty"`
+	ID              string `json:"id"`
+	Sender          string `json:"sender"`
+	Currency        string `json:"currency"`
+	Distribution    string `json:"distribution"`
+	TotalAmount     int64  `json:"totalAmount"`
+	Count           int64  `json:"count"`
+	RemainingAmount int64  `json:"remainingAmount"`
+	RemainingCount  int64  `json:"remainingCount"`
+	// CreatedAt and ExpiresAt are RFC 3339 with milliseconds, by the Redis clock.
+	CreatedAt string `json:"createdAt"`
+	ExpiresAt string `json:"expiresAt"`
+	// Expired is set once the remainder was refunded (or nothing was left).
+	Expired bool `json:"expired"`
+}
+
+// PacketShareView is one granted share, in grab order.
+type PacketShareView struct {
+	Share  int    `json:"share"`
+	UserID string `json:"userId"`
+	Amount int64  `json:"amount"`
+	At     string `json:"at"`
+}
+
+// PacketDetailView is GET /v1/packets/{id}: the packet and its detail list.
+type PacketDetailView struct {
+	PacketView
+	// Grabs are the granted shares in grab order; empty, never null.
+	Grabs []PacketShareView `json:"grabs"`
+}
+
+// timeMillis is RFC 3339 in UTC with milliseconds.
+const timeMillis = "2006-01-02T15:04:05.000Z07:00"
+
+func formatPacketTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(timeMillis)
+}
+
+// NewPacketView is the view of d without its grabs.
+func NewPacketView(d store.PacketDetail) PacketView {
+	return PacketView{
+		ID: d.ID, Sender: d.Sender, Currency: d.Currency, Distribution: d.Distribution,
+		TotalAmount: d.Total, Count: d.Count, RemainingAmount: d.RemainingAmount, RemainingCount: d.RemainingCount,
+		CreatedAt: formatPacketTime(d.CreatedAt), ExpiresAt: formatPacketTime(d.ExpiresAt), Expired: d.Expired,
+	}
+}
+
+// NewPacketDetailView is the view of d with its grabs.
+func NewPacketDetailView(d store.PacketDetail) PacketDetailView {
+	v := PacketDetailView{PacketView: NewPacketView(d), Grabs: make([]PacketShareView, 0, len(d.Grabs))}
+	for _, g := range d.Grabs {
+		v.Grabs = append(v.Grabs, PacketShareView{Share: g.Share, UserID: g.UserID, Amount: g.Amount, At: formatPacketTime(g.At)})
+	}
+	return v
+}
+
+// SenderCredential is the bearer token the sender's backend presents to create
+// packets. It can be replaced while requests are served (a rotated Secret).
+type SenderCredential struct {
+	// digest is SHA-256 of the token: comparing digests takes the same time whatever
+	// the presented token's length or content.
+	digest atomic.Pointer[[sha256.Size]byte]
+}
+
+// ErrSenderCredential answers a creation without the sender's credential or with
+// another one.
+var ErrSenderCredential = errors.New("creating packets needs the budget's sender credential as a bearer token (Authorization: Bearer followed by the token)")
+
+// NewSenderCredential returns a credential for token, which must not be empty.
+func NewSenderCredential(token []byte) (*SenderCredential, error) {
+	c := &SenderCredential{}
+	if err := c.Set(token); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Set replaces the token.
+func (c *SenderCredential) Set(token []byte) error {
+	if len(token) == 0 {
+		return errors.New("the sender credential is empty")
+	}
+	d := sha256.Sum256(token)
+	c.digest.Store(&d)
+	return nil
+}
+
+// Check returns nil when the Authorization header value is "Bearer <the token>",
+// comparing in constant time; ErrSenderCredential otherwise.
+func (c *SenderCredential) Check(authorization string) error {
+	const prefix = "Bearer "
+	if len(authorization) <= len(prefix) || !strings.EqualFold(authorization[:len(prefix)], prefix) {
+		return ErrSenderCredential
+	}
+	got := sha256.Sum256([]byte(strings.TrimSpace(authorization[len(prefix):])))
+	want := c.digest.Load()
+	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		return ErrSenderCredential
+	}
+	return nil
+}

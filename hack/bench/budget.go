@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/util/uuid"
+
+	"redpacket.io/operator/lua"
+	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/proc"
+)
+
+// budgetRun is (l): runtime packets of a RedPacketBudget through one grab service in
+// budget mode: packets of 5 shares created per second through POST /v1/packets, then
+// grabs per second through POST /v1/packets/{id}/grab on the same server, and Redis
+// memory per live 5-share packet and per claimed share.
+type budgetRun struct {
+	shards, clients int
+	create, grab    latencies
+	// created is how many packets Redis counts after the create load; granted the
+	// grants it counts after the grab load.
+	created, granted int64
+	// memPackets packets were created directly for the memory figures.
+	memPackets              int64
+	perLivePacket, perShare float64
+	conserved               bool
+}
+
+func (b budgetRun) createdRate() float64 {
+	return float64(b.create.ByStatus["201"]) / b.create.Elapsed.Seconds()
+}
+
+func (b budgetRun) ratio() float64 { return ratio(b.createdRate(), b.grab.Rate()) }
+
+// budgetPacketAmount is each benchmark packet's money: 5 shares of 100.
+const budgetPacketAmount = 500
+
+// measureBudget starts bin/grabsvc in budget mode on the benchmark's Redis and runs
+// the create load, then the grab load, with o.httpClients keep-alive clients each;
+// then it measures memory with packets created directly on a budget of its own.
+func measureBudget(ctx context.Context, o options, root, work, redisAddr string, rc redis.UniversalClient) (budgetRun, error) {
+	r := budgetRun{shards: o.budgetShards, clients: o.httpClients, memPackets: o.budgetMemPackets}
+	if _, err := lua.GrabLibrary.Ensure(ctx, rc); err != nil {
+		return r, fmt.Errorf("loading the function library: %w", err)
+	}
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 20_000, MaxCount: 100, MinShare: 1,
+		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: 24 * time.Hour, MaxTTL: 24 * time.Hour}
+	uid := string(uuid.NewUUID())
+	budget := store.NewBudget(rc, uid, o.budgetShards)
+	if err := budget.Configure(ctx, 1_000_000_000_000, limits); err != nil {
+		return r, err
+	}
+
+	// The budget-mode binary is built into the work directory: bin/ may be shared.
+	grabBin := filepath.Join(root, "bin", "grabsvc")
+	if !o.skipBuild {
+		grabBin = filepath.Join(work, "grabsvc")
+		fmt.Println("    building grabsvc ...")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", grabBin, "./cmd/grabsvc")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return r, fmt.Errorf("building the grab service: %w", err)
+		}
+	}
+	const senderToken = "bench-sender-credential"
+	tokenFile := filepath.Join(work, "sender-token")
+	if err := os.WriteFile(tokenFile, []byte(senderToken+"\n"), 0o600); err != nil {
+		return r, err
+	}
+	addr, err := proc.FreeAddr()
+	if err != nil {
+		return r, err
+	}
+	logPath := filepath.Join(work, "grabsvc-budget.log")
+	gp, err := proc.Start("grabsvc (budget)", logPath, nil, grabBin, "--namespace", "default", "--budget", "bench",
+		"--budget-uid", uid, "--budget-shards", strconv.Itoa(o.budgetShards), "--sender-token-file", tokenFile,
+		"--listen", addr, "--redis-addresses", redisAddr)
+	if err != nil {
+		return r, err
+	}
+	defer gp.Stop(10 * time.Second)
+	if err := proc.WaitHTTP(ctx, gp, "http://"+addr+"/readyz", 60*time.Second); err != nil {
+		return r, fmt.Errorf("grab service in budget mode: %w (log: %s)", err, proc.Tail(logPath, 2000))
+	}
+
+	redisMeter := redisCPUMeter(ctx, rc)
+	meters := []cpuMeter{procCPU(serverMeter, gp.Pid()), redisMeter, selfCPU()}
+	fmt.Printf("(l) POST /v1/packets, 5 shares each, %d keep-alive clients, %s ... ", o.httpClients, o.httpDuration)
+	r.create, err = runHTTPLoad(ctx, loadSpec{
+		URL: "http://" + addr + "/v1/packets", Clients: o.httpClients, Duration: o.httpDuration, Warmup: o.httpWarmup,
+		Max:    10_000_000,
+		Header: map[string]string{"Authorization": "Bearer " + senderToken},
+		Body: func(i int64) []byte {
+			return []byte(`{"id":"o-` + strconv.FormatInt(i, 10) + `","sender":"merchant-1","totalAmount":` +
+				strconv.Itoa(budgetPacketAmount) + `,"count":5,"distribution":"Fixed"}`)
+		},
+		Meters: meters,
+	})
+	if err != nil {
+		return r, fmt.Errorf("create load: %w", err)
+	}
+	fmt.Printf("%s  CPU per request %s\n", rateLine(r.create), fmtCPU(r.create.CPU))
+	if r.create.Errors > 0 || r.create.ByStatus["201"] == 0 || r.create.ByStatus["201"] != r.create.Requests {
+		return r, fmt.Errorf("create answers: %v (log: %s)", r.create.ByStatus, proc.Tail(logPath, 2000))
+	}
+	snap, err := budget.Snapshot(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.created = snap.CreatedPackets
+	if r.created < r.create.ByStatus["201"] {
+		return r, fmt.Errorf("the grab service answered %d creations but Redis counts %d", r.create.ByStatus["201"], r.created)
+	}
+
+	// Grab i takes share (i-1)%5 of packet o-((i-1)/5+1): distinct (packet, user) pairs,
+	// all granted while there are packets left.
+	fmt.Printf("(l) POST /v1/packets/{id}/grab on the same server, %d keep-alive clients, %s ... ", o.httpClients, o.httpDuration)
+	r.grab, err = runHTTPLoad(ctx, loadSpec{
+		Clients: o.httpClients, Duration: o.httpDuration, Warmup: o.httpWarmup, Max: 5 * r.created,
+		URLOf: func(i int64) string {
+			return "http://" + addr + "/v1/packets/o-" + strconv.FormatInt((i-1)/5+1, 10) + "/grab"
+		},
+		Body:   func(i int64) []byte { return []byte(`{"userId":"u-` + strconv.FormatInt(i, 10) + `"}`) },
+		Meters: meters,
+	})
+	if err != nil {
+		return r, fmt.Errorf("grab load: %w", err)
+	}
+	fmt.Printf("%s  CPU per request %s\n", rateLine(r.grab), fmtCPU(r.grab.CPU))
+	if r.grab.Errors > 0 || r.grab.ByStatus["200"] == 0 {
+		return r, fmt.Errorf("grab answers: %v (log: %s)", r.grab.ByStatus, proc.Tail(logPath, 2000))
+	}
+	if snap, err = budget.Snapshot(ctx); err != nil {
+		return r, err
+	}
+	r.granted, r.conserved = snap.GrabbedShares, snap.Conserved()
+	if !r.conserved || r.granted < r.grab.ByStatus["200"] {
+		return r, fmt.Errorf("after the grab load: %+v, %d grants answered", snap, r.grab.ByStatus["200"])
+	}
+	fmt.Printf("    created %d packets, granted %d shares; created/s ÷ grabs/s = %.2f\n", r.created, r.granted, r.ratio())
+
+	if err := measureBudgetMemory(ctx, rc, o.budgetShards, limits, &r); err != nil {
+		return r, err
+	}
+	fmt.Printf("(l) Redis memory: %.0f B per live 5-share packet, %.0f B per claimed share (%d packets)\n",
+		r.perLivePacket, r.perShare, r.memPackets)
+	return r, nil
+}
+
+// measureBudgetMemory creates r.memPackets packets of 5 shares on a budget of its own
+// and reads used_memory before and after, then grabs every share and reads it again.
+func measureBudgetMemory(ctx context.Context, rc redis.UniversalClient, shards int, limits store.BudgetLimits, r *budgetRun) error {
+	b := store.NewBudget(rc, string(uuid.NewUUID()), shards)
+	// Twice the money the packets need: each shard is allotted an equal part, and the
+	// ids do not spread exactly evenly over the shards.
+	if err := b.Configure(ctx, 2*r.memPackets*budgetPacketAmount, limits); err != nil {
+		return err
+	}
+	n := r.memPackets
+	each := func(f func(i int64) error) error {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var first atomic.Value
+		for range 128 {
+			wg.Go(func() {
+				for i := next.Add(1); i <= n; i = next.Add(1) {
+					if err := f(i); err != nil {
+						first.CompareAndSwap(nil, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err, _ := first.Load().(error); err != nil {
+			return err
+		}
+		return nil
+	}
+	id := func(i int64) string { return "mem-" + strconv.FormatInt(i, 10) }
+	before, err := usedMemory(ctx, rc)
+	if err != nil {
+		return err
+	}
+	if err := each(func(i int64) error {
+		_, o, err := b.CreatePacket(ctx, store.NewPacket{ID: id(i), Sender: "merchant-1", Total: budgetPacketAmount, Count: 5,
+			Distribution: split.TypeRandom})
+		if err == nil && o != store.CreateCreated {
+			err = fmt.Errorf("creating %s: %s", id(i), o)
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	live, err := usedMemory(ctx, rc)
+	if err != nil {
+		return err
+	}
+	if err := each(func(i int64) error {
+		for u := range 5 {
+			g, err := b.GrabPacket(ctx, id(i), "user-"+strconv.Itoa(u))
+			if err != nil {
+				return err
+			}
+			if g.Outcome != store.PacketGranted {
+				return fmt.Errorf("grabbing %s: %s", id(i), g.Outcome)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	claimed, err := usedMemory(ctx, rc)
+	if err != nil {
+		return err
+	}
+	r.perLivePacket = float64(live-before) / float64(n)
+	r.perShare = float64(claimed-live) / float64(5*n)
+	return nil
+}
+
+func (b budgetRun) summary() string {
+	return fmt.Sprintf("(l) budget: %.0f packets created/s through HTTP (5 shares), %.0f grabs/s, created/s ÷ grabs/s %.2f; "+
+		"%.0f B per live 5-share packet, %.0f B per claimed share\n",
+		b.createdRate(), b.grab.Rate(), b.ratio(), b.perLivePacket, b.perShare)
+}
+
+func (b budgetRun) markdown() string {
+	var s strings.Builder
+	s.WriteString("\n## (l) Runtime packets of a budget\n\n")
+	fmt.Fprintf(&s, "One grab service in budget mode (`--budget`, %d budget shards) on the same redis-server, "+
+		"under the same Go load generator with %d keep-alive clients: first `POST /v1/packets` "+
+		"(each packet 5 shares, a new order id per request, with the sender credential), then "+
+		"`POST /v1/packets/{id}/grab` of those packets by distinct users (five per packet).\n\n", b.shards, b.clients)
+	s.WriteString("| run | rate | p50 | p99 | CPU per request |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&s, "| create, 5 shares | %.0f created/s | %s | %s | %s |\n", b.createdRate(), fmtMicros(b.create.P50),
+		fmtMicros(b.create.P99), fmtCPU(b.create.CPU))
+	fmt.Fprintf(&s, "| grab | %.0f grabs/s | %s | %s | %s |\n\n", b.grab.Rate(), fmtMicros(b.grab.P50),
+		fmtMicros(b.grab.P99), fmtCPU(b.grab.CPU))
+	fmt.Fprintf(&s, "created/s ÷ grabs/s = **%.2f** (goal ≥ 0.5); Redis counted %d packets created and %d shares "+
+		"granted, and the budget's money added up after the run.\n\n", b.ratio(), b.created, b.granted)
+	fmt.Fprintf(&s, "Redis memory (used_memory, %d packets created directly through the create function): "+
+		"**%.0f bytes per live 5-share packet** (its hash with shares, fingerprint and detail fields, and its "+
+		"due-index entry; goal ≤ 1 KiB), and %.0f bytes per claimed share (the claim in the packet's hash and "+
+		"the settlement entry).\n", b.memPackets, b.perLivePacket, b.perShare)
+	return s.String()
+}
