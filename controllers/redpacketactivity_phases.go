@@ -249,7 +249,7 @@ func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Conte
 	defer cancel()
 	redisNow, err := s.store.Time(rctx)
 	if err != nil {
-		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "Redis at %s does not answer: %v", where, err), err
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "Redis at %s is unavailable: %v", where, err), err
 	}
 	snap, err := s.store.Snapshot(rctx)
 	if err != nil {
