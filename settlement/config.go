@@ -135,6 +135,9 @@ type Config struct {
 	// OnForged, when set, is called once for every entry the worker dead-lettered as
 	// forged (the operator raises a Warning event with it). It must not block.
 	OnForged func(ForgedEntry)
+	// Health, when set, records the failing deliveries for the activity's status
+	// (the operator's SettlementDegraded condition); all shard workers share it.
+	Health *DeliveryHealth
 }
 
 // withDefaults validates cfg and fills in the defaults.
