@@ -76,21 +76,25 @@ func TestLeaderReleasesLeaseOnCleanShutdown(t *testing.T) {
 	type running struct {
 		elected <-chan struct{}
 		cancel  context.CancelFunc
-		done    chan error
+		stopped chan struct{} // closed when Start returned, with err
+		err     error
 	}
-	start := func(name string) running {
+	start := func(name string) *running {
 		mgr, err := newManager(cp.Config, config(name))
 		if err != nil {
 			t.Fatalf("manager %s: %v", name, err)
 		}
 		mctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- mgr.Start(mctx) }()
+		m := &running{elected: mgr.Elected(), cancel: cancel, stopped: make(chan struct{})}
+		go func() {
+			m.err = mgr.Start(mctx)
+			close(m.stopped)
+		}()
 		t.Cleanup(func() {
 			cancel()
-			<-done
+			<-m.stopped
 		})
-		return running{elected: mgr.Elected(), cancel: cancel, done: done}
+		return m
 	}
 	holder := func() string {
 		lease := &coordinationv1.Lease{}
@@ -136,9 +140,9 @@ func TestLeaderReleasesLeaseOnCleanShutdown(t *testing.T) {
 	stopping := time.Now()
 	a.cancel()
 	select {
-	case err := <-a.done:
-		if err != nil {
-			t.Fatalf("the first manager stopped with an error: %v", err)
+	case <-a.stopped:
+		if a.err != nil {
+			t.Fatalf("the first manager stopped with an error: %v", a.err)
 		}
 	case <-time.After(DefaultShutdownTimeout + 5*time.Second):
 		t.Fatal("the first manager did not stop")
