@@ -23,7 +23,7 @@ generate: ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: chart
-chart: controlplane ## Generate the monitors, alert rules and dashboard (config/prometheus, config/grafana), Argo CD's health check patch and the Helm chart (charts/redpacket-operator) from config/.
+chart: ## Generate the monitors, alert rules and dashboard (config/prometheus, config/grafana), Argo CD's health check patch and the Helm chart (charts/redpacket-operator) from config/.
 	$(GO) run ./hack/chart
 
 .PHONY: fmt
@@ -110,8 +110,8 @@ soak: redis controlplane ## Check SOAK_RUNS (200) seeded rains under faults for 
 ##@ Deployment
 
 .PHONY: render
-render: controlplane ## Render the install manifests for image redpacket-operator:$(VERSION) into dist/install.yaml.
-	hack/render-install.sh $(VERSION) dist/install.yaml
+render: ## Render the install manifests for image redpacket-operator:$(VERSION) into dist/install.yaml.
+	GO=$(GO) hack/render-install.sh $(VERSION) dist/install.yaml
 
 .PHONY: release
 release: redis render image ## Everything a release ships, in dist/: install.yaml, the images, the Helm chart, kubectl-rpa for linux and darwin (amd64, arm64), each with a .sha256.

@@ -19,6 +19,7 @@ import (
 	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
@@ -56,6 +57,9 @@ type activityScope struct {
 	// settlementBlocked, when set, is why the operator delivers nothing for the
 	// activity (the webhook's host is not allowed): Settled is False with it.
 	settlementBlocked string
+	// delivery is how the operator's settlement workers of the activity fare, when
+	// one runs (reconcileSettlement): SettlementDegraded and status.settlementDelivery.
+	delivery *settlement.DeliveryHealthSnapshot
 	// seededRecorded is true once the status on the API server says Seeded, which is
 	// what allows grabbing to be opened.
 	seededRecorded bool
@@ -249,7 +253,7 @@ func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Conte
 	defer cancel()
 	redisNow, err := s.store.Time(rctx)
 	if err != nil {
-		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "Redis at %s does not answer: %v", where, err), err
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "Redis at %s is unavailable: %v", where, err), err
 	}
 	snap, err := s.store.Snapshot(rctx)
 	if err != nil {

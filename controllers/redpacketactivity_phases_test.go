@@ -90,11 +90,11 @@ func TestRedisConnectionStep(t *testing.T) {
 			wantMessage:  "the operator's default Redis connection",
 		},
 		{
-			name:        "Redis does not answer",
+			name:        "Redis is unavailable",
 			fail:        map[string]error{"Time": errRedisDown},
 			wantBlocker: redpacketv1alpha1.ReasonRedisUnavailable,
 			wantErr:     true,
-			wantMessage: "Redis at redis.test:6379 does not answer: " + errRedisDown.Error(),
+			wantMessage: "Redis at redis.test:6379 is unavailable: " + errRedisDown.Error(),
 			wantCalls:   []string{"store.Time"},
 		},
 		{

@@ -29,6 +29,7 @@ var controllerConditionTypes = []string{
 	redpacketv1alpha1.ConditionGrabServiceAvailable,
 	redpacketv1alpha1.ConditionSettled,
 	redpacketv1alpha1.ConditionStalled,
+	redpacketv1alpha1.ConditionSettlementDegraded,
 }
 
 // warningReasons are the condition reasons whose arrival is reported as a Warning event.
@@ -44,6 +45,8 @@ var warningReasons = map[string]bool{
 	redpacketv1alpha1.ReasonNotAdopted:         true,
 	redpacketv1alpha1.ReasonWorkloadFailed:     true,
 	redpacketv1alpha1.ReasonDeadLetters:        true,
+	// Deliveries to the webhook fail (settlement_runner.go repeats it while they do).
+	redpacketv1alpha1.ReasonDeliveriesFailing: true,
 	// A deletion that keeps a fenced or lost activity's keys (redpacketactivity_delete.go).
 	redpacketv1alpha1.ReasonDeletionHeld: true,
 	// The operator's policy refused what the spec asks (redis_policy.go, redis_acl.go).
@@ -93,6 +96,9 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 	}
 	if st.LastAcceptance != nil {
 		out.LastAcceptance = st.LastAcceptance.DeepCopy()
+	}
+	if st.SettlementDelivery != nil {
+		out.SettlementDelivery = st.SettlementDelivery.DeepCopy()
 	}
 	return out
 }
@@ -147,6 +153,7 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 	}
 
 	computeSettled(s)
+	computeSettlementDegraded(s)
 	s.stalledCondition()
 	return controllerStatus(s.status), staleIn
 }
@@ -241,6 +248,40 @@ func computeSettled(s *activityScope) {
 		}
 		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonSettlementPending, "%s", msg)
 	}
+}
+
+// computeSettlementDegraded sets SettlementDegraded and status.settlementDelivery
+// from the settlement workers' delivery health read in this reconcile. Without a
+// webhook both go; when the workers were not looked at this time (a reconcile that
+// stopped before the settlement step) both stay as they were.
+func computeSettlementDegraded(s *activityScope) {
+	const condType = redpacketv1alpha1.ConditionSettlementDegraded
+	if s.activity.Spec.Settlement == nil || s.activity.Spec.Settlement.Webhook == nil {
+		meta.RemoveStatusCondition(&s.status.Conditions, condType)
+		s.status.SettlementDelivery = nil
+		return
+	}
+	h := s.delivery
+	if h == nil {
+		return
+	}
+	st := &redpacketv1alpha1.SettlementDeliveryStatus{Retrying: int64(h.Retrying), LastErrorClass: h.LastErrorClass}
+	if !h.LastErrorTime.IsZero() {
+		t := metav1.NewTime(h.LastErrorTime.Truncate(time.Second))
+		st.LastErrorTime = &t
+	}
+	if !h.OldestUndelivered.IsZero() {
+		t := metav1.NewTime(h.OldestUndelivered.Truncate(time.Second))
+		st.OldestUndeliveredTime = &t
+	}
+	s.status.SettlementDelivery = st
+	if !h.Degraded() {
+		s.setCondition(condType, metav1.ConditionFalse, redpacketv1alpha1.ReasonDeliveriesHealthy, "no delivery to the webhook is failing")
+		return
+	}
+	s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonDeliveriesFailing,
+		"%d deliveries to the webhook failed and are retried, the last with %s; the oldest undelivered grant is from %s",
+		h.Retrying, h.LastErrorClass, st.OldestUndeliveredTime.UTC().Format(time.RFC3339))
 }
 
 // observeDeployment reads the grab Deployment from the cache when this reconcile has
@@ -379,6 +420,9 @@ func (r *RedPacketActivityReconciler) emitTransitionEvents(a *redpacketv1alpha1.
 			if now.Reason != redpacketv1alpha1.ReasonDeadLetters && !(now.Status == metav1.ConditionTrue && closed) {
 				continue
 			}
+		}
+		if t == redpacketv1alpha1.ConditionSettlementDegraded && now.Status == metav1.ConditionTrue {
+			continue // warnFailingDeliveries says it, and repeats it while it lasts
 		}
 		if reported[now.Reason] {
 			continue

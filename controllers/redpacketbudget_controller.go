@@ -38,17 +38,19 @@ const (
 	BudgetControllerName = "redpacketbudget"
 )
 
-// BudgetSettlement runs the settlement of budgets' streams (the settlement engineer's
-// controllers/budget_settlement.go implements it). The reconciler calls Ensure at every
-// reconcile of a budget with spec.settlement.webhook, Drained while a deleted budget
-// waits to be purged, and Forget once it is gone. nil means no settlement: entries
-// wait in the streams.
+// BudgetSettlement runs the settlement of budgets' streams; BudgetSettlementRunner
+// (budget_settlement.go) implements it. The reconciler calls EnsureTarget at every
+// reconcile of a budget with spec.settlement.webhook, before the configure step, so
+// that a raised total is announced to the balance system before the shards may draw
+// on it; DrainedTarget while a deleted budget waits to be purged; and Forget once it
+// is gone. nil means no settlement: entries wait in the streams.
 type BudgetSettlement interface {
-	// Ensure makes the budget's shards' streams be settled (idempotent).
-	Ensure(ctx context.Context, budget *redpacketv1alpha1.RedPacketBudget) error
-	// Drained reports whether every entry of every shard's stream was settled or
-	// dead-lettered, so the keys may go.
-	Drained(ctx context.Context, budget *redpacketv1alpha1.RedPacketBudget) (bool, error)
+	// EnsureTarget announces the budget's total when it grew and makes its shards'
+	// streams be settled (idempotent).
+	EnsureTarget(ctx context.Context, t BudgetSettlementTarget) error
+	// DrainedTarget reports whether every entry of every shard's stream was settled
+	// or dead-lettered, so the keys may go.
+	DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (bool, error)
 	// Forget stops settling the budget uid.
 	Forget(uid types.UID)
 }

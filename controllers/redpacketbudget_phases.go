@@ -124,12 +124,12 @@ func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
 		{name: "redis connection", run: r.reconcileBudgetRedis},
 		{name: "load functions", run: r.reconcileBudgetFunctions},
 		{name: "durability", run: r.reconcileBudgetDurability},
+		{name: "settlement", run: r.reconcileBudgetSettlement},
 		{name: "configure", run: r.reconcileBudgetConfigure},
 		{name: "expiry", run: r.reconcileBudgetExpiry},
 		{name: "sender credential", run: r.reconcileSenderSecret, keepGoing: true},
 		{name: "redis user", run: r.reconcileBudgetRedisUser, keepGoing: true},
 		{name: "grab workload", run: r.reconcileBudgetWorkload, keepGoing: true},
-		{name: "settlement", run: r.reconcileBudgetSettlement, keepGoing: true},
 		{name: "status", run: r.reconcileBudgetStatus},
 	}
 }
@@ -439,14 +439,38 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 }
 
 // reconcileBudgetSettlement hands a budget with a webhook to the settlement runner.
+// It comes before configure: the runner announces a total that grew before it
+// returns, and a total the balance system has not acknowledged is not allotted to
+// the shards (the ledger would refuse credits drawn from it).
 func (r *RedPacketBudgetReconciler) reconcileBudgetSettlement(ctx context.Context, s *budgetScope) (stepResult, error) {
 	if r.Settlement == nil || s.budget.Spec.Settlement == nil || s.budget.Spec.Settlement.Webhook == nil {
 		return stepResult{}, nil
 	}
-	if err := r.Settlement.Ensure(ctx, s.budget); err != nil {
+	if err := r.Settlement.EnsureTarget(ctx, r.settlementTarget(s)); err != nil {
 		return stepResult{}, fmt.Errorf("starting the budget's settlement: %w", err)
 	}
 	return stepResult{}, nil
+}
+
+// settlementTarget is what the settlement runner needs to know of the budget.
+func (r *RedPacketBudgetReconciler) settlementTarget(s *budgetScope) BudgetSettlementTarget {
+	b := s.budget
+	t := BudgetSettlementTarget{
+		UID: b.UID, Name: client.ObjectKeyFromObject(b), Object: b,
+		Shards: b.Spec.ShardCount(), Total: b.Spec.Total, Currency: b.Spec.Currency,
+		Conn: s.conn, ClientOptions: r.policy().redisClientOptions(s.conn, false),
+	}
+	if st := b.Spec.Settlement; st != nil {
+		if st.Webhook != nil {
+			t.WebhookURL = st.Webhook.URL
+		}
+		t.MaxAttempts = int(st.MaxAttempts)
+	}
+	t.MaxPacketCount = int64(b.Spec.Packets.MaxCount)
+	if b.Spec.Packets.MaxTTL != nil {
+		t.MaxTTL = b.Spec.Packets.MaxTTL.Duration
+	}
+	return t
 }
 
 // reconcileBudgetStatus asks to come back every ActiveResyncPeriod, so the status's
@@ -639,10 +663,11 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 	if r.Settlement == nil || s.budget.Spec.Settlement == nil || s.budget.Spec.Settlement.Webhook == nil {
 		return stepResult{}, nil
 	}
-	if err := r.Settlement.Ensure(ctx, s.budget); err != nil {
+	t := r.settlementTarget(s)
+	if err := r.Settlement.EnsureTarget(ctx, t); err != nil {
 		return stepResult{}, fmt.Errorf("settling the deleted budget: %w", err)
 	}
-	drained, err := r.Settlement.Drained(ctx, s.budget)
+	drained, err := r.Settlement.DrainedTarget(ctx, t)
 	if err != nil {
 		return stepResult{}, fmt.Errorf("checking the budget's settlement: %w", err)
 	}

@@ -157,13 +157,13 @@ type fakeSettlement struct {
 	drained bool
 }
 
-func (f *fakeSettlement) Ensure(_ context.Context, b *redpacketv1alpha1.RedPacketBudget) error {
-	f.log.add("settlement.Ensure %s", b.Name)
+func (f *fakeSettlement) EnsureTarget(_ context.Context, t BudgetSettlementTarget) error {
+	f.log.add("settlement.Ensure %s", t.Name.Name)
 	return nil
 }
 
-func (f *fakeSettlement) Drained(_ context.Context, b *redpacketv1alpha1.RedPacketBudget) (bool, error) {
-	f.log.add("settlement.Drained %s", b.Name)
+func (f *fakeSettlement) DrainedTarget(_ context.Context, t BudgetSettlementTarget) (bool, error) {
+	f.log.add("settlement.Drained %s", t.Name.Name)
 	return f.drained, nil
 }
 

@@ -28,22 +28,22 @@ import (
 // the budget's snapshot each time deletion asks whether settlement drained, and
 // answers yes, so a test can see what the budget held just before it was purged.
 type recordingSettlement struct {
-	rdbBudget func(b *redpacketv1alpha1.RedPacketBudget) *store.Budget
+	rdbBudget func(t controllers.BudgetSettlementTarget) *store.Budget
 	mu        sync.Mutex
 	ensured   int
 	atDrain   []store.BudgetSnapshot
 	forgotten []types.UID
 }
 
-func (s *recordingSettlement) Ensure(context.Context, *redpacketv1alpha1.RedPacketBudget) error {
+func (s *recordingSettlement) EnsureTarget(context.Context, controllers.BudgetSettlementTarget) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ensured++
 	return nil
 }
 
-func (s *recordingSettlement) Drained(ctx context.Context, b *redpacketv1alpha1.RedPacketBudget) (bool, error) {
-	snap, err := s.rdbBudget(b).Snapshot(ctx)
+func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.BudgetSettlementTarget) (bool, error) {
+	snap, err := s.rdbBudget(t).Snapshot(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -171,8 +171,8 @@ func is(p *int64, want int64) bool { return p != nil && *p == want }
 func TestBudgetLifecycle(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	settle := &recordingSettlement{rdbBudget: func(b *redpacketv1alpha1.RedPacketBudget) *store.Budget {
-		return store.NewBudget(e.rdb, string(b.UID), b.Spec.ShardCount())
+	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
+		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
 	}}
 	e.startBudgetController(settle)
 

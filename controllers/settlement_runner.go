@@ -47,6 +47,16 @@ type SettlementRunner struct {
 	workers map[types.UID]*activitySettler
 	// budgets caches each activity's seeded split while a worker may need it.
 	budgets map[types.UID]*settlement.Budget
+	// health is each activity's delivery health (settlement.DeliveryHealth), shared
+	// by its workers, read for SettlementDegraded.
+	health map[types.UID]*deliveryHealth
+}
+
+// deliveryHealth is an activity's delivery health and when a Warning event last
+// said that its deliveries fail.
+type deliveryHealth struct {
+	*settlement.DeliveryHealth
+	warnedAt time.Time
 }
 
 // activitySettler is one activity's worker.
@@ -62,7 +72,8 @@ var _ manager.LeaderElectionRunnable = (*SettlementRunner)(nil)
 
 // NewSettlementRunner returns a registry with no workers.
 func NewSettlementRunner() *SettlementRunner {
-	return &SettlementRunner{workers: map[types.UID]*activitySettler{}, budgets: map[types.UID]*settlement.Budget{}}
+	return &SettlementRunner{workers: map[types.UID]*activitySettler{}, budgets: map[types.UID]*settlement.Budget{},
+		health: map[types.UID]*deliveryHealth{}}
 }
 
 // Ensure keeps a worker running for the activity uid (named name) with the given
@@ -104,6 +115,7 @@ func (d *SettlementRunner) Stop(uid types.UID) {
 	w := d.workers[uid]
 	delete(d.workers, uid)
 	delete(d.budgets, uid)
+	delete(d.health, uid)
 	d.mu.Unlock()
 	w.stop()
 }
@@ -119,6 +131,7 @@ func (d *SettlementRunner) StopNamed(name types.NamespacedName, keep types.UID) 
 			stop = append(stop, w)
 			delete(d.workers, uid)
 			delete(d.budgets, uid)
+			delete(d.health, uid)
 		}
 	}
 	d.mu.Unlock()
@@ -203,6 +216,36 @@ func (w *activitySettler) ended() bool {
 	default:
 		return false
 	}
+}
+
+// deliveryHealth returns the activity's delivery health, made when first asked for.
+func (d *SettlementRunner) deliveryHealth(uid types.UID) *deliveryHealth {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	h := d.health[uid]
+	if h == nil {
+		h = &deliveryHealth{DeliveryHealth: settlement.NewDeliveryHealth()}
+		d.health[uid] = h
+	}
+	return h
+}
+
+// settlementWarningInterval is how often, at most, a Warning event repeats that an
+// activity's deliveries keep failing.
+const settlementWarningInterval = 5 * time.Minute
+
+// dueForWarning reports whether a Warning event about the activity's failing
+// deliveries is due at now (none in the last settlementWarningInterval), and if so
+// records it as sent.
+func (d *SettlementRunner) dueForWarning(uid types.UID, now time.Time) bool {
+	h := d.deliveryHealth(uid)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !h.warnedAt.IsZero() && now.Sub(h.warnedAt) < settlementWarningInterval {
+		return false
+	}
+	h.warnedAt = now
+	return true
 }
 
 // defaultSettlementConsumer is the consumer name of the operator's settlement
@@ -292,6 +335,7 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 	cfg.Consumer = r.Options.SettlementConsumer
 	cfg.Logger = slog.New(logr.ToSlogHandler(ctrl.Log.WithName("settlement")))
 	cfg.Budget = budget
+	cfg.Health = r.Settlers.deliveryHealth(a.UID).DeliveryHealth
 	cfg.Registerer = r.Options.SettlementRegisterer
 	recorder, ref := r.Recorder, a.DeepCopy()
 	cfg.OnForged = func(f settlement.ForgedEntry) {
@@ -353,7 +397,26 @@ func (r *RedPacketActivityReconciler) reconcileSettlement(ctx context.Context, s
 		}
 		return stepResult{}, fmt.Errorf("starting the settlement worker: %w", err)
 	}
+	if r.Settlers.Running(s.activity.UID) {
+		health := r.Settlers.deliveryHealth(s.activity.UID).Snapshot()
+		s.delivery = &health
+		r.warnFailingDeliveries(s)
+	}
 	return stepResult{}, nil
+}
+
+// warnFailingDeliveries raises a Warning event while the activity's deliveries fail:
+// when they start failing and again every settlementWarningInterval while they do.
+// The event names the error class, never what the balance system answered.
+func (r *RedPacketActivityReconciler) warnFailingDeliveries(s *activityScope) {
+	if s.delivery == nil || !s.delivery.Degraded() || r.Recorder == nil {
+		return
+	}
+	if !r.Settlers.dueForWarning(s.activity.UID, r.Now()) {
+		return
+	}
+	r.Recorder.Eventf(s.activity, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonDeliveriesFailing, "Settle",
+		"settlement deliveries to the webhook are failing: %s", s.delivery)
 }
 
 // settlementNotStarted records why the settlement worker could not start: a webhook

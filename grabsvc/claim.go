@@ -14,6 +14,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/redis/go-redis/v9"
+
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 )
@@ -62,16 +64,23 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 
 	start := time.Now()
-	res, shard, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID, func(i int) store.Watermark {
-		return s.cfg.Guard.MarkShard(act, i)
-	})
+	markOf := func(i int) store.Watermark { return s.cfg.Guard.MarkShard(act, i) }
+	res, shard, err := s.grab(r.Context(), s.redis.of(s.cfg.Redis, act), userID, markOf)
+	if err != nil && outcomeUnknown(err) {
+		// The script may have run: ask Redis what it decided rather than answer 503
+		// for a grant that went through.
+		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
+		res, shard, err = s.resolveGrab(r.Context(), act, userID, markOf)
+		if err != nil {
+			s.metrics.RedisErrors.WithLabelValues("grab_resolve").Inc()
+		}
+	} else if err != nil {
+		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
+	}
 	s.metrics.ClaimLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
-		msg := "the packet store is unavailable; nothing was claimed unless a retry says already_claimed"
+		msg := "the packet store could not be reached; nothing is known of this grab: retry it (a claim that went through is returned as already_claimed)"
 		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			msg = "the packet store did not answer in time; retrying is safe: a claim that went through is returned as already_claimed"
 		case lua.IsFunctionMissing(err):
 			// The grab service never loads the functions (its Redis user may not): the
 			// operator's function keeper restores them within its interval.
@@ -160,6 +169,32 @@ func (s *Server) grab(ctx context.Context, h *store.Activity, userID string, mar
 		// c belongs to the running call now and is never reused.
 		return store.GrabResult{}, 0, fmt.Errorf("grab: %w", context.DeadlineExceeded)
 	}
+}
+
+// outcomeUnknown reports whether a failed grab call may have run the script: it
+// timed out or lost its connection, so only Redis knows. An error reply from Redis
+// (a redis.Error, such as a missing function) means the script did not run.
+func outcomeUnknown(err error) bool {
+	var reply redis.Error
+	return !errors.As(err, &reply)
+}
+
+// resolveGrab asks Redis again what it decided for the user's grab whose call ended
+// without an answer, within ResolveTimeout (and the request's life). The grab is
+// idempotent per user, so the repeat either answers already_claimed with the packet
+// the first call granted, or decides for the first time (the first call never ran,
+// or runs later and then finds the claim). It goes over the plain client
+// (cfg.Durable), on a connection of its own: replies on the auto-pipeliner's
+// connection come back in order, so the reply that is held would hold the repeat
+// too. An error means Redis could not be reached in time: nothing is known.
+func (s *Server) resolveGrab(ctx context.Context, act *Resource, userID string, markOf func(int) store.Watermark) (store.GrabResult, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ResolveTimeout)
+	defer cancel()
+	res, shard, err := s.resolve.of(s.cfg.Durable, act).Grab(ctx, userID, markOf)
+	if err != nil {
+		return store.GrabResult{}, 0, fmt.Errorf("asking Redis again what it decided: %w", err)
+	}
+	return res, shard, nil
 }
 
 // writePacket answers 200 with the packet, {"outcome":..,"packetId":..,"amount":..}.

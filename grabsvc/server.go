@@ -74,9 +74,19 @@ type Config struct {
 	// be served; share it with the Reporter. nil means a private one.
 	Guard *RollbackGuard
 	// Durable is the plain client (never the auto-pipeliner) on which grants wait for
-	// replicas when the activity's spec.durability.mode is Replicas. nil means Ping.
+	// replicas when the activity's spec.durability.mode is Replicas, and on which a
+	// grab whose call ended without an answer is asked again (ResolveTimeout). nil
+	// means Ping.
 	Durable redis.Cmdable
+	// ResolveTimeout bounds how long a grab whose Redis call timed out or lost its
+	// connection may spend asking Redis again what it decided, after RedisTimeout; 0
+	// means DefaultResolveTimeout. A request whose client goes away stops sooner.
+	ResolveTimeout time.Duration
 }
+
+// DefaultResolveTimeout is how long a grab with an unknown outcome is resolved for
+// by default: with DefaultRedisTimeout, a grab is answered within 1.5 s.
+const DefaultResolveTimeout = time.Second
 
 // Server serves the grab API of one activity.
 type Server struct {
@@ -88,6 +98,7 @@ type Server struct {
 	draining atomic.Bool
 	mux      *http.ServeMux
 	redis    handles // the activity's handle on cfg.Redis
+	resolve  handles // the activity's handle on cfg.Durable, for unknown outcomes
 	ping     handles // the activity's handle on cfg.Ping
 	durable  durableWaiters
 }
@@ -125,6 +136,10 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if s.cfg.Durable == nil {
 		s.cfg.Durable = s.cfg.Ping
+	}
+	s.resolve.replicated, s.resolve.marks = s.redis.replicated, s.redis.marks
+	if s.cfg.ResolveTimeout <= 0 {
+		s.cfg.ResolveTimeout = DefaultResolveTimeout
 	}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(prometheus.NewRegistry())

@@ -143,6 +143,9 @@ type Config struct {
 	// before delivery instead of checked against a seeded split and claims, and a
 	// delivered refund's packet is forgotten (packets.go). It excludes Budget.
 	Packets *Packets
+	// Health, when set, records the failing deliveries for the activity's status
+	// (the operator's SettlementDegraded condition); all shard workers share it.
+	Health *DeliveryHealth
 }
 
 // withDefaults validates cfg and fills in the defaults.

@@ -72,9 +72,13 @@ func (w *Worker) delivery(e store.StreamEntry) Delivery {
 type deliveryError struct {
 	status int
 	msg    string
+	err    error // why no answer came (status 0), for ErrorClass
 }
 
 func (e *deliveryError) Error() string { return e.msg }
+
+// Unwrap is the transport's error when no answer came.
+func (e *deliveryError) Unwrap() error { return e.err }
 
 // post sends one delivery and returns nil on a 2xx answer.
 func (w *Worker) post(ctx context.Context, d Delivery) error {
@@ -99,7 +103,7 @@ func postBody(ctx context.Context, cfg Config, body []byte, idempotencyKey strin
 	}
 	resp, err := cfg.HTTPClient.Do(req)
 	if err != nil {
-		return &deliveryError{msg: fmt.Sprintf("posting to webhook: %v", err)}
+		return &deliveryError{msg: fmt.Sprintf("posting to webhook: %v", err), err: err}
 	}
 	defer resp.Body.Close()
 	// Read a little of the answer for the error message, and drain the rest (up to a

@@ -404,12 +404,14 @@ func (s *scheduler) finished(r result) {
 	}
 }
 
-// remove forgets e, cancelling any job of it still in flight.
+// remove forgets e, cancelling any job of it still in flight; it no longer counts
+// among the failing deliveries (Config.Health).
 func (s *scheduler) remove(e *entry) {
 	if e.removed {
 		return
 	}
 	e.removed = true
+	s.w.cfg.Health.finished(e.id)
 	for _, cancel := range e.running {
 		cancel()
 	}

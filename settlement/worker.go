@@ -242,8 +242,15 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		return w.deadLetter(ctx, j, r)
 	}
 	w.m.retries.Inc()
+	class := ErrorClass(err)
+	if logIt, streak := w.cfg.Health.failed(j.id, j.entry.At, class, time.Now()); logIt {
+		// The first failure after a quiet time, then at most once a minute: a broken
+		// webhook shows in the log without a line per delivery.
+		w.log.Warn("settlement deliveries are failing; retrying", "entry", j.id, "packet", j.entry.PacketID,
+			"attempts", r.attempts, "errorClass", class, "failuresSinceHealthy", streak, "err", err)
+	}
 	w.log.Debug("settlement delivery failed; retrying", "entry", j.id, "packet", j.entry.PacketID,
-		"attempts", r.attempts, "err", err)
+		"attempts", r.attempts, "errorClass", class, "err", err)
 	return r
 }
 

@@ -20,6 +20,14 @@ const (
 	// (RedisRolledBack). kstatus, which Flux and kpt use, reports such an object
 	// Failed. It is absent otherwise.
 	ConditionStalled = "Stalled"
+	// ConditionSettlementDegraded is true while deliveries to the balance system's
+	// webhook fail and wait for a retry (reason DeliveriesFailing; the message and
+	// status.settlementDelivery name the last error's class and when the oldest
+	// undelivered grant happened), false once none is failing (DeliveriesHealthy).
+	// It is absent while the operator runs no settlement worker for the activity (no
+	// webhook, or not seeded yet), and reflects the elected operator's workers since
+	// it started.
+	ConditionSettlementDegraded = "SettlementDegraded"
 )
 
 // AnnotationAcceptRedisState is how a person lifts the fence of an activity whose
@@ -177,6 +185,11 @@ const (
 	// ReasonWebhookHostNotAllowed (Settled False): the webhook's host has no key in
 	// the operator's settlement keys Secret, so nothing is delivered to it.
 	ReasonWebhookHostNotAllowed = "WebhookHostNotAllowed"
+	// ReasonDeliveriesFailing (SettlementDegraded True): deliveries fail and are
+	// retried; a Warning event says so when it starts and again while it lasts.
+	ReasonDeliveriesFailing = "DeliveriesFailing"
+	// ReasonDeliveriesHealthy (SettlementDegraded False): no delivery is failing.
+	ReasonDeliveriesHealthy = "DeliveriesHealthy"
 	// ReasonAllSettled: every claim and the refund are credited (Settled True).
 	ReasonAllSettled = "AllSettled"
 

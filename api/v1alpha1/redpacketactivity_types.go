@@ -361,6 +361,12 @@ type RedPacketActivityStatus struct {
 	// +optional
 	LastAcceptance *RedisStateAcceptance `json:"lastAcceptance,omitempty"`
 
+	// settlementDelivery is how the operator's deliveries to the webhook fare, as
+	// its settlement workers know it (see the SettlementDegraded condition). Absent
+	// while no worker runs for the activity.
+	// +optional
+	SettlementDelivery *SettlementDeliveryStatus `json:"settlementDelivery,omitempty"`
+
 	// shardWatermarks are the claimed counts and transfer sequences of each shard of
 	// a sharded activity (spec.shards > 1) as the grab service last read them, never
 	// lowered within an epoch. The counters above are sums over the shards, so a
@@ -414,6 +420,29 @@ type RedPacketActivityStatus struct {
 	// lastReportTime is when a grab replica last reported the counters.
 	// +optional
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
+}
+
+// SettlementDeliveryStatus is how the operator's deliveries to the balance system's
+// webhook fare.
+type SettlementDeliveryStatus struct {
+	// retrying counts the grants and refunds whose last delivery failed and that
+	// wait for another one (neither credited nor dead-lettered yet).
+	Retrying int64 `json:"retrying"`
+
+	// lastErrorClass is the class of the last failed delivery: http_4xx, http_5xx,
+	// http_other, timeout, connection_refused, connection_reset, tls, dns or
+	// network. Never text the balance system sent.
+	// +optional
+	LastErrorClass string `json:"lastErrorClass,omitempty"`
+
+	// lastErrorTime is when the last delivery failed.
+	// +optional
+	LastErrorTime *metav1.Time `json:"lastErrorTime,omitempty"`
+
+	// oldestUndeliveredTime is when the oldest of the retrying grants (or the
+	// refund) happened: its age is how long the balance system has owed it.
+	// +optional
+	OldestUndeliveredTime *metav1.Time `json:"oldestUndeliveredTime,omitempty"`
 }
 
 // The Start and End printer columns are strings, so they print the RFC 3339 time: a

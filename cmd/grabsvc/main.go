@@ -93,6 +93,7 @@ type options struct {
 	activityUID                                string
 	redis                                      redisconn.Conn
 	redisTimeout                               time.Duration
+	resolveTimeout                             time.Duration
 	tokenKeyFile                               string
 	tokenMaxLifetime                           time.Duration
 	reportInterval, refreshInterval            time.Duration
@@ -130,6 +131,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.pprofListen, "pprof-listen", "", "address serving Go's profiles under /debug/pprof/; empty: none. Bind it to loopback or a port no Service exposes")
 	finishRedis := redisFlags(fs, &o.redis)
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", grabsvc.DefaultRedisTimeout, "deadline of every Redis call on the grab path")
+	fs.DurationVar(&o.resolveTimeout, "resolve-timeout", grabsvc.DefaultResolveTimeout, "how long a grab whose Redis call timed out after it was sent may spend asking Redis again what it decided, before answering 503")
 	fs.StringVar(&o.tokenKeyFile, "token-key-file", "", "file holding the HMAC key of user tokens; empty: tokens are not required, "+
 		"and an activity with spec.grabService.auth gets 503 on every grab")
 	fs.DurationVar(&o.tokenMaxLifetime, "token-max-lifetime", grabsvc.DefaultTokenMaxLifetime,
@@ -280,18 +282,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// and whether the activity is fenced or missing (then /readyz fails).
 	guard := &grabsvc.RollbackGuard{}
 	srv, err := grabsvc.NewServer(grabsvc.Config{
-		Guard:         guard,
-		Redis:         rc.Pipeliner,
-		Resource:      source.Current,
-		Ping:          rc.Client,
-		Tokens:        tokens,
-		UserLimiter:   grabsvc.NewKeyedLimiter(o.ratePerUser, o.burstPerUser, o.limitEntries),
-		ClientLimiter: grabsvc.NewKeyedLimiter(o.ratePerClient, o.burstPerClient, o.limitEntries),
-		RedisTimeout:  o.redisTimeout,
-		Metrics:       metrics,
-		Gatherer:      reg,
-		Log:           log,
-		Page:          o.page,
+		Guard:          guard,
+		Redis:          rc.Pipeliner,
+		Resource:       source.Current,
+		Ping:           rc.Client,
+		Tokens:         tokens,
+		UserLimiter:    grabsvc.NewKeyedLimiter(o.ratePerUser, o.burstPerUser, o.limitEntries),
+		ClientLimiter:  grabsvc.NewKeyedLimiter(o.ratePerClient, o.burstPerClient, o.limitEntries),
+		RedisTimeout:   o.redisTimeout,
+		ResolveTimeout: o.resolveTimeout,
+		Metrics:        metrics,
+		Gatherer:       reg,
+		Log:            log,
+		Page:           o.page,
 	})
 	if err != nil {
 		return err

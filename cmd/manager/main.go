@@ -13,10 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -33,6 +35,11 @@ const leaderElectionID = "redpacket-operator.redpacket.io"
 // and a grab service run by hand on one host do not collide. The install manifests
 // give :8080 explicitly: in the operator's pod, nothing else listens.
 const DefaultMetricsAddr = "127.0.0.1:8082"
+
+// DefaultShutdownTimeout is --graceful-shutdown-timeout's default: below the
+// install's terminationGracePeriodSeconds (30), so that a leader stopping cleanly
+// releases its lease before the kubelet kills it.
+const DefaultShutdownTimeout = 20 * time.Second
 
 func main() {
 	var (
@@ -57,6 +64,7 @@ func main() {
 		allowImageOverride bool
 		allowedRedisHosts  string
 		settlementKeys     string
+		shutdownTimeout    time.Duration
 		showVersion        bool
 	)
 	flag.BoolVar(&showVersion, "version", false, "print the version and exit")
@@ -80,6 +88,7 @@ func main() {
 	flag.DurationVar(&redisClientIdleTTL, "redis-client-idle-timeout", controllers.DefaultRedisIdleTimeout, "close a cached Redis client unused for this long")
 	flag.BoolVar(&allowImageOverride, "allow-grab-image-override", false, "let activities replace the grab image with spec.grabService.image (when false, such an activity gets Ready=False with reason GrabImageNotAllowed)")
 	flag.StringVar(&allowedRedisHosts, "allowed-redis-hosts", "", "comma-separated host names, IP addresses and CIDR networks that spec.redis may name besides the default Redis (empty: the default Redis only)")
+	flag.DurationVar(&shutdownTimeout, "graceful-shutdown-timeout", DefaultShutdownTimeout, "how long the operator's work gets to stop on SIGTERM before the leader lease is released anyway; keep it below the pod's terminationGracePeriodSeconds")
 	flag.StringVar(&settlementKeys, "settlement-keys-secret", controllers.DefaultSettlementKeysSecret, "Secret in the operator's namespace (POD_NAMESPACE) holding the keys that sign settlement deliveries: one data key per balance system host name (the webhook URL's host, without port), its HMAC key as the value; a webhook whose host has no key gets nothing")
 	logConfig := textlogger.NewConfig()
 	// Registered here rather than with logConfig.AddFlags, whose help text speaks of a
@@ -112,30 +121,13 @@ func main() {
 		fail(log.Error, err, "invalid default Redis connection flags")
 	}
 
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(redpacketv1alpha1.AddToScheme(scheme))
-
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress: probeAddr,
-		LeaderElection:         leaderElect,
-		LeaderElectionID:       leaderElectionID,
-		Cache:                  controllers.CacheOptions(),
-	})
-	if err != nil {
-		fail(log.Error, err, "creating the manager")
-	}
-
-	redisClients := controllers.NewRedisClients()
-	redisClients.IdleTimeout = redisClientIdleTTL
-	if err := mgr.Add(redisClients); err != nil {
-		fail(log.Error, err, "adding the Redis client cache")
-	}
-	reconciler := &controllers.RedPacketActivityReconciler{
-		Redis: redisClients,
-		Options: controllers.Options{
+	mgr, err := newManager(ctrl.GetConfigOrDie(), managerConfig{
+		MetricsAddr:        metricsAddr,
+		ProbeAddr:          probeAddr,
+		LeaderElect:        leaderElect,
+		ShutdownTimeout:    shutdownTimeout,
+		RedisClientIdleTTL: redisClientIdleTTL,
+		Reconciler: controllers.Options{
 			DefaultRedis:            defaultRedis,
 			GrabImage:               grabImage,
 			GrabReplicas:            int32(grabReplicas),
@@ -150,28 +142,9 @@ func main() {
 			AllowedRedisHosts:       allowedHosts,
 			SettlementKeysSecret:    types.NamespacedName{Name: settlementKeys},
 		},
-	}
-	if err := reconciler.SetupWithManager(mgr); err != nil {
-		fail(log.Error, err, "setting up the controller")
-	}
-	// Budgets share the activities' settings, Redis clients and function keeper;
-	// their expiry driver is a leader-election runnable of its own. Settlement of
-	// budget streams plugs in as budgets.Settlement (controllers.BudgetSettlement).
-	budgetOptions := reconciler.Options
-	budgetOptions.Name = controllers.BudgetControllerName
-	budgets := &controllers.RedPacketBudgetReconciler{
-		Redis:     redisClients,
-		Functions: reconciler.Functions,
-		Options:   budgetOptions,
-	}
-	if err := budgets.SetupWithManager(mgr); err != nil {
-		fail(log.Error, err, "setting up the budget controller")
-	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		fail(log.Error, err, "adding the health check")
-	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-		fail(log.Error, err, "adding the readiness check")
+	})
+	if err != nil {
+		fail(log.Error, err, "setting up the manager")
 	}
 
 	log.Info("starting the manager", "redis", strings.Join(defaultRedis.Addresses, ","), "redisMode", defaultRedis.Mode,
@@ -180,6 +153,85 @@ func main() {
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		fail(log.Error, err, "running the manager")
 	}
+}
+
+// managerConfig is what newManager needs besides the API server's address.
+type managerConfig struct {
+	MetricsAddr, ProbeAddr string
+	// LeaderElect elects one active controller among the replicas; the Lease lives
+	// in LeaderElectionNamespace, empty meaning the pod's own namespace.
+	LeaderElect             bool
+	LeaderElectionNamespace string
+	// ShutdownTimeout bounds how long the runnables get to stop on a clean shutdown
+	// before the lease is released anyway; it must stay below the pod's
+	// terminationGracePeriodSeconds so the release happens before the kubelet kills.
+	ShutdownTimeout    time.Duration
+	RedisClientIdleTTL time.Duration
+	Reconciler         controllers.Options
+}
+
+// newManager builds the operator's manager on cfg: the RedPacketActivity controller
+// with its runnables (the Redis client cache, the function keeper, the settlement
+// workers), the RedPacketBudget controller with its expiry driver and settlement, and
+// the health checks.
+//
+// On a clean shutdown (SIGTERM, context cancelled) the leader releases its Lease
+// (LeaderElectionReleaseOnCancel), so that a replica waiting takes over within its
+// retry period instead of the whole lease duration. That is safe because every
+// runnable returns once its context ends, the settlement workers after their
+// deliveries in flight have stopped, and main exits as soon as Start returns: no
+// leader-only work goes on after the release.
+func newManager(cfg *rest.Config, o managerConfig) (manager.Manager, error) {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(redpacketv1alpha1.AddToScheme(scheme))
+
+	shutdownTimeout := o.ShutdownTimeout
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:        o.ProbeAddr,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              leaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		GracefulShutdownTimeout:       &shutdownTimeout,
+		Cache:                         controllers.CacheOptions(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the manager: %w", err)
+	}
+
+	redisClients := controllers.NewRedisClients()
+	redisClients.IdleTimeout = o.RedisClientIdleTTL
+	if err := mgr.Add(redisClients); err != nil {
+		return nil, fmt.Errorf("adding the Redis client cache: %w", err)
+	}
+	reconciler := &controllers.RedPacketActivityReconciler{Redis: redisClients, Options: o.Reconciler}
+	if err := reconciler.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setting up the controller: %w", err)
+	}
+	// Budgets share the activities' options, Redis clients and function keeper; their
+	// expiry driver and their settlement are leader-election runnables of their own.
+	budgetOptions := reconciler.Options
+	budgetOptions.Name = controllers.BudgetControllerName
+	budgetSettlement := controllers.NewBudgetSettlementRunner(mgr.GetAPIReader(),
+		mgr.GetEventRecorder(controllers.EventReporter), reconciler.Options)
+	if err := mgr.Add(budgetSettlement); err != nil {
+		return nil, fmt.Errorf("adding the budget settlement runner: %w", err)
+	}
+	budgets := &controllers.RedPacketBudgetReconciler{Redis: redisClients, Functions: reconciler.Functions,
+		Options: budgetOptions, Settlement: budgetSettlement}
+	if err := budgets.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setting up the budget controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding the health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding the readiness check: %w", err)
+	}
+	return mgr, nil
 }
 
 // defaultRedisConn is the default Redis connection from the flags. An empty password

@@ -1,7 +1,7 @@
 // Command chart writes the packaging that is generated so that it cannot drift from
 // config/ and the code:
 //
-//	go run ./hack/chart [--root DIR] [--kubectl bin/kubectl]     (make chart)
+//	go run ./hack/chart [--root DIR]     (make chart)
 //
 // writes
 //
@@ -16,40 +16,35 @@
 //	                     the Helm chart: the kustomize renderings of config/default,
 //	                     config/prometheus and config/grafana, templated with values
 //
+// kustomize runs in process (internal/kustomize), so no kubectl is needed.
+//
 // make verify runs it and fails when the result differs from what is committed.
 // test/packaging renders the chart with Helm and checks that it gives what kustomize
 // gives for the same settings.
 package main
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"redpacket.io/operator/internal/kustomize"
 )
 
 func main() {
 	root := flag.String("root", ".", "the repository's top directory")
-	kubectl := flag.String("kubectl", "", "kubectl binary for kustomize (default: ROOT/bin/kubectl)")
 	flag.Parse()
-	if *kubectl == "" {
-		*kubectl = filepath.Join(*root, "bin", "kubectl")
-	}
-	if err := run(*root, *kubectl); err != nil {
+	if err := run(*root); err != nil {
 		fmt.Fprintln(os.Stderr, "chart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(root, kubectl string) error {
-	if _, err := os.Stat(kubectl); err != nil {
-		return fmt.Errorf("%s is missing: run make controlplane", kubectl)
-	}
+func run(root string) error {
 	if err := writeMonitoring(root); err != nil {
 		return err
 	}
@@ -71,12 +66,9 @@ func run(root, kubectl string) error {
 		{"config/prometheus", &in.prometheus},
 		{"config/grafana", &in.grafana},
 	} {
-		cmd := exec.Command(kubectl, "kustomize", filepath.Join(root, r.dir))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		stream, err := cmd.Output()
+		stream, err := kustomize.Build(filepath.Join(root, r.dir))
 		if err != nil {
-			return fmt.Errorf("kubectl kustomize %s: %w\n%s", r.dir, err, stderr.String())
+			return err
 		}
 		if *r.out, err = decodeObjects(stream); err != nil {
 			return fmt.Errorf("%s: %w", r.dir, err)

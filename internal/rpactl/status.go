@@ -100,6 +100,23 @@ func PrintStatus(out io.Writer, a *redpacketv1alpha1.RedPacketActivity, now time
 		p("amount\t%d\t<none>\t-", settledAmount)
 	}
 	p("")
+	if m.Reported {
+		p("Pending:\t%d", max(0, m.ClaimedCount-settledCount))
+	} else {
+		p("Pending:\t<none>")
+	}
+	if d := st.SettlementDelivery; d != nil {
+		lastError := "last error: <none>"
+		if d.LastErrorClass != "" && d.LastErrorTime != nil {
+			lastError = fmt.Sprintf("last error: %s, %s ago", d.LastErrorClass, age(d.LastErrorTime.Time, now))
+		}
+		p("Retrying:\t%d (%s)", d.Retrying, lastError)
+		if d.OldestUndeliveredTime != nil {
+			p("Oldest undelivered:\t%s (%s ago)", d.OldestUndeliveredTime.UTC().Format(time.RFC3339), age(d.OldestUndeliveredTime.Time, now))
+		}
+	} else {
+		p("Retrying:\t<unknown> (no settlement worker reports)")
+	}
 	p("Dead letters:\t%d", deref(st.DeadLetterCount))
 	p("Webhook:\t%s", webhook(a))
 	p("")

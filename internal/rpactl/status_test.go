@@ -53,6 +53,9 @@ func TestPrintStatus(t *testing.T) {
 	a.Status.Endpoint = "http://quiz-night-grab.default.svc:8080"
 	a.Status.LastReportTime = &metav1.Time{Time: now.Add(-3 * time.Second)}
 	a.Status.SettledCount, a.Status.SettledAmount, a.Status.DeadLetterCount = ptr(1100), ptr(50000), ptr(2)
+	a.Status.SettlementDelivery = &redpacketv1alpha1.SettlementDeliveryStatus{Retrying: 7, LastErrorClass: "http_5xx",
+		LastErrorTime:         &metav1.Time{Time: now.Add(-20 * time.Second)},
+		OldestUndeliveredTime: &metav1.Time{Time: time.Date(2026, 12, 31, 20, 1, 0, 0, time.UTC)}}
 	a.Status.Conditions = []metav1.Condition{
 		{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Active", Message: "grabbing is open;\n1200 of 5000 claimed",
 			LastTransitionTime: metav1.Time{Time: now.Add(-5 * time.Minute)}},
@@ -79,6 +82,9 @@ func TestPrintStatus(t *testing.T) {
 	sameFields(t, row(t, out, "packets"), "packets", "1100", "1200", "91%")
 	sameFields(t, row(t, out, "amount"), "amount", "50000", "52000", "96%")
 	sameFields(t, row(t, out, "Dead"), "Dead", "letters:", "2")
+	sameFields(t, row(t, out, "Pending:"), "Pending:", "100")
+	sameFields(t, row(t, out, "Retrying:"), "Retrying:", "7", "(last", "error:", "http_5xx,", "20s", "ago)")
+	sameFields(t, row(t, out, "Oldest"), "Oldest", "undelivered:", "2026-12-31T20:01:00Z", "(4m", "ago)")
 	sameFields(t, row(t, out, "Ready"), "Ready", "True", "Active", "5m", "grabbing", "is", "open;", "1200", "of", "5000", "claimed")
 	sameFields(t, row(t, out, "Settled"), "Settled", "False", "DeadLetters", "90s", "2", "deliveries", "are", "parked")
 

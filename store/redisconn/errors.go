@@ -71,7 +71,8 @@ var replyPhrases = map[string]string{
 // is an answer, not a failure). The phrase says what kind of failure it was:
 //
 //   - "not a Redis server": whatever answered does not speak the Redis protocol;
-//   - "connection refused", "timed out", "host not found", "host unreachable",
+//   - "DNS lookup failed" (the name does not resolve, or its lookup timed out),
+//     "connection refused", "timed out", "host unreachable",
 //     "the connection was closed", "network error";
 //   - "TLS handshake failed";
 //   - "authentication failed" (with WRONGPASS or NOAUTH, or ERR for servers before
@@ -118,6 +119,10 @@ func classify(err error) (code, phrase string) {
 			return first, p
 		}
 		return "", "Redis answered with an error"
+	case errors.As(err, &dnsErr):
+		// Before the timeouts: a lookup that times out is a DNS failure, and saying
+		// "timed out" sends people looking at Redis instead of at the name.
+		return "", "DNS lookup failed"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return "", "timed out"
 	case errors.Is(err, context.Canceled):
@@ -126,8 +131,6 @@ func classify(err error) (code, phrase string) {
 		return "", "the client is closed"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "", "connection refused"
-	case errors.As(err, &dnsErr):
-		return "", "host not found"
 	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
 		return "", "host unreachable"
 	case errors.As(err, &tlsRec), errors.As(err, &tlsAl), errors.As(err, &tlsVer), errors.As(err, &unknown),

@@ -3,12 +3,17 @@ package redisconn_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,6 +105,8 @@ func TestSafeErrorsSayWhatFailedWithoutEchoingTheServer(t *testing.T) {
 			want: "not a Redis server", rawHas: "HTTP/1.1"},
 		{name: "nobody listens", conn: redisconn.Conn{Addresses: []string{refused}}, cmd: []any{"ping"},
 			want: "connection refused", rawHas: "connection refused"},
+		{name: "an unresolvable host", conn: redisconn.Conn{Addresses: []string{"redis.invalid:6379"}}, cmd: []any{"ping"},
+			want: "DNS lookup failed", rawHas: "lookup redis.invalid"},
 		{name: "nothing answers", conn: redisconn.Conn{Addresses: []string{silent.addr}}, cmd: []any{"ping"},
 			want: "timed out", rawHas: "timeout"},
 		{name: "a wrong password", conn: redisconn.Conn{Addresses: []string{srv.Addr}, Password: "wrong"}, cmd: []any{"ping"},
@@ -144,6 +151,60 @@ func TestSafeErrorsSayWhatFailedWithoutEchoingTheServer(t *testing.T) {
 		})
 	}
 }
+
+// The classifier names the cause of each kind of failure with one fixed phrase,
+// whatever the error says and however it is wrapped. A lookup that times out is a
+// DNS failure, not a Redis timeout.
+func TestMakeSafeNamesTheCause(t *testing.T) {
+	t.Parallel()
+	const echoed = "banner-from-the-remote-end"
+	dial := func(err error) error {
+		return fmt.Errorf("reading the Redis clock: %w", &net.OpError{Op: "dial", Net: "tcp", Err: err})
+	}
+	cases := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"name does not resolve", dial(&net.DNSError{Err: "no such host " + echoed, Name: "redis.invalid", IsNotFound: true}), "DNS lookup failed"},
+		{"lookup timed out", dial(&net.DNSError{Err: "i/o timeout", Name: "redis.svc", Server: "10.0.0.10:53", IsTimeout: true}), "DNS lookup failed"},
+		{"lookup temporary failure", dial(&net.DNSError{Err: "server misbehaving", Name: "redis.svc", IsTemporary: true}), "DNS lookup failed"},
+		{"refused", dial(os.NewSyscallError("connect", syscall.ECONNREFUSED)), "connection refused"},
+		{"deadline", fmt.Errorf("reading the Redis clock: %w", context.DeadlineExceeded), "timed out"},
+		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: timeoutError{}}, "timed out"},
+		{"TLS record", dial(tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake " + echoed}), "TLS handshake failed"},
+		{"TLS unknown authority", dial(x509.UnknownAuthorityError{}), "TLS handshake failed"},
+		{"wrong password", redisReply("WRONGPASS invalid username-password pair or user is disabled " + echoed), "WRONGPASS authentication failed"},
+		{"old server password", redisReply("ERR invalid password " + echoed), "authentication failed"},
+		{"ACL", redisReply("NOPERM User app has no permissions to run the 'get' command " + echoed), "NOPERM permission denied by the Redis ACL"},
+		{"unreachable", dial(os.NewSyscallError("connect", syscall.EHOSTUNREACH)), "host unreachable"},
+	}
+	for _, tc := range cases {
+		got := redisconn.MakeSafe(tc.err)
+		if got.Error() != tc.want {
+			t.Errorf("%s: %q, want %q (from %v)", tc.name, got.Error(), tc.want, tc.err)
+		}
+		if strings.Contains(got.Error(), echoed) {
+			t.Errorf("%s: the phrase echoes the remote end: %q", tc.name, got.Error())
+		}
+		if !errors.Is(got, tc.err) {
+			t.Errorf("%s: the original error is not reachable", tc.name)
+		}
+	}
+}
+
+// timeoutError is a net.Error that timed out.
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
+// redisReply is an error reply as go-redis reports it (redis.Error).
+type redisReply string
+
+func (e redisReply) Error() string { return string(e) }
+func (redisReply) RedisError()     {}
 
 // A cluster client with SafeErrors still follows MOVED: the redirect is read from
 // the original error.

@@ -1,0 +1,243 @@
+package grabsvc
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"redpacket.io/operator/store/redisconn"
+	"redpacket.io/operator/test/redistest"
+)
+
+// replyFault is a TCP proxy in front of redis-server that, when armed, lets the next
+// FCALL through to Redis and then holds (for holdFor) or drops (closing the
+// connection) what Redis answers on that connection: the grant is decided and
+// written, and its reply does not come back in time, or at all. Replies on other
+// connections pass.
+type replyFault struct {
+	ln       net.Listener
+	upstream string
+	holdFor  time.Duration
+	armed    atomic.Int32 // faultHold or faultDrop for the next FCALL; 0 when disarmed
+	faults   atomic.Int64 // FCALLs whose reply was held or dropped
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+const (
+	faultHold int32 = 1
+	faultDrop int32 = 2
+)
+
+func startReplyFault(t *testing.T, upstream string, holdFor time.Duration) *replyFault {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &replyFault{ln: ln, upstream: upstream, holdFor: holdFor}
+	go f.accept()
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *replyFault) addr() string { return f.ln.Addr().String() }
+
+// close stops accepting and cuts every connection: Redis is unreachable.
+func (f *replyFault) close() {
+	_ = f.ln.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		_ = c.Close()
+	}
+}
+
+func (f *replyFault) accept() {
+	for {
+		client, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", f.upstream)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		f.mu.Lock()
+		f.conns = append(f.conns, client, server)
+		f.mu.Unlock()
+		var holdUntil atomic.Int64 // unix nanos; replies wait until then
+		var drop atomic.Bool
+		go func() { // client -> Redis
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("fcall")) {
+						switch mode := f.armed.Swap(0); mode {
+						case faultHold:
+							holdUntil.Store(time.Now().Add(f.holdFor).UnixNano())
+							f.faults.Add(1)
+						case faultDrop:
+							drop.Store(true)
+							f.faults.Add(1)
+						}
+					}
+					if _, err := server.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					_ = server.Close()
+					return
+				}
+			}
+		}()
+		go func() { // Redis -> client
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := server.Read(buf)
+				if n > 0 {
+					if drop.Load() {
+						_ = client.Close()
+						_ = server.Close()
+						return
+					}
+					if d := time.Until(time.Unix(0, holdUntil.Load())); d > 0 {
+						time.Sleep(d)
+					}
+					if _, err := client.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					_ = client.Close()
+					return
+				}
+			}
+		}()
+	}
+}
+
+// A grab whose FCALL reply is held past the Redis deadline, or lost with its
+// connection, is answered with what Redis decided: 200 with the packet, never 503
+// for a grant that was written; so are the grabs queued behind the held reply on
+// the same connection. When Redis cannot be reached at all, the answer is 503 and
+// nothing was claimed.
+func TestGrabResolvesAnUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const redisTimeout = 300 * time.Millisecond
+	fault := startReplyFault(t, srv.Addr, 4*redisTimeout)
+	rc, err := redisconn.Conn{Addresses: []string{fault.addr()}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rc.Close() })
+	act := testActivity("unknown-outcome")
+	seed(t, admin, act, ones(100), 0, 0, false)
+	var current atomic.Pointer[Resource]
+	current.Store(act)
+	reg := prometheus.NewRegistry()
+	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
+		RedisTimeout: redisTimeout, ResolveTimeout: 2 * time.Second, Metrics: NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := httptest.NewServer(s.Handler())
+	t.Cleanup(web.Close)
+	grab := func(user string) reply {
+		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
+		if err != nil {
+			t.Error(err)
+			return reply{}
+		}
+		return send(t, web.Client(), req)
+	}
+	// Warm up the connections, so the armed FCALL is a grab's.
+	if r := grab("warm-up"); r.Status != http.StatusOK {
+		t.Fatalf("warm-up grab: %d %s", r.Status, r.Raw)
+	}
+
+	check := func(what string, users []string, answers []reply) {
+		t.Helper()
+		for i, r := range answers {
+			if r.Status != http.StatusOK || r.PacketID == "" {
+				t.Errorf("%s: %s got %d %s, want 200 with the packet", what, users[i], r.Status, r.Raw)
+				continue
+			}
+			// Redis holds exactly that claim: the repeat answers the same packet.
+			again := grab(users[i])
+			if again.Outcome != "already_claimed" || again.PacketID != r.PacketID {
+				t.Errorf("%s: %s was answered packet %s, Redis holds %s (%s)", what, users[i], r.PacketID, again.PacketID, again.Raw)
+			}
+		}
+	}
+
+	// A held reply, and 20 grabs queued behind it on the auto-pipeliner's connection.
+	fault.armed.Store(faultHold)
+	users := make([]string, 21)
+	answers := make([]reply, len(users))
+	var wg sync.WaitGroup
+	for i := range users {
+		users[i] = fmt.Sprintf("held-%02d", i)
+		wg.Go(func() {
+			if i > 0 {
+				time.Sleep(20 * time.Millisecond) // behind the first one's FCALL
+			}
+			answers[i] = grab(users[i])
+		})
+	}
+	wg.Wait()
+	if fault.faults.Load() != 1 {
+		t.Fatalf("the proxy held %d replies, want 1: the test proves nothing", fault.faults.Load())
+	}
+	outcomes := map[string]int{}
+	for _, r := range answers {
+		outcomes[fmt.Sprintf("%d %s", r.Status, r.Outcome)]++
+	}
+	t.Logf("held reply: %v", outcomes)
+	check("held reply", users, answers)
+
+	// A reply lost with its connection.
+	time.Sleep(fault.holdFor)
+	fault.armed.Store(faultDrop)
+	dropped := grab("dropped")
+	if fault.faults.Load() != 2 {
+		t.Fatalf("the proxy dropped no reply: the test proves nothing")
+	}
+	t.Logf("dropped reply: %d %s", dropped.Status, dropped.Raw)
+	check("dropped reply", []string{"dropped"}, []reply{dropped})
+
+	snap, err := handleOf(admin, act).Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(users) + 2); snap.ClaimedCount != want {
+		t.Errorf("Redis holds %d claims, want %d (warm-up, held, dropped)", snap.ClaimedCount, want)
+	}
+
+	// Redis unreachable: 503, and nothing was claimed.
+	fault.close()
+	r := grab("unreachable")
+	if r.Status != http.StatusServiceUnavailable || r.Outcome != OutcomeUnavailable || !strings.Contains(r.Error, "retry") {
+		t.Errorf("with Redis unreachable: %d %s, want 503 unavailable saying to retry", r.Status, r.Raw)
+	}
+	if n, err := admin.Exists(t.Context(), keysOf(act).Claims).Result(); err != nil || n == 0 {
+		t.Fatalf("claims key: %d, %v", n, err)
+	}
+	if held, err := admin.HExists(t.Context(), keysOf(act).Claims, "unreachable").Result(); err != nil || held {
+		t.Errorf("the unreachable grab left a claim (%v, %v)", held, err)
+	}
+}
