@@ -11,7 +11,8 @@
 -- to the settlement stream (kind refund, packet "<id>/refund", user the sender,
 -- amount, currency, at), the packet is marked expired (x, which packet_grab answers
 -- expired from then on) and it leaves the due index. A packet with nothing left
--- writes no refund. A second call finds it no longer due, so a refund is written
+-- writes no refund and its hash is deleted at once: no refund will settle to forget
+-- it. A second call finds it no longer due, so a refund is written
 -- once: settlement delivers it with the Idempotency-Key "<budget uid>/<id>/refund".
 --
 -- Numbers: a remainder is at most 15 digits (packet_create.lua), so tonumber reads it
@@ -61,7 +62,13 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', upto, 'LIMIT', 
       end
       moved = moved + tonumber(rem)
     end
-    redis.call('HSET', key, 'x', '1')
+    if rem == '0' then
+      -- Nothing to refund, so nothing for settlement to forget later: the packet goes
+      -- now (its grants are settled from their own entries).
+      redis.call('UNLINK', key)
+    else
+      redis.call('HSET', key, 'x', '1')
+    end
     out[#out + 1] = id
     out[#out + 1] = rem
   end

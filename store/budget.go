@@ -231,5 +231,9 @@ func (s BudgetSnapshot) Conserved() bool {
 // letters), for the settlement workers.
 func (b *Budget) SettlementShard(i int) *Shard {
 	k := b.keys[i]
-	return &Shard{c: b.c, keys: Keys{Meta: k.Meta, Stream: k.Stream, DeadLetters: k.DeadLetters}}
+	// Claims names a key that is never written, under the shard's tag: the scripts
+	// shared with activities (replay_dead.lua) take it, and on a cluster every key of
+	// one call must be in one slot.
+	return &Shard{c: b.c, keys: Keys{Meta: k.Meta, Stream: k.Stream, DeadLetters: k.DeadLetters,
+		Claims: k.packetPrefix[:len(k.packetPrefix)-2] + "noclaims"}}
 }
