@@ -242,7 +242,8 @@ func AllScripts() []*Script {
 		FenceScript, AcceptScript, EnsureGroupScript, TransferOutScript, TransferInScript,
 		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerBudgetScript,
 		PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript, PacketExpireScript,
-		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript}
+		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript,
+		LedgerPacketsCreditScript, LedgerPacketsTotalScript}
 }
 
 // LoadAll loads the operator's scripts into the script cache and GrabLibrary as a
