@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -205,9 +206,13 @@ var createMessages = map[store.CreateOutcome]string{
 // handleCreate is POST /v1/packets: the sender's credential, then the body, then one
 // atomic creation on the packet's shard.
 func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet {
+		s.handleList(w, r)
+		return
+	}
 	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		s.refuseCreate(w, http.StatusMethodNotAllowed, OutcomeInvalidRequest, "use POST on /v1/packets")
+		w.Header().Set("Allow", "GET, POST")
+		s.refuseCreate(w, http.StatusMethodNotAllowed, OutcomeInvalidRequest, "use POST on /v1/packets to create, GET to list")
 		return
 	}
 	if s.cfg.Sender == nil {
@@ -266,6 +271,68 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 	v := NewPacketView(res.Packet)
 	v.Outcome = string(res.Outcome)
 	writeJSON(w, code, v)
+}
+
+// MaxListedPackets is the most live packets one GET /v1/packets lists.
+const MaxListedPackets = 100
+
+// handleList is GET /v1/packets?limit=N: at most N (1..100, default 20) live packets,
+// soonest expiry first, for the budget's operators (kubectl rpa packets). It needs
+// the sender credential: the list names every live packet and its sender, which a
+// group member who knows one packet's id has no business reading. It asks each
+// budget shard for its N soonest, so one call costs N shards' bounded reads.
+func (s *PacketServer) handleList(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Sender == nil {
+		s.refuseDetail(w, http.StatusServiceUnavailable, OutcomeUnavailable,
+			"this grab service has no sender credential (--sender-token-file); it lists nothing until restarted with one")
+		return
+	}
+	if err := s.cfg.Sender.Check(r.Header.Get("Authorization")); err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="packets"`)
+		s.refuseDetail(w, http.StatusUnauthorized, OutcomeUnauthorized, err.Error())
+		return
+	}
+	limit := 20
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxListedPackets {
+			s.refuseDetail(w, http.StatusBadRequest, OutcomeInvalidRequest,
+				fmt.Sprintf("limit must be an integer from 1 to %d", MaxListedPackets))
+			return
+		}
+		limit = n
+	}
+	start := time.Now()
+	live, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) ([]store.PacketDetail, error) {
+		var all []store.PacketDetail
+		for i := range s.budget.N() {
+			l, err := s.budget.LivePackets(ctx, i, limit)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, l...)
+		}
+		return all, nil
+	})
+	s.metrics.RedisDuration.WithLabelValues("list").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.RedisErrors.WithLabelValues("list").Inc()
+		s.refuseDetail(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err, "retry later"))
+		return
+	}
+	slices.SortFunc(live, func(a, b store.PacketDetail) int {
+		if c := a.ExpiresAt.Compare(b.ExpiresAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	out := struct {
+		Packets []PacketView `json:"packets"`
+	}{Packets: []PacketView{}}
+	for _, d := range live[:min(limit, len(live))] {
+		out.Packets = append(out.Packets, NewPacketView(d))
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // handleGrab is POST /v1/packets/{id}/grab: one user's grab of one packet, with the

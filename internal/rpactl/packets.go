@@ -195,10 +195,11 @@ func (c PacketsClient) Packet(ctx context.Context, id string) (PacketView, error
 // ErrNoListing is returned by Live when the grab service does not list packets.
 var ErrNoListing = errors.New("this grab service does not list live packets (GET /v1/packets?limit=N); read one with `kubectl rpa packet`")
 
-// Live is GET /v1/packets?limit=N: at most limit live packets, soonest expiry first.
-func (c PacketsClient) Live(ctx context.Context, limit int) ([]PacketView, error) {
+// Live is GET /v1/packets?limit=N with the sender credential: at most limit live
+// packets, soonest expiry first.
+func (c PacketsClient) Live(ctx context.Context, token string, limit int) ([]PacketView, error) {
 	var l packetList
-	status, err := c.call(ctx, http.MethodGet, "/v1/packets?limit="+strconv.Itoa(limit), "", nil, &l)
+	status, err := c.call(ctx, http.MethodGet, "/v1/packets?limit="+strconv.Itoa(limit), token, nil, &l)
 	if status == http.StatusMethodNotAllowed || status == http.StatusNotFound {
 		return nil, fmt.Errorf("%w: %v", ErrNoListing, err)
 	}
@@ -213,6 +214,20 @@ type SendRequest struct {
 	Count        int64  `json:"count"`
 	Distribution string `json:"distribution,omitempty"`
 	TTLSeconds   int64  `json:"ttlSeconds,omitempty"`
+}
+
+// senderToken reads the budget's sender credential from its Secret (key "token";
+// status.senderSecretName names it), which needs get on that Secret.
+func (s *session) senderToken(ctx context.Context, b *budgetView) (string, error) {
+	sec, err := s.secret(ctx, b.SenderSecret, "the budget's sender credential")
+	if err != nil {
+		return "", err
+	}
+	token := strings.TrimRight(string(sec.Data[SenderTokenKey]), "\r\n")
+	if token == "" {
+		return "", fmt.Errorf("secret %s/%s holds no %q", b.Namespace, b.SenderSecret, SenderTokenKey)
+	}
+	return token, nil
 }
 
 // Send is POST /v1/packets with the sender credential.
@@ -283,12 +298,16 @@ what is left of each, as the budget's grab service answers GET /v1/packets?limit
 			if err := PrintBudgetMoney(streams.Out, b); err != nil {
 				return err
 			}
+			token, err := s.senderToken(ctx, b)
+			if err != nil {
+				return err
+			}
 			c, done, err := gf.packetsClient(ctx, s, b, streams.ErrOut)
 			if err != nil {
 				return err
 			}
 			defer done()
-			live, err := c.Live(ctx, limit)
+			live, err := c.Live(ctx, token, limit)
 			if err != nil {
 				return fmt.Errorf("redpacketbudget %s/%s: %w", b.Namespace, b.Name, err)
 			}
@@ -375,13 +394,9 @@ grabbed before expiry is refunded to the sender.`,
 			if err != nil {
 				return err
 			}
-			sec, err := s.secret(ctx, b.SenderSecret, "the budget's sender credential")
+			token, err := s.senderToken(ctx, b)
 			if err != nil {
 				return err
-			}
-			token := strings.TrimRight(string(sec.Data[SenderTokenKey]), "\r\n")
-			if token == "" {
-				return fmt.Errorf("secret %s/%s holds no %q", b.Namespace, b.SenderSecret, SenderTokenKey)
 			}
 			c, done, err := gf.packetsClient(ctx, s, b, streams.ErrOut)
 			if err != nil {

@@ -2,7 +2,6 @@ package rpactl
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -14,9 +13,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"k8s.io/apimachinery/pkg/types"
+
+	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
 
@@ -61,86 +64,26 @@ func TestBudgetViewOf(t *testing.T) {
 	}
 }
 
-// grabStandIn serves the packet API of docs/grab-api.md from a real store.Budget on
-// a real redis-server, for the plugin's client: POST /v1/packets with a bearer
-// sender token, GET /v1/packets/{id}, and GET /v1/packets?limit=N when listing is on.
-func grabStandIn(t *testing.T, b *store.Budget, token string, listing bool) *httptest.Server {
+// grabServer is the real grab service's packet API (grabsvc.PacketServer) on budget
+// uid over a real redis-server, with the sender credential token.
+func grabServer(t *testing.T, addr, uid string, shards int, token string) *httptest.Server {
 	t.Helper()
-	view := func(d store.PacketDetail, outcome string) PacketView {
-		v := PacketView{ID: d.ID, Sender: d.Sender, Currency: d.Currency, Distribution: d.Distribution, TotalAmount: d.Total,
-			Count: d.Count, RemainingAmount: d.RemainingAmount, RemainingCount: d.RemainingCount,
-			CreatedAt: d.CreatedAt.Format(time.RFC3339), ExpiresAt: d.ExpiresAt.Format(time.RFC3339), Expired: d.Expired, Outcome: outcome}
-		for _, g := range d.Grabs {
-			v.Grabs = append(v.Grabs, PacketShareView{Share: g.Share, UserID: g.UserID, Amount: g.Amount, At: g.At.Format(time.RFC3339)})
-		}
-		return v
+	rc, err := redisconn.Conn{Addresses: []string{addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
+	if err != nil {
+		t.Fatal(err)
 	}
-	reply := func(w http.ResponseWriter, status int, v any) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_ = json.NewEncoder(w).Encode(v)
+	t.Cleanup(func() { _ = rc.Close() })
+	sender, err := grabsvc.NewSenderCredential([]byte(token))
+	if err != nil {
+		t.Fatal(err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/packets", func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && listing {
-			limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
-			var l packetList
-			for i := range b.N() {
-				ps, err := b.LivePackets(r.Context(), i, limit)
-				if err != nil {
-					reply(w, http.StatusServiceUnavailable, apiError{Error: "unavailable", Message: err.Error()})
-					return
-				}
-				for _, p := range ps {
-					l.Packets = append(l.Packets, view(p, ""))
-				}
-			}
-			reply(w, http.StatusOK, l)
-			return
-		}
-		if r.Method != http.MethodPost {
-			reply(w, http.StatusMethodNotAllowed, apiError{Error: "invalid_request", Message: "use POST on /v1/packets"})
-			return
-		}
-		if r.Header.Get("Authorization") != "Bearer "+token {
-			reply(w, http.StatusUnauthorized, apiError{Error: "unauthorized", Message: "no sender credential"})
-			return
-		}
-		var req SendRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-			reply(w, http.StatusBadRequest, apiError{Error: "invalid_request", Message: err.Error()})
-			return
-		}
-		if req.Distribution == "" {
-			req.Distribution = split.TypeRandom // the grab service's default
-		}
-		d, outcome, err := b.CreatePacket(r.Context(), store.NewPacket{ID: req.ID, Sender: req.Sender, Total: req.TotalAmount,
-			Count: req.Count, Distribution: req.Distribution, TTL: time.Duration(req.TTLSeconds) * time.Second})
-		switch {
-		case err != nil:
-			reply(w, http.StatusServiceUnavailable, apiError{Error: "unavailable", Message: err.Error()})
-		case outcome == store.CreateCreated:
-			reply(w, http.StatusCreated, view(d, string(outcome)))
-		case outcome == store.CreateExisting:
-			reply(w, http.StatusOK, view(d, string(outcome)))
-		case outcome == store.CreateConflict:
-			reply(w, http.StatusConflict, apiError{Error: string(outcome), Message: "another body under this id"})
-		default:
-			reply(w, http.StatusUnprocessableEntity, apiError{Error: string(outcome), Message: "refused"})
-		}
-	})
-	mux.HandleFunc("/v1/packets/{id}", func(w http.ResponseWriter, r *http.Request) {
-		d, ok, err := b.Packet(r.Context(), r.PathValue("id"))
-		switch {
-		case err != nil:
-			reply(w, http.StatusServiceUnavailable, apiError{Error: "unavailable", Message: err.Error()})
-		case !ok:
-			reply(w, http.StatusNotFound, apiError{Error: "not_found", Message: "no such packet"})
-		default:
-			reply(w, http.StatusOK, view(d, ""))
-		}
-	})
-	hs := httptest.NewServer(mux)
+	srv, err := grabsvc.NewPacketServer(grabsvc.PacketConfig{
+		Budget: grabsvc.Budget{Namespace: "shop", Name: "group-packets", UID: types.UID(uid), Shards: shards},
+		Redis:  rc.Pipeliner, Ping: rc.Client, Sender: sender, RedisTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	return hs
 }
@@ -148,11 +91,13 @@ func grabStandIn(t *testing.T, b *store.Budget, token string, listing bool) *htt
 // The plugin's packet client against the packet API served from a real budget:
 // send creates a packet with the sender credential and is idempotent by id, another
 // body under the id is refused with the service's code, packet shows who got what
-// in grab order with granted + left = total, packets lists the live ones, and a
-// service that does not list says so.
+// in grab order with granted + left = total, packets lists the live ones with the
+// sender credential, and a server that does not list says so. The server is the
+// real grab service's packet API.
 func TestPacketsClientAgainstARealBudget(t *testing.T) {
 	ctx := t.Context()
-	rdb := redistest.Start(t).Client(t)
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
 	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +106,7 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	hs := grabStandIn(t, b, "sender-secret-token", true)
+	hs := grabServer(t, srv.Addr, "budget-plugin", 4, "sender-secret-token")
 	c := PacketsClient{BaseURL: hs.URL, HTTP: hs.Client()}
 
 	req := SendRequest{ID: "order-1", Sender: "merchant-7", TotalAmount: 1000, Count: 5, Distribution: split.TypeFixed, TTLSeconds: 600}
@@ -205,7 +150,10 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 	if _, err := c.Send(ctx, "sender-secret-token", SendRequest{ID: "order-2", Sender: "merchant-7", TotalAmount: 300, Count: 3}); err != nil {
 		t.Fatal(err)
 	}
-	live, err := c.Live(ctx, 100)
+	if _, err := c.Live(ctx, "wrong-token", 100); err == nil || !strings.Contains(err.Error(), "unauthorized") {
+		t.Fatalf("a listing with a wrong credential: %v", err)
+	}
+	live, err := c.Live(ctx, "sender-secret-token", 100)
 	if err != nil || len(live) != 2 {
 		t.Fatalf("live packets: %+v, %v", live, err)
 	}
@@ -217,9 +165,11 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 		t.Errorf("packets table:\n%s", out.String())
 	}
 
-	noList := PacketsClient{BaseURL: grabStandIn(t, b, "sender-secret-token", false).URL, HTTP: hs.Client()}
-	if _, err := noList.Live(ctx, 10); !errors.Is(err, ErrNoListing) {
-		t.Errorf("a grab service without listing: %v, want ErrNoListing", err)
+	notGrab := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(notGrab.Close)
+	noList := PacketsClient{BaseURL: notGrab.URL, HTTP: hs.Client()}
+	if _, err := noList.Live(ctx, "sender-secret-token", 10); !errors.Is(err, ErrNoListing) {
+		t.Errorf("a server that does not list: %v, want ErrNoListing", err)
 	}
 }
 
