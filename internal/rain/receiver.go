@@ -23,8 +23,12 @@ type Delivery struct {
 	PacketID    string `json:"packetId"`
 	UserID      string `json:"userId"`
 	Amount      int64  `json:"amount"`
-	// Count is the budget's number of packets (kind "budget" only).
-	Count    int64  `json:"count,omitempty"`
+	// Count is the budget's number of packets (kind "budget" only; a
+	// RedPacketBudget's announcement has none: its packets are made at runtime).
+	Count int64 `json:"count,omitempty"`
+	// Source is "budget" for a RedPacketBudget's runtime packets, empty for an
+	// activity.
+	Source   string `json:"source,omitempty"`
 	Currency string `json:"currency"`
 	At       string `json:"at"`
 }
@@ -34,6 +38,8 @@ type Delivery struct {
 type budget struct {
 	amount, count     int64
 	credited, granted int64
+	// runtime is a RedPacketBudget's: its total bounds the credits, no count does.
+	runtime bool
 }
 
 // Receiver is a small balance system: it credits each idempotency key once, keeps
@@ -100,10 +106,30 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	idem := r.Header.Get("Idempotency-Key")
 	wantKey := d.ActivityUID + "/" + d.PacketID
-	switch d.Kind {
-	case "refund":
+	switch {
+	case d.Source == "budget" && d.Kind == "budget":
+		// A RedPacketBudget announces its whole total, again at every refill, under
+		// "<uid>/budget:<total>"; its credits never go beyond the last one.
+		wantKey = fmt.Sprintf("%s/budget:%d", d.ActivityUID, d.Amount)
+		if idem != wantKey || d.Amount <= 0 {
+			rc.badRequests++
+			http.Error(w, fmt.Sprintf("budget total with idempotency key %q (want %q), amount %d", idem, wantKey, d.Amount), http.StatusBadRequest)
+			return
+		}
+		b := rc.budgets[d.ActivityUID]
+		if b == nil {
+			b = &budget{runtime: true}
+			rc.budgets[d.ActivityUID] = b
+		}
+		b.amount = max(b.amount, d.Amount)
+		w.WriteHeader(http.StatusOK)
+		return
+	case d.Source == "budget":
+		// A runtime packet's share or refund: "<uid>/<packetId>/<share>" and
+		// "<uid>/<packetId>/refund", the packet id carrying both.
+	case d.Kind == "refund":
 		wantKey = d.ActivityUID + "/refund"
-	case "budget":
+	case d.Kind == "budget":
 		wantKey = d.ActivityUID + "/budget"
 		if idem != wantKey || d.Amount <= 0 || d.Count <= 0 {
 			rc.badRequests++
@@ -140,7 +166,7 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if d.Kind == "grant" {
 			granted++
 		}
-		if b.credited+d.Amount > b.amount || granted > b.count {
+		if b.credited+d.Amount > b.amount || (!b.runtime && granted > b.count) {
 			rc.overBudget++
 			http.Error(w, fmt.Sprintf("over the budget of %d in %d packets", b.amount, b.count), http.StatusConflict)
 			return
@@ -153,7 +179,11 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "grant":
 		rc.grants++
 		rc.grantSum += d.Amount
-		rc.users[d.UserID]++
+		if d.Source == "" {
+			// A user may win one packet of an activity, and a share of many
+			// runtime packets.
+			rc.users[d.UserID]++
+		}
 	case "refund":
 		rc.refunds++
 		rc.refundSum += d.Amount

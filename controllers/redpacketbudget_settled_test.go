@@ -1,0 +1,146 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
+)
+
+// A budget with a webhook, settled by the operator's own runner through the
+// reconciler: the total is announced before the shards may draw on it and again at
+// a refill, every grant and every refund of its runtime packets is credited once,
+// signed with the operator's key, under "<uid>/<packet>/<share>" and
+// "<uid>/<packet>/refund", the credits add up to the packets' totals, and deletion
+// waits for settlement before the keys go.
+func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	receiver := rain.NewReceiver([]byte(testSigningKey))
+	receiver.RequireBudget = true
+	hs := httptest.NewServer(receiver)
+	t.Cleanup(hs.Close)
+
+	runner := controllers.NewBudgetSettlementRunner(cp.Client, nil, controllers.Options{
+		SettlementKeysSecret: types.NamespacedName{Namespace: e.ns, Name: testSettlementKeys},
+		SettlementConsumer:   "operator-test", SettlementRegisterer: prometheus.NewRegistry()})
+	rctx, stopRunner := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- runner.Start(rctx) }()
+	t.Cleanup(func() { stopRunner(); <-done })
+	e.startBudgetController(runner)
+
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "settled"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
+			Total: 100_000, BudgetShards: 4,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 10_000, MaxCount: 10,
+				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionRandom}},
+			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}},
+		},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("settled", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 100_000)
+	})
+	uid := string(b.UID)
+	if amount, _, ok := receiver.Budget(uid); !ok || amount != 100_000 {
+		t.Fatalf("announced before the shards were configured: %d, %v; want 100000", amount, ok)
+	}
+
+	// Packets of 1,000 in 5 shares, 3 shares grabbed each, due in a second.
+	const packets, each, grabbed = 20, int64(1000), 3
+	h := store.NewBudget(e.rdb, uid, 4)
+	for p := range packets {
+		id := fmt.Sprintf("order-%d", p)
+		if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: each, Count: 5,
+			Distribution: split.TypeRandom, TTL: time.Second}); err != nil || outcome != store.CreateCreated {
+			t.Fatalf("creating %s: %s, %v", id, outcome, err)
+		}
+		for u := range grabbed {
+			if g, err := h.GrabPacket(ctx, id, fmt.Sprintf("user-%d", u)); err != nil || g.Outcome != store.PacketGranted {
+				t.Fatalf("grab of %s: %+v, %v", id, g, err)
+			}
+		}
+	}
+	// A refill: announced again, as the whole new total.
+	b = e.getBudget("settled")
+	b.Spec.Total = 150_000
+	if err := e.c.Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRedPacketBudget("settled", "refilled", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 150_000)
+	})
+	if amount, _, _ := receiver.Budget(uid); amount != 150_000 {
+		t.Fatalf("the refill announced %d, want 150000", amount)
+	}
+
+	// The expiry driver refunds each remainder; settlement credits every share and
+	// every refund once.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		tot := receiver.Totals()
+		if tot.Grants == packets*grabbed && tot.Refunds == packets {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("credits after 60s: %+v; want %d grants and %d refunds", tot, packets*grabbed, packets)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	tot := receiver.Totals()
+	if tot.GrantSum+tot.RefundSum != packets*each || tot.Conflicts != 0 || tot.BadRequests != 0 || tot.OverBudget != 0 {
+		t.Fatalf("credits %+v: grants and refunds must add up to %d, each key once, every signature valid", tot, packets*each)
+	}
+	grants, refunded := receiver.Credited(uid)
+	for p := range packets {
+		for s := range grabbed {
+			if d, ok := receiver.Delivered(fmt.Sprintf("%s/order-%d/%d", uid, p, s)); !ok || d.UserID != fmt.Sprintf("user-%d", s) {
+				t.Fatalf("share %d of order-%d under its key: %+v, %v", s, p, d, ok)
+			}
+		}
+		if d, ok := receiver.Delivered(fmt.Sprintf("%s/order-%d/refund", uid, p)); !ok || d.UserID != "merchant-1" {
+			t.Fatalf("the refund of order-%d: %+v, %v", p, d, ok)
+		}
+	}
+	b = e.waitRedPacketBudget("settled", "every packet expired", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.LivePackets, 0) && is(b.Status.Refunded, packets*each-tot.GrantSum)
+	})
+	t.Logf("%d shares and %d refunded credited; %s", len(grants), refunded, describeBudget(b))
+
+	if err := e.c.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		err := e.c.Get(ctx, client.ObjectKeyFromObject(b), &redpacketv1alpha1.RedPacketBudget{})
+		if isNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the budget is still there 30s after its deletion: %s", describeBudget(e.getBudget("settled")))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if keys, err := e.rdb.Keys(ctx, "rpb:{"+uid+".*").Result(); err != nil || len(keys) != 0 {
+		t.Errorf("keys left after the purge: %v (%v)", keys, err)
+	}
+	if after := receiver.Totals(); after.Grants != tot.Grants || after.Refunds != tot.Refunds {
+		t.Errorf("credits changed after the deletion: %+v, then %+v", tot, after)
+	}
+}
