@@ -218,6 +218,7 @@ func (r *RedPacketBudgetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	deleting := !budget.DeletionTimestamp.IsZero()
 	if deleting && !controllerutil.ContainsFinalizer(budget, BudgetFinalizer) {
 		r.forget(budget.UID)
+		budgetMetrics.Forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 

@@ -489,6 +489,9 @@ func (r *RedPacketBudgetReconciler) finishBudgetReconcile(ctx context.Context, s
 	}
 	before := s.budget.Status
 	computeBudgetStatus(s, retErr == nil && !s.halted)
+	if s.snapshotRead {
+		budgetMetrics.Observe(client.ObjectKeyFromObject(s.budget), s.snapshot)
+	}
 	if c := meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil &&
 		c.Reason == redpacketv1alpha1.ReasonConservationBroken && c.Status == metav1.ConditionTrue &&
 		!meta.IsStatusConditionTrue(before.Conditions, redpacketv1alpha1.ConditionStalled) && r.Recorder != nil {
@@ -697,6 +700,7 @@ func (r *RedPacketBudgetReconciler) deleteBudgetPurge(ctx context.Context, s *bu
 		return stepResult{}, fmt.Errorf("purging the budget's keys: %w", err)
 	}
 	r.forget(b.UID)
+	budgetMetrics.Forget(client.ObjectKeyFromObject(b))
 	orig := b.DeepCopy()
 	controllerutil.RemoveFinalizer(b, BudgetFinalizer)
 	if err := r.Client.Patch(ctx, b, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {

@@ -214,6 +214,9 @@ type BudgetSnapshot struct {
 	Claimed, Refunded int64
 	// Packet and share counts.
 	LivePackets, CreatedPackets, ExpiredPackets, GrabbedShares int64
+	// OverduePackets are live packets past their expiry, not expired yet (the
+	// expiry backlog, each shard read at its own instant).
+	OverduePackets int64
 	// Settled and dead-lettered settlement entries: the grants settled and their
 	// money, the refunds' money settled, and the dead letters.
 	SettledCount, SettledAmount, RefundSettled, DeadLetters int64

@@ -186,6 +186,9 @@ type BudgetShardSnapshot struct {
 	Allotted, Available, Live, Claimed, Refunded            int64
 	Created, Expired, Grabbed                               int64
 	SettledCount, SettledAmount, RefundSettled, DeadLetters int64
+	// Overdue is how many live packets are past their expiry by the Redis clock and
+	// not expired yet: the expiry driver's backlog.
+	Overdue int64
 }
 
 // Conserved reports whether the shard's money adds up.
@@ -195,16 +198,16 @@ func (s BudgetShardSnapshot) Conserved() bool {
 
 // ShardSnapshot reads shard i's money and counters at one instant (budget_snapshot.lua).
 func (b *Budget) ShardSnapshot(ctx context.Context, i int) (BudgetShardSnapshot, error) {
-	v, err := lua.BudgetSnapshotScript.Run(ctx, b.c, []string{b.keys[i].Meta}).StringSlice()
+	v, err := lua.BudgetSnapshotScript.Run(ctx, b.c, []string{b.keys[i].Meta, b.keys[i].Due}).StringSlice()
 	if err != nil {
 		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %w", i, err)
 	}
-	if len(v) != 13 {
-		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %d values, want 13", i, len(v))
+	if len(v) != 14 {
+		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %d values, want 14", i, len(v))
 	}
 	s := BudgetShardSnapshot{State: v[0]}
 	for j, dst := range []*int64{&s.Allotted, &s.Available, &s.Live, &s.Claimed, &s.Refunded, &s.Created,
-		&s.Expired, &s.Grabbed, &s.SettledCount, &s.SettledAmount, &s.RefundSettled, &s.DeadLetters} {
+		&s.Expired, &s.Grabbed, &s.SettledCount, &s.SettledAmount, &s.RefundSettled, &s.DeadLetters, &s.Overdue} {
 		if v[j+1] == "" {
 			continue
 		}
@@ -236,6 +239,7 @@ func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 		out.Live += s.Live
 		out.Claimed += s.Claimed
 		out.Refunded += s.Refunded
+		out.OverduePackets += s.Overdue
 		out.CreatedPackets += s.Created
 		out.ExpiredPackets += s.Expired
 		out.GrabbedShares += s.Grabbed

@@ -354,6 +354,9 @@ func TestBudgetExpiry(t *testing.T) {
 		t.Fatalf("expiry before the time: %d, %v", n, err)
 	}
 	time.Sleep(ttl + 50*time.Millisecond)
+	if s := conserved(t, ctx, b); s.OverduePackets != 2 || s.LivePackets != 3 {
+		t.Fatalf("before the expiry driver ran: %d overdue of %d live, want 2 of 3", s.OverduePackets, s.LivePackets)
+	}
 	expired, err := b.ExpireDuePackets(ctx, 0, 100)
 	if err != nil {
 		t.Fatal(err)
@@ -363,7 +366,7 @@ func TestBudgetExpiry(t *testing.T) {
 		t.Fatalf("expired %+v, want half refunding %d and full", expired, wantRefund)
 	}
 	s := conserved(t, ctx, b)
-	if s.Refunded != wantRefund || s.ExpiredPackets != 2 || s.LivePackets != 1 || s.Live != 77 {
+	if s.Refunded != wantRefund || s.ExpiredPackets != 2 || s.LivePackets != 1 || s.Live != 77 || s.OverduePackets != 0 {
 		t.Fatalf("after expiry: %+v", s)
 	}
 	unchanged(t, ctx, c, "a second expiry", func() {
@@ -391,6 +394,11 @@ func TestBudgetExpiry(t *testing.T) {
 	d, _, err := b.Packet(ctx, "half")
 	if err != nil || !d.Expired || d.RemainingCount != 0 || len(d.Grabs) != 2 {
 		t.Fatalf("expired packet %+v, %v", d, err)
+	}
+	// A packet grabbed to its last share goes at its expiry: nothing to refund, so
+	// no settlement would ever forget it.
+	if _, found, err := b.Packet(ctx, "full"); err != nil || found {
+		t.Fatalf("the fully grabbed packet after its expiry: found %v, %v", found, err)
 	}
 	grabOrFail(t, ctx, b, "half", "z", store.PacketExpired)
 	grabOrFail(t, ctx, b, "half", "x", store.PacketAlreadyClaimed)

@@ -210,6 +210,29 @@ unless on (namespace, name)
 			description: "A reading of every shard found packets or money that are in none of the places they can be (listed, claimed, in transfer between shards, refunded), or in two. Pause the activity and compare its claims and stream with the balance system before anything else is paid.",
 		},
 	}},
+	{"redpacket-budget", []alert{
+		{
+			name:        "RedPacketBudgetNearlyExhausted",
+			expr:        `max by (namespace, name) (redpacket_budget_available_amount) / max by (namespace, name) (redpacket_budget_total_amount) < 0.05`,
+			forDuration: "5m", severity: "warning",
+			summary:     "Budget {{ $labels.namespace }}/{{ $labels.name }} has {{ $value | humanizePercentage }} of its total left to draw",
+			description: "New packets are refused with budget_exhausted once a packet's total is more than its shard has available. Raise spec.total to refill the budget, or let the merchant know.",
+		},
+		{
+			name:        "RedPacketBudgetExpiryBacklog",
+			expr:        `max by (namespace, name) (redpacket_budget_overdue_packets) > 10000`,
+			forDuration: "5m", severity: "warning",
+			summary:     "{{ $value }} packets of budget {{ $labels.namespace }}/{{ $labels.name }} are past their expiry and not expired",
+			description: "The operator's expiry driver runs every 250 ms and leaves a few hundred overdue packets at thousands of expiries a second; a backlog this large for 5 minutes means it is not running (no leader, Redis unreachable) or cannot keep up, and senders wait for their refunds. Check the operator's log and the budget's Stalled condition.",
+		},
+		{
+			name:        "RedPacketBudgetConservationError",
+			expr:        `max by (namespace, name) (abs(redpacket_budget_conservation_error)) > 0`,
+			forDuration: "2m", severity: "critical",
+			summary:     "Money of budget {{ $labels.namespace }}/{{ $labels.name }} does not add up: off by {{ $value }} minor units",
+			description: "available + in packets + claimed + refunded differs from the total in Redis (the budget is Stalled ConservationBroken). Something wrote the budget's keys outside its scripts. Stop creation and compare the budget's streams with the balance system before anything else is paid.",
+		},
+	}},
 	{"redpacket-operator", []alert{
 		{
 			name:        "RedPacketOperatorDown",

@@ -1,0 +1,36 @@
+package controllers
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/types"
+
+	"redpacket.io/operator/store"
+)
+
+// The budget's gauges follow its snapshot: the money columns, the expiry backlog and
+// the conservation error (0 when the money adds up, the difference when it does
+// not), and they go with the budget.
+func TestBudgetMetricsFollowTheSnapshot(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewBudgetMetrics(reg)
+	key := types.NamespacedName{Namespace: "shop", Name: "group"}
+	m.Observe(key, store.BudgetSnapshot{Total: 1000, Available: 600, Live: 200, Claimed: 150, Refunded: 50,
+		LivePackets: 3, CreatedPackets: 9, ExpiredPackets: 6, OverduePackets: 2})
+	for g, want := range map[*prometheus.GaugeVec]float64{m.total: 1000, m.available: 600, m.inPackets: 200,
+		m.claimed: 150, m.refunded: 50, m.live: 3, m.created: 9, m.expired: 6, m.overdue: 2, m.conservation: 0} {
+		if got := testutil.ToFloat64(g.WithLabelValues("shop", "group")); got != want {
+			t.Errorf("gauge %v = %v, want %v", g, got, want)
+		}
+	}
+	m.Observe(key, store.BudgetSnapshot{Total: 1000, Available: 600, Live: 200, Claimed: 150, Refunded: 43})
+	if got := testutil.ToFloat64(m.conservation.WithLabelValues("shop", "group")); got != 7 {
+		t.Errorf("conservation error %v, want 7", got)
+	}
+	m.Forget(key)
+	if n := testutil.CollectAndCount(m.total) + testutil.CollectAndCount(m.conservation); n != 0 {
+		t.Errorf("%d series left after the budget went", n)
+	}
+}
