@@ -1,7 +1,9 @@
--- Argo CD health check of a RedPacketActivity (redpacket.io), read from its status.
--- make chart copies it into argocd-cm-patch.yaml; docs/monitoring.md says how to
--- install it. test/packaging runs it in gopher-lua, the Lua that Argo CD embeds,
--- against status objects of real activities.
+-- Argo CD health check of a RedPacketActivity or a RedPacketBudget (redpacket.io),
+-- read from its status (a budget has no phase: its Ready and Stalled decide).
+-- make chart copies it into argocd-cm-patch.yaml under both kinds' keys;
+-- docs/monitoring.md says how to install it. test/packaging runs it in gopher-lua,
+-- the Lua that Argo CD embeds, against status objects of real activities and of
+-- budgets.
 --
 --   Degraded     it needs a person: Stalled is True (DataLost, RedisRolledBack), the
 --                phase is Failed, Ready is False for an error (Redis unreachable or

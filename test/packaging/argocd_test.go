@@ -247,7 +247,8 @@ func TestArgoCDHealth(t *testing.T) {
 }
 
 // checkArgoPatch checks that config/argocd/argocd-cm-patch.yaml carries health.lua
-// under the key Argo CD reads for group redpacket.io, kind RedPacketActivity.
+// under the keys Argo CD reads for group redpacket.io, kinds RedPacketActivity and
+// RedPacketBudget.
 func checkArgoPatch(t *testing.T, script string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(root, "config", "argocd", "argocd-cm-patch.yaml"))
@@ -260,11 +261,63 @@ func checkArgoPatch(t *testing.T, script string) {
 	if err := yaml.Unmarshal(b, &patch); err != nil {
 		t.Fatalf("argocd-cm-patch.yaml: %v", err)
 	}
-	got, ok := patch.Data["resource.customizations.health.redpacket.io_RedPacketActivity"]
-	if !ok {
-		t.Fatalf("argocd-cm-patch.yaml has no health customization for redpacket.io/RedPacketActivity: keys %v", patch.Data)
+	for _, kind := range []string{"RedPacketActivity", "RedPacketBudget"} {
+		got, ok := patch.Data["resource.customizations.health.redpacket.io_"+kind]
+		if !ok {
+			t.Fatalf("argocd-cm-patch.yaml has no health customization for redpacket.io/%s: keys %v", kind, patch.Data)
+		}
+		if got != script {
+			t.Errorf("argocd-cm-patch.yaml does not hold config/argocd/health.lua as it is for %s: run make chart", kind)
+		}
 	}
-	if got != script {
-		t.Errorf("argocd-cm-patch.yaml does not hold config/argocd/health.lua as it is: run make chart")
+}
+
+// The same health.lua reads a RedPacketBudget, which has no phase: money that does
+// not add up (Stalled ConservationBroken) or a Redis that does not answer is
+// Degraded, a budget waiting for its grab replica or not yet configured is
+// Progressing, and a Ready one is Healthy.
+func TestArgoCDHealthOfABudget(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(root, "config", "argocd", "health.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := string(raw)
+	checkArgoPatch(t, script)
+	budget := func(conds ...metav1.Condition) map[string]any {
+		b := &redpacketv1alpha1.RedPacketBudget{ObjectMeta: metav1.ObjectMeta{Name: "group", Namespace: "shop", Generation: 2}}
+		b.Status.ObservedGeneration = 2
+		b.Status.Conditions = conds
+		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := json.Marshal(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(j, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	cond := func(typ string, status metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: reason + " here"}
+	}
+	for _, tc := range []struct {
+		name string
+		obj  map[string]any
+		want string
+	}{
+		{"ready", budget(cond("Ready", metav1.ConditionTrue, "Ready")), "Healthy"},
+		{"conservation broken", budget(cond("Ready", metav1.ConditionFalse, "ConservationBroken"),
+			cond("Stalled", metav1.ConditionTrue, "ConservationBroken")), "Degraded"},
+		{"redis down", budget(cond("Ready", metav1.ConditionFalse, "RedisUnavailable")), "Degraded"},
+		{"waiting for a grab replica", budget(cond("Ready", metav1.ConditionFalse, "GrabServiceUnavailable")), "Progressing"},
+		{"no status yet", map[string]any{"metadata": map[string]any{"name": "group"}}, "Progressing"},
+	} {
+		if got := runHealthScript(t, script, tc.obj); got.Status != tc.want {
+			t.Errorf("%s: %s (%s), want %s", tc.name, got.Status, got.Message, tc.want)
+		}
 	}
 }
