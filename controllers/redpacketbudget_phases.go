@@ -518,7 +518,7 @@ func (r *RedPacketBudgetReconciler) applyBudgetStatus(ctx context.Context, b *re
 	obj.SetKind("RedPacketBudget")
 	obj.SetNamespace(b.Namespace)
 	obj.SetName(b.Name)
-	if err := r.Client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
+	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying the budget's status: %w", err)
 	}
 	return nil

@@ -152,14 +152,6 @@ func passwordHash(password string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// userRules are the ACL SETUSER rules of the activity's user with the given password
-// hash: everything reset first, so that the rules are exactly these whatever the user
-// held before; on; the one password; the activity's keys; no Pub/Sub channel; and
-// activityUserCommands only.
-func (k Keys) userRules(hash string) []any {
-	return k.aclUser().rules(hash)
-}
-
 // aclUser is the activity's ACL user as EnsureUser sets it.
 func (k Keys) aclUser() aclUserSpec {
 	return aclUserSpec{name: k.userName(), keyRules: k.keyRules(), commands: activityUserCommands()}
@@ -203,7 +195,7 @@ type UserChange struct {
 }
 
 // EnsureUser makes sure every node of the activity's Redis holds the activity's ACL
-// user (activityUserName) with exactly the given password and rules (userRules). A
+// user (activityUserName) with exactly the given password and rules (aclUserSpec.rules). A
 // node that holds them already is left alone, so calling it at every reconcile costs
 // one ACL GETUSER per node. A node that holds the user with another password is a
 // rotation: the user is deleted (ACL DELUSER closes its connections, so nobody stays
@@ -290,12 +282,6 @@ func deleteUser(ctx context.Context, c redis.Cmdable, name string) (int, error) 
 		return deleted, fmt.Errorf("deleting Redis user %s: %w", name, err)
 	}
 	return deleted, nil
-}
-
-// forEachNode runs fn on the standalone server, or concurrently on every master and
-// replica of a cluster (forEachClusterNode).
-func (a *Shard) forEachNode(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error {
-	return forEachNode(ctx, a.c, fn)
 }
 
 // forEachNode runs fn on the standalone server c, or concurrently on every master and
