@@ -9,8 +9,11 @@
 // claim once, applies a demo-sized copy of the sample activity with 2 grab pods, and
 // fires 20,000 concurrent users at its 2,000 packets through the grab Service's
 // ClusterIP. It waits for the status reporter and settlement to catch up and prints
-// the pods, kubectl get output before and after, a summary with its checks, how long
-// each stage took and the node's peak resident memory. It then tears the node down
+// the pods and kubectl get output before and after. Then it shows the second half of
+// the product: a RedPacketBudget with its shared grab fleet, 500 group packets created
+// at runtime through its Service, each raced by its group, expired and refunded,
+// with kubectl get rpb before and after. Last come a summary with its checks, how
+// long each stage took and the node's peak resident memory. It then tears the node down
 // and checks that the host is exactly as it found it.
 //
 // Elsewhere, or with --host, it says why in one line and runs everything as host
@@ -293,6 +296,7 @@ func (d *demo) run(ctx context.Context) error {
 
 	step("summary")
 	d.passed = printSummary(rr, obs, recv.Totals(), total, o.packets, o.connections)
+	fmt.Println("  group packets    not run on host processes: a budget's shared grab fleet is a Deployment the operator runs on a real node")
 
 	if o.keep {
 		d.printKeep(kubeconfig, grabAddr, rs.Addr, obs.uid)

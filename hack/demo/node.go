@@ -265,8 +265,19 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return err
 	}
 
+	groupsOK, err := nd.groupPackets(ctx, recvURL, recv, took)
+	if err != nil {
+		return err
+	}
+
 	step("summary")
 	nd.passed = printSummary(rr, obs, recv.Totals(), total, o.packets, o.connections)
+	if !groupsOK {
+		fmt.Println("  group packets    FAILED: see above")
+		nd.passed = false
+	} else {
+		fmt.Println("  group packets    every packet exact, every share and refund credited once, kubectl get rpb exact")
+	}
 	peak, at := nd.mem.stop()
 	fmt.Printf("  %-16s %s\n", "timings", strings.Join(timings, ", "))
 	fmt.Printf("  %-16s peak resident memory of the node and its pods %d MiB (%s)\n", "memory", peak>>20, memBreakdown(at))

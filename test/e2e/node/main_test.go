@@ -149,7 +149,7 @@ func runMain(m *testing.M) int {
 		}
 		out, _ := node.Kubectl(context.Background(), "", "get", "pods", "-A", "-o", "wide")
 		fmt.Fprintf(os.Stderr, "--- pods\n%s\n", out)
-		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete", "e2e-plugin"} {
+		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete", "e2e-plugin", "e2e-budget"} {
 			logs, _ := node.Kubectl(context.Background(), "", "-n", ns, "logs", "-l", "app.kubernetes.io/name",
 				"--all-containers", "--tail=40", "--prefix", "--max-log-requests=10")
 			fmt.Fprintf(os.Stderr, "--- logs in %s\n%s\n", ns, logs)

@@ -1,0 +1,142 @@
+package node
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/internal/rain"
+)
+
+// TestBudgetOnTheNode runs seed 004's group packets on the real node: a
+// RedPacketBudget's shared fleet of 2 grab pods from the operator's image, 2,000
+// packets created through the grab Service by the sender credential the operator
+// minted, each raced by a group, expired with their remainders refunded, every
+// share and refund credited once with the operator's signature, kubectl get rpb
+// exact, and the budget deleted with no key left.
+func TestBudgetOnTheNode(t *testing.T) {
+	requireNode(t)
+	const (
+		name    = "group-packets"
+		packets = 2000
+		each    = int64(1000)
+		total   = int64(10_000_000)
+		ttl     = 45 // seconds: past the creation and the race on a busy 2-core node
+	)
+	ns := namespace(t, "e2e-budget")
+	applied := time.Now()
+	kubectl(t, fmt.Sprintf(`apiVersion: redpacket.io/v1alpha1
+kind: RedPacketBudget
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  total: %d
+  currency: CNY
+  packets: {maxTotal: 100000, maxCount: 10, minShare: 1, distributions: [Random, Fixed], defaultTTL: 1h, maxTTL: 1h}
+  budgetShards: 4
+  grabService: {replicas: 2}
+  settlement:
+    webhook: {url: %s/credit}
+    maxAttempts: 20
+`, name, ns, total, env.receiverURL), "apply", "-f", "-")
+	kubectl(t, "", "-n", ns, "wait", "--for=condition=Ready", "rpb/"+name, "--timeout=180s")
+	available(t, ns, name+"-grab", 2, 60*time.Second)
+	t.Logf("budget Ready and its 2 grab pods Available %s after apply", time.Since(applied).Round(100*time.Millisecond))
+	t.Log("\n" + kubectl(t, "", "-n", ns, "get", "rpb", name))
+
+	b := &redpacketv1alpha1.RedPacketBudget{}
+	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, b); err != nil {
+		t.Fatal(err)
+	}
+	uid := string(b.UID)
+	enc := kubectl(t, "", "-n", ns, "get", "secret", name+"-sender", "-o", "jsonpath={.data.token}")
+	token, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil || len(token) == 0 {
+		t.Fatalf("the sender credential: %q, %v", enc, err)
+	}
+	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
+	url := "http://" + ip
+	eventually(t, time.Minute, "the budget's grab Service to answer", func() error {
+		resp, err := http.Get(url + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		return nil
+	})
+
+	// Without the credential nothing is created.
+	resp, err := http.Post(url+"/v1/packets", "application/json",
+		strings.NewReader(`{"id":"nobody","sender":"x","totalAmount":10,"count":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a create without the sender credential answered %d, want 401", resp.StatusCode)
+	}
+	// Each packet is raced by a group: 8 members for the even packets (every share
+	// goes), 3 for the odd ones (two shares are left to refund).
+	spec := rain.GroupSpec{URL: url, SenderToken: string(token), Packets: packets, IDPrefix: "order-", Total: each, Shares: 5,
+		TTLSeconds: ttl, Members: func(p int) int { return 8 - 5*(p%2) }}
+	res := rain.RunGroups(t.Context(), spec)
+	if len(res.Errors) > 0 || res.Created != packets {
+		t.Fatalf("%d of %d packets created; unexpected answers: %v", res.Created, packets, res.Errors)
+	}
+	t.Logf("%d packets created through the Service in %s; %d grabs (%d sold out) in %s", packets,
+		res.CreateElapsed.Round(time.Millisecond), res.Grabs, res.SoldOut, res.GrabElapsed.Round(time.Millisecond))
+	claimed, err := res.Check(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refunded := packets*each - claimed
+
+	// Expiry: every packet's time runs out, the remainders are refunded, and
+	// settlement credits every share and refund once.
+	eventually(t, 3*time.Minute, "every share and refund credited", func() error {
+		shares, credits := env.receiver.Credited(uid)
+		if len(shares) != packets/2*5+packets/2*3 || credits != refunded {
+			return fmt.Errorf("%d shares and %d refunded credited, want %d and %d", len(shares), credits, packets/2*5+packets/2*3, refunded)
+		}
+		return nil
+	})
+	tot := env.receiver.Totals()
+	if tot.Conflicts != 0 || tot.BadRequests != 0 || tot.OverBudget != 0 {
+		t.Fatalf("the balance system saw %+v: every credit once, signed, within the budget", tot)
+	}
+	if amount, _, ok := env.receiver.Budget(uid); !ok || amount != total {
+		t.Fatalf("announced budget %d, %v; want %d", amount, ok, total)
+	}
+	eventually(t, time.Minute, "kubectl get rpb exact", func() error {
+		row := columns(t, "-n", ns, "rpb", name)
+		want := map[string]string{"TOTAL": strconv.FormatInt(total, 10), "AVAILABLE": strconv.FormatInt(total-packets*each, 10),
+			"IN-PACKETS": "0", "CLAIMED": strconv.FormatInt(claimed, 10), "REFUNDED": strconv.FormatInt(refunded, 10), "LIVE": "0", "READY": "True"}
+		for k, v := range want {
+			if row[k] != v {
+				return fmt.Errorf("%s is %q, want %q (row %v)", k, row[k], v, row)
+			}
+		}
+		return nil
+	})
+	t.Log("\n" + kubectl(t, "", "-n", ns, "get", "rpb", name, "-o", "wide"))
+
+	kubectl(t, "", "-n", ns, "delete", "rpb", name, "--timeout=120s")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	keys, err := env.redis.Keys(ctx, "rpb:{"+uid+".*").Result()
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("keys left after the budget was deleted: %v (%v)", keys, err)
+	}
+}
