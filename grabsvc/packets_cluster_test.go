@@ -100,7 +100,7 @@ func TestPacketsOnACluster(t *testing.T) {
 		if len(wins[p]) != 5 || sum != totals[p] {
 			t.Errorf("order-%d: %d winners summing to %d, want 5 summing to %d", p, len(wins[p]), sum, totals[p])
 		}
-		shards[store.BudgetShardOf(fmt.Sprintf("order-%d", p), budget.Shards)] = true
+		shards[handle.ShardOf(fmt.Sprintf("order-%d", p))] = true
 	}
 	snap, err := handle.Snapshot(ctx)
 	if err != nil {
