@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -231,14 +232,28 @@ const PageContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-
 // registerPage serves the rain page's embedded files: index.html at / (exactly),
 // and rain.css and rain.js under their names.
 func registerPage(mux *http.ServeMux) error {
-	for _, f := range []struct{ path, file, contentType string }{
-		{"/{$}", "index.html", "text/html; charset=utf-8"},
-		{"/rain.css", "rain.css", "text/css; charset=utf-8"},
-		{"/rain.js", "rain.js", "text/javascript; charset=utf-8"},
-	} {
-		body, err := web.Files.ReadFile(f.file)
+	return servePageFiles(mux, "the rain page", web.Files, []pageFile{
+		{path: "/{$}", file: "index.html", contentType: "text/html; charset=utf-8"},
+		{path: "/rain.css", file: "rain.css", contentType: "text/css; charset=utf-8"},
+		{path: "/rain.js", file: "rain.js", contentType: "text/javascript; charset=utf-8"},
+	})
+}
+
+// pageFile is one embedded file of a page and the route it is served at. check,
+// when set, refuses a request (404) by the message it returns for it.
+type pageFile struct {
+	path, file, contentType string
+	check                   func(r *http.Request) string
+}
+
+// servePageFiles serves a page's embedded files, each under the rain page's
+// Content-Security-Policy, nosniff and no referrer, to GET and HEAD only, revalidated
+// by an ETag of its content.
+func servePageFiles(mux *http.ServeMux, page string, files fs.ReadFileFS, list []pageFile) error {
+	for _, f := range list {
+		body, err := files.ReadFile(f.file)
 		if err != nil {
-			return fmt.Errorf("grab server: the rain page: %w", err)
+			return fmt.Errorf("grab server: %s: %w", page, err)
 		}
 		sum := sha256.Sum256(body)
 		etag := `"` + hex.EncodeToString(sum[:8]) + `"`
@@ -251,6 +266,12 @@ func registerPage(mux *http.ServeMux) error {
 				h.Set("Allow", "GET, HEAD")
 				writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "use GET on " + r.URL.Path})
 				return
+			}
+			if f.check != nil {
+				if msg := f.check(r); msg != "" {
+					writeJSON(w, http.StatusNotFound, errorBody{Error: msg})
+					return
+				}
 			}
 			h.Set("Content-Type", f.contentType)
 			h.Set("Cache-Control", "no-cache")
