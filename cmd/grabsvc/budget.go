@@ -86,16 +86,11 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 	log.Info("budget grab service listening", "addr", ln.Addr().String(), "shards", o.budgetShards,
 		"auth", tokens != nil, "page", o.page)
 
-	if o.pprofListen != "" {
-		pl, err := net.Listen("tcp", o.pprofListen)
-		if err != nil {
-			return fmt.Errorf("listening on %s: %w", o.pprofListen, err)
-		}
-		ps := newPprofServer()
-		defer func() { _ = ps.Close() }()
-		go func() { _ = ps.Serve(pl) }()
-		log.Info("serving profiles", "addr", pl.Addr().String())
+	stopPprof, err := servePprof(o.pprofListen, log)
+	if err != nil {
+		return err
 	}
+	defer stopPprof()
 
 	// Rotated Secrets are mounted in place: re-read both credentials periodically.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))

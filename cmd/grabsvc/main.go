@@ -318,16 +318,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("grab service listening", "addr", ln.Addr().String(), "auth", tokens != nil,
 		"page", o.page)
 
-	if o.pprofListen != "" {
-		pl, err := net.Listen("tcp", o.pprofListen)
-		if err != nil {
-			return fmt.Errorf("listening on %s: %w", o.pprofListen, err)
-		}
-		ps := newPprofServer()
-		defer func() { _ = ps.Close() }()
-		go func() { _ = ps.Serve(pl) }()
-		log.Info("serving profiles", "addr", pl.Addr().String())
+	stopPprof, err := servePprof(o.pprofListen, log)
+	if err != nil {
+		return err
 	}
+	defer stopPprof()
 
 	// Background work lives until the HTTP server has drained.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -401,4 +396,20 @@ func newPprofServer() *http.Server {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+}
+
+// servePprof serves Go's profiles on addr (none when addr is empty) and returns the
+// function that stops it.
+func servePprof(addr string, log *slog.Logger) (func(), error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	pl, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	ps := newPprofServer()
+	go func() { _ = ps.Serve(pl) }()
+	log.Info("serving profiles", "addr", pl.Addr().String())
+	return func() { _ = ps.Close() }, nil
 }
