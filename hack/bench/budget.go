@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +37,8 @@ type budgetRun struct {
 	memPackets              int64
 	perLivePacket, perShare float64
 	conserved               bool
+	// fleetRSS is the grab service's resident memory with fleetLive[i] live packets.
+	fleetLive, fleetRSS [2]int64
 }
 
 func (b budgetRun) createdRate() float64 {
@@ -93,6 +97,22 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 	if err := proc.WaitHTTP(ctx, gp, "http://"+addr+"/readyz", 60*time.Second); err != nil {
 		return r, fmt.Errorf("grab service in budget mode: %w (log: %s)", err, proc.Tail(logPath, 2000))
 	}
+
+	// The fleet's memory against the live packets: the grab service keeps nothing per
+	// packet, so its resident memory with 100,000 live packets is what it is with 1,000.
+	r.fleetLive = [2]int64{1_000, 100_000}
+	var made int64
+	for i, live := range r.fleetLive {
+		if err := createPackets(ctx, "http://"+addr, senderToken, "m-", made, live); err != nil {
+			return r, fmt.Errorf("creating %d live packets: %w (log: %s)", live, err, proc.Tail(logPath, 2000))
+		}
+		made = live
+		if r.fleetRSS[i], err = residentBytes(gp.Pid()); err != nil {
+			return r, err
+		}
+	}
+	fmt.Printf("(l) the grab service's resident memory: %d MiB with %d live packets, %d MiB with %d\n",
+		r.fleetRSS[0]>>20, r.fleetLive[0], r.fleetRSS[1]>>20, r.fleetLive[1])
 
 	redisMeter := redisCPUMeter(ctx, rc)
 	meters := []cpuMeter{procCPU(serverMeter, gp.Pid()), redisMeter, selfCPU()}
@@ -156,6 +176,66 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 	fmt.Printf("(l) Redis memory: %.0f B per live 5-share packet, %.0f B per claimed share (%d packets)\n",
 		r.perLivePacket, r.perShare, r.memPackets)
 	return r, nil
+}
+
+// createPackets creates the packets <prefix><from> .. <prefix><to-1> through POST
+// /v1/packets with 32 concurrent clients; every one must answer 201.
+func createPackets(ctx context.Context, base, token, prefix string, from, to int64) error {
+	var (
+		next   atomic.Int64
+		failed atomic.Value
+		wg     sync.WaitGroup
+	)
+	next.Store(from)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	for range 32 {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < to && failed.Load() == nil; i = next.Add(1) - 1 {
+				body := `{"id":"` + prefix + strconv.FormatInt(i, 10) + `","sender":"merchant-1","totalAmount":` +
+					strconv.Itoa(budgetPacketAmount) + `,"count":5,"distribution":"Fixed"}`
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/packets", strings.NewReader(body))
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				req.Header.Set("Authorization", "Bearer "+token)
+				resp, err := hc.Do(req)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusCreated {
+					failed.Store(fmt.Errorf("packet %s%d: HTTP %d", prefix, i, resp.StatusCode))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// residentBytes is a process's resident memory (VmRSS).
+func residentBytes(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("reading the grab service's memory: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("VmRSS %q: %w", rest, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
 
 // measureBudgetMemory creates r.memPackets packets of 5 shares on a budget of its own
@@ -232,8 +312,9 @@ func measureBudgetMemory(ctx context.Context, rc redis.UniversalClient, shards i
 
 func (b budgetRun) summary() string {
 	return fmt.Sprintf("(l) budget: %.0f packets created/s through HTTP (5 shares), %.0f grabs/s, created/s ÷ grabs/s %.2f; "+
-		"%.0f B per live 5-share packet, %.0f B per claimed share\n",
-		b.createdRate(), b.grab.Rate(), b.ratio(), b.perLivePacket, b.perShare)
+		"%.0f B per live 5-share packet, %.0f B per claimed share; grab service %d MiB with %d live packets, %d MiB with %d\n",
+		b.createdRate(), b.grab.Rate(), b.ratio(), b.perLivePacket, b.perShare,
+		b.fleetRSS[0]>>20, b.fleetLive[0], b.fleetRSS[1]>>20, b.fleetLive[1])
 }
 
 func (b budgetRun) markdown() string {
@@ -253,6 +334,8 @@ func (b budgetRun) markdown() string {
 	fmt.Fprintf(&s, "Redis memory (used_memory, %d packets created directly through the create function): "+
 		"**%.0f bytes per live 5-share packet** (its hash with shares, fingerprint and detail fields, and its "+
 		"due-index entry; goal ≤ 1 KiB), and %.0f bytes per claimed share (the claim in the packet's hash and "+
-		"the settlement entry).\n", b.memPackets, b.perLivePacket, b.perShare)
+		"the settlement entry).\n\n", b.memPackets, b.perLivePacket, b.perShare)
+	fmt.Fprintf(&s, "The grab service's resident memory (VmRSS) with %d live packets: %d MiB; with %d: %d MiB "+
+		"(it keeps nothing per packet).\n", b.fleetLive[0], b.fleetRSS[0]>>20, b.fleetLive[1], b.fleetRSS[1]>>20)
 	return s.String()
 }
