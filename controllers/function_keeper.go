@@ -118,6 +118,12 @@ func (k *FunctionKeeper) Start(ctx context.Context) error {
 	if interval <= 0 {
 		interval = DefaultFunctionCheckInterval
 	}
+	return everyInterval(ctx, interval, func(ctx context.Context) { k.CheckOnce(ctx) })
+}
+
+// everyInterval runs fn every interval until ctx ends, then returns nil: the loop of
+// the operator's periodic runnables (the function keeper, the budget expiry driver).
+func everyInterval(ctx context.Context, interval time.Duration, fn func(context.Context)) error {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
@@ -125,7 +131,7 @@ func (k *FunctionKeeper) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			k.CheckOnce(ctx)
+			fn(ctx)
 		}
 	}
 }

@@ -144,16 +144,7 @@ func (e *BudgetExpiry) Start(ctx context.Context) error {
 	if interval <= 0 {
 		interval = DefaultBudgetExpiryInterval
 	}
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-			e.ExpireOnce(ctx)
-		}
-	}
+	return everyInterval(ctx, interval, func(ctx context.Context) { e.ExpireOnce(ctx) })
 }
 
 // NeedLeaderElection is true: only the leader expires packets.

@@ -37,17 +37,11 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--sender-token-file: %w", err)
 	}
-	var tokens *grabsvc.TokenVerifier
-	if o.tokenKeyFile != "" {
-		key, err := grabsvc.ReadKeyFile(o.tokenKeyFile)
-		if err != nil {
-			return fmt.Errorf("--token-key-file: %w", err)
-		}
-		if tokens, err = grabsvc.NewTokenVerifier(key); err != nil {
-			return fmt.Errorf("--token-key-file: %w", err)
-		}
-		tokens.MaxLifetime = o.tokenMaxLifetime
-	} else {
+	tokens, err := o.tokenVerifier()
+	if err != nil {
+		return err
+	}
+	if tokens == nil {
 		log.Warn("no --token-key-file: grabs of the budget's packets carry no user token")
 	}
 

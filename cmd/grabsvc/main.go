@@ -247,17 +247,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("creating the API client: %w", err)
 	}
 
-	var tokens *grabsvc.TokenVerifier
-	if o.tokenKeyFile != "" {
-		key, err := grabsvc.ReadKeyFile(o.tokenKeyFile)
-		if err != nil {
-			return fmt.Errorf("--token-key-file: %w", err)
-		}
-		if tokens, err = grabsvc.NewTokenVerifier(key); err != nil {
-			return fmt.Errorf("--token-key-file: %w", err)
-		}
-		tokens.MaxLifetime = o.tokenMaxLifetime
-	} else {
+	tokens, err := o.tokenVerifier()
+	if err != nil {
+		return err
+	}
+	if tokens == nil {
 		log.Warn("no --token-key-file: grabs carry no user token; if the activity asks for tokens " +
 			"(spec.grabService.auth), every grab is refused with 503")
 	}
@@ -412,4 +406,22 @@ func servePprof(addr string, log *slog.Logger) (func(), error) {
 	go func() { _ = ps.Serve(pl) }()
 	log.Info("serving profiles", "addr", pl.Addr().String())
 	return func() { _ = ps.Close() }, nil
+}
+
+// tokenVerifier verifies user tokens with the key in --token-key-file; nil when no
+// file is given (grabs carry no token).
+func (o *options) tokenVerifier() (*grabsvc.TokenVerifier, error) {
+	if o.tokenKeyFile == "" {
+		return nil, nil
+	}
+	key, err := grabsvc.ReadKeyFile(o.tokenKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--token-key-file: %w", err)
+	}
+	tokens, err := grabsvc.NewTokenVerifier(key)
+	if err != nil {
+		return nil, fmt.Errorf("--token-key-file: %w", err)
+	}
+	tokens.MaxLifetime = o.tokenMaxLifetime
+	return tokens, nil
 }
