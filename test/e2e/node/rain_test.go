@@ -24,7 +24,8 @@ import (
 // signed webhook, waits until it is Ready and its grab Deployment Available, and
 // makes it rain through the grab Service's ClusterIP while, one after the other: a
 // grab pod is deleted, the grab image is changed to a rebuilt tag, the grab
-// Deployment is scaled by hand, and the leading operator pod is killed. No grab may
+// Deployment is scaled by hand, the leading operator pod is stopped cleanly (the lease
+// must move at once), and the next leading operator pod is killed. No grab may
 // fail (a 503 or a dropped connection is asked again, as a client does), no packet
 // may be granted twice, and every grant must be credited once, signed.
 func TestRainThroughTheClusterIP(t *testing.T) {
@@ -166,8 +167,18 @@ func TestRainThroughTheClusterIP(t *testing.T) {
 		}
 	})
 
+	during("stop the leading operator pod cleanly", func() {
+		leader, took := moveLeader(t, false)
+		t.Logf("operator pod %s stopped; another replica took the lease %s later", leader, took.Round(100*time.Millisecond))
+		// A clean stop releases the lease: the other replica takes it at its next
+		// try (every 2 s), not after the 15 s a lapsed lease takes.
+		if took > 10*time.Second {
+			t.Errorf("the lease moved %s after the leader stopped cleanly: it was not released", took)
+		}
+	})
+
 	during("kill the leading operator pod", func() {
-		leader, took := killLeader(t)
+		leader, took := moveLeader(t, true)
 		t.Logf("operator pod %s killed; another replica took the lease %s later", leader, took.Round(100*time.Millisecond))
 		// controller-runtime's lease lasts 15 s; the other replica retries every 2 s.
 		if took > 20*time.Second {
@@ -296,10 +307,12 @@ func grabPods(t *testing.T, ns, name string) []corev1.Pod {
 	return pods
 }
 
-// killLeader force-deletes the operator pod that holds the leader lease, at once and
-// without a grace period (its lease is not released), and returns its name and how
-// long another replica took to hold the lease.
-func killLeader(t *testing.T) (string, time.Duration) {
+// moveLeader deletes the operator pod that holds the leader lease and returns its name
+// and how long another replica took to hold the lease. Killed, it is force-deleted at
+// once without a grace period: its lease is not released and lapses. Otherwise it is
+// deleted with its grace period: it stops cleanly and releases the lease on the way
+// out (LeaderElectionReleaseOnCancel).
+func moveLeader(t *testing.T, killed bool) (string, time.Duration) {
 	t.Helper()
 	holder := func() string {
 		l := &coordinationv1.Lease{}
@@ -316,7 +329,11 @@ func killLeader(t *testing.T) (string, time.Duration) {
 		return nil
 	})
 	pod, _, _ := strings.Cut(leader, "_")
-	kubectl(t, "", "-n", cluster.OperatorNamespace, "delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
+	if killed {
+		kubectl(t, "", "-n", cluster.OperatorNamespace, "delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
+	} else {
+		kubectl(t, "", "-n", cluster.OperatorNamespace, "delete", "pod", pod, "--wait=false")
+	}
 	took := eventually(t, time.Minute, "another operator replica to take the lease", func() error {
 		h := holder()
 		if h == "" || strings.HasPrefix(h, pod+"_") {
