@@ -102,6 +102,10 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 			pgrabOp(0, "u1", store.PacketAlreadyClaimed, 0, 200, 210),
 			pgrabOp(1, "u2", store.PacketGranted, 1, 300, 310),
 		}, true},
+		{"sound: the grab path's retry answers existing to the call that created", []porcupine.Operation{
+			createOp(0, store.CreateExisting, 100, 101),
+			pgrabOp(1, "u2", store.PacketGranted, 0, 300, 310),
+		}, true},
 		{"sound: the budget's limits refuse a body; the money refuses another", []porcupine.Operation{
 			createOp(2, store.CreateLimitExceeded, 50, 60),
 			createOp(0, store.CreateBudgetExhausted, 70, 80),
@@ -182,6 +186,9 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 		{"conflict with the packet's own body", []porcupine.Operation{
 			created,
 			createOp(0, store.CreateConflict, 200, 210),
+		}, false},
+		{"existing with a creation time before the call", []porcupine.Operation{
+			createOp(0, store.CreateExisting, 150, 160),
 		}, false},
 		{"existing for another body", []porcupine.Operation{
 			created,

@@ -166,6 +166,15 @@ func (s *packetState) stepCreate(bodies []PacketBody, in BudgetInput, out Budget
 				return false, s
 			}
 			return true, &packetState{phase: phaseCreated, body: in.Body, expLo: out.ExpiresMs, expHi: out.ExpiresMs}
+		case store.CreateExisting:
+			// The grab path's client retries a command once after a connection
+			// error: the first run created the packet, its reply was lost, and the
+			// retry found it. One call, one creation.
+			if b.OverLimit || out.ExpiresMs-out.CreatedMs != b.TTLMs || out.CreatedMs < in.NotBeforeMs ||
+				in.NotAfterMs != 0 && out.CreatedMs > in.NotAfterMs {
+				return false, s
+			}
+			return true, &packetState{phase: phaseCreated, body: in.Body, expLo: out.ExpiresMs, expHi: out.ExpiresMs}
 		case store.CreateLimitExceeded:
 			return b.OverLimit, s
 		case store.CreateBudgetExhausted:
