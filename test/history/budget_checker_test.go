@@ -102,6 +102,13 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 			pgrabOp(0, "u1", store.PacketAlreadyClaimed, 0, 200, 210),
 			pgrabOp(1, "u2", store.PacketGranted, 1, 300, 310),
 		}, true},
+		{"sound: a holder's second grab with no answer ran once the packet was gone", []porcupine.Operation{
+			created,
+			bop(0, BudgetInput{Op: OpPacketGrab, User: "u1"}, BudgetOutput{HasShare: true, Share: 0}, 200, -1),
+			detailOp(true, map[string]int{"u1": 0}, false, 300, 310),
+			pgrabOp(1, "u2", store.PacketMissing, 0, 1200, 1210),
+			bop(0, BudgetInput{Op: OpPacketGrab, User: "u1"}, BudgetOutput{HasShare: true, Share: 0}, 1300, -1),
+		}, true},
 		{"sound: the grab path's retry answers existing to the call that created", []porcupine.Operation{
 			createOp(0, store.CreateExisting, 100, 101),
 			pgrabOp(1, "u2", store.PacketGranted, 0, 300, 310),

@@ -200,8 +200,14 @@ func (s *packetState) stepCreate(bodies []PacketBody, in BudgetInput, out Budget
 
 func (s *packetState) stepGrab(bodies []PacketBody, in BudgetInput, out BudgetOutput) (bool, *packetState) {
 	if s.phase != phaseCreated {
-		// No hash: every grab answers missing (an unknown grab changed nothing).
-		return out.Unknown && !out.HasShare || out.Grab == store.PacketMissing, s
+		// No hash: every grab answers missing and changes nothing. An unknown grab
+		// of a user who ends with a share is placed here only once the user holds
+		// it (before the packet exists, it goes after the grant instead).
+		if out.Unknown && out.HasShare {
+			held, has := s.share(in.User)
+			return s.phase == phaseGone && has && held == out.Share, s
+		}
+		return out.Unknown || out.Grab == store.PacketMissing, s
 	}
 	b := bodies[s.body]
 	held, has := s.share(in.User)
@@ -335,23 +341,8 @@ func (s *packetState) equal(o *packetState) bool {
 // detail before it.
 func BudgetModel(bodies map[string][]PacketBody) porcupine.Model {
 	return porcupine.Model{
-		Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-			by := map[string][]porcupine.Operation{}
-			var order []string
-			for _, op := range h {
-				p := op.Input.(BudgetInput).Packet
-				if _, ok := by[p]; !ok {
-					order = append(order, p)
-				}
-				by[p] = append(by[p], op)
-			}
-			out := make([][]porcupine.Operation, 0, len(order))
-			for _, p := range order {
-				out = append(out, by[p])
-			}
-			return out
-		},
-		Init: func() interface{} { return &packetState{expHi: math.MaxInt64} },
+		Partition: partitionBy(func(in interface{}) string { return in.(BudgetInput).Packet }),
+		Init:      func() interface{} { return &packetState{expHi: math.MaxInt64} },
 		Step: func(st, in, out interface{}) (bool, interface{}) {
 			s, i, o := st.(*packetState), in.(BudgetInput), out.(BudgetOutput)
 			bs := bodies[i.Packet]

@@ -633,19 +633,9 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		}
 	}
 
-	model := BudgetModel(bodies)
-	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(model, history, checkTimeout)
-	st.check = time.Since(checkStart)
-	if res != porcupine.Ok {
+	var ok bool
+	if ok, st.check = checkHistory(t, BudgetModel(bodies), history, sc.seed, sc.faults); !ok {
 		st.violations++
-		path, err := writeFailure(model, info, history, sc.seed, fmt.Sprint(sc.faults))
-		if err != nil {
-			t.Errorf("writing the visualization: %v", err)
-		}
-		t.Errorf("seed %d: budget history of %d operations is %s; visualization %s; replay with HISTORY_SEED=%d",
-			sc.seed, len(history), res, path, sc.seed)
-		logIllegalPackets(t, model, history)
 	}
 	for _, v := range CheckExhaustion(history, bodies, finalBody, func(id string) int { return budget.ShardOf(id) }, allotted) {
 		st.violations++
@@ -799,21 +789,4 @@ func TestBudgetHistories(t *testing.T) {
 		formatCounts(sum.faults, budgetFaultKinds), formatCounts(sum.outcomes, budgetOutcomeKeys),
 		sum.created, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.expiryCut,
 		time.Since(begin).Round(time.Millisecond), sum.check.Round(time.Millisecond))
-}
-
-// logIllegalPackets logs the operations of every packet whose history alone is not
-// linearizable, in call order, with the times relative to the run's start.
-func logIllegalPackets(t *testing.T, model porcupine.Model, history []porcupine.Operation) {
-	t.Helper()
-	for _, part := range model.Partition(history) {
-		if porcupine.CheckOperations(model, part) {
-			continue
-		}
-		sort.Slice(part, func(i, j int) bool { return part[i].Call < part[j].Call })
-		t.Logf("packet %s:", part[0].Input.(BudgetInput).Packet)
-		for _, op := range part {
-			t.Logf("  client %d  %8.1fms .. %8.1fms  %s", op.ClientId, float64(op.Call)/1e6, float64(op.Return)/1e6,
-				model.DescribeOperation(op.Input, op.Output))
-		}
-	}
 }

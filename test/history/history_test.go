@@ -392,6 +392,55 @@ func (ft faultTargets) inject(ctx context.Context, f fault) error {
 	return nil
 }
 
+// checkHistory checks a run's history with porcupine, within checkTimeout, and
+// reports whether it is linearizable and how long the check took. A history that is
+// not (or whose check timed out) fails the test and leaves its visualization, the
+// history and the seed (writeFailure); so does, without failing, one whose check
+// took over slowCheck. Checked per partition first, the failing partitions are
+// logged operation by operation.
+func checkHistory(t *testing.T, model porcupine.Model, history []porcupine.Operation, seed uint64, faults []fault) (bool, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	res, info := porcupine.CheckOperationsVerbose(model, history, checkTimeout)
+	took := time.Since(start)
+	if res == porcupine.Ok && took <= slowCheck {
+		return true, took
+	}
+	path, err := writeFailure(model, info, history, seed, fmt.Sprint(faults))
+	if err != nil {
+		t.Errorf("writing the visualization: %v", err)
+	}
+	if res == porcupine.Ok {
+		// Not a failure, but close to one: leave the history for a look at what
+		// made the search long.
+		t.Logf("seed %d: the check took %v (the limit is %v); visualization %s", seed, took.Round(time.Millisecond), checkTimeout, path)
+		return true, took
+	}
+	t.Errorf("seed %d: history of %d operations is %s (not linearizable, or the check timed out); visualization %s; replay with HISTORY_SEED=%d",
+		seed, len(history), res, path, seed)
+	if res == porcupine.Illegal {
+		logIllegalPartitions(t, model, history)
+	}
+	return false, took
+}
+
+// logIllegalPartitions logs the operations of every partition that alone is not
+// linearizable, in call order, with the times from the run's start.
+func logIllegalPartitions(t *testing.T, model porcupine.Model, history []porcupine.Operation) {
+	t.Helper()
+	for _, part := range model.Partition(history) {
+		if porcupine.CheckOperations(model, part) {
+			continue
+		}
+		sort.Slice(part, func(i, j int) bool { return part[i].Call < part[j].Call })
+		t.Logf("a partition of %d operations is not linearizable:", len(part))
+		for _, op := range part {
+			t.Logf("  client %2d  %9.1fms .. %9.1fms  %s", op.ClientId, float64(op.Call)/1e6, float64(op.Return)/1e6,
+				model.DescribeOperation(op.Input, op.Output))
+		}
+	}
+}
+
 // controllerTimeout is the deadline of each of the controller's Redis calls.
 const controllerTimeout = 300 * time.Millisecond
 
@@ -785,26 +834,9 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	st.ops = len(history)
 
 	// Linearizability.
-	model := Model(counts)
-	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(model, history, checkTimeout)
-	st.check = time.Since(checkStart)
-	if res != porcupine.Ok {
+	var ok bool
+	if ok, st.check = checkHistory(t, Model(counts), history, sc.seed, sc.faults); !ok {
 		st.violations++
-		path, err := writeFailure(model, info, history, sc.seed, fmt.Sprint(sc.faults))
-		if err != nil {
-			t.Errorf("writing the visualization: %v", err)
-		}
-		t.Errorf("seed %d: history of %d operations is %s (not linearizable, or the check timed out); visualization %s; replay with HISTORY_SEED=%d",
-			sc.seed, len(history), res, path, sc.seed)
-	} else if st.check > slowCheck {
-		// Not a failure, but close to one: leave the history for a look at what
-		// made the search long.
-		path, err := writeFailure(model, info, history, sc.seed, fmt.Sprint(sc.faults))
-		if err != nil {
-			t.Errorf("writing the visualization: %v", err)
-		}
-		t.Logf("seed %d: the check took %v (the limit is %v); visualization %s", sc.seed, st.check.Round(time.Millisecond), checkTimeout, path)
 	}
 
 	// Conservation and acknowledged grants.
