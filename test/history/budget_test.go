@@ -171,6 +171,18 @@ func newBudgetScenario(seed uint64) budgetScenario {
 	// Less money than the packets ask for, some runs: creations race for it.
 	sc.total = sum * int64(60+r.IntN(90)) / 100
 	horizon := sc.window + 3*time.Second
+	// aimedRestart restarts the operator's part when a packet falls due: its link
+	// holds the expiry runner's traffic from then, the kill comes halfway through the
+	// hold, so an expiry call in flight reaches Redis after the kill.
+	aimedRestart := func(f *fault) {
+		p := sc.packets[r.IntN(len(sc.packets))]
+		f.at = p.start + time.Duration(p.model[0].TTLMs)*time.Millisecond
+		f.hold = time.Duration(300+r.IntN(200)) * time.Millisecond
+	}
+	// Every run has one such restart; the schedule may draw more.
+	f := fault{kind: faultControllerRestart, dur: time.Duration(20+r.IntN(180)) * time.Millisecond}
+	aimedRestart(&f)
+	sc.faults = append(sc.faults, f)
 	for i := 4 + r.IntN(5); i > 0; i-- {
 		f := fault{at: time.Duration(r.Int64N(int64(horizon))), kind: budgetFaultKinds[r.IntN(len(budgetFaultKinds))]}
 		switch f.kind {
@@ -187,10 +199,8 @@ func newBudgetScenario(seed uint64) budgetScenario {
 			f.target = r.IntN(2)
 		case faultControllerRestart:
 			f.dur = time.Duration(20+r.IntN(180)) * time.Millisecond
-			if r.IntN(2) == 0 { // aimed at a packet's expiry: the runner's call is held, then cut
-				p := sc.packets[r.IntN(len(sc.packets))]
-				f.at = p.start + time.Duration(p.model[0].TTLMs)*time.Millisecond
-				f.hold = time.Duration(150+r.IntN(200)) * time.Millisecond
+			if r.IntN(2) == 0 {
+				aimedRestart(&f)
 			}
 		}
 		sc.faults = append(sc.faults, f)
