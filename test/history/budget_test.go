@@ -294,6 +294,8 @@ func (o *budgetOperator) Stop() {
 type budgetStats struct {
 	runStats
 	created, exhausted, lostCreates, lostGrants, refunds, expiryCut, operatorRestarts int
+	// retriedCreates are creations answered existing by the call that created.
+	retriedCreates int
 }
 
 func (st *budgetStats) add(o budgetStats) {
@@ -305,6 +307,7 @@ func (st *budgetStats) add(o budgetStats) {
 	st.refunds += o.refunds
 	st.expiryCut += o.expiryCut
 	st.operatorRestarts += o.operatorRestarts
+	st.retriedCreates += o.retriedCreates
 }
 
 var budgetOutcomeKeys = []string{"created", "existing", "conflict", "budget_exhausted", "limit_exceeded",
@@ -659,6 +662,10 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		case in.Op == OpCreate && !o.Unknown && (o.Create == store.CreateCreated || o.Create == store.CreateExisting):
 			if o.Create == store.CreateCreated {
 				st.created++
+			} else if o.CreatedMs >= in.NotBeforeMs {
+				// The call that created the packet, answered existing by the grab
+				// path's retry after a lost reply.
+				st.retriedCreates++
 			}
 			if finalBody[in.Packet] != in.Body {
 				st.lostCreates++
@@ -792,11 +799,11 @@ func TestBudgetHistories(t *testing.T) {
 	t.Logf("\n%-5s %-11s %-7s %-11s %-14s %-11s\n%-5d %-11d %-7d %-11d %-14d %-11d\n"+
 		"faults by kind:   %s\n"+
 		"answers:          %s\n"+
-		"created %d, budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d, expiry calls cut %d\n"+
+		"created %d (and %d answered existing by the call that created), budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d, expiry calls cut %d\n"+
 		"(%v; slowest check %v)",
 		"runs", "operations", "faults", "violations", "creates-lost", "grants-lost",
 		done, sum.ops, nFaults, sum.violations, sum.lostCreates, sum.lostGrants,
 		formatCounts(sum.faults, budgetFaultKinds), formatCounts(sum.outcomes, budgetOutcomeKeys),
-		sum.created, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.expiryCut,
+		sum.created, sum.retriedCreates, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.expiryCut,
 		time.Since(begin).Round(time.Millisecond), sum.check.Round(time.Millisecond))
 }
