@@ -102,10 +102,11 @@ bench: redis controlplane build ## Measure the grab path against redis-benchmark
 
 SOAK_RUNS ?= 200
 SOAK_OPERATOR_RUNS ?= $(SOAK_RUNS)
+SOAK_BUDGET_RUNS ?= 50
 .PHONY: soak
-soak: redis controlplane ## Check SOAK_RUNS (200) seeded rains under faults for linearizability with the stand-in controller and SOAK_OPERATOR_RUNS with the real one; prints runs, operations, faults, violations, lost, real-controller restarts.
-	HISTORY_RUNS=$(SOAK_RUNS) HISTORY_OPERATOR_RUNS=$(SOAK_OPERATOR_RUNS) $(GO) test -count=1 -timeout 60m \
-		-run '^(TestRandomizedHistories|TestHistoriesWithOperator)$$' -v ./test/history/
+soak: redis controlplane ## Check SOAK_RUNS (200) seeded rains under faults for linearizability with the stand-in controller, SOAK_OPERATOR_RUNS with the real one and SOAK_BUDGET_RUNS (50) runs of a budget's runtime packets; prints runs, operations, faults, violations, lost, real-controller restarts.
+	HISTORY_RUNS=$(SOAK_RUNS) HISTORY_OPERATOR_RUNS=$(SOAK_OPERATOR_RUNS) HISTORY_BUDGET_RUNS=$(SOAK_BUDGET_RUNS) $(GO) test -count=1 -timeout 60m \
+		-run '^(TestRandomizedHistories|TestHistoriesWithOperator|TestBudgetHistories)$$' -v ./test/history/
 
 ##@ Deployment
 

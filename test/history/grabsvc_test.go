@@ -19,17 +19,20 @@ import (
 	"redpacket.io/operator/store/redisconn"
 )
 
-// grabService is one activity's grab service as clients see it: a real
-// grabsvc.Server behind a real listener, on a redisconn.PipelinedClient dialing Redis
+// grabService is one activity's grab service (or one pod of a budget's packet grab
+// fleet) as clients see it: a real grabsvc.Server (grabsvc.PacketServer) behind a
+// real listener, on a redisconn.PipelinedClient dialing Redis
 // through the fault proxy, with its own RollbackGuard (so every grab carries a
 // watermark). Restart stops the running server mid-flight and starts a fresh one,
 // with new Redis clients and a new guard, on the same activity, as a grab pod that
 // is killed and replaced; clients always send to the current server's address, as
 // they would through a Service.
 type grabService struct {
-	activity *grabsvc.Resource
-	redis    string // the address the Redis clients dial (the proxy's)
-	timeout  time.Duration
+	// handler makes a fresh server's handler on its Redis clients: an activity's
+	// grabsvc.Server, or a budget's grabsvc.PacketServer (newPacketService).
+	handler func(rc *redisconn.PipelinedClient) (http.Handler, error)
+	redis   string // the address the Redis clients dial (the proxy's)
+	timeout time.Duration
 
 	mu       sync.Mutex
 	cur      *grabInstance
@@ -50,7 +53,49 @@ type grabInstance struct {
 // (Config.RedisTimeout), the grab clients' socket timeout too, as in the grab
 // service's command.
 func newGrabService(obj *redpacketv1alpha1.RedPacketActivity, redisAddr string, timeout time.Duration) (*grabService, error) {
-	g := &grabService{activity: grabsvc.NewResource(obj), redis: redisAddr, timeout: timeout}
+	act := grabsvc.NewResource(obj)
+	return startGrabService(redisAddr, timeout, func(rc *redisconn.PipelinedClient) (http.Handler, error) {
+		srv, err := grabsvc.NewServer(grabsvc.Config{
+			Redis:        rc.Pipeliner,
+			Ping:         rc.Client,
+			Resource:     func() *grabsvc.Resource { return act },
+			RedisTimeout: timeout,
+			Guard:        &grabsvc.RollbackGuard{},
+			Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return srv.Handler(), nil
+	})
+}
+
+// newPacketService starts the first packet grab server of a budget, the handler
+// `grabsvc --budget` serves (grabsvc.PacketServer), without user tokens or rate
+// limits, creating with the sender credential sender.
+func newPacketService(budget grabsvc.Budget, sender []byte, redisAddr string, timeout time.Duration) (*grabService, error) {
+	cred, err := grabsvc.NewSenderCredential(sender)
+	if err != nil {
+		return nil, err
+	}
+	return startGrabService(redisAddr, timeout, func(rc *redisconn.PipelinedClient) (http.Handler, error) {
+		srv, err := grabsvc.NewPacketServer(grabsvc.PacketConfig{
+			Budget:       budget,
+			Redis:        rc.Pipeliner,
+			Ping:         rc.Client,
+			Sender:       cred,
+			RedisTimeout: timeout,
+			Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return srv.Handler(), nil
+	})
+}
+
+func startGrabService(redisAddr string, timeout time.Duration, handler func(*redisconn.PipelinedClient) (http.Handler, error)) (*grabService, error) {
+	g := &grabService{handler: handler, redis: redisAddr, timeout: timeout}
 	inst, err := g.start()
 	if err != nil {
 		return nil, err
@@ -64,15 +109,7 @@ func (g *grabService) start() (*grabInstance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grab server's redis clients: %w", err)
 	}
-	act := g.activity
-	srv, err := grabsvc.NewServer(grabsvc.Config{
-		Redis:        rc.Pipeliner,
-		Ping:         rc.Client,
-		Resource:     func() *grabsvc.Resource { return act },
-		RedisTimeout: g.timeout,
-		Guard:        &grabsvc.RollbackGuard{},
-		Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	h, err := g.handler(rc)
 	if err != nil {
 		_ = rc.Close()
 		return nil, fmt.Errorf("grab server: %w", err)
@@ -82,7 +119,7 @@ func (g *grabService) start() (*grabInstance, error) {
 		_ = rc.Close()
 		return nil, fmt.Errorf("grab server's listener: %w", err)
 	}
-	inst := &grabInstance{rc: rc, http: grabsvc.NewHTTPServer("", srv.Handler()), done: make(chan struct{})}
+	inst := &grabInstance{rc: rc, http: grabsvc.NewHTTPServer("", h), done: make(chan struct{})}
 	go func() {
 		defer close(inst.done)
 		_ = inst.http.Serve(ln)

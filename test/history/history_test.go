@@ -181,16 +181,16 @@ type recorder struct {
 
 // add records one operation called at call and returned at ret (times read with
 // time.Now, so they carry the monotonic clock).
-func (r *recorder) add(client int, in Input, out Output, call, ret time.Time) {
+func (r *recorder) add(client int, in, out any, call, ret time.Time) {
 	r.mu.Lock()
 	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Output: out,
 		Call: int64(call.Sub(r.base)), Return: int64(ret.Sub(r.base))})
 	r.mu.Unlock()
 }
 
-// history returns the operations with every unknown outcome returning after the
-// last completed one, unless it is Bounded: the checker may place it anywhere after
-// its call.
+// history returns the operations with every unknown outcome (an output whose atEnd
+// says so: for an activity's, unless it is Bounded) returning after the last
+// completed one: the checker may place it anywhere after its call.
 func (r *recorder) history() []porcupine.Operation {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -200,12 +200,15 @@ func (r *recorder) history() []porcupine.Operation {
 	}
 	ops := append([]porcupine.Operation(nil), r.ops...)
 	for i := range ops {
-		if o := ops[i].Output.(Output); o.Unknown && !o.Bounded || o.Resolved {
+		if o, ok := ops[i].Output.(interface{ atEnd() bool }); ok && o.atEnd() {
 			ops[i].Return = last + int64(time.Hour)
 		}
 	}
 	return ops
 }
+
+// atEnd says whether the recorder moves the return to the end of the history.
+func (o Output) atEnd() bool { return o.Unknown && !o.Bounded || o.Resolved }
 
 // runStats is what one run adds to the soak table.
 type runStats struct {
@@ -311,6 +314,131 @@ func writeFailure(model porcupine.Model, info porcupine.LinearizationInfo, histo
 		return path, err
 	}
 	return path, os.WriteFile(filepath.Join(dir, "seed"), []byte(fmt.Sprintf("HISTORY_SEED=%d\nfaults %s\n", seed, faults)), 0o644)
+}
+
+// faultTargets are what a fault acts on: the links to Redis (the fault proxies), a
+// direct admin client, the Redis process, the flaky webhook, the controller's own
+// link (held by an aimed controller-restart), and how to restart the i-th grab
+// service and the controller (or the operator's part a run has). excuse, when set,
+// is told how long a fault may keep Redis from answering.
+type faultTargets struct {
+	links             []*Proxy
+	admin             *redis.Client
+	srv               *redisProc
+	flaky             *FlakyWebhook
+	ctrlLink          *Proxy
+	restartGrab       func(i int, down time.Duration) error
+	restartController func(down time.Duration, heldUntil time.Time)
+	excuse            func(d time.Duration)
+}
+
+// inject plays one fault on the real processes; it returns when the fault is under
+// way (a restart: when the restarted service is back).
+func (ft faultTargets) inject(ctx context.Context, f fault) error {
+	switch f.kind {
+	case faultLatency:
+		for _, p := range ft.links {
+			p.SetLatency(2*time.Millisecond + f.dur/20)
+			time.AfterFunc(f.dur, func() { p.SetLatency(0) })
+		}
+	case faultReset:
+		for _, p := range ft.links {
+			p.Reset()
+		}
+	case faultStall:
+		for _, p := range ft.links {
+			p.Stall(f.dur)
+		}
+	case faultClientPause:
+		if ft.excuse != nil {
+			ft.excuse(f.dur + 200*time.Millisecond)
+		}
+		if err := ft.admin.Do(ctx, "CLIENT", "PAUSE", strconv.FormatInt(f.dur.Milliseconds(), 10), "ALL").Err(); err != nil {
+			return fmt.Errorf("CLIENT PAUSE: %w", err)
+		}
+	case faultScriptFlush:
+		if err := ft.admin.ScriptFlush(ctx).Err(); err != nil {
+			return fmt.Errorf("SCRIPT FLUSH: %w", err)
+		}
+		// The grab side's functions go too: grabs answer 503 until the
+		// operator's function keeper loads them again.
+		if err := ft.admin.FunctionFlush(ctx).Err(); err != nil {
+			return fmt.Errorf("FUNCTION FLUSH: %w", err)
+		}
+	case faultWebhookFail:
+		ft.flaky.FailFor(f.dur)
+	case faultWebhookSlow:
+		ft.flaky.SlowFor(f.dur)
+	case faultRedisRestart:
+		if ft.excuse != nil {
+			ft.excuse(5 * time.Second)
+		}
+		if err := ft.srv.restart(); err != nil {
+			return fmt.Errorf("restarting redis-server: %w", err)
+		}
+	case faultGrabRestart:
+		if err := ft.restartGrab(f.target, f.dur); err != nil {
+			return fmt.Errorf("restarting the grab service: %w", err)
+		}
+	case faultControllerRestart:
+		var heldUntil time.Time
+		if f.hold > 0 {
+			ft.ctrlLink.Stall(f.hold)
+			heldUntil = time.Now().Add(f.hold)
+			time.Sleep(f.hold / 2)
+		}
+		ft.restartController(f.dur, heldUntil)
+	}
+	return nil
+}
+
+// checkHistory checks a run's history with porcupine, within checkTimeout, and
+// reports whether it is linearizable and how long the check took. A history that is
+// not (or whose check timed out) fails the test and leaves its visualization, the
+// history and the seed (writeFailure); so does, without failing, one whose check
+// took over slowCheck. Checked per partition first, the failing partitions are
+// logged operation by operation.
+func checkHistory(t *testing.T, model porcupine.Model, history []porcupine.Operation, seed uint64, faults []fault) (bool, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	res, info := porcupine.CheckOperationsVerbose(model, history, checkTimeout)
+	took := time.Since(start)
+	if res == porcupine.Ok && took <= slowCheck {
+		return true, took
+	}
+	path, err := writeFailure(model, info, history, seed, fmt.Sprint(faults))
+	if err != nil {
+		t.Errorf("writing the visualization: %v", err)
+	}
+	if res == porcupine.Ok {
+		// Not a failure, but close to one: leave the history for a look at what
+		// made the search long.
+		t.Logf("seed %d: the check took %v (the limit is %v); visualization %s", seed, took.Round(time.Millisecond), checkTimeout, path)
+		return true, took
+	}
+	t.Errorf("seed %d: history of %d operations is %s (not linearizable, or the check timed out); visualization %s; replay with HISTORY_SEED=%d",
+		seed, len(history), res, path, seed)
+	if res == porcupine.Illegal {
+		logIllegalPartitions(t, model, history)
+	}
+	return false, took
+}
+
+// logIllegalPartitions logs the operations of every partition that alone is not
+// linearizable, in call order, with the times from the run's start.
+func logIllegalPartitions(t *testing.T, model porcupine.Model, history []porcupine.Operation) {
+	t.Helper()
+	for _, part := range model.Partition(history) {
+		if porcupine.CheckOperations(model, part) {
+			continue
+		}
+		sort.Slice(part, func(i, j int) bool { return part[i].Call < part[j].Call })
+		t.Logf("a partition of %d operations is not linearizable:", len(part))
+		for _, op := range part {
+			t.Logf("  client %2d  %9.1fms .. %9.1fms  %s", op.ClientId, float64(op.Call)/1e6, float64(op.Return)/1e6,
+				model.DescribeOperation(op.Input, op.Output))
+		}
+	}
 }
 
 // controllerTimeout is the deadline of each of the controller's Redis calls.
@@ -510,67 +638,24 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		faultEnd = max(faultEnd, f.at+f.dur, f.at+f.hold)
 		st.faults[f.kind]++
 	}
+	targets := faultTargets{links: links, admin: admin, srv: srv, flaky: flaky, ctrlLink: ctrlProxy,
+		restartGrab: func(i int, down time.Duration) error { return svcList[i].Restart(down) },
+		restartController: func(down time.Duration, heldUntil time.Time) {
+			if opr != nil {
+				opr.Restart(down, heldUntil)
+			} else {
+				ctrl.Restart(down)
+			}
+		}}
+	if tenant != nil {
+		targets.excuse = tenant.ping.excuse
+	}
 	go func() {
 		defer close(faultsDone)
 		for _, f := range sc.faults {
 			time.Sleep(time.Until(start.Add(f.at)))
-			switch f.kind {
-			case faultLatency:
-				for _, p := range links {
-					p.SetLatency(2*time.Millisecond + f.dur/20)
-					time.AfterFunc(f.dur, func() { p.SetLatency(0) })
-				}
-			case faultReset:
-				for _, p := range links {
-					p.Reset()
-				}
-			case faultStall:
-				for _, p := range links {
-					p.Stall(f.dur)
-				}
-			case faultClientPause:
-				if tenant != nil {
-					tenant.ping.excuse(f.dur + 200*time.Millisecond)
-				}
-				if err := admin.Do(ctx, "CLIENT", "PAUSE", strconv.FormatInt(f.dur.Milliseconds(), 10), "ALL").Err(); err != nil {
-					t.Errorf("CLIENT PAUSE: %v", err)
-				}
-			case faultScriptFlush:
-				if err := admin.ScriptFlush(ctx).Err(); err != nil {
-					t.Errorf("SCRIPT FLUSH: %v", err)
-				}
-				// The grab side's functions go too: grabs answer 503 until the
-				// operator's function keeper loads them again.
-				if err := admin.FunctionFlush(ctx).Err(); err != nil {
-					t.Errorf("FUNCTION FLUSH: %v", err)
-				}
-			case faultWebhookFail:
-				flaky.FailFor(f.dur)
-			case faultWebhookSlow:
-				flaky.SlowFor(f.dur)
-			case faultRedisRestart:
-				if tenant != nil {
-					tenant.ping.excuse(5 * time.Second)
-				}
-				if err := srv.restart(); err != nil {
-					t.Errorf("restarting redis-server: %v", err)
-				}
-			case faultGrabRestart:
-				if err := svcList[f.target].Restart(f.dur); err != nil {
-					t.Errorf("restarting the grab service: %v", err)
-				}
-			case faultControllerRestart:
-				var heldUntil time.Time
-				if f.hold > 0 {
-					ctrlProxy.Stall(f.hold)
-					heldUntil = time.Now().Add(f.hold)
-					time.Sleep(f.hold / 2)
-				}
-				if opr != nil {
-					opr.Restart(f.dur, heldUntil)
-				} else {
-					ctrl.Restart(f.dur)
-				}
+			if err := targets.inject(ctx, f); err != nil {
+				t.Errorf("seed %d: %v", sc.seed, err)
 			}
 		}
 	}()
@@ -749,26 +834,9 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	st.ops = len(history)
 
 	// Linearizability.
-	model := Model(counts)
-	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(model, history, checkTimeout)
-	st.check = time.Since(checkStart)
-	if res != porcupine.Ok {
+	var ok bool
+	if ok, st.check = checkHistory(t, Model(counts), history, sc.seed, sc.faults); !ok {
 		st.violations++
-		path, err := writeFailure(model, info, history, sc.seed, fmt.Sprint(sc.faults))
-		if err != nil {
-			t.Errorf("writing the visualization: %v", err)
-		}
-		t.Errorf("seed %d: history of %d operations is %s (not linearizable, or the check timed out); visualization %s; replay with HISTORY_SEED=%d",
-			sc.seed, len(history), res, path, sc.seed)
-	} else if st.check > slowCheck {
-		// Not a failure, but close to one: leave the history for a look at what
-		// made the search long.
-		path, err := writeFailure(model, info, history, sc.seed, fmt.Sprint(sc.faults))
-		if err != nil {
-			t.Errorf("writing the visualization: %v", err)
-		}
-		t.Logf("seed %d: the check took %v (the limit is %v); visualization %s", sc.seed, st.check.Round(time.Millisecond), checkTimeout, path)
 	}
 
 	// Conservation and acknowledged grants.

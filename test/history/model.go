@@ -304,26 +304,32 @@ func (s *state) stepClose(reason store.CloseReason, out Output) (bool, *state) {
 	return true, n
 }
 
+// partitionBy returns a porcupine partition of a history by the key of each
+// operation's input, the partitions in the order their keys first appear.
+func partitionBy(key func(input interface{}) string) func([]porcupine.Operation) [][]porcupine.Operation {
+	return func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		var order []string
+		for _, op := range h {
+			k := key(op.Input)
+			if _, ok := by[k]; !ok {
+				order = append(order, k)
+			}
+			by[k] = append(by[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(order))
+		for _, k := range order {
+			out = append(out, by[k])
+		}
+		return out
+	}
+}
+
 // Model returns the porcupine model of activities seeded with the given packet
 // counts (activity -> count), every one starting committed but not open ("ready").
 func Model(counts map[string]int) porcupine.Model {
 	return porcupine.Model{
-		Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-			by := map[string][]porcupine.Operation{}
-			var order []string
-			for _, op := range h {
-				a := op.Input.(Input).Activity
-				if _, ok := by[a]; !ok {
-					order = append(order, a)
-				}
-				by[a] = append(by[a], op)
-			}
-			out := make([][]porcupine.Operation, 0, len(order))
-			for _, a := range order {
-				out = append(out, by[a])
-			}
-			return out
-		},
+		Partition: partitionBy(func(in interface{}) string { return in.(Input).Activity }),
 		// Init cannot see the partition, so the state starts without a count and
 		// takes it from the first operation's activity.
 		Init: func() interface{} { return (*state)(nil) },
