@@ -39,6 +39,9 @@ type budgetRun struct {
 	conserved               bool
 	// fleetRSS is the grab service's resident memory with fleetLive[i] live packets.
 	fleetLive, fleetRSS [2]int64
+	// activities is the resource path in the same run: activities of 5 packets made
+	// Active per second by the operator (zero Activities: not measured).
+	activities activityRun
 }
 
 func (b budgetRun) createdRate() float64 {
@@ -46,6 +49,9 @@ func (b budgetRun) createdRate() float64 {
 }
 
 func (b budgetRun) ratio() float64 { return ratio(b.createdRate(), b.grab.Rate()) }
+
+// pathRatio is packets created per second against activities made Active per second.
+func (b budgetRun) pathRatio() float64 { return ratio(b.createdRate(), b.activities.Rate()) }
 
 // budgetPacketAmount is each benchmark packet's money: 5 shares of 100.
 const budgetPacketAmount = 500
@@ -175,6 +181,13 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 	}
 	fmt.Printf("(l) Redis memory: %.0f B per live 5-share packet, %.0f B per claimed share (%d packets)\n",
 		r.perLivePacket, r.perShare, r.memPackets)
+
+	if o.budgetActivities > 0 {
+		if r.activities, err = measureActivitiesActive(ctx, o, root, work, redisAddr, o.budgetActivities); err != nil {
+			return r, fmt.Errorf("the resource path: %w", err)
+		}
+		fmt.Printf("    packets created/s ÷ activities made Active/s = %.0f\n", r.pathRatio())
+	}
 	return r, nil
 }
 
@@ -314,7 +327,15 @@ func (b budgetRun) summary() string {
 	return fmt.Sprintf("(l) budget: %.0f packets created/s through HTTP (5 shares), %.0f grabs/s, created/s ÷ grabs/s %.2f; "+
 		"%.0f B per live 5-share packet, %.0f B per claimed share; grab service %d MiB with %d live packets, %d MiB with %d\n",
 		b.createdRate(), b.grab.Rate(), b.ratio(), b.perLivePacket, b.perShare,
-		b.fleetRSS[0]>>20, b.fleetLive[0], b.fleetRSS[1]>>20, b.fleetLive[1])
+		b.fleetRSS[0]>>20, b.fleetLive[0], b.fleetRSS[1]>>20, b.fleetLive[1]) + b.pathSummary()
+}
+
+func (b budgetRun) pathSummary() string {
+	if b.activities.Activities == 0 {
+		return ""
+	}
+	return fmt.Sprintf("(l) resource path: %d activities of 5 packets Active in %s (%.1f/s); packets created/s ÷ activities Active/s = %.0f\n",
+		b.activities.Activities, fmtDur(b.activities.Elapsed), b.activities.Rate(), b.pathRatio())
 }
 
 func (b budgetRun) markdown() string {
@@ -337,5 +358,11 @@ func (b budgetRun) markdown() string {
 		"the settlement entry).\n\n", b.memPackets, b.perLivePacket, b.perShare)
 	fmt.Fprintf(&s, "The grab service's resident memory (VmRSS) with %d live packets: %d MiB; with %d: %d MiB "+
 		"(it keeps nothing per packet).\n", b.fleetLive[0], b.fleetRSS[0]>>20, b.fleetLive[1], b.fleetRSS[1]>>20)
+	if b.activities.Activities > 0 {
+		fmt.Fprintf(&s, "\nThe resource path in the same run: %d activities of 5 packets created at once on a local API "+
+			"server, with the operator (bin/manager) on the same redis-server, were all Active after %s, "+
+			"%.1f activities/s. Packets created per second ÷ activities made Active per second = **%.0f** "+
+			"(goal ≥ 1,000).\n", b.activities.Activities, fmtDur(b.activities.Elapsed), b.activities.Rate(), b.pathRatio())
+	}
 	return s.String()
 }

@@ -13,7 +13,8 @@
 //	(j) one activity over one master and over two (spec.shards), and a model of more;
 //	(k) splitting and seeding 10,000,000 packets, the CRD's limit;
 //	(l) runtime packets of a budget: created/s and grabs/s through one grab service in
-//	    budget mode, and Redis memory per live 5-share packet.
+//	    budget mode, Redis memory per live 5-share packet, and the resource path in the
+//	    same run: activities of 5 packets made Active per second by the operator.
 //
 // It prints the figures and the ratios b/a(-P16) and c/d, and writes them with the
 // machine's details to docs/benchmarks.md. Every loop is bounded by a request count
@@ -85,6 +86,7 @@ type options struct {
 	budgetOnly       bool
 	budgetShards     int
 	budgetMemPackets int64
+	budgetActivities int
 }
 
 func main() {
@@ -125,6 +127,7 @@ func main() {
 	flag.BoolVar(&o.budgetOnly, "budget-only", false, "run only the runtime packets of a budget (l); print them, write nothing")
 	flag.IntVar(&o.budgetShards, "budget-shards", 16, "budget shards of the budget in (l)")
 	flag.Int64Var(&o.budgetMemPackets, "budget-memory-packets", 20000, "packets of 5 shares created for the memory figures of (l)")
+	flag.IntVar(&o.budgetActivities, "budget-activities", 100, "activities of 5 packets made Active by the operator in (l), the resource path its created/s is compared with (0 skips it)")
 	flag.Parse()
 	if o.goWorkers <= 0 {
 		// The ratio b/a compares two closed loops, so each gets the same number of
