@@ -34,7 +34,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/lua"
@@ -134,6 +136,10 @@ func main() {
 		// calls in flight: redis-benchmark's connections times its pipeline depth.
 		o.goWorkers = o.benchClients * 16
 	}
+
+	// The local control plane's library logs through controller-runtime; the
+	// benchmark prints its own lines only.
+	ctrllog.SetLogger(logr.Discard())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
