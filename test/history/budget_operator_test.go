@@ -55,9 +55,10 @@ type budgetOperator struct {
 	settling sync.WaitGroup
 	inflight atomic.Int32
 	// restarts and cut count restarts and the expiry calls in flight when one came;
-	// linkCuts the restarts that cut the settlement link.
-	restarts, cut, linkCuts int
-	expired                 atomic.Int64
+	// linkCuts the restarts that cut the settlement link, midDelivery those that
+	// came with a delivery in flight.
+	restarts, cut, linkCuts, midDelivery int
+	expired                              atomic.Int64
 
 	dmu sync.Mutex
 	// open and answered are, per generation, the deliveries in flight by
@@ -232,6 +233,9 @@ func (o *budgetOperator) noteCut(gen int, now, heldUntil time.Time) {
 	cut := map[string]bool{}
 	for key := range o.open[gen] {
 		cut[key] = true
+	}
+	if len(o.open[gen]) > 0 {
+		o.midDelivery++
 	}
 	if !heldUntil.IsZero() {
 		holdStart := now.Add(-heldUntil.Sub(now))

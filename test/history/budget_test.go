@@ -247,6 +247,8 @@ type budgetStats struct {
 	// again, linkCuts the restarts that cut the settlement's link; repeats are
 	// deliveries of a key after its first.
 	settleCut, redelivered, linkCuts, repeats int
+	// midDelivery are the restarts that came with a delivery in flight.
+	midDelivery int
 	// retriedCreates are creations answered existing by the call that created.
 	retriedCreates int
 }
@@ -265,6 +267,7 @@ func (st *budgetStats) add(o budgetStats) {
 	st.redelivered += o.redelivered
 	st.linkCuts += o.linkCuts
 	st.repeats += o.repeats
+	st.midDelivery += o.midDelivery
 }
 
 var budgetOutcomeKeys = []string{"created", "existing", "conflict", "budget_exhausted", "limit_exceeded",
@@ -538,7 +541,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		time.Sleep(50 * time.Millisecond)
 	}
 	opr.Stop()
-	st.expiryCut, st.operatorRestarts, st.linkCuts = opr.cut, opr.restarts, opr.linkCuts
+	st.expiryCut, st.operatorRestarts, st.linkCuts, st.midDelivery = opr.cut, opr.restarts, opr.linkCuts, opr.midDelivery
 	st.settleCut, st.redelivered = opr.settlementCut()
 	for _, err := range opr.Errors() {
 		t.Errorf("seed %d: %v", sc.seed, err)
@@ -778,11 +781,11 @@ func TestBudgetHistories(t *testing.T) {
 	t.Logf("\n%-5s %-11s %-7s %-11s %-14s %-11s\n%-5d %-11d %-7d %-11d %-14d %-11d\n"+
 		"faults by kind:   %s\n"+
 		"answers:          %s\n"+
-		"created %d (and %d answered existing by the call that created), budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d, expiry calls cut %d, settlement deliveries cut %d (%d redelivered by the next operator), settlement link cut %d times; repeated deliveries %d\n"+
+		"created %d (and %d answered existing by the call that created), budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d (%d with a delivery in flight), expiry calls cut %d, settlement deliveries cut %d (%d redelivered by the next operator), settlement link cut %d times; repeated deliveries %d\n"+
 		"(%v; slowest check %v)",
 		"runs", "operations", "faults", "violations", "creates-lost", "grants-lost",
 		done, sum.ops, nFaults, sum.violations, sum.lostCreates, sum.lostGrants,
 		formatCounts(sum.faults, budgetFaultKinds), formatCounts(sum.outcomes, budgetOutcomeKeys),
-		sum.created, sum.retriedCreates, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.expiryCut, sum.settleCut, sum.redelivered, sum.linkCuts, sum.repeats,
+		sum.created, sum.retriedCreates, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.midDelivery, sum.expiryCut, sum.settleCut, sum.redelivered, sum.linkCuts, sum.repeats,
 		time.Since(begin).Round(time.Millisecond), sum.check.Round(time.Millisecond))
 }
