@@ -750,10 +750,11 @@ func CheckExhaustion(history []porcupine.Operation, bodies map[string][]PacketBo
 // packets created over HTTP, raced by their group, expired with refunds) under
 // faults and checks every history (HISTORY_BUDGET_RUNS runs, default 3;
 // HISTORY_SEED replays one seed): a real redis-server with the AOF fsynced on every
-// write, two real packet grab servers over HTTP through the fault proxy, the
-// operator's expiry runner and function keeper on their own faulted link, and the
-// settlement workers delivering to the balance system behind the flaky webhook. It
-// ends with the summary of all runs.
+// write, two real packet grab servers over HTTP through the fault proxy, and what the
+// operator process runs for the budget (budgetOperator: the expiry runner and
+// function keeper on one faulted link, the settlement workers on another, delivering
+// to the balance system behind the flaky webhook), all of it killed and restarted by
+// an operator restart. It ends with the summary of all runs.
 func TestBudgetHistories(t *testing.T) {
 	srv := startRedis(t)
 	var sum budgetStats
