@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,19 +22,17 @@ import (
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/types"
 
-	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 )
 
 // budgetFaultKinds are the faults a budget run draws from. A controller-restart
-// restarts the operator's part of a budget run: its expiry runner
-// (controllers.BudgetExpiry) and function keeper, on their own link.
+// kills everything the operator process runs for the budget (budgetOperator): its
+// expiry runner (controllers.BudgetExpiry), function keeper and settlement.
 var budgetFaultKinds = []string{faultLatency, faultReset, faultStall, faultClientPause, faultScriptFlush,
 	faultWebhookFail, faultWebhookSlow, faultRedisRestart, faultGrabRestart, faultControllerRestart}
 
@@ -171,18 +169,45 @@ func newBudgetScenario(seed uint64) budgetScenario {
 	// Less money than the packets ask for, some runs: creations race for it.
 	sc.total = sum * int64(60+r.IntN(90)) / 100
 	horizon := sc.window + 3*time.Second
-	// aimedRestart restarts the operator's part when a packet falls due: its link
-	// holds the expiry runner's traffic from then, the kill comes halfway through the
-	// hold, so an expiry call in flight reaches Redis after the kill.
+	// aimedRestart restarts the operator's part when a packet falls due: its links
+	// hold the expiry runner's and the settlement's traffic from then, the kill comes
+	// halfway through the hold, so an expiry call in flight reaches Redis after the
+	// kill, and a delivery answered meanwhile is not acknowledged by the killed
+	// settlement.
 	aimedRestart := func(f *fault) {
 		p := sc.packets[r.IntN(len(sc.packets))]
 		f.at = p.start + time.Duration(p.model[0].TTLMs)*time.Millisecond
 		f.hold = time.Duration(300+r.IntN(200)) * time.Millisecond
 	}
-	// Every run has one such restart; the schedule may draw more.
-	f := fault{kind: faultControllerRestart, dur: time.Duration(20+r.IntN(180)) * time.Millisecond}
-	aimedRestart(&f)
-	sc.faults = append(sc.faults, f)
+	// atDelivery aims a restart at a settlement delivery: from a grab's planned time,
+	// the webhook holds the next delivery, the links are held from its arrival, and
+	// the kill comes halfway through that hold, before the settlement's HTTP timeout,
+	// so the delivery is in flight when the settlement dies and is credited after.
+	atDelivery := func(f *fault) {
+		var grabs []plannedOp
+		for _, op := range sc.ops {
+			if op.in.Op == OpPacketGrab {
+				grabs = append(grabs, op)
+			}
+		}
+		f.at = grabs[r.IntN(len(grabs))].at
+		f.hold = time.Duration(60+r.IntN(240)) * time.Millisecond
+		f.target |= restartAtDelivery
+	}
+	restart := func() fault {
+		f := fault{kind: faultControllerRestart, dur: time.Duration(20+r.IntN(180)) * time.Millisecond}
+		if r.IntN(2) == 0 {
+			f.target = restartCutsSettlement
+		}
+		return f
+	}
+	// Every run has two such restarts, one at an expiry and one at a delivery; the
+	// schedule may draw more.
+	for _, aim := range []func(*fault){aimedRestart, atDelivery} {
+		f := restart()
+		aim(&f)
+		sc.faults = append(sc.faults, f)
+	}
 	for i := 4 + r.IntN(5); i > 0; i-- {
 		f := fault{at: time.Duration(r.Int64N(int64(horizon))), kind: budgetFaultKinds[r.IntN(len(budgetFaultKinds))]}
 		switch f.kind {
@@ -198,9 +223,13 @@ func newBudgetScenario(seed uint64) budgetScenario {
 			f.dur = time.Duration(20+r.IntN(130)) * time.Millisecond
 			f.target = r.IntN(2)
 		case faultControllerRestart:
-			f.dur = time.Duration(20+r.IntN(180)) * time.Millisecond
-			if r.IntN(2) == 0 {
+			f = restart()
+			f.at = time.Duration(r.Int64N(int64(horizon)))
+			switch r.IntN(3) {
+			case 0:
 				aimedRestart(&f)
+			case 1:
+				atDelivery(&f)
 			}
 		}
 		sc.faults = append(sc.faults, f)
@@ -209,91 +238,17 @@ func newBudgetScenario(seed uint64) budgetScenario {
 	return sc
 }
 
-// budgetOperator is the operator's part of a budget run on its own link to Redis:
-// the real expiry runner (controllers.BudgetExpiry) and function keeper
-// (controllers.FunctionKeeper), as the manager runs them for a budget its reconcile
-// tracks. Restart kills both (their context cancelled, their Redis client closed:
-// an expiry call in flight is cut) and, after a while down, starts fresh ones that
-// track the budget again, as a new operator's first reconcile does.
-type budgetOperator struct {
-	addr   string
-	uid    string
-	shards int
-
-	mu       sync.Mutex
-	client   redis.UniversalClient
-	cancel   context.CancelFunc
-	running  sync.WaitGroup
-	inflight atomic.Int32
-	// restarts and cut count restarts and the expiry calls in flight when one came.
-	restarts, cut int
-	expired       atomic.Int64
-}
-
-func startBudgetOperator(addr, uid string, shards int) *budgetOperator {
-	o := &budgetOperator{addr: addr, uid: uid, shards: shards}
-	o.start()
-	return o
-}
-
-func (o *budgetOperator) start() {
-	conn := redisconn.Conn{Addresses: []string{o.addr}, Mode: redisconn.ModeStandalone}
-	o.client = conn.NewClient(redisconn.ClientOptions{Timeout: controllerTimeout, MaxRetries: 1})
-	ctx, cancel := context.WithCancel(context.Background())
-	o.cancel = cancel
-	expiry := &controllers.BudgetExpiry{Timeout: controllerTimeout}
-	expiry.Track(types.UID(o.uid), &countedExpirer{Budget: store.NewBudget(o.client, o.uid, o.shards), op: o})
-	client := o.client
-	keeper := controllers.NewFunctionKeeper(func(redisconn.Conn) redis.UniversalClient { return client })
-	keeper.Track(types.UID(o.uid), conn)
-	o.running.Add(2)
-	go func() { defer o.running.Done(); _ = expiry.Start(ctx) }()
-	go func() { defer o.running.Done(); _ = keeper.Start(ctx) }()
-}
-
-// countedExpirer is the budget handle the expiry runner calls, counting the calls in
-// flight so that a restart knows how many it cut.
-type countedExpirer struct {
-	*store.Budget
-	op *budgetOperator
-}
-
-func (c *countedExpirer) ExpireDue(ctx context.Context, i, limit int) (int, int64, error) {
-	c.op.inflight.Add(1)
-	defer c.op.inflight.Add(-1)
-	n, money, err := c.Budget.ExpireDue(ctx, i, limit)
-	c.op.expired.Add(int64(n))
-	return n, money, err
-}
-
-// Restart kills the running operator part and starts a new one after down.
-func (o *budgetOperator) Restart(down time.Duration, _ time.Time) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if n := int(o.inflight.Load()); n > 0 {
-		o.cut += n
-	}
-	o.cancel()
-	_ = o.client.Close()
-	o.running.Wait()
-	time.Sleep(down)
-	o.start()
-	o.restarts++
-}
-
-// Stop stops the running operator part.
-func (o *budgetOperator) Stop() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.cancel()
-	_ = o.client.Close()
-	o.running.Wait()
-}
-
 // budgetStats is what one budget run adds to the summary.
 type budgetStats struct {
 	runStats
 	created, exhausted, lostCreates, lostGrants, refunds, expiryCut, operatorRestarts int
+	// settleCut are the deliveries the restarts left unfinished (in flight, or
+	// answered while the link was held), redelivered those a later settlement sent
+	// again, linkCuts the restarts that cut the settlement's link; repeats are
+	// deliveries of a key after its first.
+	settleCut, redelivered, linkCuts, repeats int
+	// midDelivery are the restarts that came with a delivery in flight.
+	midDelivery int
 	// retriedCreates are creations answered existing by the call that created.
 	retriedCreates int
 }
@@ -308,6 +263,11 @@ func (st *budgetStats) add(o budgetStats) {
 	st.expiryCut += o.expiryCut
 	st.operatorRestarts += o.operatorRestarts
 	st.retriedCreates += o.retriedCreates
+	st.settleCut += o.settleCut
+	st.redelivered += o.redelivered
+	st.linkCuts += o.linkCuts
+	st.repeats += o.repeats
+	st.midDelivery += o.midDelivery
 }
 
 var budgetOutcomeKeys = []string{"created", "existing", "conflict", "budget_exhausted", "limit_exceeded",
@@ -433,9 +393,15 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		t.Fatalf("proxy: %v", err)
 	}
 	defer opProxy.Close()
+	settleProxy, err := NewProxy(srv.Addr)
+	if err != nil {
+		t.Fatalf("proxy: %v", err)
+	}
+	defer settleProxy.Close()
 
 	receiver := rain.NewReceiver(nil)
-	flaky := NewFlakyWebhook(receiver, 300*time.Millisecond, sc.seed)
+	creditLog := NewCreditLog(receiver, func(key string) bool { _, ok := receiver.Delivered(key); return ok })
+	flaky := NewFlakyWebhook(creditLog, 300*time.Millisecond, sc.seed)
 	mux := http.NewServeMux()
 	mux.Handle("/credit", flaky)
 	hook := httptest.NewServer(mux)
@@ -451,7 +417,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	defer func() { _ = wc.Close() }()
 	cfg := settlement.BudgetConfigFor("default", "history", sc.uid, "CNY", hook.URL+"/credit", 100000, nil,
 		settlement.Packets{MaxCount: sc.limits.MaxCount, MaxTTL: sc.limits.MaxTTL})
-	cfg.Redis, cfg.Consumer, cfg.ClaimIdle = wc, "history", time.Second
+	cfg.Redis, cfg.Consumer, cfg.ClaimIdle = wc, "reconcile", time.Second
 	cfg.HTTPClient = &http.Client{Timeout: 200 * time.Millisecond}
 	cfg.BackoffBase, cfg.BackoffMax, cfg.Block = 10*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -469,24 +435,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		}
 		allotted[i] = s.Allotted
 	}
-	workers, err := settlement.NewBudgetWorkers(cfg, store.NewBudget(wc, sc.uid, sc.shards))
-	if err != nil {
-		t.Fatalf("settlement workers: %v", err)
-	}
-	wctx, stopWorkers := context.WithCancel(ctx)
-	var settling sync.WaitGroup
-	defer func() { stopWorkers(); settling.Wait() }()
-	for _, w := range workers {
-		settling.Add(1)
-		go func() {
-			defer settling.Done()
-			if err := w.Run(wctx); err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("seed %d: settlement worker: %v", sc.seed, err)
-			}
-		}()
-	}
-
-	opr := startBudgetOperator(opProxy.Addr(), sc.uid, sc.shards)
+	opr := startBudgetOperator(opProxy.Addr(), settleProxy, sc.uid, sc.shards, sc.total, cfg)
 	defer opr.Stop()
 	gb := grabsvc.Budget{Namespace: "default", Name: "history", UID: types.UID(sc.uid), Shards: sc.shards}
 	var svcs [2]*grabService
@@ -499,9 +448,12 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 
 	rec := &recorder{base: time.Now()}
 	start := rec.base
-	targets := faultTargets{links: []*Proxy{proxy, opProxy}, admin: admin, srv: srv, flaky: flaky, ctrlLink: opProxy,
-		restartGrab:       func(i int, down time.Duration) error { return svcs[i].Restart(down) },
-		restartController: opr.Restart}
+	targets := faultTargets{links: []*Proxy{proxy, opProxy, settleProxy}, admin: admin, srv: srv, flaky: flaky,
+		ctrlLinks:   []*Proxy{opProxy, settleProxy},
+		restartGrab: func(i int, down time.Duration) error { return svcs[i].Restart(down) },
+		restartController: func(f fault, heldUntil time.Time) {
+			opr.Restart(f.dur, f.target&restartCutsSettlement != 0, heldUntil)
+		}}
 	var faultEnd time.Duration
 	for _, f := range sc.faults {
 		faultEnd = max(faultEnd, f.at+f.dur, f.at+f.hold)
@@ -588,10 +540,12 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	stopWorkers()
-	settling.Wait()
 	opr.Stop()
-	st.expiryCut, st.operatorRestarts = opr.cut, opr.restarts
+	st.expiryCut, st.operatorRestarts, st.linkCuts, st.midDelivery = opr.cut, opr.restarts, opr.linkCuts, opr.midDelivery
+	st.settleCut, st.redelivered = opr.settlementCut()
+	for _, err := range opr.Errors() {
+		t.Errorf("seed %d: %v", sc.seed, err)
+	}
 
 	// What the balance system holds of every packet id.
 	evidence := map[string]PacketEvidence{}
@@ -701,6 +655,34 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		refundSum += ev.Refund
 	}
 	tot := receiver.Totals()
+
+	// Each key credited exactly once at the balance system, however often it was
+	// delivered; the ledger's sums are what was credited, within the announced total.
+	deliveries, creditCount := creditLog.Counts()
+	for key, n := range deliveries {
+		if strings.HasPrefix(key, sc.uid+"/budget:") {
+			continue // the announcement, which credits nothing
+		}
+		st.repeats += n - 1
+		if creditCount[key] != 1 {
+			st.violations++
+			t.Errorf("seed %d: %s delivered %d times, credited %d times", sc.seed, key, n, creditCount[key])
+		}
+	}
+	if len(creditCount) != seenGrants+st.refunds {
+		st.violations++
+		t.Errorf("seed %d: %d keys credited, %d grants and %d refunds held by the balance system", sc.seed, len(creditCount), seenGrants, st.refunds)
+	}
+	sums, err := budget.SettlementLedger(0).Sums(ctx)
+	if err != nil {
+		t.Fatalf("reading the ledger: %v", err)
+	}
+	if sums.Total != sc.total || sums.Credited > sums.Total || sums.Credited != grantSum+refundSum || sums.Granted != grantSum ||
+		sums.Refunded != refundSum || sums.Grants != int64(seenGrants) || sums.Refunds != int64(st.refunds) {
+		st.violations++
+		t.Errorf("seed %d: the ledger records %+v; credited %d grants of %d and %d refunds of %d, of a total of %d",
+			sc.seed, sums, seenGrants, grantSum, st.refunds, refundSum, sc.total)
+	}
 	if !snap.Conserved() || snap.Total != sc.total || snap.Live != 0 || snap.Claimed != grantSum || snap.Refunded != refundSum ||
 		snap.SettledAmount != grantSum || snap.RefundSettled != refundSum || snap.DeadLetters != 0 ||
 		grantSum+refundSum > sc.total || tot.Conflicts != 0 || tot.BadRequests != 0 || tot.OverBudget != 0 {
@@ -768,10 +750,11 @@ func CheckExhaustion(history []porcupine.Operation, bodies map[string][]PacketBo
 // packets created over HTTP, raced by their group, expired with refunds) under
 // faults and checks every history (HISTORY_BUDGET_RUNS runs, default 3;
 // HISTORY_SEED replays one seed): a real redis-server with the AOF fsynced on every
-// write, two real packet grab servers over HTTP through the fault proxy, the
-// operator's expiry runner and function keeper on their own faulted link, and the
-// settlement workers delivering to the balance system behind the flaky webhook. It
-// ends with the summary of all runs.
+// write, two real packet grab servers over HTTP through the fault proxy, and what the
+// operator process runs for the budget (budgetOperator: the expiry runner and
+// function keeper on one faulted link, the settlement workers on another, delivering
+// to the balance system behind the flaky webhook), all of it killed and restarted by
+// an operator restart. It ends with the summary of all runs.
 func TestBudgetHistories(t *testing.T) {
 	srv := startRedis(t)
 	var sum budgetStats
@@ -782,9 +765,9 @@ func TestBudgetHistories(t *testing.T) {
 		runStart := time.Now()
 		st := runBudgetScenario(t, srv, sc)
 		done++
-		t.Logf("seed %d: %d shards, %d packets, %d clients, %d ops (%d created, %d budget_exhausted, %d granted, %d refunds; %d unknown, %d changed nothing; answers %s), operator restarts %d (expiry calls cut %d), faults %v: %d violations, %d lost (%v, check %v)",
+		t.Logf("seed %d: %d shards, %d packets, %d clients, %d ops (%d created, %d budget_exhausted, %d granted, %d refunds; %d unknown, %d changed nothing; answers %s), operator restarts %d (expiry calls cut %d, settlement deliveries cut %d, %d of them redelivered, link cut %d times; %d repeated deliveries), faults %v: %d violations, %d lost (%v, check %v)",
 			sc.seed, sc.shards, len(sc.packets), sc.clients, st.ops, st.created, st.exhausted, st.granted, st.refunds, st.unknown, st.dropped,
-			formatCounts(st.outcomes, budgetOutcomeKeys), st.operatorRestarts, st.expiryCut, sc.faults, st.violations, st.lost,
+			formatCounts(st.outcomes, budgetOutcomeKeys), st.operatorRestarts, st.expiryCut, st.settleCut, st.redelivered, st.linkCuts, st.repeats, sc.faults, st.violations, st.lost,
 			time.Since(runStart).Round(time.Millisecond), st.check.Round(time.Millisecond))
 		sum.add(st)
 		if t.Failed() {
@@ -799,11 +782,11 @@ func TestBudgetHistories(t *testing.T) {
 	t.Logf("\n%-5s %-11s %-7s %-11s %-14s %-11s\n%-5d %-11d %-7d %-11d %-14d %-11d\n"+
 		"faults by kind:   %s\n"+
 		"answers:          %s\n"+
-		"created %d (and %d answered existing by the call that created), budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d, expiry calls cut %d\n"+
+		"created %d (and %d answered existing by the call that created), budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d (%d with a delivery in flight), expiry calls cut %d, settlement deliveries cut %d (%d redelivered by the next operator), settlement link cut %d times; repeated deliveries %d\n"+
 		"(%v; slowest check %v)",
 		"runs", "operations", "faults", "violations", "creates-lost", "grants-lost",
 		done, sum.ops, nFaults, sum.violations, sum.lostCreates, sum.lostGrants,
 		formatCounts(sum.faults, budgetFaultKinds), formatCounts(sum.outcomes, budgetOutcomeKeys),
-		sum.created, sum.retriedCreates, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.expiryCut,
+		sum.created, sum.retriedCreates, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.midDelivery, sum.expiryCut, sum.settleCut, sum.redelivered, sum.linkCuts, sum.repeats,
 		time.Since(begin).Round(time.Millisecond), sum.check.Round(time.Millisecond))
 }

@@ -51,11 +51,12 @@ var faultKinds = []string{faultLatency, faultReset, faultStall, faultClientPause
 	faultWebhookFail, faultWebhookSlow, faultRedisRestart, faultGrabRestart, faultControllerRestart}
 
 // fault is one injection: its kind, when, for how long (for a restart, how long the
-// service stays down) and, for a grab-restart, which activity's grab service. An
-// aimed controller-restart (hold > 0) is timed at one of the controller's scheduled
-// calls: the controller's link holds traffic for hold from then, and the controller
-// is killed halfway through, so that call is in flight when it dies and its held
-// command reaches Redis after the kill.
+// service stays down) and, for a grab-restart, which activity's grab service (for a
+// controller-restart of a budget run, its restart flags below). An aimed controller-restart
+// (hold > 0) is timed at one of the controller's scheduled calls: the controller's
+// links hold traffic for hold from then, and the controller is killed halfway
+// through, so that call is in flight when it dies and its held command reaches Redis
+// after the kill.
 type fault struct {
 	at     time.Duration
 	kind   string
@@ -64,12 +65,33 @@ type fault struct {
 	hold   time.Duration
 }
 
+// The flags of a budget run's controller-restart (fault.target).
+const (
+	// restartCutsSettlement cuts the settlement's link at the kill: its commands
+	// held on the link never reach Redis.
+	restartCutsSettlement = 1 << iota
+	// restartAtDelivery aims the restart at a settlement delivery rather than at a
+	// scheduled call: the webhook holds the next delivery it gets, the links are held
+	// from its arrival, and the kill comes while the delivery is in flight.
+	restartAtDelivery
+)
+
 func (f fault) String() string {
 	switch {
 	case f.kind == faultGrabRestart:
 		return fmt.Sprintf("%s(%d)@%v/%v", f.kind, f.target, f.at, f.dur)
-	case f.hold > 0:
-		return fmt.Sprintf("%s(aimed, hold %v)@%v/%v", f.kind, f.hold, f.at, f.dur)
+	case f.kind == faultControllerRestart && (f.hold > 0 || f.target != 0):
+		var how []string
+		switch {
+		case f.target&restartAtDelivery != 0:
+			how = append(how, fmt.Sprintf("aimed at a delivery, hold %v", f.hold))
+		case f.hold > 0:
+			how = append(how, fmt.Sprintf("aimed, hold %v", f.hold))
+		}
+		if f.target&restartCutsSettlement != 0 {
+			how = append(how, "settlement link cut")
+		}
+		return fmt.Sprintf("%s(%s)@%v/%v", f.kind, strings.Join(how, ", "), f.at, f.dur)
 	}
 	return fmt.Sprintf("%s@%v/%v", f.kind, f.at, f.dur)
 }
@@ -318,7 +340,7 @@ func writeFailure(model porcupine.Model, info porcupine.LinearizationInfo, histo
 
 // faultTargets are what a fault acts on: the links to Redis (the fault proxies), a
 // direct admin client, the Redis process, the flaky webhook, the controller's own
-// link (held by an aimed controller-restart), and how to restart the i-th grab
+// links (held by an aimed controller-restart), and how to restart the i-th grab
 // service and the controller (or the operator's part a run has). excuse, when set,
 // is told how long a fault may keep Redis from answering.
 type faultTargets struct {
@@ -326,9 +348,9 @@ type faultTargets struct {
 	admin             *redis.Client
 	srv               *redisProc
 	flaky             *FlakyWebhook
-	ctrlLink          *Proxy
+	ctrlLinks         []*Proxy
 	restartGrab       func(i int, down time.Duration) error
-	restartController func(down time.Duration, heldUntil time.Time)
+	restartController func(f fault, heldUntil time.Time)
 	excuse            func(d time.Duration)
 }
 
@@ -382,12 +404,23 @@ func (ft faultTargets) inject(ctx context.Context, f fault) error {
 		}
 	case faultControllerRestart:
 		var heldUntil time.Time
+		if f.target&restartAtDelivery != 0 {
+			// Wait for the next delivery to reach the webhook, which holds it
+			// beyond the kill; without one soon, the restart comes anyway.
+			select {
+			case <-ft.flaky.HoldNext(2 * f.hold):
+			case <-time.After(2 * time.Second):
+				ft.flaky.HoldNext(0)
+			}
+		}
 		if f.hold > 0 {
-			ft.ctrlLink.Stall(f.hold)
+			for _, l := range ft.ctrlLinks {
+				l.Stall(f.hold)
+			}
 			heldUntil = time.Now().Add(f.hold)
 			time.Sleep(f.hold / 2)
 		}
-		ft.restartController(f.dur, heldUntil)
+		ft.restartController(f, heldUntil)
 	}
 	return nil
 }
@@ -638,13 +671,13 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		faultEnd = max(faultEnd, f.at+f.dur, f.at+f.hold)
 		st.faults[f.kind]++
 	}
-	targets := faultTargets{links: links, admin: admin, srv: srv, flaky: flaky, ctrlLink: ctrlProxy,
+	targets := faultTargets{links: links, admin: admin, srv: srv, flaky: flaky, ctrlLinks: []*Proxy{ctrlProxy},
 		restartGrab: func(i int, down time.Duration) error { return svcList[i].Restart(down) },
-		restartController: func(down time.Duration, heldUntil time.Time) {
+		restartController: func(f fault, heldUntil time.Time) {
 			if opr != nil {
-				opr.Restart(down, heldUntil)
+				opr.Restart(f.dur, heldUntil)
 			} else {
-				ctrl.Restart(down)
+				ctrl.Restart(f.dur)
 			}
 		}}
 	if tenant != nil {
