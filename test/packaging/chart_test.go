@@ -252,12 +252,36 @@ func TestChartDefaultsRenderTheInstallManifests(t *testing.T) {
 	compareRenderings(t, fromChart, rendered, true, false)
 	t.Logf("%d objects from the chart, %d from make render (one of them the Namespace)", len(fromChart), len(rendered))
 
-	// Without a tag the image is the chart's appVersion, which is config/'s tag.
+	// Without a tag the image is the chart's appVersion, a version of its own: what
+	// make render gives for that version, and never a mutable "latest".
+	app := ch.Metadata.AppVersion
+	if app == "" || app == "latest" {
+		t.Errorf("the chart's appVersion is %q; want a release version, the default image tag", app)
+	}
 	fromChart, err = renderChart(ch, nil)
 	if err != nil {
 		t.Fatalf("rendering the chart: %v", err)
 	}
-	compareRenderings(t, fromChart, kustomize(t, filepath.Join(root, "config", "default")), true, false)
+	cmd = exec.Command(filepath.Join(root, "hack", "render-install.sh"), app, out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("hack/render-install.sh %s: %v\n%s", app, err, b)
+	}
+	if b, err = os.ReadFile(out); err != nil {
+		t.Fatal(err)
+	}
+	if rendered, err = decode(b); err != nil {
+		t.Fatal(err)
+	}
+	compareRenderings(t, fromChart, rendered, true, false)
+	for _, o := range fromChart {
+		containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			image, _, _ := unstructured.NestedString(c.(map[string]any), "image")
+			if image != "redpacket-operator:"+app {
+				t.Errorf("%s: by default the chart runs image %q, want redpacket-operator:%s (the appVersion)", key(o), image, app)
+			}
+		}
+	}
 }
 
 // TestChartValuesRenderLikeAKustomizeOverlay sets every value away from its default,
