@@ -401,8 +401,12 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetRedisUser(ctx context.Context
 
 // reconcileBudgetWorkload applies the shared grab Service and Deployment
 // (specs.BudgetGrabService, specs.BudgetGrabDeployment) under BudgetFieldManager,
-// once the redis user step settled the login. An object of those names that is not
-// the budget's is left alone (NotAdopted); an image other than the operator's needs
+// once the redis user step settled the login, then keeps the workload's guards as an
+// activity's (keepGrabGuards: the NetworkPolicy <budget>-grab, and the
+// PodDisruptionBudget <budget>-grab while the Deployment has two replicas or more,
+// whoever set them: the spec, kubectl scale or an autoscaler through the budget's
+// scale subresource). An object of those names that is not the budget's is left
+// alone (NotAdopted); an image other than the operator's needs
 // --allow-grab-image-override (GrabImageNotAllowed).
 func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context, s *budgetScope) (stepResult, error) {
 	b := s.budget
@@ -431,8 +435,15 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 		}
 	}
 	d := &appsv1.Deployment{}
-	if err := r.APIReader.Get(ctx, key, d); err == nil {
-		s.deployment = d
+	if err := r.APIReader.Get(ctx, key, d); err != nil {
+		return stepResult{}, fmt.Errorf("reading Deployment %s: %w", key.Name, err)
+	}
+	s.deployment = d
+	if err := keepGrabGuards(ctx, r.Client, r.APIReader, r.Recorder, grabGuarded{
+		owner: b, kind: "budget", name: key.Name, labels: specs.BudgetLabels(b),
+		selector: specs.BudgetSelector(b), replicas: deploymentReplicas(d),
+	}); err != nil {
+		return workloadFailed(err), err
 	}
 	s.status.Endpoint = specs.BudgetEndpoint(b)
 	return stepResult{}, nil
