@@ -260,6 +260,36 @@ func (e *liveEnv) startGrab(t *testing.T, ns, name string) string {
 	return "http://" + addr
 }
 
+// startBudgetGrab runs a grab service of the budget's fleet (--budget), as the
+// budget's grab pods run it, with a sender credential of its own, and returns its
+// base URL. It runs until the environment stops.
+func (e *liveEnv) startBudgetGrab(t *testing.T, b *redpacketv1alpha1.RedPacketBudget) string {
+	t.Helper()
+	addr, err := proc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(e.work, fmt.Sprintf("sender-%s-%s", b.Namespace, b.Name))
+	if err := os.WriteFile(tokenFile, []byte("packaging-sender-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(e.work, fmt.Sprintf("grabsvc-budget-%s-%s.log", b.Namespace, b.Name))
+	p, err := proc.Start("budget grab service", logPath, nil, built.grabsvc, "--namespace", b.Namespace, "--budget", b.Name,
+		"--budget-uid", string(b.UID), "--budget-shards", fmt.Sprint(b.Spec.ShardCount()), "--sender-token-file", tokenFile,
+		"--listen", addr, "--redis-addresses", e.redisAddr, "--shutdown-delay", "0s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveMu.Lock()
+	e.grabs = append(e.grabs, p)
+	e.grabLogs = append(e.grabLogs, logPath)
+	liveMu.Unlock()
+	if err := proc.WaitHTTP(t.Context(), p, "http://"+addr+"/healthz", 60*time.Second); err != nil {
+		t.Fatalf("budget grab service: %v\n%s", err, proc.Tail(logPath, tailBytes))
+	}
+	return "http://" + addr
+}
+
 // newActivity is an activity of count packets and total minor units.
 func newActivity(ns, name string, total, count int64) *redpacketv1alpha1.RedPacketActivity {
 	return &redpacketv1alpha1.RedPacketActivity{
