@@ -51,8 +51,8 @@ type BudgetSettlement interface {
 	// streams be settled (idempotent).
 	EnsureTarget(ctx context.Context, t BudgetSettlementTarget) error
 	// DrainedTarget reports whether every entry of every shard's stream was settled
-	// or dead-lettered, so the keys may go.
-	DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (bool, error)
+	// or dead-lettered, so the keys may go, and when not, how many are unsettled.
+	DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (drained bool, unsettled int64, err error)
 	// Forget stops settling the budget uid.
 	Forget(uid types.UID)
 }
@@ -135,6 +135,10 @@ type RedPacketBudgetReconciler struct {
 	Options Options
 	// Now is the controller's clock; nil means time.Now.
 	Now func() time.Time
+
+	// access answers the platform decisions (the abandon of a deletion that waits on
+	// settlement); nil asks the API server (subjectAccessReviewer).
+	access accessReviewer
 
 	// newStore, when set, replaces the budget stores on the cached Redis clients
 	// (the phase tests).

@@ -42,15 +42,15 @@ func (s *recordingSettlement) EnsureTarget(context.Context, controllers.BudgetSe
 	return nil
 }
 
-func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.BudgetSettlementTarget) (bool, error) {
+func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.BudgetSettlementTarget) (bool, int64, error) {
 	snap, err := s.rdbBudget(t).Snapshot(ctx)
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.atDrain = append(s.atDrain, snap)
-	return true, nil
+	return true, 0, nil
 }
 
 func (s *recordingSettlement) Forget(uid types.UID) {
@@ -60,9 +60,10 @@ func (s *recordingSettlement) Forget(uid types.UID) {
 }
 
 // startBudgetController runs a manager with the budget reconciler for the test's
-// namespace, on the test's Redis as the default; it stops at the test's cleanup at
-// the latest, or when the returned function is called (which waits for it).
-func (e *env) startBudgetController(settlement controllers.BudgetSettlement) (stop func()) {
+// namespace, on the test's Redis as the default, with the options tweak changes; it
+// stops at the test's cleanup at the latest, or when the returned function is called
+// (which waits for it).
+func (e *env) startBudgetController(settlement controllers.BudgetSettlement, tweak ...func(*controllers.Options)) (stop func()) {
 	e.t.Helper()
 	grace := 10 * time.Second
 	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
@@ -93,6 +94,9 @@ func (e *env) startBudgetController(settlement controllers.BudgetSettlement) (st
 			Name:                fmt.Sprintf("rpb-%s-%d", e.ns, managerSeq.Add(1)),
 			SkipNameValidation:  true,
 		},
+	}
+	for _, f := range tweak {
+		f(&r.Options)
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatalf("setting up the budget controller: %v", err)
