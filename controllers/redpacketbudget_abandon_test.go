@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -65,15 +63,8 @@ func TestDeletedBudgetWaitsVisiblyOnSettlementUntilAbandoned(t *testing.T) {
 	}))
 	t.Cleanup(hs.Close)
 
-	runner := controllers.NewBudgetSettlementRunner(cp.Client, nil, controllers.Options{
-		SettlementKeysSecret: types.NamespacedName{Namespace: e.ns, Name: testSettlementKeys},
-		SettlementConsumer:   "operator-test", SettlementRegisterer: prometheus.NewRegistry()})
-	rctx, stopRunner := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runner.Start(rctx) }()
-	t.Cleanup(func() { stopRunner(); <-done })
 	const grace = 3 * time.Second
-	e.startBudgetController(runner, func(o *controllers.Options) { o.CleanupGracePeriod = grace })
+	e.startBudgetController(e.startBudgetSettlementRunner(), func(o *controllers.Options) { o.CleanupGracePeriod = grace })
 
 	b := &redpacketv1alpha1.RedPacketBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "owed"},

@@ -1,7 +1,6 @@
 package rpactl_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,27 +22,7 @@ import (
 // HTTP status and the outcome (or error code) the service answered.
 func packetGrab(t *testing.T, base, packet, user, token string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/packets/"+packet+"/grab", strings.NewReader(`{"userId":"`+user+`"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Outcome string `json:"outcome"`
-		Error   string `json:"error"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		t.Fatal(err)
-	}
-	if body.Outcome == "" {
-		return resp.StatusCode, body.Error
-	}
-	return resp.StatusCode, body.Outcome
+	return postGrab(t, base+"/v1/packets/"+packet+"/grab", user, token)
 }
 
 // kubectl rpa token rpb/NAME USER mints a token that the budget's real packet server

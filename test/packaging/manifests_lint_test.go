@@ -32,18 +32,7 @@ import (
 // chart renders with its defaults.
 func installObjects(t *testing.T) map[string][]*unstructured.Unstructured {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "install.yaml")
-	if b, err := exec.Command(filepath.Join(root, "hack", "render-install.sh"), "v9.9.9", out).CombinedOutput(); err != nil {
-		t.Fatalf("hack/render-install.sh: %v\n%s", err, b)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rendered, err := decode(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rendered := renderInstall(t, "v9.9.9")
 	fromChart, err := renderChart(loadChart(t), nil)
 	if err != nil {
 		t.Fatalf("rendering the chart: %v", err)
