@@ -234,18 +234,38 @@ func TestManifestsPassKubeconform(t *testing.T) {
 		all = append(all, objs...)
 	}
 	dir := openAPISchemas(t, e, all)
-	for source, objs := range sets {
+	kubeconform := func(objs []*unstructured.Unstructured) ([]byte, error) {
 		file := filepath.Join(t.TempDir(), "objects.yaml")
 		writeYAML(t, file, objs)
 		cmd := exec.Command("go", "tool", "kubeconform", "-strict", "-summary", "-output", "text",
 			"-schema-location", filepath.Join(dir, kubeconformLocation), file)
 		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
+		return cmd.CombinedOutput()
+	}
+	for source, objs := range sets {
+		out, err := kubeconform(objs)
 		if err != nil {
 			t.Errorf("kubeconform on %s (%d objects): %v\n%s", source, len(objs), err, out)
 			continue
 		}
 		t.Logf("kubeconform on %s: %s", source, strings.TrimSpace(string(out)))
+	}
+
+	// The schemas are strict: a misspelt field of a grab container is a finding.
+	var deployment *unstructured.Unstructured
+	for _, o := range sets["the grab workloads"] {
+		if o.GetKind() == "Deployment" {
+			deployment = o.DeepCopy()
+			break
+		}
+	}
+	containers, _, _ := unstructured.NestedSlice(deployment.Object, "spec", "template", "spec", "containers")
+	containers[0].(map[string]any)["memoryLimit"] = "256Mi"
+	if err := unstructured.SetNestedSlice(deployment.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubeconform([]*unstructured.Unstructured{deployment}); err == nil || !strings.Contains(string(out), "memoryLimit") {
+		t.Errorf("kubeconform passed a container with an unknown field: %v\n%s", err, out)
 	}
 }
 
