@@ -68,6 +68,10 @@ lint: ## go vet and staticcheck (a Go tool pinned in go.mod).
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
+.PHONY: lint-manifests
+lint-manifests: redis controlplane ## kubeconform (a Go tool pinned in go.mod) with schemas from the real API server, and kube-linter's default checks, on the rendered install and the grab workloads.
+	$(GO) test -count=1 -run '^(TestManifestsPassKubeconform|TestManifestsPassLinterChecks|TestLintObjectFindsEachFault)$$' ./test/packaging/
+
 .PHONY: verify
 verify: ## Fail when generated files, formatting or go.mod/go.sum are not up to date.
 	$(MAKE) manifests generate chart

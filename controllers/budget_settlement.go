@@ -226,14 +226,22 @@ func (d *BudgetSettlementRunner) announce(ctx context.Context, t BudgetSettlemen
 }
 
 // DrainedTarget reports whether every entry of every shard's stream of the budget
-// was settled or dead-lettered by the operator's consumer group. A budget without a
-// webhook is never drained while entries wait in its streams.
-func (d *BudgetSettlementRunner) DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (bool, error) {
+// was settled or dead-lettered by the operator's consumer group, and when not, how
+// many entries are still unsettled (settlement.BudgetUnsettled).
+func (d *BudgetSettlementRunner) DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (bool, int64, error) {
 	rdb := t.Conn.NewClient(t.ClientOptions)
 	defer func() { _ = rdb.Close() }()
-	ok, err := settlement.BudgetDrained(ctx, store.NewBudget(rdb, string(t.UID), t.Shards), settlement.DefaultGroup)
+	b := store.NewBudget(rdb, string(t.UID), t.Shards)
+	ok, err := settlement.BudgetDrained(ctx, b, settlement.DefaultGroup)
 	if err != nil {
-		return false, fmt.Errorf("checking budget %s's settlement: %w", t.Name, err)
+		return false, 0, fmt.Errorf("checking budget %s's settlement: %w", t.Name, err)
 	}
-	return ok, nil
+	if ok {
+		return true, 0, nil
+	}
+	n, err := settlement.BudgetUnsettled(ctx, b, settlement.DefaultGroup)
+	if err != nil {
+		return false, 0, fmt.Errorf("counting budget %s's unsettled entries: %w", t.Name, err)
+	}
+	return false, n, nil
 }

@@ -453,7 +453,7 @@ type fakeReviewer struct {
 	grants map[string][]string
 }
 
-func (f *fakeReviewer) allowed(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, verb, user string, _ []string) (bool, string, error) {
+func (f *fakeReviewer) allowed(_ context.Context, _ client.Object, _, verb, user string, _ []string) (bool, string, error) {
 	f.log.add("review %s %s", user, verb)
 	for _, v := range f.grants[user] {
 		if v == verb {

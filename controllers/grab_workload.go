@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -175,18 +176,24 @@ func workloadFailed(err error) stepResult {
 	return blocked(redpacketv1alpha1.ReasonWorkloadFailed, "applying the grab workload: %v", err)
 }
 
-// getChild reads a workload object: from the cache, which holds only objects with the
-// operator's label, and else from the API server, so that an unlabeled object of the
-// same name is seen too. It reports whether the object exists.
+// getChild reads a workload object as getGrabChild does.
 func (r *RedPacketActivityReconciler) getChild(ctx context.Context, key client.ObjectKey, obj client.Object) (bool, error) {
-	err := r.Client.Get(ctx, key, obj)
+	return getGrabChild(ctx, r.Client, r.APIReader, key, obj)
+}
+
+// getGrabChild reads a workload object: through c, whose cache holds only objects
+// with the operator's label, and else from the API server (reader), so that an
+// unlabeled object of the same name is seen too. It reports whether the object
+// exists.
+func getGrabChild(ctx context.Context, c client.Client, reader client.Reader, key client.ObjectKey, obj client.Object) (bool, error) {
+	err := c.Get(ctx, key, obj)
 	if err == nil {
 		return true, nil
 	}
 	if !apierrors.IsNotFound(err) {
 		return false, err
 	}
-	err = r.APIReader.Get(ctx, key, obj)
+	err = reader.Get(ctx, key, obj)
 	if err == nil {
 		return true, nil
 	}
@@ -239,77 +246,107 @@ func (r *RedPacketActivityReconciler) replicasToApply(a *redpacketv1alpha1.RedPa
 // block voluntary evictions (node drains) or allow them all, so there is none.
 const minReplicasForDisruptionBudget = 2
 
-// reconcileGrabGuards keeps the grab workload's NetworkPolicy and, while the
-// Deployment has minReplicasForDisruptionBudget replicas or more, its
-// PodDisruptionBudget, and deletes that budget when the replicas drop below. The
-// controller is their only writer: it creates them, and updates them when their
-// labels or spec drift.
-//
-// The NetworkPolicy <activity>-grab selects the grab pods and admits ingress on the
-// grab port only (TCP 8080: the grab API, the probes and /metrics share it);
-// egress is not restricted (Redis, the API server and the balance system's webhook
-// are wherever the activity says). The PodDisruptionBudget <activity>-grab allows one
-// grab pod at a time to be evicted, and always allows evicting a pod that is not
-// ready, so a broken replica never blocks a node drain.
-//
-// The replica count is the live Deployment's, unless this reconcile applies a new
-// one (replicasToApply): kubectl scale and autoscalers count. Both objects carry a
-// controller reference to the activity; one of the same name that the activity does
-// not control is left alone, with a Warning event.
+// reconcileGrabGuards keeps the activity's grab guards (keepGrabGuards): the
+// NetworkPolicy and PodDisruptionBudget <activity>-grab, selecting GrabSelector. The
+// replica count is the live Deployment's, unless this reconcile applies a new one
+// (replicasToApply): kubectl scale and autoscalers count.
 func (r *RedPacketActivityReconciler) reconcileGrabGuards(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity,
 	live *appsv1.Deployment) error {
-	name := specs.GrabName(a)
-	key := client.ObjectKey{Namespace: a.Namespace, Name: name}
+	return keepGrabGuards(ctx, r.Client, r.APIReader, r.Recorder, grabGuarded{
+		owner: a, kind: "activity", name: specs.GrabName(a), labels: specs.GrabLabels(a),
+		selector: specs.GrabSelector(a), replicas: r.grabReplicas(a, live),
+	})
+}
+
+// grabGuarded is a grab workload that keepGrabGuards protects: an activity's or a
+// budget's.
+type grabGuarded struct {
+	// owner controls the guards: the activity or the budget.
+	owner client.Object
+	// kind is "activity" or "budget", for the events.
+	kind string
+	// name is the workload's name, <owner>-grab, which the guards take too.
+	name string
+	// labels are the workload's labels (specs.GrabLabels, specs.BudgetLabels).
+	labels map[string]string
+	// selector selects the workload's pods (specs.GrabSelector, specs.BudgetSelector).
+	selector map[string]string
+	// replicas is the grab Deployment's replica count after this reconcile.
+	replicas int32
+}
+
+// keepGrabGuards keeps a grab workload's NetworkPolicy and, while the Deployment has
+// minReplicasForDisruptionBudget replicas or more, its PodDisruptionBudget, and
+// deletes that budget when the replicas drop below. The controller is their only
+// writer: it creates them, and updates them when their labels or spec drift. One
+// piece of code serves activities and budgets.
+//
+// The NetworkPolicy <name>-grab selects the grab pods and admits ingress on the grab
+// port only (TCP 8080: the grab API, the probes and /metrics share it); egress is not
+// restricted (Redis, the API server and the balance system's webhook are wherever the
+// resource says). The PodDisruptionBudget <name>-grab allows one grab pod at a time
+// to be evicted, and always allows evicting a pod that is not ready, so a broken
+// replica never blocks a node drain.
+//
+// Both objects carry a controller reference to the owner; one of the same name that
+// the owner does not control is left alone, with a Warning event.
+func keepGrabGuards(ctx context.Context, c client.Client, reader client.Reader, recorder events.EventRecorder, g grabGuarded) error {
+	key := client.ObjectKey{Namespace: g.owner.GetNamespace(), Name: g.name}
+	warnForeign := func(kind string) {
+		if recorder != nil {
+			recorder.Eventf(g.owner, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonNotAdopted, "Reconcile",
+				"%s %s already exists and is not controlled by this %s; leaving it alone (delete or rename it)", kind, g.name, g.kind)
+		}
+	}
 
 	policy := &networkingv1.NetworkPolicy{}
-	found, err := r.getChild(ctx, key, policy)
+	found, err := getGrabChild(ctx, c, reader, key, policy)
 	if err != nil {
-		return fmt.Errorf("looking up NetworkPolicy %s: %w", name, err)
+		return fmt.Errorf("looking up NetworkPolicy %s: %w", g.name, err)
 	}
-	if found && !metav1.IsControlledBy(policy, a) {
-		r.warnForeign(a, "NetworkPolicy", name)
-	} else if err := r.keepGrabChild(ctx, a, policy, func() { policy.Spec = specs.GrabNetworkPolicySpec(a) }); err != nil {
+	if found && !metav1.IsControlledBy(policy, g.owner) {
+		warnForeign("NetworkPolicy")
+	} else if err := keepGrabChild(ctx, c, g, policy, func() { policy.Spec = specs.GrabNetworkPolicySpec(g.selector) }); err != nil {
 		return err
 	}
 
 	budget := &policyv1.PodDisruptionBudget{}
-	found, err = r.getChild(ctx, key, budget)
+	found, err = getGrabChild(ctx, c, reader, key, budget)
 	if err != nil {
-		return fmt.Errorf("looking up PodDisruptionBudget %s: %w", name, err)
+		return fmt.Errorf("looking up PodDisruptionBudget %s: %w", g.name, err)
 	}
 	switch {
-	case found && !metav1.IsControlledBy(budget, a):
-		r.warnForeign(a, "PodDisruptionBudget", name)
-	case r.grabReplicas(a, live) >= minReplicasForDisruptionBudget:
-		return r.keepGrabChild(ctx, a, budget, func() { budget.Spec = specs.GrabDisruptionBudgetSpec(a) })
+	case found && !metav1.IsControlledBy(budget, g.owner):
+		warnForeign("PodDisruptionBudget")
+	case g.replicas >= minReplicasForDisruptionBudget:
+		return keepGrabChild(ctx, c, g, budget, func() { budget.Spec = specs.GrabDisruptionBudgetSpec(g.selector) })
 	case found:
-		if err := r.Client.Delete(ctx, budget, client.Preconditions{UID: &budget.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting PodDisruptionBudget %s: %w", name, err)
+		if err := c.Delete(ctx, budget, client.Preconditions{UID: &budget.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting PodDisruptionBudget %s: %w", g.name, err)
 		}
 	}
 	return nil
 }
 
-// keepGrabChild makes obj, named <activity>-grab, carry the grab workload's labels,
-// the activity's controller reference and the spec that setSpec writes into it:
-// it creates obj when absent and updates it when any of these drifted.
-func (r *RedPacketActivityReconciler) keepGrabChild(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity,
-	obj client.Object, setSpec func()) error {
+// keepGrabChild makes obj, named after the workload, carry the workload's labels,
+// the owner's controller reference and the spec that setSpec writes into it: it
+// creates obj when absent and updates it when any of these drifted.
+func keepGrabChild(ctx context.Context, c client.Client, g grabGuarded, obj client.Object, setSpec func()) error {
 	kind := fmt.Sprintf("%T", obj)
-	if gvk, err := r.Client.GroupVersionKindFor(obj); err == nil {
+	if gvk, err := c.GroupVersionKindFor(obj); err == nil {
 		kind = gvk.Kind
 	}
-	obj.SetName(specs.GrabName(a))
-	obj.SetNamespace(a.Namespace)
-	_, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error {
+	obj.SetName(g.name)
+	obj.SetNamespace(g.owner.GetNamespace())
+	_, err := controllerutil.CreateOrUpdate(ctx, c, obj, func() error {
 		merged := maps.Clone(obj.GetLabels())
 		if merged == nil {
 			merged = map[string]string{}
 		}
-		maps.Copy(merged, specs.GrabLabels(a))
+		maps.Copy(merged, g.labels)
 		obj.SetLabels(merged)
 		setSpec()
-		return controllerutil.SetControllerReference(a, obj, r.Client.Scheme())
+		return controllerutil.SetControllerReference(g.owner, obj, c.Scheme())
 	})
 	if err != nil {
 		return fmt.Errorf("creating or updating %s %s: %w", kind, obj.GetName(), err)
@@ -324,15 +361,14 @@ func (r *RedPacketActivityReconciler) grabReplicas(a *redpacketv1alpha1.RedPacke
 	if replicas, _, ok := r.replicasToApply(a, live); ok {
 		return replicas
 	}
-	if live.Spec.Replicas == nil {
-		return 1
-	}
-	return *live.Spec.Replicas
+	return deploymentReplicas(live)
 }
 
-// warnForeign emits a Warning event about an object of the grab workload's name
-// that the activity does not control and that is therefore left alone.
-func (r *RedPacketActivityReconciler) warnForeign(a *redpacketv1alpha1.RedPacketActivity, kind, name string) {
-	r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonNotAdopted, "Reconcile",
-		"%s %s already exists and is not controlled by this activity; leaving it alone (delete or rename it)", kind, name)
+// deploymentReplicas is a Deployment's spec.replicas, 1 when unset (the API server's
+// default).
+func deploymentReplicas(d *appsv1.Deployment) int32 {
+	if d.Spec.Replicas == nil {
+		return 1
+	}
+	return *d.Spec.Replicas
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -49,8 +51,8 @@ type BudgetSettlement interface {
 	// streams be settled (idempotent).
 	EnsureTarget(ctx context.Context, t BudgetSettlementTarget) error
 	// DrainedTarget reports whether every entry of every shard's stream was settled
-	// or dead-lettered, so the keys may go.
-	DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (bool, error)
+	// or dead-lettered, so the keys may go, and when not, how many are unsettled.
+	DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (drained bool, unsettled int64, err error)
 	// Forget stops settling the budget uid.
 	Forget(uid types.UID)
 }
@@ -134,6 +136,10 @@ type RedPacketBudgetReconciler struct {
 	// Now is the controller's clock; nil means time.Now.
 	Now func() time.Time
 
+	// access answers the platform decisions (the abandon of a deletion that waits on
+	// settlement); nil asks the API server (subjectAccessReviewer).
+	access accessReviewer
+
 	// newStore, when set, replaces the budget stores on the cached Redis clients
 	// (the phase tests).
 	newStore func(conn redisconn.Conn, b *redpacketv1alpha1.RedPacketBudget) budgetStore
@@ -145,6 +151,8 @@ type RedPacketBudgetReconciler struct {
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the reconciler with mgr. Redis, Functions and Expiry
 // left nil are made and added to the manager (Functions and Expiry are leader-election
@@ -191,6 +199,8 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{},
 			predicate.LabelChangedPredicate{}, deletionPredicate()))).
 		Owns(&appsv1.Deployment{}).
+		Owns(&networkingv1.NetworkPolicy{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
 			SkipNameValidation:      &skip,

@@ -401,8 +401,12 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetRedisUser(ctx context.Context
 
 // reconcileBudgetWorkload applies the shared grab Service and Deployment
 // (specs.BudgetGrabService, specs.BudgetGrabDeployment) under BudgetFieldManager,
-// once the redis user step settled the login. An object of those names that is not
-// the budget's is left alone (NotAdopted); an image other than the operator's needs
+// once the redis user step settled the login, then keeps the workload's guards as an
+// activity's (keepGrabGuards: the NetworkPolicy <budget>-grab, and the
+// PodDisruptionBudget <budget>-grab while the Deployment has two replicas or more,
+// whoever set them: the spec, kubectl scale or an autoscaler through the budget's
+// scale subresource). An object of those names that is not the budget's is left
+// alone (NotAdopted); an image other than the operator's needs
 // --allow-grab-image-override (GrabImageNotAllowed).
 func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context, s *budgetScope) (stepResult, error) {
 	b := s.budget
@@ -431,8 +435,15 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 		}
 	}
 	d := &appsv1.Deployment{}
-	if err := r.APIReader.Get(ctx, key, d); err == nil {
-		s.deployment = d
+	if err := r.APIReader.Get(ctx, key, d); err != nil {
+		return stepResult{}, fmt.Errorf("reading Deployment %s: %w", key.Name, err)
+	}
+	s.deployment = d
+	if err := keepGrabGuards(ctx, r.Client, r.APIReader, r.Recorder, grabGuarded{
+		owner: b, kind: "budget", name: key.Name, labels: specs.BudgetLabels(b),
+		selector: specs.BudgetSelector(b), replicas: deploymentReplicas(d),
+	}); err != nil {
+		return workloadFailed(err), err
 	}
 	s.status.Endpoint = specs.BudgetEndpoint(b)
 	return stepResult{}, nil
@@ -662,23 +673,113 @@ func (r *RedPacketBudgetReconciler) deleteBudgetExpireAll(ctx context.Context, s
 
 // deleteBudgetDrained waits until settlement delivered every entry of the budget's
 // streams, when it has a webhook and the operator runs its settlement.
+//
+// While it waits the wait is visible: Ready is False with SettlementPending and a
+// message that counts the entries the balance system has not taken yet and names the
+// way out, and a Warning event says so when the wait begins. Once CleanupGracePeriod
+// has passed since the deletion, Stalled is True as well (kstatus and Argo CD show
+// the budget degraded), with another Warning event: the balance system has not
+// answered for that long and a person must look. The budget is never let go on a
+// timer, since its streams are the record of what is owed.
+//
+// The way out, when the balance system will not take the credits, is the platform
+// team's abandon, guarded as an activity's: AnnotationAbandon set to the budget's UID
+// and AnnotationAbandonedBy to the user who decided, whom the admission policy and a
+// SubjectAccessReview check for the verb abandon on redpacketbudgets. The budget's
+// settlement workers then stop, the purge step deletes its keys with the unsettled
+// entries, and a Warning Abandoned names the count and the user. A refused or
+// misdirected abandon changes nothing and says why (an AbandonNotAllowed event).
 func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *budgetScope) (stepResult, error) {
-	if r.Settlement == nil || s.budget.Spec.Settlement == nil || s.budget.Spec.Settlement.Webhook == nil {
+	b := s.budget
+	if r.Settlement == nil || b.Spec.Settlement == nil || b.Spec.Settlement.Webhook == nil {
 		return stepResult{}, nil
 	}
 	t := r.settlementTarget(s)
-	if err := r.Settlement.EnsureTarget(ctx, t); err != nil {
-		return stepResult{}, fmt.Errorf("settling the deleted budget: %w", err)
-	}
-	drained, err := r.Settlement.DrainedTarget(ctx, t)
+	// A settlement that cannot start (its signing key is gone, say) is one more
+	// reason to wait, said in the message; the drain is checked all the same.
+	ensureErr := r.Settlement.EnsureTarget(ctx, t)
+	drained, unsettled, err := r.Settlement.DrainedTarget(ctx, t)
 	if err != nil {
-		return stepResult{}, fmt.Errorf("checking the budget's settlement: %w", err)
+		return stepResult{}, errors.Join(ensureErr, fmt.Errorf("checking the budget's settlement: %w", err))
 	}
-	if !drained {
-		s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "the budget is deleted and waits for its settlement to drain")
-		return stepResult{halt: true, requeueAfter: r.Options.CleanupPollInterval}, nil
+	if drained {
+		return stepResult{}, nil
 	}
-	return stepResult{}, nil
+
+	var notes []string
+	if ensureErr != nil {
+		notes = append(notes, fmt.Sprintf("settlement cannot run: %v", ensureErr))
+	}
+	if v, ok := b.Annotations[redpacketv1alpha1.AnnotationAbandon]; ok {
+		if v != string(b.UID) {
+			notes = append(notes, fmt.Sprintf("the annotation %s=%q does not carry this budget's UID %s, so it does nothing",
+				redpacketv1alpha1.AnnotationAbandon, v, b.UID))
+		} else {
+			user, refused, err := platformDecidedBy(ctx, r.reviewer(), b, "redpacketbudgets", abandonDecision)
+			if err != nil {
+				return stepResult{}, fmt.Errorf("checking who abandoned the deleted budget's settlement: %w", err)
+			}
+			if refused == "" {
+				r.Settlement.Forget(b.UID)
+				r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned,
+					"%s abandoned the deleted budget's settlement: %d entries (grants to users, refunds to senders) were never credited by the balance system at %s; the budget's Redis keys are purged with them",
+					user, unsettled, t.WebhookURL)
+				ctrl.LoggerFrom(ctx).Info("the deleted budget's settlement was abandoned", "by", user, "unsettled", unsettled)
+				return stepResult{}, nil
+			}
+			notes = append(notes, "the abandon was refused: "+refused)
+		}
+	}
+
+	msg := fmt.Sprintf("the budget was deleted at %s and waits for settlement to drain: %d entries (grants and refunds) are not yet credited by the balance system at %s. "+
+		"If it cannot take them, the platform team may abandon them with %s=%s and %s=<their user name>: the keys are purged and those credits are never made",
+		b.DeletionTimestamp.UTC().Format(time.RFC3339), unsettled, t.WebhookURL,
+		redpacketv1alpha1.AnnotationAbandon, b.UID, redpacketv1alpha1.AnnotationAbandonedBy)
+	if len(notes) > 0 {
+		msg += "; " + strings.Join(notes, "; ")
+	}
+	s.notReady = notReady(redpacketv1alpha1.ReasonSettlementPending, "%s", msg)
+	before := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
+	if before == nil || before.Reason != redpacketv1alpha1.ReasonSettlementPending {
+		r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonSettlementPending,
+			"deletion waits for settlement: %d entries not yet credited by the balance system at %s", unsettled, t.WebhookURL)
+	}
+	for _, note := range notes {
+		if strings.HasPrefix(note, "the abandon was refused") || strings.HasPrefix(note, "the annotation") {
+			if before == nil || !strings.Contains(before.Message, note) {
+				r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandonNotAllowed,
+					"the deleted budget's settlement was not abandoned, its keys stay: %s", note)
+			}
+		}
+	}
+	requeue := r.Options.CleanupPollInterval
+	if deadline := b.DeletionTimestamp.Add(r.Options.CleanupGracePeriod); !s.now.Before(deadline) {
+		s.stalled = notReady(redpacketv1alpha1.ReasonSettlementPending, "%s (longer than the cleanup grace period of %s)", msg, r.Options.CleanupGracePeriod)
+		if !meta.IsStatusConditionTrue(b.Status.Conditions, redpacketv1alpha1.ConditionStalled) {
+			r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonSettlementPending,
+				"deletion has waited for settlement longer than the cleanup grace period of %s: %d entries not credited; the balance system at %s needs a look, or the platform team's abandon",
+				r.Options.CleanupGracePeriod, unsettled, t.WebhookURL)
+		}
+	} else {
+		requeue = min(requeue, deadline.Sub(s.now))
+	}
+	return stepResult{halt: true, requeueAfter: requeue}, nil
+}
+
+// eventf emits an event about the budget, when the reconciler has a recorder.
+func (r *RedPacketBudgetReconciler) eventf(b *redpacketv1alpha1.RedPacketBudget, eventType, reason, note string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(b, nil, eventType, reason, "Delete", note, args...)
+	}
+}
+
+// reviewer returns the reconciler's access reviewer: the API server unless another
+// one was set (the phase tests).
+func (r *RedPacketBudgetReconciler) reviewer() accessReviewer {
+	if r.access != nil {
+		return r.access
+	}
+	return subjectAccessReviewer{c: r.Client}
 }
 
 // deleteBudgetPurge removes the budget's Redis user (on the default Redis) and every

@@ -162,9 +162,12 @@ func (f *fakeSettlement) EnsureTarget(_ context.Context, t BudgetSettlementTarge
 	return nil
 }
 
-func (f *fakeSettlement) DrainedTarget(_ context.Context, t BudgetSettlementTarget) (bool, error) {
+func (f *fakeSettlement) DrainedTarget(_ context.Context, t BudgetSettlementTarget) (bool, int64, error) {
 	f.log.add("settlement.Drained %s", t.Name.Name)
-	return f.drained, nil
+	if f.drained {
+		return true, 0, nil
+	}
+	return false, 3, nil
 }
 
 func (f *fakeSettlement) Forget(uid types.UID) { f.log.add("settlement.Forget %s", uid) }
@@ -448,7 +451,8 @@ func TestBudgetDeletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ready := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionReady); ready == nil ||
-		ready.Reason != redpacketv1alpha1.ReasonDeleting || *got.Status.Refunded != 1203*7 {
+		ready.Reason != redpacketv1alpha1.ReasonSettlementPending || !strings.Contains(ready.Message, "3 entries") ||
+		!strings.Contains(ready.Message, "redpacket.io/abandon=buid-1") || *got.Status.Refunded != 1203*7 {
 		t.Errorf("status while deleting %+v", got.Status)
 	}
 

@@ -19,6 +19,19 @@ import (
 	"redpacket.io/operator/store"
 )
 
+// startBudgetSettlementRunner runs the operator's budget settlement runner with the
+// test's settlement keys until the test ends.
+func (e *env) startBudgetSettlementRunner() *controllers.BudgetSettlementRunner {
+	runner := controllers.NewBudgetSettlementRunner(cp.Client, nil, controllers.Options{
+		SettlementKeysSecret: types.NamespacedName{Namespace: e.ns, Name: testSettlementKeys},
+		SettlementConsumer:   "operator-test", SettlementRegisterer: prometheus.NewRegistry()})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runner.Start(ctx) }()
+	e.t.Cleanup(func() { stop(); <-done })
+	return runner
+}
+
 // A budget with a webhook, settled by the operator's own runner through the
 // reconciler: the total is announced before the shards may draw on it and again at
 // a refill, every grant and every refund of its runtime packets is credited once,
@@ -33,14 +46,7 @@ func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
 	hs := httptest.NewServer(receiver)
 	t.Cleanup(hs.Close)
 
-	runner := controllers.NewBudgetSettlementRunner(cp.Client, nil, controllers.Options{
-		SettlementKeysSecret: types.NamespacedName{Namespace: e.ns, Name: testSettlementKeys},
-		SettlementConsumer:   "operator-test", SettlementRegisterer: prometheus.NewRegistry()})
-	rctx, stopRunner := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runner.Start(rctx) }()
-	t.Cleanup(func() { stopRunner(); <-done })
-	e.startBudgetController(runner)
+	e.startBudgetController(e.startBudgetSettlementRunner())
 
 	b := &redpacketv1alpha1.RedPacketBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "settled"},

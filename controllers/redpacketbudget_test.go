@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +12,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -22,6 +26,7 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
+	"redpacket.io/operator/test/wait"
 )
 
 // recordingSettlement is a BudgetSettlement that settles nothing itself: it records
@@ -42,15 +47,15 @@ func (s *recordingSettlement) EnsureTarget(context.Context, controllers.BudgetSe
 	return nil
 }
 
-func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.BudgetSettlementTarget) (bool, error) {
+func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.BudgetSettlementTarget) (bool, int64, error) {
 	snap, err := s.rdbBudget(t).Snapshot(ctx)
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.atDrain = append(s.atDrain, snap)
-	return true, nil
+	return true, 0, nil
 }
 
 func (s *recordingSettlement) Forget(uid types.UID) {
@@ -60,9 +65,10 @@ func (s *recordingSettlement) Forget(uid types.UID) {
 }
 
 // startBudgetController runs a manager with the budget reconciler for the test's
-// namespace, on the test's Redis as the default; it stops at the test's cleanup at
-// the latest, or when the returned function is called (which waits for it).
-func (e *env) startBudgetController(settlement controllers.BudgetSettlement) (stop func()) {
+// namespace, on the test's Redis as the default, with the options tweak changes; it
+// stops at the test's cleanup at the latest, or when the returned function is called
+// (which waits for it).
+func (e *env) startBudgetController(settlement controllers.BudgetSettlement, tweak ...func(*controllers.Options)) (stop func()) {
 	e.t.Helper()
 	grace := 10 * time.Second
 	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
@@ -93,6 +99,9 @@ func (e *env) startBudgetController(settlement controllers.BudgetSettlement) (st
 			Name:                fmt.Sprintf("rpb-%s-%d", e.ns, managerSeq.Add(1)),
 			SkipNameValidation:  true,
 		},
+	}
+	for _, f := range tweak {
+		f(&r.Options)
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatalf("setting up the budget controller: %v", err)
@@ -246,6 +255,28 @@ func TestBudgetLifecycle(t *testing.T) {
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 80 {
 		t.Errorf("service ports %+v", svc.Spec.Ports)
 	}
+	if limit := d.Spec.Template.Spec.Containers[0].Resources.Limits.Memory(); limit.Cmp(resource.MustParse("256Mi")) != 0 {
+		t.Errorf("grab container memory limit %v, want 256Mi", limit)
+	}
+
+	// The grab workload's guards, as an activity's: a NetworkPolicy, and with 2 replicas a
+	// PodDisruptionBudget, both the budget's and selecting its pods.
+	policy := &networkingv1.NetworkPolicy{}
+	pdb := &policyv1.PodDisruptionBudget{}
+	wait.Until(t, 20*time.Second, "the budget's NetworkPolicy and PodDisruptionBudget", func() (bool, string) {
+		errP := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "shop-grab"}, policy)
+		errB := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "shop-grab"}, pdb)
+		return errP == nil && errB == nil, fmt.Sprintf("NetworkPolicy: %v, PodDisruptionBudget: %v", errP, errB)
+	})
+	selector := map[string]string{"app.kubernetes.io/name": "redpacket-grab", "redpacket.io/budget": "shop"}
+	if !metav1.IsControlledBy(policy, b) || !maps.Equal(policy.Spec.PodSelector.MatchLabels, selector) ||
+		len(policy.Spec.Ingress) != 1 || len(policy.Spec.Ingress[0].Ports) != 1 || policy.Spec.Ingress[0].Ports[0].Port.IntValue() != 8080 {
+		t.Errorf("NetworkPolicy %+v owned by %v", policy.Spec, policy.OwnerReferences)
+	}
+	if !metav1.IsControlledBy(pdb, b) || pdb.Spec.Selector == nil || !maps.Equal(pdb.Spec.Selector.MatchLabels, selector) ||
+		pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PodDisruptionBudget %+v owned by %v", pdb.Spec, pdb.OwnerReferences)
+	}
 	if ready := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady); ready == nil ||
 		ready.Status != metav1.ConditionFalse || ready.Reason != redpacketv1alpha1.ReasonGrabServiceUnavailable {
 		t.Errorf("Ready before a replica is available: %+v", ready)
@@ -260,6 +291,21 @@ func TestBudgetLifecycle(t *testing.T) {
 	e.waitRedPacketBudget("shop", "Ready", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
 		return meta.IsStatusConditionTrue(b.Status.Conditions, redpacketv1alpha1.ConditionReady) && b.Status.Replicas == 2
 	})
+
+	// One replica: the PodDisruptionBudget goes (it could only block drains), the
+	// NetworkPolicy stays.
+	b = e.getBudget("shop")
+	b.Spec.GrabService.Replicas = new(int32(1))
+	if err := e.c.Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 20*time.Second, "the PodDisruptionBudget gone at one replica", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "shop-grab"}, &policyv1.PodDisruptionBudget{})
+		return isNotFound(err), errString(err)
+	})
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "shop-grab"}, &networkingv1.NetworkPolicy{}); err != nil {
+		t.Errorf("the NetworkPolicy at one replica: %v", err)
+	}
 
 	// A refill raises what is available.
 	b = e.getBudget("shop")

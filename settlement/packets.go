@@ -219,6 +219,24 @@ func BudgetDrained(ctx context.Context, b *store.Budget, group string) (bool, er
 	return true, nil
 }
 
+// BudgetUnsettled counts the entries of every shard of b that the consumer group
+// (DefaultGroup when empty) has not settled or dead-lettered yet (store's
+// Shard.Unsettled): what a deleted budget still waits for.
+func BudgetUnsettled(ctx context.Context, b *store.Budget, group string) (int64, error) {
+	if group == "" {
+		group = DefaultGroup
+	}
+	var n int64
+	for i := range b.N() {
+		u, err := b.SettlementShard(i).Unsettled(ctx, group)
+		if err != nil {
+			return 0, fmt.Errorf("budget shard %d: %w", i, err)
+		}
+		n += u
+	}
+	return n, nil
+}
+
 // splitPacketKey splits an entry's packet id into the packet and the share:
 // "<packetId>/<share>" for a grant (a canonical decimal below maxCount),
 // "<packetId>/refund" for a refund. It says why when the id is not one of those.

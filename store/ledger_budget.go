@@ -234,6 +234,34 @@ func (a *Shard) Drained(ctx context.Context, group string) (bool, error) {
 	return false, nil
 }
 
+// Unsettled counts the entries of the shard's settlement stream that group has not
+// settled or dead-lettered yet: those read and not acknowledged, and those not read
+// yet (the group's lag; when Redis cannot tell the lag, the entries after the last
+// one read are not counted, so the figure may be low, never high). A shard without a
+// stream has none; a stream with no group has all of its entries unsettled.
+func (a *Shard) Unsettled(ctx context.Context, group string) (int64, error) {
+	info, err := a.c.XInfoStream(ctx, a.keys.Stream).Result()
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("reading %s: %w", a.keys.Stream, err)
+	}
+	if info.Length == 0 {
+		return 0, nil
+	}
+	groups, err := a.c.XInfoGroups(ctx, a.keys.Stream).Result()
+	if err != nil {
+		return 0, fmt.Errorf("reading the consumer groups of %s: %w", a.keys.Stream, err)
+	}
+	for _, g := range groups {
+		if g.Name == group {
+			return g.Pending + max(g.Lag, 0), nil
+		}
+	}
+	return info.Length, nil
+}
+
 // VerifyPacketEntries checks each credit against its packet's hash, when the packet
 // is still in Redis, and returns why each one that does not match is forged (by
 // index in credits, wrapping ErrForged):

@@ -2,8 +2,11 @@ package store_test
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/redistest"
@@ -76,4 +79,52 @@ func TestBudgetLedgerCreditsEachKeyOnceWithinTheAnnouncedTotal(t *testing.T) {
 	if ttl, err := rdb.PTTL(ctx, l.Key()).Result(); err != nil || ttl != -1 {
 		t.Errorf("the budget ledger's TTL %s (%v), want none", ttl, err)
 	}
+}
+
+// A shard's unsettled entries are those its settlement group has not acknowledged or
+// dead-lettered: none without a stream, every entry before the group exists, the read
+// and the unread ones after, and none once each is acknowledged; Drained agrees.
+func TestBudgetShardUnsettledCountsWhatTheGroupOwes(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Start(t).Client(t)
+	sh := store.NewBudget(rdb, "budget-unsettled", 1).SettlementShard(0)
+	stream := store.NewBudget(rdb, "budget-unsettled", 1).ShardKeys(0).Stream
+	check := func(what string, want int64) {
+		t.Helper()
+		n, err := sh.Unsettled(ctx, "settlement")
+		drained, derr := sh.Drained(ctx, "settlement")
+		if err != nil || derr != nil || n != want || drained != (want == 0) {
+			t.Errorf("%s: %d unsettled (%v), drained %v (%v); want %d", what, n, err, drained, derr, want)
+		}
+	}
+	check("no stream", 0)
+	for i := range 3 {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []string{"refund", "p-" + strconv.Itoa(i) + "/refund:100:0:CNY:merchant"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("three entries, no group", 3)
+	if err := sh.EnsureGroup(ctx, "settlement"); err != nil {
+		t.Fatal(err)
+	}
+	check("a group that read nothing", 3)
+	entries, err := sh.ReadNew(ctx, "settlement", "op", 2, time.Millisecond)
+	if err != nil || len(entries) != 2 {
+		t.Fatalf("read %d entries, %v", len(entries), err)
+	}
+	check("two read, one not", 3)
+	for _, e := range entries {
+		if err := rdb.XAck(ctx, stream, "settlement", e.ID).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("two acknowledged", 1)
+	rest, err := sh.ReadNew(ctx, "settlement", "op", 10, time.Millisecond)
+	if err != nil || len(rest) != 1 {
+		t.Fatalf("read %d entries, %v", len(rest), err)
+	}
+	if err := rdb.XAck(ctx, stream, "settlement", rest[0].ID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	check("every entry acknowledged", 0)
 }

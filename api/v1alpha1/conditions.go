@@ -58,7 +58,8 @@ const AnnotationAcceptedBy = "redpacket.io/accepted-by"
 const AnnotationAcceptedByGroups = "redpacket.io/accepted-by-groups"
 
 // AnnotationAbandon lets a deletion that holds a fenced (RedisRolledBack) or
-// DataLost activity go without a refund: its value must be the activity's UID, so it
+// DataLost activity, or a deleted budget waiting on settlement (SettlementPending),
+// go without a refund: its value must be the activity's UID, so it
 // cannot take effect on another object it was copied to. The activity's Redis keys
 // (claims, streams, meta) are then purged, and a Warning event names the amount
 // abandoned and who abandoned it. Like AnnotationAcceptRedisState it is a platform
@@ -177,7 +178,12 @@ const (
 	// stream (Settled False).
 	ReasonNotConfigured = "NotConfigured"
 	// ReasonSettlementPending: some claims or the refund are not credited yet
-	// (Settled False).
+	// (Settled False). For a deleted budget: its live packets are expired and it
+	// waits for the balance system to take the grants and refunds still in its
+	// streams before its keys go (Ready False, with the count; Stalled True too once
+	// the cleanup grace period has passed, with a Warning event). The platform team
+	// may let it go with AnnotationAbandon (the budget's UID) and
+	// AnnotationAbandonedBy: the unsettled credits are purged, never made.
 	ReasonSettlementPending = "SettlementPending"
 	// ReasonDeadLetters: deliveries were parked in the dead-letter stream after too
 	// many failures (Settled False).

@@ -80,7 +80,9 @@ type BudgetGrabService struct {
 	// +optional
 	Image string `json:"image,omitempty"`
 
-	// resources of the grab container. Absent means requests of 100m CPU and 64Mi.
+	// resources of the grab container. Absent means requests of 100m CPU and 64Mi
+	// and a memory limit of 256Mi. A memory limit left out is 256Mi, or the memory
+	// request when that is higher.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -176,7 +175,7 @@ func BudgetGrabDeployment(in BudgetGrab) *appsv1ac.DeploymentApplyConfiguration 
 		WithLivenessProbe(corev1ac.Probe().
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(grabPortName))).
 			WithInitialDelaySeconds(5).WithPeriodSeconds(10).WithFailureThreshold(3)).
-		WithResources(budgetGrabResources(b)).
+		WithResources(GrabResources(b.Spec.GrabService.Resources)).
 		WithSecurityContext(grabContainerSecurityContext()).
 		WithVolumeMounts(mounts...)
 
@@ -208,26 +207,6 @@ func BudgetGrabDeployment(in BudgetGrab) *appsv1ac.DeploymentApplyConfiguration 
 		WithLabels(BudgetLabels(b)).
 		WithOwnerReferences(budgetOwner(b)).
 		WithSpec(spec)
-}
-
-// budgetGrabResources are spec.grabService.resources, else requests of 100m CPU and
-// 64Mi, as an activity's grab pods have.
-func budgetGrabResources(b *redpacketv1alpha1.RedPacketBudget) *corev1ac.ResourceRequirementsApplyConfiguration {
-	rr := corev1ac.ResourceRequirements()
-	res := b.Spec.GrabService.Resources
-	if res == nil {
-		return rr.WithRequests(corev1.ResourceList{
-			corev1.ResourceCPU:    resource.MustParse("100m"),
-			corev1.ResourceMemory: resource.MustParse("64Mi"),
-		})
-	}
-	if len(res.Requests) > 0 {
-		rr.WithRequests(res.Requests)
-	}
-	if len(res.Limits) > 0 {
-		rr.WithLimits(res.Limits)
-	}
-	return rr
 }
 
 // BudgetGrabService is the ClusterIP Service BudgetEndpoint names: port 80 to the

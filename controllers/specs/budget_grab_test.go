@@ -77,6 +77,7 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			wantVolumes:   map[string]string{"sender-token": "shop-sender"},
 			unwantedFlags: []string{"--token-key-file", "--token-max-lifetime", "--activity", "--activity-uid"},
 			wantRequests:  corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			wantLimits:    corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
 		{
 			name: "signed user tokens and replicas from the spec", login: &login,
@@ -89,6 +90,7 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			wantArgs:     []string{"--token-key-file=/etc/redpacket/token/key", "--token-max-lifetime=1h0m0s"},
 			wantReplicas: new(int32(3)),
 			wantRequests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			wantLimits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
 		{
 			name: "its own Redis, image, shards and resources",
@@ -108,6 +110,19 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			wantReplicas: new(int32(0)),
 			wantRequests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")},
 			wantLimits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+		},
+		{
+			name: "resources without a memory limit get one, no lower than the memory request", login: &login,
+			mutate: func(b *redpacketv1alpha1.RedPacketBudget) {
+				b.Spec.GrabService.Resources = &corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")},
+				}
+			},
+			wantImage: "operator/grab:1", wantRedisSecret: "shop-grab-redis",
+			wantVolumes:  map[string]string{"sender-token": "shop-sender"},
+			wantRequests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+			wantLimits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("1Gi")},
 		},
 	}
 	for _, tc := range cases {

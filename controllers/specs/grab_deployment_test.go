@@ -232,9 +232,10 @@ func checkGrabContainer(t *testing.T, c corev1.Container) {
 	if c.LivenessProbe != nil && c.LivenessProbe.HTTPGet != nil && c.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("liveness path %q", c.LivenessProbe.HTTPGet.Path)
 	}
-	if cpu, mem := c.Resources.Requests[corev1.ResourceCPU], c.Resources.Requests[corev1.ResourceMemory]; !cpu.Equal(resource.MustParse("100m")) ||
-		!mem.Equal(resource.MustParse("64Mi")) || len(c.Resources.Limits) != 0 {
-		t.Errorf("resources %+v, want requests of 100m CPU and 64Mi memory and no limits", c.Resources)
+	if cpu, mem, limit := c.Resources.Requests[corev1.ResourceCPU], c.Resources.Requests[corev1.ResourceMemory],
+		c.Resources.Limits[corev1.ResourceMemory]; !cpu.Equal(resource.MustParse("100m")) ||
+		!mem.Equal(resource.MustParse("64Mi")) || !limit.Equal(resource.MustParse("256Mi")) || len(c.Resources.Limits) != 1 {
+		t.Errorf("resources %+v, want requests of 100m CPU and 64Mi memory and a memory limit of 256Mi only", c.Resources)
 	}
 	sc := c.SecurityContext
 	if sc == nil || sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||

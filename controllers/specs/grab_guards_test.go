@@ -11,10 +11,14 @@ import (
 )
 
 // The NetworkPolicy admits ingress to the activity's grab pods on the grab port
-// only, and leaves egress alone.
+// only, and leaves egress alone; a budget's selects the budget's pods the same way.
 func TestGrabNetworkPolicySpec(t *testing.T) {
+	b := testBudget()
+	if spec := GrabNetworkPolicySpec(BudgetSelector(b)); !maps.Equal(spec.PodSelector.MatchLabels, BudgetSelector(b)) {
+		t.Errorf("a budget's pod selector %+v, want %v", spec.PodSelector, BudgetSelector(b))
+	}
 	a := testActivity()
-	spec := GrabNetworkPolicySpec(a)
+	spec := GrabNetworkPolicySpec(GrabSelector(a))
 	if !maps.Equal(spec.PodSelector.MatchLabels, GrabSelector(a)) || len(spec.PodSelector.MatchExpressions) != 0 {
 		t.Errorf("pod selector %+v, want %v", spec.PodSelector, GrabSelector(a))
 	}
@@ -33,7 +37,7 @@ func TestGrabNetworkPolicySpec(t *testing.T) {
 // The PodDisruptionBudget lets one grab pod go at a time, and an unready one always.
 func TestGrabDisruptionBudgetSpec(t *testing.T) {
 	a := testActivity()
-	spec := GrabDisruptionBudgetSpec(a)
+	spec := GrabDisruptionBudgetSpec(GrabSelector(a))
 	if spec.Selector == nil || !maps.Equal(spec.Selector.MatchLabels, GrabSelector(a)) {
 		t.Errorf("selector %+v, want %v", spec.Selector, GrabSelector(a))
 	}

@@ -19,6 +19,11 @@ import (
 const (
 	chartName    = "redpacket-operator"
 	chartVersion = "0.1.0"
+	// chartAppVersion is the in-tree chart's appVersion, the tag of the operator image
+	// it installs when image.tag is empty: the chart's own version, never config/'s
+	// mutable "latest" (the tag hack/render-install.sh replaces). make release
+	// packages the chart with the release version as its appVersion instead.
+	chartAppVersion = "v" + chartVersion
 	// installNamespace is the namespace config/ installs into; in the chart it is the
 	// release's namespace.
 	installNamespace = "redpacket-system"
@@ -251,7 +256,7 @@ func templateDeployment(o object) (map[string]blockFunc, map[string]any, error) 
 	}
 	c := containers[0].(map[string]any)
 	image, _ := c["image"].(string)
-	repo, tag, ok := strings.Cut(image, ":")
+	repo, _, ok := strings.Cut(image, ":")
 	if !ok {
 		return nil, nil, fmt.Errorf("the manager image %q has no tag", image)
 	}
@@ -299,7 +304,6 @@ func templateDeployment(o object) (map[string]blockFunc, map[string]any, error) 
 
 	defaults["replicaCount"] = int(replicas)
 	defaults["image.repository"] = repo
-	defaults["image.tag"] = tag
 	defaults["image.pullPolicy"] = pullPolicy
 	defaults["resources"] = resources
 

@@ -8,8 +8,9 @@ import (
 
 // The Grafana dashboard: one JSON model, shipped as a ConfigMap that Grafana's
 // dashboard sidecar picks up by its grafana_dashboard label. Every panel query
-// filters on the $namespace and $activity variables; test/packaging checks that each
-// names a metric the operator or the grab service exports.
+// filters on the $namespace variable and on $activity, or on $budget in the budgets'
+// row; test/packaging checks that each names a metric the operator or the grab
+// service exports, and that the budgets' panels are there.
 
 // dashboardUID is the dashboard's stable identifier (links survive re-imports).
 const dashboardUID = "redpacket-operator"
@@ -20,6 +21,16 @@ const activityFilter = `namespace=~"$namespace", name=~"$activity"`
 // settlementFilter selects the operator's settlement series of the chosen activities,
 // which name the activity in one label, activity="<namespace>/<name>".
 const settlementFilter = `activity=~"$namespace/$activity"`
+
+// budgetFilter selects the series of the chosen budgets: the operator's
+// redpacket_budget_* gauges, and the packet metrics of a budget's grab pods (the
+// PodMonitor names them after the pod's redpacket.io/budget label).
+const budgetFilter = `namespace=~"$namespace", name=~"$budget"`
+
+// budgetSettlementFilter selects the operator's settlement series of the chosen
+// budgets, which name the budget in the activity label, "<namespace>/<name>", as
+// settlement.BudgetConfigFor does.
+const budgetSettlementFilter = `activity=~"$namespace/$budget"`
 
 type gridPos struct {
 	H int `json:"h"`
@@ -66,12 +77,13 @@ type panelSpec struct {
 
 var datasourceRef = map[string]any{"type": "prometheus", "uid": "${datasource}"}
 
-// dashboardRows are the dashboard's rows of panels, top to bottom.
+// dashboardRows are the dashboard's rows of panels, top to bottom. A row's filter
+// stands for %s in its queries.
 var dashboardRows = []struct {
-	title  string
-	panels []panelSpec
+	title, filter string
+	panels        []panelSpec
 }{
-	{"Grabs", []panelSpec{
+	{"Grabs", activityFilter, []panelSpec{
 		{kind: "timeseries", title: "Grabs/s by outcome", unit: "reqps", width: 12,
 			description: "Grab requests answered per second, by outcome (granted, already_claimed, sold_out, unavailable, ...).",
 			queries:     []query{{`sum by (outcome) (rate(redpacket_grab_requests_total{%s}[$__rate_interval]))`, "{{outcome}}"}}},
@@ -89,7 +101,7 @@ var dashboardRows = []struct {
 			description: "Seconds since each grab pod last wrote the activity's status counters.",
 			queries:     []query{{`max by (namespace, name, pod) (redpacket_grab_report_lag_seconds{%s})`, "{{pod}}"}}},
 	}},
-	{"Money", []panelSpec{
+	{"Money", activityFilter, []panelSpec{
 		{kind: "timeseries", title: "Remaining packets", unit: "short", width: 8,
 			description: "status.remainingCount of each activity.",
 			queries:     []query{{`max by (namespace, name) (redpacket_activity_remaining_packets{%s})`, "{{namespace}}/{{name}}"}}},
@@ -114,7 +126,7 @@ var dashboardRows = []struct {
 			description: "totalAmount - (claimedAmount + remainingAmount + refundedAmount) per activity; anything but 0 is a page.",
 			queries:     []query{{`max by (namespace, name) (abs(redpacket_activity_conservation_error{%s}))`, "{{namespace}}/{{name}}"}}},
 	}},
-	{"Settlement", []panelSpec{
+	{"Settlement", activityFilter, []panelSpec{
 		{kind: "timeseries", title: "Settlement lag", unit: "s", width: 12,
 			description: "Seconds from a claim (or refund) to its acknowledged delivery to the balance system: 50th and 99th percentile.",
 			queries: []query{
@@ -139,6 +151,42 @@ var dashboardRows = []struct {
 				{`max by (activity) (redpacket_settlement_pending_entries{` + settlementFilter + `})`, "{{activity}} pending"},
 				{`max by (namespace, name) (redpacket_activity_settled_packets{%s})`, "{{namespace}}/{{name}} settled"},
 			}},
+	}},
+	{"Budgets", budgetFilter, []panelSpec{
+		{kind: "timeseries", title: "Budget money (minor units)", unit: "short", width: 12,
+			description: "Each budget's total, what new packets may still draw (available), what live packets hold, what was granted (claimed) and refunded; total = available + in packets + claimed + refunded.",
+			queries: []query{
+				{`max by (namespace, name) (redpacket_budget_total_amount{%s})`, "{{namespace}}/{{name}} total"},
+				{`max by (namespace, name) (redpacket_budget_available_amount{%s})`, "{{namespace}}/{{name}} available"},
+				{`max by (namespace, name) (redpacket_budget_in_packets_amount{%s})`, "{{namespace}}/{{name}} in packets"},
+				{`max by (namespace, name) (redpacket_budget_claimed_amount{%s})`, "{{namespace}}/{{name}} claimed"},
+				{`max by (namespace, name) (redpacket_budget_refunded_amount{%s})`, "{{namespace}}/{{name}} refunded"},
+			}},
+		{kind: "timeseries", title: "Budget packets", unit: "short", width: 12,
+			description: "Live packets (not expired), and packets created and expired since the budget was configured.",
+			queries: []query{
+				{`max by (namespace, name) (redpacket_budget_live_packets{%s})`, "{{namespace}}/{{name}} live"},
+				{`max by (namespace, name) (redpacket_budget_created_packets{%s})`, "{{namespace}}/{{name}} created"},
+				{`max by (namespace, name) (redpacket_budget_expired_packets{%s})`, "{{namespace}}/{{name}} expired"},
+			}},
+		{kind: "timeseries", title: "Packets created/s and grabbed/s", unit: "ops", width: 12,
+			description: "Packets created (POST /v1/packets answered created) and shares granted per second by each budget's grab fleet.",
+			queries: []query{
+				{`sum by (namespace, name) (rate(redpacket_packets_create_requests_total{%s, outcome="created"}[$__rate_interval]))`, "{{namespace}}/{{name}} created/s"},
+				{`sum by (namespace, name) (rate(redpacket_packets_grab_requests_total{%s, outcome="granted"}[$__rate_interval]))`, "{{namespace}}/{{name}} grabbed/s"},
+			}},
+		{kind: "timeseries", title: "Overdue packets (expiry backlog)", unit: "short", width: 12,
+			description: "Live packets past their expiry that were not expired yet: the expiry driver's backlog. It should stay near 0; a growing backlog delays refunds.",
+			queries:     []query{{`max by (namespace, name) (redpacket_budget_overdue_packets{%s})`, "{{namespace}}/{{name}}"}}},
+		{kind: "timeseries", title: "Budget settlement: pending and dead letters", unit: "short", width: 12,
+			description: "Grants and refunds of each budget read by settlement and not yet acknowledged, and deliveries parked as dead letters in the interval.",
+			queries: []query{
+				{`max by (activity) (redpacket_settlement_pending_entries{` + budgetSettlementFilter + `})`, "{{activity}} pending"},
+				{`sum by (activity) (increase(redpacket_settlement_dead_letters_total{` + budgetSettlementFilter + `}[$__rate_interval]))`, "{{activity}} dead letters"},
+			}},
+		{kind: "stat", title: "Budget conservation error (minor units)", unit: "short", width: 12,
+			description: "total - (available + in packets + claimed + refunded) per budget from one snapshot; anything but 0 is a page.",
+			queries:     []query{{`max by (namespace, name) (abs(redpacket_budget_conservation_error{%s}))`, "{{namespace}}/{{name}}"}}},
 	}},
 }
 
@@ -167,7 +215,7 @@ func dashboardJSON() ([]byte, error) {
 				t := target{
 					RefID:        string(rune('A' + i)),
 					Datasource:   datasourceRef,
-					Expr:         fmt.Sprintf(q.expr, repeat(activityFilter, countVerbs(q.expr))...),
+					Expr:         fmt.Sprintf(q.expr, repeat(row.filter, countVerbs(q.expr))...),
 					LegendFormat: q.legend,
 				}
 				if spec.kind == "table" {
@@ -196,7 +244,7 @@ func dashboardJSON() ([]byte, error) {
 	model := map[string]any{
 		"uid":           dashboardUID,
 		"title":         "Red packets",
-		"description":   "redpacket-operator: grabs, money per activity, settlement. docs/monitoring.md explains each panel and alert.",
+		"description":   "redpacket-operator: grabs, money per activity, settlement, and budgets' money, packets and settlement. docs/monitoring.md explains each panel and alert.",
 		"tags":          []string{"redpacket"},
 		"timezone":      "browser",
 		"editable":      true,
@@ -213,6 +261,7 @@ func dashboardJSON() ([]byte, error) {
 				"current": map[string]any{}, "hide": 0, "refresh": 1},
 			variable("namespace", "Namespace", `label_values(redpacket_activity_phase, namespace)`),
 			variable("activity", "Activity", `label_values(redpacket_activity_phase{namespace=~"$namespace"}, name)`),
+			variable("budget", "Budget", `label_values(redpacket_budget_total_amount{namespace=~"$namespace"}, name)`),
 		}},
 	}
 	var buf bytes.Buffer

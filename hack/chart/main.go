@@ -78,9 +78,8 @@ func run(root string) error {
 	if err != nil {
 		return err
 	}
-	appVersion, _ := defaults["image.tag"].(string)
 	dir := filepath.Join(root, "charts", chartName)
-	if err := writeChart(dir, templates, defaults, appVersion, dashboard); err != nil {
+	if err := writeChart(dir, templates, defaults, chartAppVersion, dashboard); err != nil {
 		return err
 	}
 	fmt.Printf("wrote config/prometheus, config/grafana, config/argocd/argocd-cm-patch.yaml and %s (%d templates)\n",

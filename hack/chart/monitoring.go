@@ -11,7 +11,8 @@ import (
 // Labels the monitors select by. The operator's metrics Service carries
 // operatorSelector (config/manager/metrics_service.yaml); every grab pod carries
 // specs.GrabSelector (controllers/specs/grab.go), and its label redpacket.io/activity
-// names its activity (grabActivityMetaLabel, as service discovery presents it).
+// names its activity (grabActivityMetaLabel, as service discovery presents it); a
+// budget's grab pod carries redpacket.io/budget instead (grabBudgetMetaLabel).
 var (
 	operatorSelector = map[string]string{
 		"app.kubernetes.io/name":      "redpacket-operator",
@@ -25,6 +26,7 @@ var (
 
 const (
 	grabActivityMetaLabel = "__meta_kubernetes_pod_label_redpacket_io_activity"
+	grabBudgetMetaLabel   = "__meta_kubernetes_pod_label_redpacket_io_budget"
 	// operatorJob is the job label Prometheus gives the operator's targets: the
 	// prometheus-operator names a ServiceMonitor's job after the Service, and the
 	// install manifests name the metrics Service so.
@@ -75,9 +77,16 @@ func podMonitor() *monitoringv1.PodMonitor {
 				Port:     &port,
 				Path:     "/metrics",
 				Interval: scrapeInterval,
+				// name is the activity's, or the budget's for a budget's grab pod
+				// (only a label that is set replaces it: regex (.+)).
 				RelabelConfigs: []monitoringv1.RelabelConfig{{
 					Action:       "replace",
 					SourceLabels: []monitoringv1.LabelName{grabActivityMetaLabel},
+					TargetLabel:  "name",
+				}, {
+					Action:       "replace",
+					SourceLabels: []monitoringv1.LabelName{grabBudgetMetaLabel},
+					Regex:        "(.+)",
 					TargetLabel:  "name",
 				}},
 			}},

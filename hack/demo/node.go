@@ -145,7 +145,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 	}
 
 	step("installing the project as a user would: the dev Redis, then the operator (2 replicas) from its image")
-	fmt.Printf("    kubectl apply -k config/dev-redis; hack/render-install.sh %s; kubectl apply --server-side -f install.yaml\n", nodeVersion)
+	fmt.Printf("    kubectl create namespace redpacket-system; kubectl apply -k config/dev-redis; hack/render-install.sh %s; kubectl apply --server-side -f install.yaml\n", nodeVersion)
 	start = time.Now()
 	installed, err := node.Install(ctx, nodeVersion)
 	if err != nil {

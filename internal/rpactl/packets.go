@@ -43,6 +43,9 @@ type budgetView struct {
 	// SenderSecret holds the sender credential: status.senderSecretName, else
 	// "<budget>-sender".
 	SenderSecret string
+	// TokenSecret is spec.grabService.auth.tokenSecretRef.name: the Secret of the
+	// HMAC key of user tokens ("" when grabs take no token).
+	TokenSecret string
 	// Status figures as the operator reported them (0 when absent).
 	Total, Available, InPackets, Claimed, Refunded int64
 	LivePackets, CreatedPackets, ExpiredPackets    int64
@@ -76,8 +79,8 @@ func budgetViewOf(u *unstructured.Unstructured) *budgetView {
 	}
 	b := &budgetView{Namespace: u.GetNamespace(), Name: u.GetName(), UID: string(u.GetUID()),
 		Currency: str("spec", "currency"), Shards: int(num("spec", "budgetShards")), RedisSecret: str("spec", "redis", "secretRef", "name"),
-		SenderSecret: str("status", "senderSecretName"),
-		Total:        num("status", "total"), Available: num("status", "available"), InPackets: num("status", "inPackets"),
+		SenderSecret: str("status", "senderSecretName"), TokenSecret: str("spec", "grabService", "auth", "tokenSecretRef", "name"),
+		Total: num("status", "total"), Available: num("status", "available"), InPackets: num("status", "inPackets"),
 		Claimed: num("status", "claimed"), Refunded: num("status", "refunded"), LivePackets: num("status", "livePackets"),
 		CreatedPackets: num("status", "createdPackets"), ExpiredPackets: num("status", "expiredPackets")}
 	if b.Currency == "" {

@@ -184,7 +184,14 @@ func (w *world) waitPhase(name string, phase redpacketv1alpha1.Phase) {
 // grab posts one grab with a bearer token and returns the HTTP status and outcome.
 func grab(t *testing.T, base, user, token string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/grab", strings.NewReader(`{"userId":"`+user+`"}`))
+	return postGrab(t, base+"/v1/grab", user, token)
+}
+
+// postGrab posts a grab by user to url with a bearer token and returns the HTTP
+// status and the outcome, or the error code of a refusal.
+func postGrab(t *testing.T, url, user, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"userId":"`+user+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,9 +203,13 @@ func grab(t *testing.T, base, user, token string) (int, string) {
 	defer resp.Body.Close()
 	var body struct {
 		Outcome string `json:"outcome"`
+		Error   string `json:"error"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 		t.Fatal(err)
+	}
+	if body.Outcome == "" {
+		return resp.StatusCode, body.Error
 	}
 	return resp.StatusCode, body.Outcome
 }

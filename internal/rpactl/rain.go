@@ -136,7 +136,7 @@ func (s *session) rain(ctx context.Context, name string, o rainOptions, streams 
 		spec.UserPrefix = fmt.Sprintf("rain-%d", time.Now().Unix())
 	}
 	if a.Spec.GrabService.Auth != nil {
-		key, err := s.tokenKey(ctx, a)
+		key, err := s.activityTokenKey(ctx, a)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ import (
 const ReleaseName = "redpacket"
 
 // InstallChart installs the project with its Helm chart, as a user would with helm
-// install: kubectl apply -k config/dev-redis (the namespace and a Redis), then the
+// install: the namespace and kubectl apply -k config/dev-redis (a Redis), then the
 // chart in charts/redpacket-operator as release ReleaseName in OperatorNamespace,
 // through the Helm library with the node's kubeconfig, and waits until the dev
 // Redis and the operator are Available. The chart gets the operator image of

@@ -32,7 +32,7 @@ type Installed struct {
 	RedisReady, OperatorReady time.Duration
 }
 
-// Install installs the project as a user would: kubectl apply -k config/dev-redis,
+// Install installs the project as a user would: the namespace and config/dev-redis,
 // then the install manifests rendered by hack/render-install.sh for the operator
 // image of version, applied with server-side apply, and waits until both are
 // Available. The node has no cluster DNS, so the operator's default Redis address is
@@ -73,11 +73,18 @@ func (c *Cluster) Install(ctx context.Context, version string) (Installed, error
 	return in, nil
 }
 
-// installDevRedis applies config/dev-redis (the operator's namespace and a Redis),
-// waits until the Redis is Available, and records its Service's ClusterIP address
-// (the node has no cluster DNS) and how long it took in in.
+// installDevRedis creates the operator's namespace (as kubectl create namespace, the
+// way a user who runs the Redis before the operator does; config/dev-redis does not
+// declare it), applies config/dev-redis, waits until the Redis is Available, and
+// records its Service's ClusterIP address (the node has no cluster DNS) and how long
+// it took in in.
 func (c *Cluster) installDevRedis(ctx context.Context, root string, in *Installed) error {
 	start := time.Now()
+	if _, err := c.Kubectl(ctx, "", "get", "namespace", OperatorNamespace); err != nil {
+		if _, err := c.Kubectl(ctx, "", "create", "namespace", OperatorNamespace); err != nil {
+			return err
+		}
+	}
 	if _, err := c.Kubectl(ctx, "", "apply", "-k", filepath.Join(root, "config", "dev-redis")); err != nil {
 		return err
 	}

@@ -108,6 +108,25 @@ func kustomize(t *testing.T, dir string) []*unstructured.Unstructured {
 	return objs
 }
 
+// renderInstall is what make render (hack/render-install.sh) gives for the operator
+// image of version.
+func renderInstall(t *testing.T, version string) []*unstructured.Unstructured {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "install.yaml")
+	if b, err := exec.Command(filepath.Join(root, "hack", "render-install.sh"), version, out).CombinedOutput(); err != nil {
+		t.Fatalf("hack/render-install.sh %s: %v\n%s", version, err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decode(b)
+	if err != nil {
+		t.Fatalf("hack/render-install.sh %s: %v", version, err)
+	}
+	return objs
+}
+
 // key names an object uniquely in a rendering.
 func key(o *unstructured.Unstructured) string {
 	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
@@ -231,19 +250,7 @@ func lineDiff(want, got string) string {
 // objects, field by field.
 func TestChartDefaultsRenderTheInstallManifests(t *testing.T) {
 	kubectlBin(t)
-	out := filepath.Join(t.TempDir(), "install.yaml")
-	cmd := exec.Command(filepath.Join(root, "hack", "render-install.sh"), "v1.2.3", out)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("hack/render-install.sh: %v\n%s", err, b)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rendered, err := decode(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rendered := renderInstall(t, "v1.2.3")
 	ch := loadChart(t)
 	fromChart, err := renderChart(ch, map[string]any{"image": map[string]any{"tag": "v1.2.3"}})
 	if err != nil {
@@ -252,12 +259,26 @@ func TestChartDefaultsRenderTheInstallManifests(t *testing.T) {
 	compareRenderings(t, fromChart, rendered, true, false)
 	t.Logf("%d objects from the chart, %d from make render (one of them the Namespace)", len(fromChart), len(rendered))
 
-	// Without a tag the image is the chart's appVersion, which is config/'s tag.
+	// Without a tag the image is the chart's appVersion, a version of its own: what
+	// make render gives for that version, and never a mutable "latest".
+	app := ch.Metadata.AppVersion
+	if app == "" || app == "latest" {
+		t.Errorf("the chart's appVersion is %q; want a release version, the default image tag", app)
+	}
 	fromChart, err = renderChart(ch, nil)
 	if err != nil {
 		t.Fatalf("rendering the chart: %v", err)
 	}
-	compareRenderings(t, fromChart, kustomize(t, filepath.Join(root, "config", "default")), true, false)
+	compareRenderings(t, fromChart, renderInstall(t, app), true, false)
+	for _, o := range fromChart {
+		containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			image, _, _ := unstructured.NestedString(c.(map[string]any), "image")
+			if image != "redpacket-operator:"+app {
+				t.Errorf("%s: by default the chart runs image %q, want redpacket-operator:%s (the appVersion)", key(o), image, app)
+			}
+		}
+	}
 }
 
 // TestChartValuesRenderLikeAKustomizeOverlay sets every value away from its default,

@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/test/wait"
@@ -270,6 +271,16 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	grabURL := e.startGrab(t, ns, "dash")
+
+	// A budget, configured by the manager (its redpacket_budget_* gauges), and a
+	// grab service of its fleet (the redpacket_packets_* metrics).
+	budget := &redpacketv1alpha1.RedPacketBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dash-budget"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{Total: 10_000, BudgetShards: 2,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000}}}
+	if err := e.client.Create(t.Context(), budget); err != nil {
+		t.Fatal(err)
+	}
+	budgetURL := e.startBudgetGrab(t, budget)
 	var users []string
 	for i := range 7 {
 		users = append(users, fmt.Sprintf("dash-user-%d", i))
@@ -285,7 +296,7 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 	// The activity is exhausted (the seventh user found it sold out), its six grants
 	// settled, and the manager has seen it closed: then every series is there.
 	activity := map[string]string{"namespace": ns, "name": "dash"}
-	var manager, grab map[string]*dto.MetricFamily
+	var manager, grab, fleet map[string]*dto.MetricFamily
 	wait.Until(t, 60*time.Second, "the activity's series in both scrapes", func() (bool, string) {
 		var err error
 		if manager, err = scrape(e.metricsURL); err != nil {
@@ -294,7 +305,12 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 		if grab, err = scrape(grabURL + "/metrics"); err != nil {
 			return false, err.Error()
 		}
+		if fleet, err = scrape(budgetURL + "/metrics"); err != nil {
+			return false, err.Error()
+		}
 		switch {
+		case gaugeValue(manager, "redpacket_budget_total_amount", map[string]string{"namespace": ns, "name": "dash-budget"}) != 10_000:
+			return false, "the budget's total is not exported yet (not configured)"
 		case !hasSeries(manager, "redpacket_activity_conservation_error", activity):
 			return false, "no conservation error series of the activity (refundedAmount not set yet)"
 		case !hasSeries(manager, "redpacket_activity_redis_imbalance", map[string]string{"namespace": ns, "name": "dash", "unit": "packets"}):
@@ -317,7 +333,7 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 	}
 
 	exported := map[string]dto.MetricType{}
-	for _, fams := range []map[string]*dto.MetricFamily{manager, grab} {
+	for _, fams := range []map[string]*dto.MetricFamily{manager, grab, fleet} {
 		for name, f := range fams {
 			exported[name] = f.GetType()
 		}
@@ -359,12 +375,12 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d dashboard queries name %d metrics; the manager and the grab service export %d families", len(queries), len(used), len(exported))
+	t.Logf("%d dashboard queries name %d metrics; the manager and the grab services export %d families", len(queries), len(used), len(exported))
 
 	// Labels: a small fixed set, never a user id.
 	allowed := map[string]bool{"namespace": true, "name": true, "phase": true, "reason": true, "outcome": true,
 		"op": true, "stage": true, "kind": true, "result": true, "activity": true, "le": true, "unit": true}
-	for _, fams := range []map[string]*dto.MetricFamily{manager, grab} {
+	for _, fams := range []map[string]*dto.MetricFamily{manager, grab, fleet} {
 		for name, f := range fams {
 			if !strings.HasPrefix(name, "redpacket_") {
 				continue
@@ -383,5 +399,57 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 	}
 	if v := gaugeValue(manager, "redpacket_activity_conservation_error", activity); v != 0 {
 		t.Errorf("redpacket_activity_conservation_error of the exhausted activity is %v, want 0", v)
+	}
+}
+
+// budgetPanels are what the dashboard must show of budgets: each metric, filtered on
+// the $budget variable (budgetFilter, or the settlement series' activity label).
+var budgetPanels = map[string]string{
+	"redpacket_budget_total_amount":           "money: total",
+	"redpacket_budget_available_amount":       "money: available",
+	"redpacket_budget_in_packets_amount":      "money: in packets",
+	"redpacket_budget_claimed_amount":         "money: claimed",
+	"redpacket_budget_refunded_amount":        "money: refunded",
+	"redpacket_budget_live_packets":           "live packets",
+	"redpacket_budget_created_packets":        "created packets",
+	"redpacket_budget_expired_packets":        "expired packets",
+	"redpacket_budget_overdue_packets":        "overdue packets (expiry backlog)",
+	"redpacket_budget_conservation_error":     "conservation error",
+	"redpacket_packets_create_requests_total": "created/s",
+	"redpacket_packets_grab_requests_total":   "grabbed/s",
+	"redpacket_settlement_pending_entries":    "settlement pending",
+	"redpacket_settlement_dead_letters_total": "settlement dead letters",
+}
+
+// The dashboard shows every budget figure an operator of budgets needs, each in a
+// panel query that follows the $budget variable: removing a budget panel, or one of
+// its queries, fails here. The budget variable lists the budgets the operator exports.
+func TestDashboardHasBudgetPanels(t *testing.T) {
+	queries := dashboardQueries(t)
+	shown := map[string][]string{}
+	for where, q := range queries {
+		if !strings.Contains(q, "$budget") || !strings.HasPrefix(where, "panel ") {
+			continue
+		}
+		names, err := metricNames(q)
+		if err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		for _, n := range names {
+			shown[n] = append(shown[n], where)
+		}
+	}
+	for metric, what := range budgetPanels {
+		if len(shown[metric]) == 0 {
+			t.Errorf("no panel shows the budgets' %s (%s filtered on $budget)", what, metric)
+		}
+	}
+	for metric, wheres := range shown {
+		if _, ok := budgetPanels[metric]; !ok {
+			t.Errorf("%v filter on $budget but name %s, which is no budget figure the test knows", wheres, metric)
+		}
+	}
+	if v := queries["variable budget"]; !strings.Contains(v, "redpacket_budget_") {
+		t.Errorf("the budget variable's query %q does not list budgets", v)
 	}
 }

@@ -243,10 +243,24 @@ func (e *liveEnv) startGrab(t *testing.T, ns, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(e.work, fmt.Sprintf("grabsvc-%s-%s.log", ns, name))
-	p, err := proc.Start("grab service", logPath, nil, built.grabsvc, "--namespace", ns, "--activity", name,
+	return e.runGrab(t, fmt.Sprintf("grabsvc-%s-%s.log", ns, name), "/readyz", "--namespace", ns, "--activity", name,
 		"--listen", addr, "--kubeconfig", e.kubeconfig, "--redis-addresses", e.redisAddr,
 		"--report-interval", "200ms", "--shutdown-delay", "0s")
+}
+
+// runGrab starts a grab service process with args (which name its --listen
+// address), logging to logName in the environment's directory, keeps it until the
+// environment stops, and waits until path answers; it returns the base URL.
+func (e *liveEnv) runGrab(t *testing.T, logName, path string, args ...string) string {
+	t.Helper()
+	addr := ""
+	for i, a := range args {
+		if a == "--listen" && i+1 < len(args) {
+			addr = args[i+1]
+		}
+	}
+	logPath := filepath.Join(e.work, logName)
+	p, err := proc.Start("grab service", logPath, nil, built.grabsvc, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,10 +268,29 @@ func (e *liveEnv) startGrab(t *testing.T, ns, name string) string {
 	e.grabs = append(e.grabs, p)
 	e.grabLogs = append(e.grabLogs, logPath)
 	liveMu.Unlock()
-	if err := proc.WaitHTTP(t.Context(), p, "http://"+addr+"/readyz", 60*time.Second); err != nil {
-		t.Fatalf("grab service: %v\n%s", err, proc.Tail(logPath, tailBytes))
+	if err := proc.WaitHTTP(t.Context(), p, "http://"+addr+path, 60*time.Second); err != nil {
+		t.Fatalf("grab service %s: %v\n%s", logName, err, proc.Tail(logPath, tailBytes))
 	}
 	return "http://" + addr
+}
+
+// startBudgetGrab runs a grab service of the budget's fleet (--budget), as the
+// budget's grab pods run it, with a sender credential of its own, and returns its
+// base URL. It runs until the environment stops.
+func (e *liveEnv) startBudgetGrab(t *testing.T, b *redpacketv1alpha1.RedPacketBudget) string {
+	t.Helper()
+	addr, err := proc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(e.work, fmt.Sprintf("sender-%s-%s", b.Namespace, b.Name))
+	if err := os.WriteFile(tokenFile, []byte("packaging-sender-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return e.runGrab(t, fmt.Sprintf("grabsvc-budget-%s-%s.log", b.Namespace, b.Name), "/healthz",
+		"--namespace", b.Namespace, "--budget", b.Name, "--budget-uid", string(b.UID),
+		"--budget-shards", fmt.Sprint(b.Spec.ShardCount()), "--sender-token-file", tokenFile,
+		"--listen", addr, "--redis-addresses", e.redisAddr, "--shutdown-delay", "0s")
 }
 
 // newActivity is an activity of count packets and total minor units.

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	inprocess "redpacket.io/operator/internal/kustomize"
 )
 
@@ -123,4 +126,37 @@ func copyTree(t *testing.T, from, to string) {
 	if err != nil {
 		t.Fatalf("copying %s: %v", from, err)
 	}
+}
+
+// config/dev-redis applies after an install that created the operator's namespace
+// without kubectl's last-applied-configuration annotation (helm install
+// --create-namespace, a server-side apply, a plain create: here the last) and prints
+// no warning: it does not declare the namespace. Applied twice, it changes nothing.
+func TestDevRedisAppliesAfterAnInstallWithoutWarnings(t *testing.T) {
+	e := startLive(t)
+	ns := &corev1.Namespace{}
+	if err := e.client.Get(t.Context(), client.ObjectKey{Name: "redpacket-system"}, ns); err != nil {
+		t.Fatalf("the operator's namespace: %v", err)
+	}
+	if _, ok := ns.Annotations["kubectl.kubernetes.io/last-applied-configuration"]; ok {
+		t.Fatal("the namespace carries kubectl's annotation; the test needs one created otherwise")
+	}
+	for i := range 2 {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(kubectlBin(t), "--kubeconfig", e.kubeconfig, "apply", "-k", filepath.Join(root, "config", "dev-redis"))
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("kubectl apply -k config/dev-redis: %v\n%s%s", err, stdout.String(), stderr.String())
+		}
+		if strings.Contains(stderr.String(), "Warning") || strings.Contains(stderr.String(), "last-applied-configuration") {
+			t.Errorf("apply %d warned:\n%s", i+1, stderr.String())
+		}
+		if strings.Contains(stdout.String(), "namespace/") {
+			t.Errorf("apply %d touched a namespace:\n%s", i+1, stdout.String())
+		}
+		t.Logf("apply %d:\n%s", i+1, stdout.String())
+	}
+	t.Cleanup(func() {
+		_ = exec.Command(kubectlBin(t), "--kubeconfig", e.kubeconfig, "delete", "-k", filepath.Join(root, "config", "dev-redis")).Run()
+	})
 }

@@ -1,0 +1,183 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/wait"
+)
+
+// annotateBudget merge-patches annotations of the named budget as c.
+func (e *env) annotateBudget(c client.Client, name string, kv map[string]string, opts ...client.PatchOption) error {
+	b := e.getBudget(name)
+	orig := b.DeepCopy()
+	if b.Annotations == nil {
+		b.Annotations = map[string]string{}
+	}
+	for k, v := range kv {
+		b.Annotations[k] = v
+	}
+	return c.Patch(context.Background(), b, client.MergeFrom(orig), opts...)
+}
+
+// A deleted budget whose balance system is down does not hang silently: its packets
+// expire, and while the refunds wait in its streams Ready is False with
+// SettlementPending, the count of unsettled entries and the way out, with a Warning
+// event; past the cleanup grace period Stalled is True too. It is never let go on a
+// timer. A tenant who may edit budgets cannot abandon it (the admission policy); an
+// abandon that does not carry the budget's UID does nothing and says so; the platform
+// team's abandon purges the keys and releases the budget, with a Warning Abandoned
+// that names the count and who abandoned it. The balance system is a real HTTP
+// server that answers 503 while it is down; the API server, Redis and the settlement
+// runner are real.
+func TestDeletedBudgetWaitsVisiblyOnSettlementUntilAbandoned(t *testing.T) {
+	e := newEnv(t)
+	installPolicies(t)
+	ctx := context.Background()
+	receiver := rain.NewReceiver([]byte(testSigningKey))
+	receiver.RequireBudget = true
+	var down atomic.Bool
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "the balance system is down", http.StatusServiceUnavailable)
+			return
+		}
+		receiver.ServeHTTP(w, r)
+	}))
+	t.Cleanup(hs.Close)
+
+	const grace = 3 * time.Second
+	e.startBudgetController(e.startBudgetSettlementRunner(), func(o *controllers.Options) { o.CleanupGracePeriod = grace })
+
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "owed"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
+			Total: 10_000, BudgetShards: 2,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10,
+				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
+			// Enough attempts that no refund is dead-lettered (which would count as
+			// drained) while the test runs.
+			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}, MaxAttempts: 1000},
+		},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("owed", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 10_000)
+	})
+	uid := string(b.UID)
+	h := store.NewBudget(e.rdb, uid, 2)
+	const packets = 3
+	for p := range packets {
+		id := fmt.Sprintf("order-%d", p)
+		if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 500, Count: 5,
+			Distribution: split.TypeFixed, TTL: time.Hour}); err != nil || outcome != store.CreateCreated {
+			t.Fatalf("creating %s: %s, %v", id, outcome, err)
+		}
+	}
+
+	// The balance system goes down; the deletion expires the three packets and their
+	// refunds cannot be credited.
+	down.Store(true)
+	if err := e.c.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("owed", "Ready False SettlementPending", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == redpacketv1alpha1.ReasonSettlementPending
+	})
+	ready := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
+	for _, want := range []string{fmt.Sprintf("%d entries", packets), hs.URL, "redpacket.io/abandon=" + uid, "redpacket.io/abandoned-by"} {
+		if !strings.Contains(ready.Message, want) {
+			t.Errorf("Ready's message %q does not say %q", ready.Message, want)
+		}
+	}
+	if note := e.eventNote("owed", "Warning", redpacketv1alpha1.ReasonSettlementPending); !strings.Contains(note, fmt.Sprintf("%d entries", packets)) {
+		t.Errorf("the SettlementPending warning %q does not count %d entries", note, packets)
+	}
+	b = e.waitRedPacketBudget("owed", "Stalled past the grace period", grace+30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == redpacketv1alpha1.ReasonSettlementPending
+	})
+	if !strings.Contains(meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled).Message, "cleanup grace period") {
+		t.Errorf("Stalled does not name the grace period: %+v", b.Status.Conditions)
+	}
+	// Long past the grace period the budget is still held, its keys still there.
+	consistently(t, 2*time.Second, "the deleted budget and its keys stay", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKeyFromObject(b), &redpacketv1alpha1.RedPacketBudget{})
+		keys, kerr := e.rdb.Keys(ctx, "rpb:{"+uid+".*").Result()
+		return err == nil && kerr == nil && len(keys) > 0, fmt.Sprintf("get: %v, %d keys (%v)", err, len(keys), kerr)
+	})
+
+	// A tenant who may edit budgets may not abandon.
+	p := e.people()
+	budgetEditor := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "budget-editor"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"redpacket.io"}, Resources: []string{"redpacketbudgets"},
+			Verbs: []string{"get", "list", "watch", "patch", "update"}}}}
+	if err := e.c.Create(ctx, budgetEditor); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "budget-editor-tenant"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "budget-editor"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: p.tenant}}}); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 30*time.Second, "the platform policy refuses the tenant's abandon", func() (bool, string) {
+		err := e.annotateBudget(p.asTenant, "owed", map[string]string{
+			redpacketv1alpha1.AnnotationAbandon: uid, redpacketv1alpha1.AnnotationAbandonedBy: p.tenant})
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "platform decision") &&
+			strings.Contains(err.Error(), "redpacketbudgets/owed"), errString(err)
+	})
+
+	// An abandon of another object's UID does nothing, and says so.
+	if err := e.annotateBudget(p.asPlatform, "owed", map[string]string{
+		redpacketv1alpha1.AnnotationAbandon: "not-" + uid, redpacketv1alpha1.AnnotationAbandonedBy: p.platform}); err != nil {
+		t.Fatalf("the platform user annotating: %v", err)
+	}
+	e.waitRedPacketBudget("owed", "the misdirected abandon said", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
+		return c != nil && strings.Contains(c.Message, "does not carry this budget's UID")
+	})
+	if note := e.eventNote("owed", "Warning", redpacketv1alpha1.ReasonAbandonNotAllowed); !strings.Contains(note, "UID") {
+		t.Errorf("the AbandonNotAllowed warning %q does not explain the UID", note)
+	}
+
+	// The platform team abandons: the keys go, the budget goes, the event names the
+	// count and who.
+	if err := e.annotateBudget(p.asPlatform, "owed", map[string]string{
+		redpacketv1alpha1.AnnotationAbandon: uid, redpacketv1alpha1.AnnotationAbandonedBy: p.platform}); err != nil {
+		t.Fatalf("the platform user abandoning: %v", err)
+	}
+	wait.Until(t, 30*time.Second, "the abandoned budget gone", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKeyFromObject(b), &redpacketv1alpha1.RedPacketBudget{})
+		return isNotFound(err), errString(err)
+	})
+	if keys, err := e.rdb.Keys(ctx, "rpb:{"+uid+".*").Result(); err != nil || len(keys) != 0 {
+		t.Errorf("keys left after the abandon: %v (%v)", keys, err)
+	}
+	note := e.eventNote("owed", "Warning", redpacketv1alpha1.ReasonAbandoned)
+	if !strings.Contains(note, p.platform) || !strings.Contains(note, fmt.Sprintf("%d entries", packets)) {
+		t.Errorf("the Abandoned warning %q does not name %s and %d entries", note, p.platform, packets)
+	}
+	if tot := receiver.Totals(); tot.Refunds != 0 {
+		t.Errorf("refunds credited while the balance system was down: %+v", tot)
+	}
+}
