@@ -225,23 +225,29 @@ func (d *BudgetSettlementRunner) announce(ctx context.Context, t BudgetSettlemen
 	return nil
 }
 
-// DrainedTarget reports whether every entry of every shard's stream of the budget
-// was settled or dead-lettered by the operator's consumer group, and when not, how
-// many entries are still unsettled (settlement.BudgetUnsettled).
-func (d *BudgetSettlementRunner) DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (bool, int64, error) {
+// DrainedTarget reports whether the budget owes nothing: every entry of every
+// shard's stream settled or dead-lettered by the operator's consumer group, and no
+// dead letter left (BudgetDrain). When something is owed it counts the entries still
+// unsettled (settlement.BudgetUnsettled) and the dead letters.
+func (d *BudgetSettlementRunner) DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (BudgetDrain, error) {
 	rdb := t.Conn.NewClient(t.ClientOptions)
 	defer func() { _ = rdb.Close() }()
 	b := store.NewBudget(rdb, string(t.UID), t.Shards)
+	var out BudgetDrain
+	dead, err := b.DeadLetterCount(ctx)
+	if err != nil {
+		return out, fmt.Errorf("counting budget %s's dead letters: %w", t.Name, err)
+	}
+	out.DeadLetters = dead
 	ok, err := settlement.BudgetDrained(ctx, b, settlement.DefaultGroup)
 	if err != nil {
-		return false, 0, fmt.Errorf("checking budget %s's settlement: %w", t.Name, err)
+		return out, fmt.Errorf("checking budget %s's settlement: %w", t.Name, err)
 	}
-	if ok {
-		return true, 0, nil
+	if !ok {
+		if out.Unsettled, err = settlement.BudgetUnsettled(ctx, b, settlement.DefaultGroup); err != nil {
+			return out, fmt.Errorf("counting budget %s's unsettled entries: %w", t.Name, err)
+		}
 	}
-	n, err := settlement.BudgetUnsettled(ctx, b, settlement.DefaultGroup)
-	if err != nil {
-		return false, 0, fmt.Errorf("counting budget %s's unsettled entries: %w", t.Name, err)
-	}
-	return false, n, nil
+	out.Drained = ok && dead == 0
+	return out, nil
 }

@@ -124,8 +124,8 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait.Until(t, 30*time.Second, "the budget drained", func() (bool, string) {
-		ok, unsettled, err := runner.DrainedTarget(ctx, target)
-		return err == nil && ok && unsettled == 0, fmt.Sprintf("%d unsettled, %v", unsettled, err)
+		d, err := runner.DrainedTarget(ctx, target)
+		return err == nil && d.Drained && d.Owed() == 0, fmt.Sprintf("%+v, %v", d, err)
 	})
 
 	bal.mu.Lock()

@@ -181,3 +181,98 @@ func TestDeletedBudgetWaitsVisiblyOnSettlementUntilAbandoned(t *testing.T) {
 		t.Errorf("refunds credited while the balance system was down: %+v", tot)
 	}
 }
+
+// Dead letters are money owed, not a settled debt: a deleted budget whose refunds
+// were dead-lettered while the balance system was down keeps its keys and says how
+// many dead letters wait and how to replay them, and once they are replayed and
+// credited it goes. Settlement makes one attempt per entry here, so every refund is
+// dead-lettered at its first failure. The API server, Redis, the settlement runner
+// and the balance system's HTTP server are real.
+func TestDeletedBudgetWaitsForItsDeadLettersToBeReplayed(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	receiver := rain.NewReceiver([]byte(testSigningKey))
+	receiver.RequireBudget = true
+	var down atomic.Bool
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "the balance system is down", http.StatusServiceUnavailable)
+			return
+		}
+		receiver.ServeHTTP(w, r)
+	}))
+	t.Cleanup(hs.Close)
+	e.startBudgetController(e.startBudgetSettlementRunner())
+
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "dead"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
+			Total: 10_000, BudgetShards: 2,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10,
+				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
+			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}, MaxAttempts: 1},
+		},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("dead", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 10_000)
+	})
+	uid := string(b.UID)
+	h := store.NewBudget(e.rdb, uid, 2)
+	const packets = 3
+	for p := range packets {
+		id := fmt.Sprintf("order-%d", p)
+		if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 500, Count: 5,
+			Distribution: split.TypeFixed, TTL: time.Hour}); err != nil || outcome != store.CreateCreated {
+			t.Fatalf("creating %s: %s, %v", id, outcome, err)
+		}
+	}
+
+	down.Store(true)
+	if err := e.c.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 60*time.Second, "every refund dead-lettered", func() (bool, string) {
+		n, err := h.DeadLetterCount(ctx)
+		return err == nil && n == packets, fmt.Sprintf("%d dead letters, %v", n, err)
+	})
+	b = e.waitRedPacketBudget("dead", "Ready False SettlementPending naming the dead letters", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
+		return c != nil && c.Reason == redpacketv1alpha1.ReasonSettlementPending && strings.Contains(c.Message, fmt.Sprintf("%d of them dead letters", packets))
+	})
+	msg := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady).Message
+	for _, want := range []string{fmt.Sprintf("%d entries", packets), fmt.Sprintf("%d of them dead letters", packets), "replay-dead-letters rpb/dead"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("Ready's message %q does not say %q", msg, want)
+		}
+	}
+	consistently(t, 2*time.Second, "the deleted budget and its dead letters stay", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKeyFromObject(b), &redpacketv1alpha1.RedPacketBudget{})
+		n, derr := h.DeadLetterCount(ctx)
+		return err == nil && derr == nil && n == packets, fmt.Sprintf("get: %v, %d dead letters (%v)", err, n, derr)
+	})
+
+	// The balance system is back; the dead letters are replayed, credited, and the
+	// budget goes.
+	down.Store(false)
+	moved := 0
+	for i := range h.N() {
+		n, err := h.SettlementShard(i).ReplayDeadLetters(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved += n
+	}
+	if moved != packets {
+		t.Fatalf("replayed %d dead letters, want %d", moved, packets)
+	}
+	wait.Until(t, 60*time.Second, "the budget gone once its refunds are credited", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKeyFromObject(b), &redpacketv1alpha1.RedPacketBudget{})
+		return isNotFound(err), errString(err)
+	})
+	if tot := receiver.Totals(); tot.Refunds != packets || tot.RefundSum != packets*500 {
+		t.Errorf("refunds credited: %+v, want %d of 500", tot, packets)
+	}
+}

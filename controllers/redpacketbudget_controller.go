@@ -50,12 +50,29 @@ type BudgetSettlement interface {
 	// EnsureTarget announces the budget's total when it grew and makes its shards'
 	// streams be settled (idempotent).
 	EnsureTarget(ctx context.Context, t BudgetSettlementTarget) error
-	// DrainedTarget reports whether every entry of every shard's stream was settled
-	// or dead-lettered, so the keys may go, and when not, how many are unsettled.
-	DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (drained bool, unsettled int64, err error)
+	// DrainedTarget reports whether every entry of every shard's stream was
+	// credited, so the keys may go, and when not, how many are still unsettled and
+	// how many were dead-lettered (BudgetDrain).
+	DrainedTarget(ctx context.Context, t BudgetSettlementTarget) (BudgetDrain, error)
 	// Forget stops settling the budget uid.
 	Forget(uid types.UID)
 }
+
+// BudgetDrain is what a deleted budget's settlement still owes. Drained holds only
+// when nothing does: no entry waits in a stream and no dead letter waits for a replay.
+// Dead letters are the record of credits the balance system refused; purging the
+// keys with them would forget money owed, so a budget holding some is not drained
+// until they are replayed (kubectl rpa replay-dead-letters rpb/NAME) or the platform
+// team abandons them.
+type BudgetDrain struct {
+	Drained bool
+	// Unsettled counts the stream entries not yet settled or dead-lettered;
+	// DeadLetters the entries in the dead-letter streams.
+	Unsettled, DeadLetters int64
+}
+
+// Owed is every entry not credited: unsettled and dead-lettered.
+func (d BudgetDrain) Owed() int64 { return d.Unsettled + d.DeadLetters }
 
 // budgetStore is what the controller does to a budget in Redis; budgetHandle, on a
 // store.Budget, implements it, and the phase tests fake it.

@@ -680,7 +680,8 @@ func (r *RedPacketBudgetReconciler) deleteBudgetExpireAll(ctx context.Context, s
 // has passed since the deletion, Stalled is True as well (kstatus and Argo CD show
 // the budget degraded), with another Warning event: the balance system has not
 // answered for that long and a person must look. The budget is never let go on a
-// timer, since its streams are the record of what is owed.
+// timer, since its streams are the record of what is owed. Dead letters are owed
+// too: a budget holding some waits until they are replayed (BudgetDrain).
 //
 // The way out, when the balance system will not take the credits, is the platform
 // team's abandon, guarded as an activity's: AnnotationAbandon set to the budget's UID
@@ -698,13 +699,14 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 	// A settlement that cannot start (its signing key is gone, say) is one more
 	// reason to wait, said in the message; the drain is checked all the same.
 	ensureErr := r.Settlement.EnsureTarget(ctx, t)
-	drained, unsettled, err := r.Settlement.DrainedTarget(ctx, t)
+	drain, err := r.Settlement.DrainedTarget(ctx, t)
 	if err != nil {
 		return stepResult{}, errors.Join(ensureErr, fmt.Errorf("checking the budget's settlement: %w", err))
 	}
-	if drained {
+	if drain.Drained {
 		return stepResult{}, nil
 	}
+	unsettled := drain.Owed()
 
 	var notes []string
 	if ensureErr != nil {
@@ -731,9 +733,13 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 		}
 	}
 
-	msg := fmt.Sprintf("the budget was deleted at %s and waits for settlement to drain: %d entries (grants and refunds) are not yet credited by the balance system at %s. "+
+	owed := fmt.Sprintf("%d entries (grants and refunds) are not yet credited by the balance system at %s", unsettled, t.WebhookURL)
+	if drain.DeadLetters > 0 {
+		owed += fmt.Sprintf(", %d of them dead letters that wait for kubectl rpa replay-dead-letters rpb/%s", drain.DeadLetters, b.Name)
+	}
+	msg := fmt.Sprintf("the budget was deleted at %s and waits for settlement to drain: %s. "+
 		"If it cannot take them, the platform team may abandon them with %s=%s and %s=<their user name>: the keys are purged and those credits are never made",
-		b.DeletionTimestamp.UTC().Format(time.RFC3339), unsettled, t.WebhookURL,
+		b.DeletionTimestamp.UTC().Format(time.RFC3339), owed,
 		redpacketv1alpha1.AnnotationAbandon, b.UID, redpacketv1alpha1.AnnotationAbandonedBy)
 	if len(notes) > 0 {
 		msg += "; " + strings.Join(notes, "; ")
@@ -742,7 +748,7 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 	before := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
 	if before == nil || before.Reason != redpacketv1alpha1.ReasonSettlementPending {
 		r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonSettlementPending,
-			"deletion waits for settlement: %d entries not yet credited by the balance system at %s", unsettled, t.WebhookURL)
+			"deletion waits for settlement: %s", owed)
 	}
 	for _, note := range notes {
 		if strings.HasPrefix(note, "the abandon was refused") || strings.HasPrefix(note, "the annotation") {

@@ -162,12 +162,12 @@ func (f *fakeSettlement) EnsureTarget(_ context.Context, t BudgetSettlementTarge
 	return nil
 }
 
-func (f *fakeSettlement) DrainedTarget(_ context.Context, t BudgetSettlementTarget) (bool, int64, error) {
+func (f *fakeSettlement) DrainedTarget(_ context.Context, t BudgetSettlementTarget) (BudgetDrain, error) {
 	f.log.add("settlement.Drained %s", t.Name.Name)
 	if f.drained {
-		return true, 0, nil
+		return BudgetDrain{Drained: true}, nil
 	}
-	return false, 3, nil
+	return BudgetDrain{Unsettled: 3}, nil
 }
 
 func (f *fakeSettlement) Forget(uid types.UID) { f.log.add("settlement.Forget %s", uid) }

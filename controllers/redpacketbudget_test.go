@@ -47,15 +47,15 @@ func (s *recordingSettlement) EnsureTarget(context.Context, controllers.BudgetSe
 	return nil
 }
 
-func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.BudgetSettlementTarget) (bool, int64, error) {
+func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.BudgetSettlementTarget) (controllers.BudgetDrain, error) {
 	snap, err := s.rdbBudget(t).Snapshot(ctx)
 	if err != nil {
-		return false, 0, err
+		return controllers.BudgetDrain{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.atDrain = append(s.atDrain, snap)
-	return true, 0, nil
+	return controllers.BudgetDrain{Drained: true}, nil
 }
 
 func (s *recordingSettlement) Forget(uid types.UID) {

@@ -413,3 +413,17 @@ func (b *Budget) limitsFor(ctx context.Context, i int) (BudgetLimits, bool, erro
 	b.limits.Store(&cachedLimits{BudgetLimits: l, at: time.Now()})
 	return l, true, nil
 }
+
+// DeadLetterCount counts the entries in every shard's dead-letter stream: the
+// credits the balance system refused, waiting for a replay.
+func (b *Budget) DeadLetterCount(ctx context.Context) (int64, error) {
+	var n int64
+	for i, k := range b.keys {
+		l, err := b.c.XLen(ctx, k.DeadLetters).Result()
+		if err != nil {
+			return 0, fmt.Errorf("budget shard %d: XLEN %s: %w", i, k.DeadLetters, err)
+		}
+		n += l
+	}
+	return n, nil
+}
