@@ -79,8 +79,8 @@ type acquired struct {
 type lane int
 
 const (
-	laneFirst lane = iota // first deliveries of entries, up to Concurrency
-	laneRetry             // everything else (retries, hedges, acknowledgements, parking), up to RetryConcurrency
+	laneFirst lane = iota // first deliveries of entries, up to the adaptive limit (limiter)
+	laneRetry             // everything else (retries, hedges, acknowledgements, parking), up to Config.retryBound of it
 )
 
 // outcome is how a job ended.
@@ -139,8 +139,11 @@ type result struct {
 }
 
 // scheduler owns the entries a worker holds. It runs jobs in two lanes, each within
-// its bound: first deliveries (Concurrency) and everything else (RetryConcurrency),
-// so retries never wait behind new work nor new work behind retries. A delivery left
+// its bound: first deliveries (the adaptive limit, limiter) and everything else (the
+// limit scaled by RetryConcurrency/Concurrency), so retries never wait behind new
+// work nor new work behind retries. Every delivery's outcome feeds the limit; a
+// lower limit lets the jobs in flight finish and starts no new one until fewer run
+// than the bound. A delivery left
 // unanswered past the hedge delay is sent again (see hedge), so a delivery the
 // balance system holds costs about the hedge delay, not the HTTP timeout, and never
 // holds a lane. Only the schedule goroutine touches it.
@@ -150,7 +153,8 @@ type scheduler struct {
 	entries  map[string]*entry
 	ready    [2][]*entry // by lane, in order
 	inflight [2]int
-	bound    [2]int
+	bound    [2]int // the lanes' bounds, from limit
+	limit    *limiter
 	delayed  entryHeap
 	results  chan result
 	slow     chan slowNotice
@@ -166,10 +170,12 @@ type scheduler struct {
 
 // schedule runs the scheduler until ctx is done, then waits for its jobs.
 func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
-	n := w.cfg.Concurrency + w.cfg.RetryConcurrency
+	n := w.cfg.maxInFlight()
 	s := &scheduler{w: w, ctx: ctx, entries: map[string]*entry{},
-		bound:   [2]int{w.cfg.Concurrency, w.cfg.RetryConcurrency},
+		limit:   newLimiter(w.cfg.Concurrency, w.cfg.MinConcurrency, w.cfg.MaxConcurrency),
 		results: make(chan result, n), slow: make(chan slowNotice, n)}
+	s.setBounds()
+	defer func() { w.m.limit.Sub(float64(s.bound[laneFirst])) }()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	heartbeat := time.NewTicker(w.cfg.ClaimIdle / 3)
@@ -193,6 +199,7 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 		case r := <-s.results:
 			s.finished(r)
 		case n := <-s.slow:
+			s.observe(deliveryStalled, 0)
 			s.hedge(n)
 		case <-timerC:
 			now := time.Now()
@@ -349,6 +356,13 @@ func maxKey[V any](m map[uint64]V) uint64 {
 // finished applies a job's result.
 func (s *scheduler) finished(r result) {
 	s.inflight[r.lane]--
+	switch {
+	case r.posted == postedOK:
+		s.observe(deliveredOK, r.took)
+	case r.posted == postedFailed && !r.slow:
+		// A delivery that failed after the hedge delay was counted when it stalled.
+		s.observe(deliveryFailed, 0)
+	}
 	if r.posted != postedNone && !r.slow {
 		s.pace.record(true)
 	}
@@ -402,6 +416,26 @@ func (s *scheduler) finished(r result) {
 		e.queued = true
 		heap.Push(&s.delayed, e)
 	}
+}
+
+// observe feeds one delivery's outcome to the limit and applies what it decides.
+// The limit was put to the test when jobs wait for a slot or fill a lane.
+func (s *scheduler) observe(k outcomeKind, took time.Duration) {
+	busy := false
+	for l := range s.ready {
+		busy = busy || len(s.ready[l]) > 0 || s.inflight[l] >= s.bound[l]
+	}
+	if d := s.limit.observe(k, took, busy); d != limitKept {
+		s.setBounds()
+	}
+}
+
+// setBounds sets the lanes' bounds from the limit, and the limit's gauge (the sum
+// over the activity's workers).
+func (s *scheduler) setBounds() {
+	first := s.limit.current()
+	s.w.m.limit.Add(float64(first - s.bound[laneFirst]))
+	s.bound = [2]int{first, s.w.cfg.retryBound(first)}
 }
 
 // remove forgets e, cancelling any job of it still in flight; it no longer counts
