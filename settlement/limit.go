@@ -25,8 +25,10 @@ import (
 
 // Constants of the controller.
 const (
-	// limitMinRound is the fewest outcomes a round judges.
-	limitMinRound = 32
+	// limitMinRound is the fewest outcomes a round judges: with deliveries failing at
+	// random 35 % of the time, more than half of a round of 64 fail about once in a
+	// hundred rounds.
+	limitMinRound = 64
 	// limitFailShare: more than this share of a round's deliveries failed or went
 	// unanswered past the hedge delay cuts the limit (the health check's threshold).
 	limitFailShare = 0.5
@@ -37,7 +39,7 @@ const (
 	// above it, cuts the limit by limitLatencyCut. The slack keeps the scheduling
 	// noise of sub-millisecond answers from reading as a slower balance system.
 	limitLatencyFactor = 2.0
-	limitLatencySlack  = 5 * time.Millisecond
+	limitLatencySlack  = 10 * time.Millisecond
 	limitLatencyCut    = 0.75
 	// limitBaselineDrift is how fast the best round's average follows slower rounds
 	// (1/drift of the gap per round): a balance system that became slower for good

@@ -35,22 +35,23 @@ func TestLimiterDecisions(t *testing.T) {
 		{"slow start: one more per prompt 2xx while the limit is used", 8, 2, 64, []round{ok(10, ms)}, 18, true},
 		{"slow start stops at the ceiling", 8, 2, 20, []round{ok(100, ms)}, 20, true},
 		{"no growth while the limit is not used", 8, 2, 64, []round{idle(200)}, 8, true},
-		{"most of a round failing halves the limit", 40, 2, 64, []round{fail(40)}, 20, false},
-		{"stalls count as failures", 40, 2, 64, []round{stall(21), idle(19)}, 20, false},
-		// 16 failed of 32 is not more than half: the round passes, and its 2xx
+		{"most of a round failing halves the limit", 40, 2, 64, []round{fail(64)}, 20, false},
+		{"stalls count as failures", 40, 2, 64, []round{stall(33), idle(31)}, 20, false},
+		// 32 failed of 64 is not more than half: the round passes, and its 2xx
 		// answers grew the limit in slow start.
-		{"half failing is not most", 8, 2, 64, []round{fail(16), ok(16, ms)}, 24, true},
-		{"30 % failing at random still grows", 8, 2, 64, []round{fail(3), ok(7, ms), fail(3), ok(7, ms), fail(3), ok(9, ms)}, 31, true},
-		{"a cut never goes below the floor", 8, 6, 64, []round{fail(32)}, 6, false},
-		{"repeated cuts end at the floor", 64, 2, 64, []round{fail(64), fail(32), fail(32), fail(32), fail(32), fail(32)}, 2, false},
+		{"half failing is not most", 8, 2, 64, []round{fail(32), ok(32, ms)}, 40, true},
+		{"30 % failing at random still grows", 8, 2, 64, []round{fail(3), ok(7, ms), fail(3), ok(7, ms), fail(3), ok(7, ms),
+			fail(3), ok(7, ms), fail(3), ok(7, ms), fail(3), ok(7, ms), ok(4, ms)}, 54, true},
+		{"a cut never goes below the floor", 8, 6, 64, []round{fail(64)}, 6, false},
+		{"repeated cuts end at the floor", 64, 2, 64, []round{fail(64), fail(64), fail(64), fail(64), fail(64), fail(64)}, 2, false},
 		{"one cut per round, however many failures", 64, 2, 64, []round{fail(63)}, 64, true},
-		{"after a cut, one more per round of prompt answers", 40, 2, 64, []round{fail(40), ok(32, ms), ok(32, ms)}, 22, false},
-		{"after a cut, no growth for a round that did not use the limit", 40, 2, 64, []round{fail(40), idle(32)}, 20, false},
-		// Baseline 1 ms from the first round; answers of 10 ms are slower than 2×
-		// and 5 ms above it.
-		{"markedly slower answers cut by a quarter", 8, 2, 64, []round{ok(32, ms), ok(40, 10*ms)}, 30, false},
-		{"slower but within the slack is prompt", 8, 2, 64, []round{ok(32, ms), ok(40, 4*ms)}, 64, true},
-		{"fixed bounds never move", 8, 8, 8, []round{ok(100, ms), fail(64)}, 8, false},
+		{"after a cut, one more per round of prompt answers", 40, 2, 64, []round{fail(64), ok(64, ms), ok(64, ms)}, 22, false},
+		{"after a cut, no growth for a round that did not use the limit", 40, 2, 64, []round{fail(64), idle(64)}, 20, false},
+		// Baseline 1 ms from the first round (which grew the limit to 72); answers of
+		// 20 ms are slower than 2× and 10 ms above it, answers of 10 ms are not.
+		{"markedly slower answers cut by a quarter", 8, 2, 200, []round{ok(64, ms), ok(72, 20*ms)}, 54, false},
+		{"slower but within the slack is prompt", 8, 2, 200, []round{ok(64, ms), ok(72, 10*ms)}, 144, true},
+		{"fixed bounds never move", 8, 8, 8, []round{ok(100, ms), fail(128)}, 8, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,8 +71,8 @@ func TestLimiterDecisions(t *testing.T) {
 	}
 }
 
-// What a round's judgement decides, as data: the outcomes of one round of 32 at a
-// limit of 32 after slow start, with a baseline of 2 ms.
+// What a round's judgement decides, as data: the outcomes of one round of 64 at a
+// limit of 64 after slow start, with a baseline of 2 ms.
 func TestLimiterRoundJudgement(t *testing.T) {
 	ms := time.Millisecond
 	tests := []struct {
@@ -81,22 +82,22 @@ func TestLimiterRoundJudgement(t *testing.T) {
 		want            limitDecision
 		wantLimit       int
 	}{
-		{0, 0, 2 * ms, true, limitGrew, 33},
-		{0, 0, 2 * ms, false, limitKept, 32},
-		{10, 0, 2 * ms, true, limitGrew, 33},
-		{16, 0, 2 * ms, true, limitGrew, 33},
-		{17, 0, 2 * ms, true, limitCutFails, 16},
-		{9, 8, 2 * ms, true, limitCutFails, 16},
-		{0, 0, 6 * ms, true, limitGrew, 33},
-		{0, 0, 8 * ms, true, limitCutSlow, 24},
-		{20, 0, 8 * ms, true, limitCutFails, 16},
+		{0, 0, 2 * ms, true, limitGrew, 65},
+		{0, 0, 2 * ms, false, limitKept, 64},
+		{20, 0, 2 * ms, true, limitGrew, 65},
+		{32, 0, 2 * ms, true, limitGrew, 65},
+		{33, 0, 2 * ms, true, limitCutFails, 32},
+		{17, 16, 2 * ms, true, limitCutFails, 32},
+		{0, 0, 12 * ms, true, limitGrew, 65},
+		{0, 0, 13 * ms, true, limitCutSlow, 48},
+		{40, 0, 13 * ms, true, limitCutFails, 32},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%d failed %d stalled %s busy %v", tc.failed, tc.stalled, tc.took, tc.busy), func(t *testing.T) {
-			l := newLimiter(32, 2, 64)
+			l := newLimiter(64, 2, 128)
 			l.slowStart, l.baseline = false, 2*ms
 			var got limitDecision
-			for i := range 32 {
+			for i := range 64 {
 				k, took := deliveredOK, tc.took
 				switch {
 				case i < tc.failed:
@@ -105,7 +106,7 @@ func TestLimiterRoundJudgement(t *testing.T) {
 					k, took = deliveryStalled, 0
 				}
 				got = l.observe(k, took, tc.busy)
-				if i < 31 && got != limitKept {
+				if i < 63 && got != limitKept {
 					t.Fatalf("decision %s within the round, at outcome %d", got, i)
 				}
 			}
@@ -121,13 +122,13 @@ func TestLimiterRoundJudgement(t *testing.T) {
 func TestLimiterBaselineDrifts(t *testing.T) {
 	ms := time.Millisecond
 	l := newLimiter(32, 2, 64)
-	for range 32 {
+	for range limitMinRound {
 		l.observe(deliveredOK, 4*ms, false)
 	}
 	if l.baseline != 4*ms {
 		t.Fatalf("baseline %s after a round of 4ms, want 4ms", l.baseline)
 	}
-	for range 32 {
+	for range limitMinRound {
 		l.observe(deliveredOK, 2*ms, false)
 	}
 	if l.baseline != 2*ms {
@@ -135,14 +136,14 @@ func TestLimiterBaselineDrifts(t *testing.T) {
 	}
 	cuts := 0
 	for range 200 {
-		if l.judgeAfter(32, deliveredOK, 20*ms) == limitCutSlow {
+		if l.judgeAfter(limitMinRound, deliveredOK, 20*ms) == limitCutSlow {
 			cuts++
 		}
 	}
 	if cuts == 0 || cuts > 60 {
 		t.Errorf("%d cuts in 200 rounds at 20ms against a 2ms baseline; want some, then none", cuts)
 	}
-	if d := l.judgeAfter(32, deliveredOK, 20*ms); d == limitCutSlow {
+	if d := l.judgeAfter(limitMinRound, deliveredOK, 20*ms); d == limitCutSlow {
 		t.Errorf("still cutting after 200 rounds at 20ms (baseline %s)", l.baseline)
 	}
 }

@@ -357,10 +357,11 @@ func maxKey[V any](m map[uint64]V) uint64 {
 func (s *scheduler) finished(r result) {
 	s.inflight[r.lane]--
 	switch {
+	case r.slow:
+		// Counted when it went unanswered past the hedge delay.
 	case r.posted == postedOK:
 		s.observe(deliveredOK, r.took)
-	case r.posted == postedFailed && !r.slow:
-		// A delivery that failed after the hedge delay was counted when it stalled.
+	case r.posted == postedFailed:
 		s.observe(deliveryFailed, 0)
 	}
 	if r.posted != postedNone && !r.slow {

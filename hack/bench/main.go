@@ -119,7 +119,7 @@ func main() {
 	flag.IntVar(&o.settleGrants, "settlement-grants", 100000, "grants credited by the healthy settlement run")
 	flag.IntVar(&o.settleFailingGrants, "settlement-failing-grants", 10000, "grants credited by the settlement run under the failure mix")
 	flag.IntVar(&o.settleCheckGrants, "settlement-check-grants", 2000, "grants credited by each run of the settlement check's cost")
-	flag.StringVar(&o.settleProfile, "settlement-cpu-profile", "", "write this process's CPU profile during the healthy settlement run to this file (go tool pprof FILE)")
+	flag.StringVar(&o.settleProfile, "settlement-cpu-profile", "", "write this process's CPU profile during the healthy settlement run to this file, and during the refunds' to FILE.refunds (go tool pprof FILE)")
 	flag.IntVar(&o.refundPackets, "settlement-refund-packets", 100000, "packets of a budget expiring in the same second whose refunds are settled (0 skips it)")
 	flag.DurationVar(&o.refundLead, "settlement-refund-lead", 45*time.Second, "how far ahead the refund run's packets are due: creating them must end within it")
 	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")

@@ -10,7 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua/split"
@@ -43,7 +45,10 @@ type refundRun struct {
 // expiry and the settlement of every refund. Every refund must be credited exactly
 // (the sum credited as refunds equals the sum expiry refunded, which is every
 // packet's total less its grabbed share) and the budget's ledger must agree.
-func measureRefunds(ctx context.Context, o options, redisAddr string) (refundRun, error) {
+//
+// With profile set, the process's CPU profile from the expiry's start until the last
+// refund is credited is written there.
+func measureRefunds(ctx context.Context, o options, redisAddr, profile string) (refundRun, error) {
 	const uid = "bench-refunds"
 	shards := o.budgetShards
 	run := refundRun{Packets: o.refundPackets, Shards: shards}
@@ -74,10 +79,12 @@ func measureRefunds(ctx context.Context, o options, redisAddr string) (refundRun
 	cfg.Registerer = reg
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Redis = rc
-	if _, err := settlement.AnnounceBudgetTotal(ctx, cfg, b, total); err != nil {
+	// The budget holds twice what the packets take: its shards' allotments are even
+	// shares of it, and the packets' hashes spread them unevenly.
+	if _, err := settlement.AnnounceBudgetTotal(ctx, cfg, b, 2*total); err != nil {
 		return run, err
 	}
-	if err := b.Configure(ctx, total, limits); err != nil {
+	if err := b.Configure(ctx, 2*total, limits); err != nil {
 		return run, fmt.Errorf("configuring the budget: %w", err)
 	}
 
@@ -151,8 +158,13 @@ func measureRefunds(ctx context.Context, o options, redisAddr string) (refundRun
 	}
 	expiry := controllers.NewBudgetExpiry()
 	expiry.Track(uid, b)
+	stopProfile, err := startCPUProfile(profile)
+	if err != nil {
+		return run, err
+	}
+	defer stopProfile()
 	start := time.Now()
-	n, refunded := expiry.ExpireOnce(ctx)
+	n, refunded := expiry.ExpireOnce(ctrllog.IntoContext(ctx, logr.Discard()))
 	run.Expired, run.Refunded = time.Since(start), refunded
 	if n != o.refundPackets {
 		return run, fmt.Errorf("the expiry pass expired %d of %d packets", n, o.refundPackets)
@@ -188,7 +200,7 @@ func measureRefunds(ctx context.Context, o options, redisAddr string) (refundRun
 		return run, fmt.Errorf("refunds: %d credited for %d, want %d for %d (the budget says %d)",
 			refunds, run.CreditedRefunds, o.refundPackets, refunded, snap.Refunded)
 	case sum != total || snap.Claimed+snap.Refunded != total:
-		return run, fmt.Errorf("refunds: credited %d in all, want the budget's %d (claimed %d + refunded %d)", sum, total, snap.Claimed, snap.Refunded)
+		return run, fmt.Errorf("refunds: credited %d in all, want the packets' %d (claimed %d + refunded %d)", sum, total, snap.Claimed, snap.Refunded)
 	}
 	sums, err := b.SettlementLedger(0).Sums(ctx)
 	if err != nil {

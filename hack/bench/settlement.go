@@ -43,8 +43,10 @@ type settlementRun struct {
 	Grants int
 	Mix    failureMix
 	// Credited is from the worker's start until the receiver credited the last grant;
-	// Settled until the last acknowledgement (settled_count = Grants).
-	Credited, Settled time.Duration
+	// Settled until the last acknowledgement (settled_count = Grants); Credited90 and
+	// Credited99 until 90 % and 99 % of the grants were credited.
+	Credited, Settled      time.Duration
+	Credited90, Credited99 time.Duration
 	// Requests is every delivery the receiver saw; Failed and Held are those it
 	// failed on purpose; Repeats those of a grant credited before.
 	Requests, Failed, Held, Repeats int64
@@ -89,8 +91,10 @@ type benchReceiver struct {
 	repeats  int64
 	refunds  int64 // refunds credited, and their sum
 	refunded int64
-	full     chan struct{} // closed when want keys are credited
-	want     int
+	// reached is when 90 % and 99 % of want were credited.
+	reached [2]time.Time
+	full    chan struct{} // closed when want keys are credited
+	want    int
 }
 
 // newBenchReceiver is a receiver that misbehaves per mix and closes full once want
@@ -160,6 +164,12 @@ func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if d.Kind == store.KindRefund {
 			b.refunds++
 			b.refunded += d.Amount
+		}
+		switch len(b.credited) {
+		case b.want * 90 / 100:
+			b.reached[0] = time.Now()
+		case b.want * 99 / 100:
+			b.reached[1] = time.Now()
 		}
 		if len(b.credited) == b.want {
 			close(b.full)
@@ -270,6 +280,7 @@ func measureSettlementVerified(ctx context.Context, redisAddr, uid string, grant
 	}
 	recv.mu.Lock()
 	run.Requests, run.Failed, run.Held, run.Repeats = recv.requests, recv.failed, recv.held, recv.repeats
+	run.Credited90, run.Credited99 = recv.reached[0].Sub(start), recv.reached[1].Sub(start)
 	credited, sum := len(recv.credited), recv.sum
 	recv.mu.Unlock()
 	if s, err := act.Snapshot(ctx); err == nil {
@@ -421,9 +432,9 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // settlementLine is one console line of a settlement run.
 func settlementLine(s settlementRun) string {
-	return fmt.Sprintf("credited in %s (%.0f grants/s), acknowledged in %s; %d deliveries (%d failed, %d held, %d repeats; %.0f retries, %.0f hedges), %d dead letters; limit peaked at %.0f, ended at %.0f; reference (plain client, %d in flight, no failures) %s, ratio %.2f",
-		s.Credited.Round(time.Millisecond), s.Rate(), s.Settled.Round(time.Millisecond),
-		s.Requests, s.Failed, s.Held, s.Repeats, s.Retries, s.Hedges, s.DeadLetters, s.PeakLimit, s.EndLimit,
+	return fmt.Sprintf("credited in %s (%.0f grants/s; 90%% in %s, 99%% in %s), acknowledged in %s; %d deliveries (%d failed, %d held, %d repeats; %.0f retries, %.0f hedges), %d dead letters; limit peaked at %.0f, ended at %.0f; reference (plain client, %d in flight, no failures) %s, ratio %.2f",
+		s.Credited.Round(time.Millisecond), s.Rate(), s.Credited90.Round(time.Millisecond), s.Credited99.Round(time.Millisecond),
+		s.Settled.Round(time.Millisecond), s.Requests, s.Failed, s.Held, s.Repeats, s.Retries, s.Hedges, s.DeadLetters, s.PeakLimit, s.EndLimit,
 		s.RawConcurrency, s.Raw.Round(time.Millisecond), s.RawRatio())
 }
 
@@ -438,7 +449,8 @@ type settlementFigures struct {
 // measureSettlements runs the healthy and the failure-mix settlement measurements,
 // each followed by its reference (rawCapacity at the worker's ceiling), and the
 // refunds of a budget (unless o.refundPackets is 0). With o.settleProfile it writes
-// the process's CPU profile of the healthy run there.
+// the process's CPU profile of the healthy run there, and that of the refunds'
+// settlement there with ".refunds" appended.
 func measureSettlements(ctx context.Context, o options, redisAddr string) (settlementFigures, error) {
 	var f settlementFigures
 	var err error
@@ -468,7 +480,11 @@ func measureSettlements(ctx context.Context, o options, redisAddr string) (settl
 	}
 	fmt.Println(settlementLine(f.Bad))
 	if o.refundPackets > 0 {
-		if f.Refunds, err = measureRefunds(ctx, o, redisAddr); err != nil {
+		profile := ""
+		if o.settleProfile != "" {
+			profile = o.settleProfile + ".refunds"
+		}
+		if f.Refunds, err = measureRefunds(ctx, o, redisAddr, profile); err != nil {
 			return f, fmt.Errorf("refunds: %w", err)
 		}
 		fmt.Println(f.Refunds.line())
