@@ -376,6 +376,59 @@ func TestSettleAckCountsOnce(t *testing.T) {
 	}
 }
 
+// AckMany acknowledges a batch in one round trip with Ack's guarantees: each entry
+// counted once, a second batch of the same entries counting nothing, entries of a
+// group they were not delivered to counting nothing, and a script missing from the
+// cache loaded on the way.
+func TestSettleAckManyCountsOnce(t *testing.T) {
+	ctx := redistest.Context(t)
+	c := redistest.Start(t).Client(t)
+	const total = 10_000
+	amounts := splitOrFail(t, split.TypeRandom, total, 10)
+	k := seedOpen(t, ctx, c, "settle-many", amounts)
+	_, grants := tally(t, grabConcurrently(t, ctx, c, k, userIDs("s", 6), 6))
+	claimed := grantsSum(grants)
+	if _, err := handle(c, k).Close(ctx, store.CloseExpired); err != nil {
+		t.Fatal(err)
+	}
+	msgs := readAll(t, c, k, "settlement")
+	if len(msgs) != 7 {
+		t.Fatalf("%d entries delivered, want 6 grants and 1 refund", len(msgs))
+	}
+	reqs := make([]store.AckRequest, len(msgs))
+	for i, m := range msgs {
+		reqs[i] = store.AckRequest{EntryID: m.ID, Kind: decoded(t, m).Kind, Amount: entryAmount(t, m)}
+	}
+	if err := c.XGroupCreate(ctx, k.Stream, "other", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range shardOf(c, k).AckMany(ctx, "other", reqs) {
+		if r.Err != nil || r.Settled {
+			t.Fatalf("ack of an undelivered entry: %+v; want false", r)
+		}
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := range 2 {
+		for i, r := range shardOf(c, k).AckMany(ctx, "settlement", reqs) {
+			if r.Err != nil || r.Settled != (attempt == 0) {
+				t.Fatalf("batch %d: ack of %s: %+v", attempt+1, reqs[i].EntryID, r)
+			}
+		}
+	}
+	snap, err := handle(c, k).Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.SettledCount != 6 || snap.SettledAmount != claimed || snap.RefundSettled != total-claimed {
+		t.Fatalf("after acking: %+v; want 6 settled for %d and %d refund settled", snap, claimed, total-claimed)
+	}
+	if pending, err := c.XPending(ctx, k.Stream, "settlement").Result(); err != nil || pending.Count != 0 {
+		t.Fatalf("pending after acking: %+v, %v", pending, err)
+	}
+}
+
 func TestDeadLetterOnce(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
