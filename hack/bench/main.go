@@ -124,7 +124,7 @@ func main() {
 	flag.DurationVar(&o.refundLead, "settlement-refund-lead", 45*time.Second, "how far ahead the refund run's packets are due: creating them must end within it")
 	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")
 	flag.DurationVar(&o.settleLimit, "settlement-limit", 10*time.Minute, "give a settlement run up this long")
-	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g): healthy grants, grants under the failure mix, a second's refunds, each with its reference; print them, write nothing")
+	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g): healthy grants, grants under the failure mix, a second's refunds, each with its reference; print them and their section of docs/benchmarks.md, write nothing")
 	flag.BoolVar(&o.verifyOnly, "settlement-check-only", false, "run only the cost of the settlement check per entry (g); print it, write nothing")
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
@@ -284,7 +284,8 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if o.settlementOnly {
-		fmt.Print("\n", settlementSummary(r.settle))
+		fmt.Print("\n", settlementSummary(r.settle), "load average before / after: ", r.loadBefore, " / ", loadAverage(), "\n\n",
+			settlementMarkdown(r.settle))
 		return nil
 	}
 	if r.settleCheck, err = measureVerification(ctx, o, srv.Addr); err != nil {
