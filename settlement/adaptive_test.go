@@ -160,3 +160,43 @@ func TestConcurrencyBounds(t *testing.T) {
 		})
 	}
 }
+
+// A worker that judged the balance system down and has nothing in flight does not
+// wait out the long delays of its entries: it probes with the entry due first
+// BackoffBase after the latest answer, and once the balance system answers the probe
+// the others follow at once. Without the probe, entries delivered six times while it
+// was down would wait 8 s or more.
+func TestIdleWorkerProbesABalanceSystemJudgedDown(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-probe", 10, 10_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	var down atomic.Bool
+	down.Store(true)
+	rcv.setReject(func(*http.Request, Delivery) int {
+		if down.Load() {
+			return http.StatusServiceUnavailable
+		}
+		return 0
+	})
+	grants := a.grab(t, 0, 3)
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.BackoffBase, cfg.BackoffMax = 500*time.Millisecond, 5*time.Minute
+	cfg.HealthyBackoffBase, cfg.HealthyBackoffMax = 10*time.Millisecond, 20*time.Millisecond
+	cfg.MaxAttempts = 1000
+	startWorker(t, cfg)
+	wait.Until(t, time.Minute, "every grant delivered six times", func() (bool, string) {
+		least := 1 << 30
+		for _, g := range grants {
+			least = min(least, rcv.requestsFor(a.uid+"/"+g.packet))
+		}
+		return least >= 6, fmt.Sprintf("the least delivered grant had %d deliveries", least)
+	})
+	down.Store(false)
+	back := time.Now()
+	wait.Until(t, 5*time.Second, "every grant settled within 5s of the balance system's return", func() (bool, string) {
+		s := a.snapshot(t)
+		return s.SettledCount == int64(len(grants)), fmt.Sprintf("%d settled", s.SettledCount)
+	})
+	t.Logf("settled %s after the balance system came back", time.Since(back).Round(time.Millisecond))
+	rcv.checkCredits(t, grants)
+}

@@ -53,6 +53,7 @@ type entry struct {
 	removed  bool
 	due      time.Time
 	failedAt time.Time // when its last attempt failed (due is counted from it)
+	probe    bool      // its next job is the scheduler's probe (probeWhenIdle)
 }
 
 // undeliverable says why e must be dead-lettered without a delivery, or nil.
@@ -166,6 +167,10 @@ type scheduler struct {
 	// latency is a moving average of how long answered deliveries took.
 	latency time.Duration
 	jobs    uint64 // jobs started
+	// answered is when the latest delivery ended with an answer or none (posted);
+	// probe is the job number of the probe in flight (see probe), 0 when none.
+	answered time.Time
+	probe    uint64
 }
 
 // schedule runs the scheduler until ctx is done, then waits for its jobs.
@@ -183,6 +188,7 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 
 	for {
 		s.startReady()
+		s.probeWhenIdle()
 		var timerC <-chan time.Time
 		if s.delayed.Len() > 0 {
 			timer.Reset(time.Until(s.delayed[0].due))
@@ -265,6 +271,9 @@ func (s *scheduler) start(e *entry, l lane, hedge bool) {
 	if j.step == stepDeliver && j.undeliverable == nil && s.w.cfg.HedgeAfter > 0 {
 		j.hedgeAfter = max(s.w.cfg.HedgeAfter, 4*s.latency)
 		j.slow = s.slow
+	}
+	if e.probe {
+		e.probe, s.probe = false, j.seq
 	}
 	jctx, cancel := context.WithCancel(s.ctx)
 	e.running[j.seq] = cancel
@@ -368,6 +377,12 @@ func (s *scheduler) finished(r result) {
 		s.pace.record(true)
 	}
 	if r.posted != postedNone {
+		s.answered = time.Now()
+		if r.seq == s.probe && r.posted == postedOK && !s.receiver.healthy() {
+			// The balance system answered the probe: it is back, as far as this
+			// worker can tell without waiting for a window of answers.
+			s.w.bringForward(&s.delayed)
+		}
 		wasHealthy := s.receiver.healthy()
 		s.receiver.record(r.posted == postedOK)
 		if r.posted == postedOK {
@@ -452,6 +467,28 @@ func (s *scheduler) remove(e *entry) {
 	}
 	delete(s.entries, e.id)
 	s.w.release(1)
+}
+
+// probeWhenIdle keeps a worker that judges the balance system down from waiting out
+// long delays on an old verdict: the verdict changes only with answers, and a worker
+// with nothing in flight and nothing ready gets none. Then the entry due first is
+// brought forward to BackoffBase after the latest answer (a probe, one at a time);
+// if the balance system answers it with a 2xx, the other entries are brought
+// forward as on recovery (bringForward). During an outage this costs one delivery
+// per BackoffBase, of the entry due first.
+func (s *scheduler) probeWhenIdle() {
+	if s.delayed.Len() == 0 || s.receiver.healthy() || s.inflight[laneFirst]+s.inflight[laneRetry] > 0 ||
+		len(s.ready[laneFirst])+len(s.ready[laneRetry])+len(s.hedges) > 0 {
+		return
+	}
+	e := s.delayed[0]
+	if e.step != stepDeliver {
+		return
+	}
+	if at := s.answered.Add(s.w.cfg.BackoffBase); e.due.After(at) {
+		e.due = at // still the earliest: the heap's order holds
+		e.probe = true
+	}
 }
 
 // bringForward shortens the delays of the entries waiting to retry a delivery to
