@@ -102,7 +102,7 @@ type Config struct {
 	// worker starts; 0 means DefaultConcurrency. From there the limit adapts to the
 	// balance system (AIMD, limit.go): it grows while deliveries are answered with a
 	// 2xx promptly and all slots are used, and is cut when most of the latest
-	// deliveries fail or go unanswered past the hedge delay, or when answers come
+	// deliveries fail (an error answer or a timeout), or when answers come
 	// markedly slower than at the balance system's best, always within
 	// [MinConcurrency, MaxConcurrency]: a start outside them starts at the nearer one.
 	Concurrency int

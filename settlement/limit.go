@@ -12,9 +12,13 @@ import (
 // deliveries are answered with a 2xx promptly and the limit is used, it grows, by
 // one per prompt 2xx at first (slow start: it doubles every round of deliveries)
 // and, once it was cut, by one per round (additive increase); when the balance
-// system fails most of a round's deliveries, leaves them unanswered past the hedge
-// delay, or answers them markedly slower than it did at its best, the limit is cut
-// (multiplicative decrease), at most once a round. It never leaves
+// system fails most of a round's deliveries (an error answer, or none before the
+// HTTP timeout) or answers them markedly slower than it did at its best, the limit
+// is cut (multiplicative decrease), at most once a round. A delivery counts when it
+// ends: one the balance system held, cancelled because its hedge won, does not
+// count (its hedge does), so holding a few requests does not cut the limit, while
+// a balance system too slow for hedging (which pauses then) shows in the latency of
+// its answers and in its timeouts. It never leaves
 // [MinConcurrency, MaxConcurrency], the bounds the platform sets. A round is as many
 // delivery outcomes as the limit, and at least limitMinRound, so a few unlucky
 // deliveries of a small round do not cut it: against a balance system that fails
@@ -26,11 +30,11 @@ import (
 // Constants of the controller.
 const (
 	// limitMinRound is the fewest outcomes a round judges: with deliveries failing at
-	// random 35 % of the time, more than half of a round of 64 fail about once in a
-	// hundred rounds.
+	// random 30 % of the time, more than half of a round of 64 fail less than once in
+	// a thousand rounds.
 	limitMinRound = 64
-	// limitFailShare: more than this share of a round's deliveries failed or went
-	// unanswered past the hedge delay cuts the limit (the health check's threshold).
+	// limitFailShare: more than this share of a round's deliveries failing cuts the
+	// limit (the health check's threshold).
 	limitFailShare = 0.5
 	// limitFailCut is what the limit is multiplied by on failures.
 	limitFailCut = 0.5
@@ -51,9 +55,8 @@ const (
 type outcomeKind int
 
 const (
-	deliveredOK     outcomeKind = iota // a 2xx answer
-	deliveryFailed                     // another answer, or none before the timeout
-	deliveryStalled                    // unanswered past the hedge delay
+	deliveredOK    outcomeKind = iota // a 2xx answer
+	deliveryFailed                    // another answer, or none before the timeout
 )
 
 // limitDecision is what a round's judgement did to the limit.
@@ -62,7 +65,7 @@ type limitDecision int
 const (
 	limitKept     limitDecision = iota
 	limitGrew                   // additive increase at the round's end
-	limitCutFails               // too many failures or stalls
+	limitCutFails               // most deliveries failed
 	limitCutSlow                // answers markedly slower than the best round
 )
 

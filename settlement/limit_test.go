@@ -21,7 +21,6 @@ func TestLimiterDecisions(t *testing.T) {
 	ok := func(n int, took time.Duration) round { return round{n: n, kind: deliveredOK, took: took, busy: true} }
 	idle := func(n int) round { return round{n: n, kind: deliveredOK, took: ms} }
 	fail := func(n int) round { return round{n: n, kind: deliveryFailed, busy: true} }
-	stall := func(n int) round { return round{n: n, kind: deliveryStalled, busy: true} }
 	tests := []struct {
 		name                  string
 		start, floor, ceiling int
@@ -36,7 +35,7 @@ func TestLimiterDecisions(t *testing.T) {
 		{"slow start stops at the ceiling", 8, 2, 20, []round{ok(100, ms)}, 20, true},
 		{"no growth while the limit is not used", 8, 2, 64, []round{idle(200)}, 8, true},
 		{"most of a round failing halves the limit", 40, 2, 64, []round{fail(64)}, 20, false},
-		{"stalls count as failures", 40, 2, 64, []round{stall(33), idle(31)}, 20, false},
+		{"failures of a round whose limit was not used still cut", 40, 2, 64, []round{fail(33), idle(31)}, 20, false},
 		// 32 failed of 64 is not more than half: the round passes, and its 2xx
 		// answers grew the limit in slow start.
 		{"half failing is not most", 8, 2, 64, []round{fail(32), ok(32, ms)}, 40, true},
@@ -76,34 +75,31 @@ func TestLimiterDecisions(t *testing.T) {
 func TestLimiterRoundJudgement(t *testing.T) {
 	ms := time.Millisecond
 	tests := []struct {
-		failed, stalled int
-		took            time.Duration
-		busy            bool
-		want            limitDecision
-		wantLimit       int
+		failed    int
+		took      time.Duration
+		busy      bool
+		want      limitDecision
+		wantLimit int
 	}{
-		{0, 0, 2 * ms, true, limitGrew, 65},
-		{0, 0, 2 * ms, false, limitKept, 64},
-		{20, 0, 2 * ms, true, limitGrew, 65},
-		{32, 0, 2 * ms, true, limitGrew, 65},
-		{33, 0, 2 * ms, true, limitCutFails, 32},
-		{17, 16, 2 * ms, true, limitCutFails, 32},
-		{0, 0, 12 * ms, true, limitGrew, 65},
-		{0, 0, 13 * ms, true, limitCutSlow, 48},
-		{40, 0, 13 * ms, true, limitCutFails, 32},
+		{0, 2 * ms, true, limitGrew, 65},
+		{0, 2 * ms, false, limitKept, 64},
+		{20, 2 * ms, true, limitGrew, 65},
+		{32, 2 * ms, true, limitGrew, 65},
+		{33, 2 * ms, true, limitCutFails, 32},
+		{64, 2 * ms, false, limitCutFails, 32},
+		{0, 12 * ms, true, limitGrew, 65},
+		{0, 13 * ms, true, limitCutSlow, 48},
+		{40, 13 * ms, true, limitCutFails, 32},
 	}
 	for _, tc := range tests {
-		t.Run(fmt.Sprintf("%d failed %d stalled %s busy %v", tc.failed, tc.stalled, tc.took, tc.busy), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%d failed %s busy %v", tc.failed, tc.took, tc.busy), func(t *testing.T) {
 			l := newLimiter(64, 2, 128)
 			l.slowStart, l.baseline = false, 2*ms
 			var got limitDecision
 			for i := range 64 {
 				k, took := deliveredOK, tc.took
-				switch {
-				case i < tc.failed:
+				if i < tc.failed {
 					k, took = deliveryFailed, 0
-				case i < tc.failed+tc.stalled:
-					k, took = deliveryStalled, 0
 				}
 				got = l.observe(k, took, tc.busy)
 				if i < 63 && got != limitKept {

@@ -205,7 +205,6 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 		case r := <-s.results:
 			s.finished(r)
 		case n := <-s.slow:
-			s.observe(deliveryStalled, 0)
 			s.hedge(n)
 		case <-timerC:
 			now := time.Now()
@@ -365,12 +364,12 @@ func maxKey[V any](m map[uint64]V) uint64 {
 // finished applies a job's result.
 func (s *scheduler) finished(r result) {
 	s.inflight[r.lane]--
-	switch {
-	case r.slow:
-		// Counted when it went unanswered past the hedge delay.
-	case r.posted == postedOK:
+	// A delivery counts for the limit when it ends with an answer or none (a
+	// timeout); one cancelled because its hedge won, or abandoned, does not.
+	switch r.posted {
+	case postedOK:
 		s.observe(deliveredOK, r.took)
-	case r.posted == postedFailed:
+	case postedFailed:
 		s.observe(deliveryFailed, 0)
 	}
 	if r.posted != postedNone && !r.slow {
