@@ -476,8 +476,10 @@ func (s *scheduler) remove(e *entry) {
 // forward as on recovery (bringForward). During an outage this costs one delivery
 // per BackoffBase, of the entry due first.
 func (s *scheduler) probeWhenIdle() {
+	// Hedges waiting for a healthy verdict (s.hedges) do not count: their deliveries
+	// ended, or they would be in flight.
 	if s.delayed.Len() == 0 || s.receiver.healthy() || s.inflight[laneFirst]+s.inflight[laneRetry] > 0 ||
-		len(s.ready[laneFirst])+len(s.ready[laneRetry])+len(s.hedges) > 0 {
+		len(s.ready[laneFirst])+len(s.ready[laneRetry]) > 0 {
 		return
 	}
 	e := s.delayed[0]

@@ -327,21 +327,30 @@ func entryAmount(t *testing.T, m store.StreamEntry) int64 {
 	return decoded(t, m).Amount
 }
 
-func TestSettleAckCountsOnce(t *testing.T) {
+// settledActivity is an activity of total split in 10 packets, 6 of them granted and
+// the rest refunded at close, with its 7 entries delivered to the group
+// "settlement"; claimed is what the grants took.
+func settledActivity(t *testing.T, uid string, total int64) (c *redis.Client, k store.Keys, msgs []store.StreamEntry, claimed int64) {
+	t.Helper()
 	ctx := redistest.Context(t)
-	c := redistest.Start(t).Client(t)
-	const total = 10_000
+	c = redistest.Start(t).Client(t)
 	amounts := splitOrFail(t, split.TypeRandom, total, 10)
-	k := seedOpen(t, ctx, c, "settle", amounts)
+	k = seedOpen(t, ctx, c, uid, amounts)
 	_, grants := tally(t, grabConcurrently(t, ctx, c, k, userIDs("s", 6), 6))
-	claimed := grantsSum(grants)
 	if _, err := handle(c, k).Close(ctx, store.CloseExpired); err != nil {
 		t.Fatal(err)
 	}
-	msgs := readAll(t, c, k, "settlement")
+	msgs = readAll(t, c, k, "settlement")
 	if len(msgs) != 7 {
 		t.Fatalf("%d entries delivered, want 6 grants and 1 refund", len(msgs))
 	}
+	return c, k, msgs, grantsSum(grants)
+}
+
+func TestSettleAckCountsOnce(t *testing.T) {
+	ctx := redistest.Context(t)
+	const total = 10_000
+	c, k, msgs, claimed := settledActivity(t, "settle", total)
 
 	// An entry that was never delivered to the group cannot be acked into the counters.
 	if err := c.XGroupCreate(ctx, k.Stream, "other", "$").Err(); err != nil {
@@ -382,19 +391,8 @@ func TestSettleAckCountsOnce(t *testing.T) {
 // cache loaded on the way.
 func TestSettleAckManyCountsOnce(t *testing.T) {
 	ctx := redistest.Context(t)
-	c := redistest.Start(t).Client(t)
 	const total = 10_000
-	amounts := splitOrFail(t, split.TypeRandom, total, 10)
-	k := seedOpen(t, ctx, c, "settle-many", amounts)
-	_, grants := tally(t, grabConcurrently(t, ctx, c, k, userIDs("s", 6), 6))
-	claimed := grantsSum(grants)
-	if _, err := handle(c, k).Close(ctx, store.CloseExpired); err != nil {
-		t.Fatal(err)
-	}
-	msgs := readAll(t, c, k, "settlement")
-	if len(msgs) != 7 {
-		t.Fatalf("%d entries delivered, want 6 grants and 1 refund", len(msgs))
-	}
+	c, k, msgs, claimed := settledActivity(t, "settle-many", total)
 	reqs := make([]store.AckRequest, len(msgs))
 	for i, m := range msgs {
 		reqs[i] = store.AckRequest{EntryID: m.ID, Kind: decoded(t, m).Kind, Amount: entryAmount(t, m)}
