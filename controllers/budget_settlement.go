@@ -95,6 +95,10 @@ type BudgetSettlementRunner struct {
 	// LedgerRetention is how long a budget's ledger keeps a packet after its last
 	// credit; 0 means store.DefaultPacketLedgerRetention.
 	LedgerRetention time.Duration
+	// MinConcurrency and MaxConcurrency bound each worker's adaptive limit on first
+	// deliveries in flight (Options.SettlementMinConcurrency and
+	// SettlementMaxConcurrency); 0 means the settlement package's defaults.
+	MinConcurrency, MaxConcurrency int
 
 	registry *SettlementRunner
 	mu       sync.Mutex
@@ -107,7 +111,8 @@ var _ manager.LeaderElectionRunnable = (*BudgetSettlementRunner)(nil)
 
 // NewBudgetSettlementRunner returns a runner with no workers that reads the keys
 // Secret through reader, with the operator's options (the keys Secret, the consumer
-// name and the metrics registry, as the activities' settlement uses them).
+// name, the metrics registry and the concurrency bounds, as the activities'
+// settlement uses them).
 func NewBudgetSettlementRunner(reader client.Reader, recorder events.EventRecorder, o Options) *BudgetSettlementRunner {
 	consumer := o.SettlementConsumer
 	if consumer == "" {
@@ -115,6 +120,7 @@ func NewBudgetSettlementRunner(reader client.Reader, recorder events.EventRecord
 	}
 	return &BudgetSettlementRunner{Reader: reader, Recorder: recorder, KeysSecret: o.settlementKeysSecret(),
 		Consumer: consumer, Registerer: o.SettlementRegisterer,
+		MinConcurrency: o.SettlementMinConcurrency, MaxConcurrency: o.SettlementMaxConcurrency,
 		registry: NewSettlementRunner(), announced: map[types.UID]int64{}}
 }
 
@@ -191,6 +197,7 @@ func (d *BudgetSettlementRunner) config(t BudgetSettlementTarget, signing []byte
 		settlement.Packets{MaxCount: t.MaxPacketCount, MaxTTL: t.MaxTTL, LedgerRetention: d.LedgerRetention})
 	cfg.Consumer = d.Consumer
 	cfg.Registerer = d.Registerer
+	cfg.MinConcurrency, cfg.MaxConcurrency = d.MinConcurrency, d.MaxConcurrency
 	cfg.Logger = slog.New(logr.ToSlogHandler(ctrl.Log.WithName("settlement")))
 	if d.Recorder != nil && t.Object != nil {
 		recorder, ref := d.Recorder, t.Object.DeepCopyObject()

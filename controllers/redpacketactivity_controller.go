@@ -119,6 +119,13 @@ type Options struct {
 	// SettlementRegisterer receives the settlement workers' metrics; nil means
 	// controller-runtime's registry, which the manager serves.
 	SettlementRegisterer prometheus.Registerer
+	// SettlementMinConcurrency and SettlementMaxConcurrency bound the adaptive limit
+	// on each settlement worker's first deliveries in flight (one worker per shard of
+	// an activity or a budget; settlement.Config.MinConcurrency and MaxConcurrency):
+	// the platform's ceiling on what one shard's worker asks of a balance system at
+	// once, and the floor it keeps while the balance system fails. 0 means
+	// settlement.DefaultMinConcurrency and settlement.DefaultMaxConcurrency.
+	SettlementMinConcurrency, SettlementMaxConcurrency int
 	// Name is the controller's name; empty means ControllerName. Several managers in
 	// one process need distinct names (or SkipNameValidation).
 	Name string

@@ -333,6 +333,7 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 	}
 	cfg := settlement.ActivityConfig(a, signing)
 	cfg.Consumer = r.Options.SettlementConsumer
+	cfg.MinConcurrency, cfg.MaxConcurrency = r.Options.SettlementMinConcurrency, r.Options.SettlementMaxConcurrency
 	cfg.Logger = slog.New(logr.ToSlogHandler(ctrl.Log.WithName("settlement")))
 	cfg.Budget = budget
 	cfg.Health = r.Settlers.deliveryHealth(a.UID).DeliveryHealth

@@ -22,8 +22,12 @@ const (
 	DefaultBackoffMax  = 5 * time.Minute
 	DefaultBatchSize   = 64
 	DefaultConcurrency = 8
-	DefaultMaxHeld     = 1024
-	DefaultBlock       = time.Second
+	// DefaultMinConcurrency and DefaultMaxConcurrency are the bounds of the adaptive
+	// limit on first deliveries in flight (see limit.go).
+	DefaultMinConcurrency = 2
+	DefaultMaxConcurrency = 64
+	DefaultMaxHeld        = 1024
+	DefaultBlock          = time.Second
 
 	DefaultRetryConcurrency   = 8
 	DefaultHedgeAfter         = 500 * time.Millisecond
@@ -94,15 +98,28 @@ type Config struct {
 	HealthyBackoffMax time.Duration
 	// BatchSize is how many entries one read or claim takes; 0 means DefaultBatchSize.
 	BatchSize int
-	// Concurrency is how many first deliveries of entries run at once; 0 means
-	// DefaultConcurrency.
+	// Concurrency is how many first deliveries of entries run at once when the
+	// worker starts; 0 means DefaultConcurrency. From there the limit adapts to the
+	// balance system (AIMD, limit.go): it grows while deliveries are answered with a
+	// 2xx promptly and all slots are used, and is cut when most of the latest
+	// deliveries fail (an error answer or a timeout), or when answers come
+	// markedly slower than at the balance system's best, always within
+	// [MinConcurrency, MaxConcurrency]: a start outside them starts at the nearer one.
 	Concurrency int
+	// MinConcurrency is the floor of that limit; 0 means the smaller of
+	// DefaultMinConcurrency and MaxConcurrency.
+	MinConcurrency int
+	// MaxConcurrency is the ceiling of that limit; 0 means DefaultMaxConcurrency.
+	// Setting MinConcurrency, Concurrency and MaxConcurrency equal fixes the limit.
+	MaxConcurrency int
 	// RetryConcurrency is how many retries (deliveries of entries delivered before,
 	// by this worker or another, hedges included, and the retried acknowledgements
-	// and dead-letterings) run at once, in parallel with the first deliveries:
-	// a retry never waits for a first delivery's slot, nor a first delivery for a
-	// retry's, so at most Concurrency + RetryConcurrency deliveries are in flight.
-	// 0 means DefaultRetryConcurrency.
+	// and dead-letterings) run at once when the worker starts, in parallel with the
+	// first deliveries: a retry never waits for a first delivery's slot, nor a first
+	// delivery for a retry's. The retry lane's bound follows the adaptive limit in
+	// the ratio RetryConcurrency : Concurrency (rounded up), so at most
+	// MaxConcurrency × (1 + RetryConcurrency/Concurrency) deliveries are in flight
+	// (maxInFlight). 0 means DefaultRetryConcurrency.
 	RetryConcurrency int
 	// MaxHeld caps the entries this worker holds (delivering or waiting to retry);
 	// 0 means DefaultMaxHeld.
@@ -207,6 +224,18 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}
+	if cfg.MinConcurrency < 0 || cfg.MaxConcurrency < 0 {
+		return cfg, fmt.Errorf("settlement config: concurrency bounds %d..%d are negative", cfg.MinConcurrency, cfg.MaxConcurrency)
+	}
+	if cfg.MaxConcurrency == 0 {
+		cfg.MaxConcurrency = DefaultMaxConcurrency
+	}
+	if cfg.MinConcurrency == 0 {
+		cfg.MinConcurrency = min(DefaultMinConcurrency, cfg.MaxConcurrency)
+	}
+	if cfg.MinConcurrency > cfg.MaxConcurrency {
+		return cfg, fmt.Errorf("settlement config: minimum concurrency %d above the maximum %d", cfg.MinConcurrency, cfg.MaxConcurrency)
+	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = DefaultConcurrency
 	}
@@ -225,7 +254,7 @@ func (cfg Config) withDefaults() (Config, error) {
 			// http.DefaultTransport keeps two idle connections per host: every
 			// delivery beyond two in flight would open a new one.
 			t := http.DefaultTransport.(*http.Transport).Clone()
-			t.MaxIdleConnsPerHost = cfg.Concurrency + cfg.RetryConcurrency
+			t.MaxIdleConnsPerHost = cfg.maxInFlight()
 			c.Transport = t
 		}
 		cfg.HTTPClient = &c
@@ -254,4 +283,16 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// retryBound is the retry lane's bound when the first deliveries' limit is limit:
+// limit × RetryConcurrency / Concurrency, rounded up, at least 1.
+func (cfg Config) retryBound(limit int) int {
+	return max(1, (limit*cfg.RetryConcurrency+cfg.Concurrency-1)/cfg.Concurrency)
+}
+
+// maxInFlight is the most deliveries a worker of cfg (with its defaults) has in
+// flight: both lanes at the ceiling.
+func (cfg Config) maxInFlight() int {
+	return cfg.MaxConcurrency + cfg.retryBound(cfg.MaxConcurrency)
 }

@@ -29,6 +29,7 @@ type metrics struct {
 	hedges      prometheus.Counter
 	deadLetters prometheus.Counter
 	pending     prometheus.Gauge
+	limit       prometheus.Gauge
 	forged      *prometheus.CounterVec
 }
 
@@ -77,6 +78,13 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		Help:        "Entries read by the consumer group and not yet acknowledged (all consumers).",
 		ConstLabels: labels,
 	})
+	limit := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace:   "redpacket",
+		Subsystem:   "settlement",
+		Name:        "concurrency_limit",
+		Help:        "The adaptive limit on first deliveries in flight, summed over the activity's shard workers in this process (retries run within the limit scaled by retry:first concurrency).",
+		ConstLabels: labels,
+	})
 	forged := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace:   "redpacket",
 		Subsystem:   "settlement",
@@ -84,7 +92,7 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		Help:        "Entries dead-lettered as forged, never delivered, by reason (claim_mismatch, packet_out_of_range, amount_mismatch, packet_listed, duplicate_packet, over_budget, over_count; for a budget's packets also malformed, packet_id_malformed, stale_entry).",
 		ConstLabels: labels,
 	}, []string{"reason"})
-	m := &metrics{lag: lag, deliveries: deliveries, retries: retries, hedges: hedges, deadLetters: dead, pending: pending, forged: forged}
+	m := &metrics{lag: lag, deliveries: deliveries, retries: retries, hedges: hedges, deadLetters: dead, pending: pending, limit: limit, forged: forged}
 	if reg == nil {
 		return m, nil
 	}
@@ -105,6 +113,9 @@ func newMetrics(reg prometheus.Registerer, activity string) (*metrics, error) {
 		return nil, err
 	}
 	if m.pending, err = register(reg, pending); err != nil {
+		return nil, err
+	}
+	if m.limit, err = register(reg, limit); err != nil {
 		return nil, err
 	}
 	if m.forged, err = register(reg, forged); err != nil {

@@ -93,9 +93,13 @@ type packetsCheck struct {
 	cfg    Packets
 	budget *store.Budget
 	ledger *store.BudgetLedger
-	// forget deletes an expired packet once its refund was delivered
+	// forget deletes expired packets once their refunds were delivered, after the
+	// balance system's 2xx and before the acknowledgement, so a crash between the two
+	// leaves the entry pending: it is delivered again (the balance system dedups the
+	// key) and the packet forgotten again (which is idempotent) before it is
+	// acknowledged. The errors are by packet, in order
 	// (store.Budget.ForgetPacket).
-	forget func(ctx context.Context, packetID string) error
+	forget func(ctx context.Context, packetIDs []string) []error
 	now    func() time.Time
 }
 
@@ -126,7 +130,7 @@ func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	check := &packetsCheck{cfg: p, budget: b, ledger: b.SettlementLedger(p.LedgerRetention), forget: b.ForgetPacket, now: time.Now}
+	check := &packetsCheck{cfg: p, budget: b, ledger: b.SettlementLedger(p.LedgerRetention), forget: b.ForgetPackets, now: time.Now}
 	ws := make([]*Worker, b.N())
 	for i := range ws {
 		ws[i] = newWorker(cfg, m, b.SettlementShard(i), ownTransport && i == 0)
@@ -356,25 +360,6 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 		forged[e.ID] = fe
 	}
 	return forged, nil
-}
-
-// forgetRefunded deletes the packet of a delivered refund entry (its packet id is
-// "<packetId>/refund"). It runs after the balance system's 2xx and before the
-// acknowledgement, so a crash between the two leaves the entry pending: it is
-// delivered again (the balance system dedups the key) and the packet forgotten again
-// (which is idempotent) before it is acknowledged.
-func (c *packetsCheck) forgetRefunded(ctx context.Context, e store.StreamEntry) error {
-	if e.Kind != store.KindRefund {
-		return nil
-	}
-	packetID, ok := strings.CutSuffix(e.PacketID, "/"+store.RefundShare)
-	if !ok {
-		return nil
-	}
-	if err := c.forget(ctx, packetID); err != nil {
-		return fmt.Errorf("forgetting packet %q after its refund was delivered: %w", packetID, err)
-	}
-	return nil
 }
 
 // BudgetConfigFor is the worker configuration of a budget's settlement workers:

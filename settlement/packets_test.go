@@ -232,11 +232,13 @@ type forgotten struct {
 	ids map[string]int
 }
 
-func (f *forgotten) forget(_ context.Context, id string) error {
+func (f *forgotten) forget(_ context.Context, ids []string) []error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.ids[id]++
-	return nil
+	for _, id := range ids {
+		f.ids[id]++
+	}
+	return make([]error, len(ids))
 }
 
 func (f *forgotten) count(id string) int {
@@ -246,7 +248,7 @@ func (f *forgotten) count(id string) int {
 }
 
 // startBudgetWorkers runs the budget's workers (with forget in place of the store's
-// ForgetPacket) until the returned stop is called or the test ends.
+// ForgetPackets) until the returned stop is called or the test ends.
 func startBudgetWorkers(t *testing.T, tb testBudget, cfg Config, f *forgotten) (stop func()) {
 	t.Helper()
 	cfg.Redis = tb.rdb

@@ -53,6 +53,7 @@ type entry struct {
 	removed  bool
 	due      time.Time
 	failedAt time.Time // when its last attempt failed (due is counted from it)
+	probe    bool      // its next job is the scheduler's probe (probeWhenIdle)
 }
 
 // undeliverable says why e must be dead-lettered without a delivery, or nil.
@@ -79,8 +80,8 @@ type acquired struct {
 type lane int
 
 const (
-	laneFirst lane = iota // first deliveries of entries, up to Concurrency
-	laneRetry             // everything else (retries, hedges, acknowledgements, parking), up to RetryConcurrency
+	laneFirst lane = iota // first deliveries of entries, up to the adaptive limit (limiter)
+	laneRetry             // everything else (retries, hedges, acknowledgements, parking), up to Config.retryBound of it
 )
 
 // outcome is how a job ended.
@@ -139,8 +140,11 @@ type result struct {
 }
 
 // scheduler owns the entries a worker holds. It runs jobs in two lanes, each within
-// its bound: first deliveries (Concurrency) and everything else (RetryConcurrency),
-// so retries never wait behind new work nor new work behind retries. A delivery left
+// its bound: first deliveries (the adaptive limit, limiter) and everything else (the
+// limit scaled by RetryConcurrency/Concurrency), so retries never wait behind new
+// work nor new work behind retries. Every delivery's outcome feeds the limit; a
+// lower limit lets the jobs in flight finish and starts no new one until fewer run
+// than the bound. A delivery left
 // unanswered past the hedge delay is sent again (see hedge), so a delivery the
 // balance system holds costs about the hedge delay, not the HTTP timeout, and never
 // holds a lane. Only the schedule goroutine touches it.
@@ -150,7 +154,8 @@ type scheduler struct {
 	entries  map[string]*entry
 	ready    [2][]*entry // by lane, in order
 	inflight [2]int
-	bound    [2]int
+	bound    [2]int // the lanes' bounds, from limit
+	limit    *limiter
 	delayed  entryHeap
 	results  chan result
 	slow     chan slowNotice
@@ -162,14 +167,20 @@ type scheduler struct {
 	// latency is a moving average of how long answered deliveries took.
 	latency time.Duration
 	jobs    uint64 // jobs started
+	// answered is when the latest delivery ended with an answer or none (posted);
+	// probe is the job number of the probe in flight (see probe), 0 when none.
+	answered time.Time
+	probe    uint64
 }
 
 // schedule runs the scheduler until ctx is done, then waits for its jobs.
 func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
-	n := w.cfg.Concurrency + w.cfg.RetryConcurrency
+	n := w.cfg.maxInFlight()
 	s := &scheduler{w: w, ctx: ctx, entries: map[string]*entry{},
-		bound:   [2]int{w.cfg.Concurrency, w.cfg.RetryConcurrency},
+		limit:   newLimiter(w.cfg.Concurrency, w.cfg.MinConcurrency, w.cfg.MaxConcurrency),
 		results: make(chan result, n), slow: make(chan slowNotice, n)}
+	s.setBounds()
+	defer func() { w.m.limit.Sub(float64(s.bound[laneFirst])) }()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	heartbeat := time.NewTicker(w.cfg.ClaimIdle / 3)
@@ -177,6 +188,7 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 
 	for {
 		s.startReady()
+		s.probeWhenIdle()
 		var timerC <-chan time.Time
 		if s.delayed.Len() > 0 {
 			timer.Reset(time.Until(s.delayed[0].due))
@@ -258,6 +270,9 @@ func (s *scheduler) start(e *entry, l lane, hedge bool) {
 	if j.step == stepDeliver && j.undeliverable == nil && s.w.cfg.HedgeAfter > 0 {
 		j.hedgeAfter = max(s.w.cfg.HedgeAfter, 4*s.latency)
 		j.slow = s.slow
+	}
+	if e.probe {
+		e.probe, s.probe = false, j.seq
 	}
 	jctx, cancel := context.WithCancel(s.ctx)
 	e.running[j.seq] = cancel
@@ -349,10 +364,24 @@ func maxKey[V any](m map[uint64]V) uint64 {
 // finished applies a job's result.
 func (s *scheduler) finished(r result) {
 	s.inflight[r.lane]--
+	// A delivery counts for the limit when it ends with an answer or none (a
+	// timeout); one cancelled because its hedge won, or abandoned, does not.
+	switch r.posted {
+	case postedOK:
+		s.observe(deliveredOK, r.took)
+	case postedFailed:
+		s.observe(deliveryFailed, 0)
+	}
 	if r.posted != postedNone && !r.slow {
 		s.pace.record(true)
 	}
 	if r.posted != postedNone {
+		s.answered = time.Now()
+		if r.seq == s.probe && r.posted == postedOK && !s.receiver.healthy() {
+			// The balance system answered the probe: it is back, as far as this
+			// worker can tell without waiting for a window of answers.
+			s.w.bringForward(&s.delayed)
+		}
 		wasHealthy := s.receiver.healthy()
 		s.receiver.record(r.posted == postedOK)
 		if r.posted == postedOK {
@@ -404,6 +433,26 @@ func (s *scheduler) finished(r result) {
 	}
 }
 
+// observe feeds one delivery's outcome to the limit and applies what it decides.
+// The limit was put to the test when jobs wait for a slot or fill a lane.
+func (s *scheduler) observe(k outcomeKind, took time.Duration) {
+	busy := false
+	for l := range s.ready {
+		busy = busy || len(s.ready[l]) > 0 || s.inflight[l] >= s.bound[l]
+	}
+	if d := s.limit.observe(k, took, busy); d != limitKept {
+		s.setBounds()
+	}
+}
+
+// setBounds sets the lanes' bounds from the limit, and the limit's gauge (the sum
+// over the activity's workers).
+func (s *scheduler) setBounds() {
+	first := s.limit.current()
+	s.w.m.limit.Add(float64(first - s.bound[laneFirst]))
+	s.bound = [2]int{first, s.w.cfg.retryBound(first)}
+}
+
 // remove forgets e, cancelling any job of it still in flight; it no longer counts
 // among the failing deliveries (Config.Health).
 func (s *scheduler) remove(e *entry) {
@@ -417,6 +466,30 @@ func (s *scheduler) remove(e *entry) {
 	}
 	delete(s.entries, e.id)
 	s.w.release(1)
+}
+
+// probeWhenIdle keeps a worker that judges the balance system down from waiting out
+// long delays on an old verdict: the verdict changes only with answers, and a worker
+// with nothing in flight and nothing ready gets none. Then the entry due first is
+// brought forward to BackoffBase after the latest answer (a probe, one at a time);
+// if the balance system answers it with a 2xx, the other entries are brought
+// forward as on recovery (bringForward). During an outage this costs one delivery
+// per BackoffBase, of the entry due first.
+func (s *scheduler) probeWhenIdle() {
+	// Hedges waiting for a healthy verdict (s.hedges) do not count: their deliveries
+	// ended, or they would be in flight.
+	if s.delayed.Len() == 0 || s.receiver.healthy() || s.inflight[laneFirst]+s.inflight[laneRetry] > 0 ||
+		len(s.ready[laneFirst])+len(s.ready[laneRetry]) > 0 {
+		return
+	}
+	e := s.delayed[0]
+	if e.step != stepDeliver {
+		return
+	}
+	if at := s.answered.Add(s.w.cfg.BackoffBase); e.due.After(at) {
+		e.due = at // still the earliest: the heap's order holds
+		e.probe = true
+	}
 }
 
 // bringForward shortens the delays of the entries waiting to retry a delivery to

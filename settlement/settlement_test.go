@@ -527,7 +527,7 @@ func TestRetryDefaults(t *testing.T) {
 	}
 	if w.cfg.RetryConcurrency != DefaultRetryConcurrency || w.cfg.HealthyBackoffBase != DefaultHealthyBackoffBase ||
 		w.cfg.HealthyBackoffMax != DefaultHealthyBackoffMax || w.transport == nil ||
-		w.transport.MaxIdleConnsPerHost != DefaultConcurrency+DefaultRetryConcurrency {
+		w.transport.MaxIdleConnsPerHost != 2*DefaultMaxConcurrency {
 		t.Fatalf("defaults: %+v", w.cfg)
 	}
 	cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 20*time.Millisecond

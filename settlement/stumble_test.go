@@ -22,7 +22,7 @@ import (
 // each acknowledged after a 2xx, duplicates only under the same Idempotency-Key,
 // nothing dead-lettered but the entry it always rejects, and that one only after
 // MaxAttempts deliveries. The deliveries in flight never exceed the two lanes'
-// bounds.
+// bounds at the ceiling.
 func TestStumblingBalanceSystemCreditsEveryGrantOnce(t *testing.T) {
 	rdb := newRedis(t)
 	a := newActivity(t, rdb, "uid-stumble", 600, 600_000, "merchant-001")
@@ -104,7 +104,7 @@ func TestStumblingBalanceSystemCreditsEveryGrantOnce(t *testing.T) {
 	}
 
 	st := rcv.stats()
-	if limit := int64(w.cfg.Concurrency + w.cfg.RetryConcurrency); sender.max.Load() > limit {
+	if limit := int64(w.cfg.maxInFlight()); sender.max.Load() > limit {
 		t.Errorf("%d deliveries in flight at once, above the bound %d", sender.max.Load(), limit)
 	}
 	// The mix really happened, and held deliveries were hedged: cancelled, not

@@ -15,17 +15,21 @@
 // delivered.
 //
 // First deliveries and retries run in parallel, each within its own bound
-// (Concurrency and RetryConcurrency), so a failing delivery never holds up the
-// entries behind it, and retries never wait behind new work. A delivery left
+// (the adaptive limit and its RetryConcurrency share), so a failing delivery never
+// holds up the entries behind it, and retries never wait behind new work. A delivery left
 // unanswered past HedgeAfter is sent again (a hedge, same body and Idempotency-Key)
 // and the loser cancelled, so one the balance system holds costs about HedgeAfter,
 // not the HTTP timeout; an entry has at most two deliveries in flight, and two never
-// include its last allowed attempt. Failed deliveries are retried with exponential backoff and jitter, from a short delay
-// while the balance system answers most deliveries (a failure is then the entry's
+// include its last allowed attempt. Failed deliveries are retried with exponential
+// backoff and jitter, from a short delay while the balance system answers most deliveries (a failure is then the entry's
 // bad luck) and from a long one while it fails most of them (it is down: waiting
 // saves the entries' attempts); when it recovers, entries waiting out a long delay
-// are brought forward. Deliveries are counted by Redis itself (the pending entry's
-// delivery counter, raised by every read, claim and retry), so the count survives a
+// are brought forward. A worker with nothing in flight that judges it down probes it
+// with the entry due first, BackoffBase after the latest answer, since only answers
+// change that verdict. The first deliveries in flight follow an adaptive limit (AIMD,
+// limit.go) within [MinConcurrency, MaxConcurrency], and the retries' bound follows
+// it; delivered entries are acknowledged in batches (acks.go). Deliveries are
+// counted by Redis itself (the pending entry's delivery counter, raised by every read, claim and retry), so the count survives a
 // worker's death; an entry delivered MaxAttempts times without success moves to the
 // dead-letter stream (store.Shard.DeadLetter), once. A worker re-reads its own pending
 // entries when it starts, keeps the entries it holds fresh while it backs off, and
@@ -71,6 +75,7 @@ type Worker struct {
 	log           *slog.Logger
 	held          atomic.Int64  // entries read or claimed and not yet finished
 	space         chan struct{} // signalled when held goes down
+	acks          chan ackCall  // delivered entries for the acknowledger (acks.go)
 	// transport is the HTTP transport the worker made for itself (nil when the
 	// configured client brought one); its idle connections close when Run returns.
 	transport *http.Transport
@@ -134,7 +139,7 @@ func RunAll(ctx context.Context, ws []*Worker) error {
 // newWorker is a worker of cfg (already checked) on the stream of h.
 func newWorker(cfg Config, m *metrics, h *store.Shard, ownTransport bool) *Worker {
 	log := cfg.Logger.With("activity", cfg.Activity, "consumer", cfg.Consumer)
-	w := &Worker{cfg: cfg, redis: h, m: m, log: log, space: make(chan struct{}, 1)}
+	w := &Worker{cfg: cfg, redis: h, m: m, log: log, space: make(chan struct{}, 1), acks: make(chan ackCall, maxAckBatch)}
 	if ownTransport {
 		w.transport, _ = cfg.HTTPClient.Transport.(*http.Transport)
 	}
@@ -160,6 +165,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.transport != nil {
 		defer w.transport.CloseIdleConnections()
 	}
+	// The acknowledger outlives the jobs: they acknowledge even while the worker
+	// shuts down, so a finished delivery is not sent again.
+	actx, stopAcks := context.WithCancel(context.WithoutCancel(ctx))
+	var acks sync.WaitGroup
+	acks.Go(func() { w.runAcks(actx) })
+	defer func() {
+		stopAcks()
+		acks.Wait()
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	batches := make(chan []acquired)
@@ -273,26 +287,25 @@ func (w *Worker) postTimed(ctx context.Context, j job, r *result) error {
 	return err
 }
 
-// ack acknowledges a delivered entry and counts it as settled, once.
+// ack acknowledges a delivered entry and counts it as settled, once (through the
+// worker's acknowledger, acks.go); a budget's refund has its packet forgotten first.
 func (w *Worker) ack(ctx context.Context, j job, r result) result {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisOpTimeout)
 	defer cancel()
-	if w.packets != nil {
-		if err := w.packets.forgetRefunded(actx, j.entry); err != nil {
-			w.log.Warn("forgetting the packet of a delivered refund", "entry", j.id, "err", err)
-			r.step = stepAck
-			r.outcome = outcomeRetry
-			return r
-		}
-	}
-	settled, err := w.redis.Ack(actx, w.cfg.Group, j.id, j.entry.Kind, j.entry.Amount)
-	if err != nil {
-		w.log.Warn("acknowledging a delivered settlement entry", "entry", j.id, "err", err)
+	a := w.acknowledge(actx, j.id, j.entry)
+	if a.forgetErr != nil {
+		w.log.Warn("forgetting the packet of a delivered refund", "entry", j.id, "err", a.forgetErr)
 		r.step = stepAck
 		r.outcome = outcomeRetry
 		return r
 	}
-	if settled {
+	if a.err != nil {
+		w.log.Warn("acknowledging a delivered settlement entry", "entry", j.id, "err", a.err)
+		r.step = stepAck
+		r.outcome = outcomeRetry
+		return r
+	}
+	if a.settled {
 		w.m.deliveries.WithLabelValues(ResultSettled).Inc()
 		lag := time.Since(j.entry.At)
 		w.m.lag.Observe(max(0, lag.Seconds()))

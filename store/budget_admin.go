@@ -315,7 +315,39 @@ func (b *Budget) ForgetPacket(ctx context.Context, packetID string) error {
 		return fmt.Errorf("forgetting packet %q: not a packet id", packetID)
 	}
 	k := b.keys[b.ShardOf(packetID)]
-	err := lua.PacketForgetScript.Run(ctx, b.c, []string{k.Packet(packetID)}).Err()
+	return forgetError(packetID, lua.PacketForgetScript.Run(ctx, b.c, []string{k.Packet(packetID)}).Err())
+}
+
+// ForgetPackets is ForgetPacket for many packets in one round trip (pipelined, each
+// packet's call its own step); the errors are in the order of packetIDs, nil for a
+// packet forgotten or gone.
+func (b *Budget) ForgetPackets(ctx context.Context, packetIDs []string) []error {
+	errs := make([]error, len(packetIDs))
+	cmds := make([]*redis.Cmd, len(packetIDs))
+	pipe := b.c.Pipeline()
+	for i, id := range packetIDs {
+		if !ValidPacketID(id) {
+			errs[i] = fmt.Errorf("forgetting packet %q: not a packet id", id)
+			continue
+		}
+		k := b.keys[b.ShardOf(id)]
+		cmds[i] = pipe.EvalSha(ctx, lua.PacketForgetScript.SHA(), []string{k.Packet(id)})
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	for i, cmd := range cmds {
+		switch {
+		case cmd == nil:
+		case lua.IsNoScript(cmd.Err()):
+			errs[i] = b.ForgetPacket(ctx, packetIDs[i])
+		default:
+			errs[i] = forgetError(packetIDs[i], cmd.Err())
+		}
+	}
+	return errs
+}
+
+// forgetError is what a forget call's error means: nil, ErrPacketLive, or the error.
+func forgetError(packetID string, err error) error {
 	if err != nil && strings.Contains(err.Error(), "has not expired") {
 		return fmt.Errorf("forgetting packet %s: %w", packetID, ErrPacketLive)
 	}

@@ -406,8 +406,14 @@ func TestBudgetExpiry(t *testing.T) {
 	if err := b.ForgetPacket(ctx, "later"); !errors.Is(err, store.ErrPacketLive) {
 		t.Fatalf("forgetting a live packet: %v", err)
 	}
-	if err := b.ForgetPacket(ctx, "half"); err != nil {
-		t.Fatal(err)
+	// In a batch: the live packet is kept, the expired one forgotten, one never made
+	// is no error, and an id no creation accepts is refused alone.
+	errs := b.ForgetPackets(ctx, []string{"later", "half", "never-made", "bad id"})
+	if len(errs) != 4 || !errors.Is(errs[0], store.ErrPacketLive) || errs[1] != nil || errs[2] != nil || errs[3] == nil {
+		t.Fatalf("forgetting a batch: %v", errs)
+	}
+	if _, ok, _ := b.Packet(ctx, "later"); !ok {
+		t.Fatal("a live packet was forgotten in a batch")
 	}
 	if _, ok, _ := b.Packet(ctx, "half"); ok {
 		t.Fatal("a forgotten packet is still there")

@@ -327,21 +327,30 @@ func entryAmount(t *testing.T, m store.StreamEntry) int64 {
 	return decoded(t, m).Amount
 }
 
-func TestSettleAckCountsOnce(t *testing.T) {
+// settledActivity is an activity of total split in 10 packets, 6 of them granted and
+// the rest refunded at close, with its 7 entries delivered to the group
+// "settlement"; claimed is what the grants took.
+func settledActivity(t *testing.T, uid string, total int64) (c *redis.Client, k store.Keys, msgs []store.StreamEntry, claimed int64) {
+	t.Helper()
 	ctx := redistest.Context(t)
-	c := redistest.Start(t).Client(t)
-	const total = 10_000
+	c = redistest.Start(t).Client(t)
 	amounts := splitOrFail(t, split.TypeRandom, total, 10)
-	k := seedOpen(t, ctx, c, "settle", amounts)
+	k = seedOpen(t, ctx, c, uid, amounts)
 	_, grants := tally(t, grabConcurrently(t, ctx, c, k, userIDs("s", 6), 6))
-	claimed := grantsSum(grants)
 	if _, err := handle(c, k).Close(ctx, store.CloseExpired); err != nil {
 		t.Fatal(err)
 	}
-	msgs := readAll(t, c, k, "settlement")
+	msgs = readAll(t, c, k, "settlement")
 	if len(msgs) != 7 {
 		t.Fatalf("%d entries delivered, want 6 grants and 1 refund", len(msgs))
 	}
+	return c, k, msgs, grantsSum(grants)
+}
+
+func TestSettleAckCountsOnce(t *testing.T) {
+	ctx := redistest.Context(t)
+	const total = 10_000
+	c, k, msgs, claimed := settledActivity(t, "settle", total)
 
 	// An entry that was never delivered to the group cannot be acked into the counters.
 	if err := c.XGroupCreate(ctx, k.Stream, "other", "$").Err(); err != nil {
@@ -372,6 +381,48 @@ func TestSettleAckCountsOnce(t *testing.T) {
 	}
 	pending, err := c.XPending(ctx, k.Stream, "settlement").Result()
 	if err != nil || pending.Count != 0 {
+		t.Fatalf("pending after acking: %+v, %v", pending, err)
+	}
+}
+
+// AckMany acknowledges a batch in one round trip with Ack's guarantees: each entry
+// counted once, a second batch of the same entries counting nothing, entries of a
+// group they were not delivered to counting nothing, and a script missing from the
+// cache loaded on the way.
+func TestSettleAckManyCountsOnce(t *testing.T) {
+	ctx := redistest.Context(t)
+	const total = 10_000
+	c, k, msgs, claimed := settledActivity(t, "settle-many", total)
+	reqs := make([]store.AckRequest, len(msgs))
+	for i, m := range msgs {
+		reqs[i] = store.AckRequest{EntryID: m.ID, Kind: decoded(t, m).Kind, Amount: entryAmount(t, m)}
+	}
+	if err := c.XGroupCreate(ctx, k.Stream, "other", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range shardOf(c, k).AckMany(ctx, "other", reqs) {
+		if r.Err != nil || r.Settled {
+			t.Fatalf("ack of an undelivered entry: %+v; want false", r)
+		}
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := range 2 {
+		for i, r := range shardOf(c, k).AckMany(ctx, "settlement", reqs) {
+			if r.Err != nil || r.Settled != (attempt == 0) {
+				t.Fatalf("batch %d: ack of %s: %+v", attempt+1, reqs[i].EntryID, r)
+			}
+		}
+	}
+	snap, err := handle(c, k).Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.SettledCount != 6 || snap.SettledAmount != claimed || snap.RefundSettled != total-claimed {
+		t.Fatalf("after acking: %+v; want 6 settled for %d and %d refund settled", snap, claimed, total-claimed)
+	}
+	if pending, err := c.XPending(ctx, k.Stream, "settlement").Result(); err != nil || pending.Count != 0 {
 		t.Fatalf("pending after acking: %+v, %v", pending, err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/redis/go-redis/v9"
+
 	"redpacket.io/operator/lua"
 )
 
@@ -67,4 +69,45 @@ func deadLetterFields(fields map[string]any) []string {
 		names = names[:maxDeadLetterFields]
 	}
 	return names
+}
+
+// AckRequest is one delivered entry to acknowledge (Shard.AckMany).
+type AckRequest struct {
+	EntryID, Kind string
+	Amount        int64
+}
+
+// AckResult is what acknowledging one entry came to: Settled when this call counted
+// it (false: it had been acknowledged before), or the error.
+type AckResult struct {
+	Settled bool
+	Err     error
+}
+
+// AckMany acknowledges delivered entries in one round trip: settle_ack.lua for each,
+// pipelined, every call its own atomic step exactly as Ack's, so each entry is
+// counted once whatever happens to the others. An entry whose call Redis did not
+// know the script for is acknowledged again on its own (Ack, which falls back to
+// EVAL). The results are in the order of reqs.
+func (a *Shard) AckMany(ctx context.Context, group string, reqs []AckRequest) []AckResult {
+	out := make([]AckResult, len(reqs))
+	k := a.keys
+	pipe := a.c.Pipeline()
+	cmds := make([]*redis.Cmd, len(reqs))
+	for i, r := range reqs {
+		cmds[i] = pipe.EvalSha(ctx, lua.SettleAckScript.SHA(), []string{k.Meta, k.Stream}, group, r.EntryID, r.Kind, r.Amount)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	for i, r := range reqs {
+		n, err := cmds[i].Int64()
+		switch {
+		case lua.IsNoScript(err):
+			out[i].Settled, out[i].Err = a.ack(ctx, group, r.EntryID, r.Kind, r.Amount)
+		case err != nil:
+			out[i].Err = fmt.Errorf("settle ack of %s: %w", r.EntryID, err)
+		default:
+			out[i].Settled = n == 1
+		}
+	}
+	return out
 }

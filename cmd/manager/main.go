@@ -24,6 +24,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/internal/version"
+	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store/redisconn"
 )
 
@@ -40,6 +41,10 @@ const DefaultMetricsAddr = "127.0.0.1:8082"
 // install's terminationGracePeriodSeconds (30), so that a leader stopping cleanly
 // releases its lease before the kubelet kills it.
 const DefaultShutdownTimeout = 20 * time.Second
+
+// maxSettlementConcurrency is the highest --settlement-max-concurrency accepted: each
+// worker keeps up to twice as many connections to the balance system.
+const maxSettlementConcurrency = 1024
 
 func main() {
 	var (
@@ -64,6 +69,8 @@ func main() {
 		allowImageOverride bool
 		allowedRedisHosts  string
 		settlementKeys     string
+		settlementMinConc  int
+		settlementMaxConc  int
 		shutdownTimeout    time.Duration
 		showVersion        bool
 	)
@@ -90,6 +97,8 @@ func main() {
 	flag.StringVar(&allowedRedisHosts, "allowed-redis-hosts", "", "comma-separated host names, IP addresses and CIDR networks that spec.redis may name besides the default Redis (empty: the default Redis only)")
 	flag.DurationVar(&shutdownTimeout, "graceful-shutdown-timeout", DefaultShutdownTimeout, "how long the operator's work gets to stop on SIGTERM before the leader lease is released anyway; keep it below the pod's terminationGracePeriodSeconds")
 	flag.StringVar(&settlementKeys, "settlement-keys-secret", controllers.DefaultSettlementKeysSecret, "Secret in the operator's namespace (POD_NAMESPACE) holding the keys that sign settlement deliveries: one data key per balance system host name (the webhook URL's host, without port), its HMAC key as the value; a webhook whose host has no key gets nothing")
+	flag.IntVar(&settlementMinConc, "settlement-min-concurrency", settlement.DefaultMinConcurrency, "floor of each settlement worker's adaptive limit on first deliveries in flight (one worker per shard of an activity or budget); the limit falls towards it while the balance system fails most deliveries or slows down")
+	flag.IntVar(&settlementMaxConc, "settlement-max-concurrency", settlement.DefaultMaxConcurrency, "ceiling of each settlement worker's adaptive limit on first deliveries in flight (one worker per shard of an activity or budget): the most one worker asks of a balance system at once, retries running besides in the ratio 1:1")
 	logConfig := textlogger.NewConfig()
 	// Registered here rather than with logConfig.AddFlags, whose help text speaks of a
 	// testing logger.
@@ -112,6 +121,10 @@ func main() {
 	if grabTokenLifetime < time.Second {
 		fail(log.Error, fmt.Errorf("--grab-token-max-lifetime=%s is below 1s", grabTokenLifetime), "invalid flags")
 	}
+	if settlementMinConc < 1 || settlementMaxConc < settlementMinConc || settlementMaxConc > maxSettlementConcurrency {
+		fail(log.Error, fmt.Errorf("--settlement-min-concurrency=%d and --settlement-max-concurrency=%d: want 1 <= min <= max <= %d",
+			settlementMinConc, settlementMaxConc, maxSettlementConcurrency), "invalid flags")
+	}
 	allowedHosts, err := controllers.ParseRedisHosts(allowedRedisHosts)
 	if err != nil {
 		fail(log.Error, err, "invalid --allowed-redis-hosts")
@@ -128,19 +141,21 @@ func main() {
 		ShutdownTimeout:    shutdownTimeout,
 		RedisClientIdleTTL: redisClientIdleTTL,
 		Reconciler: controllers.Options{
-			DefaultRedis:            defaultRedis,
-			GrabImage:               grabImage,
-			GrabReplicas:            int32(grabReplicas),
-			CleanupGracePeriod:      cleanupGrace,
-			UnsettledRetention:      unsettledRetention,
-			GrabReportTimeout:       grabReportTimeout,
-			GrabTokenMaxLifetime:    grabTokenLifetime,
-			RedisTimeout:            redisTimeout,
-			ActiveResyncPeriod:      activeResync,
-			MaxConcurrentReconciles: concurrentRecons,
-			AllowGrabImageOverride:  allowImageOverride,
-			AllowedRedisHosts:       allowedHosts,
-			SettlementKeysSecret:    types.NamespacedName{Name: settlementKeys},
+			DefaultRedis:             defaultRedis,
+			GrabImage:                grabImage,
+			GrabReplicas:             int32(grabReplicas),
+			CleanupGracePeriod:       cleanupGrace,
+			UnsettledRetention:       unsettledRetention,
+			GrabReportTimeout:        grabReportTimeout,
+			GrabTokenMaxLifetime:     grabTokenLifetime,
+			RedisTimeout:             redisTimeout,
+			ActiveResyncPeriod:       activeResync,
+			MaxConcurrentReconciles:  concurrentRecons,
+			AllowGrabImageOverride:   allowImageOverride,
+			AllowedRedisHosts:        allowedHosts,
+			SettlementKeysSecret:     types.NamespacedName{Name: settlementKeys},
+			SettlementMinConcurrency: settlementMinConc,
+			SettlementMaxConcurrency: settlementMaxConc,
 		},
 	})
 	if err != nil {

@@ -7,7 +7,9 @@
 //	(d) against a no-op Go HTTP handler under the same load;
 //	(e) seeding 1,000,000 packets;
 //	(f) Redis memory per claimed packet;
-//	(g) settlement: grants credited per second, and 500 grants under a failing balance system;
+//	(g) settlement: 100,000 grants to a healthy balance system, 10,000 under a failing one,
+//	    each against a plain HTTP client's reference, and 100,000 refunds of a budget's
+//	    packets expiring in the same second;
 //	(h) the grab path under each durability mode (None, Fsync, Replicas 1);
 //	(i) our grab script against seed article 000's, through redis-benchmark -P 16;
 //	(j) one activity over one master and over two (spec.shards), and a model of more;
@@ -75,6 +77,10 @@ type options struct {
 
 	settleGrants        int
 	settleFailingGrants int
+	settleCheckGrants   int
+	settleProfile       string
+	refundPackets       int
+	refundLead          time.Duration
 	settleTimeout       time.Duration
 	settleLimit         time.Duration
 	settlementOnly      bool
@@ -114,11 +120,15 @@ func main() {
 	flag.Int64Var(&o.memPackets, "memory-packets", 200000, "packets claimed in the memory measurement")
 	flag.StringVar(&o.serveNoop, "serve-noop", "", "internal: serve the no-op handler on this address and nothing else")
 	flag.BoolVar(&o.skipBuild, "skip-build", false, "use bin/grabsvc as it is instead of building it")
-	flag.IntVar(&o.settleGrants, "settlement-grants", 2000, "grants credited by the healthy settlement run")
-	flag.IntVar(&o.settleFailingGrants, "settlement-failing-grants", 500, "grants credited by the settlement run under the failure mix")
+	flag.IntVar(&o.settleGrants, "settlement-grants", 100000, "grants credited by the healthy settlement run")
+	flag.IntVar(&o.settleFailingGrants, "settlement-failing-grants", 10000, "grants credited by the settlement run under the failure mix")
+	flag.IntVar(&o.settleCheckGrants, "settlement-check-grants", 2000, "grants credited by each run of the settlement check's cost")
+	flag.StringVar(&o.settleProfile, "settlement-cpu-profile", "", "write this process's CPU profile during the healthy settlement run to this file, and during the refunds' to FILE.refunds (go tool pprof FILE)")
+	flag.IntVar(&o.refundPackets, "settlement-refund-packets", 100000, "packets of a budget expiring in the same second whose refunds are settled (0 skips it)")
+	flag.DurationVar(&o.refundLead, "settlement-refund-lead", 45*time.Second, "how far ahead the refund run's packets are due: creating them must end within it")
 	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")
 	flag.DurationVar(&o.settleLimit, "settlement-limit", 10*time.Minute, "give a settlement run up this long")
-	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g); print them, write nothing")
+	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g): healthy grants, grants under the failure mix, a second's refunds, each with its reference; print them and their section of docs/benchmarks.md, write nothing")
 	flag.BoolVar(&o.verifyOnly, "settlement-check-only", false, "run only the cost of the settlement check per entry (g); print it, write nothing")
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
@@ -177,8 +187,7 @@ type results struct {
 	seedTook    time.Duration
 	seedCount   int64
 	mem         memoryFigures
-	settleOK    settlementRun
-	settleBad   settlementRun
+	settle      settlementFigures
 	settleCheck verificationRun
 	durable     durabilityRun
 	seedScript  seedScriptRun
@@ -280,14 +289,16 @@ func run(ctx context.Context, o options) error {
 		_, err := measureVerification(ctx, o, srv.Addr)
 		return err
 	}
-	if r.settleOK, r.settleBad, err = measureSettlements(ctx, o, srv.Addr); err != nil {
-		return err
-	}
-	if r.settleCheck, err = measureVerification(ctx, o, srv.Addr); err != nil {
+	if r.settle, err = measureSettlements(ctx, o, srv.Addr); err != nil {
 		return err
 	}
 	if o.settlementOnly {
+		fmt.Print("\n", settlementSummary(r.settle), "load average before / after: ", r.loadBefore, " / ", loadAverage(), "\n\n",
+			settlementMarkdown(r.settle))
 		return nil
+	}
+	if r.settleCheck, err = measureVerification(ctx, o, srv.Addr); err != nil {
+		return err
 	}
 
 	// (e) Seeding.

@@ -161,7 +161,7 @@ func (r results) summary() string {
 	if r.seedMax.count > 0 {
 		b.WriteString(r.seedMax.summary())
 	}
-	b.WriteString(settlementSummary(r.settleOK, r.settleBad))
+	b.WriteString(settlementSummary(r.settle))
 	b.WriteString(verificationLine(r.settleCheck) + "\n")
 	return b.String()
 }
@@ -332,7 +332,7 @@ to 0.59 in five rounds).
 	if r.seedMax.count > 0 {
 		b.WriteString(r.seedMax.markdown())
 	}
-	b.WriteString(settlementMarkdown(r.settleOK, r.settleBad))
+	b.WriteString(settlementMarkdown(r.settle))
 	if r.budget.created > 0 {
 		b.WriteString(r.budget.markdown())
 	}
