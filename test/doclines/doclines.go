@@ -14,6 +14,7 @@
 package doclines
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -281,6 +282,31 @@ func Classify(lines []Line, rules []Rule) (classified []Classified, unclassified
 		}
 	}
 	return classified, unclassified, stale, nil
+}
+
+// LoadClassified loads the shell lines of every document under root and classifies
+// them by NotShellBlocks and Rules. Its error names every line that no rule
+// classifies and every rule that classifies nothing, with what to do.
+func LoadClassified(root string) ([]Classified, error) {
+	lines, err := Load(root, NotShellBlocks)
+	if err != nil {
+		return nil, err
+	}
+	classified, unclassified, stale, err := Classify(lines, Rules)
+	if err != nil {
+		return nil, err
+	}
+	var problems []string
+	for _, l := range unclassified {
+		problems = append(problems, fmt.Sprintf("%s\n\tno rule in test/doclines/rules.go classifies this line: add one (it runs on the test cluster, or why not)", l))
+	}
+	for _, r := range stale {
+		problems = append(problems, fmt.Sprintf("the rule for %q (%s) in test/doclines/rules.go matches no line: remove it", r.Match, r.Doc))
+	}
+	if len(problems) > 0 {
+		return classified, errors.New(strings.Join(problems, "\n"))
+	}
+	return classified, nil
 }
 
 // backgroundForward finds a port-forward sent to the background and its local port.
