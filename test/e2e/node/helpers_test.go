@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -235,4 +237,19 @@ func columns(t *testing.T, args ...string) map[string]string {
 		t.Fatalf("kubectl get %s: %v", strings.Join(args, " "), err)
 	}
 	return cells
+}
+
+// buildPlugin builds kubectl-rpa from this tree, stamped with pluginVersion, into a
+// directory of its own and returns the directory, to put first on the PATH.
+func buildPlugin(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	build := exec.CommandContext(t.Context(), "go", "build",
+		"-ldflags", "-X redpacket.io/operator/internal/version.version="+pluginVersion,
+		"-o", filepath.Join(dir, "kubectl-rpa"), "./cmd/kubectl-rpa")
+	build.Dir = env.root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building kubectl-rpa: %v\n%s", err, out)
+	}
+	return dir
 }

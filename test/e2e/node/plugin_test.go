@@ -34,14 +34,7 @@ func TestKubectlPlugin(t *testing.T) {
 		count = int64(1000)
 		users = 1500
 	)
-	pluginDir := t.TempDir()
-	build := exec.CommandContext(t.Context(), "go", "build",
-		"-ldflags", "-X redpacket.io/operator/internal/version.version="+pluginVersion,
-		"-o", filepath.Join(pluginDir, "kubectl-rpa"), "./cmd/kubectl-rpa")
-	build.Dir = env.root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building kubectl-rpa: %v\n%s", err, out)
-	}
+	pluginDir := buildPlugin(t)
 	// rpa runs `kubectl rpa ARGS...`: the real kubectl finds the plugin on the PATH.
 	rpa := func(args ...string) (string, error) {
 		t.Helper()

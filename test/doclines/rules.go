@@ -1,0 +1,106 @@
+package doclines
+
+// The rules below are data: which untagged blocks are not shell, and, for every shell
+// line of README.md and docs/*.md, whether it runs against the real-node test cluster
+// (test/e2e/node, TestDocsShellLines) or why it cannot run there. The first rule of a
+// line's document (or of every document, Doc "") that matches it wins. A line no rule
+// matches fails TestEveryDocLineClassified, and so does a rule that matches nothing.
+//
+// The test cluster is the node suite's: the dev Redis from config/dev-redis and the
+// operator from the Helm chart in redpacket-system, the operator's settlement keys
+// Secret, bin/kubectl and a kubectl-rpa built from this tree on the PATH, KUBECONFIG
+// set, and the repository root as the working directory. The documents run in the
+// order of Documents (README.md first), each in one bash, so the docs after the README
+// find what its quick start created (the samples in default, the keys).
+
+// NotShellBlocks are the untagged fenced blocks that are not shell.
+var NotShellBlocks = []NotShell{
+	{Doc: "docs/architecture.md", First: `kubectl apply / GitOps ── RedPacketActivity`, Reason: "a diagram of the parts"},
+	{Doc: "docs/architecture.md", First: `create +committed`, Reason: "a diagram of the phases"},
+	{Doc: "docs/grab-api.md", First: `^\{"outcome":"unavailable"`, Reason: "a response body"},
+	{Doc: "docs/grab-api.md", First: `^token += base64url`, Reason: "the token format"},
+	{Doc: "docs/grab-api.md", First: `^payload = \{`, Reason: "token payload formats"},
+	{Doc: "docs/operations.md", First: `^appendonly yes`, Reason: "redis.conf lines"},
+	{Doc: "docs/rain-page.md", First: `^Content-Security-Policy:`, Reason: "response headers"},
+}
+
+// budgetNeverReady is why the lines on the sample budget do not run: its webhook is a
+// placeholder, and a budget's settlement step (controllers/budget_settlement.go,
+// EnsureTarget) returns an error while its host has no key or its balance system does
+// not take the budget's announcement, which halts the budget's steps before
+// "configure": the sample budget never becomes Ready (seen on the node: kubectl wait
+// timed out after 3m). Make these lines run once a budget goes on without its
+// balance system, as an activity does.
+const budgetNeverReady = "the sample budget is never Ready while its webhook's balance system does not answer (its settlement step halts the budget's steps)"
+
+// Rules classify every shell line.
+var Rules = []Rule{
+	// The sample budget, on every page that uses it.
+	{Doc: "README.md", InBlock: `^# the sample budget`, Match: `.`, Reason: budgetNeverReady},
+	{Doc: "docs/grab-api.md", Match: `(group-packets|/v1/packets|localhost:8082|^SENDER=)`, Reason: budgetNeverReady},
+	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa (send|packet|packets) group-packets`, Reason: budgetNeverReady},
+
+	// Set-up commands of a whole node or machine, and building.
+	{Match: `^make (demo|test)\b`, Reason: "starts a node of its own (one node at a time); make test runs this very test"},
+	{Match: `^make (image|bench)\b`, Reason: "builds images or runs the benchmarks, minutes on 2 cores; the suite built and imported its own images"},
+	{Match: `^make build && export PATH=`, Reason: "the test builds kubectl-rpa from this tree itself and puts it first on the PATH"},
+	{Match: `^make build\b`, Reason: "the test builds kubectl-rpa from this tree itself"},
+	{Match: `^export PATH="\$PWD/bin:\$PATH"$`, Reason: "the test puts bin/ and its own kubectl-rpa on the PATH itself"},
+	{Match: `^make render && `, Reason: "a second install of the operator; the test cluster has it from the chart"},
+	{Match: `^kind load `, Reason: "the test cluster is not kind: the suite imports its images into the node's containerd"},
+	{Match: `^ctr -n k8s.io images import dist/redpacket-operator-<V>\.tar$`, Reason: "a placeholder version; the suite imports its images itself"},
+	{Match: `^helm install `, Reason: "the real helm CLI is not installed here; the suite installs the same chart through the Helm library (test/cluster InstallChart)"},
+	{Match: `(^|\s)go (test|run) `, Reason: "a Go test or program, run by make test or by hand, not a command against the cluster"},
+
+	// README.md: the quick start, in order, on the test cluster.
+	{Doc: "README.md", Match: `^bin/kubectl apply -k config/dev-redis$`, Run: true, Reason: "the same apply the suite made: unchanged"},
+	{Doc: "README.md", Match: `^bin/kubectl (apply -f config/samples/|wait --for=condition=Ready rpa/)`, Run: true},
+	{Doc: "README.md", Match: `^bin/kubectl create secret generic grab-hmac --from-literal=key="\$\(openssl rand -hex 32\)"$`, Run: true},
+	{Doc: "README.md", Match: `^bin/kubectl -n redpacket-system create secret generic redpacket-settlement-keys .* \| bin/kubectl apply --server-side -f -$`, Run: true,
+		Reason: "adds balance.payments.svc to the Secret the suite made, whose key for the receiver stays"},
+	{Doc: "README.md", Match: `^kubectl rpa (status|rain|token|pause|resume) `, Run: true},
+	{Doc: "README.md", Match: `^kubectl (apply -f config/samples/|wait --for=condition=Ready rpa/|get rpa|explain rpa\.spec)`, Run: true},
+	{Doc: "README.md", Match: `^kubectl port-forward service/[a-z-]+-grab [0-9:]+ >/dev/null &$`, Run: true},
+	{Doc: "README.md", Match: `^(ENDPOINT|TOKEN)=`, Run: true},
+	{Doc: "README.md", Match: `^curl -s `, Run: true},
+
+	// docs/benchmarks.md: nothing but the benchmark commands above.
+
+	// docs/grab-api.md: against the README's samples through port-forwards.
+	{Doc: "docs/grab-api.md", Match: `^printf '%s' "\$body" \| openssl dgst -sha256 -hmac "\$key"`, Reason: "the balance system's side: checks the signature of a delivery body it received"},
+	{Doc: "docs/grab-api.md", Match: `^curl \.\.\. `, Reason: "an elided transcript line (curl ... stands for the command above it)"},
+	{Doc: "docs/grab-api.md", Match: `^(ENDPOINT|key|user|uid|payload|token)=`, Run: true},
+	{Doc: "docs/grab-api.md", Match: `^b64url\(\) \{`, Run: true},
+	{Doc: "docs/grab-api.md", Match: `^kubectl port-forward service/[a-z-]+-grab [0-9:]+ >/dev/null &$`, Run: true},
+	{Doc: "docs/grab-api.md", Match: `^kubectl patch rpa quiz-night `, Run: true, Reason: "pauses quiz-night; docs/kubectl-rpa.md resumes it"},
+	{Doc: "docs/grab-api.md", Match: `^curl -s `, Run: true, Reason: "exit 0 whatever the outcome: the outcomes shown need an activity in that state"},
+
+	// docs/kubectl-rpa.md.
+	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa rain rehearsal `, Reason: "an activity named rehearsal of 1000 packets, which the docs do not create; the README rains on its sample"},
+	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa (status|pause|resume|replay-dead-letters) `, Run: true},
+	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa --version$`, Run: true},
+	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl wait `, Run: true},
+	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl (-n redpacket-system )?port-forward service/[a-z-]+ [0-9:]+ >/dev/null &$`, Run: true},
+	{Doc: "docs/kubectl-rpa.md", Match: `^curl -s `, Run: true},
+
+	// docs/monitoring.md: a production install and Argo CD.
+	{Doc: "docs/monitoring.md", Match: `^kubectl (create namespace|label namespace) redpacket-system`, Reason: "the first steps of a production install; the suite made this namespace, and enforcing restricted would change it for the other tests"},
+	{Doc: "docs/monitoring.md", Match: `^kubectl -n argocd patch configmap argocd-cm `, Reason: "needs Argo CD, which the test cluster does not run"},
+
+	// docs/operations.md.
+	{Doc: "docs/operations.md", Match: `^kubectl get rpa quiz-night -o jsonpath=`, Run: true},
+	{Doc: "docs/operations.md", Match: `^kubectl describe rpa quiz-night\b`, Run: true},
+	{Doc: "docs/operations.md", Match: `^kubectl wait --for=`, Run: true},
+	{Doc: "docs/operations.md", Match: `^kubectl annotate rpa quiz-night redpacket\.io/accept-redis-state=`, Reason: "accepts a rolled-back Redis: only for a fenced activity, played by the fault tests (test/faults, controllers)"},
+	{Doc: "docs/operations.md", Match: `^kubectl (scale|autoscale) deployment quiz-night-grab `, Reason: "8 to 20 grab pods do not fit beside the suite's on 2 cores, and autoscaling needs a metrics server"},
+	{Doc: "docs/operations.md", Match: `^kubectl -n redpacket-system create secret generic redpacket-settlement-keys .* \| kubectl apply --server-side -f -$`, Run: true},
+	{Doc: "docs/operations.md", Match: `^kubectl (-n redpacket-system )?create secret generic (redis-conn|grab-hmac|redpacket-settlement-keys) `, Reason: "the Secrets table's examples of each shape; the README's quick start made grab-hmac and the settlement key, and there is no Redis at redis:6379"},
+	{Doc: "docs/operations.md", Match: `^redis-cli `, Reason: "redis-cli against the operator's Redis with a UID or function-name placeholder"},
+	{Doc: "docs/operations.md", Match: `^uid=\$\(kubectl get rpa quiz-night `, Run: true},
+	{Doc: "docs/operations.md", Match: `^grabsvc replay-dead-letters `, Reason: "the grab binary's command, run inside a grab pod; docs/kubectl-rpa.md runs the plugin's replay"},
+	{Doc: "docs/operations.md", InBlock: `^export KUBECONFIG=/path/to/kubeconfig$`, Match: `.`,
+		Reason: "running the operator and a grab service by hand, on a control plane without a node (make demo ARGS=\"--host --keep\") and a redis-server on 6379"},
+
+	// docs/rain-page.md.
+	{Doc: "docs/rain-page.md", Match: `^bin/grabsvc --activity quiz-night --listen :8080 \.\.\.`, Reason: "a grab service run by hand, its flags elided"},
+}
