@@ -306,14 +306,14 @@ func counterValue(reg *prometheus.Registry, name string) float64 {
 		return 0
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				if g := m.GetGauge(); g != nil {
-					return g.GetValue()
-				}
-				return m.GetCounter().GetValue()
-			}
+		if mf.GetName() != name || len(mf.GetMetric()) == 0 {
+			continue
 		}
+		m := mf.GetMetric()[0]
+		if g := m.GetGauge(); g != nil {
+			return g.GetValue()
+		}
+		return m.GetCounter().GetValue()
 	}
 	return 0
 }

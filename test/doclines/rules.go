@@ -24,21 +24,13 @@ var NotShellBlocks = []NotShell{
 	{Doc: "docs/rain-page.md", First: `^Content-Security-Policy:`, Reason: "response headers"},
 }
 
-// budgetNeverReady is why the lines on the sample budget do not run: its webhook is a
-// placeholder, and a budget's settlement step (controllers/budget_settlement.go,
-// EnsureTarget) returns an error while its host has no key or its balance system does
-// not take the budget's announcement, which halts the budget's steps before
-// "configure": the sample budget never becomes Ready (seen on the node: kubectl wait
-// timed out after 3m). Make these lines run once a budget goes on without its
-// balance system, as an activity does.
-const budgetNeverReady = "the sample budget is never Ready while its webhook's balance system does not answer (its settlement step halts the budget's steps)"
-
 // Rules classify every shell line.
 var Rules = []Rule{
-	// The sample budget, on every page that uses it.
-	{Doc: "README.md", InBlock: `^# the sample budget`, Match: `.`, Reason: budgetNeverReady},
-	{Doc: "docs/grab-api.md", Match: `(group-packets|/v1/packets|localhost:8082|^SENDER=)`, Reason: budgetNeverReady},
-	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa (send|packet|packets) group-packets`, Reason: budgetNeverReady},
+	// The sample budget (config/samples/, no webhook: Ready without a balance
+	// system), on every page that uses it, through a port-forward of its grab Service.
+	{Doc: "README.md", InBlock: `^# the sample budget`, Match: `.`, Run: true},
+	{Doc: "docs/grab-api.md", Match: `(group-packets|/v1/packets|localhost:8082|^SENDER=)`, Run: true},
+	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa (send|packet|packets) group-packets`, Run: true},
 
 	// Set-up commands of a whole node or machine, and building.
 	{Match: `^make (demo|test)\b`, Reason: "starts a node of its own (one node at a time); make test runs this very test"},
@@ -76,6 +68,7 @@ var Rules = []Rule{
 	{Doc: "docs/grab-api.md", Match: `^curl -s `, Run: true, Reason: "exit 0 whatever the outcome: the outcomes shown need an activity in that state"},
 
 	// docs/kubectl-rpa.md.
+	{Doc: "docs/kubectl-rpa.md", Match: `kubectl rpa token rpb/group-packets `, Reason: "the sample budget takes no user tokens (no spec.grabService.auth); budget tokens are tested against a real packet server (internal/rpactl, TestBudgetTokenAgainstThePacketServer)"},
 	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa rain rehearsal `, Reason: "an activity named rehearsal of 1000 packets, which the docs do not create; the README rains on its sample"},
 	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa (status|pause|resume|replay-dead-letters) `, Run: true},
 	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa --version$`, Run: true},
