@@ -252,7 +252,7 @@ func TestBudgetLifecycle(t *testing.T) {
 	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "shop-grab"}, svc); err != nil {
 		t.Fatalf("grab service: %v", err)
 	}
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 80 {
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 {
 		t.Errorf("service ports %+v", svc.Spec.Ports)
 	}
 	if limit := d.Spec.Template.Spec.Containers[0].Resources.Limits.Memory(); limit.Cmp(resource.MustParse("256Mi")) != 0 {

@@ -36,8 +36,6 @@ const (
 	senderTokenBytes = 32
 	// senderTokenDir is where the grab pods mount the sender Secret.
 	senderTokenDir = "/etc/redpacket/sender"
-	// budgetServicePort is the Service port of a budget's grab fleet.
-	budgetServicePort = 80
 )
 
 // BudgetGrab is what a budget's grab workload is made of: the budget and the
@@ -69,7 +67,7 @@ func BudgetRedisSecretName(b *redpacketv1alpha1.RedPacketBudget) string {
 
 // BudgetEndpoint is the budget's grab service's in-cluster URL.
 func BudgetEndpoint(b *redpacketv1alpha1.RedPacketBudget) string {
-	return fmt.Sprintf("http://%s.%s.svc", BudgetGrabName(b), b.Namespace)
+	return fmt.Sprintf("http://%s.%s.svc:%d", BudgetGrabName(b), b.Namespace, grabPort)
 }
 
 // BudgetLabels are the labels of every object of the budget's workload and of its
@@ -209,14 +207,14 @@ func BudgetGrabDeployment(in BudgetGrab) *appsv1ac.DeploymentApplyConfiguration 
 		WithSpec(spec)
 }
 
-// BudgetGrabService is the ClusterIP Service BudgetEndpoint names: port 80 to the
-// grab pods' named port (8080).
+// BudgetGrabService is the ClusterIP Service BudgetEndpoint names: port 8080 (as an
+// activity's) to the grab pods' named port.
 func BudgetGrabService(b *redpacketv1alpha1.RedPacketBudget) *corev1ac.ServiceApplyConfiguration {
 	return corev1ac.Service(BudgetGrabName(b), b.Namespace).WithLabels(BudgetLabels(b)).WithOwnerReferences(budgetOwner(b)).
 		WithSpec(corev1ac.ServiceSpec().
 			WithType(corev1.ServiceTypeClusterIP).
 			WithSelector(BudgetSelector(b)).
-			WithPorts(corev1ac.ServicePort().WithName(grabPortName).WithPort(budgetServicePort).
+			WithPorts(corev1ac.ServicePort().WithName(grabPortName).WithPort(grabPort).
 				WithProtocol(corev1.ProtocolTCP).WithTargetPort(intstr.FromString(grabPortName))))
 }
 

@@ -240,10 +240,10 @@ func TestBudgetGrabService(t *testing.T) {
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP || !maps.Equal(svc.Spec.Selector, BudgetSelector(b)) {
 		t.Errorf("type %s selector %v", svc.Spec.Type, svc.Spec.Selector)
 	}
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort != intstr.FromString("http") {
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 || svc.Spec.Ports[0].TargetPort != intstr.FromString("http") {
 		t.Errorf("ports %+v, want 80 → http", svc.Spec.Ports)
 	}
-	if got := BudgetEndpoint(b); got != "http://shop-grab.ns.svc" {
+	if got := BudgetEndpoint(b); got != "http://shop-grab.ns.svc:8080" {
 		t.Errorf("endpoint %q", got)
 	}
 }

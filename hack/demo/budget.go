@@ -88,7 +88,7 @@ func (nd *nodeDemo) groupPackets(ctx context.Context, recvURL string, recv *rain
 	if err != nil {
 		return false, err
 	}
-	url := "http://" + strings.TrimSpace(ip)
+	url := "http://" + strings.TrimSpace(ip) + ":8080"
 	spec := rain.GroupSpec{URL: url, SenderToken: string(token), Packets: demoGroupPackets, IDPrefix: "order-",
 		Total: demoGroupTotal, Shares: demoGroupShares, TTLSeconds: demoGroupTTL,
 		Members: func(p int) int { return 8 - 5*(p%2) }}

@@ -64,7 +64,7 @@ spec:
 		t.Fatalf("the sender credential: %q, %v", enc, err)
 	}
 	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
-	url := "http://" + ip
+	url := "http://" + ip + ":8080"
 	eventually(t, time.Minute, "the budget's grab Service to answer", func() error {
 		resp, err := http.Get(url + "/readyz")
 		if err != nil {
