@@ -309,9 +309,11 @@ func grabPods(t *testing.T, ns, name string) []corev1.Pod {
 
 // moveLeader deletes the operator pod that holds the leader lease and returns its name
 // and how long another replica took to hold the lease. Killed, it is force-deleted at
-// once without a grace period: its lease is not released and lapses. Otherwise it is
-// deleted with its grace period: it stops cleanly and releases the lease on the way
-// out (LeaderElectionReleaseOnCancel).
+// once without a grace period: the API object goes at once and the kubelet stops the
+// container as it can (a signal it may still catch and release the lease on, or not),
+// so the lease moves within its 15 s at worst. Otherwise it is deleted with its grace
+// period: it stops cleanly and must release the lease on the way out
+// (LeaderElectionReleaseOnCancel).
 func moveLeader(t *testing.T, killed bool) (string, time.Duration) {
 	t.Helper()
 	holder := func() string {
