@@ -48,15 +48,9 @@ func measureActivitiesActive(ctx context.Context, o options, root, work, redisAd
 	if err := ensureControlPlane(ctx, root); err != nil {
 		return r, err
 	}
-	manager := filepath.Join(root, "bin", "manager")
-	if !o.skipBuild {
-		manager = filepath.Join(work, "manager")
-		fmt.Println("    building the operator ...")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", manager, "./cmd/manager")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return r, fmt.Errorf("building the operator: %w", err)
-		}
+	manager, err := benchBinary(ctx, o, root, work, "manager")
+	if err != nil {
+		return r, err
 	}
 	fmt.Println("    starting a local control plane and the operator ...")
 	cp, err := controlplane.New()
@@ -116,6 +110,23 @@ func measureActivitiesActive(ctx context.Context, o options, root, work, redisAd
 	}
 	fmt.Printf("%s, %.1f Active/s\n", fmtDur(r.Elapsed), r.Rate())
 	return r, nil
+}
+
+// benchBinary is the path of the project's binary cmd/<name>: bin/<name> as it is
+// with -skip-build, otherwise built from this tree into the work directory (bin/ may
+// be shared with a running demo or test).
+func benchBinary(ctx context.Context, o options, root, work, name string) (string, error) {
+	if o.skipBuild {
+		return filepath.Join(root, "bin", name), nil
+	}
+	out := filepath.Join(work, name)
+	fmt.Printf("    building %s ...\n", name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/"+name)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building %s: %w", name, err)
+	}
+	return out, nil
 }
 
 // createActivities creates activities act-0 .. act-<n-1> in ns, 5 packets of 100

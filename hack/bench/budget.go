@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -73,15 +72,9 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 	}
 
 	// The budget-mode binary is built into the work directory: bin/ may be shared.
-	grabBin := filepath.Join(root, "bin", "grabsvc")
-	if !o.skipBuild {
-		grabBin = filepath.Join(work, "grabsvc")
-		fmt.Println("    building grabsvc ...")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", grabBin, "./cmd/grabsvc")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return r, fmt.Errorf("building the grab service: %w", err)
-		}
+	grabBin, err := benchBinary(ctx, o, root, work, "grabsvc")
+	if err != nil {
+		return r, err
 	}
 	const senderToken = "bench-sender-credential"
 	tokenFile := filepath.Join(work, "sender-token")
