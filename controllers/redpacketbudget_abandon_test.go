@@ -37,6 +37,62 @@ func (e *env) annotateBudget(c client.Client, name string, kv map[string]string,
 	return c.Patch(context.Background(), b, client.MergeFrom(orig), opts...)
 }
 
+// balanceWithOutage is a real balance system, rain.Receiver behind an HTTP server at
+// url, that answers 503 while down is set.
+type balanceWithOutage struct {
+	receiver *rain.Receiver
+	down     atomic.Bool
+	url      string
+}
+
+func newBalanceWithOutage(t *testing.T) *balanceWithOutage {
+	bal := &balanceWithOutage{receiver: rain.NewReceiver([]byte(testSigningKey))}
+	bal.receiver.RequireBudget = true
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if bal.down.Load() {
+			http.Error(w, "the balance system is down", http.StatusServiceUnavailable)
+			return
+		}
+		bal.receiver.ServeHTTP(w, r)
+	}))
+	t.Cleanup(hs.Close)
+	bal.url = hs.URL
+	return bal
+}
+
+// budgetWithPackets creates the budget name, 10,000 over 2 shards settled to
+// balanceURL/credit with maxAttempts, waits until it is configured, and creates n
+// packets of 500 in 5 Fixed shares living an hour; it returns the budget and its
+// store handle.
+func (e *env) budgetWithPackets(t *testing.T, name, balanceURL string, maxAttempts int32, n int) (*redpacketv1alpha1.RedPacketBudget, *store.Budget) {
+	t.Helper()
+	ctx := context.Background()
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
+			Total: 10_000, BudgetShards: 2,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10,
+				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
+			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: balanceURL + "/credit"}, MaxAttempts: maxAttempts},
+		},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget(name, "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 10_000)
+	})
+	h := store.NewBudget(e.rdb, string(b.UID), 2)
+	for p := range n {
+		id := fmt.Sprintf("order-%d", p)
+		if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 500, Count: 5,
+			Distribution: split.TypeFixed, TTL: time.Hour}); err != nil || outcome != store.CreateCreated {
+			t.Fatalf("creating %s: %s, %v", id, outcome, err)
+		}
+	}
+	return b, h
+}
+
 // A deleted budget whose balance system is down does not hang silently: its packets
 // expire, and while the refunds wait in its streams Ready is False with
 // SettlementPending, the count of unsettled entries and the way out, with a Warning
@@ -51,52 +107,19 @@ func TestDeletedBudgetWaitsVisiblyOnSettlementUntilAbandoned(t *testing.T) {
 	e := newEnv(t)
 	installPolicies(t)
 	ctx := context.Background()
-	receiver := rain.NewReceiver([]byte(testSigningKey))
-	receiver.RequireBudget = true
-	var down atomic.Bool
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if down.Load() {
-			http.Error(w, "the balance system is down", http.StatusServiceUnavailable)
-			return
-		}
-		receiver.ServeHTTP(w, r)
-	}))
-	t.Cleanup(hs.Close)
+	bal := newBalanceWithOutage(t)
 
 	const grace = 3 * time.Second
 	e.startBudgetController(e.startBudgetSettlementRunner(), func(o *controllers.Options) { o.CleanupGracePeriod = grace })
 
-	b := &redpacketv1alpha1.RedPacketBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "owed"},
-		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
-			Total: 10_000, BudgetShards: 2,
-			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10,
-				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
-			// Enough attempts that no refund is dead-lettered (which would count as
-			// drained) while the test runs.
-			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}, MaxAttempts: 1000},
-		},
-	}
-	if err := e.c.Create(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	b = e.waitRedPacketBudget("owed", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		return is(b.Status.Total, 10_000)
-	})
-	uid := string(b.UID)
-	h := store.NewBudget(e.rdb, uid, 2)
+	// Enough attempts that no refund is dead-lettered while the test runs.
 	const packets = 3
-	for p := range packets {
-		id := fmt.Sprintf("order-%d", p)
-		if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 500, Count: 5,
-			Distribution: split.TypeFixed, TTL: time.Hour}); err != nil || outcome != store.CreateCreated {
-			t.Fatalf("creating %s: %s, %v", id, outcome, err)
-		}
-	}
+	b, _ := e.budgetWithPackets(t, "owed", bal.url, 1000, packets)
+	uid := string(b.UID)
 
 	// The balance system goes down; the deletion expires the three packets and their
 	// refunds cannot be credited.
-	down.Store(true)
+	bal.down.Store(true)
 	if err := e.c.Delete(ctx, b); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +128,7 @@ func TestDeletedBudgetWaitsVisiblyOnSettlementUntilAbandoned(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == redpacketv1alpha1.ReasonSettlementPending
 	})
 	ready := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
-	for _, want := range []string{fmt.Sprintf("%d entries", packets), hs.URL, "redpacket.io/abandon=" + uid, "redpacket.io/abandoned-by"} {
+	for _, want := range []string{fmt.Sprintf("%d entries", packets), bal.url, "redpacket.io/abandon=" + uid, "redpacket.io/abandoned-by"} {
 		if !strings.Contains(ready.Message, want) {
 			t.Errorf("Ready's message %q does not say %q", ready.Message, want)
 		}
@@ -177,7 +200,7 @@ func TestDeletedBudgetWaitsVisiblyOnSettlementUntilAbandoned(t *testing.T) {
 	if !strings.Contains(note, p.platform) || !strings.Contains(note, fmt.Sprintf("%d entries", packets)) {
 		t.Errorf("the Abandoned warning %q does not name %s and %d entries", note, p.platform, packets)
 	}
-	if tot := receiver.Totals(); tot.Refunds != 0 {
+	if tot := bal.receiver.Totals(); tot.Refunds != 0 {
 		t.Errorf("refunds credited while the balance system was down: %+v", tot)
 	}
 }
@@ -191,46 +214,14 @@ func TestDeletedBudgetWaitsVisiblyOnSettlementUntilAbandoned(t *testing.T) {
 func TestDeletedBudgetWaitsForItsDeadLettersToBeReplayed(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	receiver := rain.NewReceiver([]byte(testSigningKey))
-	receiver.RequireBudget = true
-	var down atomic.Bool
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if down.Load() {
-			http.Error(w, "the balance system is down", http.StatusServiceUnavailable)
-			return
-		}
-		receiver.ServeHTTP(w, r)
-	}))
-	t.Cleanup(hs.Close)
+	bal := newBalanceWithOutage(t)
 	e.startBudgetController(e.startBudgetSettlementRunner())
 
-	b := &redpacketv1alpha1.RedPacketBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "dead"},
-		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
-			Total: 10_000, BudgetShards: 2,
-			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10,
-				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
-			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}, MaxAttempts: 1},
-		},
-	}
-	if err := e.c.Create(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	b = e.waitRedPacketBudget("dead", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		return is(b.Status.Total, 10_000)
-	})
-	uid := string(b.UID)
-	h := store.NewBudget(e.rdb, uid, 2)
+	// One attempt: every refund is dead-lettered at its first failure.
 	const packets = 3
-	for p := range packets {
-		id := fmt.Sprintf("order-%d", p)
-		if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 500, Count: 5,
-			Distribution: split.TypeFixed, TTL: time.Hour}); err != nil || outcome != store.CreateCreated {
-			t.Fatalf("creating %s: %s, %v", id, outcome, err)
-		}
-	}
+	b, h := e.budgetWithPackets(t, "dead", bal.url, 1, packets)
 
-	down.Store(true)
+	bal.down.Store(true)
 	if err := e.c.Delete(ctx, b); err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +247,7 @@ func TestDeletedBudgetWaitsForItsDeadLettersToBeReplayed(t *testing.T) {
 
 	// The balance system is back; the dead letters are replayed, credited, and the
 	// budget goes.
-	down.Store(false)
+	bal.down.Store(false)
 	moved := 0
 	for i := range h.N() {
 		n, err := h.SettlementShard(i).ReplayDeadLetters(ctx, 0)
@@ -272,7 +263,7 @@ func TestDeletedBudgetWaitsForItsDeadLettersToBeReplayed(t *testing.T) {
 		err := e.c.Get(ctx, client.ObjectKeyFromObject(b), &redpacketv1alpha1.RedPacketBudget{})
 		return isNotFound(err), errString(err)
 	})
-	if tot := receiver.Totals(); tot.Refunds != packets || tot.RefundSum != packets*500 {
+	if tot := bal.receiver.Totals(); tot.Refunds != packets || tot.RefundSum != packets*500 {
 		t.Errorf("refunds credited: %+v, want %d of 500", tot, packets)
 	}
 }
