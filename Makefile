@@ -56,8 +56,8 @@ prometheus: ## Make sure promtool (Debian's prometheus package) is installed, fo
 
 .PHONY: test
 test: redis node-packages chromium prometheus controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
-	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e/node)
-	$(GO) test $(TEST_FLAGS) -v ./test/e2e/node
+	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/e2e/node -e /test/e2e/upgrade)
+	$(GO) test $(TEST_FLAGS) -p 1 -v ./test/e2e/node ./test/e2e/upgrade
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no server (go test -short): the controller's phase tables, pure rules, codecs. Seconds.

@@ -18,7 +18,7 @@ import (
 // The chart's fixed facts.
 const (
 	chartName    = "redpacket-operator"
-	chartVersion = "0.1.0"
+	chartVersion = "0.2.0"
 	// chartAppVersion is the in-tree chart's appVersion, the tag of the operator image
 	// it installs when image.tag is empty: the chart's own version, never config/'s
 	// mutable "latest" (the tag hack/render-install.sh replaces). make release

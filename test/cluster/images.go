@@ -25,6 +25,12 @@ func BuildImages(ctx context.Context, dir, version string, names ...string) (map
 	if err != nil {
 		return nil, err
 	}
+	return BuildImagesFrom(ctx, root, dir, version, names...)
+}
+
+// BuildImagesFrom builds images as BuildImages does, with the hack/image of the
+// source tree at root: another version of the project, such as the previous release.
+func BuildImagesFrom(ctx context.Context, root, dir, version string, names ...string) (map[string]Image, error) {
 	args := []string{"run", "./hack/image", "--out", dir, "--version", version}
 	if len(names) > 0 {
 		args = append(args, "--images", strings.Join(names, ","))

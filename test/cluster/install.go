@@ -66,7 +66,7 @@ func (c *Cluster) Install(ctx context.Context, version string) (Installed, error
 	if _, err := c.Kubectl(ctx, manifests, "apply", "--server-side", "-f", "-"); err != nil {
 		return in, err
 	}
-	if _, err := c.Kubectl(ctx, "", "-n", OperatorNamespace, "rollout", "status", "deployment/"+OperatorDeployment, "--timeout=180s"); err != nil {
+	if err := c.operatorRolledOut(ctx); err != nil {
 		return in, err
 	}
 	in.OperatorReady = time.Since(start)

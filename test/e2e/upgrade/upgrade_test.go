@@ -1,0 +1,380 @@
+package upgrade
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/test/cluster"
+	"redpacket.io/operator/test/proc"
+)
+
+// TestUpgradeMidRain installs an activity with signed user tokens and a signed webhook
+// on the previous release, makes it rain, and mid-rain runs helm upgrade to this
+// tree. The operator's Deployment rolls out to the new image, a new replica takes the
+// lease, and it rolls the activity's grab Deployment to its own image, so grab pods of
+// both versions serve the activity at once, beside an operator of the new one. The
+// rain goes on through all of it and then sells the activity out. There must be no
+// wrong answer (every user answered with an outcome of the API, no packet granted
+// twice, every retry consistent), no fence (the activity never Stalled, never fenced
+// in Redis), and every grant credited once, signed, by the settlement of whichever
+// operator led at the time.
+func TestUpgradeMidRain(t *testing.T) {
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+	const (
+		name  = "upgrade"
+		count = int64(30000)
+		total = int64(3000000)
+	)
+	ns := "e2e-upgrade"
+	kubectl(t, "", "create", "namespace", ns)
+	kubectl(t, "", "-n", ns, "create", "secret", "generic", "grab-hmac", "--from-literal=key="+string(tokenKey))
+	kubectl(t, activityManifest(ns, name, total, count), "apply", "-f", "-")
+	kubectl(t, "", "-n", ns, "wait", "--for=condition=Ready", "rpa/"+name, "--timeout=180s")
+	grabDeploy := name + "-grab"
+	kubectl(t, "", "-n", ns, "rollout", "status", "deployment/"+grabDeploy, "--timeout=180s")
+	previousTag, nextTag := env.previousImage.Tag, env.images["operator"].Tag
+	for _, p := range grabPods(t, ns, name) {
+		if img := p.Spec.Containers[0].Image; img != previousTag {
+			t.Fatalf("grab pod %s runs %s on release %s, want %s", p.Name, img, env.previous.Version, previousTag)
+		}
+	}
+	uid := string(activity(t, ns, name).UID)
+	url := grabURL(t, ns, name)
+	libsBefore := functionLibraries(t)
+	t.Logf("release %s serves %s/%s with grab image %s; function libraries %v", env.previous.Version, ns, name, previousTag, libsBefore)
+
+	// Whatever happens, the activity is never fenced: watched from before the first
+	// grab to the end of settlement.
+	fences := watchFences(t, ns, name, uid)
+
+	spec := rain.Spec{URL: url + "/v1/grab", Connections: 16, Timeout: 10 * time.Second,
+		RetryUnavailable: true, Token: tokens(t, ns, name, uid), UserPrefix: "up", RetryEvery: 10}
+	var (
+		mu      sync.Mutex
+		results []rain.Result
+		used    int
+	)
+	done := make(chan struct{})
+	raining := make(chan struct{})
+	go func() {
+		defer close(raining)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			s := spec
+			mu.Lock()
+			s.Users, s.Rate, s.FirstUser = 500, 100, used+1
+			used += s.Users
+			mu.Unlock()
+			r := rain.Run(t.Context(), s)
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		}
+	}()
+	time.Sleep(5 * time.Second)
+
+	// helm upgrade mid-rain, with the values the release was installed with.
+	upgradeStart := time.Now()
+	took, err := env.node.UpgradeChart(t.Context(), chartDir(), version, env.installed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm upgrade %s -> %s: operator rolled out in %s", env.previous.Version, version, took.Round(100*time.Millisecond))
+	leader := eventuallyValue(t, 2*time.Minute, "a replica of the new operator to hold the lease", func() (string, error) {
+		return newLeader(t, nextTag)
+	})
+	t.Logf("lease held by %s (%s) %s after the upgrade began", leader, nextTag, time.Since(upgradeStart).Round(100*time.Millisecond))
+
+	// The new operator rolls the grab Deployment to its image; the old grab pods serve
+	// beside the new ones until the rollout ends.
+	eventually(t, 2*time.Minute, "the grab Deployment to name "+nextTag, func() error {
+		if img := deployment(t, ns, grabDeploy).Spec.Template.Spec.Containers[0].Image; img != nextTag {
+			return fmt.Errorf("image %s", img)
+		}
+		return nil
+	})
+	kubectl(t, "", "-n", ns, "rollout", "status", "deployment/"+grabDeploy, "--timeout=180s")
+	for _, p := range grabPods(t, ns, name) {
+		if img := p.Spec.Containers[0].Image; img != nextTag {
+			t.Errorf("grab pod %s runs %s after the rollout, want %s", p.Name, img, nextTag)
+		}
+	}
+	t.Logf("grab Deployment rolled to %s %s after the upgrade began", nextTag, time.Since(upgradeStart).Round(100*time.Millisecond))
+	time.Sleep(5 * time.Second) // the new grab pods serve the rain a while
+	close(done)
+	<-raining
+
+	// The rest of the users, all at once, until every packet is gone.
+	mu.Lock()
+	rest := spec
+	rest.Users, rest.FirstUser = max(int(count)+2000-used, 2000), used+1
+	used += rest.Users
+	mu.Unlock()
+	results = append(results, rain.Run(t.Context(), rest))
+
+	var granted, grantedSum, unavailable, transport, failed, retries, same, requests int64
+	byPacket := map[string]string{}
+	grants := map[string]rain.Answer{}
+	outcomes := map[string]int64{}
+	for _, r := range results {
+		granted += r.Granted
+		grantedSum += r.GrantedSum
+		unavailable += r.Unavailable
+		transport += r.TransportErrors
+		failed += r.Failed
+		retries += r.Retries
+		same += r.RetriesSame
+		requests += r.Requests
+		for k, v := range r.ByOutcome {
+			outcomes[k] += v
+		}
+		if r.FirstError != "" {
+			t.Logf("first error of a wave: %s", r.FirstError)
+		}
+		for user, a := range r.Grants {
+			if other, ok := byPacket[a.PacketID]; ok {
+				t.Errorf("packet %s granted to %s and %s", a.PacketID, other, user)
+			}
+			byPacket[a.PacketID] = user
+			grants[user] = a
+		}
+	}
+	t.Logf("rain: %d users, %d requests, outcomes %v, %d 503 answers and %d dropped connections asked again, %d of %d retries consistent",
+		used, requests, outcomes, unavailable, transport, same, retries)
+	if outcomes["error"] != 0 || failed != 0 {
+		t.Errorf("%d users got no answer and %d answers were failures", outcomes["error"], failed)
+	}
+	if granted != count || grantedSum != total {
+		t.Errorf("granted %d packets summing to %d, want %d summing to %d", granted, grantedSum, count, total)
+	}
+	if granted+outcomes["sold_out"] != int64(used) {
+		t.Errorf("%d granted + %d sold out != %d users", granted, outcomes["sold_out"], used)
+	}
+	if same != retries {
+		t.Errorf("%d of %d retries were inconsistent with the first answer", retries-same, retries)
+	}
+	// A version skew that broke the old grab pods (a library they cannot find, a
+	// format they cannot read) answers 503 to every grab they take; a rollout answers
+	// a few while connections move.
+	if unavailable*50 > requests {
+		t.Errorf("%d of %d grabs answered 503 during the upgrade: more than 2%%", unavailable, requests)
+	}
+
+	// Settlement does not stall across the upgrade: every grant is credited once.
+	eventually(t, 3*time.Minute, "the activity to be Exhausted and settled", func() error {
+		st := activity(t, ns, name).Status
+		if st.Phase != redpacketv1alpha1.PhaseExhausted || val(st.ClaimedCount) != count || val(st.SettledCount) != count {
+			return fmt.Errorf("phase %s claimed %d settled %d", st.Phase, val(st.ClaimedCount), val(st.SettledCount))
+		}
+		return nil
+	})
+	st := activity(t, ns, name).Status
+	if val(st.ClaimedAmount) != total || val(st.RemainingCount) != 0 || val(st.SettledAmount) != total {
+		t.Errorf("status claimed %d remaining %d settled %d, want %d, 0, %d",
+			val(st.ClaimedAmount), val(st.RemainingCount), val(st.SettledAmount), total, total)
+	}
+	credited, refund := env.receiver.Credited(uid)
+	var creditedSum int64
+	for _, d := range credited {
+		creditedSum += d.Amount
+		if a, ok := grants[d.UserID]; !ok || a.PacketID != d.PacketID || a.Amount != d.Amount {
+			t.Errorf("credited packet %s (%d) to %s, who was granted %+v", d.PacketID, d.Amount, d.UserID, a)
+		}
+	}
+	if int64(len(credited)) != count || creditedSum != total || refund != 0 {
+		t.Errorf("credited %d grants summing to %d and a refund of %d, want %d summing to %d and none",
+			len(credited), creditedSum, refund, count, total)
+	}
+	if tot := env.receiver.Totals(); tot.BadRequests != 0 || tot.Conflicts != 0 || tot.UsersCreditedTwice != 0 {
+		t.Errorf("the balance system saw %d bad or unsigned deliveries, %d conflicting repeats, %d users credited twice",
+			tot.BadRequests, tot.Conflicts, tot.UsersCreditedTwice)
+	}
+	if seen := fences(); seen != "" {
+		t.Errorf("the activity was fenced during the upgrade: %s", seen)
+	}
+	t.Logf("function libraries after the upgrade: %v", functionLibraries(t))
+	t.Log("\n" + kubectl(t, "", "-n", ns, "get", "rpa", "-o", "wide"))
+}
+
+// tokenKey is the HMAC key of user tokens in the test's namespace.
+var tokenKey = []byte("upgrade-user-token-key")
+
+// activityManifest is a RedPacketActivity with user tokens, two grab replicas and a
+// webhook to the test's receiver, in fields every supported release reads.
+func activityManifest(ns, name string, total, count int64) string {
+	return fmt.Sprintf(`apiVersion: redpacket.io/v1alpha1
+kind: RedPacketActivity
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  totalAmount: %d
+  count: %d
+  currency: CNY
+  distribution: {type: Random, minAmount: 1}
+  sponsor: merchant-upgrade
+  grabService:
+    replicas: 2
+    auth:
+      tokenSecretRef: {name: grab-hmac}
+  settlement:
+    webhook:
+      url: %s/credit
+    maxAttempts: 20
+`, name, ns, total, count, env.receiverURL)
+}
+
+// tokens signs user tokens for the activity of uid. Safe for concurrent use.
+func tokens(t *testing.T, ns, name, uid string) func(string) string {
+	return func(user string) string {
+		tok, err := grabsvc.SignToken(tokenKey, grabsvc.TokenClaims{UserID: user, Activity: ns + "/" + name,
+			ActivityUID: types.UID(uid), Exp: time.Now().Add(time.Hour).Unix()})
+		if err != nil {
+			t.Error(err)
+		}
+		return tok
+	}
+}
+
+// chartDir is this tree's chart.
+func chartDir() string { return env.root + "/charts/redpacket-operator" }
+
+// watchFences polls the activity's conditions and its Redis meta hashes every 250 ms
+// until the test ends, and returns a function that reports the first fence seen: a
+// Stalled condition that is True, or a meta hash with its fenced field set.
+func watchFences(t *testing.T, ns, name, uid string) func() string {
+	var (
+		mu   sync.Mutex
+		seen string
+	)
+	note := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if seen == "" {
+			seen = s
+		}
+	}
+	metas := metaKeys(t, uid)
+	go func() {
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-t.Context().Done():
+				return
+			case <-tick.C:
+			}
+			a := &redpacketv1alpha1.RedPacketActivity{}
+			if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, a); err == nil {
+				if c := apimeta.FindStatusCondition(a.Status.Conditions, "Stalled"); c != nil && c.Status == "True" {
+					note(fmt.Sprintf("Stalled %s: %s", c.Reason, c.Message))
+				}
+			}
+			for _, k := range metas {
+				if f, err := env.redis.HGet(t.Context(), k, "fenced").Result(); err == nil && f != "" {
+					note(fmt.Sprintf("%s fenced=%s", k, f))
+				}
+			}
+		}
+	}()
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen
+	}
+}
+
+// metaKeys are the activity's meta hashes, one per shard.
+func metaKeys(t *testing.T, uid string) []string {
+	t.Helper()
+	keys, err := env.redis.Keys(t.Context(), "rpa:{"+uid+"*}:meta").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("the meta hashes of activity %s: %v %v", uid, keys, err)
+	}
+	return keys
+}
+
+// functionLibraries lists the function libraries the Redis holds.
+func functionLibraries(t *testing.T) []string {
+	t.Helper()
+	libs, err := env.redis.FunctionList(t.Context(), redis.FunctionListQuery{}).Result()
+	if err != nil {
+		t.Fatalf("FUNCTION LIST: %v", err)
+	}
+	var names []string
+	for _, l := range libs {
+		names = append(names, l.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// newLeader returns the lease holder once it is an operator pod that runs image.
+func newLeader(t *testing.T, image string) (string, error) {
+	l := &coordinationv1.Lease{}
+	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: cluster.OperatorNamespace, Name: cluster.OperatorLease}, l); err != nil {
+		return "", err
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return "", fmt.Errorf("no holder")
+	}
+	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
+	p := &corev1.Pod{}
+	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: cluster.OperatorNamespace, Name: pod}, p); err != nil {
+		return "", fmt.Errorf("holder %s: %w", pod, err)
+	}
+	if img := p.Spec.Containers[0].Image; img != image {
+		return "", fmt.Errorf("holder %s runs %s", pod, img)
+	}
+	return pod, nil
+}
+
+// grabPods lists the activity's grab pods that are not being deleted.
+func grabPods(t *testing.T, ns, name string) []corev1.Pod {
+	t.Helper()
+	list := &corev1.PodList{}
+	if err := env.client.List(t.Context(), list, client.InNamespace(ns), client.MatchingLabels{"redpacket.io/activity": name}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			pods = append(pods, p)
+		}
+	}
+	if len(pods) == 0 {
+		t.Fatalf("activity %s has no grab pods", name)
+	}
+	return pods
+}
+
+// grabURL is the grab Service's ClusterIP URL, once the Service answers there.
+func grabURL(t *testing.T, ns, name string) string {
+	t.Helper()
+	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
+	url := "http://" + ip + ":8080"
+	if err := proc.WaitHTTP(t.Context(), nil, url+"/readyz", time.Minute); err != nil {
+		t.Fatalf("the grab Service at its ClusterIP: %v", err)
+	}
+	return url
+}
