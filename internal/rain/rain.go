@@ -42,11 +42,17 @@ type Result struct {
 	// Unavailable counts 503 answers, and TransportErrors requests that got no HTTP
 	// answer; with RetryUnavailable both are asked again.
 	Unavailable, TransportErrors int64
+	// FirstDropped is the error of the first request that got no HTTP answer.
+	FirstDropped string
 	// Failed counts answers that are neither a grab outcome of the API nor a 503:
 	// other 5xx, or a body that is not the API's JSON.
 	Failed     int64
 	Granted    int64
 	GrantedSum int64
+	// Recovered counts users whose first answer is already_claimed with a packet: an
+	// attempt whose answer was lost was granted, and asking again returned the
+	// packet. They are in Granted and Grants.
+	Recovered int64
 	// DupPackets counts packet ids granted to more than one user.
 	DupPackets int64
 	// Grants maps each granted user to its packet.
@@ -118,6 +124,13 @@ func Run(ctx context.Context, spec Spec) Result {
 	}
 	results := make([]userResult, spec.Users)
 	var done, granted, soldOut, requests, unavailable, transportErrs, failed atomic.Int64
+	var firstDropped atomic.Pointer[string]
+	dropped := func(err error) error {
+		transportErrs.Add(1)
+		msg := err.Error()
+		firstDropped.CompareAndSwap(nil, &msg)
+		return fmt.Errorf("%w: %w", errTransport, err)
+	}
 
 	// askOnce sends one grab and returns the answer, the user's latency and the
 	// latency from the moment the request had a connection.
@@ -141,8 +154,7 @@ func Run(ctx context.Context, spec Spec) Result {
 		t0 := time.Now()
 		resp, err := hc.Do(req)
 		if err != nil {
-			transportErrs.Add(1)
-			return nil, time.Since(t0), 0, fmt.Errorf("%w: %w", errTransport, err)
+			return nil, time.Since(t0), 0, dropped(err)
 		}
 		b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		_ = resp.Body.Close()
@@ -150,8 +162,7 @@ func Run(ctx context.Context, spec Spec) Result {
 		d := end.Sub(t0)
 		requests.Add(1)
 		if err != nil {
-			transportErrs.Add(1)
-			return nil, d, 0, fmt.Errorf("%w: %w", errTransport, err)
+			return nil, d, 0, dropped(err)
 		}
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			unavailable.Add(1)
@@ -269,6 +280,9 @@ func Run(ctx context.Context, spec Spec) Result {
 	res := Result{Users: spec.Users, Requests: requests.Load(), Elapsed: elapsed, ByOutcome: map[string]int64{},
 		Unavailable: unavailable.Load(), TransportErrors: transportErrs.Load(), Failed: failed.Load(),
 		Grants: map[string]Answer{}}
+	if p := firstDropped.Load(); p != nil {
+		res.FirstDropped = *p
+	}
 	byPacket := map[string]string{}
 	var lat, svc []time.Duration
 	for i, r := range results {
@@ -283,7 +297,14 @@ func Run(ctx context.Context, spec Spec) Result {
 		}
 		res.ByOutcome[r.first.Outcome]++
 		user := spec.UserName(i)
-		if r.first.Outcome == "granted" {
+		// A user asks once; a first answer of already_claimed with a packet means an
+		// attempt whose answer was lost (a dropped connection, asked again) was
+		// granted: the packet is the user's all the same.
+		recovered := r.first.Outcome == "already_claimed" && r.first.PacketID != ""
+		if recovered {
+			res.Recovered++
+		}
+		if r.first.Outcome == "granted" || recovered {
 			res.Granted++
 			res.GrantedSum += r.first.Amount
 			res.Grants[user] = *r.first
@@ -295,7 +316,7 @@ func Run(ctx context.Context, spec Spec) Result {
 		if r.second != nil {
 			res.Retries++
 			switch {
-			case r.first.Outcome == "granted":
+			case r.first.Outcome == "granted" || recovered:
 				// A retry of a grant must return the very same packet.
 				if r.second.Outcome == "already_claimed" && r.second.PacketID == r.first.PacketID && r.second.Amount == r.first.Amount {
 					res.RetriesSame++

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -38,8 +39,8 @@ func TestUpgradeMidRain(t *testing.T) {
 	}
 	const (
 		name  = "upgrade"
-		count = int64(30000)
-		total = int64(3000000)
+		count = int64(10000)
+		total = int64(1000000)
 	)
 	ns := "e2e-upgrade"
 	kubectl(t, "", "create", "namespace", ns)
@@ -70,6 +71,7 @@ func TestUpgradeMidRain(t *testing.T) {
 		results []rain.Result
 		used    int
 	)
+	testStart := time.Now()
 	done := make(chan struct{})
 	raining := make(chan struct{})
 	go func() {
@@ -85,7 +87,10 @@ func TestUpgradeMidRain(t *testing.T) {
 			s.Users, s.Rate, s.FirstUser = 500, 100, used+1
 			used += s.Users
 			mu.Unlock()
+			began := time.Since(testStart)
 			r := rain.Run(t.Context(), s)
+			t.Logf("wave at +%s: %d users in %s, %d 503, %d dropped (first: %s)", began.Round(100*time.Millisecond),
+				s.Users, r.Elapsed.Round(100*time.Millisecond), r.Unavailable, r.TransportErrors, r.FirstDropped)
 			mu.Lock()
 			results = append(results, r)
 			mu.Unlock()
@@ -95,16 +100,16 @@ func TestUpgradeMidRain(t *testing.T) {
 
 	// helm upgrade mid-rain, with the values the release was installed with.
 	upgradeStart := time.Now()
+	t.Logf("helm upgrade begins at +%s", upgradeStart.Sub(testStart).Round(100*time.Millisecond))
+	timeline := watchRollout(t, ns, name, nextTag)
 	took, err := env.node.UpgradeChart(t.Context(), chartDir(), version, env.installed, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("helm upgrade %s -> %s: operator rolled out in %s", env.previous.Version, version, took.Round(100*time.Millisecond))
-	leader := eventuallyValue(t, 2*time.Minute, "a replica of the new operator to hold the lease", func() (string, error) {
+	eventuallyValue(t, 2*time.Minute, "a replica of the new operator to hold the lease", func() (string, error) {
 		return newLeader(t, nextTag)
 	})
-	t.Logf("lease held by %s (%s) %s after the upgrade began", leader, nextTag, time.Since(upgradeStart).Round(100*time.Millisecond))
-
 	// The new operator rolls the grab Deployment to its image; the old grab pods serve
 	// beside the new ones until the rollout ends.
 	eventually(t, 2*time.Minute, "the grab Deployment to name "+nextTag, func() error {
@@ -114,25 +119,53 @@ func TestUpgradeMidRain(t *testing.T) {
 		return nil
 	})
 	kubectl(t, "", "-n", ns, "rollout", "status", "deployment/"+grabDeploy, "--timeout=180s")
+	eventually(t, 2*time.Minute, "the last grab pod of "+previousTag+" to be gone", func() error {
+		if tl := timeline(); tl.oldGone == 0 {
+			return fmt.Errorf("%+v", tl)
+		}
+		return nil
+	})
 	for _, p := range grabPods(t, ns, name) {
 		if img := p.Spec.Containers[0].Image; img != nextTag {
 			t.Errorf("grab pod %s runs %s after the rollout, want %s", p.Name, img, nextTag)
 		}
 	}
-	t.Logf("grab Deployment rolled to %s %s after the upgrade began", nextTag, time.Since(upgradeStart).Round(100*time.Millisecond))
+	tl := timeline()
+	t.Logf("after helm upgrade began: the new operator held the lease at +%s, the grab Deployment named %s at +%s, "+
+		"grab pods of both versions ran together for %s, the last one of %s was gone at +%s",
+		tl.leaseMoved.Round(100*time.Millisecond), nextTag, tl.grabPatched.Round(100*time.Millisecond),
+		tl.mixed.Round(100*time.Millisecond), previousTag, tl.oldGone.Round(100*time.Millisecond))
+	if tl.mixed == 0 {
+		t.Errorf("no grab pods of both versions were seen together: the rollout did not put a skew under the rain")
+	}
 	time.Sleep(5 * time.Second) // the new grab pods serve the rain a while
 	close(done)
 	<-raining
+	// While the operator and the grab pods rolled, the rain's users were answered:
+	// a version skew that broke the old grab pods (a library they cannot find, a
+	// format they cannot read) would answer 503 to every grab they take, and a
+	// rollout that cut connections would drop them.
+	var waveRequests, waveUnavailable, waveDropped int64
+	for _, r := range results {
+		waveRequests += r.Requests
+		waveUnavailable += r.Unavailable
+		waveDropped += r.TransportErrors
+	}
+	t.Logf("the rain during the upgrade: %d users, %d requests, %d answered 503, %d dropped and asked again",
+		used, waveRequests, waveUnavailable, waveDropped)
+	if (waveUnavailable+waveDropped)*50 > waveRequests {
+		t.Errorf("%d 503 answers and %d dropped requests of %d during the upgrade: more than 2%%", waveUnavailable, waveDropped, waveRequests)
+	}
 
-	// The rest of the users, all at once, until every packet is gone.
+	// The rest of the users, 1,000 a second, until every packet is gone.
 	mu.Lock()
 	rest := spec
-	rest.Users, rest.FirstUser = max(int(count)+2000-used, 2000), used+1
+	rest.Users, rest.FirstUser, rest.Rate = max(int(count)+2000-used, 2000), used+1, 1000
 	used += rest.Users
 	mu.Unlock()
 	results = append(results, rain.Run(t.Context(), rest))
 
-	var granted, grantedSum, unavailable, transport, failed, retries, same, requests int64
+	var granted, grantedSum, unavailable, transport, failed, retries, same, requests, recovered int64
 	byPacket := map[string]string{}
 	grants := map[string]rain.Answer{}
 	outcomes := map[string]int64{}
@@ -145,6 +178,7 @@ func TestUpgradeMidRain(t *testing.T) {
 		retries += r.Retries
 		same += r.RetriesSame
 		requests += r.Requests
+		recovered += r.Recovered
 		for k, v := range r.ByOutcome {
 			outcomes[k] += v
 		}
@@ -159,8 +193,8 @@ func TestUpgradeMidRain(t *testing.T) {
 			grants[user] = a
 		}
 	}
-	t.Logf("rain: %d users, %d requests, outcomes %v, %d 503 answers and %d dropped connections asked again, %d of %d retries consistent",
-		used, requests, outcomes, unavailable, transport, same, retries)
+	t.Logf("the whole rain: %d users, %d requests, outcomes %v (%d answers lost and recovered as already_claimed), %d 503 answers and %d dropped connections asked again, %d of %d retries consistent",
+		used, requests, outcomes, recovered, unavailable, transport, same, retries)
 	if outcomes["error"] != 0 || failed != 0 {
 		t.Errorf("%d users got no answer and %d answers were failures", outcomes["error"], failed)
 	}
@@ -173,13 +207,6 @@ func TestUpgradeMidRain(t *testing.T) {
 	if same != retries {
 		t.Errorf("%d of %d retries were inconsistent with the first answer", retries-same, retries)
 	}
-	// A version skew that broke the old grab pods (a library they cannot find, a
-	// format they cannot read) answers 503 to every grab they take; a rollout answers
-	// a few while connections move.
-	if unavailable*50 > requests {
-		t.Errorf("%d of %d grabs answered 503 during the upgrade: more than 2%%", unavailable, requests)
-	}
-
 	// Settlement does not stall across the upgrade: every grant is credited once.
 	eventually(t, 3*time.Minute, "the activity to be Exhausted and settled", func() error {
 		st := activity(t, ns, name).Status
@@ -377,4 +404,82 @@ func grabURL(t *testing.T, ns, name string) string {
 		t.Fatalf("the grab Service at its ClusterIP: %v", err)
 	}
 	return url
+}
+
+// rollout is when each step of an upgrade was first seen, since watchRollout began.
+type rollout struct {
+	leaseMoved  time.Duration // a pod of the new image held the operator's lease
+	grabPatched time.Duration // the grab Deployment named the new image
+	oldGone     time.Duration // no grab pod of another image was left, not even terminating
+	mixed       time.Duration // how long grab pods of both images were seen, one of the new Ready
+}
+
+// watchRollout polls the lease, the activity's grab Deployment and its pods every
+// 250 ms until the test ends, and returns a function that reports what it saw.
+func watchRollout(t *testing.T, ns, name, image string) func() rollout {
+	var (
+		mu sync.Mutex
+		tl rollout
+	)
+	start := time.Now()
+	go func() {
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-t.Context().Done():
+				return
+			case <-tick.C:
+			}
+			now := time.Now()
+			since := now.Sub(start)
+			_, leaseErr := newLeader(t, image)
+			d := &appsv1.Deployment{}
+			depErr := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name + "-grab"}, d)
+			pods := &corev1.PodList{}
+			podErr := env.client.List(t.Context(), pods, client.InNamespace(ns), client.MatchingLabels{"redpacket.io/activity": name})
+			mu.Lock()
+			if tl.leaseMoved == 0 && leaseErr == nil {
+				tl.leaseMoved = since
+			}
+			if tl.grabPatched == 0 && depErr == nil && d.Spec.Template.Spec.Containers[0].Image == image {
+				tl.grabPatched = since
+			}
+			if podErr == nil && tl.grabPatched > 0 {
+				old, newReady := 0, 0
+				for _, p := range pods.Items {
+					switch {
+					case p.Spec.Containers[0].Image != image:
+						old++
+					case podReady(&p) && p.DeletionTimestamp == nil:
+						newReady++
+					}
+				}
+				if old > 0 && newReady > 0 {
+					tl.mixed += now.Sub(last)
+				}
+				if old == 0 && tl.oldGone == 0 {
+					tl.oldGone = since
+				}
+			}
+			mu.Unlock()
+			last = now
+		}
+	}()
+	return func() rollout {
+		mu.Lock()
+		defer mu.Unlock()
+		return tl
+	}
+}
+
+// podReady reports whether a pod's Ready condition is True.
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
