@@ -20,7 +20,6 @@ import (
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -75,7 +74,7 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	const uid = types.UID("budget-uid-runner")
 	target := controllers.BudgetSettlementTarget{UID: uid, Name: types.NamespacedName{Namespace: e.ns, Name: "group-packets"},
 		Shards: 4, Total: 50_000, Currency: "CNY", WebhookURL: hs.URL + "/credits", MaxPacketCount: 10, MaxTTL: time.Hour,
-		Conn: redisconn.Conn{Addresses: []string{e.redis.Addr}, Mode: redisconn.ModeStandalone}}
+		Conn: e.redis.Conn()}
 	if err := runner.EnsureTarget(ctx, target); err != nil {
 		t.Fatalf("ensure: %v", err)
 	}

@@ -135,6 +135,11 @@ func (e *env) redisSecret(name, addresses string) {
 	s := &corev1.Secret{}
 	s.Name, s.Namespace = name, e.ns
 	s.StringData = map[string]string{"addresses": addresses, "mode": "standalone"}
+	if addresses == e.redis.Addr {
+		// The credentials a tenant brings for a Redis of its own: the test's server
+		// refuses the default user.
+		s.StringData["username"], s.StringData["password"] = e.redis.Username, e.redis.Password
+	}
 	if err := e.c.Create(context.Background(), s); err != nil {
 		e.t.Fatal(err)
 	}

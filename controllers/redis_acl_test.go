@@ -30,21 +30,17 @@ import (
 	"redpacket.io/operator/test/wait"
 )
 
-// operatorRedisPassword is the password of the operator's Redis user (the default
-// user) in the tests of the activities' own Redis users.
+// operatorRedisPassword is the password of the operator's Redis user (the server's
+// admin user) in the tests of the activities' own Redis users: a known one, so the
+// tests can look for it where it must not be.
 const operatorRedisPassword = "operator-only-3f9c1e"
 
-// newProtectedEnv is newEnv with a Redis whose default user, the operator's, has a
-// password; e.rdb is logged in as the operator.
+// newProtectedEnv is newEnv with a Redis whose admin user, the operator's, has
+// operatorRedisPassword; e.rdb is logged in as the operator.
 func newProtectedEnv(t *testing.T) *env {
 	t.Helper()
 	needsServers(t)
-	srv := redistest.Start(t)
-	if err := srv.Client(t).ConfigSet(context.Background(), "requirepass", operatorRedisPassword).Err(); err != nil {
-		t.Fatalf("setting the operator's Redis password: %v", err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: operatorRedisPassword})
-	t.Cleanup(func() { _ = rdb.Close() })
+	srv, rdb := redistest.StartProtected(t, operatorRedisPassword)
 	e := &env{t: t, ns: cp.Namespace(t), redis: srv, rdb: rdb, c: cp.Client}
 	e.createSettlementKeys()
 	return e

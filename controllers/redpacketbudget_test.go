@@ -25,7 +25,6 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -90,7 +89,7 @@ func (e *env) startBudgetController(settlement controllers.BudgetSettlement, twe
 		Expiry:     expiry,
 		Settlement: settlement,
 		Options: controllers.Options{
-			DefaultRedis:        redisconn.Conn{Addresses: []string{e.redis.Addr}, Mode: redisconn.ModeStandalone},
+			DefaultRedis:        e.redis.Conn(),
 			GrabImage:           "registry.example/redpacket-operator:test",
 			RedisTimeout:        3 * time.Second,
 			ActiveResyncPeriod:  300 * time.Millisecond,

@@ -85,7 +85,7 @@ func TestShardedSeedCutAfterACommitIsCompletedByTheController(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The seeding process that dies, on its own client.
-		dying := redis.NewClient(&redis.Options{Addr: e.redis.Addr, MaxRetries: -1})
+		dying := redis.NewClient(&redis.Options{Addr: e.redis.Addr, Username: e.redis.Username, Password: e.redis.Password, MaxRetries: -1})
 		dying.AddHook(&diesAfterCommits{commits: cut})
 		h := store.NewActivity(dying, string(a.UID), shards)
 		h.Seeder = store.Seeder{ChunkSize: 40}

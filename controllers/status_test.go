@@ -164,7 +164,8 @@ func TestRedisConnectionProblemsAreReported(t *testing.T) {
 	e.waitCondition("remote", redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonRedisUnavailable, 15*time.Second)
 
 	// Point it at the test's Redis: the controller recovers on its own.
-	secret.StringData = map[string]string{"addresses": e.redis.Addr, "mode": "standalone"}
+	secret.StringData = map[string]string{"addresses": e.redis.Addr, "mode": "standalone",
+		"username": e.redis.Username, "password": e.redis.Password}
 	if err := e.c.Update(ctx, secret); err != nil {
 		t.Fatal(err)
 	}

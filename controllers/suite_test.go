@@ -32,7 +32,6 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
@@ -155,7 +154,7 @@ func (e *env) startControllerWith(cfg *rest.Config, configure func(r *controller
 	}
 	r := &controllers.RedPacketActivityReconciler{
 		Options: controllers.Options{
-			DefaultRedis:         redisconn.Conn{Addresses: []string{e.redis.Addr}, Mode: redisconn.ModeStandalone},
+			DefaultRedis:         e.redis.Conn(),
 			GrabImage:            "registry.example/redpacket-operator:test",
 			GrabReplicas:         1,
 			CleanupGracePeriod:   10 * time.Minute,

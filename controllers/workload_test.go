@@ -187,12 +187,9 @@ func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	const password = "s3cret-default-pw"
-	srv := redistest.Start(t)
-	if err := srv.Client(t).ConfigSet(context.Background(), "requirepass", password).Err(); err != nil {
-		t.Fatalf("setting a Redis password: %v", err)
-	}
+	srv, _ := redistest.StartProtected(t, password)
 	e.startController(func(r *controllers.RedPacketActivityReconciler) {
-		r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone, Password: password}
+		r.Options.DefaultRedis = srv.Conn()
 	})
 	ctx := context.Background()
 
@@ -238,7 +235,7 @@ func TestDefaultRedisPasswordStaysInASecret(t *testing.T) {
 	// Deployment to it and takes the activity's Secret out of the namespace.
 	own := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "own-redis", Namespace: e.ns},
-		StringData: map[string]string{"addresses": srv.Addr, "mode": "standalone", "password": password},
+		StringData: map[string]string{"addresses": srv.Addr, "mode": "standalone", "username": srv.Username, "password": password},
 	}
 	if err := e.c.Create(ctx, own); err != nil {
 		t.Fatal(err)

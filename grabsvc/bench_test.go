@@ -45,7 +45,7 @@ const (
 func benchRedis(b *testing.B, n int) (*redisconn.PipelinedClient, *Resource, *redistest.Server) {
 	b.Helper()
 	srv := redistest.Start(b)
-	rc, err := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(5 * time.Second))
+	rc, err := srv.Conn().NewPipelinedClient(redisconn.GrabClientOptions(5 * time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -113,7 +113,8 @@ func BenchmarkRedisBenchmarkP16(b *testing.B) {
 	rc, act, srv := benchRedis(b, b.N+100)
 	host, port, _ := net.SplitHostPort(srv.Addr)
 	k := keysOf(act)
-	args := []string{"-h", host, "-p", port, "-n", strconv.Itoa(b.N), "-c", strconv.Itoa(rbClients),
+	args := []string{"-h", host, "-p", port, "--user", srv.Username, "-a", srv.Password,
+		"-n", strconv.Itoa(b.N), "-c", strconv.Itoa(rbClients),
 		"-P", strconv.Itoa(rbPipeline), "-r", "100000000", "-q",
 		"FCALL", lua.GrabScript.Function(), "4", k.Meta, k.Packets, k.Claims, k.Stream, "u:__rand_int__"}
 	b.ResetTimer()

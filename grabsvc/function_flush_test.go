@@ -62,7 +62,7 @@ func TestFunctionFlushDuringBurstWithKeeper(t *testing.T) {
 
 	keeper := controllers.NewFunctionKeeper(func(redisconn.Conn) redis.UniversalClient { return admin })
 	keeper.Interval = 100 * time.Millisecond
-	keeper.Track(types.UID(uid), redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone})
+	keeper.Track(types.UID(uid), srv.Conn())
 	kctx, stopKeeper := context.WithCancel(ctx)
 	defer stopKeeper()
 	go func() { _ = keeper.Start(kctx) }()

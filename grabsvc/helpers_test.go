@@ -113,7 +113,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	t.Helper()
 	h := &harness{t: t, redis: redistest.Start(t)}
 	h.admin = h.redis.Client(t)
-	rc, err := redisconn.Conn{Addresses: []string{h.redis.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
+	rc, err := h.redis.Conn().NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatalf("redis clients: %v", err)
 	}

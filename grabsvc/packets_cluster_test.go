@@ -32,7 +32,7 @@ func TestPacketsOnACluster(t *testing.T) {
 	if err := handle.Configure(ctx, 1_200_000, packetLimits()); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := redisconn.Conn{Addresses: cl.Addrs, Mode: redisconn.ModeCluster}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
+	rc, err := cl.Conn().NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

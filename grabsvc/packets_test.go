@@ -58,7 +58,7 @@ func newPacketHarness(t testing.TB, total int64, shards int, opts ...func(*Packe
 	if err := h.handle.Configure(context.Background(), total, packetLimits()); err != nil {
 		t.Fatalf("configuring the budget: %v", err)
 	}
-	rc, err := redisconn.Conn{Addresses: []string{h.redis.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
+	rc, err := h.redis.Conn().NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
 	if err != nil {
 		t.Fatalf("redis clients: %v", err)
 	}

@@ -41,7 +41,7 @@ func newReporterEnv(t *testing.T, name string, count int64) *reporterEnv {
 	cp := controlPlane(t)
 	ns := cp.Namespace(t)
 	srv := redistest.Start(t)
-	rc, err := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
+	rc, err := srv.Conn().NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -226,7 +226,7 @@ func TestProbesAndMetrics(t *testing.T) {
 func TestScriptFlushDuringBurst(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		srv := redistest.Start(t)
-		rc, err := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
+		rc, err := srv.Conn().NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,7 +237,7 @@ func TestScriptFlushDuringBurst(t *testing.T) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cl := redistest.StartCluster(t, 3)
-		rc, err := redisconn.Conn{Addresses: cl.Addrs, Mode: redisconn.ModeCluster}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
+		rc, err := cl.Conn().NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

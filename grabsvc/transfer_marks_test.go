@@ -126,7 +126,7 @@ func TestShardFailoverAfterTransferFencesBeforeItRegrants(t *testing.T) {
 // its own clients and guard behind its own listener: another pod.
 func secondServer(t *testing.T, h *harness) (*Server, *httptest.Server) {
 	t.Helper()
-	rc, err := redisconn.Conn{Addresses: []string{h.redis.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
+	rc, err := h.redis.Conn().NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

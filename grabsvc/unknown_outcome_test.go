@@ -140,7 +140,10 @@ func TestGrabResolvesAnUnknownOutcome(t *testing.T) {
 	admin := srv.Client(t)
 	const redisTimeout = 300 * time.Millisecond
 	fault := startReplyFault(t, srv.Addr, 4*redisTimeout)
-	rc, err := redisconn.Conn{Addresses: []string{fault.addr()}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
+	// The grab service's connection, through the fault, as the server's admin user.
+	conn := srv.Conn()
+	conn.Addresses = []string{fault.addr()}
+	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}

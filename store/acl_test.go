@@ -17,11 +17,11 @@ import (
 	"redpacket.io/operator/test/redistest"
 )
 
-// operatorPassword is the password of the Redis default user in the ACL tests: the
+// operatorPassword is the password of the Redis admin user in the ACL tests: the
 // operator's own credentials.
 const operatorPassword = "operator-secret-pw"
 
-// protectedRedis starts a redis-server whose default user (the operator's) needs
+// protectedRedis starts a redis-server whose admin user (the operator's) has
 // operatorPassword, and returns it with a client logged in as the operator.
 func protectedRedis(t *testing.T) (*redistest.Server, redis.UniversalClient) {
 	return redistest.StartProtected(t, operatorPassword)
@@ -286,7 +286,7 @@ func TestActivityUserOnClusterFailover(t *testing.T) {
 	cluster := redistest.StartReplicatedCluster(t, 3, 1)
 	// The operator's client as the controller opens it, with safe errors, which must
 	// not keep it from following the cluster's redirects.
-	op := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster}.NewClient(redisconn.ClientOptions{SafeErrors: true})
+	op := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster, Username: cluster.Username, Password: cluster.Password}.NewClient(redisconn.ClientOptions{SafeErrors: true})
 	t.Cleanup(func() { _ = op.Close() })
 	cc := op.(*redis.ClusterClient)
 	const uid = "act-cluster"
@@ -297,7 +297,7 @@ func TestActivityUserOnClusterFailover(t *testing.T) {
 		t.Fatalf("EnsureUser on the cluster: %+v, %v; want the user on all 6 nodes", change, err)
 	}
 	for _, addr := range cluster.Addrs {
-		node := redis.NewClient(&redis.Options{Addr: addr})
+		node := redis.NewClient(cluster.NodeOptions(addr))
 		err := node.Do(ctx, "acl", "getuser", store.NewActivity(nil, uid, 1).UserName()).Err()
 		_ = node.Close()
 		if err != nil {
@@ -329,7 +329,7 @@ func TestActivityUserOnClusterFailover(t *testing.T) {
 	}
 	var replica *redis.Client
 	for _, addr := range cluster.Addrs {
-		node := redis.NewClient(&redis.Options{Addr: addr})
+		node := redis.NewClient(cluster.NodeOptions(addr))
 		t.Cleanup(func() { _ = node.Close() })
 		info, err := node.Info(ctx, "replication").Result()
 		if err != nil {

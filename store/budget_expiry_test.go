@@ -27,7 +27,7 @@ func TestExpiryBurst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	t.Cleanup(cancel)
 	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: srv.Username, Password: srv.Password, PoolSize: 64})
 	t.Cleanup(func() { _ = c.Close() })
 	const (
 		packets = 100_000

@@ -25,7 +25,7 @@ import (
 func TestSeed004AtVolume(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Start(t)
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64})
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, Username: s.Username, Password: s.Password, PoolSize: 64})
 		t.Cleanup(func() { _ = c.Close() })
 		ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())
 		if err != nil {
@@ -36,7 +36,7 @@ func TestSeed004AtVolume(t *testing.T) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cl := redistest.StartCluster(t, 3)
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, PoolSize: 32})
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, Username: cl.Username, Password: cl.Password, PoolSize: 32})
 		t.Cleanup(func() { _ = c.Close() })
 		ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())
 		if err != nil {

@@ -27,7 +27,7 @@ func TestCluster(t *testing.T) {
 func testClusterSeedScenario(t *testing.T, cluster *redistest.Cluster) {
 	ctx := redistest.Context(t)
 	// The client the operator and the grab service build: one seed address.
-	uc := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster}.NewClient()
+	uc := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster, Username: cluster.Username, Password: cluster.Password}.NewClient()
 	t.Cleanup(func() { _ = uc.Close() })
 	cc, ok := uc.(*redis.ClusterClient)
 	if !ok {

@@ -16,7 +16,7 @@ import (
 func TestConnReachesRealServer(t *testing.T) {
 	ctx := redistest.Context(t)
 	s := redistest.Start(t)
-	c := redisconn.Conn{Addresses: []string{s.Addr}, Mode: redisconn.ModeStandalone}.NewClient()
+	c := s.Conn().NewClient()
 	defer c.Close()
 	if err := lua.LoadAll(ctx, c); err != nil {
 		t.Fatalf("LoadAll through a standalone connection: %v", err)
@@ -32,7 +32,7 @@ func TestConnReachesRealServer(t *testing.T) {
 func TestPipelinedClientReachesRealServer(t *testing.T) {
 	ctx := redistest.Context(t)
 	s := redistest.Start(t)
-	pc, err := redisconn.Conn{Addresses: []string{s.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
+	pc, err := s.Conn().NewPipelinedClient(redisconn.GrabClientOptions(2 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestSafeErrorsKeepTheDecisions(t *testing.T) {
 	t.Parallel()
 	ctx := redistest.Context(t)
 	srv := redistest.Start(t)
-	c := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}.NewClient(redisconn.ClientOptions{SafeErrors: true})
+	c := srv.Conn().NewClient(redisconn.ClientOptions{SafeErrors: true})
 	t.Cleanup(func() { _ = c.Close() })
 	seedOpen(t, ctx, c, "safe", splitOrFail(t, split.TypeFixed, 300, 3))
 	if err := c.ScriptFlush(ctx).Err(); err != nil {

@@ -19,8 +19,7 @@ import (
 func primaryWithReplica(t *testing.T) (primary, replica *redis.Client) {
 	t.Helper()
 	p := redistest.Start(t)
-	host, port, _ := strings.Cut(p.Addr, ":")
-	r, err := redistest.StartProcess(t.TempDir(), "--replicaof", host, port)
+	r, err := redistest.StartReplicaProcess(t.TempDir(), p, "")
 	if err != nil {
 		t.Fatal(err)
 	}

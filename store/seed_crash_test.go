@@ -87,7 +87,7 @@ func TestSeedCrashAtEveryStepBoundary(t *testing.T) {
 			for k := int64(0); ; k++ {
 				uid := fmt.Sprintf("crash-%d-%v-%d", tc.shards, tc.scriptOnly, k)
 				hook := &diesAfter{calls: k}
-				dying := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+				dying := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: srv.Username, Password: srv.Password, MaxRetries: -1})
 				dying.AddHook(hook)
 				act := store.NewActivity(dying, uid, tc.shards)
 				// Chunks of 4: 10 packets a shard is three chunks on each of 3 shards.

@@ -121,7 +121,7 @@ func runShardedRain(t *testing.T, ctx context.Context, act *store.Activity, user
 // with users hashed unevenly so that heavy shards refill from light ones.
 func TestShardedActivity(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	c := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster}.NewClient(redisconn.ClientOptions{Timeout: 5 * time.Second})
+	c := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster, Username: cluster.Username, Password: cluster.Password}.NewClient(redisconn.ClientOptions{Timeout: 5 * time.Second})
 	t.Cleanup(func() { _ = c.Close() })
 	weights := []float64{35, 25, 15, 10, 10, 5}
 
@@ -231,7 +231,7 @@ func TestShardedActivity(t *testing.T) {
 func TestShardedActivityMasterRestart(t *testing.T) {
 	cluster := redistest.StartClusterWith(t, 3, "--appendonly", "yes", "--appendfsync", "always",
 		"--cluster-require-full-coverage", "no")
-	c := redisconn.Conn{Addresses: cluster.Addrs, Mode: redisconn.ModeCluster}.NewClient(redisconn.ClientOptions{Timeout: 2 * time.Second})
+	c := cluster.Conn().NewClient(redisconn.ClientOptions{Timeout: 2 * time.Second})
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := redistest.Context(t)
 	weights := []float64{35, 25, 15, 10, 10, 5}

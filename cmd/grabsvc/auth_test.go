@@ -79,7 +79,7 @@ func TestServiceWithoutKeyFailsClosed(t *testing.T) {
 				"--namespace", ns, "--activity", "guarded", "--activity-uid", string(rpa.UID), "--listen", addr,
 				"--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr, "--activity-refresh", "200ms",
 				"--shutdown-delay", "0s",
-			}, extra...), logs)
+			}, append(rs.AuthArgs(), extra...)...), logs)
 		}()
 		t.Cleanup(func() {
 			stop()

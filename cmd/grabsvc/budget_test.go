@@ -64,7 +64,8 @@ func TestBudgetMode(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"--namespace", "shop", "--budget", "group-packets", "--budget-uid", "budget-uid-1",
 			"--budget-shards", "8", "--listen", addr, "--sender-token-file", tokenFile, "--redis-addresses", srv.Addr,
-			"--activity-refresh", "100ms", "--shutdown-delay", "0"}, io.Discard)
+			"--activity-refresh", "100ms", "--shutdown-delay", "0",
+			"--redis-username", srv.Username, "--redis-password", srv.Password}, io.Discard)
 	}()
 	base := "http://" + addr
 	wait.Until(t, 10*time.Second, "the budget-mode service to be ready", func() (bool, string) {

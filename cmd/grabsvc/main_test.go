@@ -150,7 +150,8 @@ func TestBinary(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{
 			"--namespace", ns, "--activity", "quiz", "--listen", addr, "--kubeconfig", kubeconfig,
-			"--redis-addresses", rs.Addr, "--report-interval", "200ms", "--activity-refresh", "200ms",
+			"--redis-addresses", rs.Addr, "--redis-username", rs.Username, "--redis-password", rs.Password,
+			"--report-interval", "200ms", "--activity-refresh", "200ms",
 			"--shutdown-delay", "300ms",
 			"--token-key-file", filepath.Join(dir, "token-key"), "--rate-per-user", "100",
 			"--pprof-listen", pprofAddr,

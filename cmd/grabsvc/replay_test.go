@@ -73,7 +73,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Helper()
 		var out bytes.Buffer
 		args := append([]string{"--namespace", ns, "--activity", "quiz", "--kubeconfig", kubeconfig,
-			"--redis-addresses", rs.Addr}, extra...)
+			"--redis-addresses", rs.Addr, "--redis-username", rs.Username, "--redis-password", rs.Password}, extra...)
 		if err := replayDeadLetters(ctx, args, &out, io.Discard); err != nil {
 			t.Fatalf("replay-dead-letters %v: %v", extra, err)
 		}
@@ -125,7 +125,7 @@ func TestReplayDeadLetters(t *testing.T) {
 
 	// An activity the API server does not know is an error, and nothing moves.
 	err = replayDeadLetters(ctx, []string{"--namespace", ns, "--activity", "nope", "--kubeconfig", kubeconfig,
-		"--redis-addresses", rs.Addr}, io.Discard, io.Discard)
+		"--redis-addresses", rs.Addr, "--redis-username", rs.Username, "--redis-password", rs.Password}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("unknown activity: %v", err)
 	}

@@ -16,7 +16,6 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
-	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
@@ -64,7 +63,7 @@ func TestLeaderReleasesLeaseOnCleanShutdown(t *testing.T) {
 			LeaderElect: true, LeaderElectionNamespace: ns,
 			ShutdownTimeout: DefaultShutdownTimeout,
 			Reconciler: controllers.Options{
-				DefaultRedis:         redisconn.Conn{Addresses: []string{rdb.Addr}, Mode: redisconn.ModeStandalone},
+				DefaultRedis:         rdb.Conn(),
 				GrabImage:            "registry.example/redpacket-operator:test",
 				GrabReplicas:         1,
 				SettlementKeysSecret: types.NamespacedName{Namespace: ns, Name: keys.Name},

@@ -80,7 +80,7 @@ func main() {
 	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active controller among the operator's replicas")
 	flag.StringVar(&redisAddresses, "redis-addresses", "127.0.0.1:6379", "default Redis: comma-separated host:port (one for standalone, seed nodes for cluster)")
 	flag.StringVar(&redisMode, "redis-mode", redisconn.ModeStandalone, "default Redis mode: standalone or cluster")
-	flag.StringVar(&redisUsername, "redis-username", "", "default Redis ACL user name")
+	flag.StringVar(&redisUsername, "redis-username", "", "default Redis ACL user name (env REDIS_USERNAME when the flag is empty)")
 	flag.StringVar(&redisPassword, "redis-password", "", "default Redis password (env REDIS_PASSWORD when the flag is empty)")
 	flag.BoolVar(&redisTLS, "redis-tls", false, "connect to the default Redis over TLS")
 	flag.StringVar(&grabImage, "grab-image", controllers.DefaultGrabImage, "grab service image of activities that do not name one")
@@ -249,10 +249,15 @@ func newManager(cfg *rest.Config, o managerConfig) (manager.Manager, error) {
 	return mgr, nil
 }
 
-// defaultRedisConn is the default Redis connection from the flags. An empty password
-// is read from the environment variable REDIS_PASSWORD, so that the password can come
-// from a Secret without showing in the process's arguments (or in --help).
+// defaultRedisConn is the default Redis connection from the flags. An empty user name
+// is read from the environment variable REDIS_USERNAME and an empty password from
+// REDIS_PASSWORD, so that both can come from a Secret (the install's redpacket-redis)
+// without showing in the process's arguments (or in --help). A flag that is given
+// wins over its variable; each is read on its own.
 func defaultRedisConn(addresses, mode, username, password string, tls bool, getenv func(string) string) (redisconn.Conn, error) {
+	if username == "" {
+		username = getenv("REDIS_USERNAME")
+	}
 	if password == "" {
 		password = getenv("REDIS_PASSWORD")
 	}

@@ -16,6 +16,7 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
+	"redpacket.io/operator/test/redistest"
 )
 
 // activityRun is the resource path measured beside the runtime packets of (l): N
@@ -39,11 +40,12 @@ func (a activityRun) Rate() float64 {
 const benchOperatorNamespace = "redpacket-system"
 
 // measureActivitiesActive starts a local control plane and the operator (bin/manager,
-// or one built into the work directory) on redisAddr, applies n activities of 5
+// or one built into the work directory) on the benchmark's Redis, logged in as its
+// admin user, applies n activities of 5
 // packets from 32 concurrent clients, and polls until every one is Active. The
 // control plane has no node: an activity is Active once its packets are seeded and
 // its gates open, which is all a packet of the runtime path needs to be grabbed.
-func measureActivitiesActive(ctx context.Context, o options, root, work, redisAddr string, n int) (activityRun, error) {
+func measureActivitiesActive(ctx context.Context, o options, root, work string, redisSrv *redistest.Server, n int) (activityRun, error) {
 	r := activityRun{Activities: n}
 	if err := ensureControlPlane(ctx, root); err != nil {
 		return r, err
@@ -70,8 +72,8 @@ func measureActivitiesActive(ctx context.Context, o options, root, work, redisAd
 		return r, err
 	}
 	logPath := filepath.Join(work, "manager.log")
-	mp, err := proc.Start("operator", logPath, []string{"POD_NAMESPACE=" + benchOperatorNamespace}, manager,
-		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr,
+	mp, err := proc.Start("operator", logPath, append([]string{"POD_NAMESPACE=" + benchOperatorNamespace}, redisSrv.AuthEnv()...), manager,
+		"--kubeconfig", kubeconfig, "--redis-addresses", redisSrv.Addr,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", probe)
 	if err != nil {
 		return r, err

@@ -20,6 +20,7 @@ import (
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/proc"
+	"redpacket.io/operator/test/redistest"
 )
 
 // budgetRun is (l): runtime packets of a RedPacketBudget through one grab service in
@@ -58,7 +59,7 @@ const budgetPacketAmount = 500
 // measureBudget starts bin/grabsvc in budget mode on the benchmark's Redis and runs
 // the create load, then the grab load, with o.httpClients keep-alive clients each;
 // then it measures memory with packets created directly on a budget of its own.
-func measureBudget(ctx context.Context, o options, root, work, redisAddr string, rc redis.UniversalClient) (budgetRun, error) {
+func measureBudget(ctx context.Context, o options, root, work string, redisSrv *redistest.Server, rc redis.UniversalClient) (budgetRun, error) {
 	r := budgetRun{shards: o.budgetShards, clients: o.httpClients, memPackets: o.budgetMemPackets}
 	if _, err := lua.GrabLibrary.Ensure(ctx, rc); err != nil {
 		return r, fmt.Errorf("loading the function library: %w", err)
@@ -86,9 +87,9 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 		return r, err
 	}
 	logPath := filepath.Join(work, "grabsvc-budget.log")
-	gp, err := proc.Start("grabsvc (budget)", logPath, nil, grabBin, "--namespace", "default", "--budget", "bench",
+	gp, err := proc.Start("grabsvc (budget)", logPath, redisSrv.AuthEnv(), grabBin, "--namespace", "default", "--budget", "bench",
 		"--budget-uid", uid, "--budget-shards", strconv.Itoa(o.budgetShards), "--sender-token-file", tokenFile,
-		"--listen", addr, "--redis-addresses", redisAddr)
+		"--listen", addr, "--redis-addresses", redisSrv.Addr)
 	if err != nil {
 		return r, err
 	}
@@ -176,7 +177,7 @@ func measureBudget(ctx context.Context, o options, root, work, redisAddr string,
 		r.perLivePacket, r.perShare, r.memPackets)
 
 	if o.budgetActivities > 0 {
-		if r.activities, err = measureActivitiesActive(ctx, o, root, work, redisAddr, o.budgetActivities); err != nil {
+		if r.activities, err = measureActivitiesActive(ctx, o, root, work, redisSrv, o.budgetActivities); err != nil {
 			return r, fmt.Errorf("the resource path: %w", err)
 		}
 		fmt.Printf("    packets created/s ÷ activities made Active/s = %.0f\n", r.pathRatio())

@@ -61,7 +61,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 		return latencies{}, err
 	}
 	defer srv.Stop()
-	conn := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}
+	conn := srv.Conn()
 	gc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(grabsvc.DefaultRedisTimeout))
 	if err != nil {
 		return latencies{}, err
@@ -76,8 +76,7 @@ func durabilityMode(ctx context.Context, dir string, args []string, withReplica 
 		if err := os.MkdirAll(rdir, 0o755); err != nil {
 			return latencies{}, err
 		}
-		host, port, _ := strings.Cut(srv.Addr, ":")
-		replica, err := redistest.StartProcess(rdir, "--replicaof", host, port)
+		replica, err := redistest.StartReplicaProcess(rdir, srv, "")
 		if err != nil {
 			return latencies{}, err
 		}

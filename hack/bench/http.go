@@ -21,6 +21,7 @@ import (
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
+	"redpacket.io/operator/test/redistest"
 )
 
 // benchActivity is the name of the activity the HTTP measurement grabs from.
@@ -45,7 +46,7 @@ func (h httpRound) ratio() float64 { return ratio(h.grab.Rate(), h.noop.Rate()) 
 // high with o.httpClientsHigh (none when that is 0). The grab service looks its
 // activity up in a local control plane; the benchmark seeds the activity's packets
 // itself.
-func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, rc redis.Cmdable) (low, high httpPair, err error) {
+func measureHTTP(ctx context.Context, o options, root, work string, redisSrv *redistest.Server, rc redis.Cmdable) (low, high httpPair, err error) {
 	ctrllog.SetLogger(logr.Discard())
 	grabBin := filepath.Join(root, "bin", "grabsvc")
 	if !o.skipBuild {
@@ -95,7 +96,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		return low, high, err
 	}
 	grabArgs := []string{"--namespace", "default", "--activity", benchActivity, "--listen", grabAddr,
-		"--kubeconfig", kubeconfig, "--redis-addresses", redisAddr}
+		"--kubeconfig", kubeconfig, "--redis-addresses", redisSrv.Addr}
 	var pprofAddr string
 	if o.grabProfile != "" {
 		if pprofAddr, err = proc.FreeAddr(); err != nil {
@@ -103,7 +104,7 @@ func measureHTTP(ctx context.Context, o options, root, work, redisAddr string, r
 		}
 		grabArgs = append(grabArgs, "--pprof-listen", pprofAddr)
 	}
-	gp, err := proc.Start("grabsvc", filepath.Join(work, "grabsvc.log"), nil, grabBin, grabArgs...)
+	gp, err := proc.Start("grabsvc", filepath.Join(work, "grabsvc.log"), redisSrv.AuthEnv(), grabBin, grabArgs...)
 	if err != nil {
 		return low, high, err
 	}

@@ -227,7 +227,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer srv.Stop()
-	conn := redisconn.Conn{Addresses: []string{srv.Addr}, Mode: redisconn.ModeStandalone}
+	conn := srv.Conn()
 	// A plain client with a pool of 64 connections, and its auto-pipeliner for the
 	// memory run.
 	pc, err := conn.NewPipelinedClient(redisconn.ClientOptions{PoolSize: 64})
@@ -244,7 +244,7 @@ func run(ctx context.Context, o options) error {
 		r.machine.RedisVersion, srv.Addr, r.machine.CPUs, r.machine.CPUModel, r.loadBefore)
 
 	if o.seedScriptOnly {
-		s, err := measureSeedScript(ctx, rc, srv.Addr, o.benchClients, o.seedScriptRequests, o.seedScriptRounds)
+		s, err := measureSeedScript(ctx, rc, srv, o.benchClients, o.seedScriptRequests, o.seedScriptRounds)
 		if err != nil {
 			return err
 		}
@@ -261,7 +261,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	if o.budgetOnly {
-		b, err := measureBudget(ctx, o, root, work, srv.Addr, rc)
+		b, err := measureBudget(ctx, o, root, work, srv, rc)
 		if err != nil {
 			return err
 		}
@@ -270,13 +270,13 @@ func run(ctx context.Context, o options) error {
 	}
 
 	if o.httpOnly {
-		if _, _, err := measureHTTP(ctx, o, root, work, srv.Addr, rc); err != nil {
+		if _, _, err := measureHTTP(ctx, o, root, work, srv, rc); err != nil {
 			return err
 		}
 		return nil
 	}
 	if o.claimOnly {
-		if err := measureClaimPath(ctx, o, conn, srv.Addr, rc, &r); err != nil {
+		if err := measureClaimPath(ctx, o, conn, srv, rc, &r); err != nil {
 			return err
 		}
 		fmt.Printf("\nratio b/a(-P16) = %.2f   (auto-pipelined Go claim path / redis-benchmark -P 16)\n",
@@ -286,10 +286,10 @@ func run(ctx context.Context, o options) error {
 
 	// (g) Settlement, healthy and under the failure mix, and the check's cost.
 	if o.verifyOnly {
-		_, err := measureVerification(ctx, o, srv.Addr)
+		_, err := measureVerification(ctx, o, srv)
 		return err
 	}
-	if r.settle, err = measureSettlements(ctx, o, srv.Addr); err != nil {
+	if r.settle, err = measureSettlements(ctx, o, srv); err != nil {
 		return err
 	}
 	if o.settlementOnly {
@@ -297,7 +297,7 @@ func run(ctx context.Context, o options) error {
 			settlementMarkdown(r.settle))
 		return nil
 	}
-	if r.settleCheck, err = measureVerification(ctx, o, srv.Addr); err != nil {
+	if r.settleCheck, err = measureVerification(ctx, o, srv); err != nil {
 		return err
 	}
 
@@ -321,12 +321,12 @@ func run(ctx context.Context, o options) error {
 		r.mem.perClaimed(), r.mem.perSeeded(), r.mem.perClaimDelta())
 
 	// (a) and (b): the claim path.
-	if err := measureClaimPath(ctx, o, conn, srv.Addr, rc, &r); err != nil {
+	if err := measureClaimPath(ctx, o, conn, srv, rc, &r); err != nil {
 		return err
 	}
 
 	// (i) Our grab script against the seed's.
-	if r.seedScript, err = measureSeedScript(ctx, rc, srv.Addr, o.benchClients, o.seedScriptRequests, o.seedScriptRounds); err != nil {
+	if r.seedScript, err = measureSeedScript(ctx, rc, srv, o.benchClients, o.seedScriptRequests, o.seedScriptRounds); err != nil {
 		return fmt.Errorf("seed script: %w", err)
 	}
 
@@ -351,14 +351,14 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// (c) and (d) HTTP.
-	low, high, err := measureHTTP(ctx, o, root, work, srv.Addr, rc)
+	low, high, err := measureHTTP(ctx, o, root, work, srv, rc)
 	if err != nil {
 		return err
 	}
 	r.httpGrab, r.httpNoop, r.httpLow, r.httpHigh = low.grab, low.noop, low, high
 
 	// (l) Runtime packets of a budget.
-	if r.budget, err = measureBudget(ctx, o, root, work, srv.Addr, rc); err != nil {
+	if r.budget, err = measureBudget(ctx, o, root, work, srv, rc); err != nil {
 		return fmt.Errorf("budget: %w", err)
 	}
 
@@ -459,8 +459,8 @@ func (c claimRound) ratio() float64 { return ratio(c.goAuto.Rate(), c.rb.Rate())
 // on go-redis's default auto-pipeliner. The machine's speed drifts by tens of per
 // cent within minutes, so b/a is the median round's, each round's two runs a few
 // seconds apart. redis-benchmark and the Go runs grab from activities of their own
-// on the server at addr; every run must really grant.
-func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr string, rc redis.UniversalClient, r *results) error {
+// on the server srv; every run must really grant.
+func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, srv *redistest.Server, rc redis.UniversalClient, r *results) error {
 	rb := store.NewActivity(rc, "bench-rb", 1)
 	rbPackets := int64(o.requestsP1+o.claimRounds*o.requestsP16) * 11 / 10
 	fmt.Printf("    seeding %d packets for redis-benchmark ... ", rbPackets)
@@ -484,7 +484,7 @@ func measureClaimPath(ctx context.Context, o options, conn redisconn.Conn, addr 
 			return latencies{}, 0, err
 		}
 		runs++
-		l, err := redisBenchmark(ctx, addr, rb.Shard(0).Keys(), fmt.Sprintf("u%d:", runs), pipeline, o.benchClients, requests)
+		l, err := redisBenchmark(ctx, srv, rb.Shard(0).Keys(), fmt.Sprintf("u%d:", runs), pipeline, o.benchClients, requests)
 		if err != nil {
 			return latencies{}, 0, err
 		}

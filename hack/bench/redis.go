@@ -14,6 +14,7 @@ import (
 
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/redistest"
 )
 
 // packetAmount is every benchmark packet's amount, in minor units.
@@ -49,8 +50,8 @@ func seedActivity(ctx context.Context, c redis.Cmdable, uid string, count int64)
 // redisBenchmark runs redis-benchmark against the grab function, called as the grab
 // service calls it: FCALL with the activity's four keys and a random user id after
 // the prefix users per call.
-func redisBenchmark(ctx context.Context, addr string, k store.Keys, users string, pipeline, clients, requests int) (latencies, error) {
-	return benchmarkScript(ctx, addr, grabCall(), []string{k.Meta, k.Packets, k.Claims, k.Stream}, users, pipeline, clients, requests)
+func redisBenchmark(ctx context.Context, srv *redistest.Server, k store.Keys, users string, pipeline, clients, requests int) (latencies, error) {
+	return benchmarkScript(ctx, srv, grabCall(), []string{k.Meta, k.Packets, k.Claims, k.Stream}, users, pipeline, clients, requests)
 }
 
 // grabCall is the command and function name of the grab as the grab service sends
@@ -66,12 +67,13 @@ func evalsha(sha string) [2]string { return [2]string{"EVALSHA", sha} }
 // random() with the time in seconds XOR its pid, so two runs a few seconds apart can
 // draw the same user ids (one such run granted nothing, every call a repeat): every
 // run that must grant needs a prefix of its own.
-func benchmarkScript(ctx context.Context, addr string, call [2]string, keys []string, users string, pipeline, clients, requests int, extra ...string) (latencies, error) {
-	host, port, err := net.SplitHostPort(addr)
+func benchmarkScript(ctx context.Context, srv *redistest.Server, call [2]string, keys []string, users string, pipeline, clients, requests int, extra ...string) (latencies, error) {
+	host, port, err := net.SplitHostPort(srv.Addr)
 	if err != nil {
-		return latencies{}, fmt.Errorf("splitting %s: %w", addr, err)
+		return latencies{}, fmt.Errorf("splitting %s: %w", srv.Addr, err)
 	}
-	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(clients), "-n", strconv.Itoa(requests),
+	// The server refuses the default user: redis-benchmark logs in as the admin user.
+	args := []string{"-h", host, "-p", port, "--user", srv.Username, "-a", srv.Password, "-c", strconv.Itoa(clients), "-n", strconv.Itoa(requests),
 		"-P", strconv.Itoa(pipeline), "-r", "1000000000", "--csv", call[0], call[1], strconv.Itoa(len(keys))}
 	args = append(args, keys...)
 	args = append(args, users+"__rand_int__")

@@ -19,6 +19,7 @@ import (
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
+	"redpacket.io/operator/test/redistest"
 )
 
 // refundRun is the settlement of a budget's packets expiring in the same second:
@@ -48,11 +49,11 @@ type refundRun struct {
 //
 // With profile set, the process's CPU profile from the expiry's start until the last
 // refund is credited is written there.
-func measureRefunds(ctx context.Context, o options, redisAddr, profile string) (refundRun, error) {
+func measureRefunds(ctx context.Context, o options, redisSrv *redistest.Server, profile string) (refundRun, error) {
 	const uid = "bench-refunds"
 	shards := o.budgetShards
 	run := refundRun{Packets: o.refundPackets, Shards: shards}
-	conn := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}
+	conn := redisSrv.Conn()
 	rc := conn.NewClient(redisconn.ClientOptions{PoolSize: 64})
 	defer func() { _ = rc.Close() }()
 	b := store.NewBudget(rc, uid, shards)

@@ -71,7 +71,8 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 			n.Stop()
 		}
 	}()
-	c := redisconn.Conn{Addresses: []string{nodes[0].Addr, nodes[1].Addr}, Mode: redisconn.ModeCluster}.NewClient(redisconn.ClientOptions{Timeout: 10 * time.Second})
+	c := redisconn.Conn{Addresses: []string{nodes[0].Addr, nodes[1].Addr}, Mode: redisconn.ModeCluster,
+		Username: nodes[0].Username, Password: nodes[0].Password}.NewClient(redisconn.ClientOptions{Timeout: 10 * time.Second})
 	defer func() { _ = c.Close() }()
 	if err := lua.LoadAll(ctx, c); err != nil {
 		return r, err
@@ -119,7 +120,7 @@ func measureScale(ctx context.Context, work string, clients, requests, rounds in
 	}
 	fmt.Println("done")
 
-	admin := [2]*redis.Client{redis.NewClient(&redis.Options{Addr: nodes[0].Addr}), redis.NewClient(&redis.Options{Addr: nodes[1].Addr})}
+	admin := [2]*redis.Client{redis.NewClient(nodes[0].Options()), redis.NewClient(nodes[1].Options())}
 	defer func() { _ = admin[0].Close(); _ = admin[1].Close() }()
 
 	for n := 1; n <= rounds; n++ {
@@ -191,7 +192,7 @@ func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis
 		return r, err
 	}
 	var err error
-	if r.one, err = redisBenchmark(ctx, nodes[0].Addr, one.Shard(0).Keys(), fmt.Sprintf("n1:%d:", n), 16, clients, requests); err != nil {
+	if r.one, err = redisBenchmark(ctx, nodes[0], one.Shard(0).Keys(), fmt.Sprintf("n1:%d:", n), 16, clients, requests); err != nil {
 		return r, err
 	}
 	fmt.Println(rateLine(r.one))
@@ -202,7 +203,7 @@ func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis
 	start := time.Now()
 	for i := range 2 {
 		wg.Go(func() {
-			r.two[i], errs[i] = redisBenchmark(ctx, nodes[i].Addr, two.Shard(i).Keys(), fmt.Sprintf("n2:%d:%d:", n, i), 16, clients, requests)
+			r.two[i], errs[i] = redisBenchmark(ctx, nodes[i], two.Shard(i).Keys(), fmt.Sprintf("n2:%d:%d:", n, i), 16, clients, requests)
 		})
 	}
 	wg.Wait()
@@ -216,14 +217,19 @@ func scaleRoundOnce(ctx context.Context, nodes []*redistest.Server, first *redis
 	return r, nil
 }
 
-// startTwoMasters runs two cluster-mode redis-servers and makes them one cluster
-// (redis-cli --cluster create wants three masters). The slots are split on bit 12,
+// startTwoMasters runs two cluster-mode redis-servers, with the default user off and
+// one admin user and password for both, and makes them one cluster (redis-cli
+// --cluster create wants three masters). The slots are split on bit 12,
 // not bit 13 (halves): CRC16 is linear, so the slots of {uid.0} and {uid.1} always
 // differ by 0x1021, which flips bit 12 and never bit 13; split in halves, the two
 // shards of every activity would share a master. See "Where the shards land" in
 // docs/architecture.md.
 func startTwoMasters(dir string) ([]*redistest.Server, error) {
 	var nodes []*redistest.Server
+	password, err := redistest.NewPassword()
+	if err != nil {
+		return nil, err
+	}
 	fail := func(err error) ([]*redistest.Server, error) {
 		for _, n := range nodes {
 			n.Stop()
@@ -235,7 +241,7 @@ func startTwoMasters(dir string) ([]*redistest.Server, error) {
 		if err := os.MkdirAll(sub, 0o755); err != nil {
 			return fail(err)
 		}
-		s, err := redistest.StartProcess(sub, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+		s, err := redistest.StartProcessAs(sub, redistest.AdminUser, password, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 		if err != nil {
 			return fail(err)
 		}
@@ -243,7 +249,7 @@ func startTwoMasters(dir string) ([]*redistest.Server, error) {
 	}
 	ctx := context.Background()
 	for i, ranges := range [][]any{{0, 4095, 8192, 12287}, {4096, 8191, 12288, 16383}} {
-		c := redis.NewClient(&redis.Options{Addr: nodes[i].Addr})
+		c := redis.NewClient(nodes[i].Options())
 		err := c.Do(ctx, append([]any{"cluster", "addslotsrange"}, ranges...)...).Err()
 		_ = c.Close()
 		if err != nil {
@@ -251,15 +257,15 @@ func startTwoMasters(dir string) ([]*redistest.Server, error) {
 		}
 	}
 	host, port, _ := strings.Cut(nodes[1].Addr, ":")
-	c := redis.NewClient(&redis.Options{Addr: nodes[0].Addr})
-	err := c.Do(ctx, "cluster", "meet", host, port).Err()
+	c := redis.NewClient(nodes[0].Options())
+	err = c.Do(ctx, "cluster", "meet", host, port).Err()
 	_ = c.Close()
 	if err != nil {
 		return fail(fmt.Errorf("CLUSTER MEET: %w", err))
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for _, n := range nodes {
-		c := redis.NewClient(&redis.Options{Addr: n.Addr})
+		c := redis.NewClient(n.Options())
 		for {
 			info, err := c.ClusterInfo(ctx).Result()
 			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2") {

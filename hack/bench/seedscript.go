@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/redistest"
 )
 
 // seedGrabScript is the grab script of the seed article 000 (HEXISTS, RPOP, HSET,
@@ -72,7 +73,7 @@ func medianBy(rounds []seedScriptRound, f func(seedScriptRound) float64) float64
 // measureSeedScript seeds packets for the scripts (ours through seeding, the seed's
 // as cjson objects in a list) and runs redis-benchmark of ours, the seed's, and ours
 // with a watermark, in that order, rounds times.
-func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr string, clients, requests, rounds int) (seedScriptRun, error) {
+func measureSeedScript(ctx context.Context, rc redis.UniversalClient, srv *redistest.Server, clients, requests, rounds int) (seedScriptRun, error) {
 	r := seedScriptRun{requests: requests, clients: clients}
 	for i := range r.stats {
 		r.stats[i] = map[string]cmdStat{}
@@ -115,19 +116,19 @@ func measureSeedScript(ctx context.Context, rc redis.UniversalClient, addr strin
 		users := func(what string) string { return fmt.Sprintf("u:%d:%s:", i, what) }
 		fmt.Printf("(i) round %d of %d, redis-benchmark -P 16, %d requests each: ours ... ", i+1, rounds, requests)
 		if round.ours, err = benchmarkGrants(ctx, rc, "ours", ours.Claims, r.stats[0], func() (latencies, error) {
-			return benchmarkScript(ctx, addr, grabCall(), []string{ours.Meta, ours.Packets, ours.Claims, ours.Stream}, users("ours"), 16, clients, requests)
+			return benchmarkScript(ctx, srv, grabCall(), []string{ours.Meta, ours.Packets, ours.Claims, ours.Stream}, users("ours"), 16, clients, requests)
 		}); err != nil {
 			return r, err
 		}
 		fmt.Printf("%.0f/s, the seed's ... ", round.ours.Rate())
 		if round.seed, err = benchmarkGrants(ctx, rc, "seed", "seed:{bench}:users", r.stats[1], func() (latencies, error) {
-			return benchmarkScript(ctx, addr, evalsha(sha), []string{"seed:{bench}:users", list, "seed:{bench}:consumed"}, users("seed"), 16, clients, requests)
+			return benchmarkScript(ctx, srv, evalsha(sha), []string{"seed:{bench}:users", list, "seed:{bench}:consumed"}, users("seed"), 16, clients, requests)
 		}); err != nil {
 			return r, err
 		}
 		fmt.Printf("%.0f/s, ours with a watermark ... ", round.seed.Rate())
 		if round.oursMark, err = benchmarkGrants(ctx, rc, "ours with a watermark", marked.Claims, r.stats[2], func() (latencies, error) {
-			return benchmarkScript(ctx, addr, grabCall(), []string{marked.Meta, marked.Packets, marked.Claims, marked.Stream}, users("mark"), 16, clients, requests, "1", "0")
+			return benchmarkScript(ctx, srv, grabCall(), []string{marked.Meta, marked.Packets, marked.Claims, marked.Stream}, users("mark"), 16, clients, requests, "1", "0")
 		}); err != nil {
 			return r, err
 		}

@@ -22,7 +22,7 @@ import (
 
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
+	"redpacket.io/operator/test/redistest"
 )
 
 // failureMix is how a benchmark balance system misbehaves: each delivery (first or
@@ -183,16 +183,16 @@ func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // then starts a settlement worker with the production defaults (its HTTP timeout
 // being the mix's SenderTimeout, DefaultHTTPTimeout when 0) against a benchReceiver,
 // and times it until every grant is credited and acknowledged, or limit passes.
-func measureSettlement(ctx context.Context, redisAddr, uid string, grants int, mix failureMix, limit time.Duration) (settlementRun, error) {
-	return measureSettlementVerified(ctx, redisAddr, uid, grants, mix, limit, true)
+func measureSettlement(ctx context.Context, redisSrv *redistest.Server, uid string, grants int, mix failureMix, limit time.Duration) (settlementRun, error) {
+	return measureSettlementVerified(ctx, redisSrv, uid, grants, mix, limit, true)
 }
 
 // measureSettlementVerified is measureSettlement with (verify) or without the
 // operator's check of every entry against the seeded split and the ledger
 // (settlement.Budget); the check against the claims hash runs either way.
-func measureSettlementVerified(ctx context.Context, redisAddr, uid string, grants int, mix failureMix, limit time.Duration, verify bool) (settlementRun, error) {
+func measureSettlementVerified(ctx context.Context, redisSrv *redistest.Server, uid string, grants int, mix failureMix, limit time.Duration, verify bool) (settlementRun, error) {
 	run := settlementRun{Grants: grants, Mix: mix}
-	conn := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}
+	conn := redisSrv.Conn()
 	rc := conn.NewClient()
 	defer func() { _ = rc.Close() }()
 	act := store.NewActivity(rc, uid, 1)
@@ -451,7 +451,7 @@ type settlementFigures struct {
 // refunds of a budget (unless o.refundPackets is 0). With o.settleProfile it writes
 // the process's CPU profile of the healthy run there, and that of the refunds'
 // settlement there with ".refunds" appended.
-func measureSettlements(ctx context.Context, o options, redisAddr string) (settlementFigures, error) {
+func measureSettlements(ctx context.Context, o options, redisSrv *redistest.Server) (settlementFigures, error) {
 	var f settlementFigures
 	var err error
 	fmt.Printf("(g) settlement: %d grants, healthy receiver ... ", o.settleGrants)
@@ -459,7 +459,7 @@ func measureSettlements(ctx context.Context, o options, redisAddr string) (settl
 	if err != nil {
 		return f, err
 	}
-	f.OK, err = measureSettlement(ctx, redisAddr, "bench-settle", o.settleGrants, failureMix{}, o.settleLimit)
+	f.OK, err = measureSettlement(ctx, redisSrv, "bench-settle", o.settleGrants, failureMix{}, o.settleLimit)
 	stopProfile()
 	if err != nil {
 		return f, err
@@ -471,7 +471,7 @@ func measureSettlements(ctx context.Context, o options, redisAddr string) (settl
 	mix := failureMix{Fail: 0.30, Hold: 0.05, SenderTimeout: o.settleTimeout}
 	fmt.Printf("(g) settlement: %d grants, receiver failing 30%% and holding 5%% past the %s timeout ... ",
 		o.settleFailingGrants, o.settleTimeout)
-	f.Bad, err = measureSettlement(ctx, redisAddr, "bench-settle-failing", o.settleFailingGrants, mix, o.settleLimit)
+	f.Bad, err = measureSettlement(ctx, redisSrv, "bench-settle-failing", o.settleFailingGrants, mix, o.settleLimit)
 	if err != nil {
 		return f, err
 	}
@@ -484,7 +484,7 @@ func measureSettlements(ctx context.Context, o options, redisAddr string) (settl
 		if o.settleProfile != "" {
 			profile = o.settleProfile + ".refunds"
 		}
-		if f.Refunds, err = measureRefunds(ctx, o, redisAddr, profile); err != nil {
+		if f.Refunds, err = measureRefunds(ctx, o, redisSrv, profile); err != nil {
 			return f, fmt.Errorf("refunds: %w", err)
 		}
 		fmt.Println(f.Refunds.line())
@@ -530,15 +530,15 @@ const verificationRounds = 3
 // measureVerification runs the healthy settlement on fresh activities, the check off
 // and on alternately, verificationRounds times each after a warm-up, in the same
 // process against the same Redis, and keeps the fastest run of each.
-func measureVerification(ctx context.Context, o options, redisAddr string) (verificationRun, error) {
+func measureVerification(ctx context.Context, o options, redisSrv *redistest.Server) (verificationRun, error) {
 	var v verificationRun
-	if _, err := measureSettlementVerified(ctx, redisAddr, "bench-settle-warmup", o.settleCheckGrants, failureMix{}, o.settleLimit, true); err != nil {
+	if _, err := measureSettlementVerified(ctx, redisSrv, "bench-settle-warmup", o.settleCheckGrants, failureMix{}, o.settleLimit, true); err != nil {
 		return v, err
 	}
 	for i := range verificationRounds {
 		for _, verify := range []bool{false, true} {
 			uid := fmt.Sprintf("bench-settle-%v-%d", verify, i)
-			s, err := measureSettlementVerified(ctx, redisAddr, uid, o.settleCheckGrants, failureMix{}, o.settleLimit, verify)
+			s, err := measureSettlementVerified(ctx, redisSrv, uid, o.settleCheckGrants, failureMix{}, o.settleLimit, verify)
 			if err != nil {
 				return v, err
 			}

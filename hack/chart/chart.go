@@ -236,7 +236,7 @@ func extraLabels(o object, valuePath string) map[string]blockFunc {
 }
 
 // templateDeployment puts the values into the operator's Deployment: replicas,
-// image, pull policy, arguments, the Redis password Secret, extra environment,
+// image, pull policy, arguments, the Redis credential Secret, extra environment,
 // resources, ports, pod annotations and scheduling. It returns the block templates
 // and the values defaults taken from config/.
 func templateDeployment(o object) (map[string]blockFunc, map[string]any, error) {
@@ -278,7 +278,10 @@ func templateDeployment(o object) (map[string]blockFunc, map[string]any, error) 
 	}
 	c["args"] = blockPrefix + "ARGS__"
 
-	env, _ := c["env"].([]any)
+	env, cred, err := credentialEnv(c["env"])
+	if err != nil {
+		return nil, nil, err
+	}
 	envYAML, err := yaml.Marshal(env)
 	if err != nil {
 		return nil, nil, fmt.Errorf("encoding the manager's env: %w", err)
@@ -302,6 +305,10 @@ func templateDeployment(o object) (map[string]blockFunc, map[string]any, error) 
 		return nil, nil, fmt.Errorf("config/manager does not set the metrics and probe ports")
 	}
 
+	defaults["redis.passwordSecret.name"] = cred.name
+	defaults["redis.passwordSecret.key"] = cred.passwordKey
+	defaults["redis.passwordSecret.usernameKey"] = cred.usernameKey
+	defaults["redis.passwordSecret.optional"] = cred.optional
 	defaults["replicaCount"] = int(replicas)
 	defaults["image.repository"] = repo
 	defaults["image.pullPolicy"] = pullPolicy
@@ -342,11 +349,20 @@ func templateDeployment(o object) (map[string]blockFunc, map[string]any, error) 
 			b.WriteString(lines(
 				"{{- with .Values.redis.passwordSecret }}",
 				"{{- if .name }}",
+				"{{- if .usernameKey }}",
+				"- name: REDIS_USERNAME",
+				"  valueFrom:",
+				"    secretKeyRef:",
+				"      name: {{ .name | quote }}",
+				"      key: {{ .usernameKey | quote }}",
+				"      optional: {{ .optional }}",
+				"{{- end }}",
 				"- name: REDIS_PASSWORD",
 				"  valueFrom:",
 				"    secretKeyRef:",
 				"      name: {{ .name | quote }}",
 				"      key: {{ .key | quote }}",
+				"      optional: {{ .optional }}",
 				"{{- end }}",
 				"{{- end }}",
 				"{{- with .Values.extraEnv }}",
@@ -359,6 +375,58 @@ func templateDeployment(o object) (map[string]blockFunc, map[string]any, error) 
 			"  {{- toYaml .Values.resources | nindent INDENT+2 }}"),
 	}
 	return blocks, defaults, nil
+}
+
+// redisCredential is where config/manager's operator reads its Redis user from: the
+// Secret and keys of its REDIS_USERNAME and REDIS_PASSWORD variables.
+type redisCredential struct {
+	name, usernameKey, passwordKey string
+	optional                       bool
+}
+
+// credentialEnv takes the variables REDIS_USERNAME and REDIS_PASSWORD out of the
+// manager container's env, which the chart templates from redis.passwordSecret, and
+// returns the rest with where they came from (the values' defaults). Both must come
+// from one Secret, both optional or both not, so that one value says it.
+func credentialEnv(raw any) ([]any, redisCredential, error) {
+	var (
+		rest []any
+		refs = map[string]map[string]any{}
+	)
+	list, _ := raw.([]any)
+	for _, e := range list {
+		m, _ := e.(map[string]any)
+		name, _ := m["name"].(string)
+		if name != "REDIS_USERNAME" && name != "REDIS_PASSWORD" {
+			rest = append(rest, e)
+			continue
+		}
+		from, _ := m["valueFrom"].(map[string]any)
+		ref, ok := from["secretKeyRef"].(map[string]any)
+		if !ok {
+			return nil, redisCredential{}, fmt.Errorf("config/manager sets %s other than from a Secret (valueFrom.secretKeyRef); the chart templates it from redis.passwordSecret", name)
+		}
+		refs[name] = ref
+	}
+	user, pass := refs["REDIS_USERNAME"], refs["REDIS_PASSWORD"]
+	if user == nil || pass == nil {
+		return nil, redisCredential{}, fmt.Errorf("config/manager must set both REDIS_USERNAME and REDIS_PASSWORD from a Secret (found %d of them)", len(refs))
+	}
+	cred := redisCredential{}
+	cred.name, _ = pass["name"].(string)
+	cred.passwordKey, _ = pass["key"].(string)
+	cred.usernameKey, _ = user["key"].(string)
+	cred.optional, _ = pass["optional"].(bool)
+	userSecret, _ := user["name"].(string)
+	userOptional, _ := user["optional"].(bool)
+	if cred.name == "" || cred.passwordKey == "" || cred.usernameKey == "" {
+		return nil, redisCredential{}, fmt.Errorf("config/manager's REDIS_USERNAME and REDIS_PASSWORD need a Secret name and a key each")
+	}
+	if userSecret != cred.name || userOptional != cred.optional {
+		return nil, redisCredential{}, fmt.Errorf("config/manager reads REDIS_USERNAME from Secret %q (optional %t) and REDIS_PASSWORD from %q (optional %t); the chart's redis.passwordSecret names one Secret for both",
+			userSecret, userOptional, cred.name, cred.optional)
+	}
+	return rest, cred, nil
 }
 
 // templateMetricsService puts the metrics port value into the metrics Service.

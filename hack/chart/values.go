@@ -47,11 +47,19 @@ redis:
   # Hosts, IP addresses and CIDR networks that an activity's spec.redis may name
   # besides the default Redis, comma-separated; empty: the default Redis only.
   allowedHosts: {{v "redis.allowedHosts"}}
-  # A Secret of yours holding the password (read into REDIS_PASSWORD, so it never
-  # shows in the arguments). Empty name: no password.
+  # The operator's Redis user: a Secret in the release's namespace holding its
+  # password (key, read into REDIS_PASSWORD) and its name (usernameKey, read into
+  # REDIS_USERNAME when username above is empty), so neither shows in the
+  # arguments. The development Redis of config/dev-redis makes its user from the
+  # same Secret. optional: the operator starts without the Secret (or a key), for a
+  # Redis without ACLs; create it before installing, since the operator reads it
+  # when its pods start. Empty name: neither variable; empty usernameKey: no
+  # REDIS_USERNAME.
   passwordSecret:
-    name: ""
-    key: password
+    name: {{v "redis.passwordSecret.name"}}
+    key: {{v "redis.passwordSecret.key"}}
+    usernameKey: {{v "redis.passwordSecret.usernameKey"}}
+    optional: {{v "redis.passwordSecret.optional"}}
 
 grab:
   # Grab service image of activities that do not name one; empty: image above.
@@ -195,8 +203,10 @@ func valuesSchema() []byte {
 				"tls":          boolean,
 				"allowedHosts": str,
 				"passwordSecret": object(map[string]any{
-					"name": str,
-					"key":  map[string]any{"type": "string", "minLength": 1},
+					"name":        str,
+					"key":         map[string]any{"type": "string", "minLength": 1},
+					"usernameKey": str,
+					"optional":    boolean,
 				}),
 			}, "addresses", "mode"),
 			"grab": object(map[string]any{

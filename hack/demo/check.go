@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -20,10 +22,42 @@ import (
 	"redpacket.io/operator/internal/rain"
 )
 
-// startRedis starts the demo's redis-server with an append-only file, as production
-// should run it (see docs/operations.md).
+// startRedis starts the demo's redis-server with an append-only file, the default
+// user off and an admin user with a random password (redistest.StartProcess), as
+// production should run it (see docs/operations.md).
 func startRedis(dir string) (*redistest.Server, error) {
 	return redistest.StartProcess(dir, "--appendonly", "yes", "--appendfsync", "everysec")
+}
+
+// grabRedisEnv waits up to within for the Secret <name>-grab-redis that the operator
+// writes for the activity's grab pods in namespace default, and returns the
+// environment that logs a grab service in as its pods do: the activity's own Redis
+// user and password (REDIS_USERNAME, REDIS_PASSWORD), and the user's name.
+func grabRedisEnv(ctx context.Context, c client.Client, name string, within time.Duration) ([]string, string, error) {
+	key := client.ObjectKey{Namespace: "default", Name: name + "-grab-redis"}
+	deadline := time.Now().Add(within)
+	for {
+		var s corev1.Secret
+		err := c.Get(ctx, key, &s)
+		if err == nil {
+			conn, err := redisconn.ConnFromSecret(s.Data)
+			if err != nil {
+				return nil, "", fmt.Errorf("secret %s: %w", key, err)
+			}
+			return []string{"REDIS_USERNAME=" + conn.Username, "REDIS_PASSWORD=" + conn.Password}, conn.Username, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, "", fmt.Errorf("reading secret %s: %w", key, err)
+		}
+		if time.Now().After(deadline) {
+			return nil, "", fmt.Errorf("the operator wrote no secret %s within %s", key, within)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // observed is what the demo read back after the rain: the resource's status, Redis
@@ -52,10 +86,10 @@ func val(p *int64) int64 {
 // waitSettled polls the resource, Redis and the receiver until the status shows
 // every grant claimed and settled and the receiver credited them all (and, when all
 // count packets went, the activity Exhausted), or settleWait passes. c reads the
-// activity; Redis is read at redisAddr.
-func waitSettled(ctx context.Context, c client.Client, redisAddr string, count int64, settleWait time.Duration,
+// activity; Redis is read through conn (the admin user's connection).
+func waitSettled(ctx context.Context, c client.Client, conn redisconn.Conn, count int64, settleWait time.Duration,
 	name string, rr rain.Result, recv *rain.Receiver) (observed, error) {
-	rc := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}.NewClient()
+	rc := conn.NewClient()
 	defer rc.Close()
 	var obs observed
 	start := time.Now()

@@ -173,7 +173,14 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	d.onStop(rs.Stop)
-	fmt.Printf("    redis-server on %s\n", rs.Addr)
+	// The admin user's password, for the redis-cli line printed with --keep; it is
+	// given to the operator in its environment, never in its arguments.
+	passwordFile := filepath.Join(d.dir, "redis.password")
+	if err := os.WriteFile(passwordFile, []byte(rs.Password), 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", passwordFile, err)
+	}
+	fmt.Printf("    redis-server on %s: the default user off, the operator's user %s (password in %s)\n",
+		rs.Addr, rs.Username, rel(root, passwordFile))
 
 	step("starting the balance system (a receiver that credits each Idempotency-Key once)")
 	webhookKey := make([]byte, 32)
@@ -199,7 +206,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := proc.Start("operator", filepath.Join(d.dir, "logs", "manager.log"), []string{"KUBECONFIG=" + kubeconfig},
+	mgr, err := proc.Start("operator", filepath.Join(d.dir, "logs", "manager.log"), append([]string{"KUBECONFIG=" + kubeconfig}, rs.AuthEnv()...),
 		filepath.Join(root, "bin", "manager"), "--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", probeAddr, "--leader-elect=false")
 	if err != nil {
@@ -241,12 +248,18 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	step("starting the grab service (bin/grabsvc)")
+	// As its pods would, it logs in to Redis as the activity's own user, from the
+	// Secret the operator writes for them, which reaches the activity's keys only.
+	grabEnv, grabUser, err := grabRedisEnv(ctx, cp.Client, o.name, 60*time.Second)
+	if err != nil {
+		return fmt.Errorf("%w (operator log: %s)", err, proc.Tail(filepath.Join(d.dir, "logs", "manager.log"), 3000))
+	}
 	grabAddr, err := proc.FreeAddr()
 	if err != nil {
 		return err
 	}
 	grabLog := filepath.Join(d.dir, "logs", "grabsvc.log")
-	gs, err := proc.Start("grab service", grabLog, []string{"KUBECONFIG=" + kubeconfig},
+	gs, err := proc.Start("grab service", grabLog, append([]string{"KUBECONFIG=" + kubeconfig}, grabEnv...),
 		filepath.Join(root, "bin", "grabsvc"), "--namespace", "default", "--activity", o.name,
 		"--listen", grabAddr, "--kubeconfig", kubeconfig, "--redis-addresses", rs.Addr,
 		"--report-interval", "1s", "--shutdown-delay", "1s")
@@ -258,6 +271,7 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("grab service: %w (log: %s)", err, proc.Tail(grabLog, 3000))
 	}
 	fmt.Printf("    http://%s (POST /v1/grab), pid %d, log %s\n", grabAddr, gs.Pid(), rel(root, grabLog))
+	fmt.Printf("    Redis user %s, from the Secret %s-grab-redis\n", grabUser, o.name)
 	fmt.Printf("    the red-packet rain page, to play in a browser: http://%s/\n", grabAddr)
 
 	// Ready needs a grab replica that answers users, so the grab service starts first.
@@ -281,7 +295,7 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	step("waiting for the status reporter and settlement to catch up")
-	obs, err := waitSettled(ctx, cp.Client, rs.Addr, o.packets, o.settleWait, o.name, rr, recv)
+	obs, err := waitSettled(ctx, cp.Client, rs.Conn(), o.packets, o.settleWait, o.name, rr, recv)
 	if err != nil {
 		return err
 	}
@@ -299,7 +313,7 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Println("  group packets    not run on host processes: a budget's shared grab fleet is a Deployment the operator runs on a real node")
 
 	if o.keep {
-		d.printKeep(kubeconfig, grabAddr, rs.Addr, obs.uid)
+		d.printKeep(kubeconfig, grabAddr, rs.Addr, rs.Username, rel(root, passwordFile), obs.uid)
 		<-ctx.Done()
 		fmt.Println()
 		return nil
@@ -370,8 +384,9 @@ func (d *demo) shutdown() {
 	}
 }
 
-// printKeep tells how to explore the running system.
-func (d *demo) printKeep(kubeconfig, grabAddr, redisAddr, uid string) {
+// printKeep tells how to explore the running system. redis-cli logs in as redisUser
+// with the password in passwordFile: the demo's Redis refuses the default user.
+func (d *demo) printKeep(kubeconfig, grabAddr, redisAddr, redisUser, passwordFile, uid string) {
 	step("everything keeps running until Ctrl-C")
 	fmt.Printf(`    export KUBECONFIG=%s
     alias kubectl=%s
@@ -381,8 +396,8 @@ func (d *demo) printKeep(kubeconfig, grabAddr, redisAddr, uid string) {
     kubectl patch rpa %s --type=merge -p '{"spec":{"paused":true}}'
     curl -s -X POST http://%s/v1/grab -d '{"userId":"user-00001"}'
     curl -s http://%s/v1/activity
-    redis-cli -h %s -p %s HLEN 'rpa:{%s}:claims'
+    REDISCLI_AUTH="$(cat %s)" redis-cli --user %s -h %s -p %s HLEN 'rpa:{%s}:claims'
     open http://%s/ in a browser: the red-packet rain page
 `, kubeconfig, filepath.Join(d.root, "bin", "kubectl"), d.opts.name, d.opts.name, d.opts.name,
-		grabAddr, grabAddr, hostOf(redisAddr), portOf(redisAddr), uid, grabAddr)
+		grabAddr, grabAddr, passwordFile, redisUser, hostOf(redisAddr), portOf(redisAddr), uid, grabAddr)
 }

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/proc"
@@ -145,7 +146,8 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 	}
 
 	step("installing the project as a user would: the dev Redis, then the operator (2 replicas) from its image")
-	fmt.Printf("    kubectl create namespace redpacket-system; kubectl apply -k config/dev-redis; hack/render-install.sh %s; kubectl apply --server-side -f install.yaml\n", nodeVersion)
+	fmt.Printf("    kubectl create namespace redpacket-system; kubectl create secret generic %s -n redpacket-system --from-literal=username=%s --from-literal=password=<random>;\n", cluster.RedisSecret, cluster.RedisUser)
+	fmt.Printf("    kubectl apply -k config/dev-redis; hack/render-install.sh %s; kubectl apply --server-side -f install.yaml\n", nodeVersion)
 	start = time.Now()
 	installed, err := node.Install(ctx, nodeVersion)
 	if err != nil {
@@ -248,7 +250,9 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 	}
 
 	step("waiting for the status reporter and settlement to catch up")
-	obs, err := waitSettled(ctx, c, installed.RedisAddr, o.packets, o.settleWait, o.name, rr, recv)
+	redisConn := redisconn.Conn{Addresses: []string{installed.RedisAddr}, Mode: redisconn.ModeStandalone,
+		Username: installed.RedisUsername, Password: installed.RedisPassword}
+	obs, err := waitSettled(ctx, c, redisConn, o.packets, o.settleWait, o.name, rr, recv)
 	if err != nil {
 		return err
 	}
@@ -446,12 +450,12 @@ func (nd *nodeDemo) printKeep(grabURL, redisAddr, uid string) {
     kubectl patch rpa %s --type=merge -p '{"spec":{"paused":true}}'
     curl -s -X POST %s/v1/grab -d '{"userId":"user-00001"}'
     curl -s %s/v1/activity
-    redis-cli -h %s -p %s HLEN 'rpa:{%s}:claims'
+    REDISCLI_AUTH="$(kubectl -n %s get secret %s -o jsonpath='{.data.password}' | base64 -d)" redis-cli --user %s -h %s -p %s HLEN 'rpa:{%s}:claims'
     ls %s   # the node's components' logs
     ls %s   # the containers' logs, NAMESPACE_POD_UID/CONTAINER/0.log
     open %s/ in a browser on this machine: the red-packet rain page (the grab Service's ClusterIP)
 `, nd.node.Kubeconfig, filepath.Join(nd.node.BinDir, "kubectl"), name, name, grabURL, grabURL,
-		hostOf(redisAddr), portOf(redisAddr), uid, filepath.Join(nd.node.Dir, "logs"), filepath.Join(nd.node.Dir, "pod-logs"), grabURL)
+		cluster.OperatorNamespace, cluster.RedisSecret, cluster.RedisUser, hostOf(redisAddr), portOf(redisAddr), uid, filepath.Join(nd.node.Dir, "logs"), filepath.Join(nd.node.Dir, "pod-logs"), grabURL)
 }
 
 // memWatch samples the resident memory of the node and its pods every second.

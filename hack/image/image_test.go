@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -289,8 +290,9 @@ func TestPauseImage(t *testing.T) {
 }
 
 // TestRedisImage builds the Redis image from the host's redis-server, unpacks it and
-// runs it chrooted as its user: the binary must find its loader and libraries in
-// the image alone and answer PING.
+// runs it chrooted as its user, with the default user off and an admin user as
+// config/dev-redis runs it: the binary must find its loader and libraries in the
+// image alone, refuse a PING without AUTH and answer the admin user's.
 func TestRedisImage(t *testing.T) {
 	if _, err := os.Stat(hostRedisServer); err != nil {
 		skipOutsideCI(t, "no "+hostRedisServer+" on this host (make redis installs it)")
@@ -343,7 +345,9 @@ func TestRedisImage(t *testing.T) {
 	addr := l.Addr().String()
 	_, port, _ := net.SplitHostPort(addr)
 	l.Close()
-	cmd := exec.Command(cfg.Entrypoint[0], "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	const user, password = "redpacket-operator", "image-test-password"
+	cmd := exec.Command(cfg.Entrypoint[0], "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--user", "default", "off", "~*", "&*", "+@all", "--user", user, "on", ">"+password, "~*", "&*", "+@all")
 	cmd.Dir = cfg.WorkingDir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs, Credential: &syscall.Credential{Uid: redisUID, Gid: redisUID}}
 	var logs bytes.Buffer
@@ -359,8 +363,11 @@ func TestRedisImage(t *testing.T) {
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		reply, err := ping(addr)
-		if err == nil && reply == "+PONG\r\n" {
+		reply, err := ping(addr, user, password)
+		if err == nil && reply == "+OK\r\n+PONG\r\n" {
+			if anon, err := ping(addr, "", ""); err != nil || !strings.HasPrefix(anon, "-NOAUTH") {
+				t.Errorf("PING without AUTH: %q (%v), want NOAUTH", anon, err)
+			}
 			return
 		}
 		select {
@@ -386,19 +393,32 @@ func skipOutsideCI(t *testing.T, why string) {
 	t.Skip(why)
 }
 
-func ping(addr string) (string, error) {
+// ping sends PING, after AUTH user password when user is set, and returns the
+// server's replies, one line each.
+func ping(addr, user, password string) (string, error) {
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+	cmds, replies := "PING\r\n", 1
+	if user != "" {
+		cmds, replies = "AUTH "+user+" "+password+"\r\n"+cmds, 2
+	}
+	if _, err := conn.Write([]byte(cmds)); err != nil {
 		return "", err
 	}
-	buf := make([]byte, 64)
-	n, err := conn.Read(buf)
-	return string(buf[:n]), err
+	r := bufio.NewReader(conn)
+	var out strings.Builder
+	for range replies {
+		line, err := r.ReadString('\n')
+		out.WriteString(line)
+		if err != nil {
+			return out.String(), err
+		}
+	}
+	return out.String(), nil
 }
 
 // unpack writes the image content c into the directory dir, with modes and owners.

@@ -65,10 +65,10 @@ func TestBudgetViewOf(t *testing.T) {
 }
 
 // grabServer is the real grab service's packet API (grabsvc.PacketServer) on budget
-// uid over a real redis-server, with the sender credential token.
-func grabServer(t *testing.T, addr, uid string, shards int, token string) *httptest.Server {
+// uid over a real redis-server (conn), with the sender credential token.
+func grabServer(t *testing.T, conn redisconn.Conn, uid string, shards int, token string) *httptest.Server {
 	t.Helper()
-	rc, err := redisconn.Conn{Addresses: []string{addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
+	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	hs := grabServer(t, srv.Addr, "budget-plugin", 4, "sender-secret-token")
+	hs := grabServer(t, srv.Conn(), "budget-plugin", 4, "sender-secret-token")
 	c := PacketsClient{BaseURL: hs.URL, HTTP: hs.Client()}
 
 	req := SendRequest{ID: "order-1", Sender: "merchant-7", TotalAmount: 1000, Count: 5, Distribution: split.TypeFixed, TTLSeconds: 600}

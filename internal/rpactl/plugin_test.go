@@ -28,7 +28,6 @@ import (
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/internal/rpactl"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
@@ -86,7 +85,7 @@ func (w *world) startController() {
 		w.t.Fatal(err)
 	}
 	r := &controllers.RedPacketActivityReconciler{Options: controllers.Options{
-		DefaultRedis:        redisconn.Conn{Addresses: []string{w.redis.Addr}, Mode: redisconn.ModeStandalone},
+		DefaultRedis:        w.redis.Conn(),
 		GrabImage:           "redpacket-operator:test",
 		GrabReplicas:        1,
 		CleanupGracePeriod:  time.Minute,
@@ -395,8 +394,14 @@ func TestPluginAgainstTheAPIServer(t *testing.T) {
 	if _, err := w.run("replay-dead-letters", name); err == nil || !strings.Contains(err.Error(), "--redis-addr") {
 		t.Errorf("replay without a Redis: %v; want an error naming --redis-addr", err)
 	}
-	// Another Redis does not hold the activity: refused, nothing moved.
-	other := redistest.Start(t)
+	// Without spec.redis and --redis-secret, the operator's credentials come from
+	// REDIS_USERNAME and REDIS_PASSWORD, as docs/kubectl-rpa.md sets them: the test's
+	// Redis, like the dev Redis, refuses the default user.
+	t.Setenv("REDIS_USERNAME", w.redis.Username)
+	t.Setenv("REDIS_PASSWORD", w.redis.Password)
+	// Another Redis (with the same admin user and password) does not hold the
+	// activity: refused, nothing moved.
+	other, _ := redistest.StartProtected(t, w.redis.Password)
 	if _, err := w.run("replay-dead-letters", name, "--redis-addr", other.Addr); err == nil || !strings.Contains(err.Error(), "no data of activity") {
 		t.Errorf("replay against another Redis: %v; want a refusal", err)
 	}
@@ -405,7 +410,8 @@ func TestPluginAgainstTheAPIServer(t *testing.T) {
 	}
 	// A connection Secret whose addresses are cluster-internal, dialled at --redis-addr.
 	conn := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "redis-conn"},
-		StringData: map[string]string{"addresses": "redis.redpacket-system.svc:6379", "mode": "standalone"}}
+		StringData: map[string]string{"addresses": "redis.redpacket-system.svc:6379", "mode": "standalone",
+			"username": w.redis.Username, "password": w.redis.Password}}
 	if err := w.cp.Client.Create(ctx, conn); err != nil {
 		t.Fatal(err)
 	}

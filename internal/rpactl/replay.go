@@ -24,7 +24,7 @@ type redisFlags struct {
 func (f *redisFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.secret, "redis-secret", "", "a Secret in the namespace in the connection format (addresses, mode, username, password, tls); default: the one spec.redis.secretRef names")
-	fl.StringVar(&f.addr, "redis-addr", "", "comma-separated host:port to dial instead of the Secret's addresses, such as 127.0.0.1:6379 through kubectl port-forward; required for an activity on the operator's default Redis")
+	fl.StringVar(&f.addr, "redis-addr", "", "comma-separated host:port to dial instead of the Secret's addresses, such as 127.0.0.1:6379 through kubectl port-forward; required for an activity on the operator's default Redis, whose user name and password come from $REDIS_USERNAME and $REDIS_PASSWORD")
 	fl.StringVar(&f.mode, "redis-mode", redisconn.ModeStandalone, "standalone or cluster, when no Secret says")
 }
 
@@ -37,7 +37,7 @@ var errDefaultRedis = errors.New("the activity has no spec.redis and uses the op
 // it: the Secret named by --redis-secret, else by spec.redis.secretRef (parsed by
 // redisconn.ConnFromSecret, as the controller does), with its addresses replaced by
 // --redis-addr when given; without a Secret, --redis-addr and --redis-mode with the
-// password from $REDIS_PASSWORD.
+// user name from $REDIS_USERNAME and the password from $REDIS_PASSWORD.
 func (f *redisFlags) connection(ctx context.Context, s *session, a *redpacketv1alpha1.RedPacketActivity) (redisconn.Conn, string, error) {
 	specSecret := ""
 	if a.Spec.Redis != nil {
@@ -66,7 +66,7 @@ func (f *redisFlags) connectionOf(ctx context.Context, s *session, resource, spe
 		}
 		source = "secret " + secretName
 	case f.addr != "":
-		conn = redisconn.Conn{Mode: strings.TrimSpace(f.mode), Password: os.Getenv("REDIS_PASSWORD")}
+		conn = redisconn.Conn{Mode: strings.TrimSpace(f.mode), Username: os.Getenv("REDIS_USERNAME"), Password: os.Getenv("REDIS_PASSWORD")}
 		source = "--redis-addr"
 	default:
 		return redisconn.Conn{}, "", fmt.Errorf("%s: %w", resource, errDefaultRedis)

@@ -63,7 +63,7 @@ func TestBudgetTokenAgainstThePacketServer(t *testing.T) {
 		DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := redisconn.Conn{Addresses: []string{w.redis.Addr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
+	rc, err := w.redis.Conn().NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

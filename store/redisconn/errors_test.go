@@ -23,7 +23,7 @@ import (
 	"redpacket.io/operator/test/redistest"
 )
 
-// operatorPassword is the password of the Redis default user in these tests.
+// operatorPassword is the password of the Redis admin user in these tests.
 const operatorPassword = "operator-secret-pw"
 
 // fakeService listens on a loopback port and greets every connection with banner,
@@ -109,13 +109,13 @@ func TestSafeErrorsSayWhatFailedWithoutEchoingTheServer(t *testing.T) {
 			want: "DNS lookup failed", rawHas: "lookup redis.invalid"},
 		{name: "nothing answers", conn: redisconn.Conn{Addresses: []string{silent.addr}}, cmd: []any{"ping"},
 			want: "timed out", rawHas: "timeout"},
-		{name: "a wrong password", conn: redisconn.Conn{Addresses: []string{srv.Addr}, Password: "wrong"}, cmd: []any{"ping"},
+		{name: "a wrong password", conn: redisconn.Conn{Addresses: []string{srv.Addr}, Username: srv.Username, Password: "wrong"}, cmd: []any{"ping"},
 			want: "WRONGPASS authentication failed", rawHas: "WRONGPASS"},
 		{name: "no password", conn: redisconn.Conn{Addresses: []string{srv.Addr}}, cmd: []any{"ping"},
 			want: "NOAUTH authentication failed: a password is required", rawHas: "NOAUTH"},
 		{name: "a command the ACL refuses", conn: redisconn.Conn{Addresses: []string{srv.Addr}, Username: "pinger", Password: "pinger-pw"},
 			cmd: []any{"get", "k"}, want: "NOPERM permission denied by the Redis ACL", rawHas: "'get'"},
-		{name: "an unknown command", conn: redisconn.Conn{Addresses: []string{srv.Addr}, Password: operatorPassword},
+		{name: "an unknown command", conn: redisconn.Conn{Addresses: []string{srv.Addr}, Username: srv.Username, Password: operatorPassword},
 			cmd: []any{"no-such-command", "x"}, want: "ERR Redis answered with an error", rawHas: "no-such-command"},
 	}
 	for _, tc := range cases {
@@ -212,7 +212,7 @@ func TestSafeErrorsFollowClusterRedirects(t *testing.T) {
 	t.Parallel()
 	ctx := redistest.Context(t)
 	cluster := redistest.StartCluster(t, 3)
-	c := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster}.NewClient(redisconn.ClientOptions{SafeErrors: true})
+	c := redisconn.Conn{Addresses: cluster.Addrs[:1], Mode: redisconn.ModeCluster, Username: cluster.Username, Password: cluster.Password}.NewClient(redisconn.ClientOptions{SafeErrors: true})
 	t.Cleanup(func() { _ = c.Close() })
 	cc := c.(*redis.ClusterClient)
 	if err := cc.Set(ctx, "warm-up", "1", 0).Err(); err != nil { // loads the slot map
@@ -231,7 +231,7 @@ func TestSafeErrorsFollowClusterRedirects(t *testing.T) {
 	var target *redis.Client
 	var targetID string
 	for _, addr := range cluster.Addrs {
-		n := redis.NewClient(&redis.Options{Addr: addr})
+		n := redis.NewClient(cluster.NodeOptions(addr))
 		t.Cleanup(func() { _ = n.Close() })
 		if id := n.Do(ctx, "cluster", "myid").Val(); id != sourceID && target == nil {
 			target, targetID = n, id.(string)
@@ -279,7 +279,7 @@ func TestDialCheckRefusesBeforeConnecting(t *testing.T) {
 		}
 		return nil
 	}
-	cc := redisconn.Conn{Addresses: []string{seed}, Mode: redisconn.ModeCluster}.NewClient(redisconn.ClientOptions{DialCheck: onlySeed, MaxRetries: -1})
+	cc := redisconn.Conn{Addresses: []string{seed}, Mode: redisconn.ModeCluster, Username: cluster.Username, Password: cluster.Password}.NewClient(redisconn.ClientOptions{DialCheck: onlySeed, MaxRetries: -1})
 	t.Cleanup(func() { _ = cc.Close() })
 	var refusedNodes int
 	for i := range 30 {

@@ -2,12 +2,17 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"redpacket.io/operator/test/controlplane"
 )
@@ -21,6 +26,14 @@ const (
 	// defaultRedisAddress is the operator's default Redis in the install manifests:
 	// the dev Redis Service, by its cluster DNS name.
 	defaultRedisAddress = "redis.redpacket-system.svc:6379"
+	// RedisSecret is the Secret in OperatorNamespace with the operator's Redis user
+	// (keys username and password): config/dev-redis creates that user from it, with
+	// the default user off, and the install manifests and the chart give it to the
+	// operator (REDIS_USERNAME, REDIS_PASSWORD).
+	RedisSecret = "redpacket-redis"
+	// RedisUser is the user name the install puts into RedisSecret, as the docs' line
+	// that creates it does.
+	RedisUser = "redpacket-operator"
 )
 
 // Installed is the project as installed on a node.
@@ -28,16 +41,20 @@ type Installed struct {
 	// RedisAddr is the dev Redis Service's ClusterIP and port, which the host and the
 	// pods reach.
 	RedisAddr string
+	// RedisUsername and RedisPassword log in to the dev Redis as the operator's user
+	// (RedisSecret's): the dev Redis refuses the default user. The password is random,
+	// made by this install.
+	RedisUsername, RedisPassword string
 	// RedisReady and OperatorReady are how long each took to be Available.
 	RedisReady, OperatorReady time.Duration
 }
 
-// Install installs the project as a user would: the namespace and config/dev-redis,
-// then the install manifests rendered by hack/render-install.sh for the operator
-// image of version, applied with server-side apply, and waits until both are
-// Available. The node has no cluster DNS, so the operator's default Redis address is
-// the dev Redis Service's ClusterIP rather than its DNS name (docs/operations.md says
-// when to do the same).
+// Install installs the project as a user would: the namespace, the Secret
+// RedisSecret with a random password and config/dev-redis, then the install
+// manifests rendered by hack/render-install.sh for the operator image of version,
+// applied with server-side apply, and waits until both are Available. The node has
+// no cluster DNS, so the operator's default Redis address is the dev Redis Service's
+// ClusterIP rather than its DNS name (docs/operations.md says when to do the same).
 func (c *Cluster) Install(ctx context.Context, version string) (Installed, error) {
 	var in Installed
 	root, err := controlplane.Root()
@@ -75,15 +92,30 @@ func (c *Cluster) Install(ctx context.Context, version string) (Installed, error
 
 // installDevRedis creates the operator's namespace (as kubectl create namespace, the
 // way a user who runs the Redis before the operator does; config/dev-redis does not
-// declare it), applies config/dev-redis, waits until the Redis is Available, and
-// records its Service's ClusterIP address (the node has no cluster DNS) and how long
-// it took in in.
+// declare it) and the Secret RedisSecret with the user RedisUser and a random
+// password, as the docs' kubectl create secret line does, applies config/dev-redis,
+// waits until the Redis is Available, and records its Service's ClusterIP address
+// (the node has no cluster DNS), the credentials and how long it took in in.
 func (c *Cluster) installDevRedis(ctx context.Context, root string, in *Installed) error {
 	start := time.Now()
 	if _, err := c.Kubectl(ctx, "", "get", "namespace", OperatorNamespace); err != nil {
 		if _, err := c.Kubectl(ctx, "", "create", "namespace", OperatorNamespace); err != nil {
 			return err
 		}
+	}
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("making the dev Redis password: %w", err)
+	}
+	in.RedisUsername, in.RedisPassword = RedisUser, hex.EncodeToString(b)
+	// Through the API rather than kubectl, so that the password is in no process's
+	// arguments.
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: RedisSecret, Namespace: OperatorNamespace},
+		StringData: map[string]string{"username": in.RedisUsername, "password": in.RedisPassword},
+	}
+	if _, err := c.Client.CoreV1().Secrets(OperatorNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating the Secret %s/%s: %w", OperatorNamespace, RedisSecret, err)
 	}
 	if _, err := c.Kubectl(ctx, "", "apply", "-k", filepath.Join(root, "config", "dev-redis")); err != nil {
 		return err

@@ -45,6 +45,8 @@ var Rules = []Rule{
 	{Match: `(^|\s)go (test|run) `, Reason: "a Go test or program, run by make test or by hand, not a command against the cluster"},
 
 	// README.md: the quick start, in order, on the test cluster.
+	{Doc: "README.md", Match: `^bin/kubectl create (namespace redpacket-system|secret generic redpacket-redis -n redpacket-system )`,
+		Reason: "the suite made the operator's namespace and its Redis Secret (a random password) before the dev Redis and the operator started (test/cluster); a second create fails, and a new password would not reach the running Redis"},
 	{Doc: "README.md", Match: `^bin/kubectl apply -k config/dev-redis$`, Run: true, Reason: "the same apply the suite made: unchanged"},
 	{Doc: "README.md", Match: `^bin/kubectl (apply -f config/samples/|wait --for=condition=Ready rpa/)`, Run: true},
 	{Doc: "README.md", Match: `^bin/kubectl create secret generic grab-hmac --from-literal=key="\$\(openssl rand -hex 32\)"$`, Run: true},
@@ -74,6 +76,8 @@ var Rules = []Rule{
 	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa --version$`, Run: true},
 	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl wait `, Run: true},
 	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl (-n redpacket-system )?port-forward service/[a-z-]+ [0-9:]+ >/dev/null &$`, Run: true},
+	{Doc: "docs/kubectl-rpa.md", Match: `^export REDIS_(USERNAME|PASSWORD)="\$\(kubectl -n redpacket-system get secret redpacket-redis -o jsonpath='\{\.data\.(username|password)\}' \| base64 -d\)"$`, Run: true,
+		Reason: "the operator's Redis user, from the Secret the suite made, for replay-dead-letters --redis-addr"},
 	{Doc: "docs/kubectl-rpa.md", Match: `^curl -s `, Run: true},
 
 	// docs/monitoring.md: a production install and Argo CD.
@@ -88,6 +92,7 @@ var Rules = []Rule{
 	{Doc: "docs/operations.md", Match: `^kubectl (scale|autoscale) deployment quiz-night-grab `, Reason: "8 to 20 grab pods do not fit beside the suite's on 2 cores, and autoscaling needs a metrics server"},
 	{Doc: "docs/operations.md", Match: `^kubectl -n redpacket-system create secret generic redpacket-settlement-keys .* \| kubectl apply --server-side -f -$`, Run: true},
 	{Doc: "docs/operations.md", Match: `^kubectl (-n redpacket-system )?create secret generic (redis-conn|grab-hmac|redpacket-settlement-keys) `, Reason: "the Secrets table's examples of each shape; the README's quick start made grab-hmac and the settlement key, and there is no Redis at redis:6379"},
+	{Doc: "docs/operations.md", Match: `^kubectl create secret generic redpacket-redis -n redpacket-system `, Reason: "the operator's Redis Secret, which the suite made before the dev Redis and the operator started; a second create fails"},
 	{Doc: "docs/operations.md", Match: `^redis-cli `, Reason: "redis-cli against the operator's Redis with a UID or function-name placeholder"},
 	{Doc: "docs/operations.md", Match: `^uid=\$\(kubectl get rpa quiz-night `, Run: true},
 	{Doc: "docs/operations.md", Match: `^grabsvc replay-dead-letters `, Reason: "the grab binary's command, run inside a grab pod; docs/kubectl-rpa.md runs the plugin's replay"},

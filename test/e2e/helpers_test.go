@@ -41,7 +41,7 @@ func startGrabWith(t *testing.T, ns, name string, extra ...string) string {
 	args := append([]string{"--namespace", ns, "--activity", name, "--listen", addr,
 		"--kubeconfig", env.kubeconfig, "--redis-addresses", env.redisAddr, "--report-interval", "500ms",
 		"--shutdown-delay", "0s"}, extra...)
-	p, err := proc.Start("grab service", logPath, nil, env.grabsvc, args...)
+	p, err := proc.Start("grab service", logPath, env.redisEnv, env.grabsvc, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,9 @@ var env struct {
 	kubeconfig string
 	grabsvc    string
 	redisAddr  string
+	// redisEnv logs a process in to the Redis as its admin user (REDIS_USERNAME,
+	// REDIS_PASSWORD): it refuses the default user, as the dev Redis does.
+	redisEnv   []string
 	redis      *redis.Client
 	managerLog string
 }
@@ -101,7 +104,8 @@ func runMain(m *testing.M) int {
 	}
 	defer rs.Stop()
 	env.redisAddr = rs.Addr
-	env.redis = redis.NewClient(&redis.Options{Addr: rs.Addr})
+	env.redisEnv = rs.AuthEnv()
+	env.redis = redis.NewClient(rs.Options())
 	defer env.redis.Close()
 
 	// The operator settles, signing with the key its own namespace holds for the
@@ -121,7 +125,7 @@ func runMain(m *testing.M) int {
 		return fail(err)
 	}
 	env.managerLog = filepath.Join(work, "manager.log")
-	mp, err := proc.Start("operator", env.managerLog, []string{"POD_NAMESPACE=" + operatorNamespace}, manager, "--kubeconfig", env.kubeconfig,
+	mp, err := proc.Start("operator", env.managerLog, append([]string{"POD_NAMESPACE=" + operatorNamespace}, env.redisEnv...), manager, "--kubeconfig", env.kubeconfig,
 		"--redis-addresses", rs.Addr, "--metrics-bind-address", "0", "--health-probe-bind-address", probe,
 		"--cleanup-grace-period", "2m")
 	if err != nil {

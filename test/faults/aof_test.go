@@ -25,8 +25,8 @@ func TestKill9WithAOFAlwaysLosesNoAcknowledgedGrant(t *testing.T) {
 	ctx := context.Background()
 	args := []string{"--appendonly", "yes", "--appendfsync", "always"}
 	srv := startRedis(t, args...)
-	addr, dir := (*srv).Addr, (*srv).Dir()
-	admin := adminClient(t, addr)
+	addr := (*srv).Addr
+	admin := adminClient(t, *srv)
 	if cfg, err := admin.ConfigGet(ctx, "append*").Result(); err != nil || cfg["appendonly"] != "yes" || cfg["appendfsync"] != "always" {
 		t.Fatalf("redis-server persistence: %v %v, want appendonly yes, appendfsync always", cfg, err)
 	}
@@ -34,7 +34,7 @@ func TestKill9WithAOFAlwaysLosesNoAcknowledgedGrant(t *testing.T) {
 	const packets = 12000
 	act, amounts := newActivity("aof-always", packets)
 	seedOpen(t, admin, act, amounts)
-	svc := startGrabService(t, addr, act)
+	svc := startGrabService(t, *srv, addr, act)
 	r := newRain(svc, "aof", rainUsers)
 	start := time.Now()
 	r.start(rainWorkers)
@@ -51,7 +51,7 @@ func TestKill9WithAOFAlwaysLosesNoAcknowledgedGrant(t *testing.T) {
 	})
 	// Every answer Redis sent before it died has arrived by now.
 	markAtKill := svc.guard.Mark(act)
-	restarted, err := redistest.RestartProcess(dir, addr, args...)
+	restarted, err := redistest.RestartProcess(*srv, args...)
 	if err != nil {
 		t.Fatalf("restarting redis-server on its AOF: %v", err)
 	}

@@ -25,7 +25,7 @@ func TestFailoverWithReplicaDurabilityLosesNoAcknowledgedGrant(t *testing.T) {
 		Mode: redpacketv1alpha1.DurabilityReplicas, Replicas: 1, TimeoutMilliseconds: 200,
 	}
 	pair.seedReplicated(t, act, amounts)
-	svc := startGrabService(t, pair.front.Addr(), act)
+	svc := startGrabService(t, pair.primary, pair.front.Addr(), act)
 	r := newRain(svc, "dur", rainUsers)
 	start := time.Now()
 	r.start(rainWorkers)
@@ -54,8 +54,8 @@ func TestFailoverWithReplicaDurabilityLosesNoAcknowledgedGrant(t *testing.T) {
 	}
 
 	// The promoted replica gets a replica of its own, and the service address moves.
-	second := *startRedis(t, "--replicaof", "127.0.0.1", pair.replica.Port())
-	waitLinkUp(t, adminClient(t, second.Addr))
+	second := *startReplica(t, pair.replica, "")
+	waitLinkUp(t, adminClient(t, second))
 	pair.front.Retarget(pair.replica.Addr)
 	r.wait(t, 40*time.Second)
 	elapsed := time.Since(start)

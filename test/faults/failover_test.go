@@ -35,12 +35,12 @@ func startReplicatedPair(t *testing.T) *replicatedPair {
 	}
 	t.Cleanup(p.link.Close)
 	linkPort := p.link.Addr()[len("127.0.0.1:"):]
-	p.replica = *startRedis(t, append(fullSyncAtOnce, "--replicaof", "127.0.0.1", linkPort)...)
+	p.replica = *startReplica(t, p.primary, "127.0.0.1:"+linkPort, fullSyncAtOnce...)
 	if p.front, err = history.NewProxy(p.primary.Addr); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.front.Close)
-	p.padmin, p.radmin = adminClient(t, p.primary.Addr), adminClient(t, p.replica.Addr)
+	p.padmin, p.radmin = adminClient(t, p.primary), adminClient(t, p.replica)
 	waitLinkUp(t, p.radmin)
 	return p
 }
@@ -112,7 +112,7 @@ func TestFailoverToALaggingReplicaIsFenced(t *testing.T) {
 	pair := startReplicatedPair(t)
 	act, amounts := newActivity("lagging", 20000)
 	pair.seedReplicated(t, act, amounts)
-	svc := startGrabService(t, pair.front.Addr(), act)
+	svc := startGrabService(t, pair.primary, pair.front.Addr(), act)
 	r := newRain(svc, "lag", rainUsers)
 	r.start(rainWorkers)
 

@@ -88,15 +88,33 @@ func seedOpen(t *testing.T, c *redis.Client, act *grabsvc.Resource, amounts []in
 	}
 }
 
-// startRedis runs a redis-server in a fresh directory for the test. The returned
-// pointer is the server to stop at cleanup; a test that restarts the server stores
-// the new one there.
+// startRedis runs a redis-server in a fresh directory for the test, with the default
+// user off and an admin user of its own (redistest). The returned pointer is the
+// server to stop at cleanup; a test that restarts the server stores the new one there.
 func startRedis(t *testing.T, args ...string) **redistest.Server {
 	t.Helper()
 	s, err := redistest.StartProcess(t.TempDir(), args...)
 	if err != nil {
 		t.Fatalf("starting redis-server: %v", err)
 	}
+	return stopAtCleanup(t, s)
+}
+
+// startReplica runs a replica of primary, replicating from primaryAddr (primary's own
+// address, or a proxy in front of it), with primary's admin user and password, as
+// the servers of one deployment have: a client keeps its credentials across a
+// failover. The returned pointer is as startRedis's.
+func startReplica(t *testing.T, primary *redistest.Server, primaryAddr string, args ...string) **redistest.Server {
+	t.Helper()
+	s, err := redistest.StartReplicaProcess(t.TempDir(), primary, primaryAddr, args...)
+	if err != nil {
+		t.Fatalf("starting a replica redis-server: %v", err)
+	}
+	return stopAtCleanup(t, s)
+}
+
+// stopAtCleanup returns a pointer to s that the test's cleanup stops the server of.
+func stopAtCleanup(t *testing.T, s *redistest.Server) **redistest.Server {
 	cur := &s
 	t.Cleanup(func() {
 		if *cur != nil {
@@ -106,9 +124,12 @@ func startRedis(t *testing.T, args ...string) **redistest.Server {
 	return cur
 }
 
-// adminClient is a plain client for the test's own reads and commands.
-func adminClient(t *testing.T, addr string) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+// adminClient is a plain client of s, as its admin user, for the test's own reads
+// and commands.
+func adminClient(t *testing.T, s *redistest.Server) *redis.Client {
+	opt := s.Options()
+	opt.MaxRetries = -1
+	c := redis.NewClient(opt)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -147,12 +168,15 @@ type grabService struct {
 	client *http.Client
 }
 
-// startGrabService opens the grab path's clients on redisAddr (the auto-pipeliner
-// for grabs, the plain client for /readyz and replica waits) exactly as the grab
-// service's main does, and serves act.
-func startGrabService(t *testing.T, redisAddr string, act *grabsvc.Resource) *grabService {
+// startGrabService opens the grab path's clients on redisAddr (the server's address,
+// or a proxy in front of it) as the admin user of srv (the auto-pipeliner for grabs,
+// the plain client for /readyz and replica waits) exactly as the grab service's main
+// does, and serves act.
+func startGrabService(t *testing.T, redisSrv *redistest.Server, redisAddr string, act *grabsvc.Resource) *grabService {
 	t.Helper()
-	rc, err := redisconn.Conn{Addresses: []string{redisAddr}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
+	conn := redisSrv.Conn()
+	conn.Addresses = []string{redisAddr}
+	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
 	if err != nil {
 		t.Fatalf("grab service's redis clients: %v", err)
 	}

@@ -25,12 +25,12 @@ func TestRestoreFromOlderRDBIsFencedNeverReopened(t *testing.T) {
 	ctx := context.Background()
 	srv := startRedis(t) // RDB only, written by SAVE alone
 	addr, dir := (*srv).Addr, (*srv).Dir()
-	admin := adminClient(t, addr)
+	admin := adminClient(t, *srv)
 
 	const packets = 20000
 	act, amounts := newActivity("restored", packets)
 	seedOpen(t, admin, act, amounts)
-	svc := startGrabService(t, addr, act)
+	svc := startGrabService(t, *srv, addr, act)
 	r := newRain(svc, "rdb", rainUsers)
 	r.start(rainWorkers)
 
@@ -51,7 +51,7 @@ func TestRestoreFromOlderRDBIsFencedNeverReopened(t *testing.T) {
 			t.Fatal(err)
 		}
 		copyFile(t, backup, filepath.Join(dir, "dump.rdb"))
-		restarted, err := redistest.RestartProcess(dir, addr)
+		restarted, err := redistest.RestartProcess(*srv)
 		if err != nil {
 			t.Fatalf("restarting redis-server on the old copy: %v", err)
 		}

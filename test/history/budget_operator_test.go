@@ -81,7 +81,7 @@ func startBudgetOperator(addr string, settleLink *Proxy, uid string, shards int,
 }
 
 func (o *budgetOperator) start() {
-	conn := redisconn.Conn{Addresses: []string{o.addr}, Mode: redisconn.ModeStandalone}
+	conn := adminConn(o.addr)
 	o.client = conn.NewClient(redisconn.ClientOptions{Timeout: controllerTimeout, MaxRetries: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	o.cancel = cancel
@@ -97,7 +97,7 @@ func (o *budgetOperator) start() {
 	// The settlement, with the options the operator opens its clients with.
 	gen := o.gen
 	o.gen++
-	sconn := redisconn.Conn{Addresses: []string{o.settleAddr}, Mode: redisconn.ModeStandalone}
+	sconn := adminConn(o.settleAddr)
 	o.settleClient = sconn.NewClient(redisconn.ClientOptions{})
 	cfg := o.cfg
 	cfg.Redis = o.settleClient

@@ -379,9 +379,9 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	t.Helper()
 	st := budgetStats{runStats: runStats{faults: map[string]int{}, outcomes: map[string]int{}}}
 	ctx := context.Background()
-	direct := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	direct := redis.NewClient(srv.Options())
 	defer func() { _ = direct.Close() }()
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	admin := redis.NewClient(srv.Options())
 	defer func() { _ = admin.Close() }()
 	proxy, err := NewProxy(srv.Addr)
 	if err != nil {
@@ -413,7 +413,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	if _, err := lua.GrabLibrary.Ensure(ctx, direct); err != nil {
 		t.Fatalf("loading the function library: %v", err)
 	}
-	wc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	wc := redis.NewClient(srv.Options())
 	defer func() { _ = wc.Close() }()
 	cfg := settlement.BudgetConfigFor("default", "history", sc.uid, "CNY", hook.URL+"/credit", 100000, nil,
 		settlement.Packets{MaxCount: sc.limits.MaxCount, MaxTTL: sc.limits.MaxTTL})

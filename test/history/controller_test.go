@@ -69,7 +69,7 @@ func newController(redisAddr string, timeout time.Duration, rec *recorder) *cont
 }
 
 func (c *controller) connect() {
-	c.client = redisconn.Conn{Addresses: []string{c.redis}, Mode: redisconn.ModeStandalone}.NewClient(
+	c.client = adminConn(c.redis).NewClient(
 		redisconn.ClientOptions{Timeout: c.timeout, MaxRetries: 1})
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.up = true

@@ -105,7 +105,7 @@ func startGrabService(redisAddr string, timeout time.Duration, handler func(*red
 }
 
 func (g *grabService) start() (*grabInstance, error) {
-	rc, err := redisconn.Conn{Addresses: []string{g.redis}, Mode: redisconn.ModeStandalone}.NewPipelinedClient(redisconn.GrabClientOptions(g.timeout))
+	rc, err := adminConn(g.redis).NewPipelinedClient(redisconn.GrabClientOptions(g.timeout))
 	if err != nil {
 		return nil, fmt.Errorf("grab server's redis clients: %w", err)
 	}

@@ -513,9 +513,9 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		t.Fatalf("proxy: %v", err)
 	}
 	defer proxy.Close()
-	direct := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	direct := redis.NewClient(srv.Options())
 	defer func() { _ = direct.Close() }()
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	admin := redis.NewClient(srv.Options())
 	defer func() { _ = admin.Close() }()
 
 	receiver := rain.NewReceiver(nil)
@@ -574,7 +574,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		}
 		keeper := controllers.NewFunctionKeeper(func(redisconn.Conn) redis.UniversalClient { return direct })
 		for _, a := range sc.activities {
-			keeper.Track(types.UID(a.uid), redisconn.Conn{Addresses: []string{srv.Addr}})
+			keeper.Track(types.UID(a.uid), adminConn(srv.Addr))
 		}
 		kctx, stopKeeper := context.WithCancel(ctx)
 		defer stopKeeper()
@@ -599,7 +599,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 	// every entry against them and the activity's ledger, as the operator's do, after
 	// announcing the budget.
 	settle := func(uid, activity string, amounts []int64) {
-		wc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		wc := redis.NewClient(srv.Options())
 		t.Cleanup(func() { _ = wc.Close() })
 		cfg := settlement.Config{
 			Redis: wc, Activity: activity, ActivityUID: uid, Currency: "CNY",

@@ -31,6 +31,7 @@ import (
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/redistest"
 )
 
 // Runs with the operator: the controller of these histories is the real one, the
@@ -318,7 +319,7 @@ func startOperator(t *testing.T, cp *controlplane.ControlPlane, defaultRedis str
 	t.Helper()
 	o := &operator{t: t, cp: cp, ns: cp.Namespace(t), link: link, byName: map[string]*opActivity{}}
 	o.opts = controllers.Options{
-		DefaultRedis:       redisconn.Conn{Addresses: []string{defaultRedis}, Mode: redisconn.ModeStandalone},
+		DefaultRedis:       adminConn(defaultRedis),
 		AllowedRedisHosts:  controllers.MustParseRedisHosts("127.0.0.1"),
 		GrabImage:          "registry.example/redpacket-operator:history",
 		GrabReplicas:       0, // no node runs pods; the grab services are the run's own
@@ -486,7 +487,8 @@ func (o *operator) Create(rec *recorder, sc *scenario, webhook string, direct re
 	ctx := context.Background()
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "redis-conn", Namespace: o.ns},
-		StringData: map[string]string{"addresses": o.link.Addr(), "mode": redisconn.ModeStandalone},
+		StringData: map[string]string{"addresses": o.link.Addr(), "mode": redisconn.ModeStandalone,
+			"username": redistest.AdminUser, "password": adminPassword},
 	}
 	if err := o.cp.Client.Create(ctx, secret); err != nil {
 		t.Fatalf("creating the Redis Secret: %v", err)

@@ -13,8 +13,33 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
+
+// adminPassword is the password of the admin user (redistest.AdminUser) of every
+// redis-server the history tests start, made at random once per test binary. Each
+// server has the default user off, as redistest's do; one password for all of them
+// lets the harness's parts, which reach a server through proxies by address, log in
+// with adminConn or adminOptions of whichever address they dial.
+var adminPassword = func() string {
+	p, err := redistest.NewPassword()
+	if err != nil {
+		panic(err)
+	}
+	return p
+}()
+
+// adminConn is a standalone connection to addr (a server of the harness, or a proxy
+// in front of one) as the admin user.
+func adminConn(addr string) redisconn.Conn {
+	return redisconn.Conn{Addresses: []string{addr}, Mode: redisconn.ModeStandalone, Username: redistest.AdminUser, Password: adminPassword}
+}
+
+// adminOptions are client options that reach addr as the admin user.
+func adminOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, Username: redistest.AdminUser, Password: adminPassword}
+}
 
 // redisProc is a redis-server with an append-only file fsynced on every write
 // (appendfsync always) that a fault can kill and restart on the same port: what it
@@ -27,6 +52,9 @@ type redisProc struct {
 	mu  sync.Mutex
 	cmd *exec.Cmd
 }
+
+// Options are client options that reach the server as its admin user.
+func (r *redisProc) Options() *redis.Options { return adminOptions(r.Addr) }
 
 func startRedis(t *testing.T) *redisProc {
 	t.Helper()
@@ -46,7 +74,7 @@ func startRedis(t *testing.T) *redisProc {
 	t.Cleanup(r.kill)
 	// Durable mode: every acknowledged write is on disk before its reply, so a
 	// SIGKILL loses none, and acknowledged-grants-lost must be 0.
-	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	c := redis.NewClient(r.Options())
 	defer func() { _ = c.Close() }()
 	for param, want := range map[string]string{"appendonly": "yes", "appendfsync": "always"} {
 		got, err := c.ConfigGet(context.Background(), param).Result()
@@ -62,16 +90,19 @@ func (r *redisProc) start() error {
 	if err != nil {
 		return fmt.Errorf("redis-server is not installed: %w", err)
 	}
-	cmd := exec.Command(bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "",
+	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "",
 		"--appendonly", "yes", "--appendfsync", "always", "--dir", r.dir, "--daemonize", "no",
-		"--logfile", filepath.Join(r.dir, "redis.log"))
+		"--logfile", filepath.Join(r.dir, "redis.log")}, redistest.ACLArgs(redistest.AdminUser, adminPassword)...)
+	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	r.mu.Lock()
 	r.cmd = cmd
 	r.mu.Unlock()
-	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	opt := r.Options()
+	opt.MaxRetries = -1
+	c := redis.NewClient(opt)
 	defer func() { _ = c.Close() }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

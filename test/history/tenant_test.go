@@ -290,7 +290,9 @@ func (p *pinger) excuse(d time.Duration) {
 }
 
 func (p *pinger) run(ctx context.Context, addr string) {
-	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 5 * time.Second, MaxRetries: -1})
+	opt := adminOptions(addr)
+	opt.ReadTimeout, opt.MaxRetries = 5*time.Second, -1
+	c := redis.NewClient(opt)
 	defer func() { _ = c.Close() }()
 	for ctx.Err() == nil {
 		begin := time.Now()

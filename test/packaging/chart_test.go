@@ -298,7 +298,7 @@ redis:
   mode: cluster
   username: operator
   tls: true
-  passwordSecret: {name: redis-default, key: pw}
+  passwordSecret: {name: redis-default, key: pw, usernameKey: user, optional: false}
 grab: {image: "grab-image:v2", replicas: 0}
 cleanupGracePeriod: 30m
 unsettledRetention: 720h
@@ -391,7 +391,8 @@ patches:
     - {op: add, path: /spec/template/spec/affinity, value: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/arch, operator: In, values: [amd64]}]}]}}}}
     - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Always}
     - {op: replace, path: /spec/template/spec/containers/0/args, value: %[2]s}
-    - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: REDIS_PASSWORD, valueFrom: {secretKeyRef: {name: redis-default, key: pw}}}}
+    - {op: replace, path: /spec/template/spec/containers/0/env/1, value: {name: REDIS_USERNAME, valueFrom: {secretKeyRef: {name: redis-default, key: user, optional: false}}}}
+    - {op: replace, path: /spec/template/spec/containers/0/env/2, value: {name: REDIS_PASSWORD, valueFrom: {secretKeyRef: {name: redis-default, key: pw, optional: false}}}}
     - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: GOMAXPROCS, value: "2"}}
     - {op: replace, path: /spec/template/spec/containers/0/resources/requests/cpu, value: 50m}
     - {op: replace, path: /spec/template/spec/containers/0/ports/0/containerPort, value: 9090}
@@ -422,6 +423,59 @@ patches:
 	}
 	if last := lastArg(t, fromChart); last != "--v=2" {
 		t.Errorf("the manager's last argument is %q, want the extraArgs entry --v=2", last)
+	}
+}
+
+// The operator's Redis user comes from redis.passwordSecret: by default both
+// variables from the Secret redpacket-redis, optional (as make render gives them);
+// without a usernameKey the password alone; without a name neither, and no other
+// variable is lost.
+func TestChartRedisCredentialSecret(t *testing.T) {
+	ch := loadChart(t)
+	for _, tc := range []struct {
+		name   string
+		secret map[string]any
+		want   map[string]string // variable: "secret/key optional"
+	}{
+		{"defaults", nil, map[string]string{"REDIS_USERNAME": "redpacket-redis/username true", "REDIS_PASSWORD": "redpacket-redis/password true"}},
+		{"password only", map[string]any{"name": "mine", "usernameKey": ""}, map[string]string{"REDIS_PASSWORD": "mine/password true"}},
+		{"required", map[string]any{"optional": false}, map[string]string{"REDIS_USERNAME": "redpacket-redis/username false", "REDIS_PASSWORD": "redpacket-redis/password false"}},
+		{"none", map[string]any{"name": ""}, map[string]string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			values := map[string]any{}
+			if tc.secret != nil {
+				values["redis"] = map[string]any{"passwordSecret": tc.secret}
+			}
+			objs, err := renderChart(ch, values)
+			if err != nil {
+				t.Fatalf("rendering the chart: %v", err)
+			}
+			got := map[string]string{}
+			names := map[string]bool{}
+			for _, o := range objs {
+				if o.GetKind() != "Deployment" {
+					continue
+				}
+				containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+				env, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "env")
+				for _, e := range env {
+					m := e.(map[string]any)
+					name, _ := m["name"].(string)
+					names[name] = true
+					ref, ok, _ := unstructured.NestedMap(m, "valueFrom", "secretKeyRef")
+					if ok {
+						got[name] = fmt.Sprintf("%v/%v %v", ref["name"], ref["key"], ref["optional"])
+					}
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("variables from Secrets %v, want %v", got, tc.want)
+			}
+			if !names["POD_NAMESPACE"] {
+				t.Errorf("the manager lost POD_NAMESPACE: %v", names)
+			}
+		})
 	}
 }
 

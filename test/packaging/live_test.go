@@ -136,7 +136,7 @@ func newLiveEnv(bins binaries) (*liveEnv, error) {
 		return fail(err)
 	}
 	e.redisAddr = e.redisProc.Addr
-	e.redis = redis.NewClient(&redis.Options{Addr: e.redisAddr})
+	e.redis = redis.NewClient(e.redisProc.Options())
 
 	// The operator settles, signing with the key its own namespace holds for the
 	// balance system's host (the receiver below listens on 127.0.0.1).
@@ -160,7 +160,7 @@ func newLiveEnv(bins binaries) (*liveEnv, error) {
 	}
 	e.metricsURL = "http://" + metrics + "/metrics"
 	e.managerLog = filepath.Join(e.work, "manager.log")
-	if e.manager, err = proc.Start("operator", e.managerLog, []string{"POD_NAMESPACE=" + operatorNamespace}, bins.manager, "--kubeconfig", e.kubeconfig,
+	if e.manager, err = proc.Start("operator", e.managerLog, append([]string{"POD_NAMESPACE=" + operatorNamespace}, e.redisProc.AuthEnv()...), bins.manager, "--kubeconfig", e.kubeconfig,
 		"--redis-addresses", e.redisAddr, "--metrics-bind-address", metrics, "--health-probe-bind-address", probe,
 		"--active-resync-period", "1s", "--cleanup-grace-period", "1m"); err != nil {
 		return fail(err)
@@ -260,7 +260,7 @@ func (e *liveEnv) runGrab(t *testing.T, logName, path string, args ...string) st
 		}
 	}
 	logPath := filepath.Join(e.work, logName)
-	p, err := proc.Start("grab service", logPath, nil, built.grabsvc, args...)
+	p, err := proc.Start("grab service", logPath, e.redisProc.AuthEnv(), built.grabsvc, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,15 +124,17 @@ func procStat(pid int) (ppid int, state byte, ok bool) {
 	return ppid, f[0][0], true
 }
 
-// RestartProcess starts redis-server again on the files in dir and on addr (the
-// 127.0.0.1:port of a server that was killed), with extraArgs as at its first start:
-// what a supervisor does after a crash. It waits until the server answers PING,
-// which it does only once it has loaded its RDB or AOF. The caller stops it.
-func RestartProcess(dir, addr string, extraArgs ...string) (*Server, error) {
+// RestartProcess starts redis-server again on the files and the address of prev (a
+// server that was killed), with its admin user and password, and with extraArgs as
+// at its first start: what a supervisor does after a crash. It waits until the server
+// answers PING, which it does only once it has loaded its RDB or AOF. The caller
+// stops it.
+func RestartProcess(prev *Server, extraArgs ...string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server is not installed (apt-get install redis-server): %w", err)
 	}
+	dir, addr := prev.dir, prev.Addr
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("restarting redis-server: address %q: %w", addr, err)
@@ -140,13 +142,13 @@ func RestartProcess(dir, addr string, extraArgs ...string) (*Server, error) {
 	args := append([]string{
 		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--daemonize", "no", "--logfile", filepath.Join(dir, "redis-"+port+".log"),
-	}, extraArgs...)
-	cmd := exec.Command(bin, args...)
+	}, ACLArgs(prev.Username, prev.Password)...)
+	cmd := exec.Command(bin, append(args, extraArgs...)...)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
-	s := &Server{Addr: addr, cmd: cmd, dir: dir}
-	if err := waitPing(addr, 30*time.Second); err != nil {
+	s := &Server{Addr: addr, Username: prev.Username, Password: prev.Password, cmd: cmd, dir: dir}
+	if err := waitPing(s.Options(), 30*time.Second); err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("redis-server restarted on %s: %w (see %s)", addr, err, filepath.Join(dir, "redis-"+port+".log"))
 	}

@@ -2,6 +2,13 @@
 // tests: a standalone server or a Redis Cluster of several masters. A missing
 // redis-server fails the test; it never skips.
 //
+// Every server it starts, standalone or in a cluster, is set up as the docs ask of a
+// real Redis and as config/dev-redis runs (ACLArgs): the default user is off, so a
+// connection that does not log in (or logs in as default) can run nothing, and an
+// admin user (AdminUser, with a random password per server, one per cluster) holds
+// every key and command, as the operator's own user does. Tests open their clients
+// with the server's Options, Conn or Client, which log in as that user.
+//
 // A server or cluster a test starts (Start, StartProtected, StartCluster and the
 // other cluster starters) is as the operator leaves a Redis it serves: the grab-side
 // function library (lua.GrabLibrary) is loaded on every master, since an activity's
@@ -10,6 +17,8 @@ package redistest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -23,14 +32,56 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store/redisconn"
 )
+
+// AdminUser is the name of the admin user of every server this package starts: the
+// user the operator would log in as. The default user is off on every server.
+const AdminUser = "redpacket-operator"
 
 // Server is one redis-server process.
 type Server struct {
 	// Addr is the server's 127.0.0.1:port.
 	Addr string
-	cmd  *exec.Cmd
-	dir  string
+	// Username and Password log in as the server's admin user (Username is
+	// AdminUser); Password is random, made when the server first started, and a
+	// restart (RestartProcess) keeps it.
+	Username, Password string
+	cmd                *exec.Cmd
+	dir                string
+}
+
+// NewPassword is a random password for an admin user: 16 random bytes in hex.
+func NewPassword() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("making a Redis password: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// ACLArgs are the redis-server arguments that turn the default user off and create
+// the admin user username with password, allowed every key, channel and command:
+// what every server here, and config/dev-redis, runs with. redis-server reads each
+// --user as one "user" line of its configuration, in order, and a "user default"
+// line starts from a reset default user (no password, no permissions).
+//
+// The default user is off, so nobody can log in as it and a connection that has not
+// logged in gets NOAUTH for every command; but it keeps every permission (~* &*
+// +@all), which no client can use. Redis 7.0 replays an append-only file's
+// transactions (MULTI/EXEC, the form in which it writes every script's and
+// function's effects) as the default user and checks that user's permissions at
+// EXEC: a default user without them makes a restart drop those writes, the grants
+// among them, without an error (redis/redis#14541).
+func ACLArgs(username, password string) []string {
+	return []string{"--user", "default", "off", "~*", "&*", "+@all",
+		"--user", username, "on", ">" + password, "~*", "&*", "+@all"}
+}
+
+// replicaAuthArgs make a replica log in to its master as the admin user, which the
+// master requires like any client (its default user is off).
+func replicaAuthArgs(username, password string) []string {
+	return []string{"--masteruser", username, "--masterauth", password}
 }
 
 // skipInShortMode keeps `go test -short` (make test-unit) free of servers: a test
@@ -46,20 +97,58 @@ func skipInShortMode(tb testing.TB) {
 func Start(tb testing.TB) *Server {
 	tb.Helper()
 	skipInShortMode(tb)
-	s, err := startServer(tb.TempDir())
+	return startLoaded(tb, "")
+}
+
+// startLoaded is Start with the admin user's password, or a random one when empty.
+func startLoaded(tb testing.TB, password string) *Server {
+	tb.Helper()
+	if password == "" {
+		var err error
+		if password, err = NewPassword(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	s, err := startServer(tb.TempDir(), AdminUser, password)
 	if err != nil {
 		tb.Fatalf("starting redis-server: %v", err)
 	}
 	tb.Cleanup(s.Stop)
-	if err := loadFunctions([]string{s.Addr}); err != nil {
+	if err := loadFunctions([]string{s.Addr}, s.Username, s.Password); err != nil {
 		tb.Fatal(err)
 	}
 	return s
 }
 
-// Client opens a client to the server, closed at the test's cleanup.
+// Options are client options that reach the server as its admin user: the base of
+// every client a test opens on it (set more fields on the copy it returns).
+func (s *Server) Options() *redis.Options {
+	return &redis.Options{Addr: s.Addr, Username: s.Username, Password: s.Password}
+}
+
+// Conn is the server as a standalone connection logged in as its admin user: what
+// the operator's --redis-* flags would give for it.
+func (s *Server) Conn() redisconn.Conn {
+	return redisconn.Conn{Addresses: []string{s.Addr}, Mode: redisconn.ModeStandalone, Username: s.Username, Password: s.Password}
+}
+
+// AuthArgs are the command-line flags of the operator and the grab service that log
+// them in as the server's admin user (--redis-username, --redis-password).
+func (s *Server) AuthArgs() []string {
+	return []string{"--redis-username", s.Username, "--redis-password", s.Password}
+}
+
+// AuthEnv is the environment that logs the operator, the grab service and kubectl-rpa
+// in as the server's admin user (REDIS_USERNAME, REDIS_PASSWORD), as the install
+// gives them from a Secret: for processes, whose arguments anyone on the machine
+// can read.
+func (s *Server) AuthEnv() []string {
+	return []string{"REDIS_USERNAME=" + s.Username, "REDIS_PASSWORD=" + s.Password}
+}
+
+// Client opens a client to the server as its admin user, closed at the test's cleanup.
 func (s *Server) Client(tb testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(s.Options())
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -73,12 +162,46 @@ func (s *Server) Stop() {
 }
 
 // StartProcess runs a standalone redis-server outside of any test (for TestMain,
-// benchmarks and the demo). The caller stops it.
+// benchmarks and the demo), with the default user off and an admin user of its own
+// (a random password). The caller stops it.
 func StartProcess(dir string, extraArgs ...string) (*Server, error) {
-	return startServer(dir, extraArgs...)
+	password, err := NewPassword()
+	if err != nil {
+		return nil, err
+	}
+	return startServer(dir, AdminUser, password, extraArgs...)
 }
 
-func startServer(dir string, extraArgs ...string) (*Server, error) {
+// StartProcessAs is StartProcess with the admin user's name and password given, for
+// servers that must share them: the nodes of a cluster the caller forms itself, which
+// one cluster client logs in to with one credential. The caller stops it.
+func StartProcessAs(dir, username, password string, extraArgs ...string) (*Server, error) {
+	if username == "" || password == "" {
+		return nil, fmt.Errorf("starting redis-server: the admin user needs a name and a password")
+	}
+	return startServer(dir, username, password, extraArgs...)
+}
+
+// StartReplicaProcess runs a redis-server that replicates primary, reached at
+// primaryAddr (primary's own address when empty, or a proxy in front of it), outside
+// of any test. It has primary's admin user and password, as the nodes of one
+// deployment do, so that a client keeps its credentials when a failover promotes the
+// replica, and it logs in to its master as that user. The caller stops it.
+func StartReplicaProcess(dir string, primary *Server, primaryAddr string, extraArgs ...string) (*Server, error) {
+	if primaryAddr == "" {
+		primaryAddr = primary.Addr
+	}
+	host, port, err := net.SplitHostPort(primaryAddr)
+	if err != nil {
+		return nil, fmt.Errorf("starting a replica: primary address %q: %w", primaryAddr, err)
+	}
+	args := append([]string{"--replicaof", host, port}, replicaAuthArgs(primary.Username, primary.Password)...)
+	return startServer(dir, primary.Username, primary.Password, append(args, extraArgs...)...)
+}
+
+// startServer starts redis-server in dir on a free port, with the default user off
+// and the admin user username with password, and waits until it answers that user.
+func startServer(dir, username, password string, extraArgs ...string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server is not installed (apt-get install redis-server): %w", err)
@@ -92,13 +215,13 @@ func startServer(dir string, extraArgs ...string) (*Server, error) {
 		args := append([]string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--dir", dir, "--daemonize", "no", "--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
-		}, extraArgs...)
-		cmd := exec.Command(bin, args...)
+		}, ACLArgs(username, password)...)
+		cmd := exec.Command(bin, append(args, extraArgs...)...)
 		if err := cmd.Start(); err != nil {
 			return nil, fmt.Errorf("starting %s: %w", bin, err)
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), cmd: cmd, dir: dir}
-		if err := waitPing(s.Addr, 10*time.Second); err != nil {
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Username: username, Password: password, cmd: cmd, dir: dir}
+		if err := waitPing(s.Options(), 10*time.Second); err != nil {
 			s.Stop()
 			lastErr = err
 			continue
@@ -113,9 +236,13 @@ func startServer(dir string, extraArgs ...string) (*Server, error) {
 type Cluster struct {
 	// Addrs are the nodes' addresses: the masters' in a cluster of masters only, every
 	// node's (masters and replicas, as redis-cli assigned the roles) otherwise.
-	Addrs   []string
-	servers []*Server
-	args    []string // every node's redis-server arguments beyond the defaults
+	Addrs []string
+	// Username and Password log in as the admin user, the same on every node (one
+	// random password per cluster), so that one client reaches every node and a
+	// replica logs in to its master, before and after a failover, as that user.
+	Username, Password string
+	servers            []*Server
+	args               []string // every node's redis-server arguments beyond the defaults
 }
 
 // StartCluster runs a cluster of n masters (n >= 3) for the test, with every slot
@@ -171,7 +298,7 @@ func (c *Cluster) Kill(i int) error { return c.servers[i].Kill() }
 // waits until the cluster answers on every node.
 func (c *Cluster) Restart(i int) error {
 	s := c.servers[i]
-	ns, err := RestartProcess(s.dir, s.Addr, c.args...)
+	ns, err := RestartProcess(s, c.args...)
 	if err != nil {
 		return err
 	}
@@ -181,15 +308,23 @@ func (c *Cluster) Restart(i int) error {
 
 func startCluster(dir string, masters, replicas int, extraArgs ...string) (*Cluster, error) {
 	n := masters * (1 + replicas)
-	c := &Cluster{args: append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", "5000"}, extraArgs...)}
+	password, err := NewPassword()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Username: AdminUser, Password: password}
+	// Every node may become a replica (a failover demotes a master), so every node
+	// knows how to log in to its master.
+	c.args = append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "5000"}, replicaAuthArgs(c.Username, c.Password)...)
+	c.args = append(c.args, extraArgs...)
 	for i := 0; i < n; i++ {
 		sub := filepath.Join(dir, fmt.Sprintf("node-%d", i))
 		if err := os.MkdirAll(sub, 0o755); err != nil {
 			c.Stop()
 			return nil, err
 		}
-		s, err := startServer(sub, c.args...)
+		s, err := startServer(sub, c.Username, c.Password, c.args...)
 		if err != nil {
 			c.Stop()
 			return nil, err
@@ -199,7 +334,7 @@ func startCluster(dir string, masters, replicas int, extraArgs ...string) (*Clus
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
-	out, err := exec.Command("redis-cli", args...).CombinedOutput()
+	out, err := cliCommand(c.Username, c.Password, args...).CombinedOutput()
 	if err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
@@ -215,25 +350,25 @@ func startCluster(dir string, masters, replicas int, extraArgs ...string) (*Clus
 			return nil, err
 		}
 	}
-	if err := loadFunctions(c.Addrs); err != nil {
+	if err := loadFunctions(c.Addrs, c.Username, c.Password); err != nil {
 		c.Stop()
 		return nil, err
 	}
 	return c, nil
 }
 
-// loadFunctions loads the grab-side function library on every master among addrs
-// (replicas get it by replication).
-func loadFunctions(addrs []string) error {
+// loadFunctions loads the grab-side function library, as the admin user username
+// with password, on every master among addrs (replicas get it by replication).
+func loadFunctions(addrs []string, username, password string) error {
 	for _, a := range addrs {
-		role, err := redisCLI(a, "role")
+		role, err := redisCLI(a, username, password, "role")
 		if err != nil {
 			return fmt.Errorf("ROLE of %s: %v: %s", a, err, role)
 		}
 		if !strings.HasPrefix(role, "master") {
 			continue
 		}
-		c := redis.NewClient(&redis.Options{Addr: a})
+		c := redis.NewClient(&redis.Options{Addr: a, Username: username, Password: password})
 		_, err = lua.GrabLibrary.Load(context.Background(), c)
 		_ = c.Close()
 		if err != nil {
@@ -247,8 +382,8 @@ func loadFunctions(addrs []string) error {
 func (c *Cluster) waitOK(deadline time.Time) error {
 	for _, a := range c.Addrs {
 		for {
-			info, err := redisCLI(a, "cluster", "info")
-			repl, rerr := redisCLI(a, "info", "replication")
+			info, err := c.cli(a, "cluster", "info")
+			repl, rerr := c.cli(a, "info", "replication")
 			synced := rerr == nil && (strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up"))
 			if err == nil && strings.Contains(info, "cluster_state:ok") && synced {
 				break
@@ -267,12 +402,12 @@ func (c *Cluster) waitOK(deadline time.Time) error {
 // master replicates a FLUSHALL of its (empty) data set.
 func (c *Cluster) listReplicas(deadline time.Time) error {
 	for _, a := range c.Addrs {
-		role, err := redisCLI(a, "role")
+		role, err := c.cli(a, "role")
 		if err != nil {
 			return fmt.Errorf("ROLE of %s: %v: %s", a, err, role)
 		}
 		if strings.HasPrefix(role, "master") {
-			if out, err := redisCLI(a, "flushall"); err != nil {
+			if out, err := c.cli(a, "flushall"); err != nil {
 				return fmt.Errorf("FLUSHALL on %s: %v: %s", a, err, out)
 			}
 		}
@@ -281,7 +416,7 @@ func (c *Cluster) listReplicas(deadline time.Time) error {
 	// each node's own slot map is waited for.
 	for _, from := range c.Addrs {
 		for {
-			slots, err := redisCLI(from, "cluster", "slots")
+			slots, err := c.cli(from, "cluster", "slots")
 			listed := err == nil
 			for _, a := range c.Addrs {
 				_, port, _ := net.SplitHostPort(a)
@@ -299,9 +434,26 @@ func (c *Cluster) listReplicas(deadline time.Time) error {
 	return nil
 }
 
-// Client opens a cluster client, closed at the test's cleanup.
+// Options are cluster client options that reach every node as the admin user: the
+// base of every cluster client a test opens (set more fields on the copy it returns).
+func (c *Cluster) Options() *redis.ClusterOptions {
+	return &redis.ClusterOptions{Addrs: append([]string(nil), c.Addrs...), Username: c.Username, Password: c.Password}
+}
+
+// NodeOptions are client options that reach the one node at addr as the admin user.
+func (c *Cluster) NodeOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, Username: c.Username, Password: c.Password}
+}
+
+// Conn is the cluster as a connection in cluster mode logged in as the admin user,
+// with every node's address as a seed: what the operator's --redis-* flags would give.
+func (c *Cluster) Conn() redisconn.Conn {
+	return redisconn.Conn{Addresses: append([]string(nil), c.Addrs...), Mode: redisconn.ModeCluster, Username: c.Username, Password: c.Password}
+}
+
+// Client opens a cluster client as the admin user, closed at the test's cleanup.
 func (c *Cluster) Client(tb testing.TB) *redis.ClusterClient {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	cc := redis.NewClusterClient(c.Options())
 	tb.Cleanup(func() { _ = cc.Close() })
 	return cc
 }
@@ -313,14 +465,34 @@ func (c *Cluster) Stop() {
 	}
 }
 
-func redisCLI(addr string, args ...string) (string, error) {
+// cliCommand is redis-cli with args, logged in as username with password: the
+// password goes in REDISCLI_AUTH, not in its arguments, which anyone on the machine
+// can read.
+func cliCommand(username, password string, args ...string) *exec.Cmd {
+	cmd := exec.Command("redis-cli", append([]string{"--user", username}, args...)...)
+	cmd.Env = append(os.Environ(), "REDISCLI_AUTH="+password)
+	return cmd
+}
+
+// redisCLI runs redis-cli against addr, logged in as username with password, and
+// returns what it printed.
+func redisCLI(addr, username, password string, args ...string) (string, error) {
 	host, port, _ := net.SplitHostPort(addr)
-	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
+	out, err := cliCommand(username, password, append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
-func waitPing(addr string, within time.Duration) error {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+// cli is redisCLI as the cluster's admin user.
+func (c *Cluster) cli(addr string, args ...string) (string, error) {
+	return redisCLI(addr, c.Username, c.Password, args...)
+}
+
+// waitPing waits until the server of opt answers PING as opt's user.
+func waitPing(opt *redis.Options, within time.Duration) error {
+	o := *opt
+	o.MaxRetries = -1
+	addr := o.Addr
+	c := redis.NewClient(&o)
 	defer c.Close()
 	deadline := time.Now().Add(within)
 	for {
@@ -381,15 +553,13 @@ func Context(t testing.TB) context.Context {
 	return ctx
 }
 
-// StartProtected starts a redis-server whose default user needs password, and
-// returns it with a client logged in as that user.
+// StartProtected is Start with the admin user's password chosen by the test rather
+// than random (the default user is off, as on every server here): for tests that look
+// for the operator's password where it must not be. It returns the server with a
+// client logged in as the admin user.
 func StartProtected(tb testing.TB, password string) (*Server, *redis.Client) {
 	tb.Helper()
-	srv := Start(tb)
-	if err := srv.Client(tb).ConfigSet(context.Background(), "requirepass", password).Err(); err != nil {
-		tb.Fatalf("setting the default user's password: %v", err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: password})
-	tb.Cleanup(func() { _ = c.Close() })
-	return srv, c
+	skipInShortMode(tb)
+	srv := startLoaded(tb, password)
+	return srv, srv.Client(tb)
 }

@@ -121,7 +121,7 @@ func runMain(m *testing.M) int {
 	}
 	logf("dev Redis Available at %s in %s; operator Available (2 replicas) %s after helm install",
 		installed.RedisAddr, installed.RedisReady.Round(100*time.Millisecond), installed.OperatorReady.Round(100*time.Millisecond))
-	env.redis = redis.NewClient(&redis.Options{Addr: installed.RedisAddr})
+	env.redis = redis.NewClient(&redis.Options{Addr: installed.RedisAddr, Username: installed.RedisUsername, Password: installed.RedisPassword})
 	defer env.redis.Close()
 
 	// The operator signs deliveries with the key its own namespace holds for the

@@ -41,7 +41,10 @@ func TestKubectlPlugin(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, filepath.Join(env.node.BinDir, "kubectl"), append([]string{"rpa"}, args...)...)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+env.node.Kubeconfig, "PATH="+pluginDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+		// REDIS_USERNAME and REDIS_PASSWORD: the operator's user, for replay-dead-letters
+		// --redis-addr on the dev Redis, which refuses the default user.
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+env.node.Kubeconfig, "PATH="+pluginDir+string(os.PathListSeparator)+os.Getenv("PATH"),
+			"REDIS_USERNAME="+env.redis.Options().Username, "REDIS_PASSWORD="+env.redis.Options().Password)
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()
