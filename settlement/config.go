@@ -131,10 +131,10 @@ type Config struct {
 	// the entry and the other request is cancelled. With the retry lane full, the
 	// unanswered delivery is cancelled and the entry goes first in that lane's
 	// queue instead. The worker waits at least four times the usual latency of
-	// answered deliveries, does not hedge while the balance system fails most
-	// deliveries or leaves most of them unanswered this long, and never spends the
-	// entry's last allowed attempt on a hedge. Each hedge counts as a delivery
-	// towards MaxAttempts. 0 means DefaultHedgeAfter; negative: never hedge.
+	// answered deliveries, does not hedge while most of the deliveries it started
+	// last were left unanswered this long (a balance system slow for every
+	// delivery), and never spends the entry's last allowed attempt on a hedge. Each
+	// hedge counts as a delivery towards MaxAttempts. 0 means DefaultHedgeAfter; negative: never hedge.
 	HedgeAfter time.Duration
 	// Block is how long one read waits for new entries; 0 means DefaultBlock. Keep it
 	// short: it bounds how fast the worker notices cancellation.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"redpacket.io/operator/store"
@@ -160,10 +161,9 @@ type scheduler struct {
 	results  chan result
 	slow     chan slowNotice
 	receiver health
-	hedges   []slowNotice // slow deliveries waiting for the balance system to be healthy
-	// pace is whether the latest deliveries were answered within their hedge delay
-	// (a delivery that was not counts as a failure).
-	pace health
+	// pace is whether the latest deliveries, in the order they started, were
+	// answered within their hedge delay.
+	pace pace
 	// latency is a moving average of how long answered deliveries took.
 	latency time.Duration
 	jobs    uint64 // jobs started
@@ -243,10 +243,8 @@ func (s *scheduler) add(batch []acquired) {
 	}
 }
 
-// startReady starts the hedges that waited and the ready entries' jobs while their
-// lanes have room.
+// startReady starts the ready entries' jobs while their lanes have room.
 func (s *scheduler) startReady() {
-	s.startHedges()
 	for l := range s.ready {
 		for s.inflight[l] < s.bound[l] && len(s.ready[l]) > 0 {
 			e := s.ready[l][0]
@@ -303,22 +301,20 @@ func (s *scheduler) mayRunAnother(e *entry) bool {
 // delivery of the entry, which n hedged, is abandoned: at most two are in flight).
 // With the retry lane full, n is abandoned and the entry goes first in the retry
 // lane's queue, so deliveries the balance system holds never fill a lane for the
-// length of the HTTP timeout. While the balance system is unhealthy, hedges wait
-// (see startHedges): hedging against a failing one would only add to its load.
+// length of the HTTP timeout. The verdict on the balance system's health does not
+// hold hedges back: it changes only with answers, and with every slot taken by
+// deliveries the balance system holds none would come before the HTTP timeout; the
+// lanes' bounds, which follow the adaptive limit, bound the load hedges add.
 //
 // An abandoned delivery is cancelled; if the balance system did apply it, the
 // later delivery carries the same Idempotency-Key.
 func (s *scheduler) hedge(n slowNotice) {
-	s.pace.record(false)
+	s.pace.record(n.seq, true)
 	e := s.entries[n.id]
 	if e == nil || e.queued || e.running[n.seq] == nil || n.seq != maxKey(e.running) {
 		return // finished, rescheduled, or no longer its latest delivery
 	}
 	if e.step != stepDeliver || e.undeliverable() != nil || e.started+1 >= int64(s.w.cfg.MaxAttempts) {
-		return
-	}
-	if !s.receiver.healthy() {
-		s.hedges = append(s.hedges, n)
 		return
 	}
 	if !s.pace.healthy() {
@@ -338,18 +334,6 @@ func (s *scheduler) hedge(n slowNotice) {
 	}
 	e.queued = true
 	s.ready[laneRetry] = append([]*entry{e}, s.ready[laneRetry]...)
-}
-
-// startHedges starts the hedges that waited for the balance system to be healthy.
-func (s *scheduler) startHedges() {
-	if !s.receiver.healthy() {
-		return
-	}
-	for len(s.hedges) > 0 {
-		n := s.hedges[0]
-		s.hedges = s.hedges[1:]
-		s.hedge(n)
-	}
 }
 
 // maxKey is the largest key of m (0 when empty).
@@ -373,7 +357,7 @@ func (s *scheduler) finished(r result) {
 		s.observe(deliveryFailed, 0)
 	}
 	if r.posted != postedNone && !r.slow {
-		s.pace.record(true)
+		s.pace.record(r.seq, false)
 	}
 	if r.posted != postedNone {
 		s.answered = time.Now()
@@ -476,8 +460,6 @@ func (s *scheduler) remove(e *entry) {
 // forward as on recovery (bringForward). During an outage this costs one delivery
 // per BackoffBase, of the entry due first.
 func (s *scheduler) probeWhenIdle() {
-	// Hedges waiting for a healthy verdict (s.hedges) do not count: their deliveries
-	// ended, or they would be in flight.
 	if s.delayed.Len() == 0 || s.receiver.healthy() || s.inflight[laneFirst]+s.inflight[laneRetry] > 0 ||
 		len(s.ready[laneFirst])+len(s.ready[laneRetry]) > 0 {
 		return
@@ -608,6 +590,48 @@ func (h *health) record(ok bool) {
 // healthy reports whether at most half of the recorded deliveries failed, or fewer
 // than healthQuorum.
 func (h *health) healthy() bool { return h.fails < healthQuorum || 2*h.fails <= h.n }
+
+// pace is whether the latest deliveries were answered within their hedge delay: of
+// the healthWindow deliveries started last (by job number) whose pace is known, how
+// many went unanswered that long. A delivery's pace is known when it is answered
+// within its delay (prompt) or when the delay runs out first (slow), so a slow one is
+// known a hedge delay after the prompt ones started with it; ordering them by start,
+// not by when they became known, keeps the slow ones of a burst from outnumbering its
+// prompt ones once the burst has ended (or the lanes were cut), when nothing new
+// starts and only the hedge delays of deliveries the balance system holds run out.
+type pace struct {
+	seqs []uint64 // ascending, at most healthWindow
+	slow []bool   // by position in seqs
+	n    int      // slow ones among them
+}
+
+// record adds the pace of delivery seq, forgetting the earliest started beyond the
+// window; a delivery started before every one in a full window is ignored.
+func (p *pace) record(seq uint64, slow bool) {
+	if len(p.seqs) == healthWindow && seq < p.seqs[0] {
+		return
+	}
+	i, found := slices.BinarySearch(p.seqs, seq)
+	if found {
+		return // known already
+	}
+	p.seqs = slices.Insert(p.seqs, i, seq)
+	p.slow = slices.Insert(p.slow, i, slow)
+	if slow {
+		p.n++
+	}
+	if len(p.seqs) > healthWindow {
+		if p.slow[0] {
+			p.n--
+		}
+		p.seqs = slices.Delete(p.seqs, 0, 1)
+		p.slow = slices.Delete(p.slow, 0, 1)
+	}
+}
+
+// healthy reports whether at most half of the known deliveries went slow, or fewer
+// than healthQuorum: the balance system is not slow for every delivery.
+func (p *pace) healthy() bool { return p.n < healthQuorum || 2*p.n <= len(p.seqs) }
 
 // entryHeap orders entries waiting to retry by due time.
 type entryHeap []*entry

@@ -211,3 +211,116 @@ func TestUniformlySlowBalanceSystemIsNotFloodedWithHedges(t *testing.T) {
 		t.Errorf("%d requests for %d grants", st.requests, len(grants))
 	}
 }
+
+// Hedging does not wait for a verdict that only answers can change. The balance
+// system fails the first deliveries of six grants at once, so the worker judges it
+// down, and holds those of three more: with every other entry waiting out a long
+// retry delay and those three in flight, no answer would come before the HTTP
+// timeout (an hour here) or the first long delay (30 s or more). The held deliveries
+// are hedged after the hedge delay all the same, their hedges are credited, the
+// verdict turns, and every grant settles within seconds.
+func TestHeldDeliveriesAreHedgedWhileTheBalanceSystemIsJudgedDown(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-hedge-down", 20, 2_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	grants := a.grab(t, 0, 9)
+	const failing, holding = 6, 3
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var cancelled atomic.Int64
+	rcv.setReject(func(r *http.Request, d Delivery) int {
+		mu.Lock()
+		first := !seen[d.PacketID]
+		seen[d.PacketID] = true
+		n := len(seen)
+		mu.Unlock()
+		switch {
+		case !first:
+			return 0
+		case n <= failing:
+			return http.StatusServiceUnavailable
+		}
+		<-r.Context().Done() // held until the worker gives up on it
+		cancelled.Add(1)
+		return http.StatusServiceUnavailable
+	})
+	reg := prometheus.NewRegistry()
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.Concurrency, cfg.MinConcurrency, cfg.MaxConcurrency = 16, 16, 16 // every first delivery at once
+	cfg.BackoffBase, cfg.BackoffMax = time.Minute, time.Minute
+	cfg.HTTPClient = &http.Client{Timeout: time.Hour}
+	cfg.Registerer = reg
+	startWorker(t, cfg)
+	start := time.Now()
+	wait.Until(t, 10*time.Second, "every grant settled", func() (bool, string) {
+		s := a.snapshot(t)
+		return s.SettledCount == int64(len(grants)), fmt.Sprintf("%d settled, %.0f hedges", s.SettledCount,
+			metricValue(t, reg, "redpacket_settlement_hedges_total", ""))
+	})
+	t.Logf("every grant settled %s after the worker started", time.Since(start).Round(time.Millisecond))
+	a.checkSettledExactly(t)
+	rcv.checkCredits(t, grants)
+	eventually(t, 10*time.Second, "the held requests cancelled", func() bool { return cancelled.Load() == holding })
+	if got := metricValue(t, reg, "redpacket_settlement_hedges_total", ""); got != holding {
+		t.Errorf("%v hedges, want one per held delivery (%d)", got, holding)
+	}
+}
+
+// Held deliveries at the end of a burst are hedged too. The balance system holds the
+// first delivery of every tenth grant and credits the rest at once (a hedge after
+// 50 ms): the burst's prompt answers all come before the hedge delay, and the
+// held deliveries' hedge delays then run out together, with nothing new started in
+// between. One in ten of the deliveries went slow, not most of them, so every held
+// delivery is hedged and every grant settles, long before the HTTP timeout (an hour).
+func TestHeldDeliveriesAtTheEndOfABurstAreHedged(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-burst-end", 400, 40_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	grants := a.grab(t, 0, 400)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	held := map[string]bool{}
+	var cancelled atomic.Int64
+	rcv.setReject(func(r *http.Request, d Delivery) int {
+		mu.Lock()
+		first := !seen[d.PacketID]
+		seen[d.PacketID] = true
+		hold := first && len(seen)%10 == 0
+		again := !first && held[d.PacketID]
+		if hold {
+			held[d.PacketID] = true
+		}
+		mu.Unlock()
+		switch {
+		case hold:
+			<-r.Context().Done() // held until the worker gives up on it
+			cancelled.Add(1)
+			return http.StatusServiceUnavailable
+		case again:
+			time.Sleep(50 * time.Millisecond)
+		}
+		return 0
+	})
+	reg := prometheus.NewRegistry()
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.Concurrency, cfg.MinConcurrency, cfg.MaxConcurrency = 64, 64, 64
+	cfg.HTTPClient = &http.Client{Timeout: time.Hour}
+	cfg.Registerer = reg
+	startWorker(t, cfg)
+	start := time.Now()
+	wait.Until(t, 20*time.Second, "every grant settled", func() (bool, string) {
+		s := a.snapshot(t)
+		return s.SettledCount == int64(len(grants)), fmt.Sprintf("%d settled, %.0f hedges", s.SettledCount,
+			metricValue(t, reg, "redpacket_settlement_hedges_total", ""))
+	})
+	t.Logf("every grant settled %s after the worker started", time.Since(start).Round(time.Millisecond))
+	a.checkSettledExactly(t)
+	rcv.checkCredits(t, grants)
+	mu.Lock()
+	holding := int64(len(held))
+	mu.Unlock()
+	eventually(t, 10*time.Second, "the held requests cancelled", func() bool { return cancelled.Load() == holding })
+	if got := metricValue(t, reg, "redpacket_settlement_hedges_total", ""); got != float64(holding) {
+		t.Errorf("%v hedges, want one per held delivery (%d)", got, holding)
+	}
+}

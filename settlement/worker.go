@@ -14,28 +14,32 @@
 // appended by someone else and is dead-lettered at once, with the reason, never
 // delivered.
 //
-// First deliveries and retries run in parallel, each within its own bound
-// (the adaptive limit and its RetryConcurrency share), so a failing delivery never
-// holds up the entries behind it, and retries never wait behind new work. A delivery left
+// First deliveries and retries run in parallel, each within its own bound (the
+// adaptive limit and its RetryConcurrency share), so a failing delivery never holds up
+// the entries behind it, and retries never wait behind new work. A delivery left
 // unanswered past HedgeAfter is sent again (a hedge, same body and Idempotency-Key)
 // and the loser cancelled, so one the balance system holds costs about HedgeAfter,
 // not the HTTP timeout; an entry has at most two deliveries in flight, and two never
-// include its last allowed attempt. Failed deliveries are retried with exponential
-// backoff and jitter, from a short delay while the balance system answers most deliveries (a failure is then the entry's
-// bad luck) and from a long one while it fails most of them (it is down: waiting
-// saves the entries' attempts); when it recovers, entries waiting out a long delay
-// are brought forward. A worker with nothing in flight that judges it down probes it
-// with the entry due first, BackoffBase after the latest answer, since only answers
-// change that verdict. The first deliveries in flight follow an adaptive limit (AIMD,
+// include its last allowed attempt. Hedging pauses only while most of the deliveries
+// started last went unanswered that long (a balance system slow for every delivery),
+// never for the verdict on its health: with every slot taken by deliveries it holds,
+// no answer would come to change that verdict before the HTTP timeout. Failed
+// deliveries are retried with exponential backoff and jitter, from a short delay
+// while the balance system answers most deliveries (a failure is then the entry's bad
+// luck) and from a long one while it fails most of them (it is down: waiting saves
+// the entries' attempts); when it recovers, entries waiting out a long delay are
+// brought forward. A worker with nothing in flight that judges it down probes it with
+// the entry due first, BackoffBase after the latest answer, since only answers change
+// that verdict. The first deliveries in flight follow an adaptive limit (AIMD,
 // limit.go) within [MinConcurrency, MaxConcurrency], and the retries' bound follows
-// it; delivered entries are acknowledged in batches (acks.go). Deliveries are
-// counted by Redis itself (the pending entry's delivery counter, raised by every read, claim and retry), so the count survives a
-// worker's death; an entry delivered MaxAttempts times without success moves to the
-// dead-letter stream (store.Shard.DeadLetter), once. A worker re-reads its own pending
-// entries when it starts, keeps the entries it holds fresh while it backs off, and
-// periodically takes over entries left idle longer than ClaimIdle by dead workers
-// (XAUTOCLAIM). The stream is never trimmed. store.Shard.ReplayDeadLetters puts
-// dead letters back into the stream.
+// it; delivered entries are acknowledged in batches (acks.go). Deliveries are counted
+// by Redis itself (the pending entry's delivery counter, raised by every read, claim
+// and retry), so the count survives a worker's death; an entry delivered MaxAttempts
+// times without success moves to the dead-letter stream (store.Shard.DeadLetter),
+// once. A worker re-reads its own pending entries when it starts, keeps the entries it
+// holds fresh while it backs off, and periodically takes over entries left idle longer
+// than ClaimIdle by dead workers (XAUTOCLAIM). The stream is never trimmed.
+// store.Shard.ReplayDeadLetters puts dead letters back into the stream.
 //
 // Every Redis call of a worker is a method of the activity's handle (store.Shard):
 // the consumer-group reads and claims, the delivery counts, the acknowledgement and
