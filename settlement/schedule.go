@@ -110,12 +110,28 @@ type job struct {
 	// job says so on slow (the scheduler may then start a hedge).
 	hedgeAfter time.Duration
 	slow       chan<- slowNotice
+	// answered hears how the POST ended (an answer, or none before the timeout)
+	// as soon as it does, before the entry is acknowledged or parked.
+	answered chan<- answerNotice
 }
 
 // slowNotice says that a job's delivery has gone unanswered for its hedgeAfter.
 type slowNotice struct {
 	id  string
 	seq uint64
+}
+
+// answerNotice is how a job's POST ended, told as soon as it did: the scheduler judges
+// the balance system (the adaptive limit, the health verdict, the pace and latency of
+// its answers) by the answers in the order they come. A delivery that succeeded then
+// waits for its acknowledgement, which takes a Redis round trip (and longer while
+// Redis is slow), and one that failed does not: judged when their jobs end, failures
+// would come in runs ahead of the successes of the same moment.
+type answerNotice struct {
+	seq    uint64
+	posted posted // postedOK or postedFailed
+	took   time.Duration
+	slow   bool
 }
 
 // posted is what a job's POST to the webhook came to.
@@ -135,9 +151,10 @@ type result struct {
 	step     step
 	attempts int64
 	lastErr  string
-	posted   posted
-	took     time.Duration // how long the POST took
-	slow     bool          // the POST went unanswered past the job's hedge delay
+	// posted, took and slow describe the job's POST, for its answerNotice.
+	posted posted
+	took   time.Duration // how long the POST took
+	slow   bool          // the POST went unanswered past the job's hedge delay
 }
 
 // scheduler owns the entries a worker holds. It runs jobs in two lanes, each within
@@ -160,6 +177,7 @@ type scheduler struct {
 	delayed  entryHeap
 	results  chan result
 	slow     chan slowNotice
+	answers  chan answerNotice
 	receiver health
 	// pace is whether the latest deliveries, in the order they started, were
 	// answered within their hedge delay.
@@ -178,7 +196,7 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 	n := w.cfg.maxInFlight()
 	s := &scheduler{w: w, ctx: ctx, entries: map[string]*entry{},
 		limit:   newLimiter(w.cfg.Concurrency, w.cfg.MinConcurrency, w.cfg.MaxConcurrency),
-		results: make(chan result, n), slow: make(chan slowNotice, n)}
+		results: make(chan result, n), slow: make(chan slowNotice, n), answers: make(chan answerNotice, 2*n)}
 	s.setBounds()
 	defer func() { w.m.limit.Sub(float64(s.bound[laneFirst])) }()
 	timer := time.NewTimer(time.Hour)
@@ -202,7 +220,12 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 			return
 		case batch := <-batches:
 			s.add(batch)
+		case a := <-s.answers:
+			s.answer(a)
 		case r := <-s.results:
+			// A job tells its answer before it ends: judge the answers first, so a
+			// failed entry's backoff follows the verdict its own answer moved.
+			s.answerWaiting()
 			s.finished(r)
 		case n := <-s.slow:
 			s.hedge(n)
@@ -272,6 +295,7 @@ func (s *scheduler) start(e *entry, l lane, hedge bool) {
 	if e.probe {
 		e.probe, s.probe = false, j.seq
 	}
+	j.answered = s.answers
 	jctx, cancel := context.WithCancel(s.ctx)
 	e.running[j.seq] = cancel
 	s.inflight[l]++
@@ -345,40 +369,56 @@ func maxKey[V any](m map[uint64]V) uint64 {
 	return top
 }
 
+// answer judges the balance system by one delivery's answer (or its timeout): the
+// adaptive limit, the health verdict, the pace and the latency of its answers. A
+// delivery cancelled because its hedge won, or abandoned, tells nothing.
+func (s *scheduler) answer(a answerNotice) {
+	switch a.posted {
+	case postedOK:
+		s.observe(deliveredOK, a.took)
+	case postedFailed:
+		s.observe(deliveryFailed, 0)
+	default:
+		return
+	}
+	if !a.slow {
+		s.pace.record(a.seq, false)
+	}
+	s.answered = time.Now()
+	if a.seq == s.probe && a.posted == postedOK && !s.receiver.healthy() {
+		// The balance system answered the probe: it is back, as far as this
+		// worker can tell without waiting for a window of answers.
+		s.w.bringForward(&s.delayed)
+	}
+	wasHealthy := s.receiver.healthy()
+	s.receiver.record(a.posted == postedOK)
+	if a.posted == postedOK {
+		if s.latency == 0 {
+			s.latency = a.took
+		} else {
+			s.latency += (a.took - s.latency) / 8
+		}
+	}
+	if !wasHealthy && s.receiver.healthy() {
+		s.w.bringForward(&s.delayed)
+	}
+}
+
+// answerWaiting judges the answers told and not judged yet.
+func (s *scheduler) answerWaiting() {
+	for {
+		select {
+		case a := <-s.answers:
+			s.answer(a)
+		default:
+			return
+		}
+	}
+}
+
 // finished applies a job's result.
 func (s *scheduler) finished(r result) {
 	s.inflight[r.lane]--
-	// A delivery counts for the limit when it ends with an answer or none (a
-	// timeout); one cancelled because its hedge won, or abandoned, does not.
-	switch r.posted {
-	case postedOK:
-		s.observe(deliveredOK, r.took)
-	case postedFailed:
-		s.observe(deliveryFailed, 0)
-	}
-	if r.posted != postedNone && !r.slow {
-		s.pace.record(r.seq, false)
-	}
-	if r.posted != postedNone {
-		s.answered = time.Now()
-		if r.seq == s.probe && r.posted == postedOK && !s.receiver.healthy() {
-			// The balance system answered the probe: it is back, as far as this
-			// worker can tell without waiting for a window of answers.
-			s.w.bringForward(&s.delayed)
-		}
-		wasHealthy := s.receiver.healthy()
-		s.receiver.record(r.posted == postedOK)
-		if r.posted == postedOK {
-			if s.latency == 0 {
-				s.latency = r.took
-			} else {
-				s.latency += (r.took - s.latency) / 8
-			}
-		}
-		if !wasHealthy && s.receiver.healthy() {
-			s.w.bringForward(&s.delayed)
-		}
-	}
 	e := s.entries[r.id]
 	if e == nil {
 		return // finished before: a hedge that lost, or an entry given up

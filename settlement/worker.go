@@ -32,14 +32,17 @@
 // the entry due first, BackoffBase after the latest answer, since only answers change
 // that verdict. The first deliveries in flight follow an adaptive limit (AIMD,
 // limit.go) within [MinConcurrency, MaxConcurrency], and the retries' bound follows
-// it; delivered entries are acknowledged in batches (acks.go). Deliveries are counted
-// by Redis itself (the pending entry's delivery counter, raised by every read, claim
-// and retry), so the count survives a worker's death; an entry delivered MaxAttempts
-// times without success moves to the dead-letter stream (store.Shard.DeadLetter),
-// once. A worker re-reads its own pending entries when it starts, keeps the entries it
-// holds fresh while it backs off, and periodically takes over entries left idle longer
-// than ClaimIdle by dead workers (XAUTOCLAIM). The stream is never trimmed.
-// store.Shard.ReplayDeadLetters puts dead letters back into the stream.
+// it; delivered entries are acknowledged in batches (acks.go). The limit and the
+// verdict take each answer when it comes, before its entry is acknowledged, so a slow
+// acknowledgement does not make the failures of a moment look like most of its
+// answers. Deliveries are counted by Redis itself (the pending entry's delivery
+// counter, raised by every read, claim and retry), so the count survives a worker's
+// death; an entry delivered MaxAttempts times without success moves to the
+// dead-letter stream (store.Shard.DeadLetter), once. A worker re-reads its own pending
+// entries when it starts, keeps the entries it holds fresh while it backs off, and
+// periodically takes over entries left idle longer than ClaimIdle by dead workers
+// (XAUTOCLAIM). The stream is never trimmed. store.Shard.ReplayDeadLetters puts dead
+// letters back into the stream.
 //
 // Every Redis call of a worker is a method of the activity's handle (store.Shard):
 // the consumer-group reads and claims, the delivery counts, the acknowledgement and
@@ -243,12 +246,14 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	err := w.postTimed(ctx, j, &r)
 	if err == nil {
 		r.posted = postedOK
+		tell(ctx, j, r)
 		return w.ack(ctx, j, r)
 	}
 	if ctx.Err() != nil {
 		return r // shutting down: the entry stays pending for the next owner
 	}
 	r.posted = postedFailed
+	tell(ctx, j, r)
 	var de *deliveryError
 	if errors.As(err, &de) && de.status != 0 {
 		w.m.deliveries.WithLabelValues(ResultRejected).Inc()
@@ -270,6 +275,17 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	w.log.Debug("settlement delivery failed; retrying", "entry", j.id, "packet", j.entry.PacketID,
 		"attempts", r.attempts, "errorClass", class, "err", err)
 	return r
+}
+
+// tell sends the scheduler how j's POST ended (r.posted), unless ctx ends first.
+func tell(ctx context.Context, j job, r result) {
+	if j.answered == nil {
+		return
+	}
+	select {
+	case j.answered <- answerNotice{seq: r.seq, posted: r.posted, took: r.took, slow: r.slow}:
+	case <-ctx.Done():
+	}
 }
 
 // postTimed delivers j's entry and records in r how long it took; when the answer
