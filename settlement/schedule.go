@@ -43,10 +43,15 @@ type entry struct {
 	// knows; started is the delivery number of the latest job started (one more than
 	// attempts while a re-claiming job runs).
 	attempts, started int64
-	fresh             bool // the read or claim that brought it in counted the next delivery
-	touched           time.Time
-	step              step
-	lastErr           string
+	// allowed is how many deliveries it may have: MaxAttempts, plus one for each of
+	// its deliveries that failed by bad luck (see job.lucky), up to 2 × MaxAttempts.
+	// Only this worker knows it: a worker that reads the entry again starts from
+	// MaxAttempts.
+	allowed int64
+	fresh   bool // the read or claim that brought it in counted the next delivery
+	touched time.Time
+	step    step
+	lastErr string
 	// running are the entry's jobs in flight, by job number: at most two, a slow
 	// delivery and its hedge or retry.
 	running  map[uint64]context.CancelFunc
@@ -106,6 +111,14 @@ type job struct {
 	minIdle       time.Duration // for the re-claim
 	attempts      int64
 	lastErr       string
+	// allowed is the entry's allowance of deliveries when the job started (see
+	// entry.allowed); lucky says that a failure of this delivery would be bad luck
+	// rather than something about the entry, if it says nothing about the entry (a
+	// 5xx, 408 or 429 answer, or none; see refusal): the balance system answered
+	// most of the latest deliveries with a 2xx when it started, and the entry has
+	// allowance to gain.
+	allowed int64
+	lucky   bool
 	// hedgeAfter, when positive, is how long the POST may go unanswered before the
 	// job says so on slow (the scheduler may then start a hedge).
 	hedgeAfter time.Duration
@@ -155,6 +168,7 @@ type result struct {
 	posted posted
 	took   time.Duration // how long the POST took
 	slow   bool          // the POST went unanswered past the job's hedge delay
+	lucky  bool          // the POST failed by bad luck: the entry may have one more delivery
 }
 
 // scheduler owns the entries a worker holds. It runs jobs in two lanes, each within
@@ -254,7 +268,7 @@ func (s *scheduler) add(batch []acquired) {
 			continue
 		}
 		e := &entry{id: a.entry.ID, entry: a.entry, forged: a.forged, attempts: a.attempts, started: a.attempts,
-			fresh: true, touched: a.at, running: map[uint64]context.CancelFunc{}, queued: true}
+			allowed: int64(s.w.cfg.MaxAttempts), fresh: true, touched: a.at, running: map[uint64]context.CancelFunc{}, queued: true}
 		s.entries[e.id] = e
 		// An entry delivered before (read back from an earlier run's pending list,
 		// or taken over from a dead worker) is a retry.
@@ -288,6 +302,7 @@ func (s *scheduler) start(e *entry, l lane, hedge bool) {
 	j := s.w.jobFor(e, l, time.Now(), hedge)
 	s.jobs++
 	j.seq = s.jobs
+	j.lucky = e.allowed < s.w.cfg.maxAllowed() && s.receiver.answersMost()
 	if j.step == stepDeliver && j.undeliverable == nil && s.w.cfg.HedgeAfter > 0 {
 		j.hedgeAfter = max(s.w.cfg.HedgeAfter, 4*s.latency)
 		j.slow = s.slow
@@ -311,7 +326,7 @@ func (s *scheduler) mayRunAnother(e *entry) bool {
 	case 0:
 		return true
 	case 1:
-		return e.started+1 < int64(s.w.cfg.MaxAttempts)
+		return e.started+1 < e.allowed
 	}
 	return false
 }
@@ -338,7 +353,7 @@ func (s *scheduler) hedge(n slowNotice) {
 	if e == nil || e.queued || e.running[n.seq] == nil || n.seq != maxKey(e.running) {
 		return // finished, rescheduled, or no longer its latest delivery
 	}
-	if e.step != stepDeliver || e.undeliverable() != nil || e.started+1 >= int64(s.w.cfg.MaxAttempts) {
+	if e.step != stepDeliver || e.undeliverable() != nil || e.started+1 >= e.allowed {
 		return
 	}
 	if !s.pace.healthy() {
@@ -437,6 +452,9 @@ func (s *scheduler) finished(r result) {
 	case outcomeDone, outcomeLost:
 		s.remove(e)
 	case outcomeRetry:
+		if r.lucky {
+			e.allowed = min(e.allowed+1, s.w.cfg.maxAllowed())
+		}
 		e.attempts = max(e.attempts, r.attempts)
 		e.step = laterStep(e.step, r.step)
 		if r.lastErr != "" {
@@ -536,7 +554,7 @@ func (w *Worker) bringForward(delayed *entryHeap) {
 // jobFor prepares the next attempt at e, or a hedge of the one in flight.
 func (w *Worker) jobFor(e *entry, l lane, now time.Time, hedge bool) job {
 	j := job{id: e.id, entry: e.entry, undeliverable: e.undeliverable(), lane: l, step: e.step,
-		attempts: e.attempts, lastErr: e.lastErr}
+		attempts: e.attempts, lastErr: e.lastErr, allowed: e.allowed}
 	if e.step == stepDeliver && j.undeliverable == nil {
 		if e.fresh && !hedge {
 			e.fresh = false
@@ -630,6 +648,10 @@ func (h *health) record(ok bool) {
 // healthy reports whether at most half of the recorded deliveries failed, or fewer
 // than healthQuorum.
 func (h *health) healthy() bool { return h.fails < healthQuorum || 2*h.fails <= h.n }
+
+// answersMost reports whether most of the recorded deliveries succeeded, at least
+// healthQuorum of them: then a failure that says nothing about its entry is bad luck.
+func (h *health) answersMost() bool { return 2*h.fails < h.n && h.n-h.fails >= healthQuorum }
 
 // pace is whether the latest deliveries were answered within their hedge delay: of
 // the healthWindow deliveries started last (by job number) whose pace is known, how

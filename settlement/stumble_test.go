@@ -266,6 +266,80 @@ func TestHeldDeliveriesAreHedgedWhileTheBalanceSystemIsJudgedDown(t *testing.T) 
 	}
 }
 
+// A balance system that credits most deliveries but fails some at random does not
+// get an entry parked by bad luck. Once 20 grants are credited, three more are
+// delivered with MaxAttempts 3: one the balance system fails four times (503) and
+// then credits, one it refuses every time (422: something about the entry), and one
+// it fails every time (500). The first is credited on its fifth delivery: failures
+// that say nothing about the entry, while most deliveries are credited, do not count
+// towards MaxAttempts, up to MaxAttempts of them. The refused one is parked after
+// exactly MaxAttempts deliveries, the failing one after twice as many.
+func TestBadLuckDoesNotParkAnEntry(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-bad-luck", 30, 3_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.MaxAttempts = 3
+	startWorker(t, cfg)
+	grants := a.grab(t, 0, 20)
+	eventually(t, 10*time.Second, "the first 20 grants settled", func() bool {
+		return a.snapshot(t).SettledCount == 20
+	})
+
+	// The next three users' grants: the reject function is in place before they
+	// exist, so each one's first delivery is already judged by it.
+	const unlucky, refused, failing = "user-0020", "user-0021", "user-0022"
+	var mu sync.Mutex
+	failures := 0
+	rcv.setReject(func(_ *http.Request, d Delivery) int {
+		switch d.UserID {
+		case unlucky:
+			mu.Lock()
+			defer mu.Unlock()
+			if failures < 4 {
+				failures++
+				return http.StatusServiceUnavailable
+			}
+		case refused:
+			return http.StatusUnprocessableEntity
+		case failing:
+			return http.StatusInternalServerError
+		}
+		return 0
+	})
+	more := a.grab(t, 20, 3)
+	packet := map[string]string{}
+	for p, g := range more {
+		packet[g.user] = p
+	}
+	key := func(packet string) string { return a.uid + "/" + packet }
+	eventually(t, 20*time.Second, "the unlucky grant settled and the other two dead-lettered", func() bool {
+		s := a.snapshot(t)
+		return s.SettledCount == 21 && s.DeadCount == 2
+	})
+	grants[packet[unlucky]] = more[packet[unlucky]]
+	rcv.checkCredits(t, grants)
+	if n := rcv.requestsFor(key(packet[unlucky])); n != 5 {
+		t.Errorf("the unlucky grant was delivered %d times, want 5 (4 failures, then credited)", n)
+	}
+	if n := rcv.requestsFor(key(packet[refused])); n != cfg.MaxAttempts {
+		t.Errorf("the refused grant was delivered %d times, want MaxAttempts = %d", n, cfg.MaxAttempts)
+	}
+	if n := rcv.requestsFor(key(packet[failing])); n != 2*cfg.MaxAttempts {
+		t.Errorf("the failing grant was delivered %d times, want 2 × MaxAttempts = %d", n, 2*cfg.MaxAttempts)
+	}
+	dead, err := a.handle.Shard(0).DeadLetters(context.Background())
+	if err != nil || len(dead) != 2 {
+		t.Fatalf("dead letters %v, %v; want the refused and the failing grant", dead, err)
+	}
+	for _, d := range dead {
+		want := map[string]string{refused: "422", failing: "500"}[d.UserID]
+		if want == "" || !strings.Contains(d.Fields["error"], want) {
+			t.Errorf("dead letter of packet %s with error %q", d.PacketID, d.Fields["error"])
+		}
+	}
+}
+
 // Held deliveries at the end of a burst are hedged too. The balance system holds the
 // first delivery of every tenth grant and credits the rest at once (a hedge after
 // 50 ms): the burst's prompt answers all come before the hedge delay, and the
