@@ -213,18 +213,19 @@ func TestUniformlySlowBalanceSystemIsNotFloodedWithHedges(t *testing.T) {
 }
 
 // Hedging does not wait for a verdict that only answers can change. The balance
-// system fails the first deliveries of six grants at once, so the worker judges it
-// down, and holds those of three more: with every other entry waiting out a long
-// retry delay and those three in flight, no answer would come before the HTTP
-// timeout (an hour here) or the first long delay (30 s or more). The held deliveries
-// are hedged after the hedge delay all the same, their hedges are credited, the
-// verdict turns, and every grant settles within seconds.
+// system fails the first deliveries of five grants at once, so the worker judges it
+// down (however many of their retries are credited before the hedge delay), and holds
+// those of six more: with the failed entries waiting out a long retry delay and those
+// six in flight, no answer would come before the HTTP timeout (an hour here) or the
+// first long delay (30 s or more). The held deliveries are hedged after the hedge
+// delay all the same, their hedges are credited, the verdict turns, and every grant
+// settles within seconds.
 func TestHeldDeliveriesAreHedgedWhileTheBalanceSystemIsJudgedDown(t *testing.T) {
 	rdb := newRedis(t)
 	a := newActivity(t, rdb, "uid-hedge-down", 20, 2_000, "merchant-001")
 	rcv := newReceiver(t, a.uid, nil)
-	grants := a.grab(t, 0, 9)
-	const failing, holding = 6, 3
+	const failing, holding = 5, 6
+	grants := a.grab(t, 0, failing+holding)
 	var mu sync.Mutex
 	seen := map[string]bool{}
 	var cancelled atomic.Int64
@@ -394,7 +395,9 @@ func TestHeldDeliveriesAtTheEndOfABurstAreHedged(t *testing.T) {
 	holding := int64(len(held))
 	mu.Unlock()
 	eventually(t, 10*time.Second, "the held requests cancelled", func() bool { return cancelled.Load() == holding })
-	if got := metricValue(t, reg, "redpacket_settlement_hedges_total", ""); got != float64(holding) {
-		t.Errorf("%v hedges, want one per held delivery (%d)", got, holding)
+	// A prompt delivery slowed past the hedge delay by a loaded machine may be hedged
+	// too; every held one must be.
+	if got := metricValue(t, reg, "redpacket_settlement_hedges_total", ""); got < float64(holding) {
+		t.Errorf("%v hedges, want at least one per held delivery (%d)", got, holding)
 	}
 }
