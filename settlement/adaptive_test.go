@@ -1,6 +1,7 @@
 package settlement
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/test/wait"
@@ -199,4 +201,72 @@ func TestIdleWorkerProbesABalanceSystemJudgedDown(t *testing.T) {
 	})
 	t.Logf("settled %s after the balance system came back", time.Since(back).Round(time.Millisecond))
 	rcv.checkCredits(t, grants)
+}
+
+// The limit and the health verdict judge the balance system by its answers in the
+// order they come, not by when the jobs that got them end. Redis holds every write
+// for a second (CLIENT PAUSE ... WRITE) while deliveries are in flight: the
+// deliveries the balance system credits wait for their acknowledgement, those it
+// fails (two in five) do not. Judged when their jobs end, the failures would make
+// most of a round and cut the limit; judged when the answers come, two in five
+// failing is not most of a round, and the limit stays at the ceiling.
+func TestSlowAcknowledgementsDoNotCutTheLimit(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-slow-acks", 1000, 100_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	rcv.setReject(func(_ *http.Request, d Delivery) int {
+		time.Sleep(10 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[d.PacketID] {
+			return 0
+		}
+		seen[d.PacketID] = true
+		if n := len(seen) % 5; n == 1 || n == 3 {
+			return http.StatusServiceUnavailable
+		}
+		return 0
+	})
+	grants := a.grab(t, 0, 1000)
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.Concurrency, cfg.MinConcurrency, cfg.MaxConcurrency = 64, 2, 64
+	cfg.MaxAttempts = 100
+	w, _ := startWorker(t, cfg)
+	var lowest atomic.Int64
+	lowest.Store(int64(cfg.MaxConcurrency))
+	done := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if v := int64(testutil.ToFloat64(w.m.limit)); v > 0 && v < lowest.Load() {
+				lowest.Store(v)
+			}
+		}
+	}()
+	eventually(t, 30*time.Second, "200 deliveries", func() bool { return rcv.stats().requests >= 200 })
+	if err := rdb.Do(context.Background(), "CLIENT", "PAUSE", "1000", "WRITE").Err(); err != nil {
+		t.Fatalf("pausing Redis writes: %v", err)
+	}
+	wait.Until(t, time.Minute, "every grant settled", func() (bool, string) {
+		s := a.snapshot(t)
+		return s.SettledCount == int64(len(grants)), fmt.Sprintf("%d settled, lowest limit %d", s.SettledCount, lowest.Load())
+	})
+	close(done)
+	<-sampled
+	a.checkSettledExactly(t)
+	rcv.checkCredits(t, grants)
+	// A cut for failures halves the limit; one for latency takes a quarter off, and
+	// two of those (a loaded machine) leave it above half.
+	if got := lowest.Load(); got <= int64(cfg.MaxConcurrency)/2 {
+		t.Errorf("the limit fell to %d while the acknowledgements waited, want above %d", got, cfg.MaxConcurrency/2)
+	}
+	t.Logf("lowest limit %d, %d requests", lowest.Load(), rcv.stats().requests)
 }

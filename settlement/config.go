@@ -58,7 +58,15 @@ type Config struct {
 	// SigningKey signs each delivery body (X-Signature); nil sends no signature.
 	SigningKey []byte
 	// MaxAttempts is how many deliveries an entry gets before it is dead-lettered;
-	// 0 means DefaultMaxAttempts.
+	// 0 means DefaultMaxAttempts. A delivery that failed by bad luck (a 5xx, 408 or
+	// 429 answer, or none, while the balance system answered most of the latest
+	// deliveries, at least five, with a 2xx) earns the entry one more, up to
+	// MaxAttempts more: an entry the balance system refuses (any other answer) is
+	// parked after MaxAttempts deliveries, one it fails every time while it credits
+	// the others after 2 × MaxAttempts, and one it fails at random as often as the
+	// rest is not parked for that. The extra deliveries are the worker's own count:
+	// another worker (or this one, restarted) that takes the entry over allows it
+	// MaxAttempts deliveries in all.
 	MaxAttempts int
 	// Consumer is this worker's consumer name in the group; it must be stable across
 	// restarts of the same worker so it re-reads its own pending entries.
@@ -131,10 +139,10 @@ type Config struct {
 	// the entry and the other request is cancelled. With the retry lane full, the
 	// unanswered delivery is cancelled and the entry goes first in that lane's
 	// queue instead. The worker waits at least four times the usual latency of
-	// answered deliveries, does not hedge while the balance system fails most
-	// deliveries or leaves most of them unanswered this long, and never spends the
-	// entry's last allowed attempt on a hedge. Each hedge counts as a delivery
-	// towards MaxAttempts. 0 means DefaultHedgeAfter; negative: never hedge.
+	// answered deliveries, does not hedge while most of the deliveries it started
+	// last were left unanswered this long (a balance system slow for every
+	// delivery), and never spends the entry's last allowed attempt on a hedge. Each
+	// hedge counts as a delivery towards MaxAttempts. 0 means DefaultHedgeAfter; negative: never hedge.
 	HedgeAfter time.Duration
 	// Block is how long one read waits for new entries; 0 means DefaultBlock. Keep it
 	// short: it bounds how fast the worker notices cancellation.
@@ -290,6 +298,10 @@ func (cfg Config) withDefaults() (Config, error) {
 func (cfg Config) retryBound(limit int) int {
 	return max(1, (limit*cfg.RetryConcurrency+cfg.Concurrency-1)/cfg.Concurrency)
 }
+
+// maxAllowed is the most deliveries an entry may have: MaxAttempts, and as many
+// more for deliveries that failed by bad luck (see job.lucky).
+func (cfg Config) maxAllowed() int64 { return 2 * int64(cfg.MaxAttempts) }
 
 // maxInFlight is the most deliveries a worker of cfg (with its defaults) has in
 // flight: both lanes at the ceiling.

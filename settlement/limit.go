@@ -14,9 +14,11 @@ import (
 // and, once it was cut, by one per round (additive increase); when the balance
 // system fails most of a round's deliveries (an error answer, or none before the
 // HTTP timeout) or answers them markedly slower than it did at its best, the limit
-// is cut (multiplicative decrease), at most once a round. A delivery counts when it
-// ends: one the balance system held, cancelled because its hedge won, does not
-// count (its hedge does), so holding a few requests does not cut the limit, while
+// is cut (multiplicative decrease), at most once a round. A delivery counts when its
+// answer comes (or the timeout), before its entry is acknowledged, so the round holds
+// the answers in the order the balance system gave them; one the balance system
+// held, cancelled because its hedge won, does not count (its hedge does), so
+// holding a few requests does not cut the limit, while
 // a balance system too slow for hedging (which pauses then) shows in the latency of
 // its answers and in its timeouts. It never leaves
 // [MinConcurrency, MaxConcurrency], the bounds the platform sets. A round is as many

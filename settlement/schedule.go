@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"redpacket.io/operator/store"
@@ -42,10 +43,15 @@ type entry struct {
 	// knows; started is the delivery number of the latest job started (one more than
 	// attempts while a re-claiming job runs).
 	attempts, started int64
-	fresh             bool // the read or claim that brought it in counted the next delivery
-	touched           time.Time
-	step              step
-	lastErr           string
+	// allowed is how many deliveries it may have: MaxAttempts, plus one for each of
+	// its deliveries that failed by bad luck (see job.lucky), up to 2 × MaxAttempts.
+	// Only this worker knows it: a worker that reads the entry again starts from
+	// MaxAttempts.
+	allowed int64
+	fresh   bool // the read or claim that brought it in counted the next delivery
+	touched time.Time
+	step    step
+	lastErr string
 	// running are the entry's jobs in flight, by job number: at most two, a slow
 	// delivery and its hedge or retry.
 	running  map[uint64]context.CancelFunc
@@ -105,16 +111,40 @@ type job struct {
 	minIdle       time.Duration // for the re-claim
 	attempts      int64
 	lastErr       string
+	// allowed is the entry's allowance of deliveries when the job started (see
+	// entry.allowed); lucky says that a failure of this delivery would be bad luck
+	// rather than something about the entry, if it says nothing about the entry (a
+	// 5xx, 408 or 429 answer, or none; see refusal): the balance system answered
+	// most of the latest deliveries with a 2xx when it started, and the entry has
+	// allowance to gain.
+	allowed int64
+	lucky   bool
 	// hedgeAfter, when positive, is how long the POST may go unanswered before the
 	// job says so on slow (the scheduler may then start a hedge).
 	hedgeAfter time.Duration
 	slow       chan<- slowNotice
+	// answered hears how the POST ended (an answer, or none before the timeout)
+	// as soon as it does, before the entry is acknowledged or parked.
+	answered chan<- answerNotice
 }
 
 // slowNotice says that a job's delivery has gone unanswered for its hedgeAfter.
 type slowNotice struct {
 	id  string
 	seq uint64
+}
+
+// answerNotice is how a job's POST ended, told as soon as it did: the scheduler judges
+// the balance system (the adaptive limit, the health verdict, the pace and latency of
+// its answers) by the answers in the order they come. A delivery that succeeded then
+// waits for its acknowledgement, which takes a Redis round trip (and longer while
+// Redis is slow), and one that failed does not: judged when their jobs end, failures
+// would come in runs ahead of the successes of the same moment.
+type answerNotice struct {
+	seq    uint64
+	posted posted // postedOK or postedFailed
+	took   time.Duration
+	slow   bool
 }
 
 // posted is what a job's POST to the webhook came to.
@@ -134,9 +164,11 @@ type result struct {
 	step     step
 	attempts int64
 	lastErr  string
-	posted   posted
-	took     time.Duration // how long the POST took
-	slow     bool          // the POST went unanswered past the job's hedge delay
+	// posted, took and slow describe the job's POST, for its answerNotice.
+	posted posted
+	took   time.Duration // how long the POST took
+	slow   bool          // the POST went unanswered past the job's hedge delay
+	lucky  bool          // the POST failed by bad luck: the entry may have one more delivery
 }
 
 // scheduler owns the entries a worker holds. It runs jobs in two lanes, each within
@@ -159,11 +191,11 @@ type scheduler struct {
 	delayed  entryHeap
 	results  chan result
 	slow     chan slowNotice
+	answers  chan answerNotice
 	receiver health
-	hedges   []slowNotice // slow deliveries waiting for the balance system to be healthy
-	// pace is whether the latest deliveries were answered within their hedge delay
-	// (a delivery that was not counts as a failure).
-	pace health
+	// pace is whether the latest deliveries, in the order they started, were
+	// answered within their hedge delay.
+	pace pace
 	// latency is a moving average of how long answered deliveries took.
 	latency time.Duration
 	jobs    uint64 // jobs started
@@ -178,7 +210,7 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 	n := w.cfg.maxInFlight()
 	s := &scheduler{w: w, ctx: ctx, entries: map[string]*entry{},
 		limit:   newLimiter(w.cfg.Concurrency, w.cfg.MinConcurrency, w.cfg.MaxConcurrency),
-		results: make(chan result, n), slow: make(chan slowNotice, n)}
+		results: make(chan result, n), slow: make(chan slowNotice, n), answers: make(chan answerNotice, 2*n)}
 	s.setBounds()
 	defer func() { w.m.limit.Sub(float64(s.bound[laneFirst])) }()
 	timer := time.NewTimer(time.Hour)
@@ -202,7 +234,12 @@ func (w *Worker) schedule(ctx context.Context, batches <-chan []acquired) {
 			return
 		case batch := <-batches:
 			s.add(batch)
+		case a := <-s.answers:
+			s.answer(a)
 		case r := <-s.results:
+			// A job tells its answer before it ends: judge the answers first, so a
+			// failed entry's backoff follows the verdict its own answer moved.
+			s.answerWaiting()
 			s.finished(r)
 		case n := <-s.slow:
 			s.hedge(n)
@@ -231,7 +268,7 @@ func (s *scheduler) add(batch []acquired) {
 			continue
 		}
 		e := &entry{id: a.entry.ID, entry: a.entry, forged: a.forged, attempts: a.attempts, started: a.attempts,
-			fresh: true, touched: a.at, running: map[uint64]context.CancelFunc{}, queued: true}
+			allowed: int64(s.w.cfg.MaxAttempts), fresh: true, touched: a.at, running: map[uint64]context.CancelFunc{}, queued: true}
 		s.entries[e.id] = e
 		// An entry delivered before (read back from an earlier run's pending list,
 		// or taken over from a dead worker) is a retry.
@@ -243,10 +280,8 @@ func (s *scheduler) add(batch []acquired) {
 	}
 }
 
-// startReady starts the hedges that waited and the ready entries' jobs while their
-// lanes have room.
+// startReady starts the ready entries' jobs while their lanes have room.
 func (s *scheduler) startReady() {
-	s.startHedges()
 	for l := range s.ready {
 		for s.inflight[l] < s.bound[l] && len(s.ready[l]) > 0 {
 			e := s.ready[l][0]
@@ -267,6 +302,7 @@ func (s *scheduler) start(e *entry, l lane, hedge bool) {
 	j := s.w.jobFor(e, l, time.Now(), hedge)
 	s.jobs++
 	j.seq = s.jobs
+	j.lucky = e.allowed < s.w.cfg.maxAllowed() && s.receiver.answersMost()
 	if j.step == stepDeliver && j.undeliverable == nil && s.w.cfg.HedgeAfter > 0 {
 		j.hedgeAfter = max(s.w.cfg.HedgeAfter, 4*s.latency)
 		j.slow = s.slow
@@ -274,6 +310,7 @@ func (s *scheduler) start(e *entry, l lane, hedge bool) {
 	if e.probe {
 		e.probe, s.probe = false, j.seq
 	}
+	j.answered = s.answers
 	jctx, cancel := context.WithCancel(s.ctx)
 	e.running[j.seq] = cancel
 	s.inflight[l]++
@@ -289,7 +326,7 @@ func (s *scheduler) mayRunAnother(e *entry) bool {
 	case 0:
 		return true
 	case 1:
-		return e.started+1 < int64(s.w.cfg.MaxAttempts)
+		return e.started+1 < e.allowed
 	}
 	return false
 }
@@ -303,22 +340,20 @@ func (s *scheduler) mayRunAnother(e *entry) bool {
 // delivery of the entry, which n hedged, is abandoned: at most two are in flight).
 // With the retry lane full, n is abandoned and the entry goes first in the retry
 // lane's queue, so deliveries the balance system holds never fill a lane for the
-// length of the HTTP timeout. While the balance system is unhealthy, hedges wait
-// (see startHedges): hedging against a failing one would only add to its load.
+// length of the HTTP timeout. The verdict on the balance system's health does not
+// hold hedges back: it changes only with answers, and with every slot taken by
+// deliveries the balance system holds none would come before the HTTP timeout; the
+// lanes' bounds, which follow the adaptive limit, bound the load hedges add.
 //
 // An abandoned delivery is cancelled; if the balance system did apply it, the
 // later delivery carries the same Idempotency-Key.
 func (s *scheduler) hedge(n slowNotice) {
-	s.pace.record(false)
+	s.pace.record(n.seq, true)
 	e := s.entries[n.id]
 	if e == nil || e.queued || e.running[n.seq] == nil || n.seq != maxKey(e.running) {
 		return // finished, rescheduled, or no longer its latest delivery
 	}
-	if e.step != stepDeliver || e.undeliverable() != nil || e.started+1 >= int64(s.w.cfg.MaxAttempts) {
-		return
-	}
-	if !s.receiver.healthy() {
-		s.hedges = append(s.hedges, n)
+	if e.step != stepDeliver || e.undeliverable() != nil || e.started+1 >= e.allowed {
 		return
 	}
 	if !s.pace.healthy() {
@@ -340,18 +375,6 @@ func (s *scheduler) hedge(n slowNotice) {
 	s.ready[laneRetry] = append([]*entry{e}, s.ready[laneRetry]...)
 }
 
-// startHedges starts the hedges that waited for the balance system to be healthy.
-func (s *scheduler) startHedges() {
-	if !s.receiver.healthy() {
-		return
-	}
-	for len(s.hedges) > 0 {
-		n := s.hedges[0]
-		s.hedges = s.hedges[1:]
-		s.hedge(n)
-	}
-}
-
 // maxKey is the largest key of m (0 when empty).
 func maxKey[V any](m map[uint64]V) uint64 {
 	var top uint64
@@ -361,40 +384,56 @@ func maxKey[V any](m map[uint64]V) uint64 {
 	return top
 }
 
+// answer judges the balance system by one delivery's answer (or its timeout): the
+// adaptive limit, the health verdict, the pace and the latency of its answers. A
+// delivery cancelled because its hedge won, or abandoned, tells nothing.
+func (s *scheduler) answer(a answerNotice) {
+	switch a.posted {
+	case postedOK:
+		s.observe(deliveredOK, a.took)
+	case postedFailed:
+		s.observe(deliveryFailed, 0)
+	default:
+		return
+	}
+	if !a.slow {
+		s.pace.record(a.seq, false)
+	}
+	s.answered = time.Now()
+	if a.seq == s.probe && a.posted == postedOK && !s.receiver.healthy() {
+		// The balance system answered the probe: it is back, as far as this
+		// worker can tell without waiting for a window of answers.
+		s.w.bringForward(&s.delayed)
+	}
+	wasHealthy := s.receiver.healthy()
+	s.receiver.record(a.posted == postedOK)
+	if a.posted == postedOK {
+		if s.latency == 0 {
+			s.latency = a.took
+		} else {
+			s.latency += (a.took - s.latency) / 8
+		}
+	}
+	if !wasHealthy && s.receiver.healthy() {
+		s.w.bringForward(&s.delayed)
+	}
+}
+
+// answerWaiting judges the answers told and not judged yet.
+func (s *scheduler) answerWaiting() {
+	for {
+		select {
+		case a := <-s.answers:
+			s.answer(a)
+		default:
+			return
+		}
+	}
+}
+
 // finished applies a job's result.
 func (s *scheduler) finished(r result) {
 	s.inflight[r.lane]--
-	// A delivery counts for the limit when it ends with an answer or none (a
-	// timeout); one cancelled because its hedge won, or abandoned, does not.
-	switch r.posted {
-	case postedOK:
-		s.observe(deliveredOK, r.took)
-	case postedFailed:
-		s.observe(deliveryFailed, 0)
-	}
-	if r.posted != postedNone && !r.slow {
-		s.pace.record(true)
-	}
-	if r.posted != postedNone {
-		s.answered = time.Now()
-		if r.seq == s.probe && r.posted == postedOK && !s.receiver.healthy() {
-			// The balance system answered the probe: it is back, as far as this
-			// worker can tell without waiting for a window of answers.
-			s.w.bringForward(&s.delayed)
-		}
-		wasHealthy := s.receiver.healthy()
-		s.receiver.record(r.posted == postedOK)
-		if r.posted == postedOK {
-			if s.latency == 0 {
-				s.latency = r.took
-			} else {
-				s.latency += (r.took - s.latency) / 8
-			}
-		}
-		if !wasHealthy && s.receiver.healthy() {
-			s.w.bringForward(&s.delayed)
-		}
-	}
 	e := s.entries[r.id]
 	if e == nil {
 		return // finished before: a hedge that lost, or an entry given up
@@ -413,6 +452,9 @@ func (s *scheduler) finished(r result) {
 	case outcomeDone, outcomeLost:
 		s.remove(e)
 	case outcomeRetry:
+		if r.lucky {
+			e.allowed = min(e.allowed+1, s.w.cfg.maxAllowed())
+		}
 		e.attempts = max(e.attempts, r.attempts)
 		e.step = laterStep(e.step, r.step)
 		if r.lastErr != "" {
@@ -476,8 +518,6 @@ func (s *scheduler) remove(e *entry) {
 // forward as on recovery (bringForward). During an outage this costs one delivery
 // per BackoffBase, of the entry due first.
 func (s *scheduler) probeWhenIdle() {
-	// Hedges waiting for a healthy verdict (s.hedges) do not count: their deliveries
-	// ended, or they would be in flight.
 	if s.delayed.Len() == 0 || s.receiver.healthy() || s.inflight[laneFirst]+s.inflight[laneRetry] > 0 ||
 		len(s.ready[laneFirst])+len(s.ready[laneRetry]) > 0 {
 		return
@@ -514,7 +554,7 @@ func (w *Worker) bringForward(delayed *entryHeap) {
 // jobFor prepares the next attempt at e, or a hedge of the one in flight.
 func (w *Worker) jobFor(e *entry, l lane, now time.Time, hedge bool) job {
 	j := job{id: e.id, entry: e.entry, undeliverable: e.undeliverable(), lane: l, step: e.step,
-		attempts: e.attempts, lastErr: e.lastErr}
+		attempts: e.attempts, lastErr: e.lastErr, allowed: e.allowed}
 	if e.step == stepDeliver && j.undeliverable == nil {
 		if e.fresh && !hedge {
 			e.fresh = false
@@ -608,6 +648,52 @@ func (h *health) record(ok bool) {
 // healthy reports whether at most half of the recorded deliveries failed, or fewer
 // than healthQuorum.
 func (h *health) healthy() bool { return h.fails < healthQuorum || 2*h.fails <= h.n }
+
+// answersMost reports whether most of the recorded deliveries succeeded, at least
+// healthQuorum of them: then a failure that says nothing about its entry is bad luck.
+func (h *health) answersMost() bool { return 2*h.fails < h.n && h.n-h.fails >= healthQuorum }
+
+// pace is whether the latest deliveries were answered within their hedge delay: of
+// the healthWindow deliveries started last (by job number) whose pace is known, how
+// many went unanswered that long. A delivery's pace is known when it is answered
+// within its delay (prompt) or when the delay runs out first (slow), so a slow one is
+// known a hedge delay after the prompt ones started with it; ordering them by start,
+// not by when they became known, keeps the slow ones of a burst from outnumbering its
+// prompt ones once the burst has ended (or the lanes were cut), when nothing new
+// starts and only the hedge delays of deliveries the balance system holds run out.
+type pace struct {
+	seqs []uint64 // ascending, at most healthWindow
+	slow []bool   // by position in seqs
+	n    int      // slow ones among them
+}
+
+// record adds the pace of delivery seq, forgetting the earliest started beyond the
+// window; a delivery started before every one in a full window is ignored.
+func (p *pace) record(seq uint64, slow bool) {
+	if len(p.seqs) == healthWindow && seq < p.seqs[0] {
+		return
+	}
+	i, found := slices.BinarySearch(p.seqs, seq)
+	if found {
+		return // known already
+	}
+	p.seqs = slices.Insert(p.seqs, i, seq)
+	p.slow = slices.Insert(p.slow, i, slow)
+	if slow {
+		p.n++
+	}
+	if len(p.seqs) > healthWindow {
+		if p.slow[0] {
+			p.n--
+		}
+		p.seqs = slices.Delete(p.seqs, 0, 1)
+		p.slow = slices.Delete(p.slow, 0, 1)
+	}
+}
+
+// healthy reports whether at most half of the known deliveries went slow, or fewer
+// than healthQuorum: the balance system is not slow for every delivery.
+func (p *pace) healthy() bool { return p.n < healthQuorum || 2*p.n <= len(p.seqs) }
 
 // entryHeap orders entries waiting to retry by due time.
 type entryHeap []*entry

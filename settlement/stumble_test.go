@@ -211,3 +211,193 @@ func TestUniformlySlowBalanceSystemIsNotFloodedWithHedges(t *testing.T) {
 		t.Errorf("%d requests for %d grants", st.requests, len(grants))
 	}
 }
+
+// Hedging does not wait for a verdict that only answers can change. The balance
+// system fails the first deliveries of five grants at once, so the worker judges it
+// down (however many of their retries are credited before the hedge delay), and holds
+// those of six more: with the failed entries waiting out a long retry delay and those
+// six in flight, no answer would come before the HTTP timeout (an hour here) or the
+// first long delay (30 s or more). The held deliveries are hedged after the hedge
+// delay all the same, their hedges are credited, the verdict turns, and every grant
+// settles within seconds.
+func TestHeldDeliveriesAreHedgedWhileTheBalanceSystemIsJudgedDown(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-hedge-down", 20, 2_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	const failing, holding = 5, 6
+	grants := a.grab(t, 0, failing+holding)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var cancelled atomic.Int64
+	rcv.setReject(func(r *http.Request, d Delivery) int {
+		mu.Lock()
+		first := !seen[d.PacketID]
+		seen[d.PacketID] = true
+		n := len(seen)
+		mu.Unlock()
+		switch {
+		case !first:
+			return 0
+		case n <= failing:
+			return http.StatusServiceUnavailable
+		}
+		<-r.Context().Done() // held until the worker gives up on it
+		cancelled.Add(1)
+		return http.StatusServiceUnavailable
+	})
+	reg := prometheus.NewRegistry()
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.Concurrency, cfg.MinConcurrency, cfg.MaxConcurrency = 16, 16, 16 // every first delivery at once
+	cfg.BackoffBase, cfg.BackoffMax = time.Minute, time.Minute
+	cfg.HTTPClient = &http.Client{Timeout: time.Hour}
+	cfg.Registerer = reg
+	startWorker(t, cfg)
+	start := time.Now()
+	wait.Until(t, 10*time.Second, "every grant settled", func() (bool, string) {
+		s := a.snapshot(t)
+		return s.SettledCount == int64(len(grants)), fmt.Sprintf("%d settled, %.0f hedges", s.SettledCount,
+			metricValue(t, reg, "redpacket_settlement_hedges_total", ""))
+	})
+	t.Logf("every grant settled %s after the worker started", time.Since(start).Round(time.Millisecond))
+	a.checkSettledExactly(t)
+	rcv.checkCredits(t, grants)
+	eventually(t, 10*time.Second, "the held requests cancelled", func() bool { return cancelled.Load() == holding })
+	if got := metricValue(t, reg, "redpacket_settlement_hedges_total", ""); got != holding {
+		t.Errorf("%v hedges, want one per held delivery (%d)", got, holding)
+	}
+}
+
+// A balance system that credits most deliveries but fails some at random does not
+// get an entry parked by bad luck. Once 20 grants are credited, three more are
+// delivered with MaxAttempts 3: one the balance system fails four times (503) and
+// then credits, one it refuses every time (422: something about the entry), and one
+// it fails every time (500). The first is credited on its fifth delivery: failures
+// that say nothing about the entry, while most deliveries are credited, do not count
+// towards MaxAttempts, up to MaxAttempts of them. The refused one is parked after
+// exactly MaxAttempts deliveries, the failing one after twice as many.
+func TestBadLuckDoesNotParkAnEntry(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-bad-luck", 30, 3_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.MaxAttempts = 3
+	startWorker(t, cfg)
+	grants := a.grab(t, 0, 20)
+	eventually(t, 10*time.Second, "the first 20 grants settled", func() bool {
+		return a.snapshot(t).SettledCount == 20
+	})
+
+	// The next three users' grants: the reject function is in place before they
+	// exist, so each one's first delivery is already judged by it.
+	const unlucky, refused, failing = "user-0020", "user-0021", "user-0022"
+	var mu sync.Mutex
+	failures := 0
+	rcv.setReject(func(_ *http.Request, d Delivery) int {
+		switch d.UserID {
+		case unlucky:
+			mu.Lock()
+			defer mu.Unlock()
+			if failures < 4 {
+				failures++
+				return http.StatusServiceUnavailable
+			}
+		case refused:
+			return http.StatusUnprocessableEntity
+		case failing:
+			return http.StatusInternalServerError
+		}
+		return 0
+	})
+	more := a.grab(t, 20, 3)
+	packet := map[string]string{}
+	for p, g := range more {
+		packet[g.user] = p
+	}
+	key := func(packet string) string { return a.uid + "/" + packet }
+	eventually(t, 20*time.Second, "the unlucky grant settled and the other two dead-lettered", func() bool {
+		s := a.snapshot(t)
+		return s.SettledCount == 21 && s.DeadCount == 2
+	})
+	grants[packet[unlucky]] = more[packet[unlucky]]
+	rcv.checkCredits(t, grants)
+	if n := rcv.requestsFor(key(packet[unlucky])); n != 5 {
+		t.Errorf("the unlucky grant was delivered %d times, want 5 (4 failures, then credited)", n)
+	}
+	if n := rcv.requestsFor(key(packet[refused])); n != cfg.MaxAttempts {
+		t.Errorf("the refused grant was delivered %d times, want MaxAttempts = %d", n, cfg.MaxAttempts)
+	}
+	if n := rcv.requestsFor(key(packet[failing])); n != 2*cfg.MaxAttempts {
+		t.Errorf("the failing grant was delivered %d times, want 2 × MaxAttempts = %d", n, 2*cfg.MaxAttempts)
+	}
+	dead, err := a.handle.Shard(0).DeadLetters(context.Background())
+	if err != nil || len(dead) != 2 {
+		t.Fatalf("dead letters %v, %v; want the refused and the failing grant", dead, err)
+	}
+	for _, d := range dead {
+		want := map[string]string{refused: "422", failing: "500"}[d.UserID]
+		if want == "" || !strings.Contains(d.Fields["error"], want) {
+			t.Errorf("dead letter of packet %s with error %q", d.PacketID, d.Fields["error"])
+		}
+	}
+}
+
+// Held deliveries at the end of a burst are hedged too. The balance system holds the
+// first delivery of every tenth grant and credits the rest at once (a hedge after
+// 50 ms): the burst's prompt answers all come before the hedge delay, and the
+// held deliveries' hedge delays then run out together, with nothing new started in
+// between. One in ten of the deliveries went slow, not most of them, so every held
+// delivery is hedged and every grant settles, long before the HTTP timeout (an hour).
+func TestHeldDeliveriesAtTheEndOfABurstAreHedged(t *testing.T) {
+	rdb := newRedis(t)
+	a := newActivity(t, rdb, "uid-burst-end", 400, 40_000, "merchant-001")
+	rcv := newReceiver(t, a.uid, nil)
+	grants := a.grab(t, 0, 400)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	held := map[string]bool{}
+	var cancelled atomic.Int64
+	rcv.setReject(func(r *http.Request, d Delivery) int {
+		mu.Lock()
+		first := !seen[d.PacketID]
+		seen[d.PacketID] = true
+		hold := first && len(seen)%10 == 0
+		again := !first && held[d.PacketID]
+		if hold {
+			held[d.PacketID] = true
+		}
+		mu.Unlock()
+		switch {
+		case hold:
+			<-r.Context().Done() // held until the worker gives up on it
+			cancelled.Add(1)
+			return http.StatusServiceUnavailable
+		case again:
+			time.Sleep(50 * time.Millisecond)
+		}
+		return 0
+	})
+	reg := prometheus.NewRegistry()
+	cfg := baseConfig(a, rcv.url("/credit"), "w1")
+	cfg.Concurrency, cfg.MinConcurrency, cfg.MaxConcurrency = 64, 64, 64
+	cfg.HTTPClient = &http.Client{Timeout: time.Hour}
+	cfg.Registerer = reg
+	startWorker(t, cfg)
+	start := time.Now()
+	wait.Until(t, 20*time.Second, "every grant settled", func() (bool, string) {
+		s := a.snapshot(t)
+		return s.SettledCount == int64(len(grants)), fmt.Sprintf("%d settled, %.0f hedges", s.SettledCount,
+			metricValue(t, reg, "redpacket_settlement_hedges_total", ""))
+	})
+	t.Logf("every grant settled %s after the worker started", time.Since(start).Round(time.Millisecond))
+	a.checkSettledExactly(t)
+	rcv.checkCredits(t, grants)
+	mu.Lock()
+	holding := int64(len(held))
+	mu.Unlock()
+	eventually(t, 10*time.Second, "the held requests cancelled", func() bool { return cancelled.Load() == holding })
+	// A prompt delivery slowed past the hedge delay by a loaded machine may be hedged
+	// too; every held one must be.
+	if got := metricValue(t, reg, "redpacket_settlement_hedges_total", ""); got < float64(holding) {
+		t.Errorf("%v hedges, want at least one per held delivery (%d)", got, holding)
+	}
+}

@@ -14,28 +14,40 @@
 // appended by someone else and is dead-lettered at once, with the reason, never
 // delivered.
 //
-// First deliveries and retries run in parallel, each within its own bound
-// (the adaptive limit and its RetryConcurrency share), so a failing delivery never
-// holds up the entries behind it, and retries never wait behind new work. A delivery left
+// First deliveries and retries run in parallel, each within its own bound (the
+// adaptive limit and its RetryConcurrency share), so a failing delivery never holds up
+// the entries behind it, and retries never wait behind new work. A delivery left
 // unanswered past HedgeAfter is sent again (a hedge, same body and Idempotency-Key)
 // and the loser cancelled, so one the balance system holds costs about HedgeAfter,
 // not the HTTP timeout; an entry has at most two deliveries in flight, and two never
-// include its last allowed attempt. Failed deliveries are retried with exponential
-// backoff and jitter, from a short delay while the balance system answers most deliveries (a failure is then the entry's
-// bad luck) and from a long one while it fails most of them (it is down: waiting
-// saves the entries' attempts); when it recovers, entries waiting out a long delay
-// are brought forward. A worker with nothing in flight that judges it down probes it
-// with the entry due first, BackoffBase after the latest answer, since only answers
-// change that verdict. The first deliveries in flight follow an adaptive limit (AIMD,
+// include its last allowed attempt. Hedging pauses only while most of the deliveries
+// started last went unanswered that long (a balance system slow for every delivery),
+// never for the verdict on its health: with every slot taken by deliveries it holds,
+// no answer would come to change that verdict before the HTTP timeout. Failed
+// deliveries are retried with exponential backoff and jitter, from a short delay
+// while the balance system answers most deliveries (a failure is then the entry's bad
+// luck) and from a long one while it fails most of them (it is down: waiting saves
+// the entries' attempts); when it recovers, entries waiting out a long delay are
+// brought forward. A worker with nothing in flight that judges it down probes it with
+// the entry due first, BackoffBase after the latest answer, since only answers change
+// that verdict. The first deliveries in flight follow an adaptive limit (AIMD,
 // limit.go) within [MinConcurrency, MaxConcurrency], and the retries' bound follows
-// it; delivered entries are acknowledged in batches (acks.go). Deliveries are
-// counted by Redis itself (the pending entry's delivery counter, raised by every read, claim and retry), so the count survives a
-// worker's death; an entry delivered MaxAttempts times without success moves to the
-// dead-letter stream (store.Shard.DeadLetter), once. A worker re-reads its own pending
-// entries when it starts, keeps the entries it holds fresh while it backs off, and
-// periodically takes over entries left idle longer than ClaimIdle by dead workers
-// (XAUTOCLAIM). The stream is never trimmed. store.Shard.ReplayDeadLetters puts
-// dead letters back into the stream.
+// it; delivered entries are acknowledged in batches (acks.go). The limit and the
+// verdict take each answer when it comes, before its entry is acknowledged, so a slow
+// acknowledgement does not make the failures of a moment look like most of its
+// answers. Deliveries are counted by Redis itself (the pending entry's delivery
+// counter, raised by every read, claim and retry), so the count survives a worker's
+// death; an entry delivered MaxAttempts times without success moves to the
+// dead-letter stream (store.Shard.DeadLetter), once. A failure that says nothing about
+// the entry (a 5xx, 408 or 429 answer, or none) while the balance system answers
+// most deliveries with a 2xx is bad luck, though, and earns the entry one more
+// delivery, up to MaxAttempts more: a balance system failing a third of its
+// deliveries at random fails some entry of a large burst ten times in a row, and
+// parking that entry would leave a valid credit waiting for a person to replay it.
+// A worker re-reads its own pending entries when it starts, keeps the entries it holds
+// fresh while it backs off, and periodically takes over entries left idle longer than
+// ClaimIdle by dead workers (XAUTOCLAIM). The stream is never trimmed.
+// store.Shard.ReplayDeadLetters puts dead letters back into the stream.
 //
 // Every Redis call of a worker is a method of the activity's handle (store.Shard):
 // the consumer-group reads and claims, the delivery counts, the acknowledgement and
@@ -230,7 +242,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		r.lastErr = j.undeliverable.Error()
 		return w.deadLetter(ctx, j, r)
 	}
-	if r.attempts > int64(w.cfg.MaxAttempts) {
+	if r.attempts > j.allowed {
 		if r.lastErr == "" {
 			r.lastErr = fmt.Sprintf("no acknowledgement after %d deliveries", r.attempts-1)
 		}
@@ -239,12 +251,14 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	err := w.postTimed(ctx, j, &r)
 	if err == nil {
 		r.posted = postedOK
+		tell(ctx, j, r)
 		return w.ack(ctx, j, r)
 	}
 	if ctx.Err() != nil {
 		return r // shutting down: the entry stays pending for the next owner
 	}
 	r.posted = postedFailed
+	tell(ctx, j, r)
 	var de *deliveryError
 	if errors.As(err, &de) && de.status != 0 {
 		w.m.deliveries.WithLabelValues(ResultRejected).Inc()
@@ -252,7 +266,12 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		w.m.deliveries.WithLabelValues(ResultNoAnswer).Inc()
 	}
 	r.lastErr = err.Error()
-	if r.attempts >= int64(w.cfg.MaxAttempts) {
+	allowed := j.allowed
+	if j.lucky && !refusal(err) {
+		r.lucky = true
+		allowed = min(allowed+1, w.cfg.maxAllowed())
+	}
+	if r.attempts >= allowed {
 		return w.deadLetter(ctx, j, r)
 	}
 	w.m.retries.Inc()
@@ -266,6 +285,17 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	w.log.Debug("settlement delivery failed; retrying", "entry", j.id, "packet", j.entry.PacketID,
 		"attempts", r.attempts, "errorClass", class, "err", err)
 	return r
+}
+
+// tell sends the scheduler how j's POST ended (r.posted), unless ctx ends first.
+func tell(ctx context.Context, j job, r result) {
+	if j.answered == nil {
+		return
+	}
+	select {
+	case j.answered <- answerNotice{seq: r.seq, posted: r.posted, took: r.took, slow: r.slow}:
+	case <-ctx.Done():
+	}
 }
 
 // postTimed delivers j's entry and records in r how long it took; when the answer

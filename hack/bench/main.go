@@ -84,6 +84,8 @@ type options struct {
 	settleTimeout       time.Duration
 	settleLimit         time.Duration
 	settlementOnly      bool
+	failureOnly         bool
+	failureRounds       int
 	verifyOnly          bool
 	scaleOnly           bool
 	claimOnly           bool
@@ -129,6 +131,8 @@ func main() {
 	flag.DurationVar(&o.settleTimeout, "settlement-sender-timeout", settlement.DefaultHTTPTimeout, "the settlement worker's HTTP timeout in the failure-mix run (held deliveries are held 1s longer)")
 	flag.DurationVar(&o.settleLimit, "settlement-limit", 10*time.Minute, "give a settlement run up this long")
 	flag.BoolVar(&o.settlementOnly, "settlement-only", false, "run only the settlement measurements (g): healthy grants, grants under the failure mix, a second's refunds, each with its reference; print them and their section of docs/benchmarks.md, write nothing")
+	flag.BoolVar(&o.failureOnly, "settlement-failure-only", false, "run only the settlement measurement under the failure mix (g), -settlement-failure-rounds times, each with its reference; print them, write nothing")
+	flag.IntVar(&o.failureRounds, "settlement-failure-rounds", 1, "runs of the failure mix with -settlement-failure-only")
 	flag.BoolVar(&o.verifyOnly, "settlement-check-only", false, "run only the cost of the settlement check per entry (g); print it, write nothing")
 	flag.BoolVar(&o.seedScriptOnly, "seed-script-only", false, "run only the comparison with the seed's script (i); print it, write nothing")
 	flag.BoolVar(&o.scaleOnly, "scale-only", false, "run only the measurement over one and two masters (j); print it, write nothing")
@@ -288,6 +292,9 @@ func run(ctx context.Context, o options) error {
 	if o.verifyOnly {
 		_, err := measureVerification(ctx, o, srv)
 		return err
+	}
+	if o.failureOnly {
+		return measureFailureMixOnly(ctx, o, srv)
 	}
 	if r.settle, err = measureSettlements(ctx, o, srv); err != nil {
 		return err

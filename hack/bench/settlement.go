@@ -468,17 +468,9 @@ func measureSettlements(ctx context.Context, o options, redisSrv *redistest.Serv
 		return f, err
 	}
 	fmt.Println(settlementLine(f.OK))
-	mix := failureMix{Fail: 0.30, Hold: 0.05, SenderTimeout: o.settleTimeout}
-	fmt.Printf("(g) settlement: %d grants, receiver failing 30%% and holding 5%% past the %s timeout ... ",
-		o.settleFailingGrants, o.settleTimeout)
-	f.Bad, err = measureSettlement(ctx, redisSrv, "bench-settle-failing", o.settleFailingGrants, mix, o.settleLimit)
-	if err != nil {
+	if f.Bad, err = measureFailureMix(ctx, o, redisSrv, "bench-settle-failing"); err != nil {
 		return f, err
 	}
-	if err := withRaw(ctx, &f.Bad); err != nil {
-		return f, err
-	}
-	fmt.Println(settlementLine(f.Bad))
 	if o.refundPackets > 0 {
 		profile := ""
 		if o.settleProfile != "" {
@@ -490,6 +482,44 @@ func measureSettlements(ctx context.Context, o options, redisSrv *redistest.Serv
 		fmt.Println(f.Refunds.line())
 	}
 	return f, nil
+}
+
+// measureFailureMix runs the settlement measurement under the failure mix on the
+// activity uid, followed by its reference, and prints its line.
+func measureFailureMix(ctx context.Context, o options, redisSrv *redistest.Server, uid string) (settlementRun, error) {
+	mix := failureMix{Fail: 0.30, Hold: 0.05, SenderTimeout: o.settleTimeout}
+	fmt.Printf("(g) settlement: %d grants, receiver failing 30%% and holding 5%% past the %s timeout ... ",
+		o.settleFailingGrants, o.settleTimeout)
+	s, err := measureSettlement(ctx, redisSrv, uid, o.settleFailingGrants, mix, o.settleLimit)
+	if err != nil {
+		return s, err
+	}
+	if err := withRaw(ctx, &s); err != nil {
+		return s, err
+	}
+	fmt.Println(settlementLine(s))
+	return s, nil
+}
+
+// measureFailureMixOnly runs the failure mix alone o.failureRounds times, each on a
+// fresh activity, and prints each run's line (or why it failed) and the load average
+// after it. It returns an error naming the runs that failed, after running them all.
+func measureFailureMixOnly(ctx context.Context, o options, redisSrv *redistest.Server) error {
+	var failed []string
+	for i := range max(o.failureRounds, 1) {
+		if _, err := measureFailureMix(ctx, o, redisSrv, fmt.Sprintf("bench-settle-failing-%d", i)); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			fmt.Println(err)
+			failed = append(failed, strconv.Itoa(i+1))
+		}
+		fmt.Println("load average:", loadAverage())
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("failure mix: runs %s of %d failed", strings.Join(failed, ", "), max(o.failureRounds, 1))
+	}
+	return nil
 }
 
 // withRaw measures the reference of run s: as many deliveries at the worker's
