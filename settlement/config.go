@@ -58,15 +58,7 @@ type Config struct {
 	// SigningKey signs each delivery body (X-Signature); nil sends no signature.
 	SigningKey []byte
 	// MaxAttempts is how many deliveries an entry gets before it is dead-lettered;
-	// 0 means DefaultMaxAttempts. A delivery that failed by bad luck (a 5xx, 408 or
-	// 429 answer, or none, while the balance system answered most of the latest
-	// deliveries, at least five, with a 2xx) earns the entry one more, up to
-	// MaxAttempts more: an entry the balance system refuses (any other answer) is
-	// parked after MaxAttempts deliveries, one it fails every time while it credits
-	// the others after 2 × MaxAttempts, and one it fails at random as often as the
-	// rest is not parked for that. The extra deliveries are the worker's own count:
-	// another worker (or this one, restarted) that takes the entry over allows it
-	// MaxAttempts deliveries in all.
+	// 0 means DefaultMaxAttempts.
 	MaxAttempts int
 	// Consumer is this worker's consumer name in the group; it must be stable across
 	// restarts of the same worker so it re-reads its own pending entries.
@@ -298,10 +290,6 @@ func (cfg Config) withDefaults() (Config, error) {
 func (cfg Config) retryBound(limit int) int {
 	return max(1, (limit*cfg.RetryConcurrency+cfg.Concurrency-1)/cfg.Concurrency)
 }
-
-// maxAllowed is the most deliveries an entry may have: MaxAttempts, and as many
-// more for deliveries that failed by bad luck (see job.lucky).
-func (cfg Config) maxAllowed() int64 { return 2 * int64(cfg.MaxAttempts) }
 
 // maxInFlight is the most deliveries a worker of cfg (with its defaults) has in
 // flight: both lanes at the ceiling.

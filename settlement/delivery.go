@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -80,19 +79,6 @@ func (e *deliveryError) Error() string { return e.msg }
 
 // Unwrap is the transport's error when no answer came.
 func (e *deliveryError) Unwrap() error { return e.err }
-
-// refusal reports whether err is an answer that says something about the delivered
-// entry: any answer outside 2xx and 5xx but 408 (Request Timeout) and 429 (Too Many
-// Requests). A 5xx, 408 or 429 answer, or none, says that the balance system did
-// not process it this time.
-func refusal(err error) bool {
-	var de *deliveryError
-	if !errors.As(err, &de) || de.status == 0 {
-		return false
-	}
-	s := de.status
-	return (s < 500 || s > 599) && s != http.StatusRequestTimeout && s != http.StatusTooManyRequests
-}
 
 // post sends one delivery and returns nil on a 2xx answer.
 func (w *Worker) post(ctx context.Context, d Delivery) error {

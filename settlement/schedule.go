@@ -43,15 +43,10 @@ type entry struct {
 	// knows; started is the delivery number of the latest job started (one more than
 	// attempts while a re-claiming job runs).
 	attempts, started int64
-	// allowed is how many deliveries it may have: MaxAttempts, plus one for each of
-	// its deliveries that failed by bad luck (see job.lucky), up to 2 × MaxAttempts.
-	// Only this worker knows it: a worker that reads the entry again starts from
-	// MaxAttempts.
-	allowed int64
-	fresh   bool // the read or claim that brought it in counted the next delivery
-	touched time.Time
-	step    step
-	lastErr string
+	fresh             bool // the read or claim that brought it in counted the next delivery
+	touched           time.Time
+	step              step
+	lastErr           string
 	// running are the entry's jobs in flight, by job number: at most two, a slow
 	// delivery and its hedge or retry.
 	running  map[uint64]context.CancelFunc
@@ -111,14 +106,6 @@ type job struct {
 	minIdle       time.Duration // for the re-claim
 	attempts      int64
 	lastErr       string
-	// allowed is the entry's allowance of deliveries when the job started (see
-	// entry.allowed); lucky says that a failure of this delivery would be bad luck
-	// rather than something about the entry, if it says nothing about the entry (a
-	// 5xx, 408 or 429 answer, or none; see refusal): the balance system answered
-	// most of the latest deliveries with a 2xx when it started, and the entry has
-	// allowance to gain.
-	allowed int64
-	lucky   bool
 	// hedgeAfter, when positive, is how long the POST may go unanswered before the
 	// job says so on slow (the scheduler may then start a hedge).
 	hedgeAfter time.Duration
@@ -168,7 +155,6 @@ type result struct {
 	posted posted
 	took   time.Duration // how long the POST took
 	slow   bool          // the POST went unanswered past the job's hedge delay
-	lucky  bool          // the POST failed by bad luck: the entry may have one more delivery
 }
 
 // scheduler owns the entries a worker holds. It runs jobs in two lanes, each within
@@ -268,7 +254,7 @@ func (s *scheduler) add(batch []acquired) {
 			continue
 		}
 		e := &entry{id: a.entry.ID, entry: a.entry, forged: a.forged, attempts: a.attempts, started: a.attempts,
-			allowed: int64(s.w.cfg.MaxAttempts), fresh: true, touched: a.at, running: map[uint64]context.CancelFunc{}, queued: true}
+			fresh: true, touched: a.at, running: map[uint64]context.CancelFunc{}, queued: true}
 		s.entries[e.id] = e
 		// An entry delivered before (read back from an earlier run's pending list,
 		// or taken over from a dead worker) is a retry.
@@ -302,7 +288,6 @@ func (s *scheduler) start(e *entry, l lane, hedge bool) {
 	j := s.w.jobFor(e, l, time.Now(), hedge)
 	s.jobs++
 	j.seq = s.jobs
-	j.lucky = e.allowed < s.w.cfg.maxAllowed() && s.receiver.answersMost()
 	if j.step == stepDeliver && j.undeliverable == nil && s.w.cfg.HedgeAfter > 0 {
 		j.hedgeAfter = max(s.w.cfg.HedgeAfter, 4*s.latency)
 		j.slow = s.slow
@@ -326,7 +311,7 @@ func (s *scheduler) mayRunAnother(e *entry) bool {
 	case 0:
 		return true
 	case 1:
-		return e.started+1 < e.allowed
+		return e.started+1 < int64(s.w.cfg.MaxAttempts)
 	}
 	return false
 }
@@ -353,7 +338,7 @@ func (s *scheduler) hedge(n slowNotice) {
 	if e == nil || e.queued || e.running[n.seq] == nil || n.seq != maxKey(e.running) {
 		return // finished, rescheduled, or no longer its latest delivery
 	}
-	if e.step != stepDeliver || e.undeliverable() != nil || e.started+1 >= e.allowed {
+	if e.step != stepDeliver || e.undeliverable() != nil || e.started+1 >= int64(s.w.cfg.MaxAttempts) {
 		return
 	}
 	if !s.pace.healthy() {
@@ -452,9 +437,6 @@ func (s *scheduler) finished(r result) {
 	case outcomeDone, outcomeLost:
 		s.remove(e)
 	case outcomeRetry:
-		if r.lucky {
-			e.allowed = min(e.allowed+1, s.w.cfg.maxAllowed())
-		}
 		e.attempts = max(e.attempts, r.attempts)
 		e.step = laterStep(e.step, r.step)
 		if r.lastErr != "" {
@@ -554,7 +536,7 @@ func (w *Worker) bringForward(delayed *entryHeap) {
 // jobFor prepares the next attempt at e, or a hedge of the one in flight.
 func (w *Worker) jobFor(e *entry, l lane, now time.Time, hedge bool) job {
 	j := job{id: e.id, entry: e.entry, undeliverable: e.undeliverable(), lane: l, step: e.step,
-		attempts: e.attempts, lastErr: e.lastErr, allowed: e.allowed}
+		attempts: e.attempts, lastErr: e.lastErr}
 	if e.step == stepDeliver && j.undeliverable == nil {
 		if e.fresh && !hedge {
 			e.fresh = false
@@ -648,10 +630,6 @@ func (h *health) record(ok bool) {
 // healthy reports whether at most half of the recorded deliveries failed, or fewer
 // than healthQuorum.
 func (h *health) healthy() bool { return h.fails < healthQuorum || 2*h.fails <= h.n }
-
-// answersMost reports whether most of the recorded deliveries succeeded, at least
-// healthQuorum of them: then a failure that says nothing about its entry is bad luck.
-func (h *health) answersMost() bool { return 2*h.fails < h.n && h.n-h.fails >= healthQuorum }
 
 // pace is whether the latest deliveries were answered within their hedge delay: of
 // the healthWindow deliveries started last (by job number) whose pace is known, how

@@ -38,16 +38,11 @@
 // answers. Deliveries are counted by Redis itself (the pending entry's delivery
 // counter, raised by every read, claim and retry), so the count survives a worker's
 // death; an entry delivered MaxAttempts times without success moves to the
-// dead-letter stream (store.Shard.DeadLetter), once. A failure that says nothing about
-// the entry (a 5xx, 408 or 429 answer, or none) while the balance system answers
-// most deliveries with a 2xx is bad luck, though, and earns the entry one more
-// delivery, up to MaxAttempts more: a balance system failing a third of its
-// deliveries at random fails some entry of a large burst ten times in a row, and
-// parking that entry would leave a valid credit waiting for a person to replay it.
-// A worker re-reads its own pending entries when it starts, keeps the entries it holds
-// fresh while it backs off, and periodically takes over entries left idle longer than
-// ClaimIdle by dead workers (XAUTOCLAIM). The stream is never trimmed.
-// store.Shard.ReplayDeadLetters puts dead letters back into the stream.
+// dead-letter stream (store.Shard.DeadLetter), once. A worker re-reads its own pending
+// entries when it starts, keeps the entries it holds fresh while it backs off, and
+// periodically takes over entries left idle longer than ClaimIdle by dead workers
+// (XAUTOCLAIM). The stream is never trimmed. store.Shard.ReplayDeadLetters puts dead
+// letters back into the stream.
 //
 // Every Redis call of a worker is a method of the activity's handle (store.Shard):
 // the consumer-group reads and claims, the delivery counts, the acknowledgement and
@@ -242,7 +237,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		r.lastErr = j.undeliverable.Error()
 		return w.deadLetter(ctx, j, r)
 	}
-	if r.attempts > j.allowed {
+	if r.attempts > int64(w.cfg.MaxAttempts) {
 		if r.lastErr == "" {
 			r.lastErr = fmt.Sprintf("no acknowledgement after %d deliveries", r.attempts-1)
 		}
@@ -266,12 +261,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 		w.m.deliveries.WithLabelValues(ResultNoAnswer).Inc()
 	}
 	r.lastErr = err.Error()
-	allowed := j.allowed
-	if j.lucky && !refusal(err) {
-		r.lucky = true
-		allowed = min(allowed+1, w.cfg.maxAllowed())
-	}
-	if r.attempts >= allowed {
+	if r.attempts >= int64(w.cfg.MaxAttempts) {
 		return w.deadLetter(ctx, j, r)
 	}
 	w.m.retries.Inc()
