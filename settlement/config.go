@@ -15,7 +15,7 @@ import (
 // Defaults of the optional Config fields.
 const (
 	DefaultGroup       = "settlement"
-	DefaultMaxAttempts = 10
+	DefaultMaxAttempts = 20
 	DefaultClaimIdle   = 30 * time.Second
 	DefaultHTTPTimeout = 10 * time.Second
 	DefaultBackoffBase = time.Second

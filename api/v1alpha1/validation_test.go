@@ -191,8 +191,8 @@ func TestDefaultsAreApplied(t *testing.T) {
 	if s.Distribution.MaxAmount != 0 || s.Distribution.Seed != nil {
 		t.Errorf("distribution %+v: maxAmount and seed must stay unset", s.Distribution)
 	}
-	if s.Settlement == nil || s.Settlement.MaxAttempts != 10 {
-		t.Errorf("settlement %+v, want maxAttempts defaulted to 10", s.Settlement)
+	if s.Settlement == nil || s.Settlement.MaxAttempts != 20 {
+		t.Errorf("settlement %+v, want maxAttempts defaulted to 20", s.Settlement)
 	}
 	if s.TotalAmount != 200_000 || s.Count != 5000 || s.Sponsor != "merchant-001" {
 		t.Errorf("spec %+v does not keep what was sent", s)
