@@ -31,6 +31,14 @@ import (
 // version is the operator image tag of this tree.
 const version = "upgrade-next"
 
+// values are the chart values of the install and of the upgrade, as a user keeps
+// them in one file: the operator's Redis user from the Secret the dev Redis reads,
+// in the values both releases' charts know.
+var values = map[string]any{"redis": map[string]any{
+	"username":       cluster.RedisUser,
+	"passwordSecret": map[string]any{"name": cluster.RedisSecret, "key": "password"},
+}}
+
 // env is what TestMain started.
 var env struct {
 	skip      string
@@ -123,13 +131,14 @@ func runMain(m *testing.M) int {
 		return fail(err)
 	}
 
-	env.installed, err = node.InstallChartFrom(ctx, env.previousChart, env.previous.Version, nil)
+	env.installed, err = node.InstallChartFrom(ctx, env.previousChart, env.previous.Version, values)
 	if err != nil {
 		return fail(fmt.Errorf("installing release %s: %w", env.previous.Version, err))
 	}
 	logf("release %s installed: operator Available %s after helm install", env.previous.Version,
 		env.installed.OperatorReady.Round(100*time.Millisecond))
-	env.redis = redis.NewClient(&redis.Options{Addr: env.installed.RedisAddr})
+	env.redis = redis.NewClient(&redis.Options{Addr: env.installed.RedisAddr,
+		Username: env.installed.RedisUsername, Password: env.installed.RedisPassword})
 	defer env.redis.Close()
 
 	key := []byte("upgrade-balance-signing-key")

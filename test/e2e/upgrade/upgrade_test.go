@@ -102,7 +102,7 @@ func TestUpgradeMidRain(t *testing.T) {
 	upgradeStart := time.Now()
 	t.Logf("helm upgrade begins at +%s", upgradeStart.Sub(testStart).Round(100*time.Millisecond))
 	timeline := watchRollout(t, ns, name, nextTag)
-	took, err := env.node.UpgradeChart(t.Context(), chartDir(), version, env.installed, nil)
+	took, err := env.node.UpgradeChart(t.Context(), chartDir(), version, env.installed, values)
 	if err != nil {
 		t.Fatal(err)
 	}
