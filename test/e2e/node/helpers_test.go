@@ -17,8 +17,8 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/test/cluster"
+	"redpacket.io/operator/test/e2e/kit"
 	"redpacket.io/operator/test/printed"
-	"redpacket.io/operator/test/proc"
 )
 
 // requireNode skips a test where no node could run, saying why.
@@ -64,33 +64,13 @@ func watchMemory(c *cluster.Cluster) func() int64 {
 // kubectl runs the real kubectl against the node and fails the test when it fails.
 func kubectl(t *testing.T, stdin string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	out, err := env.node.Kubectl(ctx, stdin, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return env.kit.Kubectl(t, stdin, args...)
 }
 
 // eventually polls f every 250ms until it returns nil, failing the test after within.
 func eventually(t *testing.T, within time.Duration, what string, f func() error) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for {
-		err := f()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %s: %v", what, within, err)
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("%s: %v", what, t.Context().Err())
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
+	return kit.Eventually(t, within, what, f)
 }
 
 // activityManifest is a RedPacketActivity with auth and a webhook to the test's
@@ -162,21 +142,13 @@ func tokens(t *testing.T, ns, name string) func(string) string {
 // activity reads an activity.
 func activity(t *testing.T, ns, name string) *redpacketv1alpha1.RedPacketActivity {
 	t.Helper()
-	a := &redpacketv1alpha1.RedPacketActivity{}
-	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, a); err != nil {
-		t.Fatalf("reading activity %s/%s: %v", ns, name, err)
-	}
-	return a
+	return env.kit.Activity(t, ns, name)
 }
 
 // deployment reads a Deployment.
 func deployment(t *testing.T, ns, name string) *appsv1.Deployment {
 	t.Helper()
-	d := &appsv1.Deployment{}
-	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
-		t.Fatalf("reading deployment %s/%s: %v", ns, name, err)
-	}
-	return d
+	return env.kit.Deployment(t, ns, name)
 }
 
 // available waits until a Deployment has replicas available and up to date.
@@ -194,20 +166,10 @@ func available(t *testing.T, ns, name string, replicas int32, within time.Durati
 }
 
 // grabURL is the grab Service's ClusterIP URL of an activity, once the Service
-// answers there. Ready and an Available Deployment do not mean that kube-proxy has
-// already routed the Service to the new pods: that follows a moment later, and a
-// client that came too early is refused.
+// answers there.
 func grabURL(t *testing.T, ns, name string) string {
 	t.Helper()
-	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
-	url := "http://" + ip + ":8080"
-	start := time.Now()
-	if err := proc.WaitHTTP(t.Context(), nil, url+"/readyz", time.Minute); err != nil {
-		t.Fatalf("the grab Service at its ClusterIP: %v", err)
-	}
-	took := time.Since(start)
-	t.Logf("%s answered at %s %s after the first look", name+"-grab", url, took.Round(10*time.Millisecond))
-	return url
+	return env.kit.GrabURL(t, ns, name)
 }
 
 // keysOf lists the Redis keys of an activity UID.
@@ -220,12 +182,7 @@ func keysOf(t *testing.T, uid string) []string {
 	return keys
 }
 
-func val(p *int64) int64 {
-	if p == nil {
-		return -1
-	}
-	return *p
-}
+func val(p *int64) int64 { return kit.Val(p) }
 
 // columns runs kubectl get with args and returns the first row as a map from the
 // printed column headers to the cells.

@@ -25,6 +25,7 @@ import (
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/e2e/kit"
 	"redpacket.io/operator/test/proc"
 )
 
@@ -40,6 +41,7 @@ var env struct {
 	skip     string
 	root     string
 	node     *cluster.Cluster
+	kit      kit.Kit
 	client   client.Client
 	redis    *redis.Client
 	receiver *rain.Receiver
@@ -112,6 +114,7 @@ func runMain(m *testing.M) int {
 	if err != nil {
 		return fail(err)
 	}
+	env.kit = kit.Kit{Node: node, Client: env.client}
 
 	// The rain test rolls an activity's grab Deployment to a rebuilt image through
 	// spec.grabService.image, which the operator refuses unless allowed.
@@ -127,18 +130,12 @@ func runMain(m *testing.M) int {
 	// The operator signs deliveries with the key its own namespace holds for the
 	// receiver's host; the tenants' namespaces hold none that signs.
 	env.webhookKey = []byte("e2e-balance-signing-key")
-	if _, err := node.Kubectl(ctx, "", "-n", cluster.OperatorNamespace, "create", "secret", "generic", "redpacket-settlement-keys",
-		"--from-literal="+cluster.NodeIP+"="+string(env.webhookKey)); err != nil {
-		return fail(err)
-	}
-	env.receiver = rain.NewReceiver(env.webhookKey)
-	env.receiver.RequireBudget = true
-	url, stopReceiver, err := env.receiver.Serve(ctx, cluster.NodeIP)
+	receiver, url, stopReceiver, err := kit.ServeReceiver(ctx, node, env.webhookKey)
 	if err != nil {
 		return fail(err)
 	}
 	defer stopReceiver()
-	env.receiverURL = url
+	env.receiver, env.receiverURL = receiver, url
 
 	peak := watchMemory(node)
 	code := m.Run()

@@ -14,10 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/cluster"
+	"redpacket.io/operator/test/e2e/kit"
 )
 
 // TestRainThroughTheClusterIP installs an activity with signed user tokens and a
@@ -193,67 +193,15 @@ func TestRainThroughTheClusterIP(t *testing.T) {
 	results = append(results, rain.Run(t.Context(), s))
 
 	// The client side: every user answered, nothing failed, nothing granted twice.
-	var granted, grantedSum, unavailable, transport, failed, retries, same int64
-	byPacket := map[string]string{}
-	grants := map[string]rain.Answer{}
-	outcomes := map[string]int64{}
-	for _, r := range results {
-		granted += r.Granted
-		grantedSum += r.GrantedSum
-		unavailable += r.Unavailable
-		transport += r.TransportErrors
-		failed += r.Failed
-		retries += r.Retries
-		same += r.RetriesSame
-		for k, v := range r.ByOutcome {
-			outcomes[k] += v
-		}
-		if r.FirstError != "" {
-			t.Logf("first error of a wave: %s", r.FirstError)
-		}
-		for user, a := range r.Grants {
-			if other, ok := byPacket[a.PacketID]; ok {
-				t.Errorf("packet %s granted to %s and %s", a.PacketID, other, user)
-			}
-			byPacket[a.PacketID] = user
-			grants[user] = a
-		}
-	}
-	t.Logf("rain: %d users, outcomes %v, %d 503 answers and %d dropped connections asked again, %d retries consistent of %d",
-		used, outcomes, unavailable, transport, same, retries)
+	tally := kit.Sum(t, results)
+	t.Logf("rain: %s", tally)
 	if used < minUsers {
 		t.Errorf("only %d users rained, want at least %d", used, minUsers)
 	}
-	if outcomes["error"] != 0 || failed != 0 {
-		t.Errorf("%d users got no answer and %d answers were failures", outcomes["error"], failed)
-	}
-	if granted != count || grantedSum != total {
-		t.Errorf("granted %d packets summing to %d, want %d summing to %d", granted, grantedSum, count, total)
-	}
-	if granted+outcomes["sold_out"] != int64(used) {
-		t.Errorf("%d granted + %d sold out != %d users", granted, outcomes["sold_out"], used)
-	}
-	if same != retries {
-		t.Errorf("%d of %d retries were inconsistent with the first answer", retries-same, retries)
-	}
+	tally.CheckSoldOut(t, count, total)
 
 	// The resource: Exhausted, exact counters, every claim settled.
-	eventually(t, 3*time.Minute, "the activity to be Exhausted and settled", func() error {
-		st := activity(t, ns, name).Status
-		if st.Phase != redpacketv1alpha1.PhaseExhausted || val(st.ClaimedCount) != count || val(st.SettledCount) != count {
-			return fmt.Errorf("phase %s claimed %d settled %d", st.Phase, val(st.ClaimedCount), val(st.SettledCount))
-		}
-		return nil
-	})
-	st := activity(t, ns, name).Status
-	if val(st.ClaimedAmount) != total || val(st.RemainingCount) != 0 || val(st.RemainingAmount) != 0 || val(st.SettledAmount) != total {
-		t.Errorf("status claimed %d remaining %d/%d settled %d, want %d, 0/0, %d",
-			val(st.ClaimedAmount), val(st.RemainingCount), val(st.RemainingAmount), val(st.SettledAmount), total, total)
-	}
-	if val(st.ClaimedAmount)+val(st.RemainingAmount)+val(st.RefundedAmount) != total {
-		t.Errorf("claimed %d + remaining %d + refunded %d != total %d",
-			val(st.ClaimedAmount), val(st.RemainingAmount), val(st.RefundedAmount), total)
-	}
+	env.kit.WaitSoldOutAndSettled(t, ns, name, count, total, 3*time.Minute)
 	cols := columns(t, "rpa", name, "-n", ns)
 	want := map[string]string{"TOTAL": strconv.FormatInt(total, 10), "COUNT": strconv.FormatInt(count, 10),
 		"REMAINING": "0", "CLAIMED": strconv.FormatInt(count, 10), "PHASE": "Exhausted"}
@@ -265,22 +213,7 @@ func TestRainThroughTheClusterIP(t *testing.T) {
 	t.Log("\n" + kubectl(t, "", "-n", ns, "get", "rpa", "-o", "wide"))
 
 	// The balance system: each grant credited once, to its user, signed.
-	credited, refund := env.receiver.Credited(uid)
-	var creditedSum int64
-	for _, d := range credited {
-		creditedSum += d.Amount
-		if a, ok := grants[d.UserID]; !ok || a.PacketID != d.PacketID || a.Amount != d.Amount {
-			t.Errorf("credited packet %s (%d) to %s, who was granted %+v", d.PacketID, d.Amount, d.UserID, a)
-		}
-	}
-	if int64(len(credited)) != count || creditedSum != total || refund != 0 {
-		t.Errorf("credited %d grants summing to %d and a refund of %d, want %d summing to %d and none",
-			len(credited), creditedSum, refund, count, total)
-	}
-	if tot := env.receiver.Totals(); tot.BadRequests != 0 || tot.Conflicts != 0 || tot.UsersCreditedTwice != 0 {
-		t.Errorf("the balance system saw %d bad or unsigned deliveries, %d conflicting repeats, %d users credited twice",
-			tot.BadRequests, tot.Conflicts, tot.UsersCreditedTwice)
-	}
+	tally.CheckCredited(t, env.receiver, uid, count, total)
 
 	kubectl(t, "", "-n", ns, "delete", "rpa", name, "--timeout=120s")
 	if keys := keysOf(t, uid); len(keys) != 0 {
@@ -291,20 +224,7 @@ func TestRainThroughTheClusterIP(t *testing.T) {
 // grabPods lists the activity's grab pods that are not being deleted.
 func grabPods(t *testing.T, ns, name string) []corev1.Pod {
 	t.Helper()
-	list := &corev1.PodList{}
-	if err := env.client.List(t.Context(), list, client.InNamespace(ns), client.MatchingLabels{"redpacket.io/activity": name}); err != nil {
-		t.Fatal(err)
-	}
-	var pods []corev1.Pod
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil {
-			pods = append(pods, p)
-		}
-	}
-	if len(pods) == 0 {
-		t.Fatalf("activity %s has no grab pods", name)
-	}
-	return pods
+	return env.kit.GrabPods(t, ns, name)
 }
 
 // moveLeader deletes the operator pod that holds the leader lease and returns its name
@@ -352,11 +272,4 @@ func moveLeader(t *testing.T, killed bool) (string, time.Duration) {
 }
 
 // podReady reports whether a pod's Ready condition is True.
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
+func podReady(p *corev1.Pod) bool { return kit.PodReady(p) }

@@ -25,6 +25,7 @@ import (
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/e2e/kit"
 	"redpacket.io/operator/test/proc"
 )
 
@@ -44,6 +45,7 @@ var env struct {
 	skip      string
 	root      string
 	node      *cluster.Cluster
+	kit       kit.Kit
 	client    client.Client
 	redis     *redis.Client
 	installed cluster.Installed
@@ -130,6 +132,7 @@ func runMain(m *testing.M) int {
 	if err != nil {
 		return fail(err)
 	}
+	env.kit = kit.Kit{Node: node, Client: env.client}
 
 	env.installed, err = node.InstallChartFrom(ctx, env.previousChart, env.previous.Version, values)
 	if err != nil {
@@ -141,19 +144,12 @@ func runMain(m *testing.M) int {
 		Username: env.installed.RedisUsername, Password: env.installed.RedisPassword})
 	defer env.redis.Close()
 
-	key := []byte("upgrade-balance-signing-key")
-	if _, err := node.Kubectl(ctx, "", "-n", cluster.OperatorNamespace, "create", "secret", "generic", "redpacket-settlement-keys",
-		"--from-literal="+cluster.NodeIP+"="+string(key)); err != nil {
-		return fail(err)
-	}
-	env.receiver = rain.NewReceiver(key)
-	env.receiver.RequireBudget = true
-	url, stopReceiver, err := env.receiver.Serve(ctx, cluster.NodeIP)
+	receiver, url, stopReceiver, err := kit.ServeReceiver(ctx, node, []byte("upgrade-balance-signing-key"))
 	if err != nil {
 		return fail(err)
 	}
 	defer stopReceiver()
-	env.receiverURL = url
+	env.receiver, env.receiverURL = receiver, url
 
 	code := m.Run()
 	if code != 0 {

@@ -20,7 +20,7 @@ import (
 	"redpacket.io/operator/grabsvc"
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/test/cluster"
-	"redpacket.io/operator/test/proc"
+	"redpacket.io/operator/test/e2e/kit"
 )
 
 // TestUpgradeMidRain installs an activity with signed user tokens and a signed webhook
@@ -50,13 +50,13 @@ func TestUpgradeMidRain(t *testing.T) {
 	grabDeploy := name + "-grab"
 	kubectl(t, "", "-n", ns, "rollout", "status", "deployment/"+grabDeploy, "--timeout=180s")
 	previousTag, nextTag := env.previousImage.Tag, env.images["operator"].Tag
-	for _, p := range grabPods(t, ns, name) {
+	for _, p := range env.kit.GrabPods(t, ns, name) {
 		if img := p.Spec.Containers[0].Image; img != previousTag {
 			t.Fatalf("grab pod %s runs %s on release %s, want %s", p.Name, img, env.previous.Version, previousTag)
 		}
 	}
 	uid := string(activity(t, ns, name).UID)
-	url := grabURL(t, ns, name)
+	url := env.kit.GrabURL(t, ns, name)
 	libsBefore := functionLibraries(t)
 	t.Logf("release %s serves %s/%s with grab image %s; function libraries %v", env.previous.Version, ns, name, previousTag, libsBefore)
 
@@ -107,8 +107,9 @@ func TestUpgradeMidRain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("helm upgrade %s -> %s: operator rolled out in %s", env.previous.Version, version, took.Round(100*time.Millisecond))
-	eventuallyValue(t, 2*time.Minute, "a replica of the new operator to hold the lease", func() (string, error) {
-		return newLeader(t, nextTag)
+	eventually(t, 2*time.Minute, "a replica of the new operator to hold the lease", func() error {
+		_, err := newLeader(t, nextTag)
+		return err
 	})
 	// The new operator rolls the grab Deployment to its image; the old grab pods serve
 	// beside the new ones until the rollout ends.
@@ -125,7 +126,7 @@ func TestUpgradeMidRain(t *testing.T) {
 		}
 		return nil
 	})
-	for _, p := range grabPods(t, ns, name) {
+	for _, p := range env.kit.GrabPods(t, ns, name) {
 		if img := p.Spec.Containers[0].Image; img != nextTag {
 			t.Errorf("grab pod %s runs %s after the rollout, want %s", p.Name, img, nextTag)
 		}
@@ -165,77 +166,13 @@ func TestUpgradeMidRain(t *testing.T) {
 	mu.Unlock()
 	results = append(results, rain.Run(t.Context(), rest))
 
-	var granted, grantedSum, unavailable, transport, failed, retries, same, requests, recovered int64
-	byPacket := map[string]string{}
-	grants := map[string]rain.Answer{}
-	outcomes := map[string]int64{}
-	for _, r := range results {
-		granted += r.Granted
-		grantedSum += r.GrantedSum
-		unavailable += r.Unavailable
-		transport += r.TransportErrors
-		failed += r.Failed
-		retries += r.Retries
-		same += r.RetriesSame
-		requests += r.Requests
-		recovered += r.Recovered
-		for k, v := range r.ByOutcome {
-			outcomes[k] += v
-		}
-		if r.FirstError != "" {
-			t.Logf("first error of a wave: %s", r.FirstError)
-		}
-		for user, a := range r.Grants {
-			if other, ok := byPacket[a.PacketID]; ok {
-				t.Errorf("packet %s granted to %s and %s", a.PacketID, other, user)
-			}
-			byPacket[a.PacketID] = user
-			grants[user] = a
-		}
-	}
-	t.Logf("the whole rain: %d users, %d requests, outcomes %v (%d answers lost and recovered as already_claimed), %d 503 answers and %d dropped connections asked again, %d of %d retries consistent",
-		used, requests, outcomes, recovered, unavailable, transport, same, retries)
-	if outcomes["error"] != 0 || failed != 0 {
-		t.Errorf("%d users got no answer and %d answers were failures", outcomes["error"], failed)
-	}
-	if granted != count || grantedSum != total {
-		t.Errorf("granted %d packets summing to %d, want %d summing to %d", granted, grantedSum, count, total)
-	}
-	if granted+outcomes["sold_out"] != int64(used) {
-		t.Errorf("%d granted + %d sold out != %d users", granted, outcomes["sold_out"], used)
-	}
-	if same != retries {
-		t.Errorf("%d of %d retries were inconsistent with the first answer", retries-same, retries)
-	}
+	tally := kit.Sum(t, results)
+	t.Logf("the whole rain: %s", tally)
+	tally.CheckSoldOut(t, count, total)
+
 	// Settlement does not stall across the upgrade: every grant is credited once.
-	eventually(t, 3*time.Minute, "the activity to be Exhausted and settled", func() error {
-		st := activity(t, ns, name).Status
-		if st.Phase != redpacketv1alpha1.PhaseExhausted || val(st.ClaimedCount) != count || val(st.SettledCount) != count {
-			return fmt.Errorf("phase %s claimed %d settled %d", st.Phase, val(st.ClaimedCount), val(st.SettledCount))
-		}
-		return nil
-	})
-	st := activity(t, ns, name).Status
-	if val(st.ClaimedAmount) != total || val(st.RemainingCount) != 0 || val(st.SettledAmount) != total {
-		t.Errorf("status claimed %d remaining %d settled %d, want %d, 0, %d",
-			val(st.ClaimedAmount), val(st.RemainingCount), val(st.SettledAmount), total, total)
-	}
-	credited, refund := env.receiver.Credited(uid)
-	var creditedSum int64
-	for _, d := range credited {
-		creditedSum += d.Amount
-		if a, ok := grants[d.UserID]; !ok || a.PacketID != d.PacketID || a.Amount != d.Amount {
-			t.Errorf("credited packet %s (%d) to %s, who was granted %+v", d.PacketID, d.Amount, d.UserID, a)
-		}
-	}
-	if int64(len(credited)) != count || creditedSum != total || refund != 0 {
-		t.Errorf("credited %d grants summing to %d and a refund of %d, want %d summing to %d and none",
-			len(credited), creditedSum, refund, count, total)
-	}
-	if tot := env.receiver.Totals(); tot.BadRequests != 0 || tot.Conflicts != 0 || tot.UsersCreditedTwice != 0 {
-		t.Errorf("the balance system saw %d bad or unsigned deliveries, %d conflicting repeats, %d users credited twice",
-			tot.BadRequests, tot.Conflicts, tot.UsersCreditedTwice)
-	}
+	env.kit.WaitSoldOutAndSettled(t, ns, name, count, total, 3*time.Minute)
+	tally.CheckCredited(t, env.receiver, uid, count, total)
 	if seen := fences(); seen != "" {
 		t.Errorf("the activity was fenced during the upgrade: %s", seen)
 	}
@@ -376,36 +313,6 @@ func newLeader(t *testing.T, image string) (string, error) {
 	return pod, nil
 }
 
-// grabPods lists the activity's grab pods that are not being deleted.
-func grabPods(t *testing.T, ns, name string) []corev1.Pod {
-	t.Helper()
-	list := &corev1.PodList{}
-	if err := env.client.List(t.Context(), list, client.InNamespace(ns), client.MatchingLabels{"redpacket.io/activity": name}); err != nil {
-		t.Fatal(err)
-	}
-	var pods []corev1.Pod
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil {
-			pods = append(pods, p)
-		}
-	}
-	if len(pods) == 0 {
-		t.Fatalf("activity %s has no grab pods", name)
-	}
-	return pods
-}
-
-// grabURL is the grab Service's ClusterIP URL, once the Service answers there.
-func grabURL(t *testing.T, ns, name string) string {
-	t.Helper()
-	ip := kubectl(t, "", "-n", ns, "get", "service", name+"-grab", "-o", "jsonpath={.spec.clusterIP}")
-	url := "http://" + ip + ":8080"
-	if err := proc.WaitHTTP(t.Context(), nil, url+"/readyz", time.Minute); err != nil {
-		t.Fatalf("the grab Service at its ClusterIP: %v", err)
-	}
-	return url
-}
-
 // rollout is when each step of an upgrade was first seen, since watchRollout began.
 type rollout struct {
 	leaseMoved  time.Duration // a pod of the new image held the operator's lease
@@ -452,7 +359,7 @@ func watchRollout(t *testing.T, ns, name, image string) func() rollout {
 					switch {
 					case p.Spec.Containers[0].Image != image:
 						old++
-					case podReady(&p) && p.DeletionTimestamp == nil:
+					case kit.PodReady(&p) && p.DeletionTimestamp == nil:
 						newReady++
 					}
 				}
@@ -472,14 +379,4 @@ func watchRollout(t *testing.T, ns, name, image string) func() rollout {
 		defer mu.Unlock()
 		return tl
 	}
-}
-
-// podReady reports whether a pod's Ready condition is True.
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
