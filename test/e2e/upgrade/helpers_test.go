@@ -29,4 +29,3 @@ func deployment(t *testing.T, ns, name string) *appsv1.Deployment {
 	t.Helper()
 	return env.kit.Deployment(t, ns, name)
 }
-
