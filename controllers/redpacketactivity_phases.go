@@ -383,7 +383,7 @@ func statusRecordsSeeded(st redpacketv1alpha1.RedPacketActivityStatus) bool {
 
 // reconcileSeed puts the packets into Redis exactly once per activity UID and records
 // that in status before anything can be grabbed. It is where an activity is seeded:
-// the one caller of the store's Seed (store.Shard.Seed).
+// the one caller of the store's Seed (store.Activity.Seed).
 //
 // If Redis holds the committed activity, it is adopted as it is. If it does not, but
 // the status (in the cache, or read fresh from the API server) says the activity was

@@ -12,12 +12,12 @@ import (
 // stepsHeading is the section of docs/architecture.md that lists the reconcile's steps.
 const stepsHeading = "## The controller's reconcile: steps and one status write"
 
-// stepLine is one item of that list: "N. **<step name>**: <what it does>".
+// stepLine is one item of a step list: "N. **<step name>**: <what it does>".
 var stepLine = regexp.MustCompile(`^\d+\.\s+\*\*([^*]+)\*\*`)
 
-// documentedSteps returns the bold step names of the first numbered list under
-// stepsHeading, in order.
-func documentedSteps(doc string) ([]string, bool) {
+// documentedSteps returns the bold step names of the first numbered list under the
+// level-2 heading (a line equal to heading), in order, and whether the heading is there.
+func documentedSteps(doc, heading string) ([]string, bool) {
 	var names []string
 	in, found := false, false
 	sc := bufio.NewScanner(strings.NewReader(doc))
@@ -27,7 +27,7 @@ func documentedSteps(doc string) ([]string, bool) {
 			if in {
 				break
 			}
-			in = strings.TrimSpace(line) == stepsHeading
+			in = strings.TrimSpace(line) == heading
 			found = found || in
 			continue
 		}
@@ -50,7 +50,7 @@ func TestArchitectureDocListsTheSteps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, found := documentedSteps(string(raw))
+	doc, found := documentedSteps(string(raw), stepsHeading)
 	if !found {
 		t.Fatalf("docs/architecture.md has no heading %q", stepsHeading)
 	}
@@ -67,7 +67,7 @@ func TestArchitectureDocListsTheSteps(t *testing.T) {
 func TestDocumentedStepsParser(t *testing.T) {
 	doc := "# T\n\n## Other\n\n1. **no**: not this list\n\n" + stepsHeading + "\n\nIntro.\n\n" +
 		"1. **redis connection**: resolve it\n2. **seed**: seed\n10. **counters**: write them\n\nAfter.\n\n3. **not a step**: later text\n\n## Next\n\n1. **no**: no\n"
-	got, found := documentedSteps(doc)
+	got, found := documentedSteps(doc, stepsHeading)
 	want := []string{"redis connection", "seed", "counters"}
 	if !found || !slices.Equal(got, want) {
 		t.Fatalf("documentedSteps = %q, %v; want %q, true", got, found, want)

@@ -26,7 +26,8 @@ const MaxUserIDLen = 128
 // handleGrab is where a claim is decided over HTTP. Every check that can refuse a
 // request (method, rate limits, body, user id, token) runs before Redis is touched,
 // so an invalid request has no Redis effect; the claim itself is one atomic run of
-// the grab script (store.Shard.Grab) through the auto-pipeliner.
+// the grab script on the user's home shard (store.Activity.Grab, which refills a dry
+// home shard from its siblings and grabs again) through the auto-pipeliner.
 func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
