@@ -69,9 +69,8 @@
 -- above, on strings of at most 1024 bytes of user id and 20 of watermark (longer ones
 -- are refused before anything is read). What it reads of the activity's keys is
 -- checked before the first write, and refused whole when it is not what the
--- operator's scripts write: a claim of more than 256 bytes (its length is read first,
--- HSTRLEN, in place of the HGET a new user would cost anyway), a gate of more than
--- 256, meta fields longer than the numbers and currency they hold, and a listed
+-- operator's scripts write: a claim or a gate of more than 256 bytes, meta fields
+-- longer than the numbers and currency they hold, and a listed
 -- packet that is not "<id>:<amount>@<n>:<amount>" of at most 256 bytes, which is
 -- pushed back where it was. A value is read whole before it is checked, so one value
 -- the tenant wrote costs about what its own HGET or LPOP of it costs
@@ -86,12 +85,12 @@ for i = 2, 4 do
   end
 end
 
-local prevLen = redis.call('HSTRLEN', claims, user)
-if prevLen > 0 then
-  if prevLen > 256 then
-    return redis.error_reply('ERR claim of ' .. prevLen .. ' bytes in ' .. claims .. ', at most 256')
+local prev = redis.call('HGET', claims, user)
+if prev then
+  if #prev > 256 then
+    return redis.error_reply('ERR claim of ' .. #prev .. ' bytes in ' .. claims .. ', at most 256')
   end
-  return {'already_claimed', redis.call('HGET', claims, user)}
+  return {'already_claimed', prev}
 end
 
 -- tail is "<epoch>:<currency>"; startMs is set when there is a window.

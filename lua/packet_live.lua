@@ -4,13 +4,12 @@
 -- Returns a flat list, ten values per packet: id, snd, tot, cnt, dst, ct, ex, g, r,
 -- x (the packet hash's fields, see packet_create.lua; "" when absent).
 --
--- Bounded work: at most 100 packets, one HMGET each. The packets' hashes share the
+-- Bounded work: at most 100 packets, nine HGETs each. The packets' hashes share the
 -- shard's hash tag, so they are on the slot of the declared keys. The budget's Redis
--- user may write the due index and the hashes with anything, so nothing is read whole
--- before its size is known to be what packet_create writes: the ids are read one at
--- a time (ZRANGE i i) and refused beyond 64 bytes, and the length of each of the
--- nine fields (HSTRLEN) before the HMGET, refused beyond 1024 bytes. Nothing is
--- written.
+-- user may write the due index and the hashes with anything, so values are read one
+-- at a time and each checked before the next is read: the ids (ZRANGE i i) refused
+-- beyond 64 bytes, and each of the nine fields (HGET) beyond 1024 bytes, so a call
+-- reads at most one value bigger than packet_create writes. Nothing is written.
 local limit = tonumber(ARGV[1])
 if not limit or limit < 1 or limit > 100 or limit ~= math.floor(limit) then
   return redis.error_reply('ERR limit must be an integer from 1 to 100')
@@ -31,16 +30,13 @@ for i = 0, limit - 1 do
     return redis.error_reply('ERR member ' .. i .. ' of ' .. KEYS[2] .. ' is not a packet id (' .. #id .. ' bytes)')
   end
   local key = prefix .. 'p:' .. id
-  for _, f in ipairs(names) do
-    local n = redis.call('HSTRLEN', key, f)
-    if n > 1024 then
-      return redis.error_reply('ERR field ' .. f .. ' of ' .. key .. ' holds ' .. n .. ' bytes, at most 1024')
-    end
-  end
-  local p = redis.call('HMGET', key, 'snd', 'tot', 'cnt', 'dst', 'ct', 'ex', 'g', 'r', 'x')
   out[#out + 1] = id
-  for i = 1, 9 do
-    out[#out + 1] = p[i] or ''
+  for _, f in ipairs(names) do
+    local v = redis.call('HGET', key, f)
+    if v and #v > 1024 then
+      return redis.error_reply('ERR field ' .. f .. ' of ' .. key .. ' holds ' .. #v .. ' bytes, at most 1024')
+    end
+    out[#out + 1] = v or ''
   end
 end
 return out

@@ -29,8 +29,8 @@
 -- first (an id of at most 128 bytes, numbers of at most 20 digits), and everything
 -- read is checked before the first write, the whole call refused otherwise (the
 -- activity's user may write these keys with anything, docs/operations.md): meta
--- fields of at most 32 bytes, a journal entry of at most 64 KiB (its length is read
--- first), and each packet to leave, read one at a time from the tail (LINDEX) before
+-- fields of at most 32 bytes, a journal entry of at most 64 KiB, and each packet to
+-- leave, read one at a time from the tail (LINDEX) before
 -- any leaves, a listed packet "<id>:<amount>@<n>:<amount>" of at most 128 bytes. So a
 -- call reads at most one value longer than these, whole, once.
 if not ARGV[3] or #ARGV[1] > 128 or #ARGV[2] > 20 or #ARGV[3] > 20 or (ARGV[4] and #ARGV[4] > 20) or
@@ -44,11 +44,10 @@ for i = 1, 5 do
   end
 end
 local seq, epoch = m[4] or '0', m[5] or '0'
-local prevLen = redis.call('HSTRLEN', KEYS[3], ARGV[1])
-if prevLen > 65536 then
-  return redis.error_reply('ERR journal entry of ' .. prevLen .. ' bytes in ' .. KEYS[3] .. ', at most 65536')
+local prev = redis.call('HGET', KEYS[3], ARGV[1])
+if prev and #prev > 65536 then
+  return redis.error_reply('ERR journal entry of ' .. #prev .. ' bytes in ' .. KEYS[3] .. ', at most 65536')
 end
-local prev = prevLen > 0 and redis.call('HGET', KEYS[3], ARGV[1])
 if prev then
   return {'pending', prev, seq, epoch}
 end
