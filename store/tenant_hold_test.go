@@ -216,7 +216,7 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"packet_detail", lua.PacketDetailScript, []string{k.Meta, pk}, []any{"x1"}},
 		{"packet_live", lua.PacketLiveScript, []string{k.Meta, "rpa:{" + own + "}:due"}, []any{100}},
 	}
-	if len(calls) != 2+len(lua.GrabLibrary.Scripts())+1 {
+	if len(calls) != 2+len(lua.GrabLibrary.Scripts())+1 { // replay_dead and transfer_out twice
 		t.Errorf("%d calls for the %d functions of the library", len(calls), len(lua.GrabLibrary.Scripts()))
 	}
 	streamLen, err := op.XLen(ctx, k.Stream).Result()
@@ -248,6 +248,94 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 	}
 	if n, err := op.HLen(ctx, k.Transfers).Result(); err != nil || n != 1 {
 		t.Errorf("the tenant's transfer journal holds %d entries, %v; want its one mark", n, err)
+	}
+
+	// A budget's tenant, with its budget's Redis user, does the same on a budget
+	// shard's keys: a packet of 1 MiB fields in the middle of 100 due packets,
+	// a claim of 1 MiB, a packet hash of 5 MiB, and a list of 1 MiB entries under a
+	// packet's name, then calls every function with them.
+	const buid, bpw = "budget-holder", "budget-holder-pw-0123456789"
+	b := store.NewBudget(op, buid, 1)
+	if err := b.Configure(ctx, 10_000, store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{"Fixed"}, DefaultTTL: time.Hour, MaxTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.EnsureUser(ctx, bpw); err != nil {
+		t.Fatal(err)
+	}
+	bt := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: bpw, ReadTimeout: time.Minute})
+	t.Cleanup(func() { _ = bt.Close() })
+	bk := b.ShardKeys(0)
+	pfx := strings.TrimSuffix(bk.Meta, "meta")
+	big, list, fat := pfx+"p:big", pfx+"p:list", pfx+"p:fat"
+	if err := bt.HSet(ctx, big, "cnt", 1000, "g", 0, "ex", 1<<50, "snd", mib, "s0", mib, "u:u-big", mib).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		if err := bt.ZAdd(ctx, bk.Due, redis.Z{Score: float64(i), Member: "b" + strconv.Itoa(i)}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := bt.ZAdd(ctx, bk.Due, redis.Z{Score: 50, Member: "big"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fatFields := make([]any, 0, 4000)
+	for i := range 2000 {
+		fatFields = append(fatFields, "u:"+strconv.Itoa(i), strings.Repeat("f", 2500))
+	}
+	if err := bt.HSet(ctx, fat, fatFields...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 16 {
+		if err := bt.LPush(ctx, list, "h:1@"+mib).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := bt.XAdd(ctx, &redis.XAddArgs{Stream: bk.Stream, Values: pairs}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.XAdd(ctx, &redis.XAddArgs{Stream: bk.DeadLetters, Values: []any{"a", "b"}}).Err(); !isNoPerm(err) {
+		t.Errorf("XADD to the budget's dead letters as its user: %v; want NOPERM", err)
+	}
+	bcalls := []call{
+		{"replay_dead", lua.ReplayDeadScript, []string{bk.Meta, bk.Stream, bk.DeadLetters, pfx + "noclaims"}, []any{500}},
+		{"replay_dead of its stream", lua.ReplayDeadScript, []string{bk.Meta, list, bk.Stream, pfx + "noclaims"}, []any{500}},
+		{"grab of a list of 1 MiB entries", lua.GrabScript, []string{bk.Meta, list, fat, bk.Stream}, []any{"u"}},
+		{"snapshot", lua.SnapshotScript, []string{bk.Meta, list, list, fat}, nil},
+		{"transfer_out of 1 MiB entries", lua.TransferOutScript, []string{bk.Meta, list, fat}, []any{"x", 1, 1000}},
+		{"transfer_in", lua.TransferInScript, []string{bk.Meta, list, fat}, bigIn},
+		{"transfer_done", lua.TransferDoneScript, []string{bk.Meta, fat}, []any{"u:1"}},
+		{"stock", lua.StockScript, []string{bk.Meta, list, fat}, nil},
+		{"packet_create", lua.PacketCreateScript, []string{bk.Meta, pfx + "p:x1", bk.Due}, []any{"x1", "fp", "s", 1, 1, "Fixed", 0, 1}},
+		{"packet_grab of a share of 1 MiB", lua.PacketGrabScript, []string{bk.Meta, big, bk.Stream}, []any{"big", "u"}},
+		{"packet_grab of a claim of 1 MiB", lua.PacketGrabScript, []string{bk.Meta, big, bk.Stream}, []any{"big", "u-big"}},
+		{"packet_detail of 5 MiB", lua.PacketDetailScript, []string{bk.Meta, fat}, []any{"fat"}},
+		{"packet_live of 1 MiB senders", lua.PacketLiveScript, []string{bk.Meta, bk.Due}, []any{100}},
+	}
+	bStream, err := op.XLen(ctx, bk.Stream).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range bcalls {
+		start := time.Now()
+		v, err := bt.FCall(ctx, c.s.Function(), c.keys, c.args...).Result()
+		took := time.Since(start)
+		t.Logf("%s as the budget's tenant: %s in %v", c.name, shortAnswer(v, err), took)
+		if err != nil && (strings.HasPrefix(err.Error(), "BUSY") || strings.Contains(err.Error(), "UNKILLABLE")) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if c.s == lua.ReplayDeadScript && err == nil {
+			t.Errorf("%s as the budget's tenant: %v; want it refused", c.name, v)
+		}
+		if took > 100*time.Millisecond {
+			t.Errorf("%s took %v", c.name, took)
+		}
+	}
+	if n, err := op.XLen(ctx, bk.Stream).Result(); err != nil || n != bStream {
+		t.Errorf("the budget's stream holds %d entries, %v; want %d as before", n, err, bStream)
+	}
+	if n, err := op.LLen(ctx, list).Result(); err != nil || n != 16 {
+		t.Errorf("the budget tenant's list holds %d, %v; want its 16 entries", n, err)
 	}
 
 	stopWaiting()
