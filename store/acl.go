@@ -18,7 +18,8 @@ import (
 )
 
 // An activity's own Redis ACL user is what its grab pods log in as, instead of the
-// operator's user: it may touch only the activity's keys (rpa:{uid}:*) and run only
+// operator's user: it may touch only the activity's keys (keyRules: rpa:{uid}:meta and
+// the others, its dead-letter stream read-only) and run only
 // the commands the grab service, its status reporter and the replay-dead-letters
 // command need. Settlement runs in the operator, under the operator's user: the
 // activity's user may not read the consumer group, acknowledge or dead-letter. The controller creates it (EnsureUser) on the

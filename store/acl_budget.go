@@ -12,7 +12,8 @@ import (
 
 // A budget on the operator's default Redis gets a Redis ACL user of its own, as an
 // activity does (acl.go): its grab pods log in as it. It may touch only the budget's
-// keys, rpb:{<uid>.*, never the operator's ledger (rpl:{<uid>}:…), and it may run
+// keys, rpb:{<uid>.*, its dead letters read-only (budgetKeyRules), never the
+// operator's ledger (rpl:{<uid>}:…), and it may run
 // FCALL of the operator's function library and what a client needs to find its way
 // (PING, TIME, the cluster's slot map), nothing else of its own. Redis checks the
 // commands a function calls against the caller's rules, so the user holds the
