@@ -65,20 +65,39 @@
 -- through a Lua number.
 --
 -- Bounded work: whoever calls it (an activity's own Redis user may FCALL it with any
--- arguments), one call runs the fixed commands above, on strings of at most 1024
--- bytes of user id (a longer one is refused before anything is read).
+-- arguments, and write its keys with anything), one call runs the fixed commands
+-- above, on strings of at most 1024 bytes of user id and 20 of watermark (longer ones
+-- are refused before anything is read). What it reads of the activity's keys is
+-- checked before the first write, and refused whole when it is not what the
+-- operator's scripts write: a claim or a gate of more than 256 bytes, meta fields
+-- longer than the numbers and currency they hold, and a listed
+-- packet that is not "<id>:<amount>@<n>:<amount>" of at most 256 bytes, which is
+-- pushed back where it was. A value is read whole before it is checked, so one value
+-- the tenant wrote costs about what its own HGET or LPOP of it costs
+-- (docs/operations.md, "Who can do what").
 local user, meta, claims = ARGV[1], KEYS[1], KEYS[3]
 if #user > 1024 then
   return redis.error_reply('ERR user id of ' .. #user .. ' bytes, at most 1024')
 end
+for i = 2, 4 do
+  if ARGV[i] and #ARGV[i] > 20 then
+    return redis.error_reply('ERR watermark argument ' .. i .. ' of ' .. #ARGV[i] .. ' bytes, at most 20')
+  end
+end
 
 local prev = redis.call('HGET', claims, user)
 if prev then
+  if #prev > 256 then
+    return redis.error_reply('ERR claim of ' .. #prev .. ' bytes in ' .. claims .. ', at most 256')
+  end
   return {'already_claimed', prev}
 end
 
 -- tail is "<epoch>:<currency>"; startMs is set when there is a window.
 local gate = redis.call('HGET', meta, 'gate')
+if gate and #gate > 256 then
+  return redis.error_reply('ERR gate of ' .. #gate .. ' bytes in ' .. meta .. ', at most 256')
+end
 local tail, startMs, endMs, s
 if gate and gate ~= '-' then
   if string.byte(gate) == 119 then -- 'w'
@@ -97,6 +116,11 @@ else
   end
   if s[6] then
     return {'fenced'}
+  end
+  for i = 3, 8 do
+    if s[i] and #s[i] > 32 then
+      return redis.error_reply('ERR meta field of ' .. #s[i] .. ' bytes in ' .. meta .. ', at most 32')
+    end
   end
   tail = (s[7] or '0') .. ':' .. (s[8] or '')
 end
@@ -174,6 +198,11 @@ end
 -- count and total (transfer_out.lua, transfer_in.lua), and every pop from the head is
 -- one claim, so the head's numbers are the claims hash's length and the claimed
 -- amount: no counter is read or raised here (snapshot.lua).
+if #listed > 256 or not string.find(listed, '^[^@]+@%d+:%d+$') then
+  -- Not a packet the operator's scripts list: only the tenant's own writes make one.
+  redis.call('LPUSH', KEYS[2], listed)
+  return redis.error_reply('ERR the head of ' .. KEYS[2] .. ' is not a listed packet (' .. #listed .. ' bytes)')
+end
 local at = string.find(listed, '@', 1, true)
 local packet, n = string.sub(listed, 1, at - 1), nil
 if markN then

@@ -31,7 +31,10 @@
 -- Bounded work: whoever calls it (a tenant may FCALL it with anything), the id is at
 -- most 64 chars of [A-Za-z0-9._-], the sender at most 1024 bytes, the fingerprint at
 -- most 64, and the shares are read only once their count is known to be at most the
--- shard's max_count (itself at most 1000).
+-- shard's max_count (itself at most 1000). What it reads of the shard's keys (the
+-- budget's Redis user may write them with anything) is checked before the first
+-- write: a fingerprint of more than 64 bytes or a meta field longer than the numbers
+-- and lists budget_configure writes is an error, and nothing is written.
 local id, fp, sender, total, count, dist, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 if not ttl then
   return redis.error_reply('ERR packet_create takes at least 7 arguments')
@@ -48,6 +51,9 @@ if #fp < 1 or #fp > 64 then
 end
 
 local known = redis.call('HGET', KEYS[2], 'fp')
+if known and #known > 64 then
+  return redis.error_reply('ERR fingerprint of ' .. #known .. ' bytes in ' .. KEYS[2] .. ', at most 64')
+end
 if known then
   if known == fp then
     return {'existing'}
@@ -59,6 +65,11 @@ local m = redis.call('HMGET', KEYS[1], 'state', 'available', 'max_total', 'max_c
   'default_ttl_ms', 'max_ttl_ms')
 if not m[1] then
   return redis.error_reply('ERR budget shard ' .. KEYS[1] .. ' is not configured')
+end
+for i = 1, 8 do
+  if m[i] and #m[i] > (i == 6 and 256 or 32) then
+    return redis.error_reply('ERR meta field of ' .. #m[i] .. ' bytes in ' .. KEYS[1] .. ', longer than configured')
+  end
 end
 if m[1] == 'closed' then
   return {'closed'}

@@ -23,7 +23,10 @@
 --
 -- Bounded work: a user id of at most 1024 bytes and a packet id of at most 64 chars
 -- of [A-Za-z0-9._-] (anything else is refused before a key is read); a grant is at
--- most ten commands.
+-- most ten commands. What it reads of the shard's keys (the budget's Redis user may
+-- write them with anything) is checked before the first write, and the call refused
+-- otherwise: a claim of at most 256 bytes, packet numbers of at most 20 digits, a
+-- share of a positive amount of at most 15 digits and a currency of at most 32 bytes.
 local id, user = ARGV[1], ARGV[2]
 if not user or #user < 1 or #user > 1024 then
   return redis.error_reply('ERR user id must be 1 to 1024 bytes')
@@ -37,12 +40,20 @@ if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[
 end
 
 local prev = redis.call('HGET', KEYS[2], 'u:' .. user)
+if prev and #prev > 256 then
+  return redis.error_reply('ERR claim of ' .. #prev .. ' bytes in ' .. KEYS[2] .. ', at most 256')
+end
 if prev then
   return {'already_claimed', prev}
 end
 local p = redis.call('HMGET', KEYS[2], 'cnt', 'g', 'ex', 'x')
 if not p[1] then
   return {'missing'}
+end
+for i = 1, 4 do
+  if p[i] and #p[i] > 20 then
+    return redis.error_reply('ERR packet field of ' .. #p[i] .. ' bytes in ' .. KEYS[2] .. ', at most 20')
+  end
 end
 local g = tonumber(p[2])
 if g >= tonumber(p[1]) then
@@ -60,6 +71,9 @@ end
 local share = string.format('%d', g)
 local amount = redis.call('HGET', KEYS[2], 's' .. share)
 local currency = redis.call('HGET', KEYS[1], 'currency') or ''
+if not amount or #amount > 15 or not string.find(amount, '^[1-9]%d*$') or #currency > 32 then
+  return redis.error_reply('ERR share ' .. share .. ' of ' .. KEYS[2] .. ' or the currency is not what packet_create wrote')
+end
 local entry = redis.call('XADD', KEYS[3], '*', 'grant', id .. '/' .. share .. ':' .. amount .. ':0:' .. currency .. ':' .. user)
 redis.call('HSET', KEYS[2], 'g', g + 1, 'u:' .. user, share .. ':' .. amount .. ':' .. entry)
 redis.call('HINCRBY', KEYS[2], 'r', '-' .. amount)

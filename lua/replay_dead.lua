@@ -13,9 +13,21 @@
 -- stays forged when replayed. Only a packed grant is a grant (see grab.lua); a refund
 -- names no claim.
 -- Returns the number of entries moved.
+-- Only the operator replays (docs/operations.md, "Who can do what"): the dead-letter
+-- stream is read-only to a tenant's Redis user (%R~ in its ACL rules), and Redis
+-- refuses an FCALL that declares a key the caller may not write before the function
+-- runs, so no entry a tenant wrote is ever replayed and a tenant cannot run this.
 -- Bounded work: at most 500 entries move per call, whatever ARGV[1] asks (the Go
 -- side loops); each entry costs its fields, at most 64 pairs for a dead letter that
--- dead_letter.lua parked.
+-- dead_letter.lua parked, and only the operator's dead_letter.lua writes the stream.
+-- The keys must be one shard's: <tag>:meta, <tag>:stream, <tag>:dead and
+-- <tag>:claims (a budget shard's <tag>:noclaims), so that no other stream is taken
+-- for the dead letters; anything else is refused before anything is read.
+local prefix = string.sub(KEYS[1], 1, -5)
+if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'stream' or KEYS[3] ~= prefix .. 'dead' or
+    (KEYS[4] ~= prefix .. 'claims' and KEYS[4] ~= prefix .. 'noclaims') then
+  return redis.error_reply('ERR keys are not one shard\'s meta, stream, dead letters and claims')
+end
 local limit = math.min(tonumber(ARGV[1]) or 0, 500)
 if limit < 1 then
   return redis.error_reply('ERR replay limit ' .. tostring(ARGV[1]) .. ', want 1 to 500')

@@ -15,8 +15,11 @@
 -- close.lua recorded.
 --
 -- Bounded work: the meta hash is read whole, so a meta hash of more than 256 fields
--- (an activity's has about 30; anything more was written by someone else) is
--- refused before it is read; the other reads are O(1).
+-- or 64 KiB (an activity's has about 30 fields of short values; anything more was
+-- written by someone else) is refused before it is read: its size is MEMORY USAGE's
+-- exact sum over its at most 256 fields. The head of the list is read whole and
+-- refused when it is not a listed packet of at most 256 bytes; the other reads are
+-- O(1). Nothing is written.
 local function claimedAmount(fields, head)
   if fields.state == 'closed' then
     return fields.claimed_amount or '0'
@@ -31,6 +34,10 @@ end
 local metaLen = redis.call('HLEN', KEYS[1])
 if metaLen > 256 then
   return redis.error_reply('ERR meta hash ' .. KEYS[1] .. ' holds ' .. metaLen .. ' fields, at most 256')
+end
+local metaBytes = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0') or 0
+if metaBytes > 65536 then
+  return redis.error_reply('ERR meta hash ' .. KEYS[1] .. ' takes ' .. metaBytes .. ' bytes, at most 65536')
 end
 local meta = redis.call('HGETALL', KEYS[1])
 local out, fields = {}, {}
@@ -49,5 +56,9 @@ out[#out + 1] = tostring(redis.call('LLEN', KEYS[3]))
 out[#out + 1] = 'claimed_count'
 out[#out + 1] = tostring(redis.call('HLEN', KEYS[4]))
 out[#out + 1] = 'claimed_amount'
-out[#out + 1] = claimedAmount(fields, redis.call('LINDEX', KEYS[2], 0))
+local head = redis.call('LINDEX', KEYS[2], 0)
+if head and (#head > 256 or not string.find(head, '^[^@]+@%d+:%d+$')) then
+  return redis.error_reply('ERR the head of ' .. KEYS[2] .. ' is not a listed packet (' .. #head .. ' bytes)')
+end
+out[#out + 1] = claimedAmount(fields, head)
 return out

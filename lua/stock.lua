@@ -7,7 +7,14 @@
 -- shards, while grabs could only have lowered them. With the epoch, the sequence is
 -- also a transfer mark the reader has seen the shard reach (transfer_out.lua).
 -- A fenced shard's state reads "fenced": it gives and takes nothing.
+-- Bounded work: four O(1) reads; meta fields of more than 32 bytes (only the
+-- tenant's own writes make one) are refused, not parsed. Nothing is written.
 local m = redis.call('HMGET', KEYS[1], 'transfer_seq', 'state', 'epoch', 'fenced')
+for i = 1, 4 do
+  if m[i] and #m[i] > 32 then
+    return redis.error_reply('ERR meta field of ' .. #m[i] .. ' bytes in ' .. KEYS[1] .. ', at most 32')
+  end
+end
 local state = m[2] or ''
 if m[2] and m[4] then
   state = 'fenced'

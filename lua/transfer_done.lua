@@ -12,7 +12,18 @@
 -- A source below the mark lost the transfer_out this entry came from (its packets
 -- may be listed here again while the destination holds them): it is fenced before it
 -- can grant them.
+-- Bounded work: an id of at most 128 bytes and numbers of at most 20 digits, and meta
+-- fields of at most 32 bytes (only the tenant's own writes make longer ones), or the
+-- call is refused before anything is written; then at most three commands.
+if not ARGV[1] or #ARGV[1] > 128 or (ARGV[2] and #ARGV[2] > 20) or (ARGV[3] and #ARGV[3] > 20) then
+  return redis.error_reply('ERR transfer_done takes an id of at most 128 bytes and numbers of at most 20 digits')
+end
 local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'transfer_seq', 'epoch')
+for i = 1, 4 do
+  if m[i] and #m[i] > 32 then
+    return redis.error_reply('ERR meta field of ' .. #m[i] .. ' bytes in ' .. KEYS[1] .. ', at most 32')
+  end
+end
 local seq, epoch = m[3] or '0', m[4] or '0'
 if m[1] and not m[2] and ARGV[2] and ARGV[2] ~= '0' then
   local seen, now = tonumber(ARGV[3]) or 0, tonumber(epoch)

@@ -12,12 +12,35 @@
 -- destination below the caller's mark came back from before a transfer it took
 -- (its packets are then in no list, and what it applies is not what the caller saw):
 -- it is fenced and takes nothing.
--- Bounded work: at most 1000 packets per call (transfer_out.lua journals no more); a
--- call with more is refused before anything is written.
+-- Bounded work: at most 1000 packets per call (transfer_out.lua journals no more),
+-- each "<id>:<amount>" of at most 128 bytes (what a listed packet carries, with or
+-- without its "@<n>:<amount>"), an id of at most 128 bytes and numbers of at most 20
+-- digits; a call with anything else is refused before anything is read. Meta fields
+-- longer than 32 bytes (only the tenant's own writes make one) refuse it before
+-- anything is written.
 if #ARGV - 5 > 1000 then
   return redis.error_reply('ERR transfer of ' .. (#ARGV - 5) .. ' packets, at most 1000')
 end
+if #ARGV < 5 or #ARGV[1] > 128 then
+  return redis.error_reply('ERR transfer_in takes an id of at most 128 bytes, four numbers and the packets')
+end
+for i = 2, 5 do
+  if #ARGV[i] > 20 or not string.find(ARGV[i], '^%d+$') then
+    return redis.error_reply('ERR transfer_in argument ' .. i .. ' is not a number of at most 20 digits')
+  end
+end
+for i = 6, #ARGV do
+  local p = ARGV[i]
+  if #p > 128 or not string.find(p, '^[^:@,|]+:%d+$') and not string.find(p, '^[^:@,|]+:%d+@%d+:%d+$') then
+    return redis.error_reply('ERR packet ' .. (i - 5) .. ' of the transfer is not <id>:<amount> of at most 128 bytes')
+  end
+end
 local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'count', 'total', 'transfer_seq', 'epoch')
+for i = 1, 6 do
+  if m[i] and #m[i] > 32 then
+    return redis.error_reply('ERR meta field of ' .. #m[i] .. ' bytes in ' .. KEYS[1] .. ', at most 32')
+  end
+end
 local seq, epoch = m[5] or '0', m[6] or '0'
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
   return {'applied', seq, epoch}

@@ -25,10 +25,29 @@
 --
 -- Bounded work: at most 1000 packets leave per call, whatever ARGV[3] asks (a refill
 -- asks for at most store.DefaultTransferBatch), so one call is O(1000) and its
--- journal entry is one that transfer_in.lua takes whole.
+-- journal entry is one that transfer_in.lua takes whole. The arguments are checked
+-- first (an id of at most 128 bytes, numbers of at most 20 digits), and everything
+-- read is checked before the first write, the whole call refused otherwise (the
+-- activity's user may write these keys with anything, docs/operations.md): meta
+-- fields of at most 32 bytes, a journal entry of at most 64 KiB, and each packet to
+-- leave, read one at a time from the tail (LINDEX) before
+-- any leaves, a listed packet "<id>:<amount>@<n>:<amount>" of at most 128 bytes. So a
+-- call reads at most one value longer than these, whole, once.
+if not ARGV[3] or #ARGV[1] > 128 or #ARGV[2] > 20 or #ARGV[3] > 20 or (ARGV[4] and #ARGV[4] > 20) or
+    (ARGV[5] and #ARGV[5] > 20) then
+  return redis.error_reply('ERR transfer_out takes an id of at most 128 bytes and numbers of at most 20 digits')
+end
 local m = redis.call('HMGET', KEYS[1], 'state', 'fenced', 'end_ms', 'transfer_seq', 'epoch')
+for i = 1, 5 do
+  if m[i] and #m[i] > 32 then
+    return redis.error_reply('ERR meta field of ' .. #m[i] .. ' bytes in ' .. KEYS[1] .. ', at most 32')
+  end
+end
 local seq, epoch = m[4] or '0', m[5] or '0'
 local prev = redis.call('HGET', KEYS[3], ARGV[1])
+if prev and #prev > 65536 then
+  return redis.error_reply('ERR journal entry of ' .. #prev .. ' bytes in ' .. KEYS[3] .. ', at most 65536')
+end
 if prev then
   return {'pending', prev, seq, epoch}
 end
@@ -62,10 +81,23 @@ local want = math.min(tonumber(ARGV[3]) or 0, 1000)
 if want < 1 then
   return redis.error_reply('ERR transfer of ' .. tostring(ARGV[3]) .. ' packets, want 1 to 1000')
 end
-local taken = redis.call('RPOP', KEYS[2], want)
-if not taken then
+-- Every packet that is to leave is read and checked before any leaves.
+local ok = 0
+for i = 1, want do
+  local p = redis.call('LINDEX', KEYS[2], -i)
+  if not p then
+    break
+  end
+  if #p > 128 or not string.find(p, '^[^:@,|]+:%d+@%d+:%d+$') then
+    return redis.error_reply('ERR entry ' .. i .. ' from the tail of ' .. KEYS[2] .. ' is not a listed packet (' ..
+      #p .. ' bytes)')
+  end
+  ok = i
+end
+if ok == 0 then
   return {'empty', '', seq, epoch}
 end
+local taken = redis.call('RPOP', KEYS[2], ok)
 local amount = 0
 for i = 1, #taken do
   local p = taken[i]

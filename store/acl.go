@@ -18,7 +18,8 @@ import (
 )
 
 // An activity's own Redis ACL user is what its grab pods log in as, instead of the
-// operator's user: it may touch only the activity's keys (rpa:{uid}:*) and run only
+// operator's user: it may touch only the activity's keys (keyRules: rpa:{uid}:meta and
+// the others, its dead-letter stream read-only) and run only
 // the commands the grab service, its status reporter and the replay-dead-letters
 // command need. Settlement runs in the operator, under the operator's user: the
 // activity's user may not read the consumer group, acknowledge or dead-letter. The controller creates it (EnsureUser) on the
@@ -71,6 +72,9 @@ var activityUserDirectCommands = []string{
 // every way to run Lua of one's own (EVAL and its variants, FUNCTION LOAD), to drop
 // or kill the operator's scripts and functions (SCRIPT, FUNCTION), and the commands
 // that stop or stall the whole server, touch every key or change its configuration.
+// Of MEMORY, only USAGE may be granted: the functions read the size of a key the
+// tenant may have filled before they read the key (snapshot.lua), and it tells the
+// user nothing of any key but its own.
 // activityUserCommands refuses to build a list that holds one, and a test checks the
 // user Redis holds against it.
 var forbiddenActivityCommands = []string{
@@ -79,8 +83,8 @@ var forbiddenActivityCommands = []string{
 	"bgrewriteaof", "replicaof", "slaveof", "sync", "psync", "failover", "swapdb", "select",
 	"migrate", "restore", "module", "cluster|reset", "cluster|failover", "blpop", "brpop",
 	"blmove", "brpoplpush", "blmpop", "bzpopmin", "bzpopmax", "bzmpop", "subscribe", "psubscribe",
-	"ssubscribe", "sort", "sort_ro", "scan", "dbsize", "info", "latency", "slowlog", "memory",
-	"object", "pfdebug", "lastsave", "role", "sentinel",
+	"ssubscribe", "sort", "sort_ro", "scan", "dbsize", "info", "latency", "slowlog", "memory|doctor",
+	"memory|malloc-stats", "memory|purge", "memory|stats", "object", "pfdebug", "lastsave", "role", "sentinel",
 }
 
 // scriptCall finds the commands a Lua script calls: redis.call('NAME', ...) and
@@ -120,22 +124,43 @@ func activityUserCommands() []string {
 	return out
 }
 
-// keyPatterns are the ACL key patterns of the activity's keys: every key with its
-// hash tag, rpa:{uid}:*, and every key of its shards when it is sharded,
-// rpa:{uid.N}:* for N of one or two digits (MaxShards is 64). ACL glob patterns
-// treat the braces as plain characters.
-func (k Keys) keyPatterns() []string {
+// keyPatterns are the ACL key patterns of the activity's keys of one name (meta,
+// packets, ...): the key with its hash tag, rpa:{uid}:<name>, and the key of each of
+// its shards when it is sharded, rpa:{uid.N}:<name> for N of one or two digits
+// (MaxShards is 64). ACL glob patterns treat the braces as plain characters.
+func (k Keys) keyPatterns(name string) []string {
 	base := strings.TrimSuffix(k.Meta, "}:meta")
-	return []string{base + "}:*", base + ".[0-9]}:*", base + ".[0-9][0-9]}:*"}
+	return []string{base + "}:" + name, base + ".[0-9]}:" + name, base + ".[0-9][0-9]}:" + name}
 }
 
-// keyRules are the key patterns as ACL SETUSER rules and as ACL GETUSER lists them.
+// tenantWritableKeys are the names of the keys of a shard that the activity's user
+// may write: what the grab, the snapshot and the transfers between shards touch. The
+// dead-letter stream is not among them: the user may read it (tenantReadOnlyKeys),
+// and only the operator parks and replays dead letters, so no entry the tenant wrote
+// is ever replayed (issue 34, case 5). No other key of the activity is the user's.
+var tenantWritableKeys = []string{"meta", "staging", "packets", "claims", "stream", "xout", "xin"}
+
+// tenantReadOnlyKeys are the names of the keys of a shard that the activity's user
+// may read and never write (Redis 7's %R~ key permission).
+var tenantReadOnlyKeys = []string{"dead"}
+
+// keyRules are the key patterns as ACL SETUSER rules and as ACL GETUSER lists them:
+// ~pattern for each key the user may read and write, %R~pattern for each it may only
+// read. An FCALL that declares a read-only key is refused whole (NOPERM) before its
+// function runs, since Redis takes every declared key of FCALL as written.
 func (k Keys) keyRules() []string {
-	ps := k.keyPatterns()
-	for i, p := range ps {
-		ps[i] = "~" + p
+	var rules []string
+	for _, name := range tenantWritableKeys {
+		for _, p := range k.keyPatterns(name) {
+			rules = append(rules, "~"+p)
+		}
 	}
-	return ps
+	for _, name := range tenantReadOnlyKeys {
+		for _, p := range k.keyPatterns(name) {
+			rules = append(rules, "%R~"+p)
+		}
+	}
+	return rules
 }
 
 // userName is the activity's ACL user name, read back from its hash tag.

@@ -12,7 +12,8 @@ import (
 
 // A budget on the operator's default Redis gets a Redis ACL user of its own, as an
 // activity does (acl.go): its grab pods log in as it. It may touch only the budget's
-// keys, rpb:{<uid>.*, never the operator's ledger (rpl:{<uid>}:…), and it may run
+// keys, rpb:{<uid>.*, its dead letters read-only (budgetKeyRules), never the
+// operator's ledger (rpl:{<uid>}:…), and it may run
 // FCALL of the operator's function library and what a client needs to find its way
 // (PING, TIME, the cluster's slot map), nothing else of its own. Redis checks the
 // commands a function calls against the caller's rules, so the user holds the
@@ -63,10 +64,19 @@ func budgetUserCommands() []string {
 // shards' tags starts with "{<uid>." (ACL globs treat the braces as plain characters).
 func BudgetKeyPattern(uid string) string { return "rpb:{" + uid + ".*" }
 
+// budgetKeyRules are the budget user's key rules: every key of the budget's shards
+// (BudgetKeyPattern) but their dead-letter streams, which it may only read (%R~):
+// only the operator parks and replays dead letters, as for an activity (acl.go).
+// Each shard's keys are rpb:{<uid>.N}:meta, :due, :stream, :dead and :p:<id>.
+func budgetKeyRules(uid string) []string {
+	tag := BudgetKeyPattern(uid) + "}:"
+	return []string{"~" + tag + "meta", "~" + tag + "due", "~" + tag + "stream", "~" + tag + "p:*",
+		"%R~" + tag + "dead"}
+}
+
 // aclUser is the budget's ACL user as EnsureUser sets it.
 func (b *Budget) aclUser() aclUserSpec {
-	return aclUserSpec{name: budgetUserName(b.uid), keyRules: []string{"~" + BudgetKeyPattern(b.uid)},
-		commands: budgetUserCommands()}
+	return aclUserSpec{name: budgetUserName(b.uid), keyRules: budgetKeyRules(b.uid), commands: budgetUserCommands()}
 }
 
 // UserName is the name of the budget's Redis ACL user.
