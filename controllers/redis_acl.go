@@ -43,19 +43,6 @@ type activityUsers interface {
 
 var _ activityUsers = (*store.Activity)(nil)
 
-// defaultRedisConn is the operator's default Redis connection, standalone unless
-// it says otherwise.
-func (r *RedPacketActivityReconciler) defaultRedisConn() (redisconn.Conn, error) {
-	conn := r.Options.DefaultRedis
-	if conn.Mode == "" {
-		conn.Mode = redisconn.ModeStandalone
-	}
-	if err := conn.Validate(); err != nil {
-		return redisconn.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
-	}
-	return conn, nil
-}
-
 // usersOnDefaultRedis returns the manager of the activity's ACL user on the default
 // Redis: its store there (storeFor), which manages users too.
 func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.RedPacketActivity) (activityUsers, error) {
@@ -63,12 +50,7 @@ func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.R
 	if err != nil {
 		return nil, err
 	}
-	store := r.storeFor(conn, a)
-	users, ok := store.(activityUsers)
-	if !ok {
-		return nil, fmt.Errorf("the activity's store (%T) cannot manage Redis users", store)
-	}
-	return users, nil
+	return r.storeFor(conn, a), nil
 }
 
 // reconcileRedisUser settles how the grab pods reach Redis, just before the grab
@@ -155,11 +137,8 @@ func (r *RedPacketActivityReconciler) activityRedisLogin(ctx context.Context, s 
 		return nil, stepResult{}, err
 	}
 	user := users.UserName()
-	password := ""
-	if existing != nil && string(existing.Data[redisconn.SecretUsername]) == user &&
-		len(existing.Data[redisconn.SecretPassword]) >= 2*activityPasswordBytes {
-		password = string(existing.Data[redisconn.SecretPassword])
-	} else if password, err = newActivityPassword(); err != nil {
+	password, err := loginPassword(existing, user)
+	if err != nil {
 		return nil, stepResult{}, err
 	}
 
@@ -184,13 +163,7 @@ func (r *RedPacketActivityReconciler) activityRedisLogin(ctx context.Context, s 
 		r.logger(ctx).Info("set the activity's Redis user", "user", user, "nodes", change.Nodes, "set", change.Set,
 			"rotated", change.Rotated)
 	}
-	return &specs.RedisLogin{
-		Addresses: conn.Addresses,
-		Mode:      conn.Mode,
-		TLS:       conn.TLS,
-		Username:  user,
-		Password:  password,
-	}, stepResult{}, nil
+	return defaultRedisLogin(conn, user, password), stepResult{}, nil
 }
 
 // newActivityPassword is a random password for an activity's Redis user.
@@ -206,8 +179,8 @@ func newActivityPassword() (string, error) {
 // when it holds the operator's own Redis user and password, as operators before
 // per-activity users wrote it. nil is nothing to do.
 func (r *RedPacketActivityReconciler) deleteOperatorCredentials(ctx context.Context, secret *corev1.Secret) error {
-	if secret == nil || string(secret.Data[redisconn.SecretUsername]) != r.Options.DefaultRedis.Username ||
-		string(secret.Data[redisconn.SecretPassword]) != r.Options.DefaultRedis.Password {
+	if secret == nil || string(secret.Data[redisconn.SecretUsername]) != r.DefaultRedis.Username ||
+		string(secret.Data[redisconn.SecretPassword]) != r.DefaultRedis.Password {
 		return nil
 	}
 	if err := r.Client.Delete(ctx, secret, client.Preconditions{UID: &secret.UID}); err != nil && !apierrors.IsNotFound(err) {

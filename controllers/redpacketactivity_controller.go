@@ -70,7 +70,9 @@ const (
 	DefaultGrabTokenMaxLifetime = 24 * time.Hour
 )
 
-// Options are the operator-wide settings of the controller.
+// Options are the operator-wide settings of the controller. DefaultRedis,
+// AllowedRedisHosts and RedisTimeout are the Redis policy: NewRedisAccess reads them
+// once into the RedisAccess the reconcilers share, which is what the steps consult.
 type Options struct {
 	// DefaultRedis is the connection of activities without spec.redis.
 	DefaultRedis redisconn.Conn
@@ -199,14 +201,13 @@ type RedPacketActivityReconciler struct {
 	APIReader client.Reader
 	// Recorder emits events.k8s.io events.
 	Recorder events.EventRecorder
-	// Redis caches the Redis clients.
-	Redis *RedisClients
+	// RedisAccess is how the activities reach Redis: the operator's Redis policy,
+	// the cached clients and the function keeper, shared with the budget controller;
+	// nil is made from Options by SetupWithManager.
+	*RedisAccess
 	// Settlers runs the operator's settlement workers, one per seeded activity with a
 	// webhook, until its deletion has drained.
 	Settlers *SettlementRunner
-	// Functions keeps the grab-side function library loaded on every Redis the
-	// activities use (a leader-election runnable).
-	Functions *FunctionKeeper
 	// Seeder stages and commits packets; its zero value is what production uses.
 	Seeder store.Seeder
 	// Options are the operator-wide settings.
@@ -241,7 +242,8 @@ type RedPacketActivityReconciler struct {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr. Fields left nil are filled
-// from the manager; the Redis client cache is closed when the manager stops, and the
+// from the manager, a nil RedisAccess from Options (RedisAccess.SetupWithManager);
+// the Redis client cache is closed when the manager stops, and the
 // deletion settlement workers (a leader-election runnable) are stopped with it.
 func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.Options = r.Options.withDefaults()
@@ -254,17 +256,11 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(EventReporter)
 	}
-	if r.Redis == nil {
-		r.Redis = NewRedisClients()
-		if err := mgr.Add(r.Redis); err != nil {
-			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
-		}
+	if r.RedisAccess == nil {
+		r.RedisAccess = NewRedisAccess(r.Options)
 	}
-	if r.Functions == nil {
-		r.Functions = NewFunctionKeeper(r.redisClient)
-		if err := mgr.Add(r.Functions); err != nil {
-			return fmt.Errorf("adding the function keeper to the manager: %w", err)
-		}
+	if err := r.RedisAccess.SetupWithManager(mgr); err != nil {
+		return err
 	}
 	if r.Settlers == nil {
 		r.Settlers = NewSettlementRunner()
@@ -458,7 +454,7 @@ func (r *RedPacketActivityReconciler) finishReconcile(ctx context.Context, s *ac
 	if s.released {
 		return result, retErr
 	}
-	if retErr == nil && (!s.halted || s.final) {
+	if s.clean(retErr) {
 		s.status.ObservedGeneration = s.activity.Generation
 	}
 	staleIn, err := r.patchStatus(ctx, s)
@@ -493,11 +489,6 @@ func (r *RedPacketActivityReconciler) now() time.Time {
 		return time.Now()
 	}
 	return r.Now()
-}
-
-// redisContext bounds one Redis call.
-func (r *RedPacketActivityReconciler) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.Options.RedisTimeout)
 }
 
 func (r *RedPacketActivityReconciler) logger(ctx context.Context) logr.Logger {

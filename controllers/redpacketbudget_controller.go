@@ -139,11 +139,10 @@ type RedPacketBudgetReconciler struct {
 	APIReader client.Reader
 	// Recorder emits events.k8s.io events.
 	Recorder events.EventRecorder
-	// Redis caches the Redis clients (shared with the activity controller).
-	Redis *RedisClients
-	// Functions keeps the function library loaded (shared with the activity
-	// controller); nil means nobody watches it between reconciles.
-	Functions *FunctionKeeper
+	// RedisAccess is how the budgets reach Redis: the operator's Redis policy, the
+	// cached clients and the function keeper, shared with the activity controller;
+	// nil is made from Options by SetupWithManager.
+	*RedisAccess
 	// Expiry is the leader-elected expiry driver of every budget.
 	Expiry *BudgetExpiry
 	// Settlement settles the budgets' streams; nil means no settlement.
@@ -171,9 +170,9 @@ type RedPacketBudgetReconciler struct {
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 
-// SetupWithManager registers the reconciler with mgr. Redis, Functions and Expiry
-// left nil are made and added to the manager (Functions and Expiry are leader-election
-// runnables).
+// SetupWithManager registers the reconciler with mgr. A nil RedisAccess is made from
+// Options; what it and Expiry leave nil is made and added to the manager (the
+// function keeper and Expiry are leader-election runnables).
 func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.Options = r.Options.withDefaults()
 	if r.Options.Name == ControllerName {
@@ -188,17 +187,11 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(EventReporter)
 	}
-	if r.Redis == nil {
-		r.Redis = NewRedisClients()
-		if err := mgr.Add(r.Redis); err != nil {
-			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
-		}
+	if r.RedisAccess == nil {
+		r.RedisAccess = NewRedisAccess(r.Options)
 	}
-	if r.Functions == nil {
-		r.Functions = NewFunctionKeeper(r.policy().redisClient)
-		if err := mgr.Add(r.Functions); err != nil {
-			return fmt.Errorf("adding the function keeper to the manager: %w", err)
-		}
+	if err := r.RedisAccess.SetupWithManager(mgr); err != nil {
+		return err
 	}
 	if r.Expiry == nil {
 		r.Expiry = NewBudgetExpiry()
@@ -255,7 +248,7 @@ func (r *RedPacketBudgetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}()
 
 	if deleting {
-		return runBudgetSteps(ctx, s, r.budgetDeleteSteps())
+		return runSteps(ctx, s, r.budgetDeleteSteps(), earliestBlocker)
 	}
 	if !controllerutil.ContainsFinalizer(budget, BudgetFinalizer) {
 		orig := budget.DeepCopy()
@@ -264,7 +257,7 @@ func (r *RedPacketBudgetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return ctrl.Result{}, fmt.Errorf("adding finalizer %s: %w", BudgetFinalizer, err)
 		}
 	}
-	result, retErr = runBudgetSteps(ctx, s, r.budgetNormalSteps())
+	result, retErr = runSteps(ctx, s, r.budgetNormalSteps(), earliestBlocker)
 	if retErr != nil {
 		ctrl.LoggerFrom(ctx).V(1).Info("reconcile stopped, retrying with backoff", "error", retErr.Error())
 	}
@@ -284,19 +277,12 @@ func (r *RedPacketBudgetReconciler) forget(uid types.UID) {
 	}
 }
 
-// policy is an activity reconciler with the same options and Redis client cache, to
-// which the budget controller leaves what is the same for both kinds: the Redis
-// address policy, the cached clients and the operator's default connection.
-func (r *RedPacketBudgetReconciler) policy() *RedPacketActivityReconciler {
-	return &RedPacketActivityReconciler{Options: r.Options, Redis: r.Redis}
-}
-
 // storeFor is the budget's store on conn.
 func (r *RedPacketBudgetReconciler) storeFor(conn redisconn.Conn, b *redpacketv1alpha1.RedPacketBudget) budgetStore {
 	if r.newStore != nil {
 		return r.newStore(conn, b)
 	}
-	c := r.policy().redisClient(conn)
+	c := r.redisClient(conn)
 	return budgetHandle{Budget: store.NewBudget(c, string(b.UID), b.Spec.ShardCount()), c: c}
 }
 
@@ -305,9 +291,4 @@ func (r *RedPacketBudgetReconciler) now() time.Time {
 		return time.Now()
 	}
 	return r.Now()
-}
-
-// redisContext bounds one Redis call.
-func (r *RedPacketBudgetReconciler) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.Options.RedisTimeout)
 }
