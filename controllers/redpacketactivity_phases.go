@@ -550,10 +550,11 @@ func settled(snap store.Snapshot) bool {
 	return snap.SettledCount == snap.ClaimedCount && snap.RefundSettled == snap.Refunded
 }
 
-// currencyOf is the activity's currency, CNY when the spec leaves it out.
+// currencyOf is the activity's currency, redpacketv1alpha1.DefaultCurrency when the
+// spec leaves it out.
 func currencyOf(a *redpacketv1alpha1.RedPacketActivity) string {
 	if a.Spec.Currency == "" {
-		return "CNY"
+		return redpacketv1alpha1.DefaultCurrency
 	}
 	return a.Spec.Currency
 }

@@ -147,7 +147,7 @@ func budgetLimits(b *redpacketv1alpha1.RedPacketBudget) store.BudgetLimits {
 		MaxTTL:     24 * time.Hour,
 	}
 	if l.Currency == "" {
-		l.Currency = "CNY"
+		l.Currency = redpacketv1alpha1.DefaultCurrency
 	}
 	if l.MaxCount < 1 {
 		l.MaxCount = 100
