@@ -22,17 +22,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
@@ -247,19 +244,8 @@ type RedPacketActivityReconciler struct {
 // deletion settlement workers (a leader-election runnable) are stopped with it.
 func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.Options = r.Options.withDefaults()
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.APIReader == nil {
-		r.APIReader = mgr.GetAPIReader()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(EventReporter)
-	}
-	if r.RedisAccess == nil {
-		r.RedisAccess = NewRedisAccess(r.Options)
-	}
-	if err := r.RedisAccess.SetupWithManager(mgr); err != nil {
+	wiring := reconcilerWiring{client: &r.Client, reader: &r.APIReader, recorder: &r.Recorder, now: &r.Now, access: &r.RedisAccess}
+	if err := wiring.fill(mgr, r.Options); err != nil {
 		return err
 	}
 	if r.Settlers == nil {
@@ -268,10 +254,6 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the deletion settlement workers to the manager: %w", err)
 		}
 	}
-	if r.Now == nil {
-		r.Now = time.Now
-	}
-	skip := r.Options.SkipNameValidation
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketActivity{}, builder.WithPredicates(activityChangePredicate())).
@@ -280,12 +262,7 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// with every pod's readiness.
 		Owns(&networkingv1.NetworkPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(controller.Options{
-			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
-			SkipNameValidation:      &skip,
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
-				100*time.Millisecond, r.Options.MaxBackoff),
-		}).
+		WithOptions(r.Options.controllerOptions()).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("building the %s controller: %w", r.Options.Name, err)

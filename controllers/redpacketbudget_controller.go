@@ -12,14 +12,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
@@ -178,19 +175,8 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Options.Name == ControllerName {
 		r.Options.Name = BudgetControllerName
 	}
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.APIReader == nil {
-		r.APIReader = mgr.GetAPIReader()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(EventReporter)
-	}
-	if r.RedisAccess == nil {
-		r.RedisAccess = NewRedisAccess(r.Options)
-	}
-	if err := r.RedisAccess.SetupWithManager(mgr); err != nil {
+	wiring := reconcilerWiring{client: &r.Client, reader: &r.APIReader, recorder: &r.Recorder, now: &r.Now, access: &r.RedisAccess}
+	if err := wiring.fill(mgr, r.Options); err != nil {
 		return err
 	}
 	if r.Expiry == nil {
@@ -199,10 +185,6 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the budget expiry driver to the manager: %w", err)
 		}
 	}
-	if r.Now == nil {
-		r.Now = time.Now
-	}
-	skip := r.Options.SkipNameValidation
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketBudget{}, builder.WithPredicates(predicate.Or(
@@ -211,12 +193,7 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Owns(&networkingv1.NetworkPolicy{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
-		WithOptions(controller.Options{
-			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
-			SkipNameValidation:      &skip,
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
-				100*time.Millisecond, r.Options.MaxBackoff),
-		}).
+		WithOptions(r.Options.controllerOptions()).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("building the %s controller: %w", r.Options.Name, err)
