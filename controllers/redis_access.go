@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
 
@@ -131,16 +134,45 @@ func (a *RedisAccess) connection(ctx context.Context, namespace string, ref *red
 	return conn, nil
 }
 
+// redisPasswordBytes is how many random bytes the password of a resource's own
+// Redis user has; it is written as hex.
+const redisPasswordBytes = 32
+
+// redisUsers is what the controllers do to a resource's own Redis ACL user on the
+// default Redis, an activity's or a budget's (store.Activity, store.Budget).
+type redisUsers interface {
+	// UserName is the user's name.
+	UserName() string
+	// EnsureUser makes Redis hold the user with exactly this password and rules.
+	EnsureUser(ctx context.Context, password string) (store.UserChange, error)
+	// DeleteUser removes the user, and with it its connections.
+	DeleteUser(ctx context.Context) (int, error)
+}
+
+var (
+	_ redisUsers = (*store.Activity)(nil)
+	_ redisUsers = (*store.Budget)(nil)
+)
+
+// newRedisPassword is a random password for a resource's own Redis user.
+func newRedisPassword() (string, error) {
+	b := make([]byte, redisPasswordBytes)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating a Redis password: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
 // loginPassword is the password of a resource's own Redis user named user: the one
 // existing (its <name>-grab-redis Secret as it is, nil when there is none) holds for
 // that user, else a new random one (no Secret is how a rotation is asked for; one
 // that holds something else is replaced).
 func loginPassword(existing *corev1.Secret, user string) (string, error) {
 	if existing != nil && string(existing.Data[redisconn.SecretUsername]) == user &&
-		len(existing.Data[redisconn.SecretPassword]) >= 2*activityPasswordBytes {
+		len(existing.Data[redisconn.SecretPassword]) >= 2*redisPasswordBytes {
 		return string(existing.Data[redisconn.SecretPassword]), nil
 	}
-	return newActivityPassword()
+	return newRedisPassword()
 }
 
 // defaultRedisLogin is the login on the default Redis conn of the resource's own

@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -26,26 +24,9 @@ import (
 // removes the user. An activity with spec.redis brings its own credentials, and no
 // user is made for it.
 
-// activityPasswordBytes is how many random bytes an activity's Redis password has;
-// it is written as hex.
-const activityPasswordBytes = 32
-
-// activityUsers is what the controller does to an activity's own Redis ACL user.
-// store.Shard implements it.
-type activityUsers interface {
-	// UserName is the user's name.
-	UserName() string
-	// EnsureUser makes Redis hold the user with exactly this password and rules.
-	EnsureUser(ctx context.Context, password string) (store.UserChange, error)
-	// DeleteUser removes the user, and with it its connections.
-	DeleteUser(ctx context.Context) (int, error)
-}
-
-var _ activityUsers = (*store.Activity)(nil)
-
 // usersOnDefaultRedis returns the manager of the activity's ACL user on the default
 // Redis: its store there (storeFor), which manages users too.
-func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.RedPacketActivity) (activityUsers, error) {
+func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.RedPacketActivity) (redisUsers, error) {
 	conn, err := r.defaultRedisConn()
 	if err != nil {
 		return nil, err
@@ -164,15 +145,6 @@ func (r *RedPacketActivityReconciler) activityRedisLogin(ctx context.Context, s 
 			"rotated", change.Rotated)
 	}
 	return defaultRedisLogin(conn, user, password), stepResult{}, nil
-}
-
-// newActivityPassword is a random password for an activity's Redis user.
-func newActivityPassword() (string, error) {
-	b := make([]byte, activityPasswordBytes)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("generating a Redis password: %w", err)
-	}
-	return hex.EncodeToString(b), nil
 }
 
 // deleteOperatorCredentials deletes secret (the activity's <activity>-grab-redis)

@@ -43,7 +43,7 @@ func (f *fakeStore) DeleteUser(context.Context) (int, error) {
 	return 1, nil
 }
 
-var _ activityUsers = (*fakeStore)(nil)
+var _ redisUsers = (*fakeStore)(nil)
 
 // ownedRedisSecret is quiz-grab-redis, controlled by the activity, with data.
 func ownedRedisSecret(a *redpacketv1alpha1.RedPacketActivity, data map[string]string) *corev1.Secret {

@@ -84,7 +84,7 @@ type budgetStore interface {
 	// CheckDurability checks that the master of every shard gives d (nil: None);
 	// it wraps store.ErrDurabilityNotMet when one does not.
 	CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error
-	activityUsers
+	redisUsers
 }
 
 // budgetHandle is the production budgetStore: the store's handle and the client it
