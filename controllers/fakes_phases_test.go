@@ -394,12 +394,7 @@ func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *pha
 		WithStatusSubresource(&redpacketv1alpha1.RedPacketActivity{}).
 		WithObjects(append(objs, keys)...).Build()
 	rec := events.NewFakeRecorder(100)
-	opts := Options{
-		DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
-		ActiveResyncPeriod: 5 * time.Second,
-	}.withDefaults()
-	access := NewRedisAccess(opts)
-	access.APIReader = c
+	opts, access := phaseOptions(c)
 	r := &RedPacketActivityReconciler{
 		Client:      c,
 		APIReader:   c,
@@ -473,4 +468,17 @@ func (f *fakeReviewer) allowed(_ context.Context, _ client.Object, _, verb, user
 		}
 	}
 	return false, "no binding grants it", nil
+}
+
+// phaseOptions are the operator-wide settings of both kinds' phase tests (the
+// default Redis at redis.test:6379), and the Redis access made of them, which reads
+// Secrets through c.
+func phaseOptions(c client.Reader) (Options, *RedisAccess) {
+	opts := Options{
+		DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
+		ActiveResyncPeriod: 5 * time.Second,
+	}.withDefaults()
+	access := NewRedisAccess(opts)
+	access.APIReader = c
+	return opts, access
 }

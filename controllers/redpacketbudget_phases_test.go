@@ -195,12 +195,7 @@ func budgetPhaseReconciler(t *testing.T, f *fakeBudget, objs ...client.Object) (
 	t.Helper()
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
 		WithStatusSubresource(&redpacketv1alpha1.RedPacketBudget{}).WithObjects(objs...).Build()
-	opts := Options{
-		DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
-		ActiveResyncPeriod: 5 * time.Second,
-	}.withDefaults()
-	access := NewRedisAccess(opts)
-	access.APIReader = c
+	opts, access := phaseOptions(c)
 	r := &RedPacketBudgetReconciler{
 		Client: c, APIReader: c, Recorder: events.NewFakeRecorder(100),
 		Expiry:      NewBudgetExpiry(),
