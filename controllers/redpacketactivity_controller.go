@@ -448,7 +448,7 @@ func (r *RedPacketActivityReconciler) finishReconcile(ctx context.Context, s *ac
 // reconcileNormal runs the steps of an activity that is not being deleted
 // (normalSteps), the seed step with the status patcher it needs.
 func (r *RedPacketActivityReconciler) reconcileNormal(ctx context.Context, s *activityScope) (ctrl.Result, error) {
-	return runSteps(ctx, s, r.normalSteps(r.patchStatusNow))
+	return runSteps(ctx, s, r.normalSteps(r.patchStatusNow), latestBlocker)
 }
 
 // addFinalizer adds the cleanup finalizer with an optimistic-lock patch.

@@ -44,7 +44,7 @@ import (
 // Its status (Ready False with reason Deleting while it waits or retries) is applied
 // by Reconcile on the way out, like every other path's.
 func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *activityScope) (ctrl.Result, error) {
-	return runSteps(ctx, s, r.deleteSteps())
+	return runSteps(ctx, s, r.deleteSteps(), latestBlocker)
 }
 
 // deleteSteps are the steps of a deleted activity, in order. A step that settles
