@@ -232,7 +232,7 @@ func (r *RedPacketActivityReconciler) waitForSettlement(ctx context.Context, s *
 }
 
 // deleteLetGo removes the activity's own Redis user from the default Redis, its keys
-// being gone (deleteActivityRedisUser, redis_acl.go), and lets the activity go.
+// being gone (deleteActivityRedisUser, redpacketactivity_redis_user.go), and lets the activity go.
 func (r *RedPacketActivityReconciler) deleteLetGo(ctx context.Context, s *activityScope) (stepResult, error) {
 	a := s.activity
 	if a.Spec.Redis == nil {

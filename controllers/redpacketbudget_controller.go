@@ -38,7 +38,7 @@ const (
 )
 
 // BudgetSettlement runs the settlement of budgets' streams; BudgetSettlementRunner
-// (budget_settlement.go) implements it. The reconciler calls EnsureTarget at every
+// (redpacketbudget_settlement.go) implements it. The reconciler calls EnsureTarget at every
 // reconcile of a budget with spec.settlement.webhook, before the configure step, so
 // that a raised total is announced to the balance system before the shards may draw
 // on it; DrainedTarget while a deleted budget waits to be purged; and Forget once it
