@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -107,12 +106,12 @@ func (e *RedisNotAllowedError) Error() string {
 
 // addressAllowed says whether a connection from spec.redis may reach addr: one of
 // the default Redis's own addresses, or a host the operator allows (any port).
-func (r *RedPacketActivityReconciler) addressAllowed(addr string) error {
-	if slices.Contains(r.Options.DefaultRedis.Addresses, addr) {
+func (a *RedisAccess) addressAllowed(addr string) error {
+	if slices.Contains(a.DefaultRedis.Addresses, addr) {
 		return nil
 	}
 	host, _, err := net.SplitHostPort(addr)
-	if err == nil && r.Options.AllowedRedisHosts.allows(host) {
+	if err == nil && a.AllowedHosts.allows(host) {
 		return nil
 	}
 	return &RedisNotAllowedError{Address: addr}
@@ -120,9 +119,9 @@ func (r *RedPacketActivityReconciler) addressAllowed(addr string) error {
 
 // checkRedisAllowed refuses a connection from spec.redis that names an address the
 // operator does not allow (addressAllowed), before anything dials it.
-func (r *RedPacketActivityReconciler) checkRedisAllowed(conn redisconn.Conn) error {
+func (a *RedisAccess) checkRedisAllowed(conn redisconn.Conn) error {
 	for _, addr := range conn.Addresses {
-		if err := r.addressAllowed(addr); err != nil {
+		if err := a.addressAllowed(addr); err != nil {
 			return err
 		}
 	}
@@ -141,8 +140,8 @@ func connectionFailureReason(err error) string {
 }
 
 // isDefaultRedis reports whether conn is the operator's default connection.
-func (r *RedPacketActivityReconciler) isDefaultRedis(conn redisconn.Conn) bool {
-	d := r.Options.DefaultRedis
+func (a *RedisAccess) isDefaultRedis(conn redisconn.Conn) bool {
+	d := a.DefaultRedis
 	if d.Mode == "" {
 		d.Mode = redisconn.ModeStandalone
 	}
@@ -154,10 +153,10 @@ func (r *RedPacketActivityReconciler) isDefaultRedis(conn redisconn.Conn) bool {
 // (addressAllowed), so neither a cluster's announcements nor its redirects lead the
 // operator elsewhere. safeErrors makes the clients' errors fixed phrases (redisconn.MakeSafe),
 // for the clients whose errors reach status and events.
-func (r *RedPacketActivityReconciler) redisClientOptions(conn redisconn.Conn, safeErrors bool) redisconn.ClientOptions {
+func (a *RedisAccess) redisClientOptions(conn redisconn.Conn, safeErrors bool) redisconn.ClientOptions {
 	o := redisconn.ClientOptions{SafeErrors: safeErrors, ErrorLog: logRedisError}
-	if !r.isDefaultRedis(conn) {
-		o.DialCheck = r.addressAllowed
+	if !a.isDefaultRedis(conn) {
+		o.DialCheck = a.addressAllowed
 	}
 	return o
 }
@@ -166,11 +165,6 @@ func (r *RedPacketActivityReconciler) redisClientOptions(conn redisconn.Conn, sa
 // status and events get only its fixed phrase (redisconn.SafeError).
 func logRedisError(ctx context.Context, command string, err error) {
 	ctrl.LoggerFrom(ctx).V(1).Info("a Redis command failed", "command", command, "error", err.Error())
-}
-
-// redisClient is the reconciler's cached client for conn (see redisClientOptions).
-func (r *RedPacketActivityReconciler) redisClient(conn redisconn.Conn) redis.UniversalClient {
-	return r.Redis.Get(conn, r.redisClientOptions(conn, true))
 }
 
 // grabImageRefused is the grab workload ownership step's answer when the spec names

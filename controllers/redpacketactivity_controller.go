@@ -22,17 +22,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
@@ -70,7 +67,9 @@ const (
 	DefaultGrabTokenMaxLifetime = 24 * time.Hour
 )
 
-// Options are the operator-wide settings of the controller.
+// Options are the operator-wide settings of the controller. DefaultRedis,
+// AllowedRedisHosts and RedisTimeout are the Redis policy: NewRedisAccess reads them
+// once into the RedisAccess the reconcilers share, which is what the steps consult.
 type Options struct {
 	// DefaultRedis is the connection of activities without spec.redis.
 	DefaultRedis redisconn.Conn
@@ -199,14 +198,13 @@ type RedPacketActivityReconciler struct {
 	APIReader client.Reader
 	// Recorder emits events.k8s.io events.
 	Recorder events.EventRecorder
-	// Redis caches the Redis clients.
-	Redis *RedisClients
+	// RedisAccess is how the activities reach Redis: the operator's Redis policy,
+	// the cached clients and the function keeper, shared with the budget controller;
+	// nil is made from Options by SetupWithManager.
+	*RedisAccess
 	// Settlers runs the operator's settlement workers, one per seeded activity with a
 	// webhook, until its deletion has drained.
 	Settlers *SettlementRunner
-	// Functions keeps the grab-side function library loaded on every Redis the
-	// activities use (a leader-election runnable).
-	Functions *FunctionKeeper
 	// Seeder stages and commits packets; its zero value is what production uses.
 	Seeder store.Seeder
 	// Options are the operator-wide settings.
@@ -241,30 +239,14 @@ type RedPacketActivityReconciler struct {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr. Fields left nil are filled
-// from the manager; the Redis client cache is closed when the manager stops, and the
+// from the manager, a nil RedisAccess from Options (RedisAccess.SetupWithManager);
+// the Redis client cache is closed when the manager stops, and the
 // deletion settlement workers (a leader-election runnable) are stopped with it.
 func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.Options = r.Options.withDefaults()
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.APIReader == nil {
-		r.APIReader = mgr.GetAPIReader()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(EventReporter)
-	}
-	if r.Redis == nil {
-		r.Redis = NewRedisClients()
-		if err := mgr.Add(r.Redis); err != nil {
-			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
-		}
-	}
-	if r.Functions == nil {
-		r.Functions = NewFunctionKeeper(r.redisClient)
-		if err := mgr.Add(r.Functions); err != nil {
-			return fmt.Errorf("adding the function keeper to the manager: %w", err)
-		}
+	wiring := reconcilerWiring{client: &r.Client, reader: &r.APIReader, recorder: &r.Recorder, now: &r.Now, access: &r.RedisAccess}
+	if err := wiring.fill(mgr, r.Options); err != nil {
+		return err
 	}
 	if r.Settlers == nil {
 		r.Settlers = NewSettlementRunner()
@@ -272,10 +254,6 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the deletion settlement workers to the manager: %w", err)
 		}
 	}
-	if r.Now == nil {
-		r.Now = time.Now
-	}
-	skip := r.Options.SkipNameValidation
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketActivity{}, builder.WithPredicates(activityChangePredicate())).
@@ -284,12 +262,7 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// with every pod's readiness.
 		Owns(&networkingv1.NetworkPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(controller.Options{
-			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
-			SkipNameValidation:      &skip,
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
-				100*time.Millisecond, r.Options.MaxBackoff),
-		}).
+		WithOptions(r.Options.controllerOptions()).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("building the %s controller: %w", r.Options.Name, err)
@@ -458,7 +431,7 @@ func (r *RedPacketActivityReconciler) finishReconcile(ctx context.Context, s *ac
 	if s.released {
 		return result, retErr
 	}
-	if retErr == nil && (!s.halted || s.final) {
+	if s.clean(retErr) {
 		s.status.ObservedGeneration = s.activity.Generation
 	}
 	staleIn, err := r.patchStatus(ctx, s)
@@ -475,7 +448,7 @@ func (r *RedPacketActivityReconciler) finishReconcile(ctx context.Context, s *ac
 // reconcileNormal runs the steps of an activity that is not being deleted
 // (normalSteps), the seed step with the status patcher it needs.
 func (r *RedPacketActivityReconciler) reconcileNormal(ctx context.Context, s *activityScope) (ctrl.Result, error) {
-	return runSteps(ctx, s, r.normalSteps(r.patchStatusNow))
+	return runSteps(ctx, s, r.normalSteps(r.patchStatusNow), latestBlocker)
 }
 
 // addFinalizer adds the cleanup finalizer with an optimistic-lock patch.
@@ -493,11 +466,6 @@ func (r *RedPacketActivityReconciler) now() time.Time {
 		return time.Now()
 	}
 	return r.Now()
-}
-
-// redisContext bounds one Redis call.
-func (r *RedPacketActivityReconciler) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.Options.RedisTimeout)
 }
 
 func (r *RedPacketActivityReconciler) logger(ctx context.Context) logr.Logger {

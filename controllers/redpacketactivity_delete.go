@@ -44,68 +44,134 @@ import (
 // Its status (Ready False with reason Deleting while it waits or retries) is applied
 // by Reconcile on the way out, like every other path's.
 func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *activityScope) (ctrl.Result, error) {
-	a := s.activity
-	log := r.logger(ctx)
-	purgeAt := a.DeletionTimestamp.Add(r.Options.CleanupGracePeriod)
-	graceLeft := purgeAt.Sub(s.now)
+	return runSteps(ctx, s, r.deleteSteps(), latestBlocker)
+}
 
-	conn, err := r.connectionFor(ctx, a)
+// deleteSteps are the steps of a deleted activity, in order. A step that settles
+// what this reconcile does (holds the deletion, waits for settlement, lets the
+// activity go) ends the chain with done; an error is retried with backoff.
+func (r *RedPacketActivityReconciler) deleteSteps() []reconcileStep {
+	return []reconcileStep{
+		{name: "redis connection", run: r.deleteReadRedis},
+		{name: "hold", run: r.deleteHold},
+		{name: "close", run: r.deleteClose},
+		{name: "redis unreachable", run: r.deleteUnreachable},
+		{name: "purge or wait", run: r.deletePurgeOrWait},
+		{name: "redis user and finalizer", run: r.deleteLetGo},
+	}
+}
+
+// deletionGrace is when the deletion purges whether settlement drained or not, and
+// how long is left until then.
+func (r *RedPacketActivityReconciler) deletionGrace(s *activityScope) (purgeAt time.Time, left time.Duration) {
+	purgeAt = s.activity.DeletionTimestamp.Add(r.Options.CleanupGracePeriod)
+	return purgeAt, purgeAt.Sub(s.now)
+}
+
+// deleteReadRedis resolves the deleted activity's Redis connection, takes its store
+// and reads it. A failure does not stop the chain: it is kept in s.redisErr, for the
+// hold step (status may hold the deletion all the same) and the unreachable step.
+func (r *RedPacketActivityReconciler) deleteReadRedis(ctx context.Context, s *activityScope) (stepResult, error) {
+	a := s.activity
+	conn, err := r.connection(ctx, a.Namespace, a.Spec.Redis)
 	if err == nil {
 		s.conn = conn
 		s.store = r.storeFor(conn, a)
 		err = r.readForDeletion(ctx, s)
 	}
-	if err == nil {
-		hold, why := decideDeletionHold(a, s.snapshot)
-		switch hold {
-		case holdAccept:
-			user, refused, err := r.decidedBy(ctx, a, acceptDecision)
-			if err != nil {
-				return ctrl.Result{}, fmt.Errorf("checking who accepted the Redis state of the deleted activity: %w", err)
-			}
-			if refused != "" {
-				r.refuseAcceptance(ctx, s, refused)
-				return r.holdDeletion(ctx, s, why, "the acceptance was refused: "+refused)
-			}
-			if _, err := r.acceptRedisState(ctx, s, why, user); err != nil {
-				return ctrl.Result{}, fmt.Errorf("accepting the Redis state of the deleted activity: %w", err)
-			}
-			// Accepted: the usual deletion, which closes, refunds and drains.
-		case holdAbandon:
-			user, refused, err := r.decidedBy(ctx, a, abandonDecision)
-			if err != nil {
-				return ctrl.Result{}, fmt.Errorf("checking who abandoned the deleted activity: %w", err)
-			}
-			if refused != "" {
-				r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandonNotAllowed, "Delete",
-					"the deleted activity was not abandoned, its Redis keys stay: %s", refused)
-				return r.holdDeletion(ctx, s, why, "the abandon was refused: "+refused)
-			}
-			return r.abandonDeletion(ctx, s, why, user)
-		case holdWait:
-			return r.holdDeletion(ctx, s, why, "")
-		}
-		err = r.closeForDeletion(ctx, s)
-	} else if why := heldByStatus(&a.Status); why != "" {
-		// Redis cannot be read, and status says the activity is fenced or lost: the
-		// grace period does not let it go.
-		return r.holdDeletion(ctx, s, why, fmt.Sprintf("Redis cannot be read: %v", err))
-	}
-	if err != nil {
-		if graceLeft > 0 {
-			s.notReady = notReady(redpacketv1alpha1.ReasonDeleting,
-				"the deleted activity's Redis keys cannot be cleaned up yet, retrying until %s: %v",
-				purgeAt.UTC().Format(time.RFC3339), err)
-			return ctrl.Result{}, fmt.Errorf("cleaning up the deleted activity: %w", err)
-		}
-		r.Settlers.Stop(a.UID)
-		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupAbandoned", "Delete",
-			"Redis could not be cleaned up within the cleanup grace period of %s; the activity's keys (rpa:{%s}:*) may be left behind: %v",
-			r.Options.CleanupGracePeriod, a.UID, err)
-		return ctrl.Result{}, r.letGo(ctx, s)
-	}
+	s.redisErr = err
+	return stepResult{}, nil
+}
 
+// deleteHold holds a deletion that decideDeletionHold holds (or, when Redis cannot
+// be read, that status holds: heldByStatus), unless a platform decision releases it:
+// an acceptance confirmed by decidedBy lets the usual deletion go on (close, refund,
+// drain, purge), a confirmed abandon purges without a refund and lets the activity
+// go. A refused decision holds it, and says why.
+func (r *RedPacketActivityReconciler) deleteHold(ctx context.Context, s *activityScope) (stepResult, error) {
+	a := s.activity
+	if s.redisErr != nil {
+		if why := heldByStatus(&a.Status); why != "" {
+			// Redis cannot be read, and status says the activity is fenced or lost: the
+			// grace period does not let it go.
+			return r.holdDeletion(ctx, s, why, fmt.Sprintf("Redis cannot be read: %v", s.redisErr))
+		}
+		return stepResult{}, nil
+	}
+	hold, why := decideDeletionHold(a, s.snapshot)
+	switch hold {
+	case holdAccept:
+		user, refused, err := r.decidedBy(ctx, a, acceptDecision)
+		if err != nil {
+			return stepResult{}, fmt.Errorf("checking who accepted the Redis state of the deleted activity: %w", err)
+		}
+		if refused != "" {
+			r.refuseAcceptance(ctx, s, refused)
+			return r.holdDeletion(ctx, s, why, "the acceptance was refused: "+refused)
+		}
+		if _, err := r.acceptRedisState(ctx, s, why, user); err != nil {
+			return stepResult{}, fmt.Errorf("accepting the Redis state of the deleted activity: %w", err)
+		}
+		// Accepted: the usual deletion, which closes, refunds and drains.
+	case holdAbandon:
+		user, refused, err := r.decidedBy(ctx, a, abandonDecision)
+		if err != nil {
+			return stepResult{}, fmt.Errorf("checking who abandoned the deleted activity: %w", err)
+		}
+		if refused != "" {
+			r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandonNotAllowed, "Delete",
+				"the deleted activity was not abandoned, its Redis keys stay: %s", refused)
+			return r.holdDeletion(ctx, s, why, "the abandon was refused: "+refused)
+		}
+		return r.abandonDeletion(ctx, s, why, user)
+	case holdWait:
+		return r.holdDeletion(ctx, s, why, "")
+	}
+	return stepResult{}, nil
+}
+
+// deleteClose closes the activity as expired (closeForDeletion), so grabbing stops
+// for good and the remainder goes to settlement as the sponsor's refund; a failure
+// is kept in s.redisErr.
+func (r *RedPacketActivityReconciler) deleteClose(ctx context.Context, s *activityScope) (stepResult, error) {
+	if s.redisErr == nil {
+		s.redisErr = r.closeForDeletion(ctx, s)
+	}
+	return stepResult{}, nil
+}
+
+// deleteUnreachable handles a Redis that could not be resolved, read or closed:
+// retried with backoff, Ready False with Deleting, until the grace period is over;
+// then the activity is let go with a Warning event, and its keys, if any are left,
+// have to be removed by hand.
+func (r *RedPacketActivityReconciler) deleteUnreachable(ctx context.Context, s *activityScope) (stepResult, error) {
+	err := s.redisErr
+	if err == nil {
+		return stepResult{}, nil
+	}
+	a := s.activity
+	purgeAt, graceLeft := r.deletionGrace(s)
+	if graceLeft > 0 {
+		s.notReady = notReady(redpacketv1alpha1.ReasonDeleting,
+			"the deleted activity's Redis keys cannot be cleaned up yet, retrying until %s: %v",
+			purgeAt.UTC().Format(time.RFC3339), err)
+		return stepResult{}, fmt.Errorf("cleaning up the deleted activity: %w", err)
+	}
+	r.Settlers.Stop(a.UID)
+	r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupAbandoned", "Delete",
+		"Redis could not be cleaned up within the cleanup grace period of %s; the activity's keys (rpa:{%s}:*) may be left behind: %v",
+		r.Options.CleanupGracePeriod, a.UID, err)
+	return stepResult{done: true}, r.letGo(ctx, s)
+}
+
+// deletePurgeOrWait does what decideDeletion says of the closed activity: wait for
+// settlement to drain, with the operator's settlement worker running, or stop the
+// worker and purge (every key, or all but the unsettled streams once the grace period
+// is over), or nothing when Redis holds nothing of it.
+func (r *RedPacketActivityReconciler) deletePurgeOrWait(ctx context.Context, s *activityScope) (stepResult, error) {
+	a := s.activity
 	snap := s.snapshot
+	purgeAt, graceLeft := r.deletionGrace(s)
 	action := decideDeletion(snap, graceLeft)
 	if action != deletionWait {
 		// Whatever comes next deletes keys or lets the activity go: the worker must
@@ -114,51 +180,67 @@ func (r *RedPacketActivityReconciler) reconcileDelete(ctx context.Context, s *ac
 	}
 	switch action {
 	case deletionLetGo:
-		log.Info("the deleted activity is not in Redis; letting it go")
+		r.logger(ctx).Info("the deleted activity is not in Redis; letting it go")
 	case deletionPurge:
 		if err := r.purge(ctx, s); err != nil {
-			return ctrl.Result{}, err
+			return stepResult{}, err
 		}
 		r.Recorder.Eventf(a, nil, corev1.EventTypeNormal, "Purged", "Delete",
 			"settlement drained (%d claims, refund %d); the activity's Redis keys were deleted", snap.ClaimedCount, snap.Refunded)
 	case deletionPurgeKeepingUnsettled:
 		kept, err := r.purgeKeepingUnsettled(ctx, s)
 		if err != nil {
-			return ctrl.Result{}, err
+			return stepResult{}, err
 		}
 		r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, "CleanupGracePeriodExpired", "Delete",
 			"settlement did not drain within %s (%s); the activity's Redis keys were deleted except %v, kept for %s to reconcile what was never credited",
 			r.Options.CleanupGracePeriod, snapshotDescribe(snap), kept, r.Options.UnsettledRetention)
 	case deletionWait:
-		log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
-		if snap.State == store.StateClosed {
-			s.recordClosed()
-			if recorded, _ := redpacketv1alpha1.RecordedCounters(&s.activity.Status); recorded != snap.Counters() && snap.Fenced == "" {
-				// The refund and the final figures, whoever reports.
-				r.writeSnapshotCounters(ctx, s)
-			}
-		}
-		worker := "the operator is settling them"
-		switch err := r.ensureSettlement(ctx, s); {
-		case err != nil:
-			r.settlementNotStarted(s, err)
-			// Status says so; the next poll tries again.
-			log.V(1).Info("the operator's settlement worker of the deleted activity cannot start", "error", err.Error())
-			worker = fmt.Sprintf("the operator cannot settle them: %v", err)
-		case !settlement.HasWebhook(a):
-			worker = "spec.settlement has no webhook to settle them with"
-		}
-		s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "%s (%s); purge at %s", waitingFor(snap), worker,
-			purgeAt.UTC().Format(time.RFC3339))
-		return ctrl.Result{RequeueAfter: min(r.Options.CleanupPollInterval, graceLeft+10*time.Millisecond)}, nil
+		return r.waitForSettlement(ctx, s, purgeAt, graceLeft), nil
 	}
+	return stepResult{}, nil
+}
+
+// waitForSettlement keeps the deleted activity while settlement drains: it records a
+// closed activity's phase and final figures, keeps the operator's settlement worker
+// running (ensureSettlement) and says in Ready what it waits for, coming back every
+// CleanupPollInterval (and once the grace period is over).
+func (r *RedPacketActivityReconciler) waitForSettlement(ctx context.Context, s *activityScope, purgeAt time.Time, graceLeft time.Duration) stepResult {
+	log := r.logger(ctx)
+	snap := s.snapshot
+	log.V(1).Info("waiting for settlement to drain before purging", "snapshot", snapshotDescribe(snap))
+	if snap.State == store.StateClosed {
+		s.recordClosed()
+		if recorded, _ := redpacketv1alpha1.RecordedCounters(&s.activity.Status); recorded != snap.Counters() && snap.Fenced == "" {
+			// The refund and the final figures, whoever reports.
+			r.writeSnapshotCounters(ctx, s)
+		}
+	}
+	worker := "the operator is settling them"
+	switch err := r.ensureSettlement(ctx, s); {
+	case err != nil:
+		r.settlementNotStarted(s, err)
+		// Status says so; the next poll tries again.
+		log.V(1).Info("the operator's settlement worker of the deleted activity cannot start", "error", err.Error())
+		worker = fmt.Sprintf("the operator cannot settle them: %v", err)
+	case !settlement.HasWebhook(s.activity):
+		worker = "spec.settlement has no webhook to settle them with"
+	}
+	s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "%s (%s); purge at %s", waitingFor(snap), worker,
+		purgeAt.UTC().Format(time.RFC3339))
+	return stepResult{done: true, requeueAfter: min(r.Options.CleanupPollInterval, graceLeft+10*time.Millisecond)}
+}
+
+// deleteLetGo removes the activity's own Redis user from the default Redis, its keys
+// being gone (deleteActivityRedisUser, redpacketactivity_redis_user.go), and lets the activity go.
+func (r *RedPacketActivityReconciler) deleteLetGo(ctx context.Context, s *activityScope) (stepResult, error) {
+	a := s.activity
 	if a.Spec.Redis == nil {
-		// Its keys are gone: so goes its Redis user (redis_acl.go).
 		if err := r.deleteActivityRedisUser(ctx, a); err != nil {
-			return ctrl.Result{}, err
+			return stepResult{}, err
 		}
 	}
-	return ctrl.Result{}, r.letGo(ctx, s)
+	return stepResult{done: true}, r.letGo(ctx, s)
 }
 
 // deletionAction is what a deletion does next.
@@ -305,7 +387,7 @@ func notRefunded(s *activityScope) (amount int64, source string) {
 // a message that names the amount not refunded and the two ways on; its arrival is
 // reported once as a Warning event (emitTransitionEvents), not at every reconcile.
 // Stalled stays True.
-func (r *RedPacketActivityReconciler) holdDeletion(ctx context.Context, s *activityScope, why, note string) (ctrl.Result, error) {
+func (r *RedPacketActivityReconciler) holdDeletion(ctx context.Context, s *activityScope, why, note string) (stepResult, error) {
 	a := s.activity
 	r.Settlers.Stop(a.UID)
 	stalledReason := redpacketv1alpha1.ReasonRedisRolledBack
@@ -317,7 +399,7 @@ func (r *RedPacketActivityReconciler) holdDeletion(ctx context.Context, s *activ
 		defer cancel()
 		if _, err := s.store.Fence(rctx, fenceReasonRolledBack); err != nil {
 			s.notReady = notReady(redpacketv1alpha1.ReasonDeletionHeld, "the deletion is held because %s, and fencing Redis failed: %v", why, err)
-			return ctrl.Result{}, fmt.Errorf("fencing the rolled-back deleted activity: %w", err)
+			return stepResult{}, fmt.Errorf("fencing the rolled-back deleted activity: %w", err)
 		}
 	}
 	amount, source := notRefunded(s)
@@ -333,18 +415,18 @@ func (r *RedPacketActivityReconciler) holdDeletion(ctx context.Context, s *activ
 	}
 	s.notReady = notReady(redpacketv1alpha1.ReasonDeletionHeld, "%s", msg)
 	r.logger(ctx).Info("the deletion of a fenced or lost activity is held", "why", why, "notRefunded", amount)
-	return ctrl.Result{RequeueAfter: dataLostRecheckPeriod}, nil
+	return stepResult{done: true, requeueAfter: dataLostRecheckPeriod}, nil
 }
 
 // abandonDeletion lets a held deletion go on user's word, which decidedBy confirmed:
 // every key is purged, nothing is refunded, and a Warning event names the amount
 // abandoned and who abandoned it.
-func (r *RedPacketActivityReconciler) abandonDeletion(ctx context.Context, s *activityScope, why, user string) (ctrl.Result, error) {
+func (r *RedPacketActivityReconciler) abandonDeletion(ctx context.Context, s *activityScope, why, user string) (stepResult, error) {
 	a := s.activity
 	r.Settlers.Stop(a.UID)
 	amount, source := notRefunded(s)
 	if err := r.purge(ctx, s); err != nil {
-		return ctrl.Result{}, err
+		return stepResult{}, err
 	}
 	r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned, "Delete",
 		"%s abandoned the activity (%s): %d of the total %d was never refunded to the sponsor (from %s); its Redis keys were purged",
@@ -352,10 +434,10 @@ func (r *RedPacketActivityReconciler) abandonDeletion(ctx context.Context, s *ac
 	r.logger(ctx).Info("the deleted activity was abandoned", "by", user, "notRefunded", amount)
 	if a.Spec.Redis == nil {
 		if err := r.deleteActivityRedisUser(ctx, a); err != nil {
-			return ctrl.Result{}, err
+			return stepResult{}, err
 		}
 	}
-	return ctrl.Result{}, r.letGo(ctx, s)
+	return stepResult{done: true}, r.letGo(ctx, s)
 }
 
 // decideDeletion decides what a deletion does next from the activity's snapshot

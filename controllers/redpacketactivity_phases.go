@@ -9,10 +9,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -21,7 +19,6 @@ import (
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 )
 
 // dataLostRecheckPeriod is how often an activity whose data Redis lost is looked at
@@ -30,28 +27,26 @@ const dataLostRecheckPeriod = time.Minute
 
 // activityScope carries one reconcile's facts from one step to the next: the
 // activity, the status the controller will apply (written by the steps, applied once
-// on the way out), and what the steps learned from Redis and the API server.
+// on the way out), and what the steps learned from Redis and the API server. What
+// every kind's scope has (the clock, conditions, notReady, stalled, the connection,
+// halted, final, released) is in the embedded reconcileScope.
 type activityScope struct {
+	reconcileScope
 	activity *redpacketv1alpha1.RedPacketActivity
-	// now is the controller's clock when the reconcile started.
-	now time.Time
 
 	// status holds the controller's status fields as they will be applied; it starts
 	// as the current ones.
 	status redpacketv1alpha1.RedPacketActivityStatus
-	// notReady, when set, is why Ready is False whatever the phase says: the blocker
-	// of the step that stopped the chain, or the deletion's.
-	notReady *readyBlocker
 	// phaseMessage explains the phase in Ready's message.
 	phaseMessage string
 
-	conn redisconn.Conn
 	// store reaches the activity's data in Redis; set by the Redis connection step.
-	store    activityStore
+	store activityStore
+	// redisErr is why a deletion could not resolve, read or close the activity in
+	// Redis; the later deletion steps act on it (deleteSteps).
+	redisErr error
 	redisNow time.Time
 	snapshot store.Snapshot
-	// snapshotRead is true once snapshot holds what Redis said in this reconcile.
-	snapshotRead bool
 
 	amounts []int64
 	// settlementBlocked, when set, is why the operator delivers nothing for the
@@ -84,56 +79,6 @@ type activityScope struct {
 	// which <activity>-grab-redis holds, as the redis user step set it up; nil with
 	// spec.redis.
 	defaultRedisLogin *specs.RedisLogin
-
-	// halted is true once a step stopped the chain because it could not do its part.
-	// A halted reconcile does not observe the generation, unless final is set too.
-	halted bool
-	// final is true when the step that halted reached a final outcome for this spec
-	// (DataLost, RedisRolledBack): nothing will change without a person, so the
-	// generation counts as observed, and kstatus reads Stalled as Failed.
-	final bool
-	// stalled, when set, is why the activity cannot go on without a person: the
-	// Stalled condition is True with its reason, and absent otherwise.
-	stalled *readyBlocker
-	// released is true once the deletion let the activity go (the finalizer is being
-	// removed): the activity is no longer the controller's, and no status is applied.
-	released bool
-}
-
-// readyBlocker is why Ready is False whatever the phase says.
-type readyBlocker struct {
-	reason  string
-	message string
-}
-
-// notReady returns a blocker with reason and a formatted message.
-func notReady(reason, format string, args ...any) *readyBlocker {
-	return &readyBlocker{reason: reason, message: fmt.Sprintf(format, args...)}
-}
-
-// stepResult is what one step of a reconcile decided, besides an error: when to look
-// at the activity again, whether the chain stops here, and why Ready is False. An
-// error stops the chain too (the request is retried with backoff); the result's
-// blocker still says why Ready is False.
-type stepResult struct {
-	// requeueAfter asks to reconcile again this soon; 0 asks nothing. The soonest
-	// any step asked for wins.
-	requeueAfter time.Duration
-	// halt stops the chain after this step: the step could not do its part, and no
-	// later step can make sense yet. A halted reconcile does not observe the
-	// generation.
-	halt bool
-	// blocker, when set, makes Ready False with its reason, whatever the phase says.
-	blocker *readyBlocker
-	// final marks a halt that is the final outcome for this spec: the generation is
-	// still observed.
-	final bool
-}
-
-// blocked is the result of a step that could not do its part: Ready is False with
-// reason and message, and the chain halts.
-func blocked(reason, format string, args ...any) stepResult {
-	return stepResult{halt: true, blocker: notReady(reason, format, args...)}
 }
 
 // statusPatcher persists the scope's status at once, in the middle of a reconcile,
@@ -141,16 +86,6 @@ func blocked(reason, format string, args ...any) stepResult {
 // make its progress durable before it goes on receives one in its signature; every
 // other status write happens once, on the way out of Reconcile.
 type statusPatcher func(ctx context.Context, s *activityScope, progress *readyBlocker) error
-
-// reconcileStep is one step of a reconcile.
-type reconcileStep struct {
-	name string
-	run  func(context.Context, *activityScope) (stepResult, error)
-	// keepGoing lets the later steps run when this one fails or halts: its failure
-	// must never hold up closing and refunding. Its blocker still makes Ready False,
-	// its error is still returned (after the chain), and the reconcile is not clean.
-	keepGoing bool
-}
 
 // normalSteps are the steps of an activity that is not being deleted, in order. The
 // seed step receives patch: Seeding must show while it writes, and Seeded must be on
@@ -180,58 +115,10 @@ func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconci
 	}
 }
 
-// runSteps runs the steps in order. Each is idempotent. A step's blocker makes Ready
-// False; a halt or an error stops the chain (an error is retried with backoff),
-// except after a keepGoing step, whose error is returned once the chain has run and
-// whose halt only marks the reconcile as not clean. The soonest requeue any step
-// asked for wins.
-func runSteps(ctx context.Context, s *activityScope, steps []reconcileStep) (ctrl.Result, error) {
-	var requeue time.Duration
-	var deferred []error
-	for _, step := range steps {
-		res, err := step.run(ctx, s)
-		if res.blocker != nil {
-			s.notReady = res.blocker
-		}
-		if err != nil {
-			err = fmt.Errorf("%s: %w", step.name, err)
-			if !step.keepGoing {
-				return ctrl.Result{}, errors.Join(append(deferred, err)...)
-			}
-			deferred = append(deferred, err)
-			continue
-		}
-		requeue = soonest(requeue, res.requeueAfter)
-		if res.halt {
-			s.halted = true
-			if step.keepGoing {
-				continue
-			}
-			s.final = res.final
-			break
-		}
-	}
-	return ctrl.Result{RequeueAfter: requeue}, errors.Join(deferred...)
-}
-
 func newActivityScope(a *redpacketv1alpha1.RedPacketActivity, now time.Time) *activityScope {
-	return &activityScope{
-		activity: a,
-		now:      now,
-		status:   controllerStatus(a.Status),
-	}
-}
-
-// setCondition sets one of the controller's conditions on the status to apply.
-func (s *activityScope) setCondition(condType string, status metav1.ConditionStatus, reason, format string, args ...any) {
-	meta.SetStatusCondition(&s.status.Conditions, metav1.Condition{
-		Type:               condType,
-		Status:             status,
-		Reason:             reason,
-		Message:            fmt.Sprintf(format, args...),
-		ObservedGeneration: s.activity.Generation,
-		LastTransitionTime: metav1.NewTime(s.now.Truncate(time.Second)),
-	})
+	s := &activityScope{activity: a, status: controllerStatus(a.Status)}
+	s.reconcileScope = newReconcileScope(a, &s.status.Conditions, now)
+	return s
 }
 
 // reconcileRedisConnection resolves the activity's Redis connection (the Secret named
@@ -241,7 +128,7 @@ func (s *activityScope) setCondition(condType string, status metav1.ConditionSta
 // address the operator does not allow with RedisNotAllowed, an unreachable Redis with
 // RedisUnavailable; all halt and are retried with backoff.
 func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Context, s *activityScope) (stepResult, error) {
-	conn, err := r.connectionFor(ctx, s.activity)
+	conn, err := r.connection(ctx, s.activity.Namespace, s.activity.Spec.Redis)
 	if err != nil {
 		return blocked(connectionFailureReason(err), "%v", err), err
 	}
@@ -264,36 +151,6 @@ func (r *RedPacketActivityReconciler) reconcileRedisConnection(ctx context.Conte
 	s.snapshot = snap
 	s.snapshotRead = true
 	return stepResult{}, nil
-}
-
-// connectionFor returns the Redis connection of the activity.
-func (r *RedPacketActivityReconciler) connectionFor(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity) (redisconn.Conn, error) {
-	if a.Spec.Redis == nil {
-		conn := r.Options.DefaultRedis
-		if conn.Mode == "" {
-			conn.Mode = redisconn.ModeStandalone
-		}
-		if err := conn.Validate(); err != nil {
-			return redisconn.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
-		}
-		return conn, nil
-	}
-	secret := &corev1.Secret{}
-	key := client.ObjectKey{Namespace: a.Namespace, Name: a.Spec.Redis.SecretRef.Name}
-	if err := r.APIReader.Get(ctx, key, secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return redisconn.Conn{}, fmt.Errorf("secret %s named by spec.redis.secretRef does not exist", key.Name)
-		}
-		return redisconn.Conn{}, fmt.Errorf("reading secret %s: %w", key.Name, err)
-	}
-	conn, err := redisconn.ConnFromSecret(secret.Data)
-	if err != nil {
-		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
-	}
-	if err := r.checkRedisAllowed(conn); err != nil { // the operator's policy, redis_policy.go
-		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
-	}
-	return conn, nil
 }
 
 // reconcileSplit validates the money fields and splits the total into packets, which
@@ -693,10 +550,11 @@ func settled(snap store.Snapshot) bool {
 	return snap.SettledCount == snap.ClaimedCount && snap.RefundSettled == snap.Refunded
 }
 
-// currencyOf is the activity's currency, CNY when the spec leaves it out.
+// currencyOf is the activity's currency, redpacketv1alpha1.DefaultCurrency when the
+// spec leaves it out.
 func currencyOf(a *redpacketv1alpha1.RedPacketActivity) string {
 	if a.Spec.Currency == "" {
-		return "CNY"
+		return redpacketv1alpha1.DefaultCurrency
 	}
 	return a.Spec.Currency
 }

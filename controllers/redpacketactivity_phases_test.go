@@ -113,9 +113,9 @@ func TestRedisConnectionStep(t *testing.T) {
 				tc.mutate(a)
 			}
 			p := newPhaseTest(t, openSnapshot(), tc.objs...)
-			p.r.Options.AllowedRedisHosts = MustParseRedisHosts("a,b") // the hosts the Secrets name
+			p.r.AllowedHosts = MustParseRedisHosts("a,b") // the hosts the Secrets name
 			if tc.defaultRedis != nil {
-				p.r.Options.DefaultRedis = *tc.defaultRedis
+				p.r.DefaultRedis = *tc.defaultRedis
 			}
 			p.store.fail = tc.fail
 			s := newActivityScope(a, testNow)

@@ -49,7 +49,7 @@ var warningReasons = map[string]bool{
 	redpacketv1alpha1.ReasonDeliveriesFailing: true,
 	// A deletion that keeps a fenced or lost activity's keys (redpacketactivity_delete.go).
 	redpacketv1alpha1.ReasonDeletionHeld: true,
-	// The operator's policy refused what the spec asks (redis_policy.go, redis_acl.go).
+	// The operator's policy refused what the spec asks (redis_policy.go, redpacketactivity_redis_user.go).
 	redpacketv1alpha1.ReasonGrabImageNotAllowed: true,
 	redpacketv1alpha1.ReasonRedisNotAllowed:     true,
 	redpacketv1alpha1.ReasonRedisACLUnavailable: true,

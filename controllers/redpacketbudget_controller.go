@@ -12,14 +12,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
@@ -41,7 +38,7 @@ const (
 )
 
 // BudgetSettlement runs the settlement of budgets' streams; BudgetSettlementRunner
-// (budget_settlement.go) implements it. The reconciler calls EnsureTarget at every
+// (redpacketbudget_settlement.go) implements it. The reconciler calls EnsureTarget at every
 // reconcile of a budget with spec.settlement.webhook, before the configure step, so
 // that a raised total is announced to the balance system before the shards may draw
 // on it; DrainedTarget while a deleted budget waits to be purged; and Forget once it
@@ -87,7 +84,7 @@ type budgetStore interface {
 	// CheckDurability checks that the master of every shard gives d (nil: None);
 	// it wraps store.ErrDurabilityNotMet when one does not.
 	CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error
-	activityUsers
+	redisUsers
 }
 
 // budgetHandle is the production budgetStore: the store's handle and the client it
@@ -139,11 +136,10 @@ type RedPacketBudgetReconciler struct {
 	APIReader client.Reader
 	// Recorder emits events.k8s.io events.
 	Recorder events.EventRecorder
-	// Redis caches the Redis clients (shared with the activity controller).
-	Redis *RedisClients
-	// Functions keeps the function library loaded (shared with the activity
-	// controller); nil means nobody watches it between reconciles.
-	Functions *FunctionKeeper
+	// RedisAccess is how the budgets reach Redis: the operator's Redis policy, the
+	// cached clients and the function keeper, shared with the activity controller;
+	// nil is made from Options by SetupWithManager.
+	*RedisAccess
 	// Expiry is the leader-elected expiry driver of every budget.
 	Expiry *BudgetExpiry
 	// Settlement settles the budgets' streams; nil means no settlement.
@@ -171,34 +167,17 @@ type RedPacketBudgetReconciler struct {
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 
-// SetupWithManager registers the reconciler with mgr. Redis, Functions and Expiry
-// left nil are made and added to the manager (Functions and Expiry are leader-election
-// runnables).
+// SetupWithManager registers the reconciler with mgr. A nil RedisAccess is made from
+// Options; what it and Expiry leave nil is made and added to the manager (the
+// function keeper and Expiry are leader-election runnables).
 func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.Options = r.Options.withDefaults()
 	if r.Options.Name == ControllerName {
 		r.Options.Name = BudgetControllerName
 	}
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.APIReader == nil {
-		r.APIReader = mgr.GetAPIReader()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(EventReporter)
-	}
-	if r.Redis == nil {
-		r.Redis = NewRedisClients()
-		if err := mgr.Add(r.Redis); err != nil {
-			return fmt.Errorf("adding the Redis client cache to the manager: %w", err)
-		}
-	}
-	if r.Functions == nil {
-		r.Functions = NewFunctionKeeper(r.policy().redisClient)
-		if err := mgr.Add(r.Functions); err != nil {
-			return fmt.Errorf("adding the function keeper to the manager: %w", err)
-		}
+	wiring := reconcilerWiring{client: &r.Client, reader: &r.APIReader, recorder: &r.Recorder, now: &r.Now, access: &r.RedisAccess}
+	if err := wiring.fill(mgr, r.Options); err != nil {
+		return err
 	}
 	if r.Expiry == nil {
 		r.Expiry = NewBudgetExpiry()
@@ -206,10 +185,6 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the budget expiry driver to the manager: %w", err)
 		}
 	}
-	if r.Now == nil {
-		r.Now = time.Now
-	}
-	skip := r.Options.SkipNameValidation
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketBudget{}, builder.WithPredicates(predicate.Or(
@@ -218,12 +193,7 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Owns(&networkingv1.NetworkPolicy{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
-		WithOptions(controller.Options{
-			MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles,
-			SkipNameValidation:      &skip,
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
-				100*time.Millisecond, r.Options.MaxBackoff),
-		}).
+		WithOptions(r.Options.controllerOptions()).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("building the %s controller: %w", r.Options.Name, err)
@@ -255,7 +225,7 @@ func (r *RedPacketBudgetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}()
 
 	if deleting {
-		return runBudgetSteps(ctx, s, r.budgetDeleteSteps())
+		return runSteps(ctx, s, r.budgetDeleteSteps(), earliestBlocker)
 	}
 	if !controllerutil.ContainsFinalizer(budget, BudgetFinalizer) {
 		orig := budget.DeepCopy()
@@ -264,7 +234,7 @@ func (r *RedPacketBudgetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return ctrl.Result{}, fmt.Errorf("adding finalizer %s: %w", BudgetFinalizer, err)
 		}
 	}
-	result, retErr = runBudgetSteps(ctx, s, r.budgetNormalSteps())
+	result, retErr = runSteps(ctx, s, r.budgetNormalSteps(), earliestBlocker)
 	if retErr != nil {
 		ctrl.LoggerFrom(ctx).V(1).Info("reconcile stopped, retrying with backoff", "error", retErr.Error())
 	}
@@ -284,19 +254,12 @@ func (r *RedPacketBudgetReconciler) forget(uid types.UID) {
 	}
 }
 
-// policy is an activity reconciler with the same options and Redis client cache, to
-// which the budget controller leaves what is the same for both kinds: the Redis
-// address policy, the cached clients and the operator's default connection.
-func (r *RedPacketBudgetReconciler) policy() *RedPacketActivityReconciler {
-	return &RedPacketActivityReconciler{Options: r.Options, Redis: r.Redis}
-}
-
 // storeFor is the budget's store on conn.
 func (r *RedPacketBudgetReconciler) storeFor(conn redisconn.Conn, b *redpacketv1alpha1.RedPacketBudget) budgetStore {
 	if r.newStore != nil {
 		return r.newStore(conn, b)
 	}
-	c := r.policy().redisClient(conn)
+	c := r.redisClient(conn)
 	return budgetHandle{Budget: store.NewBudget(c, string(b.UID), b.Spec.ShardCount()), c: c}
 }
 
@@ -305,9 +268,4 @@ func (r *RedPacketBudgetReconciler) now() time.Time {
 		return time.Now()
 	}
 	return r.Now()
-}
-
-// redisContext bounds one Redis call.
-func (r *RedPacketBudgetReconciler) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.Options.RedisTimeout)
 }

@@ -23,29 +23,20 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
 	"redpacket.io/operator/store"
-	"redpacket.io/operator/store/redisconn"
 )
 
 // budgetScope carries one reconcile's facts from one step to the next: the budget,
 // the status the controller will apply once on the way out, and what the steps
-// learned from Redis and the API server.
+// learned from Redis and the API server. What every kind's scope has is in the
+// embedded reconcileScope; a budget's stalled is also a Redis that does not answer.
 type budgetScope struct {
+	reconcileScope
 	budget *redpacketv1alpha1.RedPacketBudget
-	// now is the controller's clock when the reconcile started.
-	now time.Time
 	// status is the status to apply; it starts as the current one.
 	status redpacketv1alpha1.RedPacketBudgetStatus
-	// notReady, when set, is why Ready is False.
-	notReady *readyBlocker
-	// stalled, when set, is why the budget cannot go on without a person (or a
-	// Redis that answers): Stalled is True with its reason.
-	stalled *readyBlocker
 
-	conn     redisconn.Conn
 	store    budgetStore
 	snapshot store.BudgetSnapshot
-	// snapshotRead is true once snapshot holds what Redis said in this reconcile.
-	snapshotRead bool
 	// configured is true once Redis holds the spec's total and limits.
 	configured bool
 	// defaultRedisLogin is the budget's own login on the default Redis; nil with
@@ -56,66 +47,12 @@ type budgetScope struct {
 	redisLoginSettled bool
 	// deployment is the grab Deployment as last read; nil when there is none.
 	deployment *appsv1.Deployment
-
-	halted bool
-	// released is true once the deletion let the budget go: no status is applied.
-	released bool
 }
 
 func newBudgetScope(b *redpacketv1alpha1.RedPacketBudget, now time.Time) *budgetScope {
-	return &budgetScope{budget: b, now: now, status: *b.Status.DeepCopy()}
-}
-
-// setCondition sets a condition on the status to apply.
-func (s *budgetScope) setCondition(condType string, status metav1.ConditionStatus, reason, format string, args ...any) {
-	meta.SetStatusCondition(&s.status.Conditions, metav1.Condition{
-		Type:               condType,
-		Status:             status,
-		Reason:             reason,
-		Message:            fmt.Sprintf(format, args...),
-		ObservedGeneration: s.budget.Generation,
-		LastTransitionTime: metav1.NewTime(s.now.Truncate(time.Second)),
-	})
-}
-
-// budgetStep is one step of a budget's reconcile.
-type budgetStep struct {
-	name string
-	run  func(context.Context, *budgetScope) (stepResult, error)
-	// keepGoing lets the later steps run when this one fails or halts (the
-	// workload never holds up the status or expiry).
-	keepGoing bool
-}
-
-// runBudgetSteps runs the steps in order, as runSteps does for activities: a blocker
-// makes Ready False, a halt or an error stops the chain unless the step keeps going,
-// and the soonest requeue wins.
-func runBudgetSteps(ctx context.Context, s *budgetScope, steps []budgetStep) (ctrl.Result, error) {
-	var requeue time.Duration
-	var deferred []error
-	for _, step := range steps {
-		res, err := step.run(ctx, s)
-		if res.blocker != nil && s.notReady == nil {
-			s.notReady = res.blocker
-		}
-		if err != nil {
-			err = fmt.Errorf("%s: %w", step.name, err)
-			s.halted = true
-			if !step.keepGoing {
-				return ctrl.Result{}, errors.Join(append(deferred, err)...)
-			}
-			deferred = append(deferred, err)
-			continue
-		}
-		requeue = soonest(requeue, res.requeueAfter)
-		if res.halt {
-			s.halted = true
-			if !step.keepGoing {
-				break
-			}
-		}
-	}
-	return ctrl.Result{RequeueAfter: requeue}, errors.Join(deferred...)
+	s := &budgetScope{budget: b, status: *b.Status.DeepCopy()}
+	s.reconcileScope = newReconcileScope(b, &s.status.Conditions, now)
+	return s
 }
 
 // budgetNormalSteps are the steps of a budget that is not being deleted, in order.
@@ -139,7 +76,7 @@ func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
 // A missing or unusable Secret is RedisConfigInvalid (or RedisNotAllowed); a Redis
 // that does not answer is RedisUnavailable, and Stalled says so too.
 func (r *RedPacketBudgetReconciler) reconcileBudgetRedis(ctx context.Context, s *budgetScope) (stepResult, error) {
-	conn, err := r.budgetConnection(ctx, s.budget)
+	conn, err := r.connection(ctx, s.budget.Namespace, s.budget.Spec.Redis)
 	if err != nil {
 		return blocked(connectionFailureReason(err), "%v", err), err
 	}
@@ -156,30 +93,6 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetRedis(ctx context.Context, s 
 	}
 	s.snapshot, s.snapshotRead = snap, true
 	return stepResult{}, nil
-}
-
-// budgetConnection is the budget's Redis connection, checked against the operator's
-// Redis policy as an activity's is.
-func (r *RedPacketBudgetReconciler) budgetConnection(ctx context.Context, b *redpacketv1alpha1.RedPacketBudget) (redisconn.Conn, error) {
-	if b.Spec.Redis == nil {
-		return r.policy().defaultRedisConn()
-	}
-	secret := &corev1.Secret{}
-	key := client.ObjectKey{Namespace: b.Namespace, Name: b.Spec.Redis.SecretRef.Name}
-	if err := r.APIReader.Get(ctx, key, secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return redisconn.Conn{}, fmt.Errorf("secret %s named by spec.redis.secretRef does not exist", key.Name)
-		}
-		return redisconn.Conn{}, fmt.Errorf("reading secret %s: %w", key.Name, err)
-	}
-	conn, err := redisconn.ConnFromSecret(secret.Data)
-	if err != nil {
-		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
-	}
-	if err := r.policy().checkRedisAllowed(conn); err != nil {
-		return redisconn.Conn{}, fmt.Errorf("secret %s: %w", key.Name, err)
-	}
-	return conn, nil
 }
 
 // reconcileBudgetFunctions loads the grab-side function library, which the grab pods
@@ -234,7 +147,7 @@ func budgetLimits(b *redpacketv1alpha1.RedPacketBudget) store.BudgetLimits {
 		MaxTTL:     24 * time.Hour,
 	}
 	if l.Currency == "" {
-		l.Currency = "CNY"
+		l.Currency = redpacketv1alpha1.DefaultCurrency
 	}
 	if l.MaxCount < 1 {
 		l.MaxCount = 100
@@ -356,7 +269,7 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetRedisUser(ctx context.Context
 		s.redisLoginSettled = true
 		return stepResult{}, nil
 	}
-	conn, err := r.policy().defaultRedisConn()
+	conn, err := r.defaultRedisConn()
 	if err != nil {
 		return blocked(redpacketv1alpha1.ReasonRedisConfigInvalid, "%v", err), err
 	}
@@ -371,11 +284,8 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetRedisUser(ctx context.Context
 		return blocked(redpacketv1alpha1.ReasonNotAdopted, "secret %s exists and is not the budget's", name), nil
 	}
 	user := s.store.UserName()
-	password := ""
-	if existing != nil && string(existing.Data[redisconn.SecretUsername]) == user &&
-		len(existing.Data[redisconn.SecretPassword]) >= 2*activityPasswordBytes {
-		password = string(existing.Data[redisconn.SecretPassword])
-	} else if password, err = newActivityPassword(); err != nil {
+	password, err := loginPassword(existing, user)
+	if err != nil {
 		return stepResult{}, err
 	}
 	rctx, cancel := r.redisContext(ctx)
@@ -388,7 +298,7 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetRedisUser(ctx context.Context
 		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "setting up the budget's Redis user: %v", err),
 			fmt.Errorf("setting up the budget's Redis user: %w", err)
 	}
-	login := &specs.RedisLogin{Addresses: conn.Addresses, Mode: conn.Mode, TLS: conn.TLS, Username: user, Password: password}
+	login := defaultRedisLogin(conn, user, password)
 	if existing == nil || !secretDataEqual(existing.Data, login.SecretData()) {
 		if err := r.Client.Apply(ctx, specs.BudgetRedisSecret(b, *login), client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
 			return workloadFailed(err), fmt.Errorf("applying secret %s: %w", name, err)
@@ -469,7 +379,7 @@ func (r *RedPacketBudgetReconciler) settlementTarget(s *budgetScope) BudgetSettl
 	t := BudgetSettlementTarget{
 		UID: b.UID, Name: client.ObjectKeyFromObject(b), Object: b,
 		Shards: b.Spec.ShardCount(), Total: b.Spec.Total, Currency: b.Spec.Currency,
-		Conn: s.conn, ClientOptions: r.policy().redisClientOptions(s.conn, false),
+		Conn: s.conn, ClientOptions: r.redisClientOptions(s.conn, false),
 	}
 	if st := b.Spec.Settlement; st != nil {
 		if st.Webhook != nil {
@@ -499,7 +409,7 @@ func (r *RedPacketBudgetReconciler) finishBudgetReconcile(ctx context.Context, s
 		return result, retErr
 	}
 	before := s.budget.Status
-	computeBudgetStatus(s, retErr == nil && !s.halted)
+	computeBudgetStatus(s, s.clean(retErr))
 	if s.snapshotRead {
 		budgetMetrics.Observe(client.ObjectKeyFromObject(s.budget), s.snapshot)
 	}
@@ -717,7 +627,7 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 			notes = append(notes, fmt.Sprintf("the annotation %s=%q does not carry this budget's UID %s, so it does nothing",
 				redpacketv1alpha1.AnnotationAbandon, v, b.UID))
 		} else {
-			user, refused, err := platformDecidedBy(ctx, r.reviewer(), b, "redpacketbudgets", abandonDecision)
+			user, refused, err := platformDecidedBy(ctx, reviewerOr(r.access, r.Client), b, "redpacketbudgets", abandonDecision)
 			if err != nil {
 				return stepResult{}, fmt.Errorf("checking who abandoned the deleted budget's settlement: %w", err)
 			}
@@ -777,15 +687,6 @@ func (r *RedPacketBudgetReconciler) eventf(b *redpacketv1alpha1.RedPacketBudget,
 	if r.Recorder != nil {
 		r.Recorder.Eventf(b, nil, eventType, reason, "Delete", note, args...)
 	}
-}
-
-// reviewer returns the reconciler's access reviewer: the API server unless another
-// one was set (the phase tests).
-func (r *RedPacketBudgetReconciler) reviewer() accessReviewer {
-	if r.access != nil {
-		return r.access
-	}
-	return subjectAccessReviewer{c: r.Client}
 }
 
 // deleteBudgetPurge removes the budget's Redis user (on the default Redis) and every

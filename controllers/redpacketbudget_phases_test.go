@@ -195,15 +195,14 @@ func budgetPhaseReconciler(t *testing.T, f *fakeBudget, objs ...client.Object) (
 	t.Helper()
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
 		WithStatusSubresource(&redpacketv1alpha1.RedPacketBudget{}).WithObjects(objs...).Build()
+	opts, access := phaseOptions(c)
 	r := &RedPacketBudgetReconciler{
 		Client: c, APIReader: c, Recorder: events.NewFakeRecorder(100),
-		Expiry: NewBudgetExpiry(),
-		Options: Options{
-			DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
-			ActiveResyncPeriod: 5 * time.Second,
-		}.withDefaults(),
-		Now:      func() time.Time { return time.Unix(1_800_000_000, 0) },
-		newStore: func(redisconn.Conn, *redpacketv1alpha1.RedPacketBudget) budgetStore { return f },
+		Expiry:      NewBudgetExpiry(),
+		RedisAccess: access,
+		Options:     opts,
+		Now:         func() time.Time { return time.Unix(1_800_000_000, 0) },
+		newStore:    func(redisconn.Conn, *redpacketv1alpha1.RedPacketBudget) budgetStore { return f },
 	}
 	return r, c
 }

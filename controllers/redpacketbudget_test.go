@@ -18,9 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
@@ -69,17 +67,7 @@ func (s *recordingSettlement) Forget(uid types.UID) {
 // (which waits for it).
 func (e *env) startBudgetController(settlement controllers.BudgetSettlement, tweak ...func(*controllers.Options)) (stop func()) {
 	e.t.Helper()
-	grace := 10 * time.Second
-	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
-		Scheme:                  cp.Scheme,
-		Metrics:                 metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:  "0",
-		Cache:                   controllers.CacheOptions(e.ns),
-		GracefulShutdownTimeout: &grace,
-	})
-	if err != nil {
-		e.t.Fatalf("creating manager: %v", err)
-	}
+	mgr := e.newManager(cp.Config)
 	expiry := controllers.NewBudgetExpiry()
 	expiry.Interval = 50 * time.Millisecond
 	if err := mgr.Add(expiry); err != nil {
@@ -105,25 +93,7 @@ func (e *env) startBudgetController(settlement controllers.BudgetSettlement, twe
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatalf("setting up the budget controller: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					e.t.Errorf("manager stopped with an error: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				e.t.Errorf("manager did not stop within 30s")
-			}
-		})
-	}
-	e.t.Cleanup(stop)
-	return stop
+	return e.run(mgr).Stop
 }
 
 // getBudget reads the budget from the API server.

@@ -4,6 +4,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// DefaultCurrency is the currency of an activity or a budget whose spec.currency is
+// empty. The API server defaults the field to it (the +kubebuilder:default=CNY
+// markers of both kinds, which must stay literal); code that meets an empty currency
+// uses this constant.
+const DefaultCurrency = "CNY"
+
 // DistributionType names the algorithm that splits the total into packets.
 // +kubebuilder:validation:Enum=Random;LineCut;Fixed
 type DistributionType string

@@ -217,17 +217,21 @@ func newManager(cfg *rest.Config, o managerConfig) (manager.Manager, error) {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
 
-	redisClients := controllers.NewRedisClients()
-	redisClients.IdleTimeout = o.RedisClientIdleTTL
-	if err := mgr.Add(redisClients); err != nil {
+	// Both controllers reach Redis through one access: the Redis policy, the client
+	// cache and the function keeper (made and added to the manager by the first
+	// SetupWithManager).
+	redisAccess := controllers.NewRedisAccess(o.Reconciler)
+	redisAccess.Clients = controllers.NewRedisClients()
+	redisAccess.Clients.IdleTimeout = o.RedisClientIdleTTL
+	if err := mgr.Add(redisAccess.Clients); err != nil {
 		return nil, fmt.Errorf("adding the Redis client cache: %w", err)
 	}
-	reconciler := &controllers.RedPacketActivityReconciler{Redis: redisClients, Options: o.Reconciler}
+	reconciler := &controllers.RedPacketActivityReconciler{RedisAccess: redisAccess, Options: o.Reconciler}
 	if err := reconciler.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the controller: %w", err)
 	}
-	// Budgets share the activities' options, Redis clients and function keeper; their
-	// expiry driver and their settlement are leader-election runnables of their own.
+	// Budgets share the activities' options and Redis access; their expiry driver
+	// and their settlement are leader-election runnables of their own.
 	budgetOptions := reconciler.Options
 	budgetOptions.Name = controllers.BudgetControllerName
 	budgetSettlement := controllers.NewBudgetSettlementRunner(mgr.GetAPIReader(),
@@ -235,7 +239,7 @@ func newManager(cfg *rest.Config, o managerConfig) (manager.Manager, error) {
 	if err := mgr.Add(budgetSettlement); err != nil {
 		return nil, fmt.Errorf("adding the budget settlement runner: %w", err)
 	}
-	budgets := &controllers.RedPacketBudgetReconciler{Redis: redisClients, Functions: reconciler.Functions,
+	budgets := &controllers.RedPacketBudgetReconciler{RedisAccess: redisAccess,
 		Options: budgetOptions, Settlement: budgetSettlement}
 	if err := budgets.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the budget controller: %w", err)

@@ -148,7 +148,7 @@ func createActivities(ctx context.Context, c client.Client, ns string, n int) er
 					Spec: redpacketv1alpha1.RedPacketActivitySpec{
 						TotalAmount:  5 * 100,
 						Count:        5,
-						Currency:     "CNY",
+						Currency:     redpacketv1alpha1.DefaultCurrency,
 						Distribution: redpacketv1alpha1.Distribution{Type: redpacketv1alpha1.DistributionFixed, MinAmount: 1},
 						Sponsor:      "bench",
 					},

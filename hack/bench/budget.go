@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
@@ -64,7 +65,7 @@ func measureBudget(ctx context.Context, o options, root, work string, redisSrv *
 	if _, err := lua.GrabLibrary.Ensure(ctx, rc); err != nil {
 		return r, fmt.Errorf("loading the function library: %w", err)
 	}
-	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 20_000, MaxCount: 100, MinShare: 1,
+	limits := store.BudgetLimits{Currency: redpacketv1alpha1.DefaultCurrency, MaxTotal: 20_000, MaxCount: 100, MinShare: 1,
 		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: 24 * time.Hour, MaxTTL: 24 * time.Hour}
 	uid := string(uuid.NewUUID())
 	budget := store.NewBudget(rc, uid, o.budgetShards)

@@ -115,7 +115,7 @@ var minorDigits = map[string]int{
 // Currencies not listed in minorDigits have two decimal digits.
 func FormatMajor(amount int64, currency string) string {
 	if currency == "" {
-		currency = "CNY"
+		currency = redpacketv1alpha1.DefaultCurrency
 	}
 	digits, ok := minorDigits[currency]
 	if !ok {

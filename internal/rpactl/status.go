@@ -42,7 +42,7 @@ func PrintStatus(out io.Writer, a *redpacketv1alpha1.RedPacketActivity, now time
 	st := a.Status
 	currency := a.Spec.Currency
 	if currency == "" {
-		currency = "CNY"
+		currency = redpacketv1alpha1.DefaultCurrency
 	}
 	w := newTable(out)
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }

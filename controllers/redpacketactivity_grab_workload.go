@@ -1,24 +1,18 @@
 package controllers
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"maps"
 	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
@@ -166,41 +160,9 @@ func (r *RedPacketActivityReconciler) applyGrabObject(ctx context.Context, obj r
 	return stepResult{}, nil
 }
 
-// workloadFailed is the result of a grab workload write that failed with err: Ready
-// False with WorkloadFailed, halting, except for a conflict (another writer changed
-// the object meanwhile), which is only retried.
-func workloadFailed(err error) stepResult {
-	if apierrors.IsConflict(err) {
-		return stepResult{}
-	}
-	return blocked(redpacketv1alpha1.ReasonWorkloadFailed, "applying the grab workload: %v", err)
-}
-
 // getChild reads a workload object as getGrabChild does.
 func (r *RedPacketActivityReconciler) getChild(ctx context.Context, key client.ObjectKey, obj client.Object) (bool, error) {
 	return getGrabChild(ctx, r.Client, r.APIReader, key, obj)
-}
-
-// getGrabChild reads a workload object: through c, whose cache holds only objects
-// with the operator's label, and else from the API server (reader), so that an
-// unlabeled object of the same name is seen too. It reports whether the object
-// exists.
-func getGrabChild(ctx context.Context, c client.Client, reader client.Reader, key client.ObjectKey, obj client.Object) (bool, error) {
-	err := c.Get(ctx, key, obj)
-	if err == nil {
-		return true, nil
-	}
-	if !apierrors.IsNotFound(err) {
-		return false, err
-	}
-	err = reader.Get(ctx, key, obj)
-	if err == nil {
-		return true, nil
-	}
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	return false, err
 }
 
 // lookUpGrabRedisSecret reads the activity's <activity>-grab-redis Secret from the API
@@ -215,11 +177,6 @@ func (r *RedPacketActivityReconciler) lookUpGrabRedisSecret(ctx context.Context,
 		return nil, fmt.Errorf("looking up Secret %s: %w", key.Name, err)
 	}
 	return secret, nil
-}
-
-// secretDataEqual reports whether a Secret's data is exactly want.
-func secretDataEqual(got, want map[string][]byte) bool {
-	return maps.EqualFunc(got, want, bytes.Equal)
 }
 
 // replicasToApply says whether spec.replicas must be applied, and to what: when the
@@ -241,11 +198,6 @@ func (r *RedPacketActivityReconciler) replicasToApply(a *redpacketv1alpha1.RedPa
 	return replicas, specValue, true
 }
 
-// minReplicasForDisruptionBudget is the replica count from which the grab
-// Deployment gets a PodDisruptionBudget. With one replica a budget could only
-// block voluntary evictions (node drains) or allow them all, so there is none.
-const minReplicasForDisruptionBudget = 2
-
 // reconcileGrabGuards keeps the activity's grab guards (keepGrabGuards): the
 // NetworkPolicy and PodDisruptionBudget <activity>-grab, selecting GrabSelector. The
 // replica count is the live Deployment's, unless this reconcile applies a new one
@@ -258,102 +210,6 @@ func (r *RedPacketActivityReconciler) reconcileGrabGuards(ctx context.Context, a
 	})
 }
 
-// grabGuarded is a grab workload that keepGrabGuards protects: an activity's or a
-// budget's.
-type grabGuarded struct {
-	// owner controls the guards: the activity or the budget.
-	owner client.Object
-	// kind is "activity" or "budget", for the events.
-	kind string
-	// name is the workload's name, <owner>-grab, which the guards take too.
-	name string
-	// labels are the workload's labels (specs.GrabLabels, specs.BudgetLabels).
-	labels map[string]string
-	// selector selects the workload's pods (specs.GrabSelector, specs.BudgetSelector).
-	selector map[string]string
-	// replicas is the grab Deployment's replica count after this reconcile.
-	replicas int32
-}
-
-// keepGrabGuards keeps a grab workload's NetworkPolicy and, while the Deployment has
-// minReplicasForDisruptionBudget replicas or more, its PodDisruptionBudget, and
-// deletes that budget when the replicas drop below. The controller is their only
-// writer: it creates them, and updates them when their labels or spec drift. One
-// piece of code serves activities and budgets.
-//
-// The NetworkPolicy <name>-grab selects the grab pods and admits ingress on the grab
-// port only (TCP 8080: the grab API, the probes and /metrics share it); egress is not
-// restricted (Redis, the API server and the balance system's webhook are wherever the
-// resource says). The PodDisruptionBudget <name>-grab allows one grab pod at a time
-// to be evicted, and always allows evicting a pod that is not ready, so a broken
-// replica never blocks a node drain.
-//
-// Both objects carry a controller reference to the owner; one of the same name that
-// the owner does not control is left alone, with a Warning event.
-func keepGrabGuards(ctx context.Context, c client.Client, reader client.Reader, recorder events.EventRecorder, g grabGuarded) error {
-	key := client.ObjectKey{Namespace: g.owner.GetNamespace(), Name: g.name}
-	warnForeign := func(kind string) {
-		if recorder != nil {
-			recorder.Eventf(g.owner, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonNotAdopted, "Reconcile",
-				"%s %s already exists and is not controlled by this %s; leaving it alone (delete or rename it)", kind, g.name, g.kind)
-		}
-	}
-
-	policy := &networkingv1.NetworkPolicy{}
-	found, err := getGrabChild(ctx, c, reader, key, policy)
-	if err != nil {
-		return fmt.Errorf("looking up NetworkPolicy %s: %w", g.name, err)
-	}
-	if found && !metav1.IsControlledBy(policy, g.owner) {
-		warnForeign("NetworkPolicy")
-	} else if err := keepGrabChild(ctx, c, g, policy, func() { policy.Spec = specs.GrabNetworkPolicySpec(g.selector) }); err != nil {
-		return err
-	}
-
-	budget := &policyv1.PodDisruptionBudget{}
-	found, err = getGrabChild(ctx, c, reader, key, budget)
-	if err != nil {
-		return fmt.Errorf("looking up PodDisruptionBudget %s: %w", g.name, err)
-	}
-	switch {
-	case found && !metav1.IsControlledBy(budget, g.owner):
-		warnForeign("PodDisruptionBudget")
-	case g.replicas >= minReplicasForDisruptionBudget:
-		return keepGrabChild(ctx, c, g, budget, func() { budget.Spec = specs.GrabDisruptionBudgetSpec(g.selector) })
-	case found:
-		if err := c.Delete(ctx, budget, client.Preconditions{UID: &budget.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting PodDisruptionBudget %s: %w", g.name, err)
-		}
-	}
-	return nil
-}
-
-// keepGrabChild makes obj, named after the workload, carry the workload's labels,
-// the owner's controller reference and the spec that setSpec writes into it: it
-// creates obj when absent and updates it when any of these drifted.
-func keepGrabChild(ctx context.Context, c client.Client, g grabGuarded, obj client.Object, setSpec func()) error {
-	kind := fmt.Sprintf("%T", obj)
-	if gvk, err := c.GroupVersionKindFor(obj); err == nil {
-		kind = gvk.Kind
-	}
-	obj.SetName(g.name)
-	obj.SetNamespace(g.owner.GetNamespace())
-	_, err := controllerutil.CreateOrUpdate(ctx, c, obj, func() error {
-		merged := maps.Clone(obj.GetLabels())
-		if merged == nil {
-			merged = map[string]string{}
-		}
-		maps.Copy(merged, g.labels)
-		obj.SetLabels(merged)
-		setSpec()
-		return controllerutil.SetControllerReference(g.owner, obj, c.Scheme())
-	})
-	if err != nil {
-		return fmt.Errorf("creating or updating %s %s: %w", kind, obj.GetName(), err)
-	}
-	return nil
-}
-
 // grabReplicas is the grab Deployment's replica count after this reconcile: what
 // replicasToApply applies, else the live count (1 when the live Deployment leaves
 // it unset, as the API server's default).
@@ -362,13 +218,4 @@ func (r *RedPacketActivityReconciler) grabReplicas(a *redpacketv1alpha1.RedPacke
 		return replicas
 	}
 	return deploymentReplicas(live)
-}
-
-// deploymentReplicas is a Deployment's spec.replicas, 1 when unset (the API server's
-// default).
-func deploymentReplicas(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
 }

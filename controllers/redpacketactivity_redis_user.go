@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -26,49 +24,14 @@ import (
 // removes the user. An activity with spec.redis brings its own credentials, and no
 // user is made for it.
 
-// activityPasswordBytes is how many random bytes an activity's Redis password has;
-// it is written as hex.
-const activityPasswordBytes = 32
-
-// activityUsers is what the controller does to an activity's own Redis ACL user.
-// store.Shard implements it.
-type activityUsers interface {
-	// UserName is the user's name.
-	UserName() string
-	// EnsureUser makes Redis hold the user with exactly this password and rules.
-	EnsureUser(ctx context.Context, password string) (store.UserChange, error)
-	// DeleteUser removes the user, and with it its connections.
-	DeleteUser(ctx context.Context) (int, error)
-}
-
-var _ activityUsers = (*store.Activity)(nil)
-
-// defaultRedisConn is the operator's default Redis connection, standalone unless
-// it says otherwise.
-func (r *RedPacketActivityReconciler) defaultRedisConn() (redisconn.Conn, error) {
-	conn := r.Options.DefaultRedis
-	if conn.Mode == "" {
-		conn.Mode = redisconn.ModeStandalone
-	}
-	if err := conn.Validate(); err != nil {
-		return redisconn.Conn{}, fmt.Errorf("the operator's default Redis connection: %w", err)
-	}
-	return conn, nil
-}
-
 // usersOnDefaultRedis returns the manager of the activity's ACL user on the default
 // Redis: its store there (storeFor), which manages users too.
-func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.RedPacketActivity) (activityUsers, error) {
+func (r *RedPacketActivityReconciler) usersOnDefaultRedis(a *redpacketv1alpha1.RedPacketActivity) (redisUsers, error) {
 	conn, err := r.defaultRedisConn()
 	if err != nil {
 		return nil, err
 	}
-	store := r.storeFor(conn, a)
-	users, ok := store.(activityUsers)
-	if !ok {
-		return nil, fmt.Errorf("the activity's store (%T) cannot manage Redis users", store)
-	}
-	return users, nil
+	return r.storeFor(conn, a), nil
 }
 
 // reconcileRedisUser settles how the grab pods reach Redis, just before the grab
@@ -155,11 +118,8 @@ func (r *RedPacketActivityReconciler) activityRedisLogin(ctx context.Context, s 
 		return nil, stepResult{}, err
 	}
 	user := users.UserName()
-	password := ""
-	if existing != nil && string(existing.Data[redisconn.SecretUsername]) == user &&
-		len(existing.Data[redisconn.SecretPassword]) >= 2*activityPasswordBytes {
-		password = string(existing.Data[redisconn.SecretPassword])
-	} else if password, err = newActivityPassword(); err != nil {
+	password, err := loginPassword(existing, user)
+	if err != nil {
 		return nil, stepResult{}, err
 	}
 
@@ -184,30 +144,15 @@ func (r *RedPacketActivityReconciler) activityRedisLogin(ctx context.Context, s 
 		r.logger(ctx).Info("set the activity's Redis user", "user", user, "nodes", change.Nodes, "set", change.Set,
 			"rotated", change.Rotated)
 	}
-	return &specs.RedisLogin{
-		Addresses: conn.Addresses,
-		Mode:      conn.Mode,
-		TLS:       conn.TLS,
-		Username:  user,
-		Password:  password,
-	}, stepResult{}, nil
-}
-
-// newActivityPassword is a random password for an activity's Redis user.
-func newActivityPassword() (string, error) {
-	b := make([]byte, activityPasswordBytes)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("generating a Redis password: %w", err)
-	}
-	return hex.EncodeToString(b), nil
+	return defaultRedisLogin(conn, user, password), stepResult{}, nil
 }
 
 // deleteOperatorCredentials deletes secret (the activity's <activity>-grab-redis)
 // when it holds the operator's own Redis user and password, as operators before
 // per-activity users wrote it. nil is nothing to do.
 func (r *RedPacketActivityReconciler) deleteOperatorCredentials(ctx context.Context, secret *corev1.Secret) error {
-	if secret == nil || string(secret.Data[redisconn.SecretUsername]) != r.Options.DefaultRedis.Username ||
-		string(secret.Data[redisconn.SecretPassword]) != r.Options.DefaultRedis.Password {
+	if secret == nil || string(secret.Data[redisconn.SecretUsername]) != r.DefaultRedis.Username ||
+		string(secret.Data[redisconn.SecretPassword]) != r.DefaultRedis.Password {
 		return nil
 	}
 	if err := r.Client.Delete(ctx, secret, client.Preconditions{UID: &secret.UID}); err != nil && !apierrors.IsNotFound(err) {

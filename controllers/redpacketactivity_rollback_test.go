@@ -109,7 +109,7 @@ func TestRolledBackRedisIsFencedUntilAccepted(t *testing.T) {
 	}
 
 	// The platform team reconciled the balances and accepts the state of epoch 0, in
-	// its own name (platform_test.go).
+	// its own name (shared_platform_permission_test.go).
 	installPolicies(t)
 	p := e.people()
 	if err := e.annotate(p.asPlatform, "rewound", map[string]string{

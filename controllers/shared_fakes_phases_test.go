@@ -83,6 +83,14 @@ var _ activityStore = (*fakeStore)(nil)
 
 func (f *fakeStore) err(method string) error { return f.fail[method] }
 
+// Resolve finishes no transfer: the plain fake has none (shardedFakeStore, which
+// the conservation step's tests use, has).
+func (f *fakeStore) Resolve(context.Context) (int, error) { return 0, nil }
+
+// ReadShards reads no steady view, so the conservation step reports nothing of the
+// plain fake (shardedFakeStore's views are what it checks).
+func (f *fakeStore) ReadShards(context.Context) (store.View, error) { return store.View{}, nil }
+
 func (f *fakeStore) Time(context.Context) (time.Time, error) {
 	f.log.add("store.Time")
 	if err := f.err("Time"); err != nil {
@@ -386,16 +394,15 @@ func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *pha
 		WithStatusSubresource(&redpacketv1alpha1.RedPacketActivity{}).
 		WithObjects(append(objs, keys)...).Build()
 	rec := events.NewFakeRecorder(100)
+	opts, access := phaseOptions(c)
 	r := &RedPacketActivityReconciler{
-		Client:    c,
-		APIReader: c,
-		Recorder:  rec,
-		Settlers:  NewSettlementRunner(),
-		Options: Options{
-			DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
-			ActiveResyncPeriod: 5 * time.Second,
-		}.withDefaults(),
-		Now: func() time.Time { return testNow },
+		Client:      c,
+		APIReader:   c,
+		Recorder:    rec,
+		Settlers:    NewSettlementRunner(),
+		RedisAccess: access,
+		Options:     opts,
+		Now:         func() time.Time { return testNow },
 		newStore: func(_ redisconn.Conn, uid types.UID) activityStore {
 			store.uid = uid
 			return store
@@ -461,4 +468,17 @@ func (f *fakeReviewer) allowed(_ context.Context, _ client.Object, _, verb, user
 		}
 	}
 	return false, "no binding grants it", nil
+}
+
+// phaseOptions are the operator-wide settings of both kinds' phase tests (the
+// default Redis at redis.test:6379), and the Redis access made of them, which reads
+// Secrets through c.
+func phaseOptions(c client.Reader) (Options, *RedisAccess) {
+	opts := Options{
+		DefaultRedis:       redisconn.Conn{Addresses: []string{"redis.test:6379"}},
+		ActiveResyncPeriod: 5 * time.Second,
+	}.withDefaults()
+	access := NewRedisAccess(opts)
+	access.APIReader = c
+	return opts, access
 }

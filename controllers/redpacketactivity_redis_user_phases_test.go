@@ -43,7 +43,7 @@ func (f *fakeStore) DeleteUser(context.Context) (int, error) {
 	return 1, nil
 }
 
-var _ activityUsers = (*fakeStore)(nil)
+var _ redisUsers = (*fakeStore)(nil)
 
 // ownedRedisSecret is quiz-grab-redis, controlled by the activity, with data.
 func ownedRedisSecret(a *redpacketv1alpha1.RedPacketActivity, data map[string]string) *corev1.Secret {
@@ -94,7 +94,7 @@ func TestRedisUserStepGivesTheActivityItsOwnUser(t *testing.T) {
 				objs = append(objs, ownedRedisSecret(a, tc.existing))
 			}
 			p := newPhaseTest(t, openSnapshot(), objs...)
-			p.r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Password: "operator-pw", TLS: true}
+			p.r.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Password: "operator-pw", TLS: true}
 			ctx := context.Background()
 			key := client.ObjectKey{Namespace: "default", Name: "quiz-grab-redis"}
 			before := &corev1.Secret{}
@@ -178,7 +178,7 @@ func TestRedisUserStepWithoutRedisACL(t *testing.T) {
 				objs = append(objs, ownedRedisSecret(a, tc.existing))
 			}
 			p := newPhaseTest(t, openSnapshot(), objs...)
-			p.r.Options.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Username: "ops", Password: "operator-pw"}
+			p.r.DefaultRedis = redisconn.Conn{Addresses: []string{"redis.test:6379"}, Username: "ops", Password: "operator-pw"}
 			p.store.fail = map[string]error{"EnsureUser": tc.fail}
 			ctx := context.Background()
 			s := p.ownGrabWorkload(t, a)
@@ -304,7 +304,7 @@ func TestRedisConnectionStepRefusesAddressesNotAllowed(t *testing.T) {
 			secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "redis-conn", Namespace: "default"},
 				Data: map[string][]byte{"addresses": []byte(tc.addresses), "mode": []byte(redisconn.ModeCluster)}}
 			p := newPhaseTest(t, openSnapshot(), secret)
-			p.r.Options.AllowedRedisHosts = MustParseRedisHosts(tc.allowed)
+			p.r.AllowedHosts = MustParseRedisHosts(tc.allowed)
 			made := 0
 			inner := p.r.newStore
 			p.r.newStore = func(c redisconn.Conn, uid types.UID) activityStore { made++; return inner(c, uid) }

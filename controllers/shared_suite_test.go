@@ -141,17 +141,7 @@ func (e *env) startController(configure func(r *controllers.RedPacketActivityRec
 // startControllerWith is startController with the given API server credentials.
 func (e *env) startControllerWith(cfg *rest.Config, configure func(r *controllers.RedPacketActivityReconciler)) runningController {
 	e.t.Helper()
-	grace := 10 * time.Second
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  cp.Scheme,
-		Metrics:                 metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:  "0",
-		Cache:                   controllers.CacheOptions(e.ns),
-		GracefulShutdownTimeout: &grace,
-	})
-	if err != nil {
-		e.t.Fatalf("creating manager: %v", err)
-	}
+	mgr := e.newManager(cfg)
 	r := &controllers.RedPacketActivityReconciler{
 		Options: controllers.Options{
 			DefaultRedis:         e.redis.Conn(),
@@ -174,6 +164,30 @@ func (e *env) startControllerWith(cfg *rest.Config, configure func(r *controller
 	if err := r.SetupWithManager(mgr); err != nil {
 		e.t.Fatalf("setting up the controller: %v", err)
 	}
+	return e.run(mgr)
+}
+
+// newManager is a manager for the test's namespace on the API server cfg names,
+// serving no metrics or probes.
+func (e *env) newManager(cfg *rest.Config) ctrl.Manager {
+	e.t.Helper()
+	grace := 10 * time.Second
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  cp.Scheme,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:  "0",
+		Cache:                   controllers.CacheOptions(e.ns),
+		GracefulShutdownTimeout: &grace,
+	})
+	if err != nil {
+		e.t.Fatalf("creating manager: %v", err)
+	}
+	return mgr
+}
+
+// run starts mgr; it is stopped at the test's cleanup at the latest.
+func (e *env) run(mgr ctrl.Manager) runningController {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

@@ -70,18 +70,18 @@ func (s subjectAccessReviewer) allowed(ctx context.Context, obj client.Object, r
 	return review.Status.Allowed && !review.Status.Denied, review.Status.Reason, nil
 }
 
-// reviewer returns the reconciler's access reviewer: the API server unless another
-// one was set (the phase tests).
-func (r *RedPacketActivityReconciler) reviewer() accessReviewer {
-	if r.access != nil {
-		return r.access
+// reviewerOr is the access reviewer of a reconciler: set, when it is not nil (the
+// phase tests), else the API server through c.
+func reviewerOr(set accessReviewer, c client.Client) accessReviewer {
+	if set != nil {
+		return set
 	}
-	return subjectAccessReviewer{c: r.Client}
+	return subjectAccessReviewer{c: c}
 }
 
 // decidedBy checks a platform decision on the activity (platformDecidedBy).
 func (r *RedPacketActivityReconciler) decidedBy(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, d platformDecision) (user, refused string, err error) {
-	return platformDecidedBy(ctx, r.reviewer(), a, "redpacketactivities", d)
+	return platformDecidedBy(ctx, reviewerOr(r.access, r.Client), a, "redpacketactivities", d)
 }
 
 // platformDecidedBy checks a platform decision on obj, a resource of kind resource

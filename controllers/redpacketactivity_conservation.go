@@ -8,8 +8,8 @@ import (
 	"redpacket.io/operator/store"
 )
 
-// shardsReader is the part of a store that sees an activity shard by shard:
-// store.Activity. Stores without it (the phase tests' fakes) skip the conservation step.
+// shardsReader is the part of an activity's store that sees the activity shard by
+// shard (store.Activity; the conservation step's fake in the phase tests).
 type shardsReader interface {
 	// Resolve finishes every transfer between shards left half-done by a process
 	// that died between its halves; it returns how many its destination refused.
@@ -32,21 +32,20 @@ var _ shardsReader = (*store.Activity)(nil)
 // more packets than were seeded, it fences every shard (a rollback the summed
 // counters can hide). It never halts the chain.
 func (r *RedPacketActivityReconciler) reconcileConservation(ctx context.Context, s *activityScope) (stepResult, error) {
-	reader, ok := s.store.(shardsReader)
-	if !ok || !s.seededRecorded || !s.snapshotRead || !s.snapshot.Exists() || s.snapshot.Fenced != "" {
+	if !s.seededRecorded || !s.snapshotRead || !s.snapshot.Exists() || s.snapshot.Fenced != "" {
 		return stepResult{}, nil
 	}
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
 	log := r.logger(ctx)
 	if s.snapshot.State == store.StateOpen {
-		if left, err := reader.Resolve(rctx); err != nil {
+		if left, err := s.store.Resolve(rctx); err != nil {
 			log.Error(err, "finishing transfers between shards failed; retrying at the next reconcile")
 		} else if left > 0 {
 			log.Info("transfers between shards refused by their destination; the refund at close counts them", "transfers", left)
 		}
 	}
-	view, err := reader.ReadShards(rctx)
+	view, err := s.store.ReadShards(rctx)
 	if err != nil {
 		log.Error(err, "reading the shards for the conservation check failed; retrying at the next reconcile")
 		return stepResult{}, nil

@@ -14,12 +14,16 @@ import (
 // activityStore is everything the controller does to one activity's data in Redis,
 // in the manner of an external client: observe it (the server clock and a snapshot
 // of every counter), create it (seed the packets exactly once), update it (load the
-// scripts, configure the gate, close it) and delete it (purge). The steps of a
+// scripts, configure the gate, close it) and delete it (purge), its own Redis user
+// (redisUsers) and its shards one by one (shardsReader). The steps of a
 // reconcile reach Redis only through it, so each step can be run against a fake.
 //
 // store.Activity is the production implementation: an activity spread over
 // spec.shards hash tags, which with one shard is exactly store.Shard.
 type activityStore interface {
+	redisUsers
+	shardsReader
+
 	// Time is the Redis server's clock, the one the grab script gates on.
 	Time(ctx context.Context) (time.Time, error)
 	// Snapshot reads every counter of the activity at one instant.
