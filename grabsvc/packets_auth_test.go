@@ -131,6 +131,14 @@ func TestPacketDetailTokens(t *testing.T) {
 	if a := h.do(http.MethodGet, "/v1/packets/order-9999", "", budgetWide); a.Status != http.StatusNotFound || a.str("error") != OutcomeNotFound {
 		t.Errorf("a missing packet with a good token: %d %s", a.Status, a.Raw)
 	}
+	// The sender credential is not a user token: it grabs nothing.
+	before := h.dump()
+	if a := h.grab("order-1001", "u-5", asSender); a.Status != http.StatusUnauthorized || a.str("outcome") != OutcomeUnauthorized {
+		t.Errorf("a grab with the sender credential: %d %s", a.Status, a.Raw)
+	}
+	if !maps.Equal(before, h.dump()) {
+		t.Fatal("a grab with the sender credential changed Redis")
+	}
 	// The page is static: it serves no packet's data and needs no token; its script
 	// reads the token from the fragment and sends it with every read.
 	resp, err := http.Get(h.http.URL + "/p/order-1001")
