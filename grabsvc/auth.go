@@ -205,20 +205,40 @@ type BudgetAudience struct {
 // longer-lived than MaxLifetime allows, for this budget (name and UID), for this
 // packet when it names one, and for this user.
 func (v *TokenVerifier) VerifyPacket(authorization string, aud BudgetAudience, packetID, userID string) error {
-	c, err := v.claims(authorization)
+	c, err := v.packetClaims(authorization, aud, packetID)
 	if err != nil {
 		return err
-	}
-	if c.Budget == "" || c.Budget != aud.Budget || c.BudgetUID != aud.UID {
-		return ErrTokenBudget
-	}
-	if c.Packet != "" && c.Packet != packetID {
-		return ErrTokenPacket
 	}
 	if c.UserID != userID {
 		return ErrTokenUser
 	}
 	return nil
+}
+
+// VerifyPacketRead checks the Authorization header value of a read of the budget's
+// packet packetID (GET /v1/packets/{id}): the checks of VerifyPacket except the user.
+// A token that would let its user grab this packet lets them read it, whoever they
+// are: a member of the group reads who got what. A token bound to another packet
+// reads nothing of this one.
+func (v *TokenVerifier) VerifyPacketRead(authorization string, aud BudgetAudience, packetID string) error {
+	_, err := v.packetClaims(authorization, aud, packetID)
+	return err
+}
+
+// packetClaims returns the claims of a genuine, unexpired token for this budget (name
+// and UID) and, when it names a packet, for packetID.
+func (v *TokenVerifier) packetClaims(authorization string, aud BudgetAudience, packetID string) (TokenClaims, error) {
+	c, err := v.claims(authorization)
+	if err != nil {
+		return TokenClaims{}, err
+	}
+	if c.Budget == "" || c.Budget != aud.Budget || c.BudgetUID != aud.UID {
+		return TokenClaims{}, ErrTokenBudget
+	}
+	if c.Packet != "" && c.Packet != packetID {
+		return TokenClaims{}, ErrTokenPacket
+	}
+	return c, nil
 }
 
 // claims returns the claims of a genuine, unexpired token that is not longer-lived

@@ -62,7 +62,9 @@ type PacketConfig struct {
 	// with 503 and fails /readyz: the service fails closed.
 	Sender *SenderCredential
 	// Tokens, when set, requires a user token for the budget (or the packet) on every
-	// grab; nil grabs without tokens.
+	// grab, and on every read of a packet's detail a token for the budget or that
+	// packet, or the sender credential; nil grabs and reads without tokens. The
+	// operator sets it exactly for a budget with spec.grabService.auth.
 	Tokens *TokenVerifier
 	// UserLimiter limits grabs per user id, ClientLimiter grabs and reads per client
 	// address (creation is the sender's and is not limited per address); nil means
@@ -404,7 +406,10 @@ func (s *PacketServer) handleGrab(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleDetail is GET /v1/packets/{id}: the packet, its remaining count and amount,
-// and who got what in grab order, read in one step.
+// and who got what in grab order, read in one step. With user tokens on, the read
+// needs a credential (authorizeRead), checked before Redis is touched: an
+// unauthorized read of a packet that exists and of one that never did get the same
+// 401, so ids cannot be probed.
 func (s *PacketServer) handleDetail(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -419,6 +424,11 @@ func (s *PacketServer) handleDetail(w http.ResponseWriter, r *http.Request) {
 	packetID := r.PathValue("id")
 	if msg := CheckPacketID(packetID); msg != "" {
 		s.refuseDetail(w, http.StatusBadRequest, OutcomeInvalidRequest, "the packet id in the path: "+msg)
+		return
+	}
+	if err := s.authorizeRead(r.Header.Get("Authorization"), packetID); err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="packets"`)
+		s.refuseDetail(w, http.StatusUnauthorized, OutcomeUnauthorized, err.Error())
 		return
 	}
 	type found struct {
@@ -442,6 +452,31 @@ func (s *PacketServer) handleDetail(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.countDetail("ok")
 	writeJSON(w, http.StatusOK, NewPacketDetailView(res.d))
+}
+
+// ErrPacketRead answers a read of a packet, with user tokens on, that carries neither
+// the sender credential nor a user token good for a grab of this packet; the token's
+// own fault follows it in the message.
+var ErrPacketRead = errors.New("reading a packet of this budget needs a bearer token: a user token for the budget " +
+	"or for this packet (any user's), or the budget's sender credential")
+
+// authorizeRead decides whether the Authorization header value authorization may read
+// the packet packetID. Without user tokens (the budget has no spec.grabService.auth)
+// every read may, as before. With them, the sender credential may (the sender's
+// backend and kubectl rpa read what they created), and so may any user token that
+// VerifyPacketRead accepts: the token that grabs the packet also reads it. It decides
+// without Redis, so the answer cannot depend on whether the packet exists.
+func (s *PacketServer) authorizeRead(authorization, packetID string) error {
+	if s.cfg.Tokens == nil {
+		return nil
+	}
+	if s.cfg.Sender != nil && s.cfg.Sender.Check(authorization) == nil {
+		return nil
+	}
+	if err := s.cfg.Tokens.VerifyPacketRead(authorization, s.aud, packetID); err != nil {
+		return fmt.Errorf("%w: %w", ErrPacketRead, err)
+	}
+	return nil
 }
 
 // unavailableMessage says why Redis could not decide, and what a retry does.

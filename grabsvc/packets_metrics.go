@@ -86,7 +86,7 @@ func NewPacketMetrics(reg prometheus.Registerer) *PacketMetrics {
 	for _, o := range PacketGrabOutcomes {
 		m.grabs[o] = m.Grabs.WithLabelValues(o)
 	}
-	for _, o := range []string{"ok", OutcomeNotFound, OutcomeInvalidRequest, OutcomeRateLimited, OutcomeUnavailable} {
+	for _, o := range []string{"ok", OutcomeNotFound, OutcomeInvalidRequest, OutcomeUnauthorized, OutcomeRateLimited, OutcomeUnavailable} {
 		m.details[o] = m.Details.WithLabelValues(o)
 	}
 	for _, op := range []string{"create", "grab", "detail"} {

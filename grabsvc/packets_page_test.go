@@ -77,10 +77,11 @@ func TestPacketPageFiles(t *testing.T) {
 	}
 }
 
-// shareOf is what the detail list says user got, read through the API.
+// shareOf is what the detail list says user got, read through the API with the
+// sender credential (which reads with user tokens on or off).
 func (h *packetHarness) shareOf(t *testing.T, id, user string) PacketShareView {
 	t.Helper()
-	a := h.do(http.MethodGet, "/v1/packets/"+id, "", nil)
+	a := h.do(http.MethodGet, "/v1/packets/"+id, "", asSender)
 	var d PacketDetailView
 	if err := json.Unmarshal([]byte(a.Raw), &d); err != nil {
 		t.Fatal(err)
@@ -208,4 +209,65 @@ func TestPacketPageInBrowser(t *testing.T) {
 			t.Errorf("%d shares marked the luckiest, want 1", best)
 		}
 	})
+}
+
+// TestPacketPageTokens opens a packet of a budget with user tokens in headless
+// chromium. With a budget's token in the link's fragment the page shows the sender
+// and who got what, Open grabs, and every read and grab answers 2xx, so the token
+// went with each; no request's address carries it. Without a token the page shows
+// neither sender nor list, says the link is not valid, and stops asking.
+func TestPacketPageTokens(t *testing.T) {
+	browser := newBrowser(t)
+	key := []byte("packet-page-token-key")
+	v, err := NewTokenVerifier(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newPacketHarness(t, 100_000, 4, func(c *PacketConfig) { c.Tokens = v })
+	if a := h.create(`{"id":"order-88","sender":"Lin's tea shop","totalAmount":900,"count":3,"ttlSeconds":3600}`); a.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", a.Status, a.Raw)
+	}
+	ref, exp := h.budget.Ref(), time.Now().Add(5*time.Minute).Unix()
+	token := func(user string) string {
+		tok, err := SignToken(key, TokenClaims{UserID: user, Budget: ref, BudgetUID: h.budget.UID, Exp: exp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	if a := h.grab("order-88", "alice", map[string]string{"Authorization": "Bearer " + token("alice")}); a.str("outcome") != OutcomeGranted {
+		t.Fatalf("grab: %s", a.Raw)
+	}
+	base := h.http.URL + "/p/order-88"
+
+	good := token("tok-1")
+	tb := open(t, browser, desktop, false, base+"?user=tok-1#token="+good)
+	tb.until("from", "the sender", func(s string) bool { return s == "From Lin's tea shop" })
+	if got := tb.listed(); fmt.Sprint(got) != "[alice]" {
+		t.Fatalf("detail list %v, want [alice]", got)
+	}
+	tb.clickOpen()
+	c := tb.answered(0)
+	held := h.shareOf(t, "order-88", "tok-1")
+	if c.Outcome != OutcomeGranted || c.Amount != yuan(held.Amount) {
+		t.Fatalf("after Open the card shows %+v; redis holds %s", c, yuan(held.Amount))
+	}
+	tb.until("left", "the list to follow", func(s string) bool { return s == "· 1 of 3 left" })
+	tb.clean() // every read and the grab answered below 400
+	tb.mu.Lock()
+	for _, u := range tb.urls {
+		if strings.Contains(u, good) {
+			t.Errorf("a request's address carries the token: %s", u)
+		}
+	}
+	tb.mu.Unlock()
+
+	tb = open(t, browser, desktop, false, base+"?user=anon-1")
+	tb.until("state", "the refusal", func(s string) bool { return s == "sign-in needed" })
+	if c := tb.card(); c.Outcome != OutcomeUnauthorized || !strings.Contains(c.Message, "sign-in link is not valid") {
+		t.Errorf("without a token: card %+v", c)
+	}
+	if from, list := tb.text("from"), tb.listed(); strings.Contains(from, "Lin") || len(list) != 0 {
+		t.Errorf("without a token the page shows %q and %v", from, list)
+	}
 }

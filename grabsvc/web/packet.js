@@ -1,7 +1,9 @@
 // The packet page, /p/{id}: one red packet created at runtime from a budget. "Open"
 // is a real POST /v1/packets/{id}/grab for the player; the detail list (who got what,
 // in grab order) is GET /v1/packets/{id}, polled every two seconds. Every amount shown
-// comes from the grab service's answers.
+// comes from the grab service's answers. A budget with user tokens needs one for both:
+// the link carries it in its fragment (/p/{id}#token=...), which the browser never
+// sends to a server, and the page sends it only as an Authorization header.
 'use strict';
 (function () {
   var $ = function (id) { return document.getElementById(id); };
@@ -10,6 +12,11 @@
   var query = new URLSearchParams(location.search);
   var fragment = new URLSearchParams(location.hash.slice(1));
   var token = fragment.get('token') || '';
+  // headers are a request's headers with the token, when the link carries one.
+  function headers(h) {
+    if (token) { h.Authorization = 'Bearer ' + token; }
+    return h;
+  }
 
   // ---- the player (the same one as the rain page's) -------------------------
   var USER_KEY = 'redpacket.userId';
@@ -86,9 +93,18 @@
   var missing = false;
   function poll() {
     var next = 2000;
-    fetch(base, { cache: 'no-store', headers: { Accept: 'application/json' } })
+    fetch(base, { cache: 'no-store', headers: headers({ Accept: 'application/json' }) })
       .then(function (r) {
         if (r.status === 429) { next = 1000 * Math.max(2, Number(r.headers.get('Retry-After')) || 2); }
+        if (r.status === 401) {
+          // The same token would be refused again: stop asking.
+          missing = true;
+          $('from').textContent = 'Red packet';
+          $('state').textContent = 'sign-in needed';
+          $('state').dataset.state = 'unauthorized';
+          show('bad', 'unauthorized', MESSAGES.unauthorized);
+          return null;
+        }
         if (r.status === 404) {
           missing = true;
           $('from').textContent = 'No such packet';
@@ -143,16 +159,15 @@
     if (busy) { return; }
     busy = true;
     show('wait', 'pending', 'Opening…');
-    var headers = { 'Content-Type': 'application/json' };
-    if (token) { headers.Authorization = 'Bearer ' + token; }
-    fetch(base + '/grab', { method: 'POST', headers: headers, cache: 'no-store', body: JSON.stringify({ userId: user }) })
+    fetch(base + '/grab', { method: 'POST', headers: headers({ 'Content-Type': 'application/json' }), cache: 'no-store', body: JSON.stringify({ userId: user }) })
       .then(function (r) {
         return r.json().catch(function () { return {}; }).then(function (b) { answer(r.status, r.headers.get('Retry-After'), b); });
       })
       .catch(function () { show('bad', 'offline', 'No connection to the grab service. Nothing was opened; tap again.'); })
       .then(function () {
         busy = false;
-        return fetch(base, { cache: 'no-store' }).then(function (r) { return r.ok ? r.json() : null; })
+        return fetch(base, { cache: 'no-store', headers: headers({ Accept: 'application/json' }) })
+          .then(function (r) { return r.ok ? r.json() : null; })
           .then(function (p) { if (p) { packet = p; render(); } }).catch(function () { /* the poll retries */ });
       });
   });
