@@ -34,6 +34,7 @@ func TestDeletionWaitsForSettlementThenPurges(t *testing.T) {
 
 	// The balance system is down until the test says so.
 	bal := newBalance(t, nil)
+	e.allowWebhook(bal.URL())
 	e.create(e.activity("gone", 1000, 5, withWebhook(bal.URL(), "")))
 	a := e.waitPhase("gone", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	var granted int64
@@ -100,6 +101,7 @@ func TestDeletionPurgesAfterGracePeriod(t *testing.T) {
 
 	// The balance system never answers with a 2xx.
 	bal := newBalance(t, nil)
+	e.allowWebhook(bal.URL())
 	e.create(e.activity("stuck", 1000, 5, withWebhook(bal.URL(), "")))
 	a := e.waitPhase("stuck", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	if res := e.grab(a, "u1"); res.Outcome != store.Granted {
@@ -157,6 +159,7 @@ func TestDeletionSettlesWithoutGrabWorkers(t *testing.T) {
 	}
 	bal := newBalance(t, []byte(testSigningKey))
 	const total = 1000
+	e.allowWebhook(bal.URL())
 	e.create(e.activity("orphaned", total, 5, withWebhook(bal.URL(), "balance-hmac")))
 	a := e.waitPhase("orphaned", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	granted := map[string]store.GrabResult{}

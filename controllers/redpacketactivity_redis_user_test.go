@@ -108,6 +108,7 @@ func TestActivityGetsItsOwnRedisUser(t *testing.T) {
 		}
 	}))
 	t.Cleanup(balance.Close)
+	e.allowWebhook(balance.URL)
 	e.startProtectedController(func(r *controllers.RedPacketActivityReconciler) {
 		r.Options.CleanupGracePeriod = 2 * time.Second
 	})

@@ -24,6 +24,7 @@ func TestFailingWebhookMakesSettlementDegraded(t *testing.T) {
 	b := newBalance(t, []byte(testSigningKey))
 	b.setUp(false)
 	e.startController(nil)
+	e.allowWebhook(b.URL())
 	a := e.create(e.activity("degraded", 1000, 10, withWebhook(b.URL(), "")))
 	a = e.waitPhase(a.Name, redpacketv1alpha1.PhaseActive, 20*time.Second)
 	grabbedAfter := time.Now().Add(-time.Second)

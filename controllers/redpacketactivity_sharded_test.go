@@ -38,6 +38,7 @@ func TestShardedActivityLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	const total, count, shards = 40000, 400, 4
+	e.allowWebhook(bal.URL())
 	e.create(e.activity("rain", total, count, withWebhook(bal.URL(), ""), func(a *redpacketv1alpha1.RedPacketActivity) {
 		a.Spec.Shards = shards
 		a.Spec.Durability = &redpacketv1alpha1.Durability{Mode: redpacketv1alpha1.DurabilityFsync}

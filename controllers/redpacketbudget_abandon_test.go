@@ -67,6 +67,7 @@ func newBalanceWithOutage(t *testing.T) *balanceWithOutage {
 func (e *env) budgetWithPackets(t *testing.T, name, balanceURL string, maxAttempts int32, n int) (*redpacketv1alpha1.RedPacketBudget, *store.Budget) {
 	t.Helper()
 	ctx := context.Background()
+	e.allowWebhook(balanceURL)
 	b := &redpacketv1alpha1.RedPacketBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
 		Spec: redpacketv1alpha1.RedPacketBudgetSpec{

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,6 +19,9 @@ type BudgetMetrics struct {
 	total, available, inPackets, claimed, refunded *prometheus.GaugeVec
 	live, created, expired, overdue                *prometheus.GaugeVec
 	conservation                                   *prometheus.GaugeVec
+	// overdueAge is set by the expiry driver at the start of each of the budget's
+	// passes, not by the reconcile (ObserveOverdueAge).
+	overdueAge *prometheus.GaugeVec
 
 	// mu orders observe and forget of one budget.
 	mu sync.Mutex
@@ -43,6 +47,8 @@ func NewBudgetMetrics(reg prometheus.Registerer) *BudgetMetrics {
 		expired:      gauge("expired_packets", "Packets expired since the budget was configured."),
 		overdue:      gauge("overdue_packets", "Live packets past their expiry by the Redis clock that were not expired yet: the expiry driver's backlog."),
 		conservation: gauge("conservation_error", "total - (available + in packets + claimed + refunded) from one snapshot, in minor units; anything but 0 means money is out of place."),
+		overdueAge: gauge("expiry_overdue_seconds", "How long the budget's oldest packet past its expiry has waited to be expired, by the Redis clock, read by the expiry driver at the start of each of the budget's passes; 0 when none is due. "+
+			"It stays under the driver's interval plus one pass while the driver keeps up, whatever other budgets hold; a packet forged into the due index with an old score reads as old as that score."),
 	}
 	for _, c := range m.collectors() {
 		reg.MustRegister(c)
@@ -52,7 +58,14 @@ func NewBudgetMetrics(reg prometheus.Registerer) *BudgetMetrics {
 
 func (m *BudgetMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.total, m.available, m.inPackets, m.claimed, m.refunded,
-		m.live, m.created, m.expired, m.overdue, m.conservation}
+		m.live, m.created, m.expired, m.overdue, m.conservation, m.overdueAge}
+}
+
+// ObserveOverdueAge sets the budget's overdue age gauge (the expiry driver's).
+func (m *BudgetMetrics) ObserveOverdueAge(key types.NamespacedName, age time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.overdueAge.WithLabelValues(key.Namespace, key.Name).Set(age.Seconds())
 }
 
 // Observe sets the budget's gauges from a snapshot of its shards.

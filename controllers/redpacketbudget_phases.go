@@ -220,7 +220,7 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetConfigure(ctx context.Context
 // state, so after a restart the first reconcile of each budget resumes it.
 func (r *RedPacketBudgetReconciler) reconcileBudgetExpiry(_ context.Context, s *budgetScope) (stepResult, error) {
 	if r.Expiry != nil {
-		r.Expiry.Track(s.budget.UID, s.store)
+		r.Expiry.TrackNamed(s.budget.UID, client.ObjectKeyFromObject(s.budget), s.store)
 	}
 	return stepResult{}, nil
 }

@@ -45,6 +45,7 @@ func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
 	receiver.RequireBudget = true
 	hs := httptest.NewServer(receiver)
 	t.Cleanup(hs.Close)
+	e.allowWebhook(hs.URL)
 
 	e.startBudgetController(e.startBudgetSettlementRunner())
 

@@ -62,6 +62,7 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	bal := &budgetBalance{bodies: map[string]map[string]any{}, posts: map[string]int{}}
 	hs := httptest.NewServer(bal)
 	t.Cleanup(hs.Close)
+	e.allowWebhook(hs.URL)
 
 	runner := controllers.NewBudgetSettlementRunner(cp.Client, nil, controllers.Options{
 		SettlementKeysSecret: types.NamespacedName{Namespace: e.ns, Name: testSettlementKeys},

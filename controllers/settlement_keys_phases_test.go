@@ -12,17 +12,20 @@ import (
 	"redpacket.io/operator/store"
 )
 
-// The settlement step starts the operator's worker only for a webhook whose host has
-// a key in the operator's keys Secret; any other host gets no worker, Settled False
-// with WebhookHostNotAllowed and one Warning event. (The real API server and Redis
-// version is TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts.)
+// The settlement step starts the operator's worker only for a webhook whose host and
+// port have a key in the operator's keys Secret; any other host or port, and a URL
+// with userinfo, gets no worker, Settled False with WebhookHostNotAllowed and one
+// Warning event. (The real API server and Redis version is
+// TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts.)
 func TestSettlementStepRefusesHostsWithoutAKey(t *testing.T) {
 	for _, tc := range []struct {
 		name, url string
 		allowed   bool
 	}{
 		{"a host with a key", "http://balance:8080/credit", true},
-		{"the same host on another port", "http://balance:9999/credit", true},
+		{"the same host on another port", "http://balance:9999/credit", false},
+		{"the same host on Redis's port", "http://balance:6379/credit", false},
+		{"userinfo before an allowed host", "http://evil@balance:8080/credit", false},
 		{"a host without a key", "http://balance.elsewhere:8080/credit", false},
 		{"a key's name as a suffix", "http://evil-balance:8080/credit", false},
 	} {

@@ -23,7 +23,8 @@ import (
 // the budget first, signed, then delivers the grants; every request verifies with
 // the operator's key and none with the tenant's. A webhook whose host has no key
 // gets nothing at all: Settled turns False with WebhookHostNotAllowed and a Warning
-// event says why.
+// event says why; so does the allowed host on a port no key names, and a URL with
+// userinfo.
 func TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -39,6 +40,7 @@ func TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts(t *testing.T) {
 	// An allowed host (127.0.0.1 has a key in the operator's Secret).
 	bal := newBalance(t, []byte(testSigningKey))
 	bal.setUp(true)
+	e.allowWebhook(bal.URL())
 	e.create(e.activity("signed", 1000, 5, withWebhook(bal.URL(), "balance-hmac")))
 	a := e.waitPhase("signed", redpacketv1alpha1.PhaseActive, 20*time.Second)
 	res := e.grab(a, "u1")
@@ -85,5 +87,28 @@ func TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts(t *testing.T) {
 	consistently(t, 2*time.Second, "no request to the unlisted host", func() (bool, string) {
 		n := elsewhere.attempts()
 		return n == 0, fmt.Sprintf("%d requests", n)
+	})
+
+	// Issue 34 case 8: the allowed host on a port no key names, and an allowed host
+	// and port behind userinfo, get nothing either.
+	otherPort := newBalance(t, nil)
+	otherPort.setUp(true)
+	behindUser := newBalance(t, nil)
+	behindUser.setUp(true)
+	e.allowWebhook(behindUser.URL())
+	for name, url := range map[string]string{
+		"other-port":  otherPort.URL(),
+		"behind-user": strings.Replace(behindUser.URL(), "http://", "http://evil@", 1),
+	} {
+		e.create(e.activity(name, 1000, 5, withWebhook(url, "")))
+		a := e.waitPhase(name, redpacketv1alpha1.PhaseActive, 20*time.Second)
+		if res := e.grab(a, "u3"); res.Outcome != store.Granted {
+			t.Fatalf("grab: %+v", res)
+		}
+		e.waitCondition(name, redpacketv1alpha1.ConditionSettled, metav1.ConditionFalse, redpacketv1alpha1.ReasonWebhookHostNotAllowed, 20*time.Second)
+	}
+	consistently(t, 2*time.Second, "no request to another port or behind userinfo", func() (bool, string) {
+		n, m := otherPort.attempts(), behindUser.attempts()
+		return n == 0 && m == 0, fmt.Sprintf("%d requests to the other port, %d behind userinfo", n, m)
 	})
 }

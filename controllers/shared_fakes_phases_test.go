@@ -387,9 +387,9 @@ func newPhaseTest(t *testing.T, snap store.Snapshot, objs ...client.Object) *pha
 	log := &callLog{}
 	store := &fakeStore{log: log, clock: testNow, snap: snap}
 	writer := &fakeStatusWriter{log: log}
-	// The operator's settlement keys, allowing withWebhook's host.
+	// The operator's settlement keys, allowing withWebhook's host and port.
 	keys := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: DefaultSettlementKeysSecret, Namespace: operatorNamespace()},
-		Data: map[string][]byte{"balance": []byte("phase-test-key")}}
+		Data: map[string][]byte{"balance_8080": []byte("phase-test-key")}}
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
 		WithStatusSubresource(&redpacketv1alpha1.RedPacketActivity{}).
 		WithObjects(append(objs, keys)...).Build()

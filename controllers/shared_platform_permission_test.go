@@ -504,6 +504,7 @@ func TestDeletingAFencedActivityThenAcceptingRefunds(t *testing.T) {
 	p := e.people()
 	bal := newBalance(t, nil)
 	bal.setUp(true)
+	e.allowWebhook(bal.URL())
 	a := e.fencedWithTwoSettledClaims("kept", withWebhook(bal.URL(), ""))
 
 	if err := e.c.Delete(ctx, a); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -98,14 +99,38 @@ func newEnv(t *testing.T) *env {
 }
 
 // createSettlementKeys creates the operator's settlement keys Secret in the test's
-// namespace, standing for the operator's: a key for the host of withSettlement's
-// webhook and for the test receivers' 127.0.0.1.
+// namespace, standing for the operator's: a key for the host and port of
+// withSettlement's webhook and of the budgets' placeholder webhook. The test
+// receivers' 127.0.0.1 and port are added by allowWebhook.
 func (e *env) createSettlementKeys() {
 	e.t.Helper()
 	keys := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: testSettlementKeys, Namespace: e.ns},
-		Data: map[string][]byte{"balance.default.svc": []byte(testSigningKey), "127.0.0.1": []byte(testSigningKey)}}
+		Data: map[string][]byte{"balance.default.svc": []byte(testSigningKey), "balance.default.svc_8080": []byte(testSigningKey)}}
 	if err := e.c.Create(context.Background(), keys); err != nil {
 		e.t.Fatalf("creating the settlement keys Secret: %v", err)
+	}
+}
+
+// allowWebhook adds to the test's settlement keys Secret the key for webhookURL's
+// host and port ("127.0.0.1_<port>" for a test receiver): the allowlist is keyed by
+// host and port, and each receiver listens on a port of its own.
+func (e *env) allowWebhook(webhookURL string) {
+	e.t.Helper()
+	u, err := url.Parse(webhookURL)
+	if err != nil || u.Port() == "" {
+		e.t.Fatalf("allowing webhook %q: no host and port", webhookURL)
+	}
+	ctx := context.Background()
+	keys := &corev1.Secret{}
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: testSettlementKeys}, keys); err != nil {
+		e.t.Fatalf("reading the settlement keys Secret: %v", err)
+	}
+	if keys.Data == nil {
+		keys.Data = map[string][]byte{}
+	}
+	keys.Data[u.Hostname()+controllers.AllowlistPortSeparator+u.Port()] = []byte(testSigningKey)
+	if err := e.c.Update(ctx, keys); err != nil {
+		e.t.Fatalf("allowing webhook %q: %v", webhookURL, err)
 	}
 }
 

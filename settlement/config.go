@@ -72,7 +72,9 @@ type Config struct {
 	ClaimIdle time.Duration
 	// HTTPClient sends the deliveries; nil means a client with DefaultHTTPTimeout.
 	// Without a Transport of its own, the worker's copy gets one that keeps an idle
-	// connection for every delivery that may be in flight. Unless it sets
+	// connection for every delivery that may be in flight and dials a host name as
+	// fully qualified (with a trailing dot: no resolver search domain applies, so
+	// the name dialled is the name the operator's allowlist allowed). Unless it sets
 	// CheckRedirect itself, the worker uses a copy that follows no
 	// redirect: a 3xx answer is a failed delivery, since a followed 301, 302 or 303
 	// turns the POST into a GET without the body, whose 2xx would settle a claim the
@@ -255,6 +257,9 @@ func (cfg Config) withDefaults() (Config, error) {
 			// delivery beyond two in flight would open a new one.
 			t := http.DefaultTransport.(*http.Transport).Clone()
 			t.MaxIdleConnsPerHost = cfg.maxInFlight()
+			// The webhook's host is dialled as the fully qualified name the
+			// operator's allowlist allowed, never through search domains.
+			t.DialContext = dialFullyQualified(t.DialContext)
 			c.Transport = t
 		}
 		cfg.HTTPClient = &c

@@ -188,8 +188,9 @@ const (
 	// ReasonDeadLetters: deliveries were parked in the dead-letter stream after too
 	// many failures (Settled False).
 	ReasonDeadLetters = "DeadLetters"
-	// ReasonWebhookHostNotAllowed (Settled False): the webhook's host has no key in
-	// the operator's settlement keys Secret, so nothing is delivered to it.
+	// ReasonWebhookHostNotAllowed (Settled False): no key of the operator's settlement
+	// keys Secret allows the webhook's host and port (or its URL carries userinfo), so
+	// nothing is delivered to it.
 	ReasonWebhookHostNotAllowed = "WebhookHostNotAllowed"
 	// ReasonDeliveriesFailing (SettlementDegraded True): deliveries fail and are
 	// retried; a Warning event says so when it starts and again while it lasts.

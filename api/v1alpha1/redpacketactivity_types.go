@@ -140,10 +140,11 @@ type GrabService struct {
 // Webhook is the balance system's endpoint that credits users.
 type Webhook struct {
 	// url receives one POST per claim or refund (and the budget, once, first); any
-	// 2xx acknowledges it. The operator delivers only to a host that has a key in its
-	// settlement keys Secret (--settlement-keys-secret, in the operator's namespace),
-	// and signs with that key; any other host gets nothing (Settled False,
-	// WebhookHostNotAllowed).
+	// 2xx acknowledges it. The operator delivers only to a host and port that a key of
+	// its settlement keys Secret (--settlement-keys-secret, in the operator's namespace)
+	// allows ("<host>_<port>", or "<host>" for the scheme's default port; names fully
+	// qualified), and signs with that key; any other host or port, and a URL with
+	// userinfo, gets nothing (Settled False, WebhookHostNotAllowed).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('http://') || self.startsWith('https://')",message="webhook url must start with http:// or https://"

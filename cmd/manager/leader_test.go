@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,8 +52,9 @@ func TestLeaderReleasesLeaseOnCleanShutdown(t *testing.T) {
 	t.Cleanup(receiver.Close)
 	t.Cleanup(func() { close(held) })
 
+	// The allowlist is keyed by host and port: the receiver's.
 	keys := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "settlement-keys", Namespace: ns},
-		Data: map[string][]byte{"127.0.0.1": []byte("signing-key")}}
+		Data: map[string][]byte{strings.Replace(strings.TrimPrefix(receiver.URL, "http://"), ":", "_", 1): []byte("signing-key")}}
 	if err := cp.Client.Create(ctx, keys); err != nil {
 		t.Fatal(err)
 	}

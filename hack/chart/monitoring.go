@@ -235,6 +235,13 @@ unless on (namespace, name)
 			description: "The operator's expiry driver runs every 250 ms and leaves a few hundred overdue packets at thousands of expiries a second; a backlog this large for 5 minutes means it is not running (no leader, Redis unreachable) or cannot keep up, and senders wait for their refunds. Check the operator's log and the budget's Stalled condition.",
 		},
 		{
+			name:        "RedPacketBudgetExpiryOverdue",
+			expr:        `max by (namespace, name) (redpacket_budget_expiry_overdue_seconds) > 1`,
+			forDuration: "2m", severity: "warning",
+			summary:     "Budget {{ $labels.namespace }}/{{ $labels.name }} has a packet waiting {{ $value | humanizeDuration }} past its expiry",
+			description: "Each budget's due packets are expired on their own within the driver's 250 ms interval and one pass, whatever other budgets hold; a wait over 1 s for 2 minutes means this budget's due index grows faster than its pass expires it (a flood of its own due index, for example forged through its Redis user) or its Redis is slow. Its senders wait for their refunds; other budgets are not held. Check the budget's due index (ZCARD of its rpb:{<uid>.<shard>}:due keys) and the operator's log.",
+		},
+		{
 			name:        "RedPacketBudgetConservationError",
 			expr:        `max by (namespace, name) (abs(redpacket_budget_conservation_error)) > 0`,
 			forDuration: "2m", severity: "critical",

@@ -35,6 +35,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -235,12 +236,13 @@ func (d *demo) run(ctx context.Context) error {
 		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, settlement to the local receiver\n", from, o.packets)
 	}
 	// The operator signs every delivery with the key its own namespace holds for the
-	// balance system's host; the tenant's namespace holds none.
+	// balance system's host and port ("127.0.0.1_<port>"); the tenant's namespace holds
+	// none.
 	if err := kc.show(ctx, "create", "namespace", "redpacket-system"); err != nil {
 		return err
 	}
 	if err := kc.show(ctx, "create", "secret", "generic", "redpacket-settlement-keys", "--namespace", "redpacket-system",
-		"--from-file=127.0.0.1="+keyFile); err != nil {
+		"--from-file="+allowlistKey(recvURL)+"="+keyFile); err != nil {
 		return err
 	}
 	if err := kc.show(ctx, "apply", "-f", rel(root, manifestPath)); err != nil {
@@ -400,4 +402,11 @@ func (d *demo) printKeep(kubeconfig, grabAddr, redisAddr, redisUser, passwordFil
     open http://%s/ in a browser: the red-packet rain page
 `, kubeconfig, filepath.Join(d.root, "bin", "kubectl"), d.opts.name, d.opts.name, d.opts.name,
 		grabAddr, grabAddr, passwordFile, redisUser, hostOf(redisAddr), portOf(redisAddr), uid, grabAddr)
+}
+
+// allowlistKey is the key of the operator's settlement keys Secret that allows the
+// receiver at baseURL ("http://<ip>:<port>"): "<ip>_<port>", since a Secret's keys
+// cannot hold a ':'.
+func allowlistKey(baseURL string) string {
+	return strings.Replace(strings.TrimPrefix(baseURL, "http://"), ":", "_", 1)
 }

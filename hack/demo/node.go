@@ -199,10 +199,10 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 			from, o.packets, grabReplicas)
 	}
 	// The operator signs every delivery with the key its own namespace holds for the
-	// balance system's host (here the node's address); the tenant's namespace holds
-	// none.
+	// balance system's host and port (here the node's address and the receiver's
+	// port); the tenant's namespace holds none.
 	if err := nd.kc.show(ctx, "create", "secret", "generic", "redpacket-settlement-keys", "--namespace", cluster.OperatorNamespace,
-		"--from-file="+cluster.NodeIP+"="+rel(root, keyFile)); err != nil {
+		"--from-file="+allowlistKey(recvURL)+"="+rel(root, keyFile)); err != nil {
 		return err
 	}
 	applied := time.Now()

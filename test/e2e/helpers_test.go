@@ -103,7 +103,8 @@ func columns(t *testing.T, args ...string) map[string]string {
 }
 
 // newBalance starts a balance system (an unsigned rain.Receiver) on loopback for the
-// test and returns it with its webhook URL.
+// test, allows its host and port in the operator's settlement keys Secret (keyed
+// "127.0.0.1_<port>"), and returns it with its webhook URL.
 func newBalance(t *testing.T) (*rain.Receiver, string) {
 	t.Helper()
 	b := rain.NewReceiver(nil)
@@ -112,6 +113,9 @@ func newBalance(t *testing.T) (*rain.Receiver, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
+	key := strings.Replace(strings.TrimPrefix(url, "http://"), ":", "_", 1)
+	mustKubectl(t, "", "-n", operatorNamespace, "patch", "secret", "redpacket-settlement-keys", "--type=merge",
+		"-p", `{"stringData":{"`+key+`":"e2e-operator-signing-key"}}`)
 	return b, url + "/credit"
 }
 

@@ -109,8 +109,8 @@ func runMain(m *testing.M) int {
 	defer env.redis.Close()
 
 	// The operator settles, signing with the key its own namespace holds for the
-	// balance system's host: the tests' receivers listen on 127.0.0.1 (and do not
-	// check signatures).
+	// balance system's host and port: the tests' receivers listen on 127.0.0.1 (and do
+	// not check signatures), each at a port newBalance adds to the Secret.
 	ctx := context.Background()
 	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}}); err != nil {
 		return fail(err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -146,7 +147,7 @@ func newLiveEnv(bins binaries) (*liveEnv, error) {
 		return fail(err)
 	}
 	if err := e.client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "redpacket-settlement-keys", Namespace: operatorNamespace},
-		Data: map[string][]byte{"127.0.0.1": []byte("packaging-operator-signing-key")}}); err != nil {
+		Data: map[string][]byte{}}); err != nil {
 		return fail(err)
 	}
 
@@ -171,6 +172,17 @@ func newLiveEnv(bins binaries) (*liveEnv, error) {
 	balance := rain.NewReceiver(nil)
 	url, stopBal, err := balance.Serve(context.Background(), "127.0.0.1")
 	if err != nil {
+		return fail(err)
+	}
+	// The allowlist is keyed by host and port: the receiver's.
+	keys := &corev1.Secret{}
+	if err := e.client.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: "redpacket-settlement-keys"}, keys); err != nil {
+		stopBal()
+		return fail(err)
+	}
+	keys.Data = map[string][]byte{strings.Replace(strings.TrimPrefix(url, "http://"), ":", "_", 1): []byte("packaging-operator-signing-key")}
+	if err := e.client.Update(ctx, keys); err != nil {
+		stopBal()
 		return fail(err)
 	}
 	e.balanceURL, e.stopBal = url+"/credit", stopBal

@@ -6,6 +6,7 @@ package kit
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,19 +228,22 @@ func (s Tally) CheckCredited(t testing.TB, rc *rain.Receiver, uid string, count,
 	}
 }
 
-// ServeReceiver creates the operator's settlement keys Secret with key for the
-// node's address and serves a receiver that verifies with it and requires each
+// ServeReceiver serves a receiver that verifies with key and requires each
 // activity's budget first, at the node's address, until ctx ends or stop is
-// called. It returns the receiver and its base URL.
+// called, and creates the operator's settlement keys Secret with key for the
+// receiver's address and port ("<node IP>_<port>"). It returns the receiver and its
+// base URL.
 func ServeReceiver(ctx context.Context, node *cluster.Cluster, key []byte) (*rain.Receiver, string, func(), error) {
-	if _, err := node.Kubectl(ctx, "", "-n", cluster.OperatorNamespace, "create", "secret", "generic", "redpacket-settlement-keys",
-		"--from-literal="+cluster.NodeIP+"="+string(key)); err != nil {
-		return nil, "", nil, err
-	}
 	rc := rain.NewReceiver(key)
 	rc.RequireBudget = true
 	url, stop, err := rc.Serve(ctx, cluster.NodeIP)
 	if err != nil {
+		return nil, "", nil, err
+	}
+	allowed := strings.Replace(strings.TrimPrefix(url, "http://"), ":", "_", 1)
+	if _, err := node.Kubectl(ctx, "", "-n", cluster.OperatorNamespace, "create", "secret", "generic", "redpacket-settlement-keys",
+		"--from-literal="+allowed+"="+string(key)); err != nil {
+		stop()
 		return nil, "", nil, err
 	}
 	return rc, url, stop, nil
