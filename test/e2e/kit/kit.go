@@ -231,7 +231,8 @@ func (s Tally) CheckCredited(t testing.TB, rc *rain.Receiver, uid string, count,
 // ServeReceiver serves a receiver that verifies with key and requires each
 // activity's budget first, at the node's address, until ctx ends or stop is
 // called, and creates the operator's settlement keys Secret with key for the
-// receiver's address and port ("<node IP>_<port>"). It returns the receiver and its
+// receiver's address and port ("<node IP>_<port>", and the bare address for the
+// previous release). It returns the receiver and its
 // base URL.
 func ServeReceiver(ctx context.Context, node *cluster.Cluster, key []byte) (*rain.Receiver, string, func(), error) {
 	rc := rain.NewReceiver(key)
@@ -240,9 +241,14 @@ func ServeReceiver(ctx context.Context, node *cluster.Cluster, key []byte) (*rai
 	if err != nil {
 		return nil, "", nil, err
 	}
-	allowed := strings.Replace(strings.TrimPrefix(url, "http://"), ":", "_", 1)
+	hostPort := strings.TrimPrefix(url, "http://")
+	allowed := strings.Replace(hostPort, ":", "_", 1)
+	// The bare host is for the previous release (the upgrade test starts with it),
+	// which reads a key as a host of any port; this tree reads it as the host's port 80
+	// only, where nothing listens.
+	host, _, _ := strings.Cut(hostPort, ":")
 	if _, err := node.Kubectl(ctx, "", "-n", cluster.OperatorNamespace, "create", "secret", "generic", "redpacket-settlement-keys",
-		"--from-literal="+allowed+"="+string(key)); err != nil {
+		"--from-literal="+allowed+"="+string(key), "--from-literal="+host+"="+string(key)); err != nil {
 		stop()
 		return nil, "", nil, err
 	}
