@@ -38,9 +38,10 @@ func (m *marksKept) Saw(i int, w store.Watermark) {
 // The transfer scripts fence a shard below the caller's transfer mark before they
 // give or take a packet. A source whose master fails over between the halves of a
 // transfer, to a replica from before its transfer_out, lists the moved packets
-// again while the destination applies them: transfer_done, which carries the mark
-// the transfer_out answered with, fences the source at once, and a grab there is
-// refused. A destination that comes back from before a transfer_in it applied is
+// again: before the check that precedes transfer_in, the check fences it and the
+// destination takes nothing; after it, while the destination applies them,
+// transfer_done, which carries the mark the transfer_out answered with, fences the
+// source at once, and a grab there is refused. A destination that comes back from before a transfer_in it applied is
 // fenced by the next transfer into it, which leaves its packets in the source's
 // journal. The status's transfer sequences catch both for a reader with no mark of
 // its own (View.RolledBack).
@@ -53,12 +54,15 @@ func TestTransferMarksFenceAShardThatCameBack(t *testing.T) {
 		seedOpenShards(t, ctx, act, []int64{10, 20, 30, 40, 50, 60, 70, 80})
 		replica := dumpShard(t, ctx, c, act.Shard(1).Keys())
 		marks := &marksKept{}
-		failedOver := false
+		failedOver, seen := false, 0
 		marks.onSaw = func(i int, w store.Watermark) {
-			// Right after shard 1's transfer_out answered: the failover.
+			// Right after the check of shard 1 that comes before transfer_in (the
+			// second answer of shard 1 after its transfer_out's): the failover.
 			if i == 1 && !failedOver && w.TransferSeq > 0 {
-				failedOver = true
-				restoreShard(t, ctx, c, replica)
+				if seen++; seen == 2 {
+					failedOver = true
+					restoreShard(t, ctx, c, replica)
+				}
 			}
 		}
 		act.Marks = marks
@@ -79,6 +83,36 @@ func TestTransferMarksFenceAShardThatCameBack(t *testing.T) {
 		u := usersOn("o", 1, 2, 1)[0]
 		if r, _, err := act.Grab(ctx, u, marks.Mark); err != nil || r.Outcome != store.Fenced {
 			t.Fatalf("grab on the source that came back: %+v, %v; want fenced", r, err)
+		}
+	})
+
+	t.Run("source before the check", func(t *testing.T) {
+		// The failover right after transfer_out answered, before the check that
+		// precedes transfer_in: the destination never lists the packets, the source
+		// that lists them again is fenced, and no packet is in two places.
+		act := store.NewActivity(c, "tm-source-early", 2)
+		seedOpenShards(t, ctx, act, []int64{10, 20, 30, 40, 50, 60, 70, 80})
+		replica := dumpShard(t, ctx, c, act.Shard(1).Keys())
+		marks := &marksKept{}
+		failedOver := false
+		marks.onSaw = func(i int, w store.Watermark) {
+			if i == 1 && !failedOver && w.TransferSeq > 0 {
+				failedOver = true
+				restoreShard(t, ctx, c, replica)
+			}
+		}
+		act.Marks = marks
+		moved, err := act.Transfer(ctx, 1, 0, 2)
+		if err != nil || moved != 0 || !failedOver {
+			t.Fatalf("Transfer(1→0, 2): %d moved, %v, failed over %v; want none moved", moved, err, failedOver)
+		}
+		v, err := act.ReadShards(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Shards[1].Fenced == "" || v.Shards[0].RemainingCount != 4 || v.Duplicated() {
+			t.Fatalf("source fenced %q, destination lists %d, duplicated %v; want the source fenced and nothing duplicated",
+				v.Shards[1].Fenced, v.Shards[0].RemainingCount, v.Duplicated())
 		}
 	})
 
