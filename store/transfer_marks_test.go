@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"slices"
 	"sync"
 	"testing"
 
@@ -113,6 +114,69 @@ func TestTransferMarksFenceAShardThatCameBack(t *testing.T) {
 		if v.Shards[1].Fenced == "" || v.Shards[0].RemainingCount != 4 || v.Duplicated() {
 			t.Fatalf("source fenced %q, destination lists %d, duplicated %v; want the source fenced and nothing duplicated",
 				v.Shards[1].Fenced, v.Shards[0].RemainingCount, v.Duplicated())
+		}
+	})
+
+	t.Run("two pods, a failover during the hold", func(t *testing.T) {
+		// The window of the proof (apply's comment): pod B read the notes before pod
+		// A's transfer noted its mark, and grants on the source after the source came
+		// back from before the transfer_out and before pod A's check. Pod B grants a
+		// packet the transfer had taken; pod A's check then fences the source, so the
+		// destination never lists it: each packet is granted once, by one shard.
+		podA := store.NewActivity(c, "tm-hold", 2)
+		seedOpenShards(t, ctx, podA, []int64{10, 20, 30, 40, 50, 60, 70, 80})
+		podB := store.NewActivity(c, "tm-hold", 2)
+		marksA, marksB := &marksKept{}, &marksKept{}
+		podA.Marks, podB.Marks = marksA, marksB
+		u1, u0 := usersOn("o", 1, 2, 4), usersOn("z", 0, 2, 5)
+		granted := map[string]string{}
+		var claimed int64
+		grab := func(u string) store.GrabResult {
+			r, _, err := podB.Grab(ctx, u, marksB.Mark)
+			if err != nil {
+				t.Fatalf("pod B's grab of %s: %v", u, err)
+			}
+			if r.Outcome == store.Granted {
+				if prev, dup := granted[r.PacketID]; dup {
+					t.Errorf("packet %s granted to %s and again to %s", r.PacketID, prev, u)
+				}
+				granted[r.PacketID] = u
+				claimed += r.Amount
+			}
+			return r
+		}
+		if r := grab(u1[0]); r.Outcome != store.Granted {
+			t.Fatalf("pod B's first grab on shard 1: %+v", r)
+		}
+		replica := dumpShard(t, ctx, c, podA.Shard(1).Keys())
+		var during []string
+		failedOver := false
+		marksA.onSaw = func(i int, w store.Watermark) {
+			if i == 1 && !failedOver && w.TransferSeq > 0 {
+				failedOver = true
+				restoreShard(t, ctx, c, replica)
+				for _, u := range u1[1:] {
+					during = append(during, grab(u).PacketID)
+				}
+			}
+		}
+		moved, err := podA.Transfer(ctx, 1, 0, 2)
+		if err != nil || moved != 0 || !failedOver {
+			t.Fatalf("pod A's Transfer(1→0, 2): %d moved, %v, failed over %v; want none moved", moved, err, failedOver)
+		}
+		if !slices.Equal(during, []string{"4", "6", "8"}) {
+			t.Fatalf("pod B's grabs on the source during the hold granted %v; want 4, 6 and 8, two of them packets the transfer took", during)
+		}
+		for _, u := range u0 {
+			grab(u)
+		}
+		v, err := podA.ReadShards(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Shards[1].Fenced == "" || v.Duplicated() || claimed > 360 {
+			t.Fatalf("source fenced %q, duplicated %v, claimed %d of 360; want the source fenced and nothing granted twice",
+				v.Shards[1].Fenced, v.Duplicated(), claimed)
 		}
 	})
 
