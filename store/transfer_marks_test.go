@@ -1,11 +1,19 @@
 package store_test
 
 import (
+	"context"
+	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/redistest"
 )
@@ -253,4 +261,96 @@ func TestTransferMarksFenceAShardThatCameBack(t *testing.T) {
 			t.Fatalf("grab with the status's marks on the shard that came back: %+v, %v; want fenced", r, err)
 		}
 	})
+}
+
+// BenchmarkGrabSourceNotes measures what reading the shards' notes of their sources'
+// transfer marks adds to a grab (Activity.Grab's freshMarks: a clock check per grab,
+// and one HMGET per shard at most every DefaultMarkRefresh): rounds of 1,000 grants
+// on one shard of a 2-shard activity through a handle with Marks (the grab
+// service's case) and 1,000 through a handle without (no notes read), alternating on
+// the same server, both sending the same watermark. It reports the client's wall
+// time per grab, the median over the rounds of each, their ratio, and the note
+// readings per 1,000 grabs.
+func BenchmarkGrabSourceNotes(b *testing.B) {
+	ctx := context.Background()
+	c := redistest.Start(b).Client(b)
+	if err := lua.LoadAll(ctx, c); err != nil {
+		b.Fatal(err)
+	}
+	const rounds, perRound = 20, 1000
+	var without, with, readings []float64
+	run := 0
+	for b.Loop() {
+		b.StopTimer()
+		run++
+		uid := fmt.Sprintf("bench-notes-%d", run)
+		withNotes := store.NewActivity(c, uid, 2)
+		amounts := slices.Repeat([]int64{100}, 2*(2*rounds*perRound+2))
+		p := store.SeedParams{Count: int64(len(amounts)), Total: sum(amounts), Sponsor: sponsor, Currency: "CNY"}
+		if _, err := withNotes.Seed(ctx, amounts, p); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := withNotes.ConfigureWith(ctx, store.Settings{Open: true}); err != nil {
+			b.Fatal(err)
+		}
+		marks := &marksKept{}
+		withNotes.Marks = marks
+		if moved, err := withNotes.Transfer(ctx, 1, 0, 1); err != nil || moved != 1 {
+			b.Fatalf("transfer: %d, %v", moved, err)
+		}
+		plain := store.NewActivity(c, uid, 2)
+		mark := marks.Mark(0)
+		markOf := func(int) store.Watermark { return mark }
+		users := usersOn("bench", 0, 2, 2*rounds*perRound)
+		b.StartTimer()
+		u := 0
+		for range rounds {
+			for _, h := range []*store.Activity{plain, withNotes} {
+				hmget0 := commandCalls(b, ctx, c, "hmget")
+				start := time.Now()
+				for range perRound {
+					r, _, err := h.Grab(ctx, users[u], markOf)
+					u++
+					if err != nil || r.Outcome != store.Granted {
+						b.Fatalf("grab %d: %+v, %v", u, r, err)
+					}
+				}
+				per := float64(time.Since(start).Microseconds()) / perRound
+				if h == plain {
+					without = append(without, per)
+				} else {
+					with = append(with, per)
+					readings = append(readings, float64(commandCalls(b, ctx, c, "hmget")-hmget0)/2)
+				}
+			}
+		}
+	}
+	median := func(v []float64) float64 {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	b.ReportMetric(median(without), "no-notes-µs/grab")
+	b.ReportMetric(median(with), "notes-µs/grab")
+	b.ReportMetric(median(with)/median(without), "ratio")
+	b.ReportMetric(median(readings), "readings/1000-grabs")
+}
+
+// commandCalls is how many times the server ran command name (INFO commandstats).
+func commandCalls(tb testing.TB, ctx context.Context, c *redis.Client, name string) int64 {
+	tb.Helper()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":calls="); ok {
+			n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			if err != nil {
+				tb.Fatalf("INFO commandstats %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
