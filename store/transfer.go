@@ -52,8 +52,7 @@ type sourceMarks struct {
 // does nothing. Grab calls it before every grab; see apply for why that bound
 // keeps a packet from being granted twice.
 func (s *Activity) freshMarks(ctx context.Context) error {
-	n := len(s.shards)
-	if s.Marks == nil || n == 1 {
+	if s.Marks == nil || len(s.shards) == 1 {
 		return nil
 	}
 	bound := s.MarkRefresh
@@ -73,10 +72,30 @@ func (s *Activity) freshMarks(ctx context.Context) error {
 		return nil
 	}
 	sent := time.Since(markClock)
+	notes, err := s.readNotes(ctx)
+	if err != nil {
+		return err
+	}
+	for j, w := range notes {
+		if w != (Watermark{}) {
+			s.saw(j, w.Epoch, w.TransferSeq)
+		}
+	}
+	s.sources.readAt.Store(max(int64(sent), 1))
+	return nil
+}
+
+// readNotes reads every shard's notes of its sources' transfer marks
+// (transfer_note.lua), one HMGET per shard, the shards in parallel, and returns for
+// each shard the highest any sibling holds (the zero watermark for none).
+func (s *Activity) readNotes(ctx context.Context) ([]Watermark, error) {
+	n := len(s.shards)
 	fields := make([]string, n)
 	for i := range fields {
 		fields[i] = "^" + strconv.Itoa(i)
 	}
+	var mu sync.Mutex
+	out := make([]Watermark, n)
 	err := s.eachShard(func(i int, a *Shard) error {
 		vals, err := a.c.HMGet(ctx, a.keys.Applied, fields...).Result()
 		if err != nil {
@@ -93,15 +112,13 @@ func (s *Activity) freshMarks(ctx context.Context) error {
 			if !ok || err1 != nil || err2 != nil {
 				return fmt.Errorf("note %q of shard %d's transfer mark is not <epoch>:<seq>", note, j)
 			}
-			s.saw(j, epoch, seq)
+			mu.Lock()
+			out[j] = out[j].Raise(Watermark{Epoch: epoch, TransferSeq: seq})
+			mu.Unlock()
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	s.sources.readAt.Store(max(int64(sent), 1))
-	return nil
+	return out, err
 }
 
 // ErrShardUnavailable is wrapped when packets are left only on shards that cannot
@@ -402,8 +419,16 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string, srcMark
 		return 0, fmt.Errorf("transfer %s: holding before it applies: %w", id, ctx.Err())
 	case <-time.After(hold):
 	}
+	// The check carries every note of the source too, read now: a transfer_out sent
+	// with a mark older than MarkRefresh (a refill that waited) may have taken packets
+	// from a source that had already come back from before an earlier transfer, and
+	// they must not be listed here either.
+	notes, err := s.readNotes(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("transfer %s: %w", id, err)
+	}
 	src0 := s.shards[src]
-	check := srcMark.Raise(s.markOf(src))
+	check := srcMark.Raise(s.markOf(src)).Raise(notes[src])
 	chk, err := src0.call(ctx, lua.TransferDoneScript, []string{src0.keys.Meta, src0.keys.Transfers}, checkID,
 		check.TransferSeq, check.Epoch).StringSlice()
 	if err != nil {
