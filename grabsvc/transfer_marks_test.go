@@ -354,3 +354,101 @@ func TestStatusTransferMarksFenceForAFreshReplica(t *testing.T) {
 		t.Fatalf("after the report: shards fenced %v, %v", fencedShards(view), err)
 	}
 }
+
+// Case 7 of issue 34, with two grab pods on real redis-server processes: the same 2
+// shards and 8 packets as TestShardFailoverAfterTransferFencesBeforeItRegrants, but
+// pod A (h.srv) makes the transfer 1→0 and pod B (another Server with its own clients
+// and guard) serves the grabs after shard 1 came back from before it (its keys
+// replaced by the DUMP taken before the transfer, as a replica that had not got it
+// holds them). Pod B saw shard 1 only through its own first grant there; it never
+// saw the transfer. It must still fence shard 1 before granting 6 or 8 a second
+// time: the destination's note of the source's transfer mark (transfer_note.lua),
+// which pod B reads before it grants, carries the mark past the loss of shard 1.
+// Every packet id is granted at most once across both pods, no more money is
+// claimed than declared, and shard 1 is fenced.
+func TestShardFailoverAfterTransferFencesEveryPod(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	act := testActivity("failover-two-pods")
+	act.Object.Spec.Shards = 2
+	amounts := []int64{10, 20, 30, 40, 50, 60, 70, 80}
+	const total = 360
+	sh := handleOf(h.admin, act)
+	if _, err := sh.Seed(ctx, amounts, store.SeedParams{Count: 8, Total: total, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := sh.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
+		t.Fatalf("opening: %+v %v", r, err)
+	}
+	h.act.Store(act)
+	podB, podBHTTP := secondServer(t, h)
+
+	on0, on1 := usersAt(sh, "z", 0, 8), usersAt(sh, "o", 1, 9)
+	granted := map[string]string{} // packet id -> user, across both pods
+	var claimed int64
+	grant := func(pod string, u string, r reply) {
+		if prev, dup := granted[r.PacketID]; dup {
+			t.Errorf("packet %s granted to %s and again to %s (by pod %s)", r.PacketID, prev, u, pod)
+		}
+		granted[r.PacketID] = u
+		claimed += *r.Amount
+	}
+	// Pod B's first grant on shard 1: it knows shard 1 only from this.
+	first, err := postGrab(podBHTTP.Client(), podBHTTP.URL, on1[0])
+	if err != nil || first.Status != http.StatusOK || first.Outcome != "granted" {
+		t.Fatalf("pod B's first grab on shard 1: %+v %v", first, err)
+	}
+	grant("B", on1[0], first)
+
+	k1 := sh.Shard(1).Keys()
+	replica := takeBackup(t, h.admin, k1)
+	// Pod A's refill of shard 0 from shard 1.
+	moved, err := h.srv.redis.of(h.srv.cfg.Redis, act).Transfer(ctx, 1, 0, 2)
+	if err != nil || moved != 2 {
+		t.Fatalf("pod A's Transfer(1→0, 2): %d moved, %v", moved, err)
+	}
+	if a, b := h.srv.cfg.Guard.MarkShard(act, 1), podB.cfg.Guard.MarkShard(act, 1); a.TransferSeq == 0 || b.TransferSeq != 0 {
+		t.Fatalf("transfer marks of shard 1: pod A %+v, pod B %+v; want only pod A's raised by the transfer", a, b)
+	}
+	// Shard 1 comes back from before the transfer.
+	replica.restore(t, h.admin, k1)
+
+	users := append(append([]string{}, on1[1:9]...), on0[:7]...) // 15 grabs on pod B, 8 of them on shard 1
+	fencedAnswers := 0
+	for _, u := range users {
+		r, err := postGrab(podBHTTP.Client(), podBHTTP.URL, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case r.Status == http.StatusOK && r.Outcome == "granted":
+			grant("B", u, r)
+		case r.Status == http.StatusServiceUnavailable:
+			fencedAnswers++
+		case r.Status == http.StatusConflict && r.Outcome == "sold_out":
+		default:
+			t.Fatalf("pod B's grab of %s: %d %s", u, r.Status, r.Raw)
+		}
+	}
+	// Pod A serves the rest of shard 0's users.
+	for _, u := range on0[7:8] {
+		if r := h.grab(u, nil); r.Status == http.StatusOK && r.Outcome == "granted" {
+			grant("A", u, r)
+		}
+	}
+	if claimed > total {
+		t.Errorf("claimed %d of %d", claimed, total)
+	}
+	view, err := sh.ReadShards(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if view.Shards[1].Fenced == "" {
+		t.Errorf("shard 1 came back from before a transfer and is not fenced: shards %v", fencedShards(view))
+	}
+	if fencedAnswers == 0 || podB.cfg.Guard.MarkShard(act, 1).TransferSeq == 0 {
+		t.Errorf("pod B refused %d grabs and holds transfer mark %+v for shard 1; want it fenced by the transfer it never made",
+			fencedAnswers, podB.cfg.Guard.MarkShard(act, 1))
+	}
+	t.Logf("%d granted (%d of %d claimed), pod B refused %d; shards fenced %v", len(granted), claimed, total, fencedAnswers, fencedShards(view))
+}
