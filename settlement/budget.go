@@ -184,7 +184,7 @@ func (w *Worker) checkBudget(ctx context.Context, entries []store.StreamEntry, f
 	if w.shards == 1 {
 		// Packets are popped from the head of an unsharded activity's list in id order,
 		// so every packet from the head's id on is still listed: no grant wrote it.
-		head, ok, err := w.redis.FirstListedPacket(ctx)
+		head, ok, err := w.activity.FirstListedPacket(ctx)
 		if err != nil {
 			return err
 		}

@@ -104,7 +104,7 @@ type packetsCheck struct {
 }
 
 // NewBudgetWorkers checks cfg and returns one worker per budget shard of b, each
-// delivering shard i's stream (b.SettlementShard(i)) under one set of metrics, with
+// delivering shard i's stream (b.Stream(i)) under one set of metrics, with
 // the budget's check before delivery (checkPackets). cfg must carry Packets and no
 // Budget.
 func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
@@ -133,7 +133,7 @@ func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
 	check := &packetsCheck{cfg: p, budget: b, ledger: b.SettlementLedger(p.LedgerRetention), forget: b.ForgetPackets, now: time.Now}
 	ws := make([]*Worker, b.N())
 	for i := range ws {
-		ws[i] = newWorker(cfg, m, b.SettlementShard(i), ownTransport && i == 0)
+		ws[i] = newWorker(cfg, m, b.Stream(i), ownTransport && i == 0)
 		ws[i].packets, ws[i].shard, ws[i].shards = check, i, b.N()
 	}
 	return ws, nil
@@ -212,7 +212,7 @@ func BudgetDrained(ctx context.Context, b *store.Budget, group string) (bool, er
 		group = DefaultGroup
 	}
 	for i := range b.N() {
-		ok, err := b.SettlementShard(i).Drained(ctx, group)
+		ok, err := b.Stream(i).Drained(ctx, group)
 		if err != nil {
 			return false, fmt.Errorf("budget shard %d: %w", i, err)
 		}
@@ -232,7 +232,7 @@ func BudgetUnsettled(ctx context.Context, b *store.Budget, group string) (int64,
 	}
 	var n int64
 	for i := range b.N() {
-		u, err := b.SettlementShard(i).Unsettled(ctx, group)
+		u, err := b.Stream(i).Unsettled(ctx, group)
 		if err != nil {
 			return 0, fmt.Errorf("budget shard %d: %w", i, err)
 		}

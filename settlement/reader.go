@@ -172,7 +172,7 @@ func (w *Worker) verify(ctx context.Context, entries []store.StreamEntry) (map[s
 			}
 			continue
 		}
-		forged, err := w.redis.VerifyEntries(ctx, entries)
+		forged, err := w.activity.VerifyEntries(ctx, entries)
 		if err == nil {
 			for id, why := range forged {
 				forged[id] = &ForgedError{Reason: ReasonClaimMismatch, Detail: why.Error()}

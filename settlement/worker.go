@@ -73,7 +73,10 @@ const redisOpTimeout = 5 * time.Second
 // Worker delivers one activity's settlement entries as one consumer of the group.
 type Worker struct {
 	cfg   Config
-	redis *store.Shard // the activity's handle on cfg.Redis
+	redis *store.Stream // the shard's settlement stream on cfg.Redis
+	// activity is the activity's shard whose stream the worker delivers, for the
+	// checks against its claims; nil for a budget's.
+	activity *store.Shard
 	// ledger is the activity's settlement ledger (used with cfg.Budget); shard is the
 	// index of the worker's shard, of shards.
 	ledger        *store.Ledger
@@ -125,8 +128,8 @@ func newWorkers(cfg Config, n int) ([]*Worker, error) {
 	ws := make([]*Worker, n)
 	for i := range ws {
 		// One transport for all of them: the first worker closes its idle connections.
-		ws[i] = newWorker(cfg, m, act.Shard(i), ownTransport && i == 0)
-		ws[i].ledger, ws[i].shard, ws[i].shards = act.Ledger(), i, n
+		ws[i] = newWorker(cfg, m, act.Stream(i), ownTransport && i == 0)
+		ws[i].activity, ws[i].ledger, ws[i].shard, ws[i].shards = act.Shard(i), act.Ledger(), i, n
 	}
 	return ws, nil
 }
@@ -143,8 +146,8 @@ func RunAll(ctx context.Context, ws []*Worker) error {
 	return errors.Join(errs...)
 }
 
-// newWorker is a worker of cfg (already checked) on the stream of h.
-func newWorker(cfg Config, m *metrics, h *store.Shard, ownTransport bool) *Worker {
+// newWorker is a worker of cfg (already checked) on the stream h.
+func newWorker(cfg Config, m *metrics, h *store.Stream, ownTransport bool) *Worker {
 	log := cfg.Logger.With("activity", cfg.Activity, "consumer", cfg.Consumer)
 	w := &Worker{cfg: cfg, redis: h, m: m, log: log, space: make(chan struct{}, 1), acks: make(chan ackCall, maxAckBatch)}
 	if ownTransport {

@@ -228,15 +228,3 @@ type BudgetSnapshot struct {
 func (s BudgetSnapshot) Conserved() bool {
 	return s.Total == s.Available+s.Live+s.Claimed+s.Refunded
 }
-
-// SettlementShard is a handle on shard i's settlement stream, dead letters and
-// settled counters (its Keys name the budget shard's meta, stream and dead
-// letters), for the settlement workers.
-func (b *Budget) SettlementShard(i int) *Shard {
-	k := b.keys[i]
-	// Claims names a key that is never written, under the shard's tag: the scripts
-	// shared with activities (replay_dead.lua) take it, and on a cluster every key of
-	// one call must be in one slot.
-	return &Shard{c: b.c, keys: Keys{Meta: k.Meta, Stream: k.Stream, DeadLetters: k.DeadLetters,
-		Claims: k.packetPrefix[:len(k.packetPrefix)-2] + "noclaims"}}
-}

@@ -3,7 +3,10 @@
 // are the only writers of all of it. Outside this package nothing issues a Redis
 // command about an activity: everything goes through the activity's handle,
 // NewActivity(client, uid, n), and its methods; Activity.Shard(i) hands out one
-// shard for the calls that are that shard's own (its settlement stream, its claims).
+// shard for the calls that are that shard's own (its grabs, its claims). A shard's
+// settlement stream, consumer group and dead letters are a Stream, which an
+// activity's shards and a budget's hand out alike (Activity.Stream(i),
+// Budget.Stream(i)): settlement works on a Stream whichever kind it credits.
 // Clients are opened by package store/redisconn.
 //
 // Where things happen, one hop each:
@@ -18,7 +21,8 @@
 //   - the schedule, the fence and an accepted rollback: lifecycle.go;
 //   - reading the counters: Shard snapshots (snapshot.go, snapshot.lua), summed
 //     over shards into a View (view.go);
-//   - settlement: the consumer group and the checks of its entries (stream.go), the
+//   - settlement: the Stream handle (settlement_stream.go), the consumer group and
+//     the checks of its entries (stream.go), the
 //     acknowledgement and the dead letters (settle.go, replay.go), and the operator's
 //     ledger of what was credited (ledger.go, ledger_credit.lua);
 //   - deleting an activity: purge.go; its Redis user: acl.go; durability:

@@ -24,9 +24,9 @@ import (
 // library). Call it before the handle is used; it returns the handle.
 func (s *Activity) RestoreFunctions() *Activity {
 	for _, a := range s.shards {
-		a.restores = true
+		a.restores, a.Stream.restores = true, true
 	}
-	s.base.restores = true
+	s.base.restores, s.base.Stream.restores = true, true
 	return s
 }
 
@@ -34,6 +34,12 @@ func (s *Activity) RestoreFunctions() *Activity {
 // (callFunction), restoring a missing library on the operator's handles.
 func (a *Shard) call(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
 	return callFunction(ctx, a.c, a.restores, s, keys, args...)
+}
+
+// call runs a library function (the replay of dead letters) on the stream's client
+// (callFunction), restoring a missing library on the operator's handles.
+func (s *Stream) call(ctx context.Context, f *lua.Script, keys []string, args ...any) *redis.Cmd {
+	return callFunction(ctx, s.c, s.restores, f, keys, args...)
 }
 
 // callFunction runs a grab-side script as its library function (FCALL) on c. When
