@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
@@ -97,9 +96,9 @@ type budgetHandle struct {
 	c redis.UniversalClient
 }
 
-// LoadLibrary loads lua.GrabLibrary wherever it is missing.
+// LoadLibrary loads the function library (store.Library) wherever it is missing.
 func (h budgetHandle) LoadLibrary(ctx context.Context) error {
-	_, err := lua.GrabLibrary.Ensure(ctx, h.c)
+	_, err := store.NewLibrary(h.c).Ensure(ctx)
 	return err
 }
 

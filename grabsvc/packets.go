@@ -19,7 +19,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/types"
 
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 )
 
@@ -449,7 +448,7 @@ func unavailableMessage(err error, retry string) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return "the packet store did not answer in time; " + retry
-	case lua.IsFunctionMissing(err):
+	case errors.Is(err, store.ErrFunctionMissing):
 		return "the packet store lost its functions and the operator is loading them again; " + retry
 	default:
 		return "the packet store is unavailable; " + retry

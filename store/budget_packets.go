@@ -19,7 +19,7 @@ import (
 
 // The grab fleet's calls on a budget: the functions of lua.GrabLibrary (FCALL),
 // which the budget's own Redis user may run. A call that finds the library missing
-// fails with the server's "Function not found" wrapped (lua.IsFunctionMissing: the
+// fails with the server's "Function not found" wrapped (ErrFunctionMissing: the
 // grab service answers 503, and nothing ran); a handle of the operator's
 // (RestoreFunctions) loads it and calls once more.
 

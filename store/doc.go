@@ -31,10 +31,11 @@
 //     are the functions of one library, lua.GrabLibrary, called with FCALL by every
 //     caller; the operator's scripts (seed, configure, close, fence, accept, refund)
 //     are cached scripts run with EVALSHA and an EVAL fallback. Only the operator
-//     loads the library (LoadScripts, and the manager's function keeper); an
+//     loads the library, through the store (LoadScripts, and the Library handle
+//     the manager's function keeper and a budget's reconcile use: library.go); an
 //     activity's own Redis user may FCALL it and run no other Lua (acl.go). A call
-//     that finds the library missing fails, except on a handle of the operator's
-//     (RestoreFunctions), which loads it and retries once. Each grab-side script caps
+//     that finds the library missing fails with ErrFunctionMissing, except on a
+//     handle of the operator's (RestoreFunctions), which loads it and retries once. Each grab-side script caps
 //     the work one call can do, whatever its arguments.
 //
 // The invariants, which every script keeps in one atomic step:

@@ -45,19 +45,23 @@ func (s *Stream) call(ctx context.Context, f *lua.Script, keys []string, args ..
 // callFunction runs a grab-side script as its library function (FCALL) on c. When
 // restores is set (a handle of the operator's) and the call finds the library
 // missing, it loads the library (ensureLibrary) and calls once more; otherwise, or
-// when the load fails, the call's error stands. It is the one way the store calls a
+// when the load fails, the call's error stands, marked ErrFunctionMissing when the
+// library was missing (functionErr). It is the one way the store calls a
 // function of the library, for activities and budgets alike.
 func callFunction(ctx context.Context, c redis.Cmdable, restores bool, s *lua.Script, keys []string, args ...any) *redis.Cmd {
 	cmd := s.Call(ctx, c, keys, args...)
 	if !restores || !lua.IsFunctionMissing(cmd.Err()) {
+		cmd.SetErr(functionErr(cmd.Err()))
 		return cmd
 	}
 	if _, err := ensureLibrary(ctx, c); err != nil {
 		failed := redis.NewCmd(ctx)
-		failed.SetErr(fmt.Errorf("%w (restoring it: %w)", cmd.Err(), err))
+		failed.SetErr(functionErr(fmt.Errorf("%w (restoring it: %w)", cmd.Err(), err)))
 		return failed
 	}
-	return s.Call(ctx, c, keys, args...)
+	cmd = s.Call(ctx, c, keys, args...)
+	cmd.SetErr(functionErr(cmd.Err()))
+	return cmd
 }
 
 // ensureLibrary loads the grab-side library where it is missing: on every master of
