@@ -1,10 +1,8 @@
 package settlement
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,18 +17,6 @@ const DefaultCurrency = "CNY"
 // SecretKey is the data key of an HMAC key in a Secret of the activity's namespace
 // (the grab tokens' Secret).
 const SecretKey = "key"
-
-// ParseKey returns an HMAC key as stored in a Secret or a mounted key file: trailing
-// line breaks are removed (kubectl create secret --from-file keeps the file's last
-// newline), every other byte is part of the key. An empty key is an error. Every
-// reader of a key uses it.
-func ParseKey(data []byte) ([]byte, error) {
-	key := bytes.TrimRight(data, "\r\n")
-	if len(key) == 0 {
-		return nil, errors.New("the key is empty")
-	}
-	return key, nil
-}
 
 // HasWebhook reports whether the activity has a settlement webhook, that is whether a
 // settlement worker should run for it.

@@ -9,30 +9,6 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 )
 
-// A key reads the same from a mounted file and from the Secret's data: trailing line
-// breaks go, everything else stays.
-func TestParseKey(t *testing.T) {
-	cases := []struct {
-		in      string
-		want    string
-		wantErr bool
-	}{
-		{"k3y", "k3y", false},
-		{"k3y\n", "k3y", false},
-		{"k3y\r\n\n", "k3y", false},
-		{" k3y \n", " k3y ", false},
-		{"line1\nline2\n", "line1\nline2", false},
-		{"", "", true},
-		{"\n\r\n", "", true},
-	}
-	for _, tc := range cases {
-		got, err := ParseKey([]byte(tc.in))
-		if (err != nil) != tc.wantErr || !bytes.Equal(got, []byte(tc.want)) {
-			t.Errorf("ParseKey(%q) = %q, %v; want %q (error %v)", tc.in, got, err, tc.want, tc.wantErr)
-		}
-	}
-}
-
 // Every worker of an activity gets the same configuration from its spec, and the
 // fingerprint changes exactly when what a delivery looks like changes.
 func TestActivityConfig(t *testing.T) {
