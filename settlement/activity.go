@@ -42,12 +42,11 @@ func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) C
 		currency = DefaultCurrency
 	}
 	cfg := Config{
-		Activity:    a.Namespace + "/" + a.Name,
-		ActivityUID: string(a.UID),
-		Currency:    currency,
-		SigningKey:  signingKey,
-		Group:       DefaultGroup,
-		HTTPClient:  &http.Client{Timeout: DefaultHTTPTimeout},
+		Source: Source{Kind: SourceKindActivity, Namespace: a.Namespace, Name: a.Name,
+			UID: string(a.UID), Currency: currency},
+		SigningKey: signingKey,
+		Group:      DefaultGroup,
+		HTTPClient: &http.Client{Timeout: DefaultHTTPTimeout},
 	}
 	if HasWebhook(a) {
 		cfg.WebhookURL = a.Spec.Settlement.Webhook.URL
@@ -63,6 +62,6 @@ func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) C
 // It holds no secret.
 func (cfg Config) Fingerprint() string {
 	sum := sha256.Sum256(cfg.SigningKey)
-	return strings.Join([]string{cfg.ActivityUID, cfg.Activity, cfg.WebhookURL, cfg.Currency,
+	return strings.Join([]string{cfg.Source.UID, cfg.Source.Ref(), cfg.WebhookURL, cfg.Source.Currency,
 		strconv.Itoa(cfg.MaxAttempts), hex.EncodeToString(sum[:])}, "|")
 }

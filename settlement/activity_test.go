@@ -25,8 +25,8 @@ func TestActivityConfig(t *testing.T) {
 		t.Fatal("HasWebhook is false with a webhook")
 	}
 	cfg := ActivityConfig(a, []byte("k"))
-	if cfg.Activity != "ns/quiz" || cfg.ActivityUID != "uid-1" ||
-		cfg.Currency != DefaultCurrency || cfg.WebhookURL != "http://balance:8080/credit" || cfg.MaxAttempts != 7 ||
+	if cfg.Source.Ref() != "ns/quiz" || cfg.Source.UID != "uid-1" ||
+		cfg.Source.Currency != DefaultCurrency || cfg.WebhookURL != "http://balance:8080/credit" || cfg.MaxAttempts != 7 ||
 		cfg.Group != DefaultGroup || string(cfg.SigningKey) != "k" || cfg.HTTPClient == nil || cfg.HTTPClient.Timeout != DefaultHTTPTimeout {
 		t.Errorf("config %+v", cfg)
 	}
@@ -42,8 +42,8 @@ func TestActivityConfig(t *testing.T) {
 	}
 	b := a.DeepCopy()
 	b.Spec.Currency = "USD"
-	if c := ActivityConfig(b, []byte("k")); c.Currency != "USD" || c.Fingerprint() == base {
-		t.Errorf("currency %q, fingerprint unchanged: %v", c.Currency, c.Fingerprint() == base)
+	if c := ActivityConfig(b, []byte("k")); c.Source.Currency != "USD" || c.Fingerprint() == base {
+		t.Errorf("currency %q, fingerprint unchanged: %v", c.Source.Currency, c.Fingerprint() == base)
 	}
 	b = a.DeepCopy()
 	b.Spec.Settlement.Webhook.URL = "https://balance.example/credit"
