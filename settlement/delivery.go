@@ -38,7 +38,7 @@ type Delivery struct {
 	Source string `json:"source,omitempty"`
 	// SourceRef names the resource the money comes from, whatever its kind; the
 	// fields above stay for the balance systems that read them.
-	SourceRef *SourceRef `json:"sourceRef,omitempty"`
+	SourceRef SourceRef `json:"sourceRef,omitzero"`
 }
 
 // SourceRef is a delivery's "sourceRef" object:
@@ -77,7 +77,7 @@ func (w *Worker) delivery(e store.StreamEntry) Delivery {
 		Currency:    w.cfg.Source.Currency,
 		At:          e.At.UTC().Format(rfc3339Milli),
 		Source:      w.cfg.Source.wireSource(),
-		SourceRef: &SourceRef{Kind: w.cfg.Source.kind(), Namespace: w.cfg.Source.Namespace, Name: w.cfg.Source.Name,
+		SourceRef: SourceRef{Kind: w.cfg.Source.kind(), Namespace: w.cfg.Source.Namespace, Name: w.cfg.Source.Name,
 			UID: w.cfg.Source.UID},
 	}
 }

@@ -110,7 +110,7 @@ func (b *packetsBalance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	if want := []string{"activity", "activityUID", "amount", "at", "currency", "kind", "packetId", "source", "userId"}; !slices.Equal(names, want) {
+	if want := []string{"activity", "activityUID", "amount", "at", "currency", "kind", "packetId", "source", "sourceRef", "userId"}; !slices.Equal(names, want) {
 		b.problems = append(b.problems, fmt.Sprintf("delivery fields %v, want %v", names, want))
 	}
 	var d Delivery
