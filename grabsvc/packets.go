@@ -85,8 +85,10 @@ type PacketConfig struct {
 // before Redis is touched, so a refused request has no Redis effect; every decision
 // is one atomic function call on the packet's budget shard (store.Budget).
 type PacketServer struct {
-	cfg      PacketConfig
-	budget   *store.Budget
+	cfg    PacketConfig
+	budget *store.Budget
+	// ping is the budget's handle on cfg.Ping (nil without one), for /readyz.
+	ping     *store.Budget
 	aud      BudgetAudience
 	timeout  time.Duration
 	metrics  *PacketMetrics
@@ -113,6 +115,9 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 		timeout: cfg.RedisTimeout,
 		metrics: cfg.Metrics,
 		log:     cfg.Log,
+	}
+	if cfg.Ping != nil {
+		s.ping = store.NewBudget(cfg.Ping, string(cfg.Budget.UID), cfg.Budget.Shards)
 	}
 	if s.timeout <= 0 {
 		s.timeout = DefaultRedisTimeout
@@ -170,9 +175,9 @@ func (s *PacketServer) Ready(ctx context.Context) (bool, string) {
 	if s.cfg.Sender == nil {
 		return false, "this grab service has no sender credential (--sender-token-file), so it can create no packet"
 	}
-	if s.cfg.Ping != nil {
-		if _, err := callWithDeadline(ctx, s.timeout, func(ctx context.Context) (string, error) {
-			return s.cfg.Ping.Ping(ctx).Result()
+	if s.ping != nil {
+		if _, err := callWithDeadline(ctx, s.timeout, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, s.ping.Ping(ctx)
 		}); err != nil {
 			return false, "redis does not answer"
 		}

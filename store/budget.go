@@ -1,7 +1,9 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"strconv"
 	"sync/atomic"
@@ -123,6 +125,14 @@ func NewBudget(c redis.Cmdable, uid string, n int) *Budget {
 
 // UID is the budget's UID.
 func (b *Budget) UID() string { return b.uid }
+
+// Ping checks that the Redis of the budget's client answers (PING).
+func (b *Budget) Ping(ctx context.Context) error {
+	if err := b.c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("pinging Redis: %w", err)
+	}
+	return nil
+}
 
 // N is the number of budget shards.
 func (b *Budget) N() int { return len(b.keys) }
