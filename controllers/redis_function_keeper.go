@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"redpacket.io/operator/lua"
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
 
@@ -17,7 +17,7 @@ import (
 // the activities use.
 const DefaultFunctionCheckInterval = 100 * time.Millisecond
 
-// FunctionKeeper keeps the grab-side function library (lua.GrabLibrary) loaded on
+// FunctionKeeper keeps the grab-side function library (store.Library) loaded on
 // every Redis that an activity uses: on every master of it, every Interval (FUNCTION
 // LIST LIBRARYNAME, one short reply per master), loading it where it is missing. The
 // grab pods cannot load it (their Redis user may only FCALL it) and answer 503
@@ -90,14 +90,15 @@ func (k *FunctionKeeper) CheckOnce(ctx context.Context) int {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			n, err := lua.GrabLibrary.Ensure(cctx, k.Client(conn))
+			lib := store.NewLibrary(k.Client(conn))
+			n, err := lib.Ensure(cctx)
 			log := ctrl.LoggerFrom(ctx)
 			if err != nil {
-				log.V(1).Info("checking the function library failed", "library", lua.GrabLibrary.Name(),
+				log.V(1).Info("checking the function library failed", "library", lib.Name(),
 					"redis", conn.Addresses, "error", err.Error())
 			}
 			if n > 0 {
-				log.Info("loaded the missing function library", "library", lua.GrabLibrary.Name(),
+				log.Info("loaded the missing function library", "library", lib.Name(),
 					"redis", conn.Addresses, "servers", n)
 				mu.Lock()
 				loaded += n

@@ -290,7 +290,7 @@ func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = json.Unmarshal(body, &kind)
 	switch {
-	case kind.Kind == settlement.KindBudget:
+	case kind.Kind == settlement.KindAnnouncement:
 		// The budget announcement, before any grant; recorded even while down, so the
 		// grants' deliveries are what the tests time.
 		if b.key != nil && r.Header.Get("X-Signature") != settlement.Sign(b.key, body) {

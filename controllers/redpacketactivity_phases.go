@@ -15,7 +15,6 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
@@ -381,7 +380,7 @@ func scheduleMs(a *redpacketv1alpha1.RedPacketActivity) (startMs, endMs int64) {
 }
 
 // reconcileScripts loads the operator's scripts into the script cache and the
-// grab-side function library (lua.GrabLibrary) into Redis, on every master in cluster
+// grab-side function library (store.Library) into Redis, on every master in cluster
 // mode, puts the grab script's SHA into status, and has the function keeper watch
 // this Redis from now on. The operator's scripts fall back to EVAL on NOSCRIPT; the
 // grab side's FCALLs work only while the library is loaded, which the keeper sees to
@@ -392,7 +391,7 @@ func (r *RedPacketActivityReconciler) reconcileScripts(ctx context.Context, s *a
 	if err := s.store.LoadScripts(rctx); err != nil {
 		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "loading the scripts: %v", err), fmt.Errorf("loading the scripts: %w", err)
 	}
-	s.status.ScriptSHA = lua.GrabScript.SHA()
+	s.status.ScriptSHA = store.GrabScriptSHA
 	if r.Functions != nil {
 		r.Functions.Track(s.activity.UID, s.conn)
 	}

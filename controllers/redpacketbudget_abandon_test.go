@@ -251,7 +251,7 @@ func TestDeletedBudgetWaitsForItsDeadLettersToBeReplayed(t *testing.T) {
 	bal.down.Store(false)
 	moved := 0
 	for i := range h.N() {
-		n, err := h.SettlementShard(i).ReplayDeadLetters(ctx, 0)
+		n, err := h.Stream(i).ReplayDeadLetters(ctx, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

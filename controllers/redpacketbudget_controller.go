@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 )
@@ -94,34 +93,25 @@ type budgetHandle struct {
 	c redis.UniversalClient
 }
 
-// LoadLibrary loads lua.GrabLibrary wherever it is missing.
+// LoadLibrary loads the function library (store.Library) wherever it is missing.
 func (h budgetHandle) LoadLibrary(ctx context.Context) error {
-	_, err := lua.GrabLibrary.Ensure(ctx, h.c)
+	_, err := store.NewLibrary(h.c).Ensure(ctx)
 	return err
 }
 
-// CheckDurability checks the master of each shard's slot (the shards' settlement
-// handles name each shard's meta), as an activity's durability step does.
+// CheckDurability checks the master of each shard's slot (store.Budget.CheckFsync,
+// CheckReplicas), as an activity's durability step does.
 func (h budgetHandle) CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error {
 	if d == nil || d.Mode == "" || d.Mode == redpacketv1alpha1.DurabilityNone {
 		return nil
 	}
-	for i := range h.N() {
-		shard := h.SettlementShard(i)
-		var err error
-		switch d.Mode {
-		case redpacketv1alpha1.DurabilityFsync:
-			err = shard.CheckFsync(ctx)
-		case redpacketv1alpha1.DurabilityReplicas:
-			err = shard.CheckReplicas(ctx, int(d.Replicas))
-		default:
-			return fmt.Errorf("unknown durability mode %q", d.Mode)
-		}
-		if err != nil {
-			return fmt.Errorf("budget shard %d: %w", i, err)
-		}
+	switch d.Mode {
+	case redpacketv1alpha1.DurabilityFsync:
+		return h.CheckFsync(ctx)
+	case redpacketv1alpha1.DurabilityReplicas:
+		return h.CheckReplicas(ctx, int(d.Replicas))
 	}
-	return nil
+	return fmt.Errorf("unknown durability mode %q", d.Mode)
 }
 
 // RedPacketBudgetReconciler reconciles a RedPacketBudget into Redis (its shards'

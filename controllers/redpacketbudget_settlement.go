@@ -179,13 +179,13 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 		ws, err := settlement.NewBudgetWorkers(cfg, store.NewBudget(rdb, string(t.UID), shards))
 		if err != nil {
 			// The workers end; the next reconcile starts them again.
-			cfg.Logger.Error("creating the budget's settlement workers failed", "budget", cfg.Activity, "err", err)
+			cfg.Logger.Error("creating the budget's settlement workers failed", "budget", cfg.Source.Ref(), "err", err)
 			return
 		}
-		cfg.Logger.Info("settling the budget's packets from the operator", "budget", cfg.Activity, "webhook", cfg.WebhookURL,
+		cfg.Logger.Info("settling the budget's packets from the operator", "budget", cfg.Source.Ref(), "webhook", cfg.WebhookURL,
 			"consumer", cfg.Consumer, "shards", len(ws))
 		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
-			cfg.Logger.Error("the budget's settlement workers stopped", "budget", cfg.Activity, "err", err)
+			cfg.Logger.Error("the budget's settlement workers stopped", "budget", cfg.Source.Ref(), "err", err)
 		}
 	})
 	return nil

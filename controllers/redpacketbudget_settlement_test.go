@@ -132,7 +132,7 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	var credited int64
 	credits := 0
 	for key, f := range bal.bodies {
-		if f["kind"] == settlement.KindBudget {
+		if f["kind"] == settlement.KindAnnouncement {
 			continue
 		}
 		credits++

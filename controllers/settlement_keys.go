@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/internal/hmackey"
 )
 
 // DefaultSettlementKeysSecret is the name of the Secret, in the operator's own
@@ -205,7 +205,7 @@ func readSettlementKey(ctx context.Context, reader client.Reader, ref types.Name
 	if err != nil {
 		return nil, fmt.Errorf("the operator's settlement keys Secret %s does not allow %s:%d: %w", ref, t.host, t.port, err)
 	}
-	key, err := settlement.ParseKey(raw)
+	key, err := hmackey.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("the operator's settlement keys Secret %s, key %q: %w", ref, name, err)
 	}

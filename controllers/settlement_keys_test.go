@@ -61,7 +61,7 @@ func TestOperatorSignsWithItsOwnKeyOnlyForAllowedHosts(t *testing.T) {
 		Amount int64  `json:"amount"`
 		Count  int64  `json:"count"`
 	}
-	if err := json.Unmarshal(reqs[0].body, &first); err != nil || first.Kind != settlement.KindBudget || first.Amount != 1000 || first.Count != 5 {
+	if err := json.Unmarshal(reqs[0].body, &first); err != nil || first.Kind != settlement.KindAnnouncement || first.Amount != 1000 || first.Count != 5 {
 		t.Fatalf("first request %s, want the budget of 1000 in 5 packets", reqs[0].body)
 	}
 	for _, r := range reqs {

@@ -46,7 +46,7 @@ type SettlementRunner struct {
 	stopped bool            // Start's context ended: no new workers
 	workers map[types.UID]*activitySettler
 	// budgets caches each activity's seeded split while a worker may need it.
-	budgets map[types.UID]*settlement.Budget
+	budgets map[types.UID]*settlement.Allowance
 	// health is each activity's delivery health (settlement.DeliveryHealth), shared
 	// by its workers, read for SettlementDegraded.
 	health map[types.UID]*deliveryHealth
@@ -72,7 +72,7 @@ var _ manager.LeaderElectionRunnable = (*SettlementRunner)(nil)
 
 // NewSettlementRunner returns a registry with no workers.
 func NewSettlementRunner() *SettlementRunner {
-	return &SettlementRunner{workers: map[types.UID]*activitySettler{}, budgets: map[types.UID]*settlement.Budget{},
+	return &SettlementRunner{workers: map[types.UID]*activitySettler{}, budgets: map[types.UID]*settlement.Allowance{},
 		health: map[types.UID]*deliveryHealth{}}
 }
 
@@ -266,7 +266,7 @@ func defaultSettlementConsumer() string {
 
 // budget returns the activity's seeded split, computed once per UID by compute and
 // kept while its worker may need it (until Stop or StopNamed).
-func (d *SettlementRunner) budget(uid types.UID, compute func() (*settlement.Budget, error)) (*settlement.Budget, error) {
+func (d *SettlementRunner) budget(uid types.UID, compute func() (*settlement.Allowance, error)) (*settlement.Allowance, error) {
 	d.mu.Lock()
 	b := d.budgets[uid]
 	d.mu.Unlock()
@@ -286,10 +286,10 @@ func (d *SettlementRunner) budget(uid types.UID, compute func() (*settlement.Bud
 	return b, nil
 }
 
-// seededBudget recomputes what was seeded for the activity: the split of its spec
+// seededAllowance recomputes what was seeded for the activity: the split of its spec
 // with status.splitSeed (the seed it was split with), at the time Seeded turned
 // True (else the creation time).
-func seededBudget(a *redpacketv1alpha1.RedPacketActivity) (*settlement.Budget, error) {
+func seededAllowance(a *redpacketv1alpha1.RedPacketActivity) (*settlement.Allowance, error) {
 	params := splitParams(a)
 	if a.Status.SplitSeed != nil {
 		params.Seed = *a.Status.SplitSeed
@@ -302,7 +302,7 @@ func seededBudget(a *redpacketv1alpha1.RedPacketActivity) (*settlement.Budget, e
 	if c := meta.FindStatusCondition(a.Status.Conditions, redpacketv1alpha1.ConditionSeeded); c != nil && c.Status == metav1.ConditionTrue {
 		at = c.LastTransitionTime.Time
 	}
-	return &settlement.Budget{Total: a.Spec.TotalAmount, Count: a.Spec.Count, Amounts: amounts, At: at}, nil
+	return &settlement.Allowance{Total: a.Spec.TotalAmount, Count: a.Spec.Count, Amounts: amounts, At: at}, nil
 }
 
 // ensureSettlement keeps the operator's settlement worker of the activity running:
@@ -310,8 +310,8 @@ func seededBudget(a *redpacketv1alpha1.RedPacketActivity) (*settlement.Budget, e
 // (settlement.ActivityConfig), deliveries signed with the key the operator's keys
 // Secret holds for the webhook's host (settlementKeys; never
 // spec.settlement.webhook.secretRef), every entry checked against the seeded split
-// and the ledger (seededBudget), forged entries raised as Warning events. Before the
-// first grant the worker announces the budget (settlement.AnnounceBudget). It has
+// and the ledger (seededAllowance), forged entries raised as Warning events. Before the
+// first grant the worker announces the budget (settlement.AnnounceAllowance). It has
 // its own Redis client, closed when it stops. Without a webhook no worker runs
 // (claims wait in the stream). It returns errWebhookHostNotAllowed (wrapped) when
 // the webhook's host has no key, and why else no worker could start, such as a
@@ -327,7 +327,7 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 		r.Settlers.Stop(a.UID)
 		return err
 	}
-	budget, err := r.Settlers.budget(a.UID, func() (*settlement.Budget, error) { return seededBudget(a) })
+	budget, err := r.Settlers.budget(a.UID, func() (*settlement.Allowance, error) { return seededAllowance(a) })
 	if err != nil {
 		return err
 	}
@@ -335,7 +335,7 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 	cfg.Consumer = r.Options.SettlementConsumer
 	cfg.MinConcurrency, cfg.MaxConcurrency = r.Options.SettlementMinConcurrency, r.Options.SettlementMaxConcurrency
 	cfg.Logger = slog.New(logr.ToSlogHandler(ctrl.Log.WithName("settlement")))
-	cfg.Budget = budget
+	cfg.Allowance = budget
 	cfg.Health = r.Settlers.deliveryHealth(a.UID).DeliveryHealth
 	cfg.Registerer = r.Options.SettlementRegisterer
 	recorder, ref := r.Recorder, a.DeepCopy()
@@ -355,14 +355,14 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 		defer func() { _ = rdb.Close() }()
 		cfg.Redis = rdb
 		for failures := 0; ; failures++ {
-			err := settlement.AnnounceBudget(ctx, cfg, shards)
+			err := settlement.AnnounceAllowance(ctx, cfg, shards)
 			if err == nil {
 				break
 			}
 			if ctx.Err() != nil {
 				return
 			}
-			cfg.Logger.Warn("announcing the activity's budget to the balance system failed; grants wait", "activity", cfg.Activity, "err", err)
+			cfg.Logger.Warn("announcing the activity's budget to the balance system failed; grants wait", "activity", cfg.Source.Ref(), "err", err)
 			select {
 			case <-ctx.Done():
 				return
@@ -372,13 +372,13 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 		ws, err := settlement.NewShardWorkers(cfg, shards)
 		if err != nil {
 			// The worker ends; the next reconcile starts it again.
-			cfg.Logger.Error("creating the settlement worker failed", "activity", cfg.Activity, "err", err)
+			cfg.Logger.Error("creating the settlement worker failed", "activity", cfg.Source.Ref(), "err", err)
 			return
 		}
-		cfg.Logger.Info("settling the activity's claims from the operator", "activity", cfg.Activity, "webhook", cfg.WebhookURL,
+		cfg.Logger.Info("settling the activity's claims from the operator", "activity", cfg.Source.Ref(), "webhook", cfg.WebhookURL,
 			"consumer", cfg.Consumer, "shards", len(ws))
 		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
-			cfg.Logger.Error("the settlement worker stopped", "activity", cfg.Activity, "err", err)
+			cfg.Logger.Error("the settlement worker stopped", "activity", cfg.Source.Ref(), "err", err)
 		}
 	})
 	return nil

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/internal/hmackey"
 )
 
 // DefaultTokenMaxLifetime is how far in the future a token's exp may lie unless
@@ -152,7 +152,7 @@ func ReadKeyFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading key file: %w", err)
 	}
-	key, err := settlement.ParseKey(data)
+	key, err := hmackey.Parse(data)
 	if err != nil {
 		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 )
 
@@ -82,7 +81,7 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		msg := "the packet store could not be reached; nothing is known of this grab: retry it (a claim that went through is returned as already_claimed)"
 		switch {
-		case lua.IsFunctionMissing(err):
+		case errors.Is(err, store.ErrFunctionMissing):
 			// The grab service never loads the functions (its Redis user may not): the
 			// operator's function keeper restores them within its interval.
 			msg = "the packet store lost the grab functions and the operator is loading them again; nothing was claimed, retry shortly"

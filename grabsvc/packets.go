@@ -19,7 +19,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/types"
 
-	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 )
 
@@ -88,8 +87,10 @@ type PacketConfig struct {
 // before Redis is touched, so a refused request has no Redis effect; every decision
 // is one atomic function call on the packet's budget shard (store.Budget).
 type PacketServer struct {
-	cfg      PacketConfig
-	budget   *store.Budget
+	cfg    PacketConfig
+	budget *store.Budget
+	// ping is the budget's handle on cfg.Ping (nil without one), for /readyz.
+	ping     *store.Budget
 	aud      BudgetAudience
 	timeout  time.Duration
 	metrics  *PacketMetrics
@@ -116,6 +117,9 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 		timeout: cfg.RedisTimeout,
 		metrics: cfg.Metrics,
 		log:     cfg.Log,
+	}
+	if cfg.Ping != nil {
+		s.ping = store.NewBudget(cfg.Ping, string(cfg.Budget.UID), cfg.Budget.Shards)
 	}
 	if s.timeout <= 0 {
 		s.timeout = DefaultRedisTimeout
@@ -173,9 +177,9 @@ func (s *PacketServer) Ready(ctx context.Context) (bool, string) {
 	if s.cfg.Sender == nil {
 		return false, "this grab service has no sender credential (--sender-token-file), so it can create no packet"
 	}
-	if s.cfg.Ping != nil {
-		if _, err := callWithDeadline(ctx, s.timeout, func(ctx context.Context) (string, error) {
-			return s.cfg.Ping.Ping(ctx).Result()
+	if s.ping != nil {
+		if _, err := callWithDeadline(ctx, s.timeout, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, s.ping.Ping(ctx)
 		}); err != nil {
 			return false, "redis does not answer"
 		}
@@ -484,7 +488,7 @@ func unavailableMessage(err error, retry string) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return "the packet store did not answer in time; " + retry
-	case lua.IsFunctionMissing(err):
+	case errors.Is(err, store.ErrFunctionMissing):
 		return "the packet store lost its functions and the operator is loading them again; " + retry
 	default:
 		return "the packet store is unavailable; " + retry

@@ -138,8 +138,8 @@ var (
 	replayDeadSrc string
 	//go:embed ledger_credit.lua
 	ledgerCreditSrc string
-	//go:embed ledger_budget.lua
-	ledgerBudgetSrc string
+	//go:embed ledger_allowance.lua
+	ledgerAllowanceSrc string
 	//go:embed packet_create.lua
 	packetCreateSrc string
 	//go:embed packet_grab.lua
@@ -204,8 +204,8 @@ var (
 	// LedgerCreditScript decides, once, whether settlement may credit an entry, in
 	// the operator's ledger (an operator-only key).
 	LedgerCreditScript = newScript("ledger_credit", ledgerCreditSrc)
-	// LedgerBudgetScript records that the activity's budget was announced.
-	LedgerBudgetScript = newScript("ledger_budget", ledgerBudgetSrc)
+	// LedgerAllowanceScript records that the activity's allowance was announced.
+	LedgerAllowanceScript = newScript("ledger_allowance", ledgerAllowanceSrc)
 )
 
 // The scripts of a RedPacketBudget's runtime packets (docs/budgets.md). The grab
@@ -245,7 +245,7 @@ func AllScripts() []*Script {
 	return []*Script{GrabScript, SeedStageScript, SeedCommitScript, ConfigureScript,
 		CloseScript, SnapshotScript, SettleAckScript, DeadLetterScript, ReplayDeadScript,
 		FenceScript, AcceptScript, EnsureGroupScript, TransferOutScript, TransferInScript,
-		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerBudgetScript,
+		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerAllowanceScript,
 		PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript, PacketExpireScript,
 		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript,
 		LedgerPacketsCreditScript, LedgerPacketsTotalScript}

@@ -30,12 +30,13 @@ type ackCall struct {
 	done  chan ackAnswer // buffered: the acknowledger never waits for the job
 }
 
-// ackAnswer is what became of an ackCall: forgetErr when the refund's packet could not
-// be forgotten (the entry was not acknowledged), else the acknowledgement's result.
+// ackAnswer is what became of an ackCall: beforeErr when the source's step before
+// the acknowledgement failed (Verifier.BeforeAck: a budget's refund whose packet could
+// not be forgotten; the entry was not acknowledged), else the acknowledgement's result.
 type ackAnswer struct {
 	settled   bool
 	err       error
-	forgetErr error
+	beforeErr error
 }
 
 // acknowledge has the acknowledger forget the packet of a refund entry (a budget's)
@@ -81,40 +82,31 @@ func (w *Worker) runAcks(ctx context.Context) {
 	}
 }
 
-// ackBatch forgets the packets of the refunds among calls (a budget's workers), then
-// acknowledges, in one round trip, every entry whose packet was forgotten or needed
-// no forgetting, and answers each call.
+// ackBatch runs the source's step before the acknowledgement on calls
+// (Verifier.BeforeAck: a budget's workers forget the packets of the refunds among
+// them), then acknowledges, in one round trip, every entry whose step went through,
+// and answers each call.
 func (w *Worker) ackBatch(ctx context.Context, calls []ackCall) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisOpTimeout)
 	defer cancel()
 	answers := make([]ackAnswer, len(calls))
-	if w.packets != nil {
-		var ids []string
-		var at []int
-		for i, c := range calls {
-			if id, ok := refundedPacket(c.entry); ok {
-				ids = append(ids, id)
-				at = append(at, i)
-			}
-		}
-		if len(ids) > 0 {
-			for k, err := range w.packets.forget(actx, ids) {
-				if err != nil {
-					answers[at[k]].forgetErr = fmt.Errorf("forgetting packet %q after its refund was delivered: %w", ids[k], err)
-				}
-			}
-		}
+	entries := make([]store.StreamEntry, len(calls))
+	for i, c := range calls {
+		entries[i] = c.entry
+	}
+	for i, err := range w.verifier.BeforeAck(actx, entries) {
+		answers[i].beforeErr = err
 	}
 	reqs := make([]store.AckRequest, 0, len(calls))
 	at := make([]int, 0, len(calls))
 	for i, c := range calls {
-		if answers[i].forgetErr == nil {
+		if answers[i].beforeErr == nil {
 			reqs = append(reqs, store.AckRequest{EntryID: c.id, Kind: c.entry.Kind, Amount: c.entry.Amount})
 			at = append(at, i)
 		}
 	}
 	if len(reqs) > 0 {
-		for k, r := range w.redis.AckMany(actx, w.cfg.Group, reqs) {
+		for k, r := range w.stream.AckMany(actx, w.cfg.Group, reqs) {
 			answers[at[k]].settled, answers[at[k]].err = r.Settled, r.Err
 		}
 	}

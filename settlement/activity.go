@@ -1,10 +1,8 @@
 package settlement
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,18 +17,6 @@ const DefaultCurrency = "CNY"
 // SecretKey is the data key of an HMAC key in a Secret of the activity's namespace
 // (the grab tokens' Secret).
 const SecretKey = "key"
-
-// ParseKey returns an HMAC key as stored in a Secret or a mounted key file: trailing
-// line breaks are removed (kubectl create secret --from-file keeps the file's last
-// newline), every other byte is part of the key. An empty key is an error. Every
-// reader of a key uses it.
-func ParseKey(data []byte) ([]byte, error) {
-	key := bytes.TrimRight(data, "\r\n")
-	if len(key) == 0 {
-		return nil, errors.New("the key is empty")
-	}
-	return key, nil
-}
 
 // HasWebhook reports whether the activity has a settlement webhook, that is whether a
 // settlement worker should run for it.
@@ -56,12 +42,11 @@ func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) C
 		currency = DefaultCurrency
 	}
 	cfg := Config{
-		Activity:    a.Namespace + "/" + a.Name,
-		ActivityUID: string(a.UID),
-		Currency:    currency,
-		SigningKey:  signingKey,
-		Group:       DefaultGroup,
-		HTTPClient:  &http.Client{Timeout: DefaultHTTPTimeout},
+		Source: Source{Kind: SourceKindActivity, Namespace: a.Namespace, Name: a.Name,
+			UID: string(a.UID), Currency: currency},
+		SigningKey: signingKey,
+		Group:      DefaultGroup,
+		HTTPClient: &http.Client{Timeout: DefaultHTTPTimeout},
 	}
 	if HasWebhook(a) {
 		cfg.WebhookURL = a.Spec.Settlement.Webhook.URL
@@ -77,6 +62,6 @@ func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) C
 // It holds no secret.
 func (cfg Config) Fingerprint() string {
 	sum := sha256.Sum256(cfg.SigningKey)
-	return strings.Join([]string{cfg.ActivityUID, cfg.Activity, cfg.WebhookURL, cfg.Currency,
+	return strings.Join([]string{cfg.Source.UID, cfg.Source.Ref(), cfg.WebhookURL, cfg.Source.Currency,
 		strconv.Itoa(cfg.MaxAttempts), hex.EncodeToString(sum[:])}, "|")
 }

@@ -9,30 +9,6 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 )
 
-// A key reads the same from a mounted file and from the Secret's data: trailing line
-// breaks go, everything else stays.
-func TestParseKey(t *testing.T) {
-	cases := []struct {
-		in      string
-		want    string
-		wantErr bool
-	}{
-		{"k3y", "k3y", false},
-		{"k3y\n", "k3y", false},
-		{"k3y\r\n\n", "k3y", false},
-		{" k3y \n", " k3y ", false},
-		{"line1\nline2\n", "line1\nline2", false},
-		{"", "", true},
-		{"\n\r\n", "", true},
-	}
-	for _, tc := range cases {
-		got, err := ParseKey([]byte(tc.in))
-		if (err != nil) != tc.wantErr || !bytes.Equal(got, []byte(tc.want)) {
-			t.Errorf("ParseKey(%q) = %q, %v; want %q (error %v)", tc.in, got, err, tc.want, tc.wantErr)
-		}
-	}
-}
-
 // Every worker of an activity gets the same configuration from its spec, and the
 // fingerprint changes exactly when what a delivery looks like changes.
 func TestActivityConfig(t *testing.T) {
@@ -49,8 +25,8 @@ func TestActivityConfig(t *testing.T) {
 		t.Fatal("HasWebhook is false with a webhook")
 	}
 	cfg := ActivityConfig(a, []byte("k"))
-	if cfg.Activity != "ns/quiz" || cfg.ActivityUID != "uid-1" ||
-		cfg.Currency != DefaultCurrency || cfg.WebhookURL != "http://balance:8080/credit" || cfg.MaxAttempts != 7 ||
+	if cfg.Source.Ref() != "ns/quiz" || cfg.Source.UID != "uid-1" ||
+		cfg.Source.Currency != DefaultCurrency || cfg.WebhookURL != "http://balance:8080/credit" || cfg.MaxAttempts != 7 ||
 		cfg.Group != DefaultGroup || string(cfg.SigningKey) != "k" || cfg.HTTPClient == nil || cfg.HTTPClient.Timeout != DefaultHTTPTimeout {
 		t.Errorf("config %+v", cfg)
 	}
@@ -66,8 +42,8 @@ func TestActivityConfig(t *testing.T) {
 	}
 	b := a.DeepCopy()
 	b.Spec.Currency = "USD"
-	if c := ActivityConfig(b, []byte("k")); c.Currency != "USD" || c.Fingerprint() == base {
-		t.Errorf("currency %q, fingerprint unchanged: %v", c.Currency, c.Fingerprint() == base)
+	if c := ActivityConfig(b, []byte("k")); c.Source.Currency != "USD" || c.Fingerprint() == base {
+		t.Errorf("currency %q, fingerprint unchanged: %v", c.Source.Currency, c.Fingerprint() == base)
 	}
 	b = a.DeepCopy()
 	b.Spec.Settlement.Webhook.URL = "https://balance.example/credit"

@@ -142,7 +142,7 @@ func TestConcurrencyBounds(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%d in %d..%d retry %d", tc.start, tc.floor, tc.ceiling, tc.retry), func(t *testing.T) {
-			cfg, err := Config{Redis: rdb, ActivityUID: "u", Consumer: "c", Concurrency: tc.start,
+			cfg, err := Config{Redis: rdb, Source: Source{UID: "u"}, Consumer: "c", Concurrency: tc.start,
 				MinConcurrency: tc.floor, MaxConcurrency: tc.ceiling, RetryConcurrency: tc.retry}.withDefaults()
 			if tc.wantErr {
 				if err == nil {

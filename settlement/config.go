@@ -35,23 +35,65 @@ const (
 	DefaultHealthyBackoffMax  = time.Second
 )
 
-// Config configures one settlement worker of one activity.
+// Source is the resource whose entries a worker delivers: a RedPacketActivity or a
+// RedPacketBudget. Deliveries carry it twice: in the fields every balance system
+// reads ("activity" is "<namespace>/<name>", "activityUID" the UID, whatever the
+// kind, and "source" is "budget" for a budget's), and as the "sourceRef" object,
+// which names the kind (SourceRef).
+type Source struct {
+	// Kind is SourceKindActivity or SourceKindBudget; "" is an activity.
+	Kind string
+	// Namespace and Name are the resource's.
+	Namespace, Name string
+	// UID is the resource's UID, part of every Idempotency-Key.
+	UID string
+	// Currency is sent in every delivery.
+	Currency string
+}
+
+// The kinds of a Source.
+const (
+	SourceKindActivity = "RedPacketActivity"
+	SourceKindBudget   = "RedPacketBudget"
+)
+
+// Ref is "<namespace>/<name>" ("" when both are empty): the deliveries' "activity",
+// and the metrics' and logs' label.
+func (s Source) Ref() string {
+	if s.Namespace == "" && s.Name == "" {
+		return ""
+	}
+	return s.Namespace + "/" + s.Name
+}
+
+// kind is the source's kind, SourceKindActivity when empty.
+func (s Source) kind() string {
+	if s.Kind == "" {
+		return SourceKindActivity
+	}
+	return s.Kind
+}
+
+// wireSource is the deliveries' "source" field: SourceBudget for a budget's, ""
+// (absent) for an activity's.
+func (s Source) wireSource() string {
+	if s.kind() == SourceKindBudget {
+		return SourceBudget
+	}
+	return ""
+}
+
+// Config configures one settlement worker of one activity or budget.
 type Config struct {
 	// Redis is the connection holding the activity: a plain or cluster client of its
 	// own (its reads block), never the grab path's auto-pipeliner. The worker makes
 	// every Redis call through the activity's handle on it,
 	// store.NewActivity(Redis, ActivityUID, n).
 	Redis redis.UniversalClient
-	// Activity is "<namespace>/<name>", sent in every delivery.
-	Activity string
-	// ActivityUID is the resource's UID, sent in every delivery and part of the
-	// idempotency key.
-	ActivityUID string
-	// Currency is sent in every delivery.
-	Currency string
-	// Source, when set, is sent as "source" in every delivery: SourceBudget for a
-	// RedPacketBudget's. An activity's deliveries have none.
-	Source string
+	// Source is the resource the entries credit money from, an activity or a
+	// budget: its kind, namespace and name, UID (part of every Idempotency-Key) and
+	// currency, sent in every delivery (Delivery).
+	Source Source
 	// WebhookURL is where deliveries are POSTed. Empty: the worker idles and claims
 	// wait in the stream.
 	WebhookURL string
@@ -147,20 +189,20 @@ type Config struct {
 	// Logger receives the worker's log lines; nil means slog.Default().
 	Logger *slog.Logger
 
-	// Budget, when set, is what the operator seeded: every entry is then checked
+	// Allowance, when set, is what the operator seeded: every entry is then checked
 	// against it before delivery (the packet's id and seeded amount, whether it is
 	// still listed) and decided in the activity's ledger (each packet credited at
 	// most once, the credits and the refund never above the total), besides the
 	// check against the claims (store.Shard.VerifyEntries). The operator's workers
 	// always set it; only tests of the delivery mechanics leave it nil.
-	Budget *Budget
+	Allowance *Allowance
 	// OnForged, when set, is called once for every entry the worker dead-lettered as
 	// forged (the operator raises a Warning event with it). It must not block.
 	OnForged func(ForgedEntry)
 	// Packets, when set, makes the workers those of a RedPacketBudget's runtime
 	// packets (NewBudgetWorkers): every entry is decided in the budget's ledger
 	// before delivery instead of checked against a seeded split and claims, and a
-	// delivered refund's packet is forgotten (packets.go). It excludes Budget.
+	// delivered refund's packet is forgotten (packets.go). It excludes Allowance.
 	Packets *Packets
 	// Health, when set, records the failing deliveries for the activity's status
 	// (the operator's SettlementDegraded condition); all shard workers share it.
@@ -172,8 +214,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Redis == nil {
 		return cfg, errors.New("settlement config: no Redis client")
 	}
-	if cfg.ActivityUID == "" {
-		return cfg, errors.New("settlement config: no activity UID")
+	if cfg.Source.UID == "" {
+		return cfg, errors.New("settlement config: no source UID")
 	}
 	if cfg.Consumer == "" {
 		return cfg, errors.New("settlement config: no consumer name")
@@ -279,11 +321,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Budget != nil && cfg.Packets != nil {
-		return cfg, errors.New("settlement config: an activity's Budget and a budget's Packets exclude each other")
+	if cfg.Allowance != nil && cfg.Packets != nil {
+		return cfg, errors.New("settlement config: an activity's Allowance and a budget's Packets exclude each other")
 	}
-	if cfg.Budget != nil {
-		if err := cfg.Budget.check(); err != nil {
+	if cfg.Allowance != nil {
+		if err := cfg.Allowance.check(); err != nil {
 			return cfg, fmt.Errorf("settlement config: %w", err)
 		}
 	}

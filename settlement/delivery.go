@@ -36,6 +36,18 @@ type Delivery struct {
 	// Source is "budget" (SourceBudget) for a RedPacketBudget's runtime packets,
 	// absent for an activity's.
 	Source string `json:"source,omitempty"`
+	// SourceRef names the resource the money comes from, whatever its kind; the
+	// fields above stay for the balance systems that read them.
+	SourceRef SourceRef `json:"sourceRef,omitzero"`
+}
+
+// SourceRef is a delivery's "sourceRef" object:
+// {"kind":"RedPacketActivity" or "RedPacketBudget","namespace","name","uid"}.
+type SourceRef struct {
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
 }
 
 // IdempotencyKey is the delivery's Idempotency-Key header: "<activityUID>/<packetId>",
@@ -57,14 +69,16 @@ const rfc3339Milli = "2006-01-02T15:04:05.000Z07:00"
 func (w *Worker) delivery(e store.StreamEntry) Delivery {
 	return Delivery{
 		Kind:        e.Kind,
-		Activity:    w.cfg.Activity,
-		ActivityUID: w.cfg.ActivityUID,
+		Activity:    w.cfg.Source.Ref(),
+		ActivityUID: w.cfg.Source.UID,
 		PacketID:    e.PacketID,
 		UserID:      e.UserID,
 		Amount:      e.Amount,
-		Currency:    w.cfg.Currency,
+		Currency:    w.cfg.Source.Currency,
 		At:          e.At.UTC().Format(rfc3339Milli),
-		Source:      w.cfg.Source,
+		Source:      w.cfg.Source.wireSource(),
+		SourceRef: SourceRef{Kind: w.cfg.Source.kind(), Namespace: w.cfg.Source.Namespace, Name: w.cfg.Source.Name,
+			UID: w.cfg.Source.UID},
 	}
 }
 

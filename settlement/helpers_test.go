@@ -145,7 +145,7 @@ func (r *receiver) handle(w http.ResponseWriter, req *http.Request) {
 		names = append(names, k)
 	}
 	sort.Strings(names)
-	if want := []string{"activity", "activityUID", "amount", "at", "currency", "kind", "packetId", "userId"}; !slices.Equal(names, want) {
+	if want := []string{"activity", "activityUID", "amount", "at", "currency", "kind", "packetId", "sourceRef", "userId"}; !slices.Equal(names, want) {
 		r.problem("body fields %v, want %v", names, want)
 	}
 	if a := string(raw["amount"]); strings.ContainsAny(a, ".eE\"") {
@@ -415,9 +415,7 @@ func startWorker(t *testing.T, cfg Config) (w *Worker, stop func()) {
 func baseConfig(a activity, url, consumer string) Config {
 	return Config{
 		Redis:       a.rdb,
-		Activity:    "default/" + a.uid,
-		ActivityUID: a.uid,
-		Currency:    "CNY",
+		Source:      Source{Namespace: "default", Name: a.uid, UID: a.uid, Currency: "CNY"},
 		WebhookURL:  url,
 		Consumer:    consumer,
 		ClaimIdle:   2 * time.Second,

@@ -50,7 +50,7 @@ const (
 )
 
 // Packets is what a worker of a RedPacketBudget knows about its packets. Set it in
-// Config.Packets (and leave Config.Budget nil) and make the workers with
+// Config.Packets (and leave Config.Allowance nil) and make the workers with
 // NewBudgetWorkers.
 type Packets struct {
 	// MaxCount is the budget's spec.packets.maxCount: a share index must be below it.
@@ -104,18 +104,21 @@ type packetsCheck struct {
 }
 
 // NewBudgetWorkers checks cfg and returns one worker per budget shard of b, each
-// delivering shard i's stream (b.SettlementShard(i)) under one set of metrics, with
+// delivering shard i's stream (b.Stream(i)) under one set of metrics, with
 // the budget's check before delivery (checkPackets). cfg must carry Packets and no
 // Budget.
 func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
 	if cfg.Packets == nil {
 		return nil, errors.New("settlement config: a budget's workers need Packets")
 	}
-	if cfg.Budget != nil {
+	if cfg.Allowance != nil {
 		return nil, errors.New("settlement config: a budget's workers take Packets, not an activity's Budget")
 	}
-	if cfg.ActivityUID != b.UID() {
-		return nil, fmt.Errorf("settlement config: UID %q, but the budget's is %q", cfg.ActivityUID, b.UID())
+	if cfg.Source.UID != b.UID() {
+		return nil, fmt.Errorf("settlement config: UID %q, but the budget's is %q", cfg.Source.UID, b.UID())
+	}
+	if cfg.Source.Kind != SourceKindBudget {
+		return nil, fmt.Errorf("settlement config: a budget's workers need a source of kind %s, not %q", SourceKindBudget, cfg.Source.Kind)
 	}
 	ownTransport := cfg.HTTPClient == nil || cfg.HTTPClient.Transport == nil
 	cfg, err := cfg.withDefaults()
@@ -126,15 +129,15 @@ func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("settlement config: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.Activity)
+	m, err := newMetrics(cfg.Registerer, cfg.Source.Ref())
 	if err != nil {
 		return nil, err
 	}
 	check := &packetsCheck{cfg: p, budget: b, ledger: b.SettlementLedger(p.LedgerRetention), forget: b.ForgetPackets, now: time.Now}
 	ws := make([]*Worker, b.N())
 	for i := range ws {
-		ws[i] = newWorker(cfg, m, b.SettlementShard(i), ownTransport && i == 0)
-		ws[i].packets, ws[i].shard, ws[i].shards = check, i, b.N()
+		ws[i] = newWorker(cfg, m, b.Stream(i), check, ownTransport && i == 0)
+		ws[i].shard = i
 	}
 	return ws, nil
 }
@@ -143,7 +146,7 @@ func NewBudgetWorkers(cfg Config, b *store.Budget) ([]*Worker, error) {
 // total: "<uid>/budget:<total>". A packet id has no ':' and every packet's key has a
 // share after it, so no credit's key is ever one of these.
 func BudgetIdempotencyKeyOf(budgetUID string, total int64) string {
-	return budgetUID + "/" + KindBudget + ":" + strconv.FormatInt(total, 10)
+	return budgetUID + "/" + KindAnnouncement + ":" + strconv.FormatInt(total, 10)
 }
 
 // budgetTotalDelivery is the body of a budget total's announcement.
@@ -191,12 +194,12 @@ func AnnounceBudgetTotal(ctx context.Context, cfg Config, b *store.Budget, total
 		if st.Pending == 0 {
 			return st.Total, nil // nothing under way: the total is announced
 		}
-		body, err := json.Marshal(budgetTotalDelivery{Kind: KindBudget, Source: SourceBudget, Activity: cfg.Activity,
-			ActivityUID: cfg.ActivityUID, Amount: st.Pending, Currency: cfg.Currency, At: st.At.Format(rfc3339Milli)})
+		body, err := json.Marshal(budgetTotalDelivery{Kind: KindAnnouncement, Source: SourceBudget, Activity: cfg.Source.Ref(),
+			ActivityUID: cfg.Source.UID, Amount: st.Pending, Currency: cfg.Source.Currency, At: st.At.Format(rfc3339Milli)})
 		if err != nil {
 			return 0, fmt.Errorf("encoding the budget: %w", err)
 		}
-		if err := postBody(ctx, cfg, body, BudgetIdempotencyKeyOf(cfg.ActivityUID, st.Pending)); err != nil {
+		if err := postBody(ctx, cfg, body, BudgetIdempotencyKeyOf(cfg.Source.UID, st.Pending)); err != nil {
 			return st.Total, fmt.Errorf("announcing the budget total %d: %w", st.Pending, err)
 		}
 		if _, err := ledger.CommitAnnouncement(ctx, st.Pending); err != nil {
@@ -212,7 +215,7 @@ func BudgetDrained(ctx context.Context, b *store.Budget, group string) (bool, er
 		group = DefaultGroup
 	}
 	for i := range b.N() {
-		ok, err := b.SettlementShard(i).Drained(ctx, group)
+		ok, err := b.Stream(i).Drained(ctx, group)
 		if err != nil {
 			return false, fmt.Errorf("budget shard %d: %w", i, err)
 		}
@@ -232,7 +235,7 @@ func BudgetUnsettled(ctx context.Context, b *store.Budget, group string) (int64,
 	}
 	var n int64
 	for i := range b.N() {
-		u, err := b.SettlementShard(i).Unsettled(ctx, group)
+		u, err := b.Stream(i).Unsettled(ctx, group)
 		if err != nil {
 			return 0, fmt.Errorf("budget shard %d: %w", i, err)
 		}
@@ -373,10 +376,7 @@ func BudgetConfigFor(namespace, name, uid, currency, webhookURL string, maxAttem
 		currency = DefaultCurrency
 	}
 	return Config{
-		Activity:    namespace + "/" + name,
-		ActivityUID: uid,
-		Source:      SourceBudget,
-		Currency:    currency,
+		Source:      Source{Kind: SourceKindBudget, Namespace: namespace, Name: name, UID: uid, Currency: currency},
 		WebhookURL:  webhookURL,
 		MaxAttempts: maxAttempts,
 		SigningKey:  signingKey,

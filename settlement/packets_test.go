@@ -91,7 +91,7 @@ func (b *packetsBalance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sort.Strings(names)
 	var kind string
 	_ = json.Unmarshal(raw["kind"], &kind)
-	if kind == KindBudget {
+	if kind == KindAnnouncement {
 		var a budgetTotalDelivery
 		_ = json.Unmarshal(body, &a)
 		if want := []string{"activity", "activityUID", "amount", "at", "currency", "kind", "source"}; !slices.Equal(names, want) {
@@ -110,7 +110,7 @@ func (b *packetsBalance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	if want := []string{"activity", "activityUID", "amount", "at", "currency", "kind", "packetId", "source", "userId"}; !slices.Equal(names, want) {
+	if want := []string{"activity", "activityUID", "amount", "at", "currency", "kind", "packetId", "source", "sourceRef", "userId"}; !slices.Equal(names, want) {
 		b.problems = append(b.problems, fmt.Sprintf("delivery fields %v, want %v", names, want))
 	}
 	var d Delivery
@@ -259,7 +259,7 @@ func startBudgetWorkers(t *testing.T, tb testBudget, cfg Config, f *forgotten) (
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws[0].packets.forget = f.forget
+	ws[0].verifier.(*packetsCheck).forget = f.forget
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- RunAll(ctx, ws) }()

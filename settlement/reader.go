@@ -41,10 +41,10 @@ func (w *Worker) read(ctx context.Context, out chan<- []acquired) {
 		)
 		if own {
 			// History reads never block.
-			entries, err = w.redis.ReadOwnPending(ctx, w.cfg.Group, w.cfg.Consumer, ownCursor, n)
+			entries, err = w.stream.ReadOwnPending(ctx, w.cfg.Group, w.cfg.Consumer, ownCursor, n)
 		} else {
 			block := max(time.Millisecond, min(w.cfg.Block, time.Until(nextClaim)))
-			entries, err = w.redis.ReadNew(ctx, w.cfg.Group, w.cfg.Consumer, n, block)
+			entries, err = w.stream.ReadNew(ctx, w.cfg.Group, w.cfg.Consumer, n, block)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -83,7 +83,7 @@ func (w *Worker) autoclaim(ctx context.Context, out chan<- []acquired, cursor st
 			return cursor
 		}
 		at := time.Now()
-		entries, next, err := w.redis.ClaimIdle(ctx, w.cfg.Group, w.cfg.Consumer, w.cfg.ClaimIdle, cursor,
+		entries, next, err := w.stream.ClaimIdle(ctx, w.cfg.Group, w.cfg.Consumer, w.cfg.ClaimIdle, cursor,
 			min(int64(w.cfg.BatchSize), free))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -111,7 +111,7 @@ func (w *Worker) deliveryCounts(ctx context.Context, entries []store.StreamEntry
 	for i, e := range entries {
 		ids[i] = e.ID
 	}
-	counts, err := w.redis.DeliveryCounts(ctx, w.cfg.Group, w.cfg.Consumer, ids)
+	counts, err := w.stream.DeliveryCounts(ctx, w.cfg.Group, w.cfg.Consumer, ids)
 	if err != nil && ctx.Err() == nil {
 		w.log.Warn("reading delivery counts of settlement entries", "err", err)
 	}
@@ -145,42 +145,19 @@ func (w *Worker) send(ctx context.Context, out chan<- []acquired, entries []stor
 
 // updatePending sets the pending gauge from the group's pending summary.
 func (w *Worker) updatePending(ctx context.Context) {
-	n, err := w.redis.PendingCount(ctx, w.cfg.Group)
+	n, err := w.stream.PendingCount(ctx, w.cfg.Group)
 	if err != nil {
 		return
 	}
 	w.m.pending.Set(float64(n))
 }
 
-// verify checks entries against the claims and the close (store.Shard.VerifyEntries)
-// and, with a Budget, against the seeded split and the ledger (checkBudget), and
-// returns why each forged one is, by id. It retries until Redis answers: an entry is
+// verify checks entries with the source's Verifier and returns why each forged one
+// is, by id. It retries until Redis answers: an entry is
 // never delivered unverified. It returns false when ctx ended first.
 func (w *Worker) verify(ctx context.Context, entries []store.StreamEntry) (map[string]error, bool) {
 	for failures := 0; ; failures++ {
-		if w.packets != nil {
-			forged, err := w.packets.checkPackets(ctx, entries)
-			if err == nil {
-				return forged, true
-			}
-			if ctx.Err() != nil {
-				return nil, false
-			}
-			w.log.Warn("checking a budget's settlement entries against its ledger", "err", err)
-			if !sleep(ctx, retryPause(failures)) {
-				return nil, false
-			}
-			continue
-		}
-		forged, err := w.redis.VerifyEntries(ctx, entries)
-		if err == nil {
-			for id, why := range forged {
-				forged[id] = &ForgedError{Reason: ReasonClaimMismatch, Detail: why.Error()}
-			}
-			if w.cfg.Budget != nil {
-				err = w.checkBudget(ctx, entries, forged)
-			}
-		}
+		forged, err := w.verifier.Verify(ctx, entries)
 		if err == nil {
 			return forged, true
 		}

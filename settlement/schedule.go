@@ -575,7 +575,7 @@ func (w *Worker) refresh(ctx context.Context, entries map[string]*entry) []*entr
 	if len(held) == 0 {
 		return nil
 	}
-	owned, err := w.redis.RefreshHeld(ctx, w.cfg.Group, w.cfg.Consumer, held)
+	owned, err := w.stream.RefreshHeld(ctx, w.cfg.Group, w.cfg.Consumer, held)
 	if err != nil && ctx.Err() == nil {
 		w.log.Warn("refreshing held settlement entries", "err", err)
 	}

@@ -422,14 +422,14 @@ func TestNoWebhookLeavesClaimsInTheStream(t *testing.T) {
 func TestNewWorkerChecksConfig(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
-	good := Config{Redis: rdb, ActivityUID: "u", Consumer: "c",
+	good := Config{Redis: rdb, Source: Source{UID: "u"}, Consumer: "c",
 		WebhookURL: "http://127.0.0.1:1/credit"}
 	if _, err := NewWorker(good); err != nil {
 		t.Fatalf("good config: %v", err)
 	}
 	for name, mutate := range map[string]func(*Config){
 		"no redis":       func(c *Config) { c.Redis = nil },
-		"no uid":         func(c *Config) { c.ActivityUID = "" },
+		"no uid":         func(c *Config) { c.Source.UID = "" },
 		"no consumer":    func(c *Config) { c.Consumer = "" },
 		"relative url":   func(c *Config) { c.WebhookURL = "/credit" },
 		"bad scheme":     func(c *Config) { c.WebhookURL = "ftp://x/credit" },
@@ -520,7 +520,7 @@ func TestHealthFollowsTheLatestDeliveries(t *testing.T) {
 func TestRetryDefaults(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
-	cfg := Config{Redis: rdb, ActivityUID: "u", Consumer: "c"}
+	cfg := Config{Redis: rdb, Source: Source{UID: "u"}, Consumer: "c"}
 	w, err := NewWorker(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -551,7 +551,7 @@ func TestSignAndDeliveryBody(t *testing.T) {
 	if want := "sha256=f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8"; got != want {
 		t.Fatalf("signature %s, want %s", got, want)
 	}
-	w := &Worker{cfg: Config{Activity: "ns/a", ActivityUID: "u", Currency: "CNY"}}
+	w := &Worker{cfg: Config{Source: Source{Namespace: "ns", Name: "a", UID: "u", Currency: "CNY"}}}
 	// The grant as the store decodes it (the store's tests cover the decoding).
 	f := store.StreamEntry{ID: "1767225600123-0", Kind: store.KindGrant, PacketID: "7", UserID: "alice", Amount: 123,
 		At: time.UnixMilli(1767225600123).UTC()}

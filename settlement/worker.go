@@ -1,11 +1,12 @@
-// Package settlement credits an activity's claims and refunds to the balance system.
+// Package settlement credits the claims and refunds of an activity or a budget (its
+// Source) to the balance system.
 //
 // Every grant and the refund at close are entries in the activity's Redis stream,
 // written by the script that decided them (see package lua). A Worker is one
 // consumer in the activity's consumer group: it reads entries, POSTs each to the
 // balance system's webhook (the body and headers the public contract fixes) and
 // acknowledges an entry only after a 2xx answer, in the same atomic step that counts
-// it as settled (store.Shard.Ack), so the settled counters are exact and never count an
+// it as settled (store.Stream.Ack), so the settled counters are exact and never count an
 // entry twice.
 //
 // Before an entry is delivered it is checked against what the script that wrote it
@@ -38,15 +39,18 @@
 // answers. Deliveries are counted by Redis itself (the pending entry's delivery
 // counter, raised by every read, claim and retry), so the count survives a worker's
 // death; an entry delivered MaxAttempts times without success moves to the
-// dead-letter stream (store.Shard.DeadLetter), once. A worker re-reads its own pending
+// dead-letter stream (store.Stream.DeadLetter), once. A worker re-reads its own pending
 // entries when it starts, keeps the entries it holds fresh while it backs off, and
 // periodically takes over entries left idle longer than ClaimIdle by dead workers
-// (XAUTOCLAIM). The stream is never trimmed. store.Shard.ReplayDeadLetters puts dead
+// (XAUTOCLAIM). The stream is never trimmed. store.Stream.ReplayDeadLetters puts dead
 // letters back into the stream.
 //
-// Every Redis call of a worker is a method of the activity's handle (store.Shard):
-// the consumer-group reads and claims, the delivery counts, the acknowledgement and
-// the dead-lettering. The entries it reads are decoded there (store.StreamEntry).
+// Every Redis call of a worker is a method of its shard's settlement stream
+// (store.Stream, which an activity's and a budget's shards hand out alike): the
+// consumer-group reads and claims, the delivery counts, the acknowledgement and the
+// dead-lettering. The entries it reads are decoded there (store.StreamEntry). What
+// differs between the kinds is the worker's Verifier: the check before delivery and
+// the step before the acknowledgement (verifier.go).
 //
 // Delivery is at least once: the balance system dedups by the Idempotency-Key
 // header, "<activityUID>/<packetId>" ("<activityUID>/refund" for the refund).
@@ -72,23 +76,21 @@ const redisOpTimeout = 5 * time.Second
 
 // Worker delivers one activity's settlement entries as one consumer of the group.
 type Worker struct {
-	cfg   Config
-	redis *store.Shard // the activity's handle on cfg.Redis
-	// ledger is the activity's settlement ledger (used with cfg.Budget); shard is the
-	// index of the worker's shard, of shards.
-	ledger        *store.Ledger
-	shard, shards int
-	m             *metrics
-	log           *slog.Logger
-	held          atomic.Int64  // entries read or claimed and not yet finished
-	space         chan struct{} // signalled when held goes down
-	acks          chan ackCall  // delivered entries for the acknowledger (acks.go)
+	cfg    Config
+	stream *store.Stream // the shard's settlement stream on cfg.Redis
+	// verifier is the source's check before delivery and step before the
+	// acknowledgement (an activity's or a budget's).
+	verifier Verifier
+	// shard is the index of the worker's shard.
+	shard int
+	m     *metrics
+	log   *slog.Logger
+	held  atomic.Int64  // entries read or claimed and not yet finished
+	space chan struct{} // signalled when held goes down
+	acks  chan ackCall  // delivered entries for the acknowledger (acks.go)
 	// transport is the HTTP transport the worker made for itself (nil when the
 	// configured client brought one); its idle connections close when Run returns.
 	transport *http.Transport
-	// packets is the check of a RedPacketBudget's workers (NewBudgetWorkers); nil
-	// for an activity's.
-	packets *packetsCheck
 }
 
 // NewWorker checks cfg, fills in its defaults and registers the metrics.
@@ -117,16 +119,17 @@ func newWorkers(cfg Config, n int) ([]*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.Activity)
+	m, err := newMetrics(cfg.Registerer, cfg.Source.Ref())
 	if err != nil {
 		return nil, err
 	}
-	act := store.NewActivity(cfg.Redis, cfg.ActivityUID, n)
+	act := store.NewActivity(cfg.Redis, cfg.Source.UID, n)
 	ws := make([]*Worker, n)
 	for i := range ws {
 		// One transport for all of them: the first worker closes its idle connections.
-		ws[i] = newWorker(cfg, m, act.Shard(i), ownTransport && i == 0)
-		ws[i].ledger, ws[i].shard, ws[i].shards = act.Ledger(), i, n
+		v := &activityVerifier{shard: act.Shard(i), ledger: act.Ledger(), allowance: cfg.Allowance, shards: n}
+		ws[i] = newWorker(cfg, m, act.Stream(i), v, ownTransport && i == 0)
+		ws[i].shard = i
 	}
 	return ws, nil
 }
@@ -143,10 +146,11 @@ func RunAll(ctx context.Context, ws []*Worker) error {
 	return errors.Join(errs...)
 }
 
-// newWorker is a worker of cfg (already checked) on the stream of h.
-func newWorker(cfg Config, m *metrics, h *store.Shard, ownTransport bool) *Worker {
-	log := cfg.Logger.With("activity", cfg.Activity, "consumer", cfg.Consumer)
-	w := &Worker{cfg: cfg, redis: h, m: m, log: log, space: make(chan struct{}, 1), acks: make(chan ackCall, maxAckBatch)}
+// newWorker is a worker of cfg (already checked) on the stream h, with the source's
+// verifier v.
+func newWorker(cfg Config, m *metrics, h *store.Stream, v Verifier, ownTransport bool) *Worker {
+	log := cfg.Logger.With("activity", cfg.Source.Ref(), "consumer", cfg.Consumer)
+	w := &Worker{cfg: cfg, stream: h, verifier: v, m: m, log: log, space: make(chan struct{}, 1), acks: make(chan ackCall, maxAckBatch)}
 	if ownTransport {
 		w.transport, _ = cfg.HTTPClient.Transport.(*http.Transport)
 	}
@@ -196,7 +200,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // need be), retrying until it exists or ctx is done.
 func (w *Worker) ensureGroup(ctx context.Context) bool {
 	for failures := 0; ; failures++ {
-		err := w.redis.EnsureGroup(ctx, w.cfg.Group)
+		err := w.stream.EnsureGroup(ctx, w.cfg.Group)
 		if err == nil {
 			return true
 		}
@@ -215,7 +219,7 @@ func (w *Worker) ensureGroup(ctx context.Context) bool {
 func (w *Worker) runJob(ctx context.Context, j job) result {
 	r := result{id: j.id, seq: j.seq, lane: j.lane, outcome: outcomeRetry, step: j.step, attempts: j.attempts, lastErr: j.lastErr}
 	if j.claim {
-		mine, err := w.redis.ClaimForRetry(ctx, w.cfg.Group, w.cfg.Consumer, j.id, j.minIdle)
+		mine, err := w.stream.ClaimForRetry(ctx, w.cfg.Group, w.cfg.Consumer, j.id, j.minIdle)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn("re-claiming a settlement entry for retry", "entry", j.id, "err", err)
@@ -313,8 +317,8 @@ func (w *Worker) ack(ctx context.Context, j job, r result) result {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisOpTimeout)
 	defer cancel()
 	a := w.acknowledge(actx, j.id, j.entry)
-	if a.forgetErr != nil {
-		w.log.Warn("forgetting the packet of a delivered refund", "entry", j.id, "err", a.forgetErr)
+	if a.beforeErr != nil {
+		w.log.Warn("preparing the acknowledgement of a delivered entry", "entry", j.id, "err", a.beforeErr)
 		r.step = stepAck
 		r.outcome = outcomeRetry
 		return r
@@ -340,7 +344,7 @@ func (w *Worker) ack(ctx context.Context, j job, r result) result {
 func (w *Worker) deadLetter(ctx context.Context, j job, r result) result {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisOpTimeout)
 	defer cancel()
-	parked, err := w.redis.DeadLetter(actx, w.cfg.Group, j.id, r.lastErr, j.entry.FieldValues())
+	parked, err := w.stream.DeadLetter(actx, w.cfg.Group, j.id, r.lastErr, j.entry.FieldValues())
 	if err != nil {
 		w.log.Warn("dead-lettering a settlement entry", "entry", j.id, "err", err)
 		r.step = stepDeadLetter

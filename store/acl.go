@@ -99,11 +99,20 @@ var containerCommands = map[string]bool{"xgroup": true, "xinfo": true, "object":
 // activityUserCommands lists, sorted and in lower case, every command the activity's
 // user may run: activityUserDirectCommands and every command grabSideScripts call.
 func activityUserCommands() []string {
+	return userCommands("activity", activityUserDirectCommands, grabSideScripts())
+}
+
+// userCommands lists, sorted and in lower case, every command a tenant's Redis user
+// may run: the direct commands its grab pods send and every command the scripts
+// call (a container command by its subcommand). It is the one place where the
+// activity's and the budget's users get their commands, and it refuses (panics on)
+// a command of forbiddenActivityCommands, naming whose user (who) would get it.
+func userCommands(who string, direct []string, scripts []*lua.Script) []string {
 	set := map[string]bool{}
-	for _, c := range activityUserDirectCommands {
+	for _, c := range direct {
 		set[c] = true
 	}
-	for _, s := range grabSideScripts() {
+	for _, s := range scripts {
 		for _, m := range scriptCall.FindAllStringSubmatch(s.Source(), -1) {
 			name := strings.ToLower(m[1])
 			if containerCommands[name] {
@@ -116,7 +125,7 @@ func activityUserCommands() []string {
 	for c := range set {
 		name, _, _ := strings.Cut(c, "|")
 		if slices.Contains(forbiddenActivityCommands, c) || slices.Contains(forbiddenActivityCommands, name) {
-			panic("the activity's Redis user would be granted the forbidden command " + c)
+			panic("the " + who + "'s Redis user would be granted the forbidden command " + c)
 		}
 		out = append(out, c)
 	}

@@ -3,9 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"slices"
-	"sort"
-	"strings"
 
 	"redpacket.io/operator/lua"
 )
@@ -35,29 +32,7 @@ var budgetUserDirectCommands = []string{
 // user may run: budgetUserDirectCommands and every command the function library's
 // functions call. It refuses (panics on) a forbidden command, as the activity's does.
 func budgetUserCommands() []string {
-	set := map[string]bool{}
-	for _, c := range budgetUserDirectCommands {
-		set[c] = true
-	}
-	for _, s := range lua.GrabLibrary.Scripts() {
-		for _, m := range scriptCall.FindAllStringSubmatch(s.Source(), -1) {
-			name := strings.ToLower(m[1])
-			if containerCommands[name] {
-				name += "|" + strings.ToLower(m[2])
-			}
-			set[name] = true
-		}
-	}
-	out := make([]string, 0, len(set))
-	for c := range set {
-		name, _, _ := strings.Cut(c, "|")
-		if slices.Contains(forbiddenActivityCommands, c) || slices.Contains(forbiddenActivityCommands, name) {
-			panic("the budget's Redis user would be granted the forbidden command " + c)
-		}
-		out = append(out, c)
-	}
-	sort.Strings(out)
-	return out
+	return userCommands("budget", budgetUserDirectCommands, lua.GrabLibrary.Scripts())
 }
 
 // BudgetKeyPattern is the ACL key pattern of every key of the budget uid: each of its

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"strconv"
 	"sync/atomic"
@@ -124,6 +126,14 @@ func NewBudget(c redis.Cmdable, uid string, n int) *Budget {
 // UID is the budget's UID.
 func (b *Budget) UID() string { return b.uid }
 
+// Ping checks that the Redis of the budget's client answers (PING).
+func (b *Budget) Ping(ctx context.Context) error {
+	if err := b.c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("pinging Redis: %w", err)
+	}
+	return nil
+}
+
 // N is the number of budget shards.
 func (b *Budget) N() int { return len(b.keys) }
 
@@ -227,16 +237,4 @@ type BudgetSnapshot struct {
 // Conserved reports whether the snapshot's money adds up.
 func (s BudgetSnapshot) Conserved() bool {
 	return s.Total == s.Available+s.Live+s.Claimed+s.Refunded
-}
-
-// SettlementShard is a handle on shard i's settlement stream, dead letters and
-// settled counters (its Keys name the budget shard's meta, stream and dead
-// letters), for the settlement workers.
-func (b *Budget) SettlementShard(i int) *Shard {
-	k := b.keys[i]
-	// Claims names a key that is never written, under the shard's tag: the scripts
-	// shared with activities (replay_dead.lua) take it, and on a cluster every key of
-	// one call must be in one slot.
-	return &Shard{c: b.c, keys: Keys{Meta: k.Meta, Stream: k.Stream, DeadLetters: k.DeadLetters,
-		Claims: k.packetPrefix[:len(k.packetPrefix)-2] + "noclaims"}}
 }

@@ -205,7 +205,7 @@ func TestExpiryBurst(t *testing.T) {
 	var want int64
 	refunds := map[string]int64{}
 	for i := range shards {
-		entries, err := b.SettlementShard(i).Entries(ctx)
+		entries, err := b.Stream(i).Entries(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ import (
 
 // The grab fleet's calls on a budget: the functions of lua.GrabLibrary (FCALL),
 // which the budget's own Redis user may run. A call that finds the library missing
-// fails with the server's "Function not found" wrapped (lua.IsFunctionMissing: the
+// fails with the server's "Function not found" wrapped (ErrFunctionMissing: the
 // grab service answers 503, and nothing ran); a handle of the operator's
 // (RestoreFunctions) loads it and calls once more.
 
@@ -54,24 +54,10 @@ func (b *Budget) RestoreFunctions() *Budget {
 	return b
 }
 
-// call runs a function of the library, restoring it once on a restoring handle.
+// call runs a function of the library on the budget's client (callFunction),
+// restoring a missing library on the operator's handles.
 func (b *Budget) call(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
-	cmd := s.Call(ctx, b.c, keys, args...)
-	if !b.restores || !lua.IsFunctionMissing(cmd.Err()) {
-		return cmd
-	}
-	var err error
-	if u, ok := b.c.(redis.UniversalClient); ok {
-		_, err = lua.GrabLibrary.Ensure(ctx, u)
-	} else {
-		_, err = lua.GrabLibrary.Load(ctx, b.c)
-	}
-	if err != nil {
-		failed := redis.NewCmd(ctx)
-		failed.SetErr(fmt.Errorf("%w (restoring it: %w)", cmd.Err(), err))
-		return failed
-	}
-	return s.Call(ctx, b.c, keys, args...)
+	return callFunction(ctx, b.c, b.restores, s, keys, args...)
 }
 
 // CreateResult is what a creation decided: the packet for created and existing,

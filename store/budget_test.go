@@ -295,7 +295,7 @@ func TestBudgetGrabOutcomes(t *testing.T) {
 			t.Fatalf("detail grab %d: %+v, want %s", i, g, users[i])
 		}
 	}
-	entries, err := b.SettlementShard(b.ShardOf("p1")).Entries(ctx)
+	entries, err := b.Stream(b.ShardOf("p1")).Entries(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func TestBudgetExpiry(t *testing.T) {
 			t.Fatalf("second expiry: %d, %d, %v", n, r, err)
 		}
 	})
-	entries, err := b.SettlementShard(0).Entries(ctx)
+	entries, err := b.Stream(0).Entries(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

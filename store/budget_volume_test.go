@@ -252,7 +252,7 @@ func runSeed004AtVolume(t *testing.T, c redis.UniversalClient, via redis.Cmdable
 	grants := 0
 	perPacket := map[string]map[string]bool{}
 	for i := range b.N() {
-		entries, err := b.SettlementShard(i).Entries(ctx)
+		entries, err := b.Stream(i).Entries(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,10 @@
 // are the only writers of all of it. Outside this package nothing issues a Redis
 // command about an activity: everything goes through the activity's handle,
 // NewActivity(client, uid, n), and its methods; Activity.Shard(i) hands out one
-// shard for the calls that are that shard's own (its settlement stream, its claims).
+// shard for the calls that are that shard's own (its grabs, its claims). A shard's
+// settlement stream, consumer group and dead letters are a Stream, which an
+// activity's shards and a budget's hand out alike (Activity.Stream(i),
+// Budget.Stream(i)): settlement works on a Stream whichever kind it credits.
 // Clients are opened by package store/redisconn.
 //
 // Where things happen, one hop each:
@@ -18,7 +21,8 @@
 //   - the schedule, the fence and an accepted rollback: lifecycle.go;
 //   - reading the counters: Shard snapshots (snapshot.go, snapshot.lua), summed
 //     over shards into a View (view.go);
-//   - settlement: the consumer group and the checks of its entries (stream.go), the
+//   - settlement: the Stream handle (settlement_stream.go), the consumer group and
+//     the checks of its entries (stream.go), the
 //     acknowledgement and the dead letters (settle.go, replay.go), and the operator's
 //     ledger of what was credited (ledger.go, ledger_credit.lua);
 //   - deleting an activity: purge.go; its Redis user: acl.go; durability:
@@ -27,10 +31,11 @@
 //     are the functions of one library, lua.GrabLibrary, called with FCALL by every
 //     caller; the operator's scripts (seed, configure, close, fence, accept, refund)
 //     are cached scripts run with EVALSHA and an EVAL fallback. Only the operator
-//     loads the library (LoadScripts, and the manager's function keeper); an
+//     loads the library, through the store (LoadScripts, and the Library handle
+//     the manager's function keeper and a budget's reconcile use: library.go); an
 //     activity's own Redis user may FCALL it and run no other Lua (acl.go). A call
-//     that finds the library missing fails, except on a handle of the operator's
-//     (RestoreFunctions), which loads it and retries once. Each grab-side script caps
+//     that finds the library missing fails with ErrFunctionMissing, except on a
+//     handle of the operator's (RestoreFunctions), which loads it and retries once. Each grab-side script caps
 //     the work one call can do, whatever its arguments.
 //
 // The invariants, which every script keeps in one atomic step:

@@ -12,14 +12,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// masterOf is the plain client of the master that holds the activity's slot: c
-// itself on a standalone server, the slot's master on a cluster.
+// masterOf is the plain client of the master that holds the slot of k's meta hash
+// (every key of a shard shares it): c itself on a standalone server, the slot's
+// master on a cluster.
 func masterOf(ctx context.Context, c redis.Cmdable, k Keys) (*redis.Client, error) {
+	return masterOfKey(ctx, c, k.Meta)
+}
+
+// masterOfKey is the plain client of the master that holds key's slot.
+func masterOfKey(ctx context.Context, c redis.Cmdable, key string) (*redis.Client, error) {
 	switch cc := c.(type) {
 	case *redis.Client:
 		return cc, nil
 	case *redis.ClusterClient:
-		m, err := cc.MasterForKey(ctx, k.Meta)
+		m, err := cc.MasterForKey(ctx, key)
 		if err != nil {
 			return nil, fmt.Errorf("finding the master of the activity's slot: %w", err)
 		}
@@ -35,8 +41,11 @@ var ErrDurabilityNotMet = errors.New("the activity's Redis does not give the dur
 // CheckFsync checks that the master holding the activity runs with appendonly yes
 // and appendfsync always, so that every grab is on disk before its answer leaves
 // Redis. It wraps ErrDurabilityNotMet when it does not.
-func (a *Shard) CheckFsync(ctx context.Context) error {
-	m, err := masterOf(ctx, a.c, a.keys)
+func (a *Shard) CheckFsync(ctx context.Context) error { return checkFsync(ctx, a.c, a.keys.Meta) }
+
+// checkFsync checks the master of key's slot as CheckFsync does.
+func checkFsync(ctx context.Context, c redis.Cmdable, key string) error {
+	m, err := masterOfKey(ctx, c, key)
 	if err != nil {
 		return err
 	}
@@ -54,7 +63,12 @@ func (a *Shard) CheckFsync(ctx context.Context) error {
 // CheckReplicas checks that the master holding the activity has at least n
 // replicas connected. It wraps ErrDurabilityNotMet when it has fewer.
 func (a *Shard) CheckReplicas(ctx context.Context, n int) error {
-	m, err := masterOf(ctx, a.c, a.keys)
+	return checkReplicas(ctx, a.c, a.keys.Meta, n)
+}
+
+// checkReplicas checks the master of key's slot as CheckReplicas does.
+func checkReplicas(ctx context.Context, c redis.Cmdable, key string, n int) error {
+	m, err := masterOfKey(ctx, c, key)
 	if err != nil {
 		return err
 	}
@@ -218,4 +232,27 @@ func (w *ReplicaWaiter) Close() error {
 		w.own = nil
 	}
 	return errors.Join(errs...)
+}
+
+// CheckFsync checks the master of every budget shard's slot as an activity's
+// (Shard.CheckFsync); it wraps ErrDurabilityNotMet when one does not fsync every
+// write.
+func (b *Budget) CheckFsync(ctx context.Context) error {
+	for i, k := range b.keys {
+		if err := checkFsync(ctx, b.c, k.Meta); err != nil {
+			return fmt.Errorf("budget shard %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// CheckReplicas checks that the master of every budget shard's slot has at least n
+// replicas connected (Shard.CheckReplicas).
+func (b *Budget) CheckReplicas(ctx context.Context, n int) error {
+	for i, k := range b.keys {
+		if err := checkReplicas(ctx, b.c, k.Meta, n); err != nil {
+			return fmt.Errorf("budget shard %d: %w", i, err)
+		}
+	}
+	return nil
 }

@@ -24,34 +24,56 @@ import (
 // library). Call it before the handle is used; it returns the handle.
 func (s *Activity) RestoreFunctions() *Activity {
 	for _, a := range s.shards {
-		a.restores = true
+		a.restores, a.Stream.restores = true, true
 	}
-	s.base.restores = true
+	s.base.restores, s.base.Stream.restores = true, true
 	return s
 }
 
-// call runs a grab-side script as its library function (FCALL); a handle that
-// restores functions loads a missing library and calls once more.
+// call runs a grab-side script as its library function on the shard's client
+// (callFunction), restoring a missing library on the operator's handles.
 func (a *Shard) call(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
-	cmd := s.Call(ctx, a.c, keys, args...)
-	if !a.restores || !lua.IsFunctionMissing(cmd.Err()) {
-		return cmd
-	}
-	if err := a.restoreLibrary(ctx); err != nil {
-		failed := redis.NewCmd(ctx)
-		failed.SetErr(fmt.Errorf("%w (restoring it: %w)", cmd.Err(), err))
-		return failed
-	}
-	return s.Call(ctx, a.c, keys, args...)
+	return callFunction(ctx, a.c, a.restores, s, keys, args...)
 }
 
-// restoreLibrary loads the grab-side library on every master of the handle's client,
-// or, on a pipeliner, on the server it reaches.
-func (a *Shard) restoreLibrary(ctx context.Context) error {
-	if u, ok := a.c.(redis.UniversalClient); ok {
-		_, err := lua.GrabLibrary.Ensure(ctx, u)
-		return err
+// call runs a library function (the replay of dead letters) on the stream's client
+// (callFunction), restoring a missing library on the operator's handles.
+func (s *Stream) call(ctx context.Context, f *lua.Script, keys []string, args ...any) *redis.Cmd {
+	return callFunction(ctx, s.c, s.restores, f, keys, args...)
+}
+
+// callFunction runs a grab-side script as its library function (FCALL) on c. When
+// restores is set (a handle of the operator's) and the call finds the library
+// missing, it loads the library (ensureLibrary) and calls once more; otherwise, or
+// when the load fails, the call's error stands, marked ErrFunctionMissing when the
+// library was missing (functionErr). It is the one way the store calls a
+// function of the library, for activities and budgets alike.
+func callFunction(ctx context.Context, c redis.Cmdable, restores bool, s *lua.Script, keys []string, args ...any) *redis.Cmd {
+	cmd := s.Call(ctx, c, keys, args...)
+	if !restores || !lua.IsFunctionMissing(cmd.Err()) {
+		cmd.SetErr(functionErr(cmd.Err()))
+		return cmd
 	}
-	_, err := lua.GrabLibrary.Load(ctx, a.c)
-	return err
+	if _, err := ensureLibrary(ctx, c); err != nil {
+		failed := redis.NewCmd(ctx)
+		failed.SetErr(functionErr(fmt.Errorf("%w (restoring it: %w)", cmd.Err(), err)))
+		return failed
+	}
+	cmd = s.Call(ctx, c, keys, args...)
+	cmd.SetErr(functionErr(cmd.Err()))
+	return cmd
+}
+
+// ensureLibrary loads the grab-side library where it is missing: on every master of
+// a plain or cluster client, or, on a pipeliner, on the server it reaches. It returns
+// on how many servers it loaded it.
+func ensureLibrary(ctx context.Context, c redis.Cmdable) (int, error) {
+	if u, ok := c.(redis.UniversalClient); ok {
+		return lua.GrabLibrary.Ensure(ctx, u)
+	}
+	loaded, err := lua.GrabLibrary.Load(ctx, c)
+	if loaded {
+		return 1, err
+	}
+	return 0, err
 }

@@ -184,7 +184,7 @@ func (g *grabCall) grab(ctx context.Context, a *Shard, userID string, mark Water
 	}
 	reply, err := cmd.Result()
 	if err != nil {
-		return GrabResult{}, fmt.Errorf("grab script: %w", err)
+		return GrabResult{}, fmt.Errorf("grab script: %w", functionErr(err))
 	}
 	res, err := decodeGrab(reply)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 )
 
 // The operator's settlement ledger of an activity: which packet was credited to
-// whom, the sums credited so far, and whether the budget was announced. Settlement
+// whom, the sums credited so far, and whether the allowance was announced. Settlement
 // decides there, in one atomic step per batch (ledger_credit.lua), whether an entry
 // may be delivered, so each packet is credited at most once and the credits plus
 // the refund never exceed the activity's total, across operator restarts.
@@ -107,8 +107,9 @@ type LedgerSums struct {
 	Credited, Grants int64
 	// Refund is the refund let through (0 when none).
 	Refund int64
-	// Budget is the announced budget, "<amount>:<count>", or "".
-	Budget string
+	// Allowance is the announced allowance, "<amount>:<count>", or "" (the
+	// ledger's "budget" field).
+	Allowance string
 }
 
 // Sums reads what the ledger recorded.
@@ -122,29 +123,29 @@ func (l *Ledger) Sums(ctx context.Context) (LedgerSums, error) {
 		n, _ := strconv.ParseInt(s, 10, 64)
 		return n
 	}
-	budget, _ := v[3].(string)
-	return LedgerSums{Credited: num(v[0]), Grants: num(v[1]), Refund: num(v[2]), Budget: budget}, nil
+	allowance, _ := v[3].(string)
+	return LedgerSums{Credited: num(v[0]), Grants: num(v[1]), Refund: num(v[2]), Allowance: allowance}, nil
 }
 
-// BudgetAnnounced returns the budget recorded as announced, "<amount>:<count>", or
+// AllowanceAnnounced returns the activity's allowance recorded as announced, "<amount>:<count>", or
 // "" when none was.
-func (l *Ledger) BudgetAnnounced(ctx context.Context) (string, error) {
-	v, err := lua.LedgerBudgetScript.Run(ctx, l.c, []string{l.key}, "get").Text()
+func (l *Ledger) AllowanceAnnounced(ctx context.Context) (string, error) {
+	v, err := lua.LedgerAllowanceScript.Run(ctx, l.c, []string{l.key}, "get").Text()
 	if errors.Is(err, redis.Nil) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("reading the announced budget in %s: %w", l.key, err)
+		return "", fmt.Errorf("reading the announced allowance in %s: %w", l.key, err)
 	}
 	return v, nil
 }
 
-// RecordBudget records that the budget of amount and count was announced (the first
+// RecordAllowance records that the allowance of amount and count was announced (the first
 // record stays) and returns the recorded one.
-func (l *Ledger) RecordBudget(ctx context.Context, amount, count int64) (string, error) {
-	v, err := lua.LedgerBudgetScript.Run(ctx, l.c, []string{l.key}, "set", fmt.Sprintf("%d:%d", amount, count)).Text()
+func (l *Ledger) RecordAllowance(ctx context.Context, amount, count int64) (string, error) {
+	v, err := lua.LedgerAllowanceScript.Run(ctx, l.c, []string{l.key}, "set", fmt.Sprintf("%d:%d", amount, count)).Text()
 	if err != nil {
-		return "", fmt.Errorf("recording the announced budget in %s: %w", l.key, err)
+		return "", fmt.Errorf("recording the announced allowance in %s: %w", l.key, err)
 	}
 	return v, nil
 }

@@ -236,20 +236,20 @@ func (l *BudgetLedger) Sums(ctx context.Context) (BudgetLedgerSums, error) {
 // or dead-lettered by group: the group has read up to the stream's last entry and
 // holds none pending. A shard without a stream is drained; a stream with entries and
 // no group is not.
-func (a *Shard) Drained(ctx context.Context, group string) (bool, error) {
-	info, err := a.c.XInfoStream(ctx, a.keys.Stream).Result()
+func (s *Stream) Drained(ctx context.Context, group string) (bool, error) {
+	info, err := s.c.XInfoStream(ctx, s.keys.Stream).Result()
 	if err != nil {
 		if strings.Contains(err.Error(), "no such key") {
 			return true, nil
 		}
-		return false, fmt.Errorf("reading %s: %w", a.keys.Stream, err)
+		return false, fmt.Errorf("reading %s: %w", s.keys.Stream, err)
 	}
 	if info.Length == 0 {
 		return true, nil
 	}
-	groups, err := a.c.XInfoGroups(ctx, a.keys.Stream).Result()
+	groups, err := s.c.XInfoGroups(ctx, s.keys.Stream).Result()
 	if err != nil {
-		return false, fmt.Errorf("reading the consumer groups of %s: %w", a.keys.Stream, err)
+		return false, fmt.Errorf("reading the consumer groups of %s: %w", s.keys.Stream, err)
 	}
 	for _, g := range groups {
 		if g.Name != group {
@@ -265,20 +265,20 @@ func (a *Shard) Drained(ctx context.Context, group string) (bool, error) {
 // yet (the group's lag; when Redis cannot tell the lag, the entries after the last
 // one read are not counted, so the figure may be low, never high). A shard without a
 // stream has none; a stream with no group has all of its entries unsettled.
-func (a *Shard) Unsettled(ctx context.Context, group string) (int64, error) {
-	info, err := a.c.XInfoStream(ctx, a.keys.Stream).Result()
+func (s *Stream) Unsettled(ctx context.Context, group string) (int64, error) {
+	info, err := s.c.XInfoStream(ctx, s.keys.Stream).Result()
 	if err != nil {
 		if strings.Contains(err.Error(), "no such key") {
 			return 0, nil
 		}
-		return 0, fmt.Errorf("reading %s: %w", a.keys.Stream, err)
+		return 0, fmt.Errorf("reading %s: %w", s.keys.Stream, err)
 	}
 	if info.Length == 0 {
 		return 0, nil
 	}
-	groups, err := a.c.XInfoGroups(ctx, a.keys.Stream).Result()
+	groups, err := s.c.XInfoGroups(ctx, s.keys.Stream).Result()
 	if err != nil {
-		return 0, fmt.Errorf("reading the consumer groups of %s: %w", a.keys.Stream, err)
+		return 0, fmt.Errorf("reading the consumer groups of %s: %w", s.keys.Stream, err)
 	}
 	for _, g := range groups {
 		if g.Name == group {

@@ -87,7 +87,7 @@ func TestBudgetLedgerCreditsEachKeyOnceWithinTheAnnouncedTotal(t *testing.T) {
 func TestBudgetShardUnsettledCountsWhatTheGroupOwes(t *testing.T) {
 	ctx := t.Context()
 	rdb := redistest.Start(t).Client(t)
-	sh := store.NewBudget(rdb, "budget-unsettled", 1).SettlementShard(0)
+	sh := store.NewBudget(rdb, "budget-unsettled", 1).Stream(0)
 	stream := store.NewBudget(rdb, "budget-unsettled", 1).ShardKeys(0).Stream
 	check := func(what string, want int64) {
 		t.Helper()

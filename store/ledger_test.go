@@ -65,13 +65,13 @@ func TestLedgerCreditsEachPacketOnceWithinTheTotal(t *testing.T) {
 		t.Fatalf("over count: %+v %v", got, err)
 	}
 	// The budget is recorded once; the first record stays.
-	if b, err := l.BudgetAnnounced(ctx); err != nil || b != "" {
+	if b, err := l.AllowanceAnnounced(ctx); err != nil || b != "" {
 		t.Fatalf("budget before: %q %v", b, err)
 	}
-	if b, err := l.RecordBudget(ctx, 600, 3); err != nil || b != "600:3" {
+	if b, err := l.RecordAllowance(ctx, 600, 3); err != nil || b != "600:3" {
 		t.Fatalf("record budget: %q %v", b, err)
 	}
-	if b, err := l.RecordBudget(ctx, 900, 3); err != nil || b != "600:3" {
+	if b, err := l.RecordAllowance(ctx, 900, 3); err != nil || b != "600:3" {
 		t.Fatalf("record budget again: %q %v, want the first record", b, err)
 	}
 }
@@ -115,11 +115,11 @@ func TestActivityUserCannotTouchTheLedger(t *testing.T) {
 	if _, err := tenantLedger.Decide(ctx, 1<<40, 1<<20, []store.StreamEntry{{ID: "1-2", Kind: store.KindGrant, PacketID: "2", UserID: "mallory", Amount: 1 << 30}}); !isNoPerm(err) {
 		t.Errorf("the ledger script as the activity's user: %v, want NOPERM", err)
 	}
-	if _, err := tenantLedger.RecordBudget(ctx, 1<<40, 1); !isNoPerm(err) {
+	if _, err := tenantLedger.RecordAllowance(ctx, 1<<40, 1); !isNoPerm(err) {
 		t.Errorf("recording a budget as the activity's user: %v, want NOPERM", err)
 	}
 	sums, err := ledger.Sums(ctx)
-	if err != nil || sums.Credited != 200 || sums.Grants != 1 || sums.Budget != "" {
+	if err != nil || sums.Credited != 200 || sums.Grants != 1 || sums.Allowance != "" {
 		t.Fatalf("ledger after the tenant's attempts: %+v %v", sums, err)
 	}
 	if err := act.Purge(ctx); err != nil {

@@ -10,12 +10,12 @@ import (
 // replayDead moves up to limit (>= 1) of the oldest dead-lettered entries back into the
 // activity's stream as new entries, deletes them from the dead-letter stream and
 // lowers dead_count by as many, in one atomic step. It returns how many it moved.
-func (a *Shard) replayDead(ctx context.Context, limit int) (int, error) {
-	k := a.keys
+func (s *Stream) replayDead(ctx context.Context, limit int) (int, error) {
+	k := s.keys
 	if limit < 1 {
 		return 0, fmt.Errorf("replaying dead letters: limit %d, want at least 1", limit)
 	}
-	n, err := a.call(ctx, lua.ReplayDeadScript, []string{k.Meta, k.Stream, k.DeadLetters, k.Claims}, limit).Int64()
+	n, err := s.call(ctx, lua.ReplayDeadScript, []string{k.Meta, k.Stream, k.DeadLetters, k.claims}, limit).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("replay dead letters: %w", err)
 	}
@@ -44,14 +44,14 @@ const replayChunk = 500
 //
 // Operators run it through the grab binary's replay-dead-letters command; it is
 // safe to run while workers are delivering and to run twice.
-func (a *Shard) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
+func (s *Stream) ReplayDeadLetters(ctx context.Context, max int) (int, error) {
 	moved := 0
 	for max <= 0 || moved < max {
 		n := replayChunk
 		if max > 0 {
 			n = min(n, max-moved)
 		}
-		got, err := a.replayDead(ctx, n)
+		got, err := s.replayDead(ctx, n)
 		if err != nil {
 			return moved, fmt.Errorf("replaying dead letters after %d moved: %w", moved, err)
 		}

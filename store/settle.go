@@ -18,9 +18,9 @@ const (
 
 // ack acknowledges a delivered stream entry and counts it as settled. It returns
 // false when the entry had been acknowledged before, so nothing is counted twice.
-func (a *Shard) ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
-	k := a.keys
-	n, err := lua.SettleAckScript.Run(ctx, a.c, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
+func (s *Stream) ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
+	k := s.keys
+	n, err := lua.SettleAckScript.Run(ctx, s.c, []string{k.Meta, k.Stream}, group, entryID, kind, amount).Int64()
 	if err != nil {
 		return false, fmt.Errorf("settle ack of %s: %w", entryID, err)
 	}
@@ -29,13 +29,13 @@ func (a *Shard) ack(ctx context.Context, group, entryID, kind string, amount int
 
 // deadLetter parks an undeliverable entry with its fields and the last error. It
 // returns false when the entry had been acknowledged before.
-func (a *Shard) deadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
-	k := a.keys
+func (s *Stream) deadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+	k := s.keys
 	args := []any{group, entryID, lastErr}
 	for _, f := range deadLetterFields(fields) {
 		args = append(args, f, fields[f])
 	}
-	n, err := lua.DeadLetterScript.Run(ctx, a.c, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
+	n, err := lua.DeadLetterScript.Run(ctx, s.c, []string{k.Meta, k.Stream, k.DeadLetters}, args...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("dead-letter of %s: %w", entryID, err)
 	}
@@ -43,13 +43,13 @@ func (a *Shard) deadLetter(ctx context.Context, group, entryID, lastErr string, 
 }
 
 // Ack acknowledges a delivered stream entry and counts it as settled, once.
-func (a *Shard) Ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
-	return a.ack(ctx, group, entryID, kind, amount)
+func (s *Stream) Ack(ctx context.Context, group, entryID, kind string, amount int64) (bool, error) {
+	return s.ack(ctx, group, entryID, kind, amount)
 }
 
 // DeadLetter parks an undeliverable entry with its fields and the last error, once.
-func (a *Shard) DeadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
-	return a.deadLetter(ctx, group, entryID, lastErr, fields)
+func (s *Stream) DeadLetter(ctx context.Context, group, entryID, lastErr string, fields map[string]any) (bool, error) {
+	return s.deadLetter(ctx, group, entryID, lastErr, fields)
 }
 
 // maxDeadLetterFields is the most fields of an entry a dead letter keeps: the cap of
@@ -89,10 +89,10 @@ type AckResult struct {
 // counted once whatever happens to the others. An entry whose call Redis did not
 // know the script for is acknowledged again on its own (Ack, which falls back to
 // EVAL). The results are in the order of reqs.
-func (a *Shard) AckMany(ctx context.Context, group string, reqs []AckRequest) []AckResult {
+func (s *Stream) AckMany(ctx context.Context, group string, reqs []AckRequest) []AckResult {
 	out := make([]AckResult, len(reqs))
-	k := a.keys
-	pipe := a.c.Pipeline()
+	k := s.keys
+	pipe := s.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(reqs))
 	for i, r := range reqs {
 		cmds[i] = pipe.EvalSha(ctx, lua.SettleAckScript.SHA(), []string{k.Meta, k.Stream}, group, r.EntryID, r.Kind, r.Amount)
@@ -102,7 +102,7 @@ func (a *Shard) AckMany(ctx context.Context, group string, reqs []AckRequest) []
 		n, err := cmds[i].Int64()
 		switch {
 		case lua.IsNoScript(err):
-			out[i].Settled, out[i].Err = a.ack(ctx, group, r.EntryID, r.Kind, r.Amount)
+			out[i].Settled, out[i].Err = s.ack(ctx, group, r.EntryID, r.Kind, r.Amount)
 		case err != nil:
 			out[i].Err = fmt.Errorf("settle ack of %s: %w", r.EntryID, err)
 		default:

@@ -14,14 +14,17 @@ import (
 // activity of one shard and {<uid>.<i>} for shard i of more, on a client. The
 // activity's handle (Activity) owns its shards and is the one way the rest of the
 // project reaches an activity; a Shard is what Activity.Shard(i) hands out for the
-// calls that are one shard's own: its grabs, its claims, its settlement stream and
-// consumer group, and its server's clock and durability.
+// calls that are one shard's own: its grabs, its claims, its settlement stream
+// (the Stream it embeds) and its server's clock and durability.
 //
 // The client may be a plain or cluster client, or the grab path's auto-pipeliner:
 // every key of a shard shares one hash tag, so every call lands on one slot. The
 // consumer-group reads block for a while, so settlement uses a plain client of its
 // own, never the auto-pipeliner.
 type Shard struct {
+	// Stream is the shard's settlement stream, consumer group and dead letters
+	// (Activity.Stream(i) is the same): its calls are the shard's.
+	*Stream
 	c    redis.Cmdable
 	keys Keys
 	// grabCall is the grab function's call on keys, its fixed arguments boxed once.
@@ -34,7 +37,7 @@ type Shard struct {
 // newShard returns the handle of the shard whose hash tag is {<uid>} on client c.
 func newShard(c redis.Cmdable, uid string) *Shard {
 	k := keysFor(uid)
-	return &Shard{c: c, keys: k, grabCall: newGrabCall(k)}
+	return &Shard{Stream: streamOf(c, k), c: c, keys: k, grabCall: newGrabCall(k)}
 }
 
 // Keys are the shard's keys, for checks that reach past the scripts (a test that

@@ -345,13 +345,13 @@ func groupErr(what string, err error) error {
 // (ensure_group.lua). A group that exists already is left as it is. When neither the
 // activity nor its stream is in Redis (purged), nothing is created and the error
 // wraps ErrMissing.
-func (a *Shard) EnsureGroup(ctx context.Context, group string) error {
-	res, err := lua.EnsureGroupScript.Run(ctx, a.c, []string{a.keys.Meta, a.keys.Stream}, group).Text()
+func (s *Stream) EnsureGroup(ctx context.Context, group string) error {
+	res, err := lua.EnsureGroupScript.Run(ctx, s.c, []string{s.keys.Meta, s.keys.Stream}, group).Text()
 	if err != nil {
-		return fmt.Errorf("creating consumer group %s on %s: %w", group, a.keys.Stream, err)
+		return fmt.Errorf("creating consumer group %s on %s: %w", group, s.keys.Stream, err)
 	}
 	if res == string(Missing) {
-		return fmt.Errorf("creating consumer group %s on %s: %w", group, a.keys.Stream, ErrMissing)
+		return fmt.Errorf("creating consumer group %s on %s: %w", group, s.keys.Stream, ErrMissing)
 	}
 	return nil
 }
@@ -359,11 +359,11 @@ func (a *Shard) EnsureGroup(ctx context.Context, group string) error {
 // ReadNew reads up to count entries never delivered to the group, for consumer: each
 // goes into the consumer's pending list with a delivery count of 1. It waits up to
 // block for the first one (block <= 0: not at all) and returns none when none came.
-func (a *Shard) ReadNew(ctx context.Context, group, consumer string, count int64, block time.Duration) ([]StreamEntry, error) {
+func (s *Stream) ReadNew(ctx context.Context, group, consumer string, count int64, block time.Duration) ([]StreamEntry, error) {
 	if block <= 0 {
 		block = -1 // no BLOCK argument
 	}
-	return a.readGroup(ctx, group, consumer, ">", count, block, "reading new settlement entries")
+	return s.readGroup(ctx, group, consumer, ">", count, block, "reading new settlement entries")
 }
 
 // ReadOwnPending re-reads up to count entries of consumer's own pending list with ids
@@ -372,14 +372,14 @@ func (a *Shard) ReadNew(ctx context.Context, group, consumer string, count int64
 // read, it raises each entry's delivery count by one. An empty answer means the list
 // has been read to its end. An entry deleted from the stream comes back without
 // fields (Malformed).
-func (a *Shard) ReadOwnPending(ctx context.Context, group, consumer, after string, count int64) ([]StreamEntry, error) {
-	return a.readGroup(ctx, group, consumer, after, count, -1, "re-reading own pending settlement entries")
+func (s *Stream) ReadOwnPending(ctx context.Context, group, consumer, after string, count int64) ([]StreamEntry, error) {
+	return s.readGroup(ctx, group, consumer, after, count, -1, "re-reading own pending settlement entries")
 }
 
-func (a *Shard) readGroup(ctx context.Context, group, consumer, from string, count int64, block time.Duration, what string) ([]StreamEntry, error) {
-	streams, err := a.c.XReadGroup(ctx, &redis.XReadGroupArgs{
+func (s *Stream) readGroup(ctx context.Context, group, consumer, from string, count int64, block time.Duration, what string) ([]StreamEntry, error) {
+	streams, err := s.c.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: group, Consumer: consumer, Count: count, Block: block,
-		Streams: []string{a.keys.Stream, from},
+		Streams: []string{s.keys.Stream, from},
 	}).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
@@ -399,9 +399,9 @@ func (a *Shard) readGroup(ctx context.Context, group, consumer, from string, cou
 // entries from cursor ("0-0" for the start). Each claimed entry's delivery count
 // goes up by one. It returns the entries and the cursor to continue from, which is
 // "0-0" once the scan went round.
-func (a *Shard) ClaimIdle(ctx context.Context, group, consumer string, minIdle time.Duration, cursor string, count int64) ([]StreamEntry, string, error) {
-	msgs, next, err := a.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-		Stream: a.keys.Stream, Group: group, Consumer: consumer,
+func (s *Stream) ClaimIdle(ctx context.Context, group, consumer string, minIdle time.Duration, cursor string, count int64) ([]StreamEntry, string, error) {
+	msgs, next, err := s.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+		Stream: s.keys.Stream, Group: group, Consumer: consumer,
 		MinIdle: minIdle, Start: cursor, Count: count,
 	}).Result()
 	if err != nil {
@@ -420,7 +420,7 @@ const deliveryCountPage = 1024
 // DeliveryCounts reads from consumer's pending list how many times Redis has handed
 // out each of ids (its delivery count, raised by every read and claim). An id that
 // is not in the consumer's pending list is missing from the answer.
-func (a *Shard) DeliveryCounts(ctx context.Context, group, consumer string, ids []string) (map[string]int64, error) {
+func (s *Stream) DeliveryCounts(ctx context.Context, group, consumer string, ids []string) (map[string]int64, error) {
 	counts := make(map[string]int64, len(ids))
 	if len(ids) == 0 {
 		return counts, nil
@@ -439,8 +439,8 @@ func (a *Shard) DeliveryCounts(ctx context.Context, group, consumer string, ids 
 	page := int64(len(ids)) + deliveryCountPage
 	start := first
 	for {
-		pend, err := a.c.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: a.keys.Stream, Group: group, Consumer: consumer,
+		pend, err := s.c.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: s.keys.Stream, Group: group, Consumer: consumer,
 			Start: start, End: last, Count: page,
 		}).Result()
 		if err != nil {
@@ -508,16 +508,16 @@ type HeldEntry struct {
 // went through (consumer holds it) and false when it did not (another consumer took
 // it over since, or it is no longer pending); entries whose claim failed are missing,
 // and err says why.
-func (a *Shard) RefreshHeld(ctx context.Context, group, consumer string, held []HeldEntry) (map[string]bool, error) {
+func (s *Stream) RefreshHeld(ctx context.Context, group, consumer string, held []HeldEntry) (map[string]bool, error) {
 	owned := make(map[string]bool, len(held))
 	if len(held) == 0 {
 		return owned, nil
 	}
-	pipe := a.c.Pipeline()
+	pipe := s.c.Pipeline()
 	cmds := make([]*redis.StringSliceCmd, len(held))
 	for i, h := range held {
 		cmds[i] = pipe.XClaimJustID(ctx, &redis.XClaimArgs{
-			Stream: a.keys.Stream, Group: group, Consumer: consumer,
+			Stream: s.keys.Stream, Group: group, Consumer: consumer,
 			MinIdle: h.MinIdle, Messages: []string{h.ID},
 		})
 	}
@@ -539,9 +539,9 @@ func (a *Shard) RefreshHeld(ctx context.Context, group, consumer string, held []
 // so the attempt is counted even if the consumer dies during it. It returns false
 // when the claim did not go through: another consumer took the entry over since, or
 // it is no longer pending.
-func (a *Shard) ClaimForRetry(ctx context.Context, group, consumer, id string, minIdle time.Duration) (bool, error) {
-	msgs, err := a.c.XClaim(ctx, &redis.XClaimArgs{
-		Stream: a.keys.Stream, Group: group, Consumer: consumer,
+func (s *Stream) ClaimForRetry(ctx context.Context, group, consumer, id string, minIdle time.Duration) (bool, error) {
+	msgs, err := s.c.XClaim(ctx, &redis.XClaimArgs{
+		Stream: s.keys.Stream, Group: group, Consumer: consumer,
 		MinIdle: minIdle, Messages: []string{id},
 	}).Result()
 	if err != nil {
@@ -552,8 +552,8 @@ func (a *Shard) ClaimForRetry(ctx context.Context, group, consumer, id string, m
 
 // PendingCount is how many entries the group has handed out and not had
 // acknowledged, over all its consumers.
-func (a *Shard) PendingCount(ctx context.Context, group string) (int64, error) {
-	p, err := a.c.XPending(ctx, a.keys.Stream, group).Result()
+func (s *Stream) PendingCount(ctx context.Context, group string) (int64, error) {
+	p, err := s.c.XPending(ctx, s.keys.Stream, group).Result()
 	if err != nil {
 		return 0, groupErr("reading the pending settlement entries", err)
 	}
@@ -562,29 +562,29 @@ func (a *Shard) PendingCount(ctx context.Context, group string) (int64, error) {
 
 // StreamLen is the number of entries in the settlement stream: one per grant, plus the
 // refund, plus any replayed dead letters. The stream is never trimmed.
-func (a *Shard) StreamLen(ctx context.Context) (int64, error) {
-	n, err := a.c.XLen(ctx, a.keys.Stream).Result()
+func (s *Stream) StreamLen(ctx context.Context) (int64, error) {
+	n, err := s.c.XLen(ctx, s.keys.Stream).Result()
 	if err != nil {
-		return 0, fmt.Errorf("reading the length of %s: %w", a.keys.Stream, err)
+		return 0, fmt.Errorf("reading the length of %s: %w", s.keys.Stream, err)
 	}
 	return n, nil
 }
 
 // Entries reads the whole settlement stream, decoded, oldest first. It reads every
 // entry at once, so it is for checks after the fact, not for delivery (ReadNew).
-func (a *Shard) Entries(ctx context.Context) ([]StreamEntry, error) {
-	return a.readAll(ctx, a.keys.Stream)
+func (s *Stream) Entries(ctx context.Context) ([]StreamEntry, error) {
+	return s.readAll(ctx, s.keys.Stream)
 }
 
 // DeadLetters reads the whole dead-letter stream, decoded, oldest first: each entry
 // keeps the fields of the settlement entry it parks, and the last error.
-func (a *Shard) DeadLetters(ctx context.Context) ([]StreamEntry, error) {
-	return a.readAll(ctx, a.keys.DeadLetters)
+func (s *Stream) DeadLetters(ctx context.Context) ([]StreamEntry, error) {
+	return s.readAll(ctx, s.keys.DeadLetters)
 }
 
 // readAll reads and decodes every entry of the stream key.
-func (a *Shard) readAll(ctx context.Context, key string) ([]StreamEntry, error) {
-	msgs, err := a.c.XRange(ctx, key, "-", "+").Result()
+func (s *Stream) readAll(ctx context.Context, key string) ([]StreamEntry, error) {
+	msgs, err := s.c.XRange(ctx, key, "-", "+").Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", key, err)
 	}

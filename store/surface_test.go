@@ -17,10 +17,11 @@ import (
 const storePath = "redpacket.io/operator/store"
 
 // handleConstructors are the store's exported functions that code outside it may
-// call: the constructors of the activity's and the budget's handles. Everything else outside reaches
+// call: the constructors of the activity's, the budget's and the function library's
+// handles. Everything else outside reaches
 // Redis through the handle's methods (and the types and constants in their
 // signatures), never through a function of the store that takes a client.
-var handleConstructors = []string{"NewActivity", "NewBudget"}
+var handleConstructors = []string{"NewActivity", "NewBudget", "NewLibrary"}
 
 // No code outside the store calls an exported package-level function of the store
 // other than the handle's constructor: every file of the module outside store/, test

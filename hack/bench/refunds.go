@@ -185,7 +185,7 @@ func measureRefunds(ctx context.Context, o options, redisSrv *redistest.Server, 
 	recv.mu.Unlock()
 	run.PeakLimit, _ = limitsSeen()
 	for i := range shards {
-		if dead, err := b.SettlementShard(i).DeadLetters(ctx); err == nil {
+		if dead, err := b.Stream(i).DeadLetters(ctx); err == nil {
 			run.DeadLetters += int64(len(dead))
 		}
 	}

@@ -126,7 +126,7 @@ func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad body", http.StatusBadRequest)
 		return
 	}
-	if d.Kind == settlement.KindBudget && d.Source == settlement.SourceBudget {
+	if d.Kind == settlement.KindAnnouncement && d.Source == settlement.SourceBudget {
 		w.WriteHeader(http.StatusOK) // a budget's total announced: nothing to credit
 		return
 	}
@@ -189,7 +189,7 @@ func measureSettlement(ctx context.Context, redisSrv *redistest.Server, uid stri
 
 // measureSettlementVerified is measureSettlement with (verify) or without the
 // operator's check of every entry against the seeded split and the ledger
-// (settlement.Budget); the check against the claims hash runs either way.
+// (settlement.Allowance); the check against the claims hash runs either way.
 func measureSettlementVerified(ctx context.Context, redisSrv *redistest.Server, uid string, grants int, mix failureMix, limit time.Duration, verify bool) (settlementRun, error) {
 	run := settlementRun{Grants: grants, Mix: mix}
 	conn := redisSrv.Conn()
@@ -222,25 +222,23 @@ func measureSettlementVerified(ctx context.Context, redisSrv *redistest.Server, 
 	reg := prometheus.NewRegistry()
 	wrc := conn.NewClient()
 	defer func() { _ = wrc.Close() }()
-	var budget *settlement.Budget
+	var budget *settlement.Allowance
 	if verify {
 		amounts := make([]int64, grants)
 		for i := range amounts {
 			amounts[i] = packetAmount
 		}
-		budget = &settlement.Budget{Total: int64(grants) * packetAmount, Count: int64(grants), Amounts: amounts}
+		budget = &settlement.Allowance{Total: int64(grants) * packetAmount, Count: int64(grants), Amounts: amounts}
 	}
 	w, err := settlement.NewWorker(settlement.Config{
-		Budget:      budget,
-		Redis:       wrc,
-		Activity:    "default/" + uid,
-		ActivityUID: uid,
-		Currency:    settlement.DefaultCurrency,
-		WebhookURL:  url,
-		Consumer:    "bench",
-		HTTPClient:  &http.Client{Timeout: timeout},
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer:  reg,
+		Allowance:  budget,
+		Redis:      wrc,
+		Source:     settlement.Source{Namespace: "default", Name: uid, UID: uid, Currency: settlement.DefaultCurrency},
+		WebhookURL: url,
+		Consumer:   "bench",
+		HTTPClient: &http.Client{Timeout: timeout},
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: reg,
 	})
 	if err != nil {
 		return run, err

@@ -186,7 +186,7 @@ func TestReplayBudgetDeadLetters(t *testing.T) {
 	}
 	parked := 0
 	for i := range b.N() {
-		sh := b.SettlementShard(i)
+		sh := b.Stream(i)
 		if err := sh.EnsureGroup(ctx, "settlement"); err != nil {
 			t.Fatal(err)
 		}
@@ -222,11 +222,11 @@ func TestReplayBudgetDeadLetters(t *testing.T) {
 		t.Errorf("%d dead letters counted after the replay", snap.DeadLetters)
 	}
 	for i := range b.N() {
-		dead, err := b.SettlementShard(i).DeadLetters(ctx)
+		dead, err := b.Stream(i).DeadLetters(ctx)
 		if err != nil || len(dead) != 0 {
 			t.Errorf("shard %d: %d dead letters left, %v", i, len(dead), err)
 		}
-		all, err := b.SettlementShard(i).Entries(ctx)
+		all, err := b.Stream(i).Entries(ctx)
 		if err != nil || len(all) != 6 {
 			t.Fatalf("shard %d: %d entries, %v; want the 3 written and the 3 replayed", i, len(all), err)
 		}

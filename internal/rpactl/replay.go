@@ -214,7 +214,7 @@ func ReplayBudgetDeadLetters(ctx context.Context, h *store.Budget, max int) (int
 				break
 			}
 		}
-		n, err := h.SettlementShard(i).ReplayDeadLetters(ctx, left)
+		n, err := h.Stream(i).ReplayDeadLetters(ctx, left)
 		moved += n
 		if err != nil {
 			return moved, fmt.Errorf("budget shard %d (after %d moved): %w", i, moved, err)

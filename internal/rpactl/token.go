@@ -11,6 +11,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/internal/hmackey"
 	"redpacket.io/operator/settlement"
 )
 
@@ -126,7 +127,7 @@ var errNoAuth = errors.New("spec.grabService.auth is not set: its grab service t
 
 // tokenKey reads the HMAC key of user tokens from secret, the Secret that
 // spec.grabService.auth.tokenSecretRef of owner names ("" when auth is not set),
-// parsed as the grab pods parse the mounted key file (settlement.ParseKey: trailing
+// parsed as the grab pods parse the mounted key file (hmackey.Parse: trailing
 // line breaks are not part of the key).
 func (s *session) tokenKey(ctx context.Context, owner, secret string) ([]byte, error) {
 	if secret == "" {
@@ -140,7 +141,7 @@ func (s *session) tokenKey(ctx context.Context, owner, secret string) ([]byte, e
 	if !ok {
 		return nil, fmt.Errorf("secret %s/%s has no %q key", s.namespace, secret, settlement.SecretKey)
 	}
-	key, err := settlement.ParseKey(raw)
+	key, err := hmackey.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("secret %s/%s, key %q: %w", s.namespace, secret, settlement.SecretKey, err)
 	}

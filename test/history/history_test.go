@@ -602,7 +602,7 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 		wc := redis.NewClient(srv.Options())
 		t.Cleanup(func() { _ = wc.Close() })
 		cfg := settlement.Config{
-			Redis: wc, Activity: activity, ActivityUID: uid, Currency: "CNY",
+			Redis: wc, Source: sourceOf(activity, uid),
 			WebhookURL: hook.URL + "/credit", MaxAttempts: 100000, Consumer: "history", ClaimIdle: time.Second,
 			HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}, BackoffBase: 10 * time.Millisecond,
 			BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond,
@@ -613,9 +613,9 @@ func runScenario(t *testing.T, h harness, sc scenario) runStats {
 			for _, v := range amounts {
 				total += v
 			}
-			cfg.Budget = &settlement.Budget{Total: total, Count: int64(len(amounts)), Amounts: amounts, At: time.Now()}
+			cfg.Allowance = &settlement.Allowance{Total: total, Count: int64(len(amounts)), Amounts: amounts, At: time.Now()}
 			for try := 0; ; try++ {
-				err := settlement.AnnounceBudget(ctx, cfg, 1)
+				err := settlement.AnnounceAllowance(ctx, cfg, 1)
 				if err == nil {
 					break
 				}
@@ -1047,4 +1047,10 @@ func runSeeds(t *testing.T, h harness, runs int, scenarioOf func(uint64) scenari
 		formatCounts(sum.faults, faultKinds), formatCounts(sum.outcomes, grabOutcomeKeys),
 		sum.unknown, sum.dropped, sum.firstAlready, windowed, ctrlLine,
 		time.Since(start).Round(time.Millisecond), sum.check.Round(time.Millisecond))
+}
+
+// sourceOf is the settlement source of the activity "<namespace>/<name>" with uid.
+func sourceOf(activity, uid string) settlement.Source {
+	ns, name, _ := strings.Cut(activity, "/")
+	return settlement.Source{Namespace: ns, Name: name, UID: uid, Currency: "CNY"}
 }

@@ -78,7 +78,7 @@ func (b *balanceSystem) decide(req balanceRequest) int {
 	}
 	uid, _ := req.fields["activityUID"].(string)
 	amount := int64(req.fields["amount"].(float64))
-	if req.fields["kind"] == KindBudget {
+	if req.fields["kind"] == KindAnnouncement {
 		if _, ok := b.budget[uid]; !ok {
 			b.budget[uid], b.count[uid] = amount, int64(req.fields["count"].(float64))
 		}
@@ -116,7 +116,7 @@ func (b *balanceSystem) snapshot() ([]balanceRequest, map[string]map[string]any)
 // and returns the operator's handle, a client logged in as that user (the tenant,
 // who reads its password from its namespace) and the budget the operator
 // recomputes.
-func tenantActivity(t *testing.T, uid string) (store.Keys, *redis.Client, *redis.Client, *Budget) {
+func tenantActivity(t *testing.T, uid string) (store.Keys, *redis.Client, *redis.Client, *Allowance) {
 	t.Helper()
 	ctx := context.Background()
 	srv, op := redistest.StartProtected(t, "operator-pw")
@@ -133,7 +133,7 @@ func tenantActivity(t *testing.T, uid string) (store.Keys, *redis.Client, *redis
 	}
 	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: h.UserName(), Password: "tenant-pw-0123456789"})
 	t.Cleanup(func() { _ = tenant.Close() })
-	return h.Shard(0).Keys(), op, tenant, &Budget{Total: 600, Count: 3, Amounts: amounts, At: time.Unix(1700000000, 0)}
+	return h.Shard(0).Keys(), op, tenant, &Allowance{Total: 600, Count: 3, Amounts: amounts, At: time.Unix(1700000000, 0)}
 }
 
 // forge writes, as the tenant, a grant entry and the claim that matches it: what
@@ -173,16 +173,16 @@ func TestTenantForgedCreditsAreDeadLetteredAndRealWinnersPaid(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var mu sync.Mutex
 	var warnings []ForgedEntry
-	cfg := Config{Redis: op, Activity: "default/item2", ActivityUID: uid, Currency: "CNY", WebhookURL: bs.url(),
+	cfg := Config{Redis: op, Source: Source{Namespace: "default", Name: "item2", UID: uid, Currency: "CNY"}, WebhookURL: bs.url(),
 		SigningKey: key, Consumer: "operator-0", ClaimIdle: 2 * time.Second, BackoffBase: 10 * time.Millisecond,
-		BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond, Budget: budget, Registerer: reg,
+		BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond, Allowance: budget, Registerer: reg,
 		Logger: testLogger(t), OnForged: func(f ForgedEntry) {
 			mu.Lock()
 			warnings = append(warnings, f)
 			mu.Unlock()
 		}}
 	for range 2 { // announced once, however often asked
-		if err := AnnounceBudget(ctx, cfg, 1); err != nil {
+		if err := AnnounceAllowance(ctx, cfg, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -207,7 +207,7 @@ func TestTenantForgedCreditsAreDeadLetteredAndRealWinnersPaid(t *testing.T) {
 	})
 
 	requests, credited := bs.snapshot()
-	if requests[0].fields["kind"] != KindBudget || requests[0].idempotencyKey != uid+"/budget" ||
+	if requests[0].fields["kind"] != KindAnnouncement || requests[0].idempotencyKey != uid+"/budget" ||
 		requests[0].fields["amount"] != float64(600) || requests[0].fields["count"] != float64(3) || requests[0].status != 200 {
 		t.Fatalf("first request %s (key %q, status %d), want the budget of 600 in 3 packets", requests[0].body, requests[0].idempotencyKey, requests[0].status)
 	}
@@ -216,7 +216,7 @@ func TestTenantForgedCreditsAreDeadLetteredAndRealWinnersPaid(t *testing.T) {
 		if r.signature != Sign(key, r.body) {
 			t.Errorf("request %s is not signed with the operator's key", r.body)
 		}
-		if r.fields["kind"] == KindBudget {
+		if r.fields["kind"] == KindAnnouncement {
 			budgets++
 		}
 		if u, _ := r.fields["userId"].(string); strings.HasPrefix(u, "mallory") {
@@ -283,15 +283,15 @@ func TestSecondClaimForOnePacketKeepsTheRealWinnerInDeadLetters(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var mu sync.Mutex
 	var warnings []ForgedEntry
-	cfg := Config{Redis: op, Activity: "default/dup", ActivityUID: uid, Currency: "CNY", WebhookURL: bs.url(),
+	cfg := Config{Redis: op, Source: Source{Namespace: "default", Name: "dup", UID: uid, Currency: "CNY"}, WebhookURL: bs.url(),
 		SigningKey: key, Consumer: "operator-0", ClaimIdle: 2 * time.Second, BackoffBase: 10 * time.Millisecond,
-		BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond, Budget: budget, Registerer: reg,
+		BackoffMax: 100 * time.Millisecond, Block: 100 * time.Millisecond, Allowance: budget, Registerer: reg,
 		Logger: testLogger(t), OnForged: func(f ForgedEntry) {
 			mu.Lock()
 			warnings = append(warnings, f)
 			mu.Unlock()
 		}}
-	if err := AnnounceBudget(ctx, cfg, 1); err != nil {
+	if err := AnnounceAllowance(ctx, cfg, 1); err != nil {
 		t.Fatal(err)
 	}
 	startWorker(t, cfg)

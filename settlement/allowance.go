@@ -11,24 +11,26 @@ import (
 	"redpacket.io/operator/store"
 )
 
-// Budget is what the operator seeded for an activity: its total and count and the
-// amount of every packet, recomputed from the spec and status.splitSeed. With a
-// Budget in its Config, a worker checks every entry against it before delivering
-// (see verify), and the operator announces it to the balance system first
-// (AnnounceBudget).
-type Budget struct {
+// Allowance is what the operator seeded for an activity, the most its settlement
+// may credit: its total and count and the amount of every packet, recomputed from
+// the spec and status.splitSeed. With an Allowance in its Config, a worker checks
+// every entry against it before delivering (activityVerifier), and the operator
+// announces it to the balance system first (AnnounceAllowance). (The word
+// "budget" names the RedPacketBudget kind; the wire keeps the kind "budget" for
+// this announcement, and the ledger its "budget" field.)
+type Allowance struct {
 	// Total is the activity's total amount, Count its number of packets.
 	Total, Count int64
 	// Amounts are the seeded packets: packet id i+1 was seeded with Amounts[i]
 	// (store.Activity.Seed numbers them so, across shards too). Its length is Count.
 	Amounts []int64
-	// At is when the activity was seeded; the budget delivery carries it, so every
+	// At is when the activity was seeded; the announcement carries it, so every
 	// resend of the announcement has the same body.
 	At time.Time
 }
 
-// check validates the budget.
-func (b *Budget) check() error {
+// check validates the allowance.
+func (b *Allowance) check() error {
 	if b.Count < 1 || b.Total < 1 {
 		return fmt.Errorf("budget of %d in %d packets is empty", b.Total, b.Count)
 	}
@@ -40,7 +42,7 @@ func (b *Budget) check() error {
 
 // amountOf is the seeded amount of the packet with the given id, and false when no
 // packet has that id.
-func (b *Budget) amountOf(packetID string) (int64, bool) {
+func (b *Allowance) amountOf(packetID string) (int64, bool) {
 	id, err := strconv.ParseInt(packetID, 10, 64)
 	if err != nil || id < 1 || id > int64(len(b.Amounts)) || strconv.FormatInt(id, 10) != packetID {
 		return 0, false
@@ -97,8 +99,8 @@ type ForgedEntry struct {
 	Reason, Detail string
 }
 
-// budgetDelivery is the body of the budget announcement.
-type budgetDelivery struct {
+// allowanceDelivery is the body of an activity's allowance announcement.
+type allowanceDelivery struct {
 	Kind        string `json:"kind"`
 	Activity    string `json:"activity"`
 	ActivityUID string `json:"activityUID"`
@@ -108,23 +110,26 @@ type budgetDelivery struct {
 	At          string `json:"at"`
 }
 
-// KindBudget is the kind of the budget announcement.
-const KindBudget = "budget"
+// KindAnnouncement is the delivery kind of an announcement of what may be credited:
+// an activity's allowance (AnnounceAllowance) and a RedPacketBudget's total
+// (AnnounceBudgetTotal). The wire says "budget" for both, as it always has.
+const KindAnnouncement = "budget"
 
-// BudgetIdempotencyKey is the Idempotency-Key of an activity's budget announcement.
-func BudgetIdempotencyKey(activityUID string) string { return activityUID + "/" + KindBudget }
+// AllowanceIdempotencyKey is the Idempotency-Key of an activity's allowance
+// announcement, "<uid>/budget".
+func AllowanceIdempotencyKey(activityUID string) string { return activityUID + "/" + KindAnnouncement }
 
-// AnnounceBudget delivers the activity's budget to the balance system once, signed:
+// AnnounceAllowance delivers the activity's allowance to the balance system once, signed:
 // {"kind":"budget","activity","activityUID","amount":<total>,"count","currency","at"}
 // with Idempotency-Key "<uid>/budget", and records in the activity's ledger that it
-// was announced. A budget recorded before is not sent again. It returns nil once the
-// budget is recorded, an error when the delivery or Redis failed (call it again:
-// the balance system dedups the key). cfg must carry a Budget and a webhook URL.
-func AnnounceBudget(ctx context.Context, cfg Config, shards int) error {
-	if cfg.Budget == nil {
+// was announced. An allowance recorded before is not sent again. It returns nil once
+// it is recorded, an error when the delivery or Redis failed (call it again: the
+// balance system dedups the key). cfg must carry an Allowance and a webhook URL.
+func AnnounceAllowance(ctx context.Context, cfg Config, shards int) error {
+	if cfg.Allowance == nil {
 		return errors.New("announcing the budget: no budget configured")
 	}
-	if err := cfg.Budget.check(); err != nil {
+	if err := cfg.Allowance.check(); err != nil {
 		return fmt.Errorf("announcing the budget: %w", err)
 	}
 	cfg, err := cfg.withDefaults()
@@ -134,23 +139,23 @@ func AnnounceBudget(ctx context.Context, cfg Config, shards int) error {
 	if cfg.WebhookURL == "" {
 		return errors.New("announcing the budget: no webhook URL")
 	}
-	ledger := store.NewActivity(cfg.Redis, cfg.ActivityUID, shards).Ledger()
-	want := fmt.Sprintf("%d:%d", cfg.Budget.Total, cfg.Budget.Count)
-	got, err := ledger.BudgetAnnounced(ctx)
+	ledger := store.NewActivity(cfg.Redis, cfg.Source.UID, shards).Ledger()
+	want := fmt.Sprintf("%d:%d", cfg.Allowance.Total, cfg.Allowance.Count)
+	got, err := ledger.AllowanceAnnounced(ctx)
 	if err != nil {
 		return err
 	}
 	if got == "" {
-		body, err := json.Marshal(budgetDelivery{Kind: KindBudget, Activity: cfg.Activity, ActivityUID: cfg.ActivityUID,
-			Amount: cfg.Budget.Total, Count: cfg.Budget.Count, Currency: cfg.Currency,
-			At: cfg.Budget.At.UTC().Format(rfc3339Milli)})
+		body, err := json.Marshal(allowanceDelivery{Kind: KindAnnouncement, Activity: cfg.Source.Ref(), ActivityUID: cfg.Source.UID,
+			Amount: cfg.Allowance.Total, Count: cfg.Allowance.Count, Currency: cfg.Source.Currency,
+			At: cfg.Allowance.At.UTC().Format(rfc3339Milli)})
 		if err != nil {
 			return fmt.Errorf("encoding the budget: %w", err)
 		}
-		if err := postBody(ctx, cfg, body, BudgetIdempotencyKey(cfg.ActivityUID)); err != nil {
+		if err := postBody(ctx, cfg, body, AllowanceIdempotencyKey(cfg.Source.UID)); err != nil {
 			return fmt.Errorf("announcing the budget: %w", err)
 		}
-		if got, err = ledger.RecordBudget(ctx, cfg.Budget.Total, cfg.Budget.Count); err != nil {
+		if got, err = ledger.RecordAllowance(ctx, cfg.Allowance.Total, cfg.Allowance.Count); err != nil {
 			return err
 		}
 	}
@@ -174,17 +179,17 @@ func (w *Worker) forgedParked(j job) {
 	}
 }
 
-// checkBudget checks the entries that passed the claims check (forged says which
+// checkAllowance checks the entries that passed the claims check (forged says which
 // did not) against the seeded split and decides them in the ledger, adding to
 // forged why each one that fails is forged. listedFrom is the id of the first packet
 // still listed on an unsharded activity (0: none listed, or not known).
-func (w *Worker) checkBudget(ctx context.Context, entries []store.StreamEntry, forged map[string]error) error {
-	b := w.cfg.Budget
+func (v *activityVerifier) checkAllowance(ctx context.Context, entries []store.StreamEntry, forged map[string]error) error {
+	b := v.allowance
 	listedFrom := int64(0)
-	if w.shards == 1 {
+	if v.shards == 1 {
 		// Packets are popped from the head of an unsharded activity's list in id order,
 		// so every packet from the head's id on is still listed: no grant wrote it.
-		head, ok, err := w.redis.FirstListedPacket(ctx)
+		head, ok, err := v.shard.FirstListedPacket(ctx)
 		if err != nil {
 			return err
 		}
@@ -217,7 +222,7 @@ func (w *Worker) checkBudget(ctx context.Context, entries []store.StreamEntry, f
 		}
 		decide = append(decide, e)
 	}
-	verdicts, err := w.ledger.Decide(ctx, b.Total, b.Count, decide)
+	verdicts, err := v.ledger.Decide(ctx, b.Total, b.Count, decide)
 	if err != nil {
 		return err
 	}
