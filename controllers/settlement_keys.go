@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"redpacket.io/operator/internal/hmackey"
+	"redpacket.io/operator/pkg/hmackey"
 )
 
 // DefaultSettlementKeysSecret is the name of the Secret, in the operator's own

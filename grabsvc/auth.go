@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/internal/hmackey"
+	"redpacket.io/operator/pkg/hmackey"
 )
 
 // DefaultTokenMaxLifetime is how far in the future a token's exp may lie unless

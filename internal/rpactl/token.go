@@ -11,7 +11,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
-	"redpacket.io/operator/internal/hmackey"
+	"redpacket.io/operator/pkg/hmackey"
 	"redpacket.io/operator/settlement"
 )
 
