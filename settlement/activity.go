@@ -11,8 +11,8 @@ import (
 )
 
 // DefaultCurrency is the currency sent in deliveries of an activity whose
-// spec.currency is empty (the API server defaults it to the same value).
-const DefaultCurrency = "CNY"
+// spec.currency is empty: the API's default, spelt once in api/v1alpha1.
+const DefaultCurrency = redpacketv1alpha1.DefaultCurrency
 
 // SecretKey is the data key of an HMAC key in a Secret of the activity's namespace
 // (the grab tokens' Secret).
