@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc/grabapi"
 	"redpacket.io/operator/grabsvc/web"
 	"redpacket.io/operator/store"
 )
@@ -283,12 +284,7 @@ func servePageFiles(mux *http.ServeMux, page string, files fs.ReadFileFS, list [
 }
 
 // grabResponse is the body of every /v1/grab answer.
-type grabResponse struct {
-	Outcome  string `json:"outcome"`
-	PacketID string `json:"packetId,omitempty"`
-	Amount   *int64 `json:"amount,omitempty"`
-	Error    string `json:"error,omitempty"`
-}
+type grabResponse = grabapi.GrabResponse
 
 type errorBody struct {
 	Error string `json:"error"`
@@ -352,7 +348,7 @@ func BuildActivityView(act *Resource, snap store.Snapshot, now time.Time) Activi
 		Paused:    o.Spec.Paused,
 	}
 	if v.Currency == "" {
-		v.Currency = "CNY"
+		v.Currency = redpacketv1alpha1.DefaultCurrency
 	}
 	if o.Spec.StartTime != nil {
 		v.StartTime = rfc3339(o.Spec.StartTime.Time)

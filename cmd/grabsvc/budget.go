@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"sync"
 	"time"
 
@@ -22,12 +21,10 @@ import (
 // and the operator reports the budget's status. It returns when ctx is done and
 // everything stopped.
 func runBudget(ctx context.Context, o options, stderr io.Writer) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	log, err := o.newLogger(stderr, "budget", o.namespace+"/"+o.budget)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})).
-		With("budget", o.namespace+"/"+o.budget)
 
 	senderToken, err := grabsvc.ReadKeyFile(o.senderTokenFile)
 	if err != nil {
@@ -71,20 +68,12 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		return err
 	}
 
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", o.listen, err)
-	}
-	hs := grabsvc.NewHTTPServer(o.listen, srv.Handler())
-	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	log.Info("budget grab service listening", "addr", ln.Addr().String(), "shards", o.budgetShards,
+	fr, err := o.openFront(srv.Handler(), log, "budget grab service listening", "shards", o.budgetShards,
 		"auth", tokens != nil, "page", o.page)
-
-	stopPprof, err := servePprof(o.pprofListen, log)
 	if err != nil {
 		return err
 	}
-	defer stopPprof()
+	defer fr.stopPprof()
 
 	// Rotated Secrets are mounted in place: re-read both credentials periodically.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -104,7 +93,7 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		}
 	})
 
-	serveErr := grabsvc.Serve(ctx, hs, ln, srv, o.shutdownDelay, o.shutdownTimeout)
+	serveErr := fr.serve(ctx, srv, o)
 	log.Info("http server stopped")
 	stopBG()
 	wg.Wait()

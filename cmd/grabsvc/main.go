@@ -224,12 +224,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.budget != "" {
 		return runBudget(ctx, o, stderr)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	log, err := o.newLogger(stderr, "activity", o.namespace+"/"+o.activity)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})).
-		With("activity", o.namespace+"/"+o.activity)
 	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 
 	cfg, err := restConfig(o.kubeconfig)
@@ -303,20 +301,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Log:      log,
 	}
 
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", o.listen, err)
-	}
-	hs := grabsvc.NewHTTPServer(o.listen, srv.Handler())
-	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	log.Info("grab service listening", "addr", ln.Addr().String(), "auth", tokens != nil,
+	fr, err := o.openFront(srv.Handler(), log, "grab service listening", "auth", tokens != nil,
 		"page", o.page)
-
-	stopPprof, err := servePprof(o.pprofListen, log)
 	if err != nil {
 		return err
 	}
-	defer stopPprof()
+	defer fr.stopPprof()
 
 	// Background work lives until the HTTP server has drained.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -354,7 +344,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	})
 
-	serveErr := grabsvc.Serve(ctx, hs, ln, srv, o.shutdownDelay, o.shutdownTimeout)
+	serveErr := fr.serve(ctx, srv, o)
 	log.Info("http server stopped; stopping background work")
 	stopBG()
 	wg.Wait()

@@ -159,41 +159,13 @@ func BudgetGrabDeployment(in BudgetGrab) *appsv1ac.DeploymentApplyConfiguration 
 		mounts = append(mounts, corev1ac.VolumeMount().WithName("token-key").WithMountPath(tokenKeyDir).WithReadOnly(true))
 	}
 
-	container := corev1ac.Container().
-		WithName(grabContainerName).
-		WithImage(image).
-		WithImagePullPolicy(corev1.PullIfNotPresent).
-		WithCommand(grabCommand).
-		WithArgs(BudgetGrabArgs(in)...).
-		WithPorts(corev1ac.ContainerPort().WithName(grabPortName).WithContainerPort(grabPort).WithProtocol(corev1.ProtocolTCP)).
-		WithEnv(grabPodEnv(redisSecret)...).
-		WithReadinessProbe(corev1ac.Probe().
-			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(grabPortName))).
-			WithPeriodSeconds(5).WithFailureThreshold(2)).
-		WithLivenessProbe(corev1ac.Probe().
-			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(grabPortName))).
-			WithInitialDelaySeconds(5).WithPeriodSeconds(10).WithFailureThreshold(3)).
-		WithResources(GrabResources(b.Spec.GrabService.Resources)).
-		WithSecurityContext(grabContainerSecurityContext()).
-		WithVolumeMounts(mounts...)
-
-	template := corev1ac.PodTemplateSpec().
-		WithLabels(BudgetLabels(b)).
-		WithSpec(corev1ac.PodSpec().
-			// The budget's grab pods never talk to the API server.
-			WithAutomountServiceAccountToken(false).
-			WithTerminationGracePeriodSeconds(GrabTerminationGracePeriodSeconds()).
-			WithSecurityContext(corev1ac.PodSecurityContext().
-				WithRunAsNonRoot(true).
-				WithRunAsUser(nonRootUID).
-				WithRunAsGroup(nonRootUID).
-				WithFSGroup(nonRootUID).
-				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
-			WithContainers(container).
-			WithVolumes(volumes...))
-	if in.DefaultRedis != nil {
-		template.WithAnnotations(map[string]string{AnnotationRedisCredentials: in.DefaultRedis.Digest()})
-	}
+	template := grabPodTemplate(grabPod{
+		image: image, args: BudgetGrabArgs(in), redisSecret: redisSecret,
+		resources: GrabResources(b.Spec.GrabService.Resources),
+		volumes:   volumes, mounts: mounts, labels: BudgetLabels(b),
+		// No serviceAccount: the budget's grab pods never talk to the API server.
+		defaultRedis: in.DefaultRedis,
+	})
 
 	spec := appsv1ac.DeploymentSpec().
 		WithSelector(metav1ac.LabelSelector().WithMatchLabels(BudgetSelector(b))).

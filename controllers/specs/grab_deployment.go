@@ -137,45 +137,15 @@ func GrabDeployment(in Grab) *appsv1ac.DeploymentApplyConfiguration {
 		args = append(args, "--token-max-lifetime="+in.TokenMaxLifetime.String())
 	}
 
-	container := corev1ac.Container().
-		WithName(grabContainerName).
-		WithImage(image).
-		WithImagePullPolicy(corev1.PullIfNotPresent).
-		WithCommand(grabCommand).
-		WithArgs(args...).
-		WithPorts(corev1ac.ContainerPort().WithName(grabPortName).WithContainerPort(grabPort).WithProtocol(corev1.ProtocolTCP)).
-		WithEnv(grabEnv(in)...).
-		WithReadinessProbe(corev1ac.Probe().
-			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(grabPortName))).
-			WithPeriodSeconds(5).WithFailureThreshold(2)).
-		WithLivenessProbe(corev1ac.Probe().
-			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(grabPortName))).
-			WithInitialDelaySeconds(5).WithPeriodSeconds(10).WithFailureThreshold(3)).
-		WithResources(GrabResources(nil)).
-		WithSecurityContext(grabContainerSecurityContext()).
-		WithVolumeMounts(mounts...)
-
-	template := corev1ac.PodTemplateSpec().
-		WithLabels(labels).
-		WithSpec(corev1ac.PodSpec().
-			WithServiceAccountName(name).
-			// The status reporter talks to the API server as the grab
-			// ServiceAccount, whose Role reaches this one activity only (and
-			// whose status writes the admission policy narrows to the reported
-			// fields), so the pod keeps its token.
-			WithAutomountServiceAccountToken(true).
-			WithTerminationGracePeriodSeconds(GrabTerminationGracePeriodSeconds()).
-			WithSecurityContext(corev1ac.PodSecurityContext().
-				WithRunAsNonRoot(true).
-				WithRunAsUser(nonRootUID).
-				WithRunAsGroup(nonRootUID).
-				WithFSGroup(nonRootUID).
-				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
-			WithContainers(container).
-			WithVolumes(volumes...))
-	if in.DefaultRedis != nil {
-		template.WithAnnotations(map[string]string{AnnotationRedisCredentials: in.DefaultRedis.Digest()})
-	}
+	template := grabPodTemplate(grabPod{
+		image: image, args: args, redisSecret: grabRedisSecret(in), resources: GrabResources(nil),
+		volumes: volumes, mounts: mounts, labels: labels,
+		// The status reporter talks to the API server as the grab ServiceAccount,
+		// whose Role reaches this one activity only (and whose status writes the
+		// admission policy narrows to the reported fields), so the pod keeps its token.
+		serviceAccount: name,
+		defaultRedis:   in.DefaultRedis,
+	})
 
 	return appsv1ac.Deployment(name, a.Namespace).
 		WithLabels(labels).
@@ -185,17 +155,75 @@ func GrabDeployment(in Grab) *appsv1ac.DeploymentApplyConfiguration {
 			WithTemplate(template))
 }
 
-// grabEnv is the grab container's environment: its pod name and namespace, and the
-// Redis connection, from the activity's Secret or else the <activity>-grab-redis
-// Secret that holds its login on the operator's default Redis (every key optional).
-// No password is part of the Deployment itself.
-func grabEnv(in Grab) []*corev1ac.EnvVarApplyConfiguration {
+// grabRedisSecret is the Secret the activity's grab pods read their Redis
+// connection from: the activity's spec.redis Secret or else <activity>-grab-redis,
+// its login on the operator's default Redis. No password is part of the Deployment
+// itself.
+func grabRedisSecret(in Grab) string {
 	a := in.Activity
-	secretName := GrabRedisSecretName(a)
 	if a.Spec.Redis != nil {
-		secretName = a.Spec.Redis.SecretRef.Name
+		return a.Spec.Redis.SecretRef.Name
 	}
-	return grabPodEnv(secretName)
+	return GrabRedisSecretName(a)
+}
+
+// grabPod is what sets one kind's grab pods apart; grabPodTemplate builds the rest
+// (container, probes, ports, security, grace period) the same way for both kinds.
+type grabPod struct {
+	image       string
+	args        []string
+	redisSecret string
+	resources   *corev1ac.ResourceRequirementsApplyConfiguration
+	volumes     []*corev1ac.VolumeApplyConfiguration
+	mounts      []*corev1ac.VolumeMountApplyConfiguration
+	labels      map[string]string
+	// serviceAccount is the pod's ServiceAccount, whose token is mounted; empty, the
+	// pod gets no ServiceAccount token at all.
+	serviceAccount string
+	// defaultRedis, when set, puts its digest in AnnotationRedisCredentials, so a
+	// new password rolls the pods.
+	defaultRedis *RedisLogin
+}
+
+// grabPodTemplate is the pod template of a grab Deployment of either kind.
+func grabPodTemplate(p grabPod) *corev1ac.PodTemplateSpecApplyConfiguration {
+	container := corev1ac.Container().
+		WithName(grabContainerName).
+		WithImage(p.image).
+		WithImagePullPolicy(corev1.PullIfNotPresent).
+		WithCommand(grabCommand).
+		WithArgs(p.args...).
+		WithPorts(corev1ac.ContainerPort().WithName(grabPortName).WithContainerPort(grabPort).WithProtocol(corev1.ProtocolTCP)).
+		WithEnv(grabPodEnv(p.redisSecret)...).
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(grabPortName))).
+			WithPeriodSeconds(5).WithFailureThreshold(2)).
+		WithLivenessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(grabPortName))).
+			WithInitialDelaySeconds(5).WithPeriodSeconds(10).WithFailureThreshold(3)).
+		WithResources(p.resources).
+		WithSecurityContext(grabContainerSecurityContext()).
+		WithVolumeMounts(p.mounts...)
+
+	spec := corev1ac.PodSpec()
+	if p.serviceAccount != "" {
+		spec.WithServiceAccountName(p.serviceAccount)
+	}
+	spec.WithAutomountServiceAccountToken(p.serviceAccount != "").
+		WithTerminationGracePeriodSeconds(GrabTerminationGracePeriodSeconds()).
+		WithSecurityContext(corev1ac.PodSecurityContext().
+			WithRunAsNonRoot(true).
+			WithRunAsUser(nonRootUID).
+			WithRunAsGroup(nonRootUID).
+			WithFSGroup(nonRootUID).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		WithContainers(container).
+		WithVolumes(p.volumes...)
+	template := corev1ac.PodTemplateSpec().WithLabels(p.labels).WithSpec(spec)
+	if p.defaultRedis != nil {
+		template.WithAnnotations(map[string]string{AnnotationRedisCredentials: p.defaultRedis.Digest()})
+	}
+	return template
 }
 
 // grabPodEnv is a grab container's environment with its Redis connection read from

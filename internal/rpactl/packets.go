@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/grabsvc/grabapi"
 	"redpacket.io/operator/settlement"
 )
 
@@ -99,32 +100,13 @@ func budgetViewOf(u *unstructured.Unstructured) *budgetView {
 // Secret.
 const SenderTokenKey = "token"
 
-// PacketView is a packet as the grab service answers it (docs/grab-api.md).
-type PacketView struct {
-	ID              string `json:"id"`
-	Sender          string `json:"sender"`
-	Currency        string `json:"currency"`
-	Distribution    string `json:"distribution"`
-	TotalAmount     int64  `json:"totalAmount"`
-	Count           int64  `json:"count"`
-	RemainingAmount int64  `json:"remainingAmount"`
-	RemainingCount  int64  `json:"remainingCount"`
-	CreatedAt       string `json:"createdAt"`
-	ExpiresAt       string `json:"expiresAt"`
-	Expired         bool   `json:"expired"`
-	// Outcome is created or existing in a creation's answer.
-	Outcome string `json:"outcome,omitempty"`
-	// Grabs are who got what, in grab order (GET /v1/packets/{id}).
-	Grabs []PacketShareView `json:"grabs,omitempty"`
-}
+// PacketView is a packet as the grab service answers it (docs/grab-api.md). Grabs,
+// who got what in grab order, come only with GET /v1/packets/{id}; a creation's
+// answer and the live list leave them empty.
+type PacketView = grabapi.PacketDetailView
 
 // PacketShareView is one granted share.
-type PacketShareView struct {
-	Share  int    `json:"share"`
-	UserID string `json:"userId"`
-	Amount int64  `json:"amount"`
-	At     string `json:"at"`
-}
+type PacketShareView = grabapi.PacketShareView
 
 // packetList is GET /v1/packets?limit=N.
 type packetList struct {

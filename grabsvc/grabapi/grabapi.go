@@ -1,0 +1,49 @@
+// Package grabapi holds the JSON bodies of the grab API (docs/grab-api.md) that
+// both the grab service and its clients (the kubectl plugin, the load generator)
+// speak. It imports nothing but the standard library, so a client does not pull
+// in the grab server to read its answers. Field names and shapes are the wire
+// contract fixed in API.md: change them only additively.
+package grabapi
+
+// GrabResponse is the body of every /v1/grab answer. Amount is present exactly
+// when a share was handed out (granted, or already_claimed with its packet).
+type GrabResponse struct {
+	Outcome  string `json:"outcome"`
+	PacketID string `json:"packetId,omitempty"`
+	Amount   *int64 `json:"amount,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// PacketView is a packet as POST /v1/packets answers it.
+type PacketView struct {
+	// Outcome is created or existing in a creation's answer, absent elsewhere.
+	Outcome         string `json:"outcome,omitempty"`
+	ID              string `json:"id"`
+	Sender          string `json:"sender"`
+	Currency        string `json:"currency"`
+	Distribution    string `json:"distribution"`
+	TotalAmount     int64  `json:"totalAmount"`
+	Count           int64  `json:"count"`
+	RemainingAmount int64  `json:"remainingAmount"`
+	RemainingCount  int64  `json:"remainingCount"`
+	// CreatedAt and ExpiresAt are RFC 3339 with milliseconds, by the Redis clock.
+	CreatedAt string `json:"createdAt"`
+	ExpiresAt string `json:"expiresAt"`
+	// Expired is set once the remainder was refunded (or nothing was left).
+	Expired bool `json:"expired"`
+}
+
+// PacketShareView is one granted share, in grab order.
+type PacketShareView struct {
+	Share  int    `json:"share"`
+	UserID string `json:"userId"`
+	Amount int64  `json:"amount"`
+	At     string `json:"at"`
+}
+
+// PacketDetailView is GET /v1/packets/{id}: the packet and its detail list.
+type PacketDetailView struct {
+	PacketView
+	// Grabs are the granted shares in grab order; empty, never null.
+	Grabs []PacketShareView `json:"grabs"`
+}
