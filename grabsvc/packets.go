@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/types"
 
+	"redpacket.io/operator/grabsvc/grabapi"
 	"redpacket.io/operator/store"
 )
 
@@ -527,39 +528,14 @@ type packetGrabResponse struct {
 	Error  string `json:"error,omitempty"`
 }
 
-// PacketView is a packet as POST /v1/packets answers it.
-type PacketView struct {
-	// Outcome is created or existing in a creation's answer, absent elsewhere.
-	Outcome         string `json:"outcome,omitempty"`
-	ID              string `json:"id"`
-	Sender          string `json:"sender"`
-	Currency        string `json:"currency"`
-	Distribution    string `json:"distribution"`
-	TotalAmount     int64  `json:"totalAmount"`
-	Count           int64  `json:"count"`
-	RemainingAmount int64  `json:"remainingAmount"`
-	RemainingCount  int64  `json:"remainingCount"`
-	// CreatedAt and ExpiresAt are RFC 3339 with milliseconds, by the Redis clock.
-	CreatedAt string `json:"createdAt"`
-	ExpiresAt string `json:"expiresAt"`
-	// Expired is set once the remainder was refunded (or nothing was left).
-	Expired bool `json:"expired"`
-}
+// PacketView is a packet as POST /v1/packets answers it (grabapi.PacketView).
+type PacketView = grabapi.PacketView
 
 // PacketShareView is one granted share, in grab order.
-type PacketShareView struct {
-	Share  int    `json:"share"`
-	UserID string `json:"userId"`
-	Amount int64  `json:"amount"`
-	At     string `json:"at"`
-}
+type PacketShareView = grabapi.PacketShareView
 
 // PacketDetailView is GET /v1/packets/{id}: the packet and its detail list.
-type PacketDetailView struct {
-	PacketView
-	// Grabs are the granted shares in grab order; empty, never null.
-	Grabs []PacketShareView `json:"grabs"`
-}
+type PacketDetailView = grabapi.PacketDetailView
 
 // timeMillis is RFC 3339 in UTC with milliseconds.
 const timeMillis = "2006-01-02T15:04:05.000Z07:00"
