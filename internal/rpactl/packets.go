@@ -170,10 +170,11 @@ func (c PacketsClient) call(ctx context.Context, method, path, token string, bod
 	return resp.StatusCode, nil
 }
 
-// Packet is GET /v1/packets/{id}.
-func (c PacketsClient) Packet(ctx context.Context, id string) (PacketView, error) {
+// Packet is GET /v1/packets/{id}, with token (the sender credential) when the
+// budget has user tokens, and "" when it has none.
+func (c PacketsClient) Packet(ctx context.Context, id, token string) (PacketView, error) {
 	var p PacketView
-	_, err := c.call(ctx, http.MethodGet, "/v1/packets/"+url.PathEscape(id), "", nil, &p)
+	_, err := c.call(ctx, http.MethodGet, "/v1/packets/"+url.PathEscape(id), token, nil, &p)
 	return p, err
 }
 
@@ -332,7 +333,15 @@ and its refund was settled.`,
 				return err
 			}
 			defer done()
-			p, err := c.Packet(ctx, args[1])
+			// A budget with user tokens shows a packet only to a token or its sender
+			// credential; without them the read needs none (and no Secret is read).
+			token := ""
+			if b.TokenSecret != "" {
+				if token, err = s.senderToken(ctx, b); err != nil {
+					return err
+				}
+			}
+			p, err := c.Packet(ctx, args[1], token)
 			if err != nil {
 				return fmt.Errorf("redpacketbudget %s/%s: %w", b.Namespace, b.Name, err)
 			}

@@ -68,6 +68,12 @@ func TestBudgetViewOf(t *testing.T) {
 // uid over a real redis-server (conn), with the sender credential token.
 func grabServer(t *testing.T, conn redisconn.Conn, uid string, shards int, token string) *httptest.Server {
 	t.Helper()
+	return grabServerWithTokens(t, conn, uid, shards, token, nil)
+}
+
+// grabServerWithTokens is grabServer for a budget with user tokens (tokens nil: none).
+func grabServerWithTokens(t *testing.T, conn redisconn.Conn, uid string, shards int, token string, tokens *grabsvc.TokenVerifier) *httptest.Server {
+	t.Helper()
 	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +85,7 @@ func grabServer(t *testing.T, conn redisconn.Conn, uid string, shards int, token
 	}
 	srv, err := grabsvc.NewPacketServer(grabsvc.PacketConfig{
 		Budget: grabsvc.Budget{Namespace: "shop", Name: "group-packets", UID: types.UID(uid), Shards: shards},
-		Redis:  rc.Pipeliner, Ping: rc.Client, Sender: sender, RedisTimeout: time.Second})
+		Redis:  rc.Pipeliner, Ping: rc.Client, Sender: sender, Tokens: tokens, RedisTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +136,7 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p, err = c.Packet(ctx, "order-1")
+	p, err = c.Packet(ctx, "order-1", "")
 	if err != nil || len(p.Grabs) != 2 || p.Grabs[0].UserID != "alice" || p.Grabs[1].UserID != "bob" || p.RemainingCount != 3 {
 		t.Fatalf("packet: %+v, %v", p, err)
 	}
@@ -143,8 +149,22 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 			t.Errorf("packet detail lacks %q:\n%s", want, out.String())
 		}
 	}
-	if _, err := c.Packet(ctx, "order-404"); err == nil || !strings.Contains(err.Error(), "not_found") {
+	if _, err := c.Packet(ctx, "order-404", ""); err == nil || !strings.Contains(err.Error(), "not_found") {
 		t.Errorf("a missing packet: %v", err)
+	}
+
+	// The same budget served with user tokens shows the packet only to the sender
+	// credential (as kubectl rpa packet sends it then), never to a bare read.
+	verifier, err := grabsvc.NewTokenVerifier([]byte("user-token-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	authed := PacketsClient{BaseURL: grabServerWithTokens(t, srv.Conn(), "budget-plugin", 4, "sender-secret-token", verifier).URL, HTTP: hs.Client()}
+	if _, err := authed.Packet(ctx, "order-1", ""); err == nil || !strings.Contains(err.Error(), "unauthorized") {
+		t.Errorf("a bare read of a budget with user tokens: %v, want unauthorized", err)
+	}
+	if p, err := authed.Packet(ctx, "order-1", "sender-secret-token"); err != nil || len(p.Grabs) != 2 {
+		t.Errorf("a read with the sender credential: %+v, %v", p, err)
 	}
 
 	if _, err := c.Send(ctx, "sender-secret-token", SendRequest{ID: "order-2", Sender: "merchant-7", TotalAmount: 300, Count: 3}); err != nil {
