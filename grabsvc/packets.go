@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -145,17 +144,13 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	if cfg.Gatherer != nil {
-		s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
-	}
+	var page func(*http.ServeMux) error
 	if cfg.Page {
-		if err := registerPacketPage(s.mux); err != nil {
-			return nil, err
-		}
+		page = registerPacketPage
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such endpoint: " + r.URL.Path})
-	})
+	if err := finishMux(s.mux, cfg.Gatherer, page); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

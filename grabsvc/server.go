@@ -157,18 +157,31 @@ func NewServer(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("/v1/activity", s.handleActivity)
 	s.mux.HandleFunc("/healthz", s.handleHealthz)
 	s.mux.HandleFunc("/readyz", s.handleReadyz)
-	if cfg.Gatherer != nil {
-		s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
-	}
+	var page func(*http.ServeMux) error
 	if cfg.Page {
-		if err := registerPage(s.mux); err != nil {
-			return nil, err
+		page = registerPage
+	}
+	if err := finishMux(s.mux, cfg.Gatherer, page); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// finishMux adds what both kinds' servers serve besides their API: /metrics when
+// gatherer is set, the page when page is set, and a JSON 404 for every other path.
+func finishMux(mux *http.ServeMux, gatherer prometheus.Gatherer, page func(*http.ServeMux) error) error {
+	if gatherer != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	if page != nil {
+		if err := page(mux); err != nil {
+			return err
 		}
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such endpoint: " + r.URL.Path})
 	})
-	return s, nil
+	return nil
 }
 
 // Handler is the server's HTTP handler.

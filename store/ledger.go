@@ -87,8 +87,15 @@ func (l *Ledger) Decide(ctx context.Context, total, count int64, entries []Strea
 	if err != nil {
 		return nil, fmt.Errorf("deciding %d settlement entries in %s: %w", len(entries), l.key, err)
 	}
-	if len(res) != len(entries) {
-		return nil, fmt.Errorf("deciding settlement entries in %s: %d verdicts for %d entries", l.key, len(res), len(entries))
+	return parseVerdicts(l.key, res, len(entries))
+}
+
+// parseVerdicts reads a ledger script's answer, one verdict per entry in order
+// ("duplicate_packet:<user>" names the user the packet was credited to), for both
+// the activity's ledger and a budget's. An answer of another length is an error.
+func parseVerdicts(key string, res []string, entries int) ([]LedgerVerdict, error) {
+	if len(res) != entries {
+		return nil, fmt.Errorf("deciding settlement entries in %s: %d verdicts for %d entries", key, len(res), entries)
 	}
 	out := make([]LedgerVerdict, len(res))
 	for i, v := range res {

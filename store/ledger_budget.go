@@ -138,18 +138,7 @@ func (l *BudgetLedger) decideStep(ctx context.Context, credits []BudgetCredit) (
 		}
 		return nil, fmt.Errorf("deciding %d settlement entries in %s: %w", len(credits), l.key, err)
 	}
-	if len(res) != len(credits) {
-		return nil, fmt.Errorf("deciding settlement entries in %s: %d verdicts for %d entries", l.key, len(res), len(credits))
-	}
-	out := make([]LedgerVerdict, len(res))
-	for i, v := range res {
-		if to, ok := strings.CutPrefix(v, LedgerDuplicatePacket+":"); ok {
-			out[i] = LedgerVerdict{Verdict: LedgerDuplicatePacket, CreditedTo: to}
-			continue
-		}
-		out[i] = LedgerVerdict{Verdict: v}
-	}
-	return out, nil
+	return parseVerdicts(l.key, res, len(credits))
 }
 
 // BudgetAnnouncement is the budget total recorded as announced and the announcement
