@@ -26,14 +26,11 @@ import (
 //
 // A sharded activity has a watermark per shard, each the highest claimed count and
 // transfer sequence seen on that shard: from grants, from the transfer scripts'
-// answers and the stock readings of refills (store.Activity.Marks), from the notes
-// every destination keeps of its sources' marks (transfer_note.lua), which the
-// handle reads at most store.DefaultMarkRefresh before each grab it sends, so that
-// a transfer another pod made raises them too, from the reporter's reading of the
-// shard, and from status.shardWatermarks (the status's counters are sums over the
-// shards, so they raise no shard's watermark). A shard below its transfer sequence
-// came back from before a transfer and may list again packets that left it: the
-// grab and transfer scripts fence it.
+// answers and the stock readings of refills (store.Activity.Marks), from the
+// reporter's reading of the shard, and from status.shardWatermarks (the status's
+// counters are sums over the shards, so they raise no shard's watermark). A shard
+// below its transfer sequence came back from before a transfer and may list again
+// packets that left it: the grab and transfer scripts fence it.
 type RollbackGuard struct {
 	cur    atomic.Pointer[guardState]
 	shards atomic.Pointer[shardMarks]

@@ -174,5 +174,5 @@ var GrabLibrary = newLibrary(append(GrabSideScripts(), PacketSideScripts()...)..
 // alone and stay cached scripts run with EVALSHA (Script.Run) under its own user.
 func GrabSideScripts() []*Script {
 	return []*Script{GrabScript, SnapshotScript, ReplayDeadScript, TransferOutScript, TransferInScript,
-		TransferDoneScript, TransferNoteScript, StockScript}
+		TransferDoneScript, StockScript}
 }

@@ -44,8 +44,8 @@ func TestGrabLibraryHoldsTheGrabSideScripts(t *testing.T) {
 			t.Errorf("the operator's script %s is in the grab-side library", s.Name())
 		}
 	}
-	if want := 8 + len(lua.PacketSideScripts()); len(lib.Scripts()) != want {
-		t.Errorf("%d scripts in the library, want the 8 grab-side ones and the packets' (%d)", len(lib.Scripts()), want)
+	if want := 7 + len(lua.PacketSideScripts()); len(lib.Scripts()) != want {
+		t.Errorf("%d scripts in the library, want the 7 grab-side ones and the packets' (%d)", len(lib.Scripts()), want)
 	}
 }
 

@@ -128,8 +128,6 @@ var (
 	transferInSrc string
 	//go:embed transfer_done.lua
 	transferDoneSrc string
-	//go:embed transfer_note.lua
-	transferNoteSrc string
 	//go:embed stock.lua
 	stockSrc string
 	//go:embed refund_activity.lua
@@ -191,9 +189,6 @@ var (
 	TransferInScript = newScript("transfer_in", transferInSrc)
 	// TransferDoneScript removes an applied transfer from its source's journal.
 	TransferDoneScript = newScript("transfer_done", transferDoneSrc)
-	// TransferNoteScript records on a destination how far its source got
-	// (transfer_seq after transfer_out), where a rollback of the source cannot take it.
-	TransferNoteScript = newScript("transfer_note", transferNoteSrc)
 	// StockScript reads a shard's transfer sequence and stock at one instant.
 	StockScript = newScript("stock", stockSrc)
 	// RefundActivityScript writes an activity's one refund, once, after every shard

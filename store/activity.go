@@ -79,12 +79,6 @@ type Activity struct {
 	// scripts and the stock readings answer with raise the marks. Grab takes the
 	// grab's marks from its own argument.
 	Marks ShardMarks
-	// MarkRefresh is how old the reading of the shards' notes of their sources'
-	// transfer marks may be when Grab grants (DefaultMarkRefresh when 0), and
-	// TransferHold how long a transfer waits between noting its source's mark and
-	// applying its packets (DefaultTransferHold when 0). Keep TransferHold ≥
-	// MarkRefresh + MaxGrabFlight (see apply).
-	MarkRefresh, TransferHold time.Duration
 
 	idPrefix string
 	nextID   atomic.Uint64
@@ -94,8 +88,6 @@ type Activity struct {
 	// rolled-back state), so for soldOutFor after it a grab that finds its home dry is
 	// sold out at once, without reading every shard again.
 	soldOutAt atomic.Int64
-	// sources is when every shard's notes were last read (freshMarks).
-	sources sourceMarks
 }
 
 // MaxShards is the most shards one activity may have (spec.shards).

@@ -85,12 +85,6 @@ func (s *Activity) Grab(ctx context.Context, userID string, markOf func(shard in
 	h := s.Home(userID)
 	home := s.shards[h]
 	for {
-		// The notes of every shard's sources, read at most MarkRefresh before this
-		// grab is sent, raise the marks (apply): a shard that came back from before a
-		// transfer some other pod made is fenced by this grab, not granted from.
-		if err := s.freshMarks(ctx); err != nil {
-			return GrabResult{}, h, fmt.Errorf("before granting on shard %d: %w", h, err)
-		}
 		var mark Watermark
 		if markOf != nil {
 			mark = markOf(h)

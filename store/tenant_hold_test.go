@@ -210,7 +210,6 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"transfer_out of a mark of 1 MiB", lua.TransferOutScript, []string{k.Meta, k.Packets, k.Transfers}, []any{"big-mark", 1, 1000}},
 		{"transfer_in of 1,000 packets of 1 KiB", lua.TransferInScript, []string{k.Meta, k.Packets, k.Applied}, bigIn},
 		{"transfer_done", lua.TransferDoneScript, []string{k.Meta, k.Transfers}, []any{"no-such-transfer"}},
-		{"transfer_note of the highest mark", lua.TransferNoteScript, []string{k.Meta, k.Applied}, []any{1, "999999999999999999", "999999999999999999"}},
 		{"stock", lua.StockScript, []string{k.Meta, k.Packets, k.Transfers}, nil},
 		{"packet_create", lua.PacketCreateScript, []string{k.Meta, pk, "rpa:{" + own + "}:due"}, []any{"x1", "fp", "s", 1, 1, "fixed", 0, 1}},
 		{"packet_grab", lua.PacketGrabScript, []string{k.Meta, pk, k.Stream}, []any{"x1", "u"}},

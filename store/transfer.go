@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,111 +14,6 @@ import (
 
 // DefaultTransferBatch is the most packets one refill moves between shards.
 const DefaultTransferBatch = 128
-
-// The transfer marks' timing (apply): a grab pod grants on a shard only with the
-// notes of every shard read at most DefaultMarkRefresh before, and a transfer
-// waits DefaultTransferHold between noting its source's mark on the destination and
-// checking the source, before the destination lists the packets. The hold covers
-// the refresh and MaxGrabFlight, the longest a grab is taken to travel from its pod
-// to Redis: a grab delayed longer than that on its way (not its reply) falls outside
-// the promise.
-const (
-	DefaultMarkRefresh  = 50 * time.Millisecond
-	MaxGrabFlight       = 100 * time.Millisecond
-	DefaultTransferHold = DefaultMarkRefresh + MaxGrabFlight + 50*time.Millisecond
-)
-
-// checkID is the transfer id apply sends transfer_done to check a source against its
-// mark: no journal holds it (ids are "<hex>-<n>"), so the call removes nothing.
-const checkID = "^check"
-
-// markClock is the monotonic origin of sourceMarks.readAt.
-var markClock = time.Now()
-
-// sourceMarks is when a handle last read every shard's notes (transfer_note.lua).
-type sourceMarks struct {
-	mu sync.Mutex
-	// readAt is when the last complete reading was sent, as time since markClock
-	// (monotonic); 0 before any.
-	readAt atomic.Int64
-}
-
-// freshMarks makes sure the caller's marks (Marks) hold every shard's notes of its
-// siblings as read at most MarkRefresh ago (DefaultMarkRefresh when 0), counted from
-// when the reading was sent: when the last reading is older, it reads every shard's
-// notes now (one HMGET per shard, the shards in parallel) and raises the marks, and
-// concurrent callers wait for that one reading. Without Marks or with one shard it
-// does nothing. Grab calls it before every grab; see apply for why that bound
-// keeps a packet from being granted twice.
-func (s *Activity) freshMarks(ctx context.Context) error {
-	if s.Marks == nil || len(s.shards) == 1 {
-		return nil
-	}
-	bound := s.MarkRefresh
-	if bound <= 0 {
-		bound = DefaultMarkRefresh
-	}
-	fresh := func() bool {
-		at := s.sources.readAt.Load()
-		return at != 0 && time.Since(markClock)-time.Duration(at) < bound
-	}
-	if fresh() {
-		return nil
-	}
-	s.sources.mu.Lock()
-	defer s.sources.mu.Unlock()
-	if fresh() {
-		return nil
-	}
-	sent := time.Since(markClock)
-	notes, err := s.readNotes(ctx)
-	if err != nil {
-		return err
-	}
-	for j, w := range notes {
-		if w != (Watermark{}) {
-			s.saw(j, w.Epoch, w.TransferSeq)
-		}
-	}
-	s.sources.readAt.Store(max(int64(sent), 1))
-	return nil
-}
-
-// readNotes reads every shard's notes of its sources' transfer marks
-// (transfer_note.lua), one HMGET per shard, the shards in parallel, and returns for
-// each shard the highest any sibling holds (the zero watermark for none).
-func (s *Activity) readNotes(ctx context.Context) ([]Watermark, error) {
-	n := len(s.shards)
-	fields := make([]string, n)
-	for i := range fields {
-		fields[i] = "^" + strconv.Itoa(i)
-	}
-	var mu sync.Mutex
-	out := make([]Watermark, n)
-	err := s.eachShard(func(i int, a *Shard) error {
-		vals, err := a.c.HMGet(ctx, a.keys.Applied, fields...).Result()
-		if err != nil {
-			return fmt.Errorf("reading its notes of its sources' transfer marks: %w", err)
-		}
-		for j, v := range vals {
-			note, ok := v.(string)
-			if !ok || j == i {
-				continue
-			}
-			e, q, ok := strings.Cut(note, ":")
-			epoch, err1 := strconv.ParseInt(e, 10, 64)
-			seq, err2 := strconv.ParseInt(q, 10, 64)
-			if !ok || err1 != nil || err2 != nil {
-				return fmt.Errorf("note %q of shard %d's transfer mark is not <epoch>:<seq>", note, j)
-			}
-			mu.Lock()
-			out[j] = out[j].Raise(Watermark{Epoch: epoch, TransferSeq: seq})
-			mu.Unlock()
-		}
-		return nil
-	})
-	return out, err
-}
 
 // ErrShardUnavailable is wrapped when packets are left only on shards that cannot
 // give them now.
@@ -350,9 +244,7 @@ func (s *Activity) Transfer(ctx context.Context, src, dst int, batch int64) (int
 	if vals[0] != "moved" && vals[0] != "pending" {
 		return 0, nil // empty, closed, ended, fenced or missing: nothing left the source
 	}
-	seq, _ := strconv.ParseInt(vals[2], 10, 64)
-	epoch, _ := strconv.ParseInt(vals[3], 10, 64)
-	return s.apply(ctx, src, id, vals[1], Watermark{Epoch: epoch, TransferSeq: seq})
+	return s.apply(ctx, src, id, vals[1])
 }
 
 // replicated waits for shard i's replicas when Replicated is set.
@@ -366,32 +258,13 @@ func (s *Activity) replicated(ctx context.Context, i int, what string) error {
 	return nil
 }
 
-// apply finishes the journalled transfer id of shard src, which reached srcMark
-// (its transfer_seq and epoch) with or after the entry's transfer_out: once the
-// source's replicas hold the entry (Replicated), the destination notes srcMark
-// (transfer_note.lua), the transfer waits TransferHold, the source is checked
-// against srcMark (transfer_done.lua with an id no journal holds: a source below it
-// is fenced, and the packets are not applied), and only then does the destination
-// apply it (at most once, whoever calls); once the destination's replicas hold that,
-// the source forgets it. It returns how many packets the destination holds from it,
-// 0 when the destination refused (closed, fenced or missing) or the source came
-// back from before the entry: the entry then stays where it is (in the journal, or
-// in the source's list again, on a fenced shard) and the packets stay out of every
-// open list, counted by the refund at close.
-//
-// Why every pod fences a source that comes back from before a transfer, before it
-// grants a packet of the transfer a second time (the hold): a pod grants on a shard
-// only with the notes of every shard read at most MarkRefresh before it sent the
-// grab (Activity.Grab, freshMarks). Let the note be written at n, and the source be
-// checked at c ≥ n + TransferHold. A grab that runs on the source after it came
-// back from before the transfer, at g, was sent at most MarkRefresh after a reading
-// of the notes. If that reading came after n, the grab carries srcMark and fences
-// the source. Otherwise the grab was sent before n + MarkRefresh; with
-// TransferHold ≥ MarkRefresh + the longest a grab takes to reach Redis
-// (MaxGrabFlight), g < c: the source had already come back when it was checked, so
-// the check fences it and the destination never lists the packets. A packet of the
-// transfer is thus granted by the source or by the destination, never by both.
-func (s *Activity) apply(ctx context.Context, src int, id, entry string, srcMark Watermark) (int64, error) {
+// apply finishes the journalled transfer id of shard src: once the source's replicas
+// hold the entry (Replicated), the destination applies it (at most once, whoever
+// calls), and once the destination's replicas hold that, the source forgets it. It returns how many
+// packets the destination holds from it, 0 when the destination refused (closed,
+// fenced or missing): the entry then stays in the journal and the packets stay out
+// of every list, counted by the refund at close.
+func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64, error) {
 	t, err := parseTransfer(entry)
 	if err != nil {
 		return 0, fmt.Errorf("shard %d: %w", src, err)
@@ -403,48 +276,6 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string, srcMark
 		return 0, err
 	}
 	d := s.shards[t.dest]
-	if err := d.call(ctx, lua.TransferNoteScript, []string{d.keys.Meta, d.keys.Applied},
-		src, srcMark.TransferSeq, srcMark.Epoch).Err(); err != nil {
-		return 0, fmt.Errorf("transfer %s: noting shard %d's mark on shard %d: %w", id, src, t.dest, err)
-	}
-	if err := s.replicated(ctx, t.dest, "transfer "+id+" noted"); err != nil {
-		return 0, err
-	}
-	hold := s.TransferHold
-	if hold <= 0 {
-		hold = DefaultTransferHold
-	}
-	select {
-	case <-ctx.Done():
-		return 0, fmt.Errorf("transfer %s: holding before it applies: %w", id, ctx.Err())
-	case <-time.After(hold):
-	}
-	// The check carries every note of the source too, read now: a transfer_out sent
-	// with a mark older than MarkRefresh (a refill that waited) may have taken packets
-	// from a source that had already come back from before an earlier transfer, and
-	// they must not be listed here either.
-	notes, err := s.readNotes(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("transfer %s: %w", id, err)
-	}
-	src0 := s.shards[src]
-	check := srcMark.Raise(s.markOf(src)).Raise(notes[src])
-	chk, err := src0.call(ctx, lua.TransferDoneScript, []string{src0.keys.Meta, src0.keys.Transfers}, checkID,
-		check.TransferSeq, check.Epoch).StringSlice()
-	if err != nil {
-		return 0, fmt.Errorf("transfer %s: checking shard %d against its mark: %w", id, src, err)
-	}
-	if len(chk) != 3 {
-		return 0, fmt.Errorf("transfer %s: checking shard %d: %d values, want 3", id, src, len(chk))
-	}
-	if err := s.sawReply(src, chk[1], chk[2]); err != nil {
-		return 0, fmt.Errorf("transfer %s check: %w", id, err)
-	}
-	if chk[0] != "gone" {
-		// Fenced now or before: the source may list the packets again, so the
-		// destination must not.
-		return 0, nil
-	}
 	dmark := s.markOf(t.dest)
 	args := make([]any, 0, 5+len(t.packets))
 	args = append(args, id, t.count, t.amount, dmark.TransferSeq, dmark.Epoch)
@@ -495,16 +326,8 @@ func (s *Activity) Resolve(ctx context.Context) (int, error) {
 		if err != nil {
 			return fmt.Errorf("reading its transfer journal: %w", err)
 		}
-		if len(entries) == 0 {
-			return nil
-		}
-		// The source's transfer_seq now is at or after every entry's transfer_out.
-		st, err := s.stockOf(ctx, i)
-		if err != nil {
-			return err
-		}
 		for id, entry := range entries {
-			n, err := s.apply(ctx, i, id, entry, Watermark{Epoch: st.epoch, TransferSeq: st.seq})
+			n, err := s.apply(ctx, i, id, entry)
 			if err != nil {
 				return err
 			}
