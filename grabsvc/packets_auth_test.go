@@ -19,25 +19,9 @@ import (
 // cannot be probed.
 func TestPacketDetailTokens(t *testing.T) {
 	key := []byte("budget-token-key")
-	v, err := NewTokenVerifier(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newPacketHarness(t, 10_000, 4, func(c *PacketConfig) { c.Tokens = v })
-	for _, id := range []string{"order-1001", "order-1002"} {
-		if a := h.create(`{"id":"` + id + `","sender":"Lin's tea shop","totalAmount":300,"count":3}`); a.Status != http.StatusCreated {
-			t.Fatalf("create: %d %s", a.Status, a.Raw)
-		}
-	}
+	h, sign := newTokenPacketHarness(t, key, `"sender":"Lin's tea shop","totalAmount":300,"count":3`, "order-1001", "order-1002")
 	exp := time.Now().Add(5 * time.Minute).Unix()
 	ref := h.budget.Ref()
-	sign := func(k []byte, c TokenClaims) map[string]string {
-		tok, err := SignToken(k, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return map[string]string{"Authorization": "Bearer " + tok}
-	}
 	if a := h.grab("order-1001", "alice", sign(key, TokenClaims{UserID: "alice", Budget: ref, BudgetUID: h.budget.UID, Exp: exp})); a.str("outcome") != OutcomeGranted {
 		t.Fatalf("grab: %d %s", a.Status, a.Raw)
 	}

@@ -504,23 +504,22 @@ func TestPacketRedisOutage(t *testing.T) {
 	}
 }
 
-// TestPacketTokens: with user tokens on, a grab needs a token for this budget (name
-// and UID), for this packet when it names one, and for this user; every refusal is a
-// 401 that changes nothing.
-func TestPacketTokens(t *testing.T) {
-	key := []byte("budget-token-key")
+// newTokenPacketHarness is a packet harness whose budget takes user tokens signed
+// with key, holding one packet per id created with the body fields (JSON members
+// after the id), and a function that makes the Authorization header of a token
+// signed with a key.
+func newTokenPacketHarness(t *testing.T, key []byte, fields string, ids ...string) (*packetHarness, func([]byte, TokenClaims) map[string]string) {
+	t.Helper()
 	v, err := NewTokenVerifier(key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := newPacketHarness(t, 10_000, 4, func(c *PacketConfig) { c.Tokens = v })
-	for _, id := range []string{"p-1", "p-2"} {
-		if a := h.create(`{"id":"` + id + `","sender":"m","totalAmount":100,"count":3}`); a.Status != http.StatusCreated {
+	for _, id := range ids {
+		if a := h.create(`{"id":"` + id + `",` + fields + `}`); a.Status != http.StatusCreated {
 			t.Fatalf("create: %d %s", a.Status, a.Raw)
 		}
 	}
-	exp := time.Now().Add(5 * time.Minute).Unix()
-	ref := h.budget.Ref()
 	sign := func(k []byte, c TokenClaims) map[string]string {
 		tok, err := SignToken(k, c)
 		if err != nil {
@@ -528,6 +527,17 @@ func TestPacketTokens(t *testing.T) {
 		}
 		return map[string]string{"Authorization": "Bearer " + tok}
 	}
+	return h, sign
+}
+
+// TestPacketTokens: with user tokens on, a grab needs a token for this budget (name
+// and UID), for this packet when it names one, and for this user; every refusal is a
+// 401 that changes nothing.
+func TestPacketTokens(t *testing.T) {
+	key := []byte("budget-token-key")
+	h, sign := newTokenPacketHarness(t, key, `"sender":"m","totalAmount":100,"count":3`, "p-1", "p-2")
+	exp := time.Now().Add(5 * time.Minute).Unix()
+	ref := h.budget.Ref()
 	for _, tc := range []struct {
 		name   string
 		header map[string]string
