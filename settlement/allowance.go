@@ -226,24 +226,17 @@ func (v *activityVerifier) checkAllowance(ctx context.Context, entries []store.S
 	if err != nil {
 		return err
 	}
-	for i, v := range verdicts {
-		if v.Deliver() {
-			continue
-		}
-		e := decide[i]
-		fe := &ForgedError{Reason: v.Verdict}
+	recordForged(forged, decide, verdicts, func(v store.LedgerVerdict, e store.StreamEntry) string {
 		switch v.Verdict {
 		case store.LedgerDuplicatePacket:
-			fe.Detail = fmt.Sprintf("%s %s of %d for user %q: it was credited to %q already", e.Kind, e.PacketID, e.Amount, e.UserID, v.CreditedTo)
+			return fmt.Sprintf("%s %s of %d for user %q: it was credited to %q already", e.Kind, e.PacketID, e.Amount, e.UserID, v.CreditedTo)
 		case store.LedgerOverBudget:
-			fe.Detail = fmt.Sprintf("%s %s of %d for user %q: the credits and the refund would exceed the total of %d", e.Kind, e.PacketID, e.Amount, e.UserID, b.Total)
+			return fmt.Sprintf("%s %s of %d for user %q: the credits and the refund would exceed the total of %d", e.Kind, e.PacketID, e.Amount, e.UserID, b.Total)
 		case store.LedgerOverCount:
-			fe.Detail = fmt.Sprintf("grant %s of %d for user %q: more grants than the %d packets", e.PacketID, e.Amount, e.UserID, b.Count)
-		default:
-			fe.Detail = fmt.Sprintf("%s %s for user %q: the ledger answered %q", e.Kind, e.PacketID, e.UserID, v.Verdict)
+			return fmt.Sprintf("grant %s of %d for user %q: more grants than the %d packets", e.PacketID, e.Amount, e.UserID, b.Count)
 		}
-		forged[e.ID] = fe
-	}
+		return ""
+	})
 	return nil
 }
 
@@ -251,4 +244,23 @@ func (v *activityVerifier) checkAllowance(ctx context.Context, entries []store.S
 func mustParse(id string) int64 {
 	n, _ := strconv.ParseInt(id, 10, 64)
 	return n
+}
+
+// recordForged marks in forged every entry of decide whose ledger verdict (same
+// index) refuses it, as a ForgedError with the verdict as its reason and detail's
+// sentence, or, when detail says nothing of that verdict, the ledger's answer. It is
+// how both kinds' verifiers turn the ledger's verdicts into dead letters.
+func recordForged(forged map[string]error, decide []store.StreamEntry, verdicts []store.LedgerVerdict,
+	detail func(store.LedgerVerdict, store.StreamEntry) string) {
+	for i, v := range verdicts {
+		if v.Deliver() {
+			continue
+		}
+		e := decide[i]
+		fe := &ForgedError{Reason: v.Verdict, Detail: detail(v, e)}
+		if fe.Detail == "" {
+			fe.Detail = fmt.Sprintf("%s %s for user %q: the ledger answered %q", e.Kind, e.PacketID, e.UserID, v.Verdict)
+		}
+		forged[e.ID] = fe
+	}
 }

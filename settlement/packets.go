@@ -346,22 +346,15 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 	if err := c.refillUnderWay(ctx, verdicts); err != nil {
 		return nil, err
 	}
-	for i, v := range verdicts {
-		if v.Deliver() {
-			continue
-		}
-		e := decide[i]
-		fe := &ForgedError{Reason: v.Verdict}
+	recordForged(forged, decide, verdicts, func(v store.LedgerVerdict, e store.StreamEntry) string {
 		switch v.Verdict {
 		case store.LedgerDuplicatePacket:
-			fe.Detail = fmt.Sprintf("%s %s of %d for user %q: the key was credited already, to %q (the same body again would pass)", e.Kind, e.PacketID, e.Amount, e.UserID, v.CreditedTo)
+			return fmt.Sprintf("%s %s of %d for user %q: the key was credited already, to %q (the same body again would pass)", e.Kind, e.PacketID, e.Amount, e.UserID, v.CreditedTo)
 		case store.LedgerOverBudget:
-			fe.Detail = fmt.Sprintf("%s %s of %d for user %q: the credits would exceed the budget total announced to the balance system", e.Kind, e.PacketID, e.Amount, e.UserID)
-		default:
-			fe.Detail = fmt.Sprintf("%s %s for user %q: the ledger answered %q", e.Kind, e.PacketID, e.UserID, v.Verdict)
+			return fmt.Sprintf("%s %s of %d for user %q: the credits would exceed the budget total announced to the balance system", e.Kind, e.PacketID, e.Amount, e.UserID)
 		}
-		forged[e.ID] = fe
-	}
+		return ""
+	})
 	return forged, nil
 }
 
