@@ -111,11 +111,10 @@ func (l *BudgetLedger) Decide(ctx context.Context, credits []BudgetCredit) ([]Le
 // LedgerDecideStep is how many credits one ledger_packets_credit.lua call decides at
 // most. It is sized by measured cost so that no call holds Redis over 5 ms: a batch
 // of 64 grants of distinct packets (the worst case: each writes its packet's ledger,
-// its expiry and the sums) took up to 5.2 ms in a 20,000-packet expiry burst, and up
-// to 2.9 ms (mean 1.0 ms) in TestLedgerDecideStepStaysUnder5ms on a loaded 2-core
-// machine; steps of 16 took up to 0.57 ms (mean 0.25 ms) there, a quarter of the
-// burst's 5.2 ms being 1.3 ms. The test measures the slowest step on the server
-// (docs/operations.md, "Who can do what").
+// its expiry and the sums) took up to 5.2 ms in a 20,000-packet expiry burst, about
+// four times a step of 16. TestLedgerDecideStepStaysUnder5ms measures every step's
+// cost as the server main thread's CPU time (mean 0.5-0.7 ms, slowest 1.0-1.3 ms on
+// a 2-core machine, loaded or not; docs/operations.md, "Who can do what").
 const LedgerDecideStep = 16
 
 // decideStep decides at most LedgerDecideStep credits in one atomic call.
