@@ -548,6 +548,7 @@ func NewPacketView(d store.PacketDetail) PacketView {
 		ID: d.ID, Sender: d.Sender, Currency: d.Currency, Distribution: d.Distribution,
 		TotalAmount: d.Total, Count: d.Count, RemainingAmount: d.RemainingAmount, RemainingCount: d.RemainingCount,
 		CreatedAt: formatPacketTime(d.CreatedAt), ExpiresAt: formatPacketTime(d.ExpiresAt), Expired: d.Expired,
+		Forgotten: d.Forgotten,
 	}
 }
 

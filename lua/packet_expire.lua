@@ -1,7 +1,8 @@
 -- packet_expire: expire a bounded batch of a budget shard's packets that are due.
 -- KEYS[1] the shard's meta, KEYS[2] the shard's due index, KEYS[3] the shard's
 -- settlement stream
--- ARGV[1] the most packets to expire, 1 to 500
+-- ARGV[1] the most packets to expire, 1 to 500, ARGV[2] how long the tombstone of a
+-- packet with nothing left is kept, in milliseconds (1 to 2^40)
 -- Returns a flat list, two values per packet expired by this call: its id and the
 -- money refunded ("0" when every share had been granted).
 --
@@ -11,8 +12,11 @@
 -- to the settlement stream (kind refund, packet "<id>/refund", user the sender,
 -- amount, currency, at), the packet is marked expired (x, which packet_grab answers
 -- expired from then on) and it leaves the due index. A packet with nothing left
--- writes no refund and its hash is deleted at once: no refund will settle to forget
--- it. A second call finds it no longer due, so a refund is written
+-- writes no refund and its hash becomes a tombstone at once (packet_forget.lua says
+-- what it keeps and why), kept ARGV[2]: no refund will settle to forget it, and its
+-- id stays taken while the ledger remembers its grants' keys. A field the budget's
+-- Redis user wrote longer than 1024 bytes is left out of the tombstone, not copied.
+-- A second call finds it no longer due, so a refund is written
 -- once: settlement delivers it with the Idempotency-Key "<budget uid>/<id>/refund".
 --
 -- Numbers: a remainder is at most 15 digits (packet_create.lua), so tonumber reads it
@@ -23,6 +27,10 @@
 local limit = tonumber(ARGV[1])
 if not limit or limit < 1 or limit > 500 or limit ~= math.floor(limit) then
   return redis.error_reply('ERR limit must be an integer from 1 to 500')
+end
+local keep = ARGV[2]
+if not keep or #keep > 13 or not string.find(keep, '^[1-9]%d*$') or tonumber(keep) > 1099511627776 then
+  return redis.error_reply('ERR tombstone lifetime must be 1 to 2^40 milliseconds')
 end
 local prefix = string.sub(KEYS[1], 1, -5)
 if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'due' or KEYS[3] ~= prefix .. 'stream' then
@@ -37,6 +45,24 @@ local now = string.format('%d', tonumber(clock[1]) * 1000 + math.floor(tonumber(
 local upto = now
 if m[1] == 'closed' then
   upto = '+inf'
+end
+local tombFields = {'fp', 'snd', 'tot', 'cnt', 'dst', 'ct', 'ex', 'g', 'r'}
+-- tombstone replaces a packet's hash by its tombstone: the fields above, each kept
+-- only when at most 1024 bytes, x and f (now).
+local function tombstone(key)
+  local tomb = {'x', '1', 'f', now}
+  for _, name in ipairs(tombFields) do
+    if redis.call('HSTRLEN', key, name) <= 1024 then
+      local v = redis.call('HGET', key, name)
+      if v then
+        tomb[#tomb + 1] = name
+        tomb[#tomb + 1] = v
+      end
+    end
+  end
+  redis.call('UNLINK', key)
+  redis.call('HSET', key, unpack(tomb))
+  redis.call('PEXPIRE', key, keep)
 end
 local out, done, moved = {}, {}, 0
 -- The refunds move from live to refunded in sums of at most 2^52, each remainder
@@ -63,9 +89,9 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', upto, 'LIMIT', 
       moved = moved + tonumber(rem)
     end
     if rem == '0' then
-      -- Nothing to refund, so nothing for settlement to forget later: the packet goes
-      -- now (its grants are settled from their own entries).
-      redis.call('UNLINK', key)
+      -- Nothing to refund, so nothing for settlement to forget later: the packet
+      -- becomes its tombstone now (its grants are settled from their own entries).
+      tombstone(key)
     else
       redis.call('HSET', key, 'x', '1')
     end

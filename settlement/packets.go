@@ -59,7 +59,9 @@ type Packets struct {
 	// MaxTTL is the budget's longest packet time to live; 0 means a day.
 	MaxTTL time.Duration
 	// LedgerRetention is how long the ledger keeps a packet after its last credit;
-	// 0 means store.DefaultPacketLedgerRetention. It must exceed MaxTTL.
+	// 0 means store.DefaultPacketLedgerRetention. It must exceed MaxTTL, and may not
+	// exceed the default: the tombstones of packets that expired fully grabbed are
+	// kept for store.GrabbedTombstoneRetention, sized by the default.
 	LedgerRetention time.Duration
 }
 
@@ -85,6 +87,10 @@ func (p Packets) withDefaults() (Packets, error) {
 		return p, fmt.Errorf("packets: the ledger retention %s must exceed the longest time to live %s by %s",
 			p.LedgerRetention, p.MaxTTL, maxPacketLedgerMargin)
 	}
+	if p.LedgerRetention > store.DefaultPacketLedgerRetention {
+		return p, fmt.Errorf("packets: the ledger retention %s is longer than %s, which the tombstones of packet ids are sized by",
+			p.LedgerRetention, store.DefaultPacketLedgerRetention)
+	}
 	return p, nil
 }
 
@@ -97,9 +103,10 @@ type packetsCheck struct {
 	// balance system's 2xx and before the acknowledgement, so a crash between the two
 	// leaves the entry pending: it is delivered again (the balance system dedups the
 	// key) and the packet forgotten again (which is idempotent) before it is
-	// acknowledged. The errors are by packet, in order
-	// (store.Budget.ForgetPacket).
-	forget func(ctx context.Context, packetIDs []string) []error
+	// acknowledged. Forgetting leaves a tombstone kept for the ledger's retention, so
+	// the id names no second packet while the ledger remembers this one's keys. The
+	// errors are by packet, in order (store.Budget.ForgetPacket).
+	forget func(ctx context.Context, packetIDs []string, keep time.Duration) []error
 	now    func() time.Time
 }
 

@@ -232,7 +232,7 @@ type forgotten struct {
 	ids map[string]int
 }
 
-func (f *forgotten) forget(_ context.Context, ids []string) []error {
+func (f *forgotten) forget(_ context.Context, ids []string, _ time.Duration) []error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, id := range ids {
@@ -683,8 +683,8 @@ func TestBudgetSettlesPacketsMadeByTheStoreAndForgetsThem(t *testing.T) {
 		if _, ok := got[uid+"/"+id+"/refund"]; !ok {
 			t.Errorf("packet %s: no refund credited", id)
 		}
-		if _, exists, err := b.Packet(ctx, id); err != nil || exists {
-			t.Errorf("packet %s still in Redis (%v) after its refund was delivered", id, err)
+		if d, exists, err := b.Packet(ctx, id); err != nil || !exists || !d.Forgotten || len(d.Grabs) != 0 {
+			t.Errorf("packet %s after its refund was delivered: %+v, found %v, %v; want its tombstone", id, d, exists, err)
 		}
 	}
 	dead := tb.deadLetters()
@@ -750,5 +750,107 @@ func TestBudgetGrantsOfARefillWaitForItsAnnouncement(t *testing.T) {
 	})
 	if _, problems := bal.credits(); len(problems) > 0 || len(tb.deadLetters()) != 0 {
 		t.Fatalf("problems %v, dead letters %v", problems, tb.deadLetters())
+	}
+}
+
+// Issue 34, case 2: a reused order id. order-1001 is created, alice grabs share 0,
+// the packet expires, its refund is delivered and settlement forgets it; then the
+// same creation body comes again (a merchant's late retry) and bob tries share 0. The
+// id names one packet while its keys can be credited: the retry answers existing
+// (the packet as it ended), another body conflict, bob is answered expired, nothing
+// more is drawn, nothing is dead-lettered, and the balance system sees 1,000 drawn
+// once (alice's share and the refund). Before tombstones the retry answered created,
+// drew another 1,000, and bob's grant and the second refund were dead-lettered
+// duplicate_packet: paid to nobody.
+func TestReusedPacketIDDrawsOnce(t *testing.T) {
+	ctx := context.Background()
+	const uid = "rpb-uid-reuse"
+	key := []byte("operator-signing-key")
+	rdb := newRedis(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, uid, 1)
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 10_000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	tb := testBudget{t: t, rdb: rdb, b: b}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
+	cfg.Logger = testLogger(t)
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 10_000); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Configure(ctx, 10_000, limits); err != nil {
+		t.Fatal(err)
+	}
+	body := store.NewPacket{ID: "order-1001", Sender: "merchant-7", Total: 1000, Count: 2, Distribution: split.TypeFixed,
+		TTL: 300 * time.Millisecond}
+	if _, outcome, err := b.CreatePacket(ctx, body); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-1001: %v, %v", outcome, err)
+	}
+	if g, err := b.GrabPacket(ctx, "order-1001", "alice"); err != nil || g.Outcome != store.PacketGranted || g.Share != 0 {
+		t.Fatalf("alice's grab: %+v, %v", g, err)
+	}
+	time.Sleep(body.TTL + 50*time.Millisecond)
+	if n, _, err := b.ExpireDue(ctx, 0, 10); err != nil || n != 1 {
+		t.Fatalf("expiring order-1001: %d, %v", n, err)
+	}
+
+	ws, err := NewBudgetWorkers(cfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- RunAll(wctx, ws) }()
+	t.Cleanup(func() { cancel(); <-done })
+	forgotten := func() bool {
+		d, found, err := b.Packet(ctx, "order-1001")
+		return err == nil && found && d.Forgotten
+	}
+	eventually(t, 20*time.Second, "order-1001 settled and forgotten", func() bool {
+		ok, err := BudgetDrained(ctx, b, "")
+		return err == nil && ok && forgotten()
+	})
+
+	// The merchant's late retry, the same body: the packet as it ended.
+	d, outcome, err := b.CreatePacket(ctx, body)
+	if err != nil || outcome != store.CreateExisting || !d.Forgotten || d.Total != 1000 || d.RemainingAmount != 500 {
+		t.Fatalf("the same body again: %v, %+v, %v; want existing, the forgotten packet", outcome, d, err)
+	}
+	other := body
+	other.Total = 2000
+	if _, outcome, err := b.CreatePacket(ctx, other); err != nil || outcome != store.CreateConflict {
+		t.Fatalf("another body under the id: %v, %v; want conflict", outcome, err)
+	}
+	if g, err := b.GrabPacket(ctx, "order-1001", "bob"); err != nil || g.Outcome != store.PacketExpired {
+		t.Fatalf("bob's grab: %+v, %v; want expired", g, err)
+	}
+	snap, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.CreatedPackets != 1 || snap.Available != 9000 || snap.Claimed != 500 || snap.Refunded != 500 || !snap.Conserved() {
+		t.Fatalf("snapshot %+v; want one packet drawn once: 9,000 available, 500 claimed, 500 refunded", snap)
+	}
+	// Give the workers time to deliver anything the retry could have written.
+	time.Sleep(300 * time.Millisecond)
+	eventually(t, 20*time.Second, "drained", func() bool {
+		ok, err := BudgetDrained(ctx, b, "")
+		return err == nil && ok
+	})
+	got, problems := bal.credits()
+	if len(problems) > 0 {
+		t.Fatalf("the balance system saw: %v", problems)
+	}
+	var credited int64
+	for _, d := range got {
+		credited += d.Amount
+	}
+	if len(got) != 2 || credited != 1000 || got[uid+"/order-1001/0"].UserID != "alice" || got[uid+"/order-1001/refund"].Amount != 500 {
+		t.Fatalf("credited %v (%d); want alice's 500 and the sender's 500 refund", got, credited)
+	}
+	if dead := tb.deadLetters(); len(dead) != 0 {
+		t.Fatalf("dead letters %v; want none", dead)
 	}
 }

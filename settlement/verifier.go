@@ -81,7 +81,7 @@ func (c *packetsCheck) BeforeAck(ctx context.Context, entries []store.StreamEntr
 		return nil
 	}
 	errs := make([]error, len(entries))
-	for k, err := range c.forget(ctx, ids) {
+	for k, err := range c.forget(ctx, ids, c.cfg.LedgerRetention) {
 		if err != nil {
 			errs[at[k]] = fmt.Errorf("forgetting packet %q after its refund was delivered: %w", ids[k], err)
 		}

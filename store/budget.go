@@ -207,6 +207,9 @@ type PacketDetail struct {
 	CreatedAt, ExpiresAt               time.Time
 	// Expired is set once the packet's remainder was refunded (or nothing was left).
 	Expired bool
+	// Forgotten is set once the packet's refund settled and its hash became a
+	// tombstone (packet_forget.lua): Grabs is then empty, the rest is as it ended.
+	Forgotten bool
 	// Grabs are the granted shares in grab order (seed 004's detail list).
 	Grabs []PacketShare
 }

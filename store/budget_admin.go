@@ -278,7 +278,8 @@ func (b *Budget) ExpireDue(ctx context.Context, i, limit int) (int, int64, error
 func (b *Budget) ExpireDuePackets(ctx context.Context, i, limit int) ([]ExpiredPacket, error) {
 	limit = min(MaxExpireBatch, max(limit, 1))
 	k := b.keys[i]
-	v, err := lua.PacketExpireScript.Run(ctx, b.c, []string{k.Meta, k.Due, k.Stream}, limit).StringSlice()
+	v, err := lua.PacketExpireScript.Run(ctx, b.c, []string{k.Meta, k.Due, k.Stream}, limit,
+		GrabbedTombstoneRetention.Milliseconds()).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("expiring budget shard %d: %w", i, err)
 	}
@@ -307,21 +308,31 @@ func (b *Budget) Close(ctx context.Context) error {
 	return nil
 }
 
-// ForgetPacket deletes an expired packet's hash once its refund settled. A packet
-// that has not expired is kept (ErrPacketLive); one already gone is no error. From
-// then on the id is free: a creation with it makes a new packet.
-func (b *Budget) ForgetPacket(ctx context.Context, packetID string) error {
+// GrabbedTombstoneRetention is how long the tombstone of a packet that expired with
+// nothing left is kept (packet_expire.lua): its grants' keys may be credited up to
+// the settlement worker's stale bound after they were written, which is less than
+// the ledger's retention, and the ledger keeps them a retention after that; twice
+// DefaultPacketLedgerRetention covers both, for any ledger retention up to the
+// default (settlement refuses a longer one).
+const GrabbedTombstoneRetention = 2 * DefaultPacketLedgerRetention
+
+// ForgetPacket shrinks an expired packet's hash to its tombstone once its refund
+// settled, kept for keep (the ledger's retention: the refund was the packet's last
+// credit). A packet that has not expired is kept (ErrPacketLive); one already gone
+// or a tombstone already is no error. While the tombstone lasts, a creation with the
+// same id answers existing or conflict (packet_forget.lua).
+func (b *Budget) ForgetPacket(ctx context.Context, packetID string, keep time.Duration) error {
 	if !ValidPacketID(packetID) {
 		return fmt.Errorf("forgetting packet %q: not a packet id", packetID)
 	}
 	k := b.keys[b.ShardOf(packetID)]
-	return forgetError(packetID, lua.PacketForgetScript.Run(ctx, b.c, []string{k.Packet(packetID)}).Err())
+	return forgetError(packetID, lua.PacketForgetScript.Run(ctx, b.c, []string{k.Packet(packetID)}, tombstoneMillis(keep)).Err())
 }
 
 // ForgetPackets is ForgetPacket for many packets in one round trip (pipelined, each
 // packet's call its own step); the errors are in the order of packetIDs, nil for a
 // packet forgotten or gone.
-func (b *Budget) ForgetPackets(ctx context.Context, packetIDs []string) []error {
+func (b *Budget) ForgetPackets(ctx context.Context, packetIDs []string, keep time.Duration) []error {
 	errs := make([]error, len(packetIDs))
 	cmds := make([]*redis.Cmd, len(packetIDs))
 	pipe := b.c.Pipeline()
@@ -331,19 +342,28 @@ func (b *Budget) ForgetPackets(ctx context.Context, packetIDs []string) []error 
 			continue
 		}
 		k := b.keys[b.ShardOf(id)]
-		cmds[i] = pipe.EvalSha(ctx, lua.PacketForgetScript.SHA(), []string{k.Packet(id)})
+		cmds[i] = pipe.EvalSha(ctx, lua.PacketForgetScript.SHA(), []string{k.Packet(id)}, tombstoneMillis(keep))
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for i, cmd := range cmds {
 		switch {
 		case cmd == nil:
 		case lua.IsNoScript(cmd.Err()):
-			errs[i] = b.ForgetPacket(ctx, packetIDs[i])
+			errs[i] = b.ForgetPacket(ctx, packetIDs[i], keep)
 		default:
 			errs[i] = forgetError(packetIDs[i], cmd.Err())
 		}
 	}
 	return errs
+}
+
+// tombstoneMillis is keep in whole milliseconds, DefaultPacketLedgerRetention when
+// keep is under a millisecond.
+func tombstoneMillis(keep time.Duration) int64 {
+	if keep < time.Millisecond {
+		keep = DefaultPacketLedgerRetention
+	}
+	return keep.Milliseconds()
 }
 
 // forgetError is what a forget call's error means: nil, ErrPacketLive, or the error.

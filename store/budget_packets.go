@@ -272,7 +272,8 @@ func (b *Budget) Packet(ctx context.Context, packetID string) (PacketDetail, boo
 
 // decodePacket reads a packet hash's fields (packet_create.lua, packet_grab.lua).
 func decodePacket(id, currency string, f map[string]string) (PacketDetail, error) {
-	d := PacketDetail{ID: id, Sender: f["snd"], Distribution: f["dst"], Currency: currency, Expired: f["x"] != ""}
+	d := PacketDetail{ID: id, Sender: f["snd"], Distribution: f["dst"], Currency: currency, Expired: f["x"] != "",
+		Forgotten: f["f"] != ""}
 	var granted int64
 	for _, n := range []struct {
 		name string

@@ -336,7 +336,8 @@ func TestBudgetGrabOutcomes(t *testing.T) {
 
 // Expiry refunds each remainder exactly once, through the stream; a fully grabbed
 // packet writes no refund; a closed budget expires every live packet at once;
-// ForgetPacket keeps a live packet and deletes an expired one.
+// ForgetPacket keeps a live packet and shrinks an expired one to its tombstone,
+// whose id a creation cannot take again.
 func TestBudgetExpiry(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
@@ -395,30 +396,57 @@ func TestBudgetExpiry(t *testing.T) {
 	if err != nil || !d.Expired || d.RemainingCount != 0 || len(d.Grabs) != 2 {
 		t.Fatalf("expired packet %+v, %v", d, err)
 	}
-	// A packet grabbed to its last share goes at its expiry: nothing to refund, so
-	// no settlement would ever forget it.
-	if _, found, err := b.Packet(ctx, "full"); err != nil || found {
-		t.Fatalf("the fully grabbed packet after its expiry: found %v, %v", found, err)
+	// A packet grabbed to its last share becomes its tombstone at its expiry: nothing
+	// to refund, so no settlement would ever forget it.
+	if d, found, err := b.Packet(ctx, "full"); err != nil || !found || !d.Forgotten || !d.Expired || len(d.Grabs) != 0 ||
+		d.Total != 10 || d.RemainingAmount != 0 {
+		t.Fatalf("the fully grabbed packet after its expiry: %+v, found %v, %v; want its tombstone", d, found, err)
 	}
+	if ttl, err := c.PTTL(ctx, b.ShardKeys(0).Packet("full")).Result(); err != nil || ttl <= store.GrabbedTombstoneRetention-time.Minute {
+		t.Fatalf("the fully grabbed packet's tombstone lives %v, %v; want %v", ttl, err, store.GrabbedTombstoneRetention)
+	}
+	grabOrFail(t, ctx, b, "full", "z", store.PacketSoldOut)
 	grabOrFail(t, ctx, b, "half", "z", store.PacketExpired)
 	grabOrFail(t, ctx, b, "half", "x", store.PacketAlreadyClaimed)
 
-	if err := b.ForgetPacket(ctx, "later"); !errors.Is(err, store.ErrPacketLive) {
+	keep := 90 * time.Minute
+	if err := b.ForgetPacket(ctx, "later", keep); !errors.Is(err, store.ErrPacketLive) {
 		t.Fatalf("forgetting a live packet: %v", err)
 	}
-	// In a batch: the live packet is kept, the expired one forgotten, one never made
-	// is no error, and an id no creation accepts is refused alone.
-	errs := b.ForgetPackets(ctx, []string{"later", "half", "never-made", "bad id"})
+	// In a batch: the live packet is kept, the expired one becomes its tombstone, one
+	// never made is no error, and an id no creation accepts is refused alone.
+	errs := b.ForgetPackets(ctx, []string{"later", "half", "never-made", "bad id"}, keep)
 	if len(errs) != 4 || !errors.Is(errs[0], store.ErrPacketLive) || errs[1] != nil || errs[2] != nil || errs[3] == nil {
 		t.Fatalf("forgetting a batch: %v", errs)
 	}
 	if _, ok, _ := b.Packet(ctx, "later"); !ok {
 		t.Fatal("a live packet was forgotten in a batch")
 	}
-	if _, ok, _ := b.Packet(ctx, "half"); ok {
-		t.Fatal("a forgotten packet is still there")
+	d, found, err := b.Packet(ctx, "half")
+	if err != nil || !found || !d.Forgotten || !d.Expired || len(d.Grabs) != 0 || d.Sender != "alice" ||
+		d.Total != 1000 || d.Count != 5 || d.RemainingAmount != wantRefund {
+		t.Fatalf("the forgotten packet: %+v, found %v, %v; want its tombstone", d, found, err)
 	}
-	grabOrFail(t, ctx, b, "half", "z", store.PacketMissing)
+	if ttl, err := c.PTTL(ctx, b.ShardKeys(0).Packet("half")).Result(); err != nil || ttl <= keep-time.Minute || ttl > keep {
+		t.Fatalf("the forgotten packet's tombstone lives %v, %v; want %v", ttl, err, keep)
+	}
+	if n, err := c.HLen(ctx, b.ShardKeys(0).Packet("half")).Result(); err != nil || n != 11 {
+		t.Fatalf("the tombstone holds %d fields, %v; want the 11 it keeps", n, err)
+	}
+	grabOrFail(t, ctx, b, "half", "z", store.PacketExpired)
+	// Forgetting again changes nothing.
+	unchanged(t, ctx, c, "a second forget", func() {
+		if errs := b.ForgetPackets(ctx, []string{"half"}, keep); errs[0] != nil {
+			t.Fatalf("forgetting a tombstone: %v", errs[0])
+		}
+	})
+	// The id stays taken: the same body is the packet as it ended, another body a
+	// conflict, and neither draws money.
+	unchanged(t, ctx, c, "creations of a forgotten id", func() {
+		createOrFail(t, ctx, b, store.NewPacket{ID: "half", Sender: "alice", Total: 1000, Count: 5, Distribution: split.TypeRandom, TTL: ttl}, store.CreateExisting)
+		createOrFail(t, ctx, b, store.NewPacket{ID: "half", Sender: "alice", Total: 999, Count: 5, Distribution: split.TypeRandom, TTL: ttl}, store.CreateConflict)
+		createOrFail(t, ctx, b, store.NewPacket{ID: "full", Sender: "bob", Total: 10, Count: 2, Distribution: split.TypeFixed, TTL: ttl}, store.CreateExisting)
+	})
 
 	if err := b.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -532,18 +560,22 @@ func TestBudgetFunctionsRefuseUnboundedArguments(t *testing.T) {
 	k := b.ShardKeys(0)
 	long := strings.Repeat("a", 65)
 	for name, cmd := range map[string]*redis.Cmd{
-		"grab with a long user":   lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("p"), k.Stream}, "p", strings.Repeat("u", 1025)),
-		"grab with a long id":     lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet(long), k.Stream}, long, "u"),
-		"grab with a bad id":      lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("p*"), k.Stream}, "p*", "u"),
-		"grab with another key":   lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("q"), k.Stream}, "p", "u"),
-		"grab with another meta":  lua.PacketGrabScript.Call(ctx, c, []string{k.Due, k.Packet("p"), k.Stream}, "p", "u"),
-		"create with a long id":   lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet(long), k.Due}, long, "f", "m", 5, 1, "Fixed", 0, 5),
-		"create with a long fp":   lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due}, "n", long, "m", 5, 1, "Fixed", 0, 5),
-		"detail with a long id":   lua.PacketDetailScript.Call(ctx, c, []string{k.Meta, k.Packet(long)}, long),
-		"live of 101":             lua.PacketLiveScript.Call(ctx, c, []string{k.Meta, k.Due}, 101),
-		"expire of 501":           lua.PacketExpireScript.Run(ctx, c, []string{k.Meta, k.Due, k.Stream}, 501),
-		"create with few args":    lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due}, "n"),
-		"create, another due key": lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Stream}, "n", "f", "m", 5, 1, "Fixed", 0, 5),
+		"grab with a long user":    lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("p"), k.Stream}, "p", strings.Repeat("u", 1025)),
+		"grab with a long id":      lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet(long), k.Stream}, long, "u"),
+		"grab with a bad id":       lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("p*"), k.Stream}, "p*", "u"),
+		"grab with another key":    lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("q"), k.Stream}, "p", "u"),
+		"grab with another meta":   lua.PacketGrabScript.Call(ctx, c, []string{k.Due, k.Packet("p"), k.Stream}, "p", "u"),
+		"create with a long id":    lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet(long), k.Due}, long, "f", "m", 5, 1, "Fixed", 0, 5),
+		"create with a long fp":    lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due}, "n", long, "m", 5, 1, "Fixed", 0, 5),
+		"detail with a long id":    lua.PacketDetailScript.Call(ctx, c, []string{k.Meta, k.Packet(long)}, long),
+		"live of 101":              lua.PacketLiveScript.Call(ctx, c, []string{k.Meta, k.Due}, 101),
+		"expire of 501":            lua.PacketExpireScript.Run(ctx, c, []string{k.Meta, k.Due, k.Stream}, 501, 1000),
+		"expire, no tombstone age": lua.PacketExpireScript.Run(ctx, c, []string{k.Meta, k.Due, k.Stream}, 50),
+		"expire, tombstone 2^41":   lua.PacketExpireScript.Run(ctx, c, []string{k.Meta, k.Due, k.Stream}, 50, int64(1)<<41),
+		"forget, no tombstone age": lua.PacketForgetScript.Run(ctx, c, []string{k.Packet("p")}),
+		"forget, tombstone of 0":   lua.PacketForgetScript.Run(ctx, c, []string{k.Packet("p")}, 0),
+		"create with few args":     lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due}, "n"),
+		"create, another due key":  lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Stream}, "n", "f", "m", 5, 1, "Fixed", 0, 5),
 	} {
 		unchanged(t, ctx, c, name, func() {
 			if err := cmd.Err(); err == nil {

@@ -286,7 +286,8 @@ func (s *Stream) Unsettled(ctx context.Context, group string) (int64, error) {
 //   - a refund of a to user u: the packet expired, its sender is u and its
 //     remainder, which packet_expire.lua refunded, is a.
 //
-// A packet no longer in Redis (forgotten once its refund settled, or never created)
+// A packet no longer in Redis (forgotten once its refund settled, its tombstone
+// left, or never created)
 // cannot be checked here: the ledger's bounds still hold for it. All reads go in
 // one pipeline.
 func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit) (map[int]error, error) {
@@ -297,7 +298,7 @@ func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit
 	pipe := b.c.Pipeline()
 	reads := make([]*redis.SliceCmd, len(credits))
 	for i, c := range credits {
-		reads[i] = pipe.HMGet(ctx, b.keys[b.ShardOf(c.PacketID)].Packet(c.PacketID), "cnt", "x", "snd", "r", "u:"+c.UserID)
+		reads[i] = pipe.HMGet(ctx, b.keys[b.ShardOf(c.PacketID)].Packet(c.PacketID), "cnt", "x", "snd", "r", "u:"+c.UserID, "f")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("verifying settlement entries against their packets: %w", err)
@@ -309,8 +310,8 @@ func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit
 		}
 		str := func(x any) string { s, _ := x.(string); return s }
 		count, expired, sender, remainder, claim := str(v[0]), str(v[1]), str(v[2]), str(v[3]), str(v[4])
-		if count == "" && expired == "" {
-			continue // not in Redis
+		if count == "" && expired == "" || str(v[5]) != "" {
+			continue // not in Redis, or only its tombstone (packet_forget.lua), which keeps no claims
 		}
 		amount := strconv.FormatInt(c.Amount, 10)
 		switch c.Kind {

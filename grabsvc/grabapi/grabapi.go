@@ -31,6 +31,10 @@ type PacketView struct {
 	ExpiresAt string `json:"expiresAt"`
 	// Expired is set once the remainder was refunded (or nothing was left).
 	Expired bool `json:"expired"`
+	// Forgotten is set once the refund settled (or the packet expired with nothing
+	// left) and only the packet's tombstone is kept: the totals as it ended, no grabs.
+	// Its id stays taken while settlement can still credit its keys.
+	Forgotten bool `json:"forgotten,omitempty"`
 }
 
 // PacketShareView is one granted share, in grab order.

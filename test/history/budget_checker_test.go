@@ -47,6 +47,13 @@ func pgrabOp(client int, user string, outcome store.PacketGrabOutcome, share int
 
 // detailOp reads body 0's packet with grabs and the expired mark; found false is
 // a 404.
+// tombOp is a detail read that found packet P's tombstone.
+func tombOp(call, ret int64) porcupine.Operation {
+	b := testBodies["P"][0]
+	return bop(9, BudgetInput{Op: OpDetail}, BudgetOutput{Found: true, Forgotten: true, Expired: true, Sender: b.Sender,
+		Total: b.Total, Count: b.Count, ExpiresMs: 1100, Grabs: map[string]int{}}, call, ret)
+}
+
 func detailOp(found bool, grabs map[string]int, expired bool, call, ret int64) porcupine.Operation {
 	out := BudgetOutput{Found: found}
 	if found {
@@ -65,7 +72,7 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 		ops  []porcupine.Operation
 		ok   bool
 	}{
-		{"sound: a packet created, raced, read, expired, refunded and forgotten", []porcupine.Operation{
+		{"sound: a packet created, raced, read, expired, refunded and left as its tombstone", []porcupine.Operation{
 			pgrabOp(0, "u0", store.PacketMissing, 0, 90, 95),
 			created,
 			createOp(0, store.CreateExisting, 150, 160),
@@ -77,16 +84,20 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 			pgrabOp(2, "u3", store.PacketExpired, 0, 1200, 1201),
 			pgrabOp(1, "u2", store.PacketAlreadyClaimed, 1, 1200, 1201),
 			detailOp(true, map[string]int{"u1": 0, "u2": 1}, true, 1300, 1310),
-			pgrabOp(0, "u4", store.PacketMissing, 0, 1500, 1510),
-			detailOp(false, nil, false, 1600, 1610),
+			pgrabOp(0, "u4", store.PacketExpired, 0, 1500, 1510),
+			tombOp(1600, 1610),
+			pgrabOp(1, "u2", store.PacketExpired, 0, 1700, 1710),
+			createOp(0, store.CreateExisting, 1800, 1810),
+			createOp(1, store.CreateConflict, 1800, 1810),
 		}, true},
-		{"sound: the last share, then sold_out, then missing for a holder once deleted", []porcupine.Operation{
+		{"sound: the last share, then sold_out, then sold_out for a holder of the tombstone", []porcupine.Operation{
 			created,
 			pgrabOp(0, "u1", store.PacketGranted, 0, 200, 210),
 			pgrabOp(1, "u2", store.PacketGranted, 1, 200, 210),
 			pgrabOp(2, "u3", store.PacketGranted, 2, 200, 210),
 			pgrabOp(0, "u4", store.PacketSoldOut, 0, 300, 310),
-			pgrabOp(1, "u1", store.PacketMissing, 0, 1100, 1110),
+			pgrabOp(1, "u1", store.PacketSoldOut, 0, 1100, 1110),
+			pgrabOp(1, "u2", store.PacketSoldOut, 0, 1200, 1210),
 		}, true},
 		{"sound: two bodies race for the id, each answered as the other won", []porcupine.Operation{
 			createOp(0, store.CreateCreated, 100, 120),
@@ -102,11 +113,11 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 			pgrabOp(0, "u1", store.PacketAlreadyClaimed, 0, 200, 210),
 			pgrabOp(1, "u2", store.PacketGranted, 1, 300, 310),
 		}, true},
-		{"sound: a holder's second grab with no answer ran once the packet was gone", []porcupine.Operation{
+		{"sound: a holder's second grab with no answer ran once the packet was a tombstone", []porcupine.Operation{
 			created,
 			bop(0, BudgetInput{Op: OpPacketGrab, User: "u1"}, BudgetOutput{HasShare: true, Share: 0}, 200, -1),
 			detailOp(true, map[string]int{"u1": 0}, false, 300, 310),
-			pgrabOp(1, "u2", store.PacketMissing, 0, 1200, 1210),
+			tombOp(1200, 1210),
 			bop(0, BudgetInput{Op: OpPacketGrab, User: "u1"}, BudgetOutput{HasShare: true, Share: 0}, 1300, -1),
 		}, true},
 		{"sound: the grab path's retry answers existing to the call that created", []porcupine.Operation{
@@ -179,6 +190,30 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 		{"a lost acknowledged creation: created again", []porcupine.Operation{
 			created,
 			createOp(0, store.CreateCreated, 300, 310),
+		}, false},
+		{"a forgotten id named a second packet: created again after the tombstone", []porcupine.Operation{
+			created,
+			tombOp(1200, 1210),
+			createOp(0, store.CreateCreated, 1300, 1310),
+		}, false},
+		{"a forgotten id is missing after expiry", []porcupine.Operation{
+			created,
+			pgrabOp(0, "u1", store.PacketMissing, 0, 1300, 1310),
+		}, false},
+		{"a tombstone before the time to live passed", []porcupine.Operation{
+			created,
+			tombOp(500, 510),
+		}, false},
+		{"a tombstone shows grabs", []porcupine.Operation{
+			created,
+			pgrabOp(0, "u1", store.PacketGranted, 0, 200, 210),
+			bop(9, BudgetInput{Op: OpDetail}, BudgetOutput{Found: true, Forgotten: true, Expired: true, Sender: testBodies["P"][0].Sender,
+				Total: testBodies["P"][0].Total, Count: testBodies["P"][0].Count, ExpiresMs: 1100, Grabs: map[string]int{"u1": 0}}, 1200, 1210),
+		}, false},
+		{"a grant after the tombstone", []porcupine.Operation{
+			bop(8, BudgetInput{Op: OpCreate, Body: 0}, BudgetOutput{}, 100, -1),
+			tombOp(1200, 1210),
+			pgrabOp(1, "u2", store.PacketGranted, 0, 1300, 1310),
 		}, false},
 		{"a lost acknowledged grant: the detail leaves it out", []porcupine.Operation{
 			created,

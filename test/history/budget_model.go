@@ -77,20 +77,23 @@ type BudgetOutput struct {
 	Count   int64
 	Grabs   map[string]int
 	Expired bool
+	// Forgotten is set when the detail read found only the packet's tombstone.
+	Forgotten bool
 }
 
 // atEnd says whether the recorder moves the return to the end of the history.
 func (o BudgetOutput) atEnd() bool { return o.Unknown || o.Resolved }
 
 // packetPhase is where a packet id is in its life: no packet yet, a packet (live or
-// expired: its hash exists), or gone (its hash was deleted once it expired: at
-// once when nothing was left, else once its refund settled).
+// expired: its hash exists), or its tombstone (the hash shrunk once it expired: at
+// once when nothing was left, else once its refund settled; packet_forget.lua). A
+// tombstone outlives every run, so an id that named a packet never names another.
 type packetPhase int
 
 const (
 	phaseAbsent packetPhase = iota
 	phaseCreated
-	phaseGone
+	phaseTomb
 )
 
 // packetState is one packet's state in the model. It is never mutated once built.
@@ -193,24 +196,34 @@ func (s *packetState) stepCreate(bodies []PacketBody, in BudgetInput, out Budget
 		}
 		return false, s
 	}
-	// Gone: the id is free again and a creation would make a new packet. The
-	// harness sends every creation of an id well before its packet can expire.
+	// The tombstone: the id stays taken, the same body is the packet as it ended,
+	// another a conflict; nothing is created again.
+	switch out.Create {
+	case store.CreateExisting:
+		return in.Body == s.body && out.ExpiresMs >= s.expLo && out.ExpiresMs <= s.expHi, s
+	case store.CreateConflict:
+		return in.Body != s.body, s
+	}
 	return false, s
 }
 
 func (s *packetState) stepGrab(bodies []PacketBody, in BudgetInput, out BudgetOutput) (bool, *packetState) {
-	if s.phase != phaseCreated {
+	if s.phase == phaseAbsent {
 		// No hash: every grab answers missing and changes nothing. An unknown grab
-		// of a user who ends with a share is placed here only once the user holds
-		// it (before the packet exists, it goes after the grant instead).
-		if out.Unknown && out.HasShare {
-			held, has := s.share(in.User)
-			return s.phase == phaseGone && has && held == out.Share, s
-		}
-		return out.Unknown || out.Grab == store.PacketMissing, s
+		// of a user who ends with a share goes after the grant instead.
+		return !out.HasShare && (out.Unknown || out.Grab == store.PacketMissing), s
 	}
 	b := bodies[s.body]
 	held, has := s.share(in.User)
+	if s.phase == phaseTomb {
+		// The tombstone keeps no claims: every grab, a holder's too, answers
+		// sold_out when every share was granted, else expired, and changes nothing.
+		if out.Unknown {
+			return !out.HasShare || has && held == out.Share, s
+		}
+		full := int64(len(s.holders)) >= b.Count
+		return full && out.Grab == store.PacketSoldOut || !full && out.Grab == store.PacketExpired, s
+	}
 	// grant is a grant of the next share to the user, if the packet may hand it out.
 	grant := func(share int, amount int64) (bool, *packetState) {
 		k := len(s.holders)
@@ -245,15 +258,16 @@ func (s *packetState) stepGrab(bodies []PacketBody, in BudgetInput, out BudgetOu
 		return grant(out.Share, out.Amount)
 	}
 	if out.Grab == store.PacketMissing {
-		// The hash is gone: the packet expired and was deleted (at once when every
-		// share was granted, else once its refund settled).
-		if !s.mayBeExpiredBy(in.NotAfterMs) {
-			return false, s
-		}
-		return true, s.expiredBy(in.NotAfterMs).with(func(n *packetState) { n.phase = phaseGone })
+		return false, s // the hash, and then its tombstone, outlive the run
 	}
 	if has {
-		return false, s // while the hash exists, a holder is answered already_claimed
+		// While the packet's hash is whole, a holder is answered already_claimed;
+		// sold_out or expired means it is a tombstone now: the packet expired.
+		full := int64(len(s.holders)) >= b.Count
+		if !(full && out.Grab == store.PacketSoldOut || !full && out.Grab == store.PacketExpired) || !s.mayBeExpiredBy(in.NotAfterMs) {
+			return false, s
+		}
+		return true, s.expiredBy(in.NotAfterMs).with(func(n *packetState) { n.phase = phaseTomb; n.marked = true })
 	}
 	switch out.Grab {
 	case store.PacketSoldOut:
@@ -271,19 +285,26 @@ func (s *packetState) stepDetail(bodies []PacketBody, in BudgetInput, out Budget
 	if out.Unknown {
 		return true, s
 	}
-	switch s.phase {
-	case phaseAbsent:
-		return !out.Found, s
-	case phaseGone:
+	if s.phase == phaseAbsent {
 		return !out.Found, s
 	}
 	if !out.Found {
-		if !s.mayBeExpiredBy(in.NotAfterMs) {
-			return false, s
-		}
-		return true, s.expiredBy(in.NotAfterMs).with(func(n *packetState) { n.phase = phaseGone })
+		return false, s // the hash, and then its tombstone, outlive the run
 	}
 	b := bodies[s.body]
+	if out.Forgotten {
+		// The tombstone: the body and expiry as they were, expired, no grabs.
+		if out.Sender != b.Sender || out.Total != b.Total || out.Count != b.Count || !out.Expired ||
+			out.ExpiresMs < s.expLo || out.ExpiresMs > s.expHi || len(out.Grabs) != 0 || !s.mayBeExpiredBy(in.NotAfterMs) {
+			return false, s
+		}
+		return true, s.expiredBy(in.NotAfterMs).with(func(n *packetState) {
+			n.phase, n.marked, n.expLo, n.expHi = phaseTomb, true, out.ExpiresMs, out.ExpiresMs
+		})
+	}
+	if s.phase == phaseTomb {
+		return false, s // a tombstone is never whole again
+	}
 	if out.Sender != b.Sender || out.Total != b.Total || out.Count != b.Count ||
 		out.ExpiresMs < s.expLo || out.ExpiresMs > s.expHi || len(out.Grabs) != len(s.holders) {
 		return false, s
@@ -335,10 +356,12 @@ func (s *packetState) equal(o *packetState) bool {
 // Every packet id starts with no packet. Expiry is not an operation: it is the
 // Redis clock passing a packet's expiry, which a grab reads itself (expired), and
 // the expiry runner and settlement acting after it (a detail marked expired, then
-// the hash gone: missing). The model bounds the expiry by the answers: the
-// creation's exact time when it answered, else at least its call plus the time to
-// live; no grant after a clock reading past it, no expired, missing or marked
-// detail before it.
+// the tombstone: a detail without grabs, and a holder answered sold_out or expired).
+// The model bounds the expiry by the answers: the creation's exact time when it
+// answered, else at least its call plus the time to live; no grant after a clock
+// reading past it, no expired, marked or tombstone answer before it. A packet id
+// that named a packet is never missing again: missing and not found are answers
+// for an id that named none yet.
 func BudgetModel(bodies map[string][]PacketBody) porcupine.Model {
 	return porcupine.Model{
 		Partition: partitionBy(func(in interface{}) string { return in.(BudgetInput).Packet }),
@@ -410,8 +433,8 @@ func BudgetModel(bodies map[string][]PacketBody) porcupine.Model {
 			switch s.phase {
 			case phaseAbsent:
 				return "no packet"
-			case phaseGone:
-				return "gone, " + exp
+			case phaseTomb:
+				return fmt.Sprintf("tombstone of body %d, %s, shares to [%s]", s.body, exp, strings.Join(s.holders, " "))
 			}
 			mark := ""
 			if s.marked {

@@ -366,7 +366,7 @@ func callPacketAPI(c *http.Client, base string, plan *packetPlan, in BudgetInput
 			return BudgetOutput{Unknown: true}, "no-answer", unexpected
 		}
 		out := BudgetOutput{Found: true, Sender: v.Sender, Total: v.TotalAmount, Count: v.Count, ExpiresMs: ex.UnixMilli(),
-			Expired: v.Expired, Grabs: map[string]int{}}
+			Expired: v.Expired, Forgotten: v.Forgotten, Grabs: map[string]int{}}
 		for _, g := range v.Grabs {
 			out.Grabs[g.UserID] = g.Share
 		}
