@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"redpacket.io/operator/store"
@@ -47,6 +48,10 @@ const (
 	// (store.BudgetLedger's retention less the longest time to live), so it cannot be
 	// told whether it was credited before. Pay it by hand after checking.
 	ReasonStaleEntry = "stale_entry"
+	// ReasonPacketUnknown: the entry names a packet that was never created (neither
+	// its hash nor its tombstone is in Redis: store.ErrPacketUnknown). It is refused
+	// before the ledger, so it takes nothing of the budget's total.
+	ReasonPacketUnknown = "packet_unknown"
 )
 
 // Packets is what a worker of a RedPacketBudget knows about its packets. Set it in
@@ -108,6 +113,11 @@ type packetsCheck struct {
 	// errors are by packet, in order (store.Budget.ForgetPacket).
 	forget func(ctx context.Context, packetIDs []string, keep time.Duration) []error
 	now    func() time.Time
+	// knownSince is the ledger's KnownSince, read once (under mu: the budget's
+	// workers share the check): entries written since then of a packet without hash
+	// or tombstone are ReasonPacketUnknown.
+	mu         sync.Mutex
+	knownSince time.Time
 }
 
 // NewBudgetWorkers checks cfg and returns one worker per budget shard of b, each
@@ -330,7 +340,11 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 	}
 	// The packets still in Redis say what their scripts wrote; what does not match
 	// is not decided in the ledger at all.
-	mismatch, err := c.budget.VerifyPacketEntries(ctx, credits)
+	since, err := c.tombstonesSince(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mismatch, err := c.budget.VerifyPacketEntries(ctx, credits, since)
 	if err != nil {
 		return nil, err
 	}
@@ -339,7 +353,11 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 		var keepCredits []store.BudgetCredit
 		for i, e := range decide {
 			if why := mismatch[i]; why != nil {
-				forged[e.ID] = &ForgedError{Reason: ReasonClaimMismatch, Detail: why.Error()}
+				reason := ReasonClaimMismatch
+				if errors.Is(why, store.ErrPacketUnknown) {
+					reason = ReasonPacketUnknown
+				}
+				forged[e.ID] = &ForgedError{Reason: reason, Detail: why.Error()}
 				continue
 			}
 			keepEntries, keepCredits = append(keepEntries, e), append(keepCredits, credits[i])
@@ -363,6 +381,20 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 		return ""
 	})
 	return forged, nil
+}
+
+// tombstonesSince is the ledger's KnownSince, read once and kept.
+func (c *packetsCheck) tombstonesSince(ctx context.Context) (time.Time, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.knownSince.IsZero() {
+		since, err := c.ledger.KnownSince(ctx, c.now())
+		if err != nil {
+			return time.Time{}, err
+		}
+		c.knownSince = since
+	}
+	return c.knownSince, nil
 }
 
 // BudgetConfigFor is the worker configuration of a budget's settlement workers:

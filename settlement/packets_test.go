@@ -22,6 +22,7 @@ import (
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/redistest"
 )
 
 // packetsBalance is a balance system for a RedPacketBudget, as docs/operations.md
@@ -198,6 +199,17 @@ func (tb testBudget) refund(packet, sender string, amount int64, at time.Time) s
 		tb.t.Fatal(err)
 	}
 	return id
+}
+
+// tombstone writes packet's tombstone as packet_forget leaves it once its refund
+// settled (the fields it keeps and f), so the check takes the packet as forgotten.
+func (tb testBudget) tombstone(packet string) {
+	tb.t.Helper()
+	k := tb.b.ShardKeys(tb.b.ShardOf(packet))
+	if err := tb.rdb.HSet(context.Background(), k.Packet(packet), "fp", "f", "snd", "merchant-7", "tot", 700, "cnt", 1,
+		"dst", split.TypeFixed, "ct", 0, "ex", 1, "g", 1, "r", 0, "x", 1, "f", 1).Err(); err != nil {
+		tb.t.Fatal(err)
+	}
 }
 
 // raw appends an entry with the given fields to shard i's stream.
@@ -481,9 +493,11 @@ func TestBudgetKeyIsCreditedOnceAcrossAWorkerRestart(t *testing.T) {
 		return err == nil && ok
 	})
 	stop()
+	tb.tombstone("p-9")
 
-	// A copy with the same body (as a replayed dead letter keeps the grant's time),
-	// another with the same user, amount and another time, and one for another user.
+	// Once p-9 is forgotten (its tombstone left): a copy with the same body (as a
+	// replayed dead letter keeps the grant's time), another with the same user, amount
+	// and another time, and one for another user.
 	ms, _, _ := strings.Cut(first, "-")
 	again := tb.raw(tb.b.ShardOf("p-9"), "grant", "p-9/0:700:0:CNY:alice", "at", ms)
 	later := tb.grant("p-9", 0, "alice", 700)
@@ -852,5 +866,90 @@ func TestReusedPacketIDDrawsOnce(t *testing.T) {
 	}
 	if dead := tb.deadLetters(); len(dead) != 0 {
 		t.Fatalf("dead letters %v; want none", dead)
+	}
+}
+
+// Issue 34, case 3: a forged entry of a packet that never existed. The budget's own
+// Redis user (its ACL user, as the grab fleet holds it) appends a grant of 9,500 of
+// "ghost-1", a packet never created, to its shard's stream; then bob grabs the only
+// share of a genuine packet of 1,000. The forgery names a packet with neither hash nor
+// tombstone, written after the ledger began to count on tombstones: it is
+// dead-lettered packet_unknown before the ledger, so it takes nothing of the 10,000,
+// and bob is credited. Before, the forgery was credited (9,500 of 10,000) and bob's
+// genuine grant was dead-lettered over_budget.
+func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
+	ctx := context.Background()
+	const uid = "rpb-uid-ghost"
+	key := []byte("operator-signing-key")
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, uid, 1)
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 10_000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeRandom, split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	tb := testBudget{t: t, rdb: rdb, b: b}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
+	cfg.Logger = testLogger(t)
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 10_000); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Configure(ctx, 10_000, limits); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.EnsureUser(ctx, "tenant-password"); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := NewBudgetWorkers(cfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- RunAll(wctx, ws) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, 10*time.Second, "the workers started", func() bool {
+		ok, err := BudgetDrained(ctx, b, "")
+		return err == nil && ok
+	})
+	time.Sleep(50 * time.Millisecond) // the forgery comes after the ledger's first check
+
+	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: "tenant-password"})
+	t.Cleanup(func() { _ = tenant.Close() })
+	forged, err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: b.ShardKeys(0).Stream,
+		Values: []string{"grant", "ghost-1/0:9500:0:CNY:mallory"}}).Result()
+	if err != nil {
+		t.Fatalf("the budget's Redis user appends to its stream: %v", err)
+	}
+	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "order-7", Sender: "merchant-7", Total: 1000, Count: 1,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-7: %v, %v", outcome, err)
+	}
+	if g, err := b.GrabPacket(ctx, "order-7", "bob"); err != nil || g.Outcome != store.PacketGranted || g.Amount != 1000 {
+		t.Fatalf("bob's grab: %+v, %v", g, err)
+	}
+	eventually(t, 20*time.Second, "drained", func() bool {
+		ok, err := BudgetDrained(ctx, b, "")
+		return err == nil && ok
+	})
+	got, problems := bal.credits()
+	if len(problems) > 0 {
+		t.Fatalf("the balance system saw: %v", problems)
+	}
+	if len(got) != 1 || got[uid+"/order-7/0"].UserID != "bob" || got[uid+"/order-7/0"].Amount != 1000 {
+		t.Fatalf("credited %v; want bob's 1,000 alone", got)
+	}
+	dead := tb.deadLetters()
+	if len(dead) != 1 || !strings.HasPrefix(dead[forged], "forged settlement entry (packet_unknown)") {
+		t.Fatalf("dead letters %v; want the forgery %s alone, as packet_unknown", dead, forged)
+	}
+	sums, err := b.SettlementLedger(0).Sums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sums.Granted != 1000 {
+		t.Fatalf("the ledger counts %d granted; want bob's 1,000 only", sums.Granted)
 	}
 }

@@ -276,6 +276,29 @@ func (s *Stream) Unsettled(ctx context.Context, group string) (int64, error) {
 	return info.Length, nil
 }
 
+// ErrPacketUnknown wraps ErrForged for an entry of a packet that was never created:
+// neither its hash nor its tombstone is in Redis, and the entry was written after the
+// budget's ledger began to count on tombstones (BudgetLedger.KnownSince).
+var ErrPacketUnknown = fmt.Errorf("%w: no such packet was created", ErrForged)
+
+// KnownSince is the time from which every packet of the budget leaves a tombstone for
+// the ledger's retention once it is gone (packet_forget.lua, packet_expire.lua): an
+// entry written since then whose packet has neither hash nor tombstone names a packet
+// that was never created. It is recorded once, the first time it is asked, in the
+// ledger's hash, which the budget's Redis user cannot write; a budget settled by an
+// operator without tombstones before then keeps the old rule for its older entries
+// (their packets may be gone without a trace).
+func (l *BudgetLedger) KnownSince(ctx context.Context, now time.Time) (time.Time, error) {
+	if err := l.c.HSetNX(ctx, l.key, "tombstones_since", now.UnixMilli()).Err(); err != nil {
+		return time.Time{}, fmt.Errorf("recording when the budget's packets began to leave tombstones: %w", err)
+	}
+	v, err := l.c.HGet(ctx, l.key, "tombstones_since").Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading when the budget's packets began to leave tombstones: %w", err)
+	}
+	return time.UnixMilli(v), nil
+}
+
 // VerifyPacketEntries checks each credit against its packet's hash, when the packet
 // is still in Redis, and returns why each one that does not match is forged (by
 // index in credits, wrapping ErrForged):
@@ -286,11 +309,13 @@ func (s *Stream) Unsettled(ctx context.Context, group string) (int64, error) {
 //   - a refund of a to user u: the packet expired, its sender is u and its
 //     remainder, which packet_expire.lua refunded, is a.
 //
-// A packet no longer in Redis (forgotten once its refund settled, its tombstone
-// left, or never created)
-// cannot be checked here: the ledger's bounds still hold for it. All reads go in
-// one pipeline.
-func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit) (map[int]error, error) {
+//   - any entry written at or after knownSince: its packet has a hash or a tombstone
+//     (ErrPacketUnknown otherwise). A packet forgotten (its tombstone left) keeps no
+//     claims: its entries are bounded by the ledger alone, as are entries written
+//     before knownSince of a packet that is gone.
+//
+// All reads go in one pipeline.
+func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit, knownSince time.Time) (map[int]error, error) {
 	forged := map[int]error{}
 	if len(credits) == 0 {
 		return forged, nil
@@ -310,8 +335,15 @@ func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit
 		}
 		str := func(x any) string { s, _ := x.(string); return s }
 		count, expired, sender, remainder, claim := str(v[0]), str(v[1]), str(v[2]), str(v[3]), str(v[4])
-		if count == "" && expired == "" || str(v[5]) != "" {
-			continue // not in Redis, or only its tombstone (packet_forget.lua), which keeps no claims
+		if count == "" && expired == "" {
+			if !c.At.Before(knownSince) {
+				forged[i] = fmt.Errorf("%w: %s %s/%s of %d to %q, written at %s", ErrPacketUnknown, c.Kind, c.PacketID, c.Share,
+					c.Amount, c.UserID, c.At.UTC().Format(time.RFC3339Nano))
+			}
+			continue // not in Redis
+		}
+		if str(v[5]) != "" {
+			continue // its tombstone (packet_forget.lua), which keeps no claims
 		}
 		amount := strconv.FormatInt(c.Amount, 10)
 		switch c.Kind {
