@@ -419,16 +419,19 @@ func BudgetConfigFor(namespace, name, uid, currency, webhookURL string, maxAttem
 }
 
 // ErrRefillNotAnnounced is returned by the check of a batch with an entry over the
-// announced total while the budget's shards are allotted more than was announced: a
-// refill whose announcement has not been acknowledged yet. The batch is checked again
-// later (what the ledger let through stays recorded and passes again), and nothing is
-// dead-lettered for it.
-var ErrRefillNotAnnounced = errors.New("the budget's shards are allotted more than was announced to the balance system")
+// announced total while the ledger holds an announcement of a higher total that the
+// balance system has not acknowledged yet: a refill under way. The batch is checked
+// again later (what the ledger let through stays recorded and passes again), and
+// nothing is dead-lettered for it.
+var ErrRefillNotAnnounced = errors.New("a higher budget total is being announced to the balance system")
 
 // refillUnderWay returns ErrRefillNotAnnounced (wrapped) when a verdict is over the
-// budget and the shards' allotment, which only the operator writes, exceeds the
-// announced total: the operator raised the total and has not announced it yet (or
-// the announcement failed). Only then does it read the allotment.
+// budget and the ledger holds a pending announcement above the announced total: the
+// operator is raising the total and the balance system has not acknowledged it yet
+// (or the announcement failed and is retried). It reads only the operator's ledger,
+// never the shards' allotment, which the budget's Redis user can raise with HINCRBY:
+// an allotment raised that way makes nothing wait, and an entry beyond the announced
+// total is dead-lettered over_budget (TestRaisedAllotmentDoesNotStallSettlement).
 func (c *packetsCheck) refillUnderWay(ctx context.Context, verdicts []store.LedgerVerdict) error {
 	over := false
 	for _, v := range verdicts {
@@ -437,16 +440,12 @@ func (c *packetsCheck) refillUnderWay(ctx context.Context, verdicts []store.Ledg
 	if !over {
 		return nil
 	}
-	snap, err := c.budget.Snapshot(ctx)
-	if err != nil {
-		return fmt.Errorf("reading the budget's allotment: %w", err)
-	}
 	st, err := c.ledger.Announcement(ctx)
 	if err != nil {
 		return err
 	}
-	if snap.Total > st.Total {
-		return fmt.Errorf("%w: %d allotted, %d announced; waiting for the announcement", ErrRefillNotAnnounced, snap.Total, st.Total)
+	if st.Pending > st.Total {
+		return fmt.Errorf("%w: %d being announced, %d acknowledged; waiting for the announcement", ErrRefillNotAnnounced, st.Pending, st.Total)
 	}
 	return nil
 }

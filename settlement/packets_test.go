@@ -716,9 +716,10 @@ func TestBudgetSettlesPacketsMadeByTheStoreAndForgetsThem(t *testing.T) {
 	}
 }
 
-// A refill raised in Redis before its announcement was acknowledged: a batch with
-// grants beyond the announced total waits (nothing dead-lettered) until the new total
-// is announced, and is delivered then.
+// A refill whose announcement is under way (prepared in the ledger, not yet
+// acknowledged by the balance system): a batch with grants beyond the announced total
+// waits (nothing dead-lettered) until the new total is announced, and is delivered
+// then.
 func TestBudgetGrantsOfARefillWaitForItsAnnouncement(t *testing.T) {
 	ctx := context.Background()
 	const uid = "rpb-uid-refill"
@@ -736,7 +737,11 @@ func TestBudgetGrantsOfARefillWaitForItsAnnouncement(t *testing.T) {
 	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Configure(ctx, 3000, limits); err != nil { // raised before it was announced
+	// The refill's announcement is prepared, and its POST has not been acknowledged.
+	if _, err := b.SettlementLedger(0).PrepareAnnouncement(ctx, 3000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Configure(ctx, 3000, limits); err != nil {
 		t.Fatal(err)
 	}
 	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "big", Sender: "m", Total: 2000, Count: 4,
@@ -951,5 +956,76 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 	}
 	if sums.Granted != 1000 {
 		t.Fatalf("the ledger counts %d granted; want bob's 1,000 only", sums.Granted)
+	}
+}
+
+// Issue 34, case 3: the budget's own Redis user raises the shards' `allotted`
+// (HINCRBY on the meta) and writes a packet hash that records a grant of 5,000 to
+// mallory, with the matching grant entry, beyond the announced 1,000; then bob
+// grabs a genuine packet of 1,000. No announcement is under way in the operator's
+// ledger, so nothing waits: the forgery is dead-lettered over_budget and bob is
+// credited. Before, the raised allotment read as a refill under way, and the
+// budget's settlement waited forever with no dead letter, bob's grant with it.
+func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
+	ctx := context.Background()
+	const uid = "rpb-uid-allotted"
+	key := []byte("operator-signing-key")
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, uid, 1)
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	tb := testBudget{t: t, rdb: rdb, b: b}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
+	cfg.Logger = testLogger(t)
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Configure(ctx, 1000, limits); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.EnsureUser(ctx, "tenant-password"); err != nil {
+		t.Fatal(err)
+	}
+	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: "tenant-password"})
+	t.Cleanup(func() { _ = tenant.Close() })
+	k := b.ShardKeys(0)
+	if err := tenant.HIncrBy(ctx, k.Meta, "allotted", 5000).Err(); err != nil {
+		t.Fatalf("the budget's Redis user raises allotted: %v", err)
+	}
+	if err := tenant.HSet(ctx, k.Packet("ghost-2"), "cnt", 1, "g", 1, "r", 0, "snd", "mallory", "tot", 5000,
+		"u:mallory", "0:5000:1-0").Err(); err != nil {
+		t.Fatalf("the budget's Redis user writes a packet hash: %v", err)
+	}
+	forged, err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: k.Stream, Values: []string{"grant", "ghost-2/0:5000:0:CNY:mallory"}}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "order-8", Sender: "merchant-7", Total: 1000, Count: 1,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-8: %v, %v", outcome, err)
+	}
+	if g, err := b.GrabPacket(ctx, "order-8", "bob"); err != nil || g.Outcome != store.PacketGranted {
+		t.Fatalf("bob's grab: %+v, %v", g, err)
+	}
+	startBudgetWorkers(t, tb, cfg, &forgotten{ids: map[string]int{}})
+	eventually(t, 20*time.Second, "drained", func() bool {
+		ok, err := BudgetDrained(ctx, b, "")
+		return err == nil && ok
+	})
+	got, problems := bal.credits()
+	if len(problems) > 0 {
+		t.Fatalf("the balance system saw: %v", problems)
+	}
+	if len(got) != 1 || got[uid+"/order-8/0"].UserID != "bob" {
+		t.Fatalf("credited %v; want bob's 1,000 alone", got)
+	}
+	dead := tb.deadLetters()
+	if len(dead) != 1 || !strings.HasPrefix(dead[forged], "forged settlement entry (over_budget)") {
+		t.Fatalf("dead letters %v; want the forgery %s alone, as over_budget", dead, forged)
 	}
 }
