@@ -42,6 +42,14 @@ type budgetOverdue interface {
 	OverdueAge(ctx context.Context) (time.Duration, error)
 }
 
+// budgetMoves is what the driver finishes a budget's interrupted moves of money
+// between shards through (store.Budget implements it): a borrower that crashed
+// between the steps left money in transit, which each pass lands.
+type budgetMoves interface {
+	// FinishMoves finishes every move under way and reports how many.
+	FinishMoves(ctx context.Context) (int, error)
+}
+
 // trackedBudget is one budget the driver expires.
 type trackedBudget struct {
 	h budgetExpirer
@@ -184,6 +192,15 @@ func (e *BudgetExpiry) passBudget(ctx context.Context, uid types.UID, t *tracked
 	log := ctrl.LoggerFrom(ctx)
 	deadline := time.Now().Add(limit)
 	e.observeOverdue(ctx, uid, t, h, key, timeout)
+	if m, ok := h.(budgetMoves); ok {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		if n, err := m.FinishMoves(cctx); err != nil {
+			log.V(1).Info("finishing a budget's moves between shards failed", "budget", uid, "error", err.Error())
+		} else if n > 0 {
+			log.Info("finished moves of money between budget shards that were cut short", "budget", uid, "moves", n)
+		}
+		cancel()
+	}
 	var (
 		mu       sync.Mutex
 		expired  int

@@ -156,6 +156,12 @@ var (
 	budgetCloseSrc string
 	//go:embed budget_snapshot.lua
 	budgetSnapshotSrc string
+	//go:embed budget_lend.lua
+	budgetLendSrc string
+	//go:embed budget_borrow.lua
+	budgetBorrowSrc string
+	//go:embed budget_lend_done.lua
+	budgetLendDoneSrc string
 )
 
 // The activity's scripts.
@@ -227,12 +233,21 @@ var (
 	BudgetCloseScript = newScript("budget_close", budgetCloseSrc)
 	// BudgetSnapshotScript reads a budget shard's money and counters at one instant.
 	BudgetSnapshotScript = newScript("budget_snapshot", budgetSnapshotSrc)
+	// BudgetLendScript lends part of a budget shard's available money to a dry
+	// sibling: the first step of a move.
+	BudgetLendScript = newScript("budget_lend", budgetLendSrc)
+	// BudgetBorrowScript lands a move's money on the borrowing shard, once.
+	BudgetBorrowScript = newScript("budget_borrow", budgetBorrowSrc)
+	// BudgetLendDoneScript clears a finished move's record on the lender.
+	BudgetLendDoneScript = newScript("budget_lend_done", budgetLendDoneSrc)
 )
 
 // PacketSideScripts are the scripts of runtime packets the grab fleet runs, as
-// functions of GrabLibrary: the create, the grab, the detail and the live listing.
+// functions of GrabLibrary: the create, the grab, the detail and the live listing,
+// and the three steps of a move of money to a dry budget shard.
 func PacketSideScripts() []*Script {
-	return []*Script{PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript}
+	return []*Script{PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript,
+		BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript}
 }
 
 // AllScripts lists every script, for loading them all at once.
@@ -243,7 +258,7 @@ func AllScripts() []*Script {
 		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerAllowanceScript,
 		PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript, PacketExpireScript,
 		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript,
-		LedgerPacketsCreditScript, LedgerPacketsTotalScript}
+		LedgerPacketsCreditScript, LedgerPacketsTotalScript, BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript}
 }
 
 // LoadAll loads the operator's scripts into the script cache and GrabLibrary as a

@@ -186,14 +186,18 @@ type BudgetShardSnapshot struct {
 	Allotted, Available, Live, Claimed, Refunded            int64
 	Created, Expired, Grabbed                               int64
 	SettledCount, SettledAmount, RefundSettled, DeadLetters int64
+	// Lent and Borrowed are the money this shard lent to dry siblings and borrowed
+	// from them (budget_lend.lua, budget_borrow.lua), over its life.
+	Lent, Borrowed int64
 	// Overdue is how many live packets are past their expiry by the Redis clock and
 	// not expired yet: the expiry driver's backlog.
 	Overdue int64
 }
 
-// Conserved reports whether the shard's money adds up.
+// Conserved reports whether the shard's money adds up: what it was allotted and
+// borrowed, less what it lent, is available, live, claimed or refunded.
 func (s BudgetShardSnapshot) Conserved() bool {
-	return s.Allotted == s.Available+s.Live+s.Claimed+s.Refunded
+	return s.Allotted+s.Borrowed-s.Lent == s.Available+s.Live+s.Claimed+s.Refunded
 }
 
 // ShardSnapshot reads shard i's money and counters at one instant (budget_snapshot.lua).
@@ -202,12 +206,13 @@ func (b *Budget) ShardSnapshot(ctx context.Context, i int) (BudgetShardSnapshot,
 	if err != nil {
 		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %w", i, err)
 	}
-	if len(v) != 14 {
-		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %d values, want 14", i, len(v))
+	if len(v) != 16 {
+		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %d values, want 16", i, len(v))
 	}
 	s := BudgetShardSnapshot{State: v[0]}
 	for j, dst := range []*int64{&s.Allotted, &s.Available, &s.Live, &s.Claimed, &s.Refunded, &s.Created,
-		&s.Expired, &s.Grabbed, &s.SettledCount, &s.SettledAmount, &s.RefundSettled, &s.DeadLetters, &s.Overdue} {
+		&s.Expired, &s.Grabbed, &s.SettledCount, &s.SettledAmount, &s.RefundSettled, &s.DeadLetters, &s.Lent,
+		&s.Borrowed, &s.Overdue} {
 		if v[j+1] == "" {
 			continue
 		}
@@ -235,7 +240,11 @@ func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 			closed++
 		}
 		out.Total += s.Allotted
-		out.Available += s.Available
+		// Money lent and not yet borrowed is in transit between two shards: still
+		// available to the budget (budget_lend.lua). Each shard is read at its own
+		// instant, so a move may show on both sides or neither: lent - borrowed
+		// corrects either way, and the sum stays conserved.
+		out.Available += s.Available + s.Lent - s.Borrowed
 		out.Live += s.Live
 		out.Claimed += s.Claimed
 		out.Refunded += s.Refunded

@@ -139,6 +139,20 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 		args = append(args, a)
 	}
 	reply, err := b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due}, args...).StringSlice()
+	// A shard that cannot pay borrows from its siblings (budget_moves.go), and the
+	// creation is tried again: budget_exhausted answers only what the whole budget
+	// cannot pay.
+	for attempt := 0; err == nil && len(reply) == 1 && reply[0] == string(CreateBudgetExhausted) && len(b.keys) > 1 &&
+		attempt < maxMoveAttempts; attempt++ {
+		ok, merr := b.refillShard(ctx, i, p.Total)
+		if merr != nil {
+			return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, merr)
+		}
+		if !ok {
+			break
+		}
+		reply, err = b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due}, args...).StringSlice()
+	}
 	if err != nil {
 		return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
 	}

@@ -226,16 +226,22 @@ func TestBudgetCreateOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := idsOnShard(b, "fill-", shard, 3)
+	ids := idsOnShard(b, "fill-", shard, 4)
 	createOrFail(t, ctx, b, store.NewPacket{ID: ids[0], Sender: "m", Total: ss.Available - 1, Count: 5, Distribution: split.TypeFixed}, store.CreateCreated)
-	unchanged(t, ctx, c, "an exhausted budget", func() {
-		createOrFail(t, ctx, b, store.NewPacket{ID: ids[1], Sender: "m", Total: 2, Count: 1, Distribution: split.TypeFixed}, store.CreateBudgetExhausted)
-	})
-	createOrFail(t, ctx, b, store.NewPacket{ID: ids[2], Sender: "m", Total: 1, Count: 1, Distribution: split.TypeFixed}, store.CreateCreated)
-	if ss, _ = b.ShardSnapshot(ctx, shard); ss.Available != 0 || !ss.Conserved() {
-		t.Fatalf("shard %d after its last unit: %+v", shard, ss)
+	// A creation the shard cannot pay borrows from its siblings (budget_moves.go).
+	createOrFail(t, ctx, b, store.NewPacket{ID: ids[1], Sender: "m", Total: 2, Count: 1, Distribution: split.TypeFixed}, store.CreateCreated)
+	if ss, _ = b.ShardSnapshot(ctx, shard); ss.Borrowed == 0 || !ss.Conserved() {
+		t.Fatalf("shard %d after it borrowed: %+v", shard, ss)
 	}
-	conserved(t, ctx, b)
+	// One the whole budget cannot pay is refused, and moves nothing.
+	all := conserved(t, ctx, b)
+	unchanged(t, ctx, c, "an exhausted budget", func() {
+		createOrFail(t, ctx, b, store.NewPacket{ID: ids[2], Sender: "m", Total: all.Available + 1, Count: 1, Distribution: split.TypeFixed}, store.CreateBudgetExhausted)
+	})
+	createOrFail(t, ctx, b, store.NewPacket{ID: ids[3], Sender: "m", Total: all.Available, Count: 1, Distribution: split.TypeFixed}, store.CreateCreated)
+	if all = conserved(t, ctx, b); all.Available != 0 {
+		t.Fatalf("the budget after its last unit: %+v", all)
+	}
 
 	if err := b.Close(ctx); err != nil {
 		t.Fatal(err)

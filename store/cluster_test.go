@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -20,6 +21,46 @@ func TestCluster(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	t.Run("seed scenario", func(t *testing.T) { testClusterSeedScenario(t, cluster) })
 	t.Run("autopipeline after flush", func(t *testing.T) { testClusterAutoPipelineAfterFlush(t, cluster) })
+	t.Run("budget moves across slots", func(t *testing.T) { testClusterBudgetMoves(t, cluster) })
+}
+
+// A budget of 10,000 over 16 shards, on the slots of three masters: 200 creations of
+// 100 create exactly 100 packets, the dry shards borrowing across slots (each step of
+// a move on its own shard's slot), and every shard's money adds up.
+func testClusterBudgetMoves(t *testing.T, cluster *redistest.Cluster) {
+	ctx := redistest.Context(t)
+	c := cluster.Client(t)
+	if err := lua.LoadAll(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(c, "cluster-moves", 16)
+	if err := b.Configure(ctx, 10_000, store.BudgetLimits{Currency: "CNY", MaxTotal: 20_000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	created := 0
+	for n := range 200 {
+		r, err := b.Create(ctx, store.NewPacket{ID: fmt.Sprintf("c-%03d", n), Sender: "m", Total: 100, Count: 1,
+			Distribution: split.TypeFixed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome == store.CreateCreated {
+			created++
+		}
+	}
+	s, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if created != 100 || s.Available != 0 || !s.Conserved() {
+		t.Fatalf("%d created, snapshot %+v; want exactly 100 and nothing left", created, s)
+	}
+	for i := range b.N() {
+		if sh, err := b.ShardSnapshot(ctx, i); err != nil || !sh.Conserved() {
+			t.Fatalf("shard %d: %+v, %v", i, sh, err)
+		}
+	}
 }
 
 // The seed scenario for several activities at once, each living on the one slot of

@@ -333,4 +333,19 @@ func TestCheckExhaustion(t *testing.T) {
 	if v := CheckExhaustion(early, bodies, final, shard, []int64{40}); len(v) != 1 {
 		t.Errorf("budget_exhausted with the money there: %v", v)
 	}
+	// Two shards of 20: A on shard 0 drew 30 before B's answer on shard 1, 10 left in
+	// all: sound. Nothing drawn: 40 in all, though 20 on B's shard: a violation (a
+	// dry shard borrows from its sibling).
+	split := func(id string) int {
+		if id == "A" {
+			return 0
+		}
+		return 1
+	}
+	if v := CheckExhaustion(sound, bodies, final, split, []int64{20, 20}); len(v) != 0 {
+		t.Errorf("sound history over two shards: %v", v)
+	}
+	if v := CheckExhaustion(early, bodies, final, split, []int64{20, 20}); len(v) != 1 {
+		t.Errorf("budget_exhausted with the money on the sibling: %v", v)
+	}
 }
