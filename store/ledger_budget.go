@@ -306,6 +306,7 @@ func (l *BudgetLedger) KnownSince(ctx context.Context, now time.Time) (time.Time
 //   - a grant of share s of amount a to user u: the packet records u's grab as share
 //     s of a (packet_grab.lua writes it in the step that appends the grant; the
 //     entry id is not compared, so a replayed dead letter still matches);
+//
 //   - a refund of a to user u: the packet expired, its sender is u and its
 //     remainder, which packet_expire.lua refunded, is a.
 //
