@@ -47,6 +47,10 @@ type budgetScope struct {
 	redisLoginSettled bool
 	// deployment is the grab Deployment as last read; nil when there is none.
 	deployment *appsv1.Deployment
+	// fenced is set when Redis holds less of the budget than its status recorded
+	// (reconcileBudgetDataLoss): the status keeps its figures, the high-water marks,
+	// and nothing is configured or announced again.
+	fenced bool
 }
 
 func newBudgetScope(b *redpacketv1alpha1.RedPacketBudget, now time.Time) *budgetScope {
@@ -59,6 +63,7 @@ func newBudgetScope(b *redpacketv1alpha1.RedPacketBudget, now time.Time) *budget
 func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
 	return []budgetStep{
 		{name: "redis connection", run: r.reconcileBudgetRedis},
+		{name: "data loss", run: r.reconcileBudgetDataLoss},
 		{name: "load functions", run: r.reconcileBudgetFunctions},
 		{name: "durability", run: r.reconcileBudgetDurability},
 		{name: "settlement", run: r.reconcileBudgetSettlement},
@@ -459,7 +464,7 @@ func computeBudgetStatus(s *budgetScope, clean bool) {
 	if s.deployment != nil {
 		st.Replicas = s.deployment.Status.Replicas
 	}
-	if s.snapshotRead {
+	if s.snapshotRead && !s.fenced {
 		snap := s.snapshot
 		prevCreated, prevGrabbed, prevAt := st.CreatedPackets, st.GrabbedShares, st.SnapshotTime
 		st.Total, st.Available, st.InPackets = new(snap.Total), new(snap.Available), new(snap.Live)

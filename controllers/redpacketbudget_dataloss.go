@@ -1,0 +1,102 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/store"
+)
+
+// reconcileBudgetDataLoss fences a budget whose Redis holds less of it than its
+// status recorded. The status's figures only grow while Redis keeps the budget: the
+// total allotted, the money claimed and refunded, the packets created and the shares
+// grabbed. They are the high-water marks, kept outside the budget's Redis. A Redis
+// that comes back with a configured budget's shards missing lost its data (DataLost:
+// a restart without persistence, a failover to an empty replica, a FLUSHALL); one
+// that holds the shards below a mark went back in time (RedisRolledBack: an older
+// RDB or AOF). Either way configuring the budget again would fund it anew while the
+// money of its live packets, which the status last counted, is gone or counted
+// twice, and the ledger's credited sums may restart below what was paid.
+//
+// A fenced budget is Stalled with the reason, a Warning names the live money at
+// risk, and it halts here, before the function library, the settlement runner and
+// configure: nothing is announced or allotted again. The status keeps its figures
+// (computeBudgetStatus does not overwrite them), so the fence holds across restarts:
+// the Stalled condition with either reason is read back at the next reconcile, and
+// the budget stays fenced until it is deleted. Creations on a shard that lost its
+// configuration fail (the shard is not configured) and answer 503.
+// TestBudgetDataLossIsFencedNeverRefunded replays a FLUSHALL.
+func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(_ context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	if c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil &&
+		c.Status == metav1.ConditionTrue &&
+		(c.Reason == redpacketv1alpha1.ReasonDataLost || c.Reason == redpacketv1alpha1.ReasonRedisRolledBack) {
+		return s.fence(c.Reason, c.Message), nil
+	}
+	reason, why := budgetBelowMarks(b.Status, s.snapshot)
+	if reason == "" {
+		return stepResult{}, nil
+	}
+	var live int64
+	if b.Status.InPackets != nil {
+		live = *b.Status.InPackets
+	}
+	msg := fmt.Sprintf("Redis at %s %s; the budget is never configured or announced again (that could fund it twice); "+
+		"%d %s was in live packets at the last reading and is at risk", strings.Join(s.conn.Addresses, ","), why, live,
+		b.Spec.Currency)
+	if r.Recorder != nil {
+		r.Recorder.Eventf(b, nil, corev1.EventTypeWarning, reason, "Reconcile", "%s", msg)
+	}
+	return s.fence(reason, msg), nil
+}
+
+// fence marks the scope fenced and halts the steps, Stalled with reason.
+func (s *budgetScope) fence(reason, msg string) stepResult {
+	s.fenced = true
+	res := blocked(reason, "%s", msg)
+	res.requeueAfter = dataLostRecheckPeriod
+	s.stalled = res.blocker
+	return res
+}
+
+// budgetBelowMarks compares a snapshot with the marks a status recorded and says
+// why Redis holds less than them: DataLost when the budget was configured (a total
+// recorded) and Redis holds none of it, RedisRolledBack when a figure went down;
+// "" when nothing did.
+func budgetBelowMarks(st redpacketv1alpha1.RedPacketBudgetStatus, snap store.BudgetSnapshot) (reason, why string) {
+	mark := func(p *int64) int64 {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	total := mark(st.Total)
+	if total == 0 {
+		return "", ""
+	}
+	if snap.Total == 0 {
+		return redpacketv1alpha1.ReasonDataLost, fmt.Sprintf("holds none of the budget whose status recorded a total of %d", total)
+	}
+	for _, f := range []struct {
+		name       string
+		mark, have int64
+	}{
+		{"total", total, snap.Total},
+		{"claimed money", mark(st.Claimed), snap.Claimed},
+		{"refunded money", mark(st.Refunded), snap.Refunded},
+		{"created packets", mark(st.CreatedPackets), snap.CreatedPackets},
+		{"grabbed shares", mark(st.GrabbedShares), snap.GrabbedShares},
+	} {
+		if f.have < f.mark {
+			return redpacketv1alpha1.ReasonRedisRolledBack, fmt.Sprintf("holds the budget's %s at %d, below the %d its status recorded",
+				f.name, f.have, f.mark)
+		}
+	}
+	return "", ""
+}

@@ -1,0 +1,98 @@
+package controllers_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/store"
+)
+
+// Issue 34, case 1: a budget whose Redis lost its data. A budget of 1,000 with a
+// webhook; order-1 of 1,000 in 2 shares; alice grabs 500, and 500 stays live. Then
+// FLUSHALL, standing in for a restart without persistence or a failover to an empty
+// replica. Before, the next reconcile announced and configured the budget again:
+// `available 1000 of total 1000`, the 500 left in order-1 never refunded, and no
+// condition said so. Now the budget is Stalled DataLost, a Warning names the 500 at
+// risk, the status keeps its figures (the high-water marks), nothing is announced or
+// configured again however long it runs, and a creation fails (503 at the grab API).
+func TestBudgetDataLossIsFencedNeverRefunded(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
+		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
+	}}
+	e.startBudgetController(settle)
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "flushed"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{Total: 1000, BudgetShards: 2,
+			Packets:    redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10},
+			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: "http://balance.default.svc/credit"}}},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("flushed", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 1000)
+	})
+	h := store.NewBudget(e.rdb, string(b.UID), 2)
+	if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 1000, Count: 2,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-1: %v, %v", outcome, err)
+	}
+	if g, err := h.GrabPacket(ctx, "order-1", "alice"); err != nil || g.Amount != 500 {
+		t.Fatalf("alice's grab: %+v, %v", g, err)
+	}
+	e.waitRedPacketBudget("flushed", "500 in packets", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.InPackets, 500) && is(b.Status.Claimed, 500)
+	})
+
+	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	settle.mu.Lock()
+	ensuredBefore := settle.ensured
+	settle.mu.Unlock()
+	got := e.waitRedPacketBudget("flushed", "Stalled DataLost", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == redpacketv1alpha1.ReasonDataLost
+	})
+	e.waitEvent("flushed", corev1.EventTypeWarning, redpacketv1alpha1.ReasonDataLost)
+	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	if !strings.Contains(c.Message, "500 CNY was in live packets") {
+		t.Errorf("the Stalled message %q does not name the 500 at risk", c.Message)
+	}
+	// Many reconciles later: never configured or announced again, the marks kept.
+	time.Sleep(2 * time.Second)
+	got = e.getBudget("flushed")
+	if !is(got.Status.Total, 1000) || !is(got.Status.InPackets, 500) || !is(got.Status.Claimed, 500) ||
+		meta.IsStatusConditionTrue(got.Status.Conditions, redpacketv1alpha1.ConditionReady) {
+		t.Errorf("status after the loss: %s; want the marks kept and not Ready", describeBudget(got))
+	}
+	snap, err := h.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Total != 0 || snap.Available != 0 {
+		t.Errorf("Redis after the loss: %+v; want the budget never configured again", snap)
+	}
+	settle.mu.Lock()
+	ensuredAfter := settle.ensured
+	settle.mu.Unlock()
+	if ensuredAfter != ensuredBefore {
+		t.Errorf("the settlement runner was asked %d more times after the loss; want none (no announcement)", ensuredAfter-ensuredBefore)
+	}
+	_, err = h.Create(ctx, store.NewPacket{ID: "order-2", Sender: "merchant-7", Total: 100, Count: 1, Distribution: split.TypeFixed})
+	if err == nil || errors.Is(err, context.Canceled) {
+		t.Errorf("a creation after the loss: %v; want an error (503 at the grab API)", err)
+	}
+}
