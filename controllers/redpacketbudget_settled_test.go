@@ -85,11 +85,7 @@ func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
 		}
 	}
 	// A refill: announced again, as the whole new total.
-	b = e.getBudget("settled")
-	b.Spec.Total = 150_000
-	if err := e.c.Update(ctx, b); err != nil {
-		t.Fatal(err)
-	}
+	e.patchBudget("settled", func(b *redpacketv1alpha1.RedPacketBudget) { b.Spec.Total = 150_000 })
 	e.waitRedPacketBudget("settled", "refilled", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
 		return is(b.Status.Total, 150_000)
 	})

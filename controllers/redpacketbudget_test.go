@@ -106,6 +106,18 @@ func (e *env) getBudget(name string) *redpacketv1alpha1.RedPacketBudget {
 	return b
 }
 
+// patchBudget changes a budget with a merge patch, which a concurrent status write
+// cannot make conflict.
+func (e *env) patchBudget(name string, change func(*redpacketv1alpha1.RedPacketBudget)) {
+	e.t.Helper()
+	b := e.getBudget(name)
+	orig := b.DeepCopy()
+	change(b)
+	if err := e.c.Patch(context.Background(), b, client.MergeFrom(orig)); err != nil {
+		e.t.Fatalf("patching budget %s: %v", name, err)
+	}
+}
+
 // waitRedPacketBudget waits until cond holds for the budget, and returns it.
 func (e *env) waitRedPacketBudget(name, what string, timeout time.Duration, cond func(b *redpacketv1alpha1.RedPacketBudget) bool) *redpacketv1alpha1.RedPacketBudget {
 	e.t.Helper()
@@ -263,11 +275,7 @@ func TestBudgetLifecycle(t *testing.T) {
 
 	// One replica: the PodDisruptionBudget goes (it could only block drains), the
 	// NetworkPolicy stays.
-	b = e.getBudget("shop")
-	b.Spec.GrabService.Replicas = new(int32(1))
-	if err := e.c.Update(ctx, b); err != nil {
-		t.Fatal(err)
-	}
+	e.patchBudget("shop", func(b *redpacketv1alpha1.RedPacketBudget) { b.Spec.GrabService.Replicas = new(int32(1)) })
 	wait.Until(t, 20*time.Second, "the PodDisruptionBudget gone at one replica", func() (bool, string) {
 		err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "shop-grab"}, &policyv1.PodDisruptionBudget{})
 		return isNotFound(err), errString(err)
@@ -277,11 +285,7 @@ func TestBudgetLifecycle(t *testing.T) {
 	}
 
 	// A refill raises what is available.
-	b = e.getBudget("shop")
-	b.Spec.Total = 1_500_000
-	if err := e.c.Update(ctx, b); err != nil {
-		t.Fatal(err)
-	}
+	e.patchBudget("shop", func(b *redpacketv1alpha1.RedPacketBudget) { b.Spec.Total = 1_500_000 })
 	e.waitRedPacketBudget("shop", "refilled", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
 		return is(b.Status.Total, 1_500_000) && is(b.Status.Available, 1_500_000)
 	})

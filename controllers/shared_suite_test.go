@@ -275,7 +275,8 @@ func (e *env) get(name string) *redpacketv1alpha1.RedPacketActivity {
 	return a
 }
 
-// patchSpec changes an activity with a merge patch.
+// patch changes an activity with a merge patch, which a concurrent status write
+// cannot make conflict.
 func (e *env) patch(name string, change func(*redpacketv1alpha1.RedPacketActivity)) *redpacketv1alpha1.RedPacketActivity {
 	e.t.Helper()
 	a := e.get(name)
