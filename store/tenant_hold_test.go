@@ -215,6 +215,9 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"packet_grab", lua.PacketGrabScript, []string{k.Meta, pk, k.Stream}, []any{"x1", "u"}},
 		{"packet_detail", lua.PacketDetailScript, []string{k.Meta, pk}, []any{"x1"}},
 		{"packet_live", lua.PacketLiveScript, []string{k.Meta, "rpa:{" + own + "}:due"}, []any{100}},
+		{"budget_lend from 13 MiB of meta", lua.BudgetLendScript, []string{k.Meta}, []any{"1", 1000}},
+		{"budget_borrow into 13 MiB of meta", lua.BudgetBorrowScript, []string{k.Meta}, []any{"1", 1, 1}},
+		{"budget_lend_done on 13 MiB of meta", lua.BudgetLendDoneScript, []string{k.Meta}, []any{1}},
 	}
 	if len(calls) != 2+len(lua.GrabLibrary.Scripts())+1 { // replay_dead and transfer_out twice
 		t.Errorf("%d calls for the %d functions of the library", len(calls), len(lua.GrabLibrary.Scripts()))
@@ -291,6 +294,10 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A move's record and a lender's applied mark of 1 MiB in the shard's meta.
+	if err := bt.HSet(ctx, bk.Meta, "lend", mib, "in:1", mib).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := bt.XAdd(ctx, &redis.XAddArgs{Stream: bk.Stream, Values: pairs}).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -311,6 +318,12 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"packet_grab of a claim of 1 MiB", lua.PacketGrabScript, []string{bk.Meta, big, bk.Stream}, []any{"big", "u-big"}},
 		{"packet_detail of 5 MiB", lua.PacketDetailScript, []string{bk.Meta, fat}, []any{"fat"}},
 		{"packet_live of 1 MiB senders", lua.PacketLiveScript, []string{bk.Meta, bk.Due}, []any{100}},
+		{"budget_lend behind a record of 1 MiB", lua.BudgetLendScript, []string{bk.Meta}, []any{"1", 1000}},
+		{"budget_borrow behind a mark of 1 MiB", lua.BudgetBorrowScript, []string{bk.Meta}, []any{"1", 1, 1}},
+		{"budget_lend_done of a record of 1 MiB", lua.BudgetLendDoneScript, []string{bk.Meta}, []any{1}},
+	}
+	if len(bcalls) != len(lua.GrabLibrary.Scripts())+2 { // replay_dead and packet_grab twice
+		t.Errorf("%d calls of the budget's tenant for the %d functions of the library", len(bcalls), len(lua.GrabLibrary.Scripts()))
 	}
 	bStream, err := op.XLen(ctx, bk.Stream).Result()
 	if err != nil {
