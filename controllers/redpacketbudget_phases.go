@@ -407,8 +407,9 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetStatus(_ context.Context, _ *
 
 // finishBudgetReconcile is the one status apply of a reconcile, on every path: the
 // money figures from this reconcile's snapshot, the rates against the last status,
-// Ready and Stalled. A conservation failure (the snapshot's money does not add up) is
-// Stalled with ConservationBroken and a Warning event.
+// Ready and Stalled. A money fault of the snapshot (its sums, a shard's sums or its
+// moves do not add up: store.BudgetSnapshot.MoneyFaults) is Stalled with
+// ConservationBroken and a Warning event.
 func (r *RedPacketBudgetReconciler) finishBudgetReconcile(ctx context.Context, s *budgetScope, result ctrl.Result, retErr error) (ctrl.Result, error) {
 	if s.released {
 		return result, retErr
@@ -482,10 +483,9 @@ func computeBudgetStatus(s *budgetScope, clean bool) {
 			st.GrabbedPerSecond = new(perSecond(snap.GrabbedShares-*prevGrabbed, elapsed))
 		}
 		st.SnapshotTime = &at
-		if !snap.Conserved() {
+		if faults := snap.MoneyFaults(); faults != nil {
 			s.stalled = notReady(redpacketv1alpha1.ReasonConservationBroken,
-				"the budget's money does not add up in Redis: total %d ≠ available %d + in packets %d + claimed %d + refunded %d",
-				snap.Total, snap.Available, snap.Live, snap.Claimed, snap.Refunded)
+				"the budget's money does not add up in Redis: %s", strings.Join(faults, "; "))
 		}
 	}
 

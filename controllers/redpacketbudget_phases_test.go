@@ -311,6 +311,23 @@ func TestComputeBudgetStatus(t *testing.T) {
 			deployment: available, wantReady: metav1.ConditionFalse, wantReason: redpacketv1alpha1.ReasonConservationBroken,
 			wantStalled: redpacketv1alpha1.ReasonConservationBroken,
 		},
+		{
+			name:       "the sums agree, a shard borrowed money no sibling lent",
+			snap:       store.BudgetSnapshot{Total: 1000, Available: 1000, Borrowed: 500, LentAfter: 200},
+			deployment: available, wantReady: metav1.ConditionFalse, wantReason: redpacketv1alpha1.ReasonConservationBroken,
+			wantStalled: redpacketv1alpha1.ReasonConservationBroken,
+		},
+		{
+			name:       "the sums agree, two shards' own do not",
+			snap:       store.BudgetSnapshot{Total: 1000, Available: 1000, UnconservedShards: []int{2, 3}},
+			deployment: available, wantReady: metav1.ConditionFalse, wantReason: redpacketv1alpha1.ReasonConservationBroken,
+			wantStalled: redpacketv1alpha1.ReasonConservationBroken,
+		},
+		{
+			name:       "a move under way: borrowed and lent agree",
+			snap:       store.BudgetSnapshot{Total: 1000, Available: 1000, Borrowed: 500, LentAfter: 700},
+			deployment: available, wantReady: metav1.ConditionTrue, wantReason: redpacketv1alpha1.ReasonBudgetReady,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := phaseBudget()

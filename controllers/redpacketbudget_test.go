@@ -22,6 +22,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
+	"redpacket.io/operator/lua"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/wait"
 )
@@ -467,5 +468,27 @@ func TestBudgetConservationBrokenIsStalled(t *testing.T) {
 	}
 	e.waitRedPacketBudget("leaky", "no longer Stalled", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
 		return meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled) == nil && is(b.Status.Available, 10_000)
+	})
+
+	// A borrow that no sibling lent (FCALL budget_borrow, which the budget's Redis
+	// user may send): the budget's sums still agree, so only the moves' check sees it.
+	if err := lua.BudgetBorrowScript.Call(ctx, e.rdb, []string{meta0}, 1, 1, 500).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got = e.waitRedPacketBudget("leaky", "Stalled by the forged borrow", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Reason == redpacketv1alpha1.ReasonConservationBroken && strings.Contains(c.Message, "borrowed 500, more than the 0")
+	})
+	if !is(got.Status.Available, 10_000) || !is(got.Status.Total, 10_000) {
+		t.Errorf("after the forged borrow: %s; want the sums as they were", describeBudget(got))
+	}
+	wait.Until(t, 20*time.Second, "a Warning naming the forged borrow", func() (bool, string) {
+		notes := e.eventNotes("leaky")
+		for _, n := range notes {
+			if strings.HasPrefix(n, redpacketv1alpha1.ReasonConservationBroken+": ") && strings.Contains(n, "borrowed 500") {
+				return true, ""
+			}
+		}
+		return false, strings.Join(notes, " | ")
 	})
 }

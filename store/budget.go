@@ -235,9 +235,42 @@ type BudgetSnapshot struct {
 	SettledCount, SettledAmount, RefundSettled, DeadLetters int64
 	// Closed is set once creation was closed (deletion).
 	Closed bool
+	// Borrowed is what the shards took from their siblings over their life
+	// (budget_borrow.lua), summed from the pass; LentAfter is what they lent
+	// (budget_lend.lua), summed from a read of every shard made after that pass.
+	// A move is lent before it is borrowed, and both sums only grow, so every move
+	// a borrower counted is in LentAfter: Borrowed ≤ LentAfter whatever the moves
+	// under way. More borrowed than lent is money a shard took that no sibling gave.
+	Borrowed, LentAfter int64
+	// UnconservedShards are the shards whose own money did not add up at the
+	// instant each was read (BudgetShardSnapshot.Conserved). Every script keeps a
+	// shard's sum at every instant, so a shard off is a write outside them, even
+	// when the budget's sums still agree.
+	UnconservedShards []int
 }
 
 // Conserved reports whether the snapshot's money adds up.
 func (s BudgetSnapshot) Conserved() bool {
 	return s.Total == s.Available+s.Live+s.Claimed+s.Refunded
+}
+
+// MoneyFaults lists what in the snapshot no run of the budget's scripts can leave,
+// in any order and with any move under way: the budget's sums off, a shard's own
+// sums off, or more money borrowed than lent. Each is a write outside the scripts
+// (the budget's Redis user may send HINCRBY, HSET and FCALL budget_borrow with
+// anything), and nil means none was seen.
+func (s BudgetSnapshot) MoneyFaults() []string {
+	var faults []string
+	if !s.Conserved() {
+		faults = append(faults, fmt.Sprintf("total %d ≠ available %d + in packets %d + claimed %d + refunded %d",
+			s.Total, s.Available, s.Live, s.Claimed, s.Refunded))
+	}
+	if len(s.UnconservedShards) > 0 {
+		faults = append(faults, fmt.Sprintf("shards %v: allotted + borrowed - lent ≠ available + in packets + claimed + refunded",
+			s.UnconservedShards))
+	}
+	if s.Borrowed > s.LentAfter {
+		faults = append(faults, fmt.Sprintf("the shards borrowed %d, more than the %d their siblings lent", s.Borrowed, s.LentAfter))
+	}
+	return faults
 }

@@ -224,9 +224,13 @@ func (b *Budget) ShardSnapshot(ctx context.Context, i int) (BudgetShardSnapshot,
 }
 
 // Snapshot reads every shard, each at one instant, and sums them. SettledAmount is
-// the grants' money settled; the refunds settled are RefundSettled.
+// the grants' money settled; the refunds settled are RefundSettled. When the pass
+// counts more borrowed than lent, every shard's lent is read again after it
+// (BudgetSnapshot.LentAfter), so that a move lent during the pass is not taken for
+// money borrowed from nowhere.
 func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 	var out BudgetSnapshot
+	var lent int64
 	configured, closed := 0, 0
 	for i := range b.keys {
 		s, err := b.ShardSnapshot(ctx, i)
@@ -245,6 +249,11 @@ func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 		// instant, so a move may show on both sides or neither: lent - borrowed
 		// corrects either way, and the sum stays conserved.
 		out.Available += s.Available + s.Lent - s.Borrowed
+		lent += s.Lent
+		out.Borrowed += s.Borrowed
+		if !s.Conserved() {
+			out.UnconservedShards = append(out.UnconservedShards, i)
+		}
 		out.Live += s.Live
 		out.Claimed += s.Claimed
 		out.Refunded += s.Refunded
@@ -259,7 +268,28 @@ func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 	}
 	out.LivePackets = out.CreatedPackets - out.ExpiredPackets
 	out.Closed = configured > 0 && closed == configured
+	out.LentAfter = lent
+	if out.Borrowed > lent {
+		lentAfter, err := b.lentNow(ctx)
+		if err != nil {
+			return BudgetSnapshot{}, err
+		}
+		out.LentAfter = lentAfter
+	}
 	return out, nil
+}
+
+// lentNow sums what every shard lent over its life, each read now.
+func (b *Budget) lentNow(ctx context.Context) (int64, error) {
+	var lent int64
+	for i := range b.keys {
+		s, err := b.ShardSnapshot(ctx, i)
+		if err != nil {
+			return 0, err
+		}
+		lent += s.Lent
+	}
+	return lent, nil
 }
 
 // ExpiredPacket is one packet an expiry call expired, with the money refunded to

@@ -2,8 +2,13 @@ package store_test
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/lua"
 	"redpacket.io/operator/lua/split"
@@ -154,4 +159,141 @@ func TestBudgetMoveSurvivesACrash(t *testing.T) {
 			t.Error("borrow of 0: no error")
 		}
 	})
+}
+
+// Moves between shards never look like money from nowhere to a reader: four movers
+// shuttle money between random shards with the three scripts of a move, one step
+// at a time as the store makes them, while a reader snapshots the budget as the
+// operator's reconcile does. Each shard is read at its own instant, so a pass often
+// counts a move on the borrower and not yet on the lender; the re-read of what was
+// lent (BudgetSnapshot.LentAfter) keeps every snapshot free of money faults.
+func TestSnapshotsDuringMovesSeeNoMoneyFault(t *testing.T) {
+	ctx := redistest.Context(t)
+	srv := redistest.Start(t)
+	const shards = 16
+	configuredBudget(t, ctx, srv.Client(t), "moves-read", shards, 160_000, testLimits())
+	stop := make(chan struct{})
+	var movers sync.WaitGroup
+	var moved atomic.Int64
+	for w := range 4 {
+		c := srv.Client(t)
+		b := store.NewBudget(c, "moves-read", shards)
+		movers.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(w), 34))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				from, to := rnd.IntN(shards), rnd.IntN(shards)
+				if from == to {
+					continue
+				}
+				lend, err := lua.BudgetLendScript.Call(ctx, c, []string{b.ShardKeys(from).Meta}, to, 1).StringSlice()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if lend[0] != "lent" {
+					continue // busy (another mover's move of this lender) or dry
+				}
+				if _, err := lua.BudgetBorrowScript.Call(ctx, c, []string{b.ShardKeys(to).Meta}, from, lend[1], lend[2]).Result(); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := lua.BudgetLendDoneScript.Call(ctx, c, []string{b.ShardKeys(from).Meta}, lend[1]).Result(); err != nil {
+					t.Error(err)
+					return
+				}
+				moved.Add(1)
+			}
+		})
+	}
+	reader := store.NewBudget(srv.Client(t), "moves-read", shards)
+	snapshots := 0
+	for ; snapshots < 300 && !t.Failed(); snapshots++ {
+		s, err := reader.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := s.MoneyFaults(); f != nil {
+			t.Errorf("snapshot %d, %d moves made: money faults %q in %+v", snapshots, moved.Load(), f, s)
+		}
+	}
+	close(stop)
+	movers.Wait()
+	t.Logf("%d snapshots during %d moves, none with a money fault", snapshots, moved.Load())
+	if moved.Load() < 1000 {
+		t.Errorf("only %d moves during the snapshots", moved.Load())
+	}
+	if s := conserved(t, ctx, reader); s.Available != 160_000 {
+		t.Errorf("after the moves: %+v", s)
+	}
+}
+
+// The budget's Redis user may send the commands its functions call, so it can write
+// money into its own shards outside them. Three such writes, each invisible to the
+// budget's sums: a forged budget_borrow (a shard's available and borrowed raised
+// together, lent nowhere), packets created with that money, and money moved by hand
+// from one shard to another. Each is a money fault of the snapshot, which the
+// operator raises (Stalled ConservationBroken, a Warning and a metric).
+func TestForgedMoneyInABudgetShardIsAFault(t *testing.T) {
+	ctx := redistest.Context(t)
+	srv := redistest.Start(t)
+	op := srv.Client(t)
+	b := configuredBudget(t, ctx, op, "forged-money", 4, 4000, testLimits())
+	const pw = "forged-money-pw-0123456789"
+	if _, err := b.EnsureUser(ctx, pw); err != nil {
+		t.Fatal(err)
+	}
+	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: pw})
+	t.Cleanup(func() { _ = tenant.Close() })
+	conserved(t, ctx, b)
+
+	// A borrow of 5,000 from shard 1, which never lent.
+	k0 := b.ShardKeys(0)
+	if v, err := lua.BudgetBorrowScript.Call(ctx, tenant, []string{k0.Meta}, 1, 1, 5000).StringSlice(); err != nil || v[0] != "borrowed" {
+		t.Fatalf("the forged borrow as the budget's user: %q, %v", v, err)
+	}
+	s, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Conserved() || s.Available != 4000 {
+		t.Fatalf("after the forged borrow: %+v; want the budget's sums unchanged (the fault is only in the moves)", s)
+	}
+	if f := s.MoneyFaults(); len(f) != 1 || !strings.Contains(f[0], "borrowed 5000, more than the 0") {
+		t.Fatalf("after the forged borrow: money faults %q; want the borrow named", f)
+	}
+	// Creations spend the forged money: the budget's sums still agree, its
+	// available goes below zero.
+	for _, id := range idsOnShard(b, "spent-", 0, 5) {
+		if r, err := b.Create(ctx, store.NewPacket{ID: id, Sender: "m", Total: 1000, Count: 1, Distribution: split.TypeFixed}); err != nil || r.Outcome != store.CreateCreated {
+			t.Fatalf("creating %s: %+v, %v", id, r, err)
+		}
+	}
+	if s, err = b.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Conserved() || s.Available != -1000 || len(s.MoneyFaults()) != 1 {
+		t.Fatalf("after spending it: %+v, faults %q; want conserved sums, available -1000 and the borrow named", s, s.MoneyFaults())
+	}
+
+	// Money moved by hand between two shards: the budget's sums agree, the two
+	// shards' do not.
+	k2, k3 := b.ShardKeys(2), b.ShardKeys(3)
+	if err := tenant.HIncrBy(ctx, k2.Meta, "available", -300).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tenant.HIncrBy(ctx, k3.Meta, "available", 300).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = b.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := s.MoneyFaults()
+	if !s.Conserved() || len(f) != 2 || !strings.Contains(f[0], "shards [2 3]") {
+		t.Fatalf("after moving 300 by hand: %+v, faults %q; want shards 2 and 3 named", s, f)
+	}
 }

@@ -72,6 +72,9 @@ func conserved(t testing.TB, ctx context.Context, b *store.Budget) store.BudgetS
 	if !s.Conserved() {
 		t.Fatalf("not conserved: %+v", s)
 	}
+	if f := s.MoneyFaults(); f != nil {
+		t.Fatalf("money faults %q in %+v", f, s)
+	}
 	return s
 }
 
