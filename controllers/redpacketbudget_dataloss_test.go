@@ -11,10 +11,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/wait"
 )
 
 // Issue 34, case 1: a budget whose Redis lost its data. A budget of 1,000 with a
@@ -32,29 +35,7 @@ func TestBudgetDataLossIsFencedNeverRefunded(t *testing.T) {
 		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
 	}}
 	e.startBudgetController(settle)
-	b := &redpacketv1alpha1.RedPacketBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "flushed"},
-		Spec: redpacketv1alpha1.RedPacketBudgetSpec{Total: 1000, BudgetShards: 2,
-			Packets:    redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10},
-			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: "http://balance.default.svc/credit"}}},
-	}
-	if err := e.c.Create(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	b = e.waitRedPacketBudget("flushed", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		return is(b.Status.Total, 1000)
-	})
-	h := store.NewBudget(e.rdb, string(b.UID), 2)
-	if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 1000, Count: 2,
-		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
-		t.Fatalf("creating order-1: %v, %v", outcome, err)
-	}
-	if g, err := h.GrabPacket(ctx, "order-1", "alice"); err != nil || g.Amount != 500 {
-		t.Fatalf("alice's grab: %+v, %v", g, err)
-	}
-	e.waitRedPacketBudget("flushed", "500 in packets", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		return is(b.Status.InPackets, 500) && is(b.Status.Claimed, 500)
-	})
+	h := e.budgetWithLivePacket(t, "flushed")
 
 	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -62,10 +43,7 @@ func TestBudgetDataLossIsFencedNeverRefunded(t *testing.T) {
 	settle.mu.Lock()
 	ensuredBefore := settle.ensured
 	settle.mu.Unlock()
-	got := e.waitRedPacketBudget("flushed", "Stalled DataLost", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
-		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == redpacketv1alpha1.ReasonDataLost
-	})
+	got := e.waitBudgetStalled("flushed", redpacketv1alpha1.ReasonDataLost)
 	e.waitEvent("flushed", corev1.EventTypeWarning, redpacketv1alpha1.ReasonDataLost)
 	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
 	if !strings.Contains(c.Message, "500 CNY was in live packets") {
@@ -94,5 +72,108 @@ func TestBudgetDataLossIsFencedNeverRefunded(t *testing.T) {
 	_, err = h.Create(ctx, store.NewPacket{ID: "order-2", Sender: "merchant-7", Total: 100, Count: 1, Distribution: split.TypeFixed})
 	if err == nil || errors.Is(err, context.Canceled) {
 		t.Errorf("a creation after the loss: %v; want an error (503 at the grab API)", err)
+	}
+}
+
+// budgetWithLivePacket creates the budget name (1,000 over 2 shards with a webhook),
+// waits until it is configured, creates order-1 of 1,000 in 2 Fixed shares, has
+// alice grab 500, and waits until the status counts 500 in packets.
+func (e *env) budgetWithLivePacket(t *testing.T, name string) *store.Budget {
+	ctx := context.Background()
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{Total: 1000, BudgetShards: 2,
+			Packets:    redpacketv1alpha1.PacketLimits{MaxTotal: 1000, MaxCount: 10},
+			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: "http://balance.default.svc/credit"}}},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget(name, "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 1000)
+	})
+	h := store.NewBudget(e.rdb, string(b.UID), 2)
+	if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 1000, Count: 2,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-1: %v, %v", outcome, err)
+	}
+	if g, err := h.GrabPacket(ctx, "order-1", "alice"); err != nil || g.Amount != 500 {
+		t.Fatalf("alice's grab: %+v, %v", g, err)
+	}
+	e.waitRedPacketBudget(name, "500 in packets", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.InPackets, 500) && is(b.Status.Claimed, 500)
+	})
+	return h
+}
+
+// waitBudgetStalled waits until the budget is Stalled with reason.
+func (e *env) waitBudgetStalled(name, reason string) *redpacketv1alpha1.RedPacketBudget {
+	return e.waitRedPacketBudget(name, "Stalled "+reason, 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
+	})
+}
+
+// A budget fenced for lost data is deleted: the deletion waits, Stalled DataLost,
+// with a message and a Warning that name the 500 the status last counted in live
+// packets and the way out, and the keys stay; no refund is made from what Redis
+// holds now. The platform team's abandon (checked for the verb abandon) lets it go,
+// with a Warning Abandoned naming the money and the user. Before, the deletion
+// closed, found nothing to expire, and purged at once, the 500 gone unsaid.
+func TestDeletingAFencedBudgetWaitsForTheAbandon(t *testing.T) {
+	e := newEnv(t)
+	installPolicies(t)
+	ctx := context.Background()
+	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
+		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
+	}}
+	e.startBudgetController(settle)
+	e.budgetWithLivePacket(t, "lost")
+	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := e.waitBudgetStalled("lost", redpacketv1alpha1.ReasonDataLost)
+	uid := string(b.UID)
+	if err := e.c.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	held := e.waitRedPacketBudget("lost", "the deletion held", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Reason == redpacketv1alpha1.ReasonDataLost && strings.HasPrefix(c.Message, "the budget was deleted while fenced")
+	})
+	c := meta.FindStatusCondition(held.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	if !strings.Contains(c.Message, "500 CNY was in live packets") || !strings.Contains(c.Message, redpacketv1alpha1.AnnotationAbandon+"="+uid) {
+		t.Errorf("the held deletion's message %q does not name the 500 and the abandon", c.Message)
+	}
+	wait.Until(t, 20*time.Second, "a Warning about the held deletion", func() (bool, string) {
+		notes := e.eventNotes("lost")
+		for _, n := range notes {
+			if strings.HasPrefix(n, redpacketv1alpha1.ReasonDataLost+": the budget was deleted while fenced") {
+				return true, ""
+			}
+		}
+		return false, strings.Join(notes, " | ")
+	})
+	// Reconciles later it is still there, its marks kept.
+	time.Sleep(2 * time.Second)
+	if got := e.getBudget("lost"); !is(got.Status.InPackets, 500) || !is(got.Status.Total, 1000) {
+		t.Errorf("the held budget's status: %s; want its marks", describeBudget(got))
+	}
+
+	p := e.people()
+	if err := e.annotateBudget(p.asPlatform, "lost", map[string]string{
+		redpacketv1alpha1.AnnotationAbandon: uid, redpacketv1alpha1.AnnotationAbandonedBy: p.platform}); err != nil {
+		t.Fatalf("the platform user abandoning: %v", err)
+	}
+	wait.Until(t, 30*time.Second, "the abandoned budget gone", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "lost"}, &redpacketv1alpha1.RedPacketBudget{})
+		return isNotFound(err), errString(err)
+	})
+	note := e.eventNote("lost", "Warning", redpacketv1alpha1.ReasonAbandoned)
+	if !strings.Contains(note, p.platform) || !strings.Contains(note, "500 CNY in live packets") {
+		t.Errorf("the Abandoned warning %q does not name %s and the 500", note, p.platform)
+	}
+	if keys, err := e.rdb.Keys(ctx, "rpb:{"+uid+".*").Result(); err != nil || len(keys) != 0 {
+		t.Errorf("keys left after the abandon: %v (%v)", keys, err)
 	}
 }

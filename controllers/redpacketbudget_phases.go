@@ -51,6 +51,10 @@ type budgetScope struct {
 	// (reconcileBudgetDataLoss): the status keeps its figures, the high-water marks,
 	// and nothing is configured or announced again.
 	fenced bool
+	// fenceAbandoned is set when the platform team abandoned a fenced budget's
+	// deletion (deleteBudgetFenced): closing, expiring and the drain are skipped,
+	// and the keys are purged.
+	fenceAbandoned bool
 }
 
 func newBudgetScope(b *redpacketv1alpha1.RedPacketBudget, now time.Time) *budgetScope {
@@ -522,12 +526,14 @@ func perSecond(n int64, elapsed float64) int64 {
 	return int64(math.Round(float64(n) / elapsed))
 }
 
-// budgetDeleteSteps are the steps of a deleted budget, in order: close creation,
-// expire every live packet (each refunded through settlement), wait for settlement to
-// drain, then remove the Redis user and every key, and let the budget go.
+// budgetDeleteSteps are the steps of a deleted budget, in order: hold a fenced
+// budget until the platform team abandons it, close creation, expire every live
+// packet (each refunded through settlement), wait for settlement to drain, then
+// remove the Redis user and every key, and let the budget go.
 func (r *RedPacketBudgetReconciler) budgetDeleteSteps() []budgetStep {
 	return []budgetStep{
 		{name: "redis connection", run: r.reconcileBudgetRedis},
+		{name: "fence", run: r.deleteBudgetFenced},
 		{name: "close", run: r.deleteBudgetClose},
 		{name: "expire everything", run: r.deleteBudgetExpireAll},
 		{name: "settlement drained", run: r.deleteBudgetDrained},
@@ -539,7 +545,7 @@ func (r *RedPacketBudgetReconciler) budgetDeleteSteps() []budgetStep {
 // packet whatever its time.
 func (r *RedPacketBudgetReconciler) deleteBudgetClose(ctx context.Context, s *budgetScope) (stepResult, error) {
 	s.notReady = notReady(redpacketv1alpha1.ReasonDeleting, "the budget is being deleted: its live packets expire and are refunded")
-	if s.snapshot.Closed {
+	if s.snapshot.Closed || s.fenceAbandoned {
 		return stepResult{}, nil
 	}
 	rctx, cancel := r.redisContext(ctx)
@@ -558,6 +564,9 @@ const budgetDeleteBatchTime = 2 * time.Second
 // batch at a time on each shard, and reads the snapshot again; while packets are
 // live it comes back at once.
 func (r *RedPacketBudgetReconciler) deleteBudgetExpireAll(ctx context.Context, s *budgetScope) (stepResult, error) {
+	if s.fenceAbandoned {
+		return stepResult{}, nil
+	}
 	deadline := time.Now().Add(budgetDeleteBatchTime)
 	for i := range s.budget.Spec.ShardCount() {
 		for time.Now().Before(deadline) {
@@ -607,7 +616,7 @@ func (r *RedPacketBudgetReconciler) deleteBudgetExpireAll(ctx context.Context, s
 // misdirected abandon changes nothing and says why (an AbandonNotAllowed event).
 func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *budgetScope) (stepResult, error) {
 	b := s.budget
-	if r.Settlement == nil || b.Spec.Settlement == nil || b.Spec.Settlement.Webhook == nil {
+	if s.fenceAbandoned || r.Settlement == nil || b.Spec.Settlement == nil || b.Spec.Settlement.Webhook == nil {
 		return stepResult{}, nil
 	}
 	t := r.settlementTarget(s)
@@ -685,6 +694,74 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 		requeue = min(requeue, deadline.Sub(s.now))
 	}
 	return stepResult{halt: true, requeueAfter: requeue}, nil
+}
+
+// deleteBudgetFenced holds the deletion of a budget fenced for a Redis that lost or
+// rolled back its data (reconcileBudgetDataLoss). Its Redis no longer holds what its
+// status recorded, so the usual deletion would close, expire and refund from what
+// is left and purge the rest: the money its status last counted in live packets
+// would go without a refund and without a decision. The deletion waits instead,
+// Stalled with the fence's reason and a message that names that money and the way
+// out, and a Warning says so once. The status keeps its figures.
+//
+// The way out is the platform team's abandon, as for a deletion that waits on
+// settlement: AnnotationAbandon set to the budget's UID and AnnotationAbandonedBy to
+// the user who decided, checked for the verb abandon on redpacketbudgets. The
+// budget's settlement then stops, closing, expiring and the drain are skipped, the
+// purge deletes its keys, and a Warning Abandoned names the live money never
+// refunded by the operator and the user. TestDeletingAFencedBudgetWaitsForTheAbandon.
+func (r *RedPacketBudgetReconciler) deleteBudgetFenced(ctx context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	if c == nil || c.Status != metav1.ConditionTrue ||
+		(c.Reason != redpacketv1alpha1.ReasonDataLost && c.Reason != redpacketv1alpha1.ReasonRedisRolledBack) {
+		return stepResult{}, nil
+	}
+	s.fenced = true
+	var live int64
+	if b.Status.InPackets != nil {
+		live = *b.Status.InPackets
+	}
+	var note string
+	if v, ok := b.Annotations[redpacketv1alpha1.AnnotationAbandon]; ok {
+		if v != string(b.UID) {
+			note = fmt.Sprintf("the annotation %s=%q does not carry this budget's UID %s, so it does nothing",
+				redpacketv1alpha1.AnnotationAbandon, v, b.UID)
+		} else {
+			user, refused, err := platformDecidedBy(ctx, reviewerOr(r.access, r.Client), b, "redpacketbudgets", abandonDecision)
+			if err != nil {
+				return stepResult{}, fmt.Errorf("checking who abandoned the fenced budget: %w", err)
+			}
+			if refused == "" {
+				if r.Settlement != nil {
+					r.Settlement.Forget(b.UID)
+				}
+				r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned,
+					"%s abandoned the fenced budget (%s): %d %s in live packets at the last reading is never refunded by the operator; the budget's Redis keys are purged",
+					user, c.Reason, live, b.Spec.Currency)
+				ctrl.LoggerFrom(ctx).Info("the fenced budget was abandoned", "by", user, "reason", c.Reason, "live", live)
+				s.fenceAbandoned = true
+				return stepResult{}, nil
+			}
+			note = "the abandon was refused: " + refused
+		}
+	}
+	const held = "the budget was deleted while fenced"
+	msg := fmt.Sprintf("%s (%s): its Redis no longer holds what its status recorded, so nothing is refunded from it; "+
+		"%d %s was in live packets at the last reading. Settle them with their senders, then the platform team may abandon the budget with %s=%s and %s=<their user name>: its keys are purged",
+		held, c.Reason, live, b.Spec.Currency, redpacketv1alpha1.AnnotationAbandon, b.UID, redpacketv1alpha1.AnnotationAbandonedBy)
+	if note != "" {
+		msg += "; " + note
+	}
+	if !strings.HasPrefix(c.Message, held) {
+		r.eventf(b, corev1.EventTypeWarning, c.Reason, "%s", msg)
+	}
+	if note != "" && !strings.Contains(c.Message, note) {
+		r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandonNotAllowed,
+			"the fenced budget was not abandoned, its keys stay: %s", note)
+	}
+	s.stalled = notReady(c.Reason, "%s", msg)
+	return stepResult{halt: true, requeueAfter: dataLostRecheckPeriod}, nil
 }
 
 // eventf emits an event about the budget, when the reconciler has a recorder.
