@@ -287,8 +287,15 @@ var ErrPacketUnknown = fmt.Errorf("%w: no such packet was created", ErrForged)
 // that was never created. It is recorded once, the first time it is asked, in the
 // ledger's hash, which the budget's Redis user cannot write; a budget settled by an
 // operator without tombstones before then keeps the old rule for its older entries
-// (their packets may be gone without a trace).
-func (l *BudgetLedger) KnownSince(ctx context.Context, now time.Time) (time.Time, error) {
+// (their packets may be gone without a trace). The time is Redis's (TIME), the clock
+// that stamps the entries' ids, and the budget's announcement asks first
+// (settlement.AnnounceBudgetTotal), before the budget is configured: so a new
+// budget's every entry is written after it.
+func (l *BudgetLedger) KnownSince(ctx context.Context) (time.Time, error) {
+	now, err := l.c.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading Redis's clock for the budget's tombstones: %w", err)
+	}
 	if err := l.c.HSetNX(ctx, l.key, "tombstones_since", now.UnixMilli()).Err(); err != nil {
 		return time.Time{}, fmt.Errorf("recording when the budget's packets began to leave tombstones: %w", err)
 	}
