@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -138,7 +139,11 @@ func (r *RedPacketActivityReconciler) acceptRedisState(ctx context.Context, s *a
 		return stepResult{}, fmt.Errorf("writing the accepted counters: %w", err)
 	}
 	s.activity.Status.RedisEpoch = &epoch
-	s.status.LastAcceptance = &redpacketv1alpha1.RedisStateAcceptance{Epoch: accepted, By: user, At: metav1.NewTime(s.now.UTC().Truncate(time.Second))}
+	la := redpacketv1alpha1.RedisStateAcceptance{Epoch: accepted, By: user, At: metav1.NewTime(s.now.UTC().Truncate(time.Second))}
+	if err := r.counterWriter().applyAcceptance(ctx, s.activity, la); err != nil {
+		return stepResult{}, fmt.Errorf("recording the acceptance: %w", err)
+	}
+	s.status.LastAcceptance, s.activity.Status.LastAcceptance = la.DeepCopy(), la.DeepCopy()
 	if r.Recorder != nil {
 		r.Recorder.Eventf(s.activity, nil, corev1.EventTypeNormal, redpacketv1alpha1.ReasonRedisStateAccepted, "Accept",
 			"%s accepted the Redis state of epoch %d as it is at %s (%s; it was fenced because %s); epoch %d begins",
@@ -165,7 +170,18 @@ type countersWriter interface {
 	// the apply (its resourceVersion is the apply's precondition). It returns
 	// errCountersStale when the live status is ahead of c; nothing is written then.
 	applyCounters(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, c redpacketv1alpha1.Counters, epoch int64, allowLower bool) error
+	// applyAcceptance applies status.lastAcceptance alone, under
+	// AcceptanceFieldManager.
+	applyAcceptance(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, la redpacketv1alpha1.RedisStateAcceptance) error
 }
+
+// AcceptanceFieldManager is the field manager of status.lastAcceptance, which the
+// controller applies alone when a person's acceptance of a rolled-back state lifts
+// the fence. No other apply names the field, so none removes it: the controller's
+// status apply under FieldManager is computed from its cache, which may not hold the
+// record yet in the reconcile that follows, and under server-side apply a field the
+// manager owns and leaves out is removed.
+const AcceptanceFieldManager = "redpacket-controller-acceptance"
 
 // errCountersStale says that the status already records more than a snapshot.
 var errCountersStale = errors.New("the status already records counters ahead of this snapshot")
@@ -204,6 +220,18 @@ func (w apiCountersWriter) applyCounters(ctx context.Context, a *redpacketv1alph
 	if err := w.c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj),
 		client.FieldOwner(CountersFieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying the counters: %w", err)
+	}
+	return nil
+}
+
+func (w apiCountersWriter) applyAcceptance(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity, la redpacketv1alpha1.RedisStateAcceptance) error {
+	v, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&la)
+	if err != nil {
+		return fmt.Errorf("converting the acceptance: %w", err)
+	}
+	if err := w.c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(statusApplyObject(a, map[string]any{"lastAcceptance": v})),
+		client.FieldOwner(AcceptanceFieldManager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying the acceptance: %w", err)
 	}
 	return nil
 }

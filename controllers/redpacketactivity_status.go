@@ -73,8 +73,9 @@ var servingPhases = map[redpacketv1alpha1.Phase]bool{
 	redpacketv1alpha1.PhasePaused:    true,
 }
 
-// controllerStatus returns only the fields of st that the controller owns; the
-// counters belong to the grab service.
+// controllerStatus returns only the fields of st that the controller applies under
+// FieldManager; the counters belong to the grab service (and CountersFieldManager),
+// lastAcceptance to AcceptanceFieldManager.
 func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1alpha1.RedPacketActivityStatus {
 	out := redpacketv1alpha1.RedPacketActivityStatus{
 		Phase:              st.Phase,
@@ -93,9 +94,6 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 	}
 	if st.SeededTime != nil {
 		out.SeededTime = st.SeededTime.DeepCopy()
-	}
-	if st.LastAcceptance != nil {
-		out.LastAcceptance = st.LastAcceptance.DeepCopy()
 	}
 	if st.SettlementDelivery != nil {
 		out.SettlementDelivery = st.SettlementDelivery.DeepCopy()
@@ -392,7 +390,6 @@ func mergeControllerStatus(dst *redpacketv1alpha1.RedPacketActivityStatus, src r
 	dst.Endpoint = src.Endpoint
 	dst.SplitSeed = src.SplitSeed
 	dst.SeededTime = src.SeededTime
-	dst.LastAcceptance = src.LastAcceptance
 	for _, c := range src.Conditions {
 		meta.SetStatusCondition(&dst.Conditions, c)
 	}

@@ -262,6 +262,11 @@ func (w *fakeStatusWriter) applyStatus(_ context.Context, _ *redpacketv1alpha1.R
 	return nil
 }
 
+func (w *fakeStatusWriter) applyAcceptance(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, la redpacketv1alpha1.RedisStateAcceptance) error {
+	w.log.add("status.acceptance epoch=%d by=%s", la.Epoch, la.By)
+	return nil
+}
+
 func (w *fakeStatusWriter) applyCounters(_ context.Context, _ *redpacketv1alpha1.RedPacketActivity, c redpacketv1alpha1.Counters, epoch int64, allowLower bool) error {
 	w.log.add("status.counters %+v epoch=%d lower=%t", c, epoch, allowLower)
 	if w.countersErr != nil {
