@@ -203,11 +203,6 @@ func AnnounceBudgetTotal(ctx context.Context, cfg Config, b *store.Budget, total
 		retention = cfg.Packets.LedgerRetention
 	}
 	ledger := b.SettlementLedger(retention)
-	// From now on an entry of a packet that left no trace was never created: the
-	// mark is set before the budget is configured, so before its first packet.
-	if _, err := ledger.KnownSince(ctx); err != nil {
-		return 0, err
-	}
 	for {
 		st, err := ledger.PrepareAnnouncement(ctx, total, time.Now())
 		if err != nil {
