@@ -636,25 +636,19 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 	if ensureErr != nil {
 		notes = append(notes, fmt.Sprintf("settlement cannot run: %v", ensureErr))
 	}
-	if v, ok := b.Annotations[redpacketv1alpha1.AnnotationAbandon]; ok {
-		if v != string(b.UID) {
-			notes = append(notes, fmt.Sprintf("the annotation %s=%q does not carry this budget's UID %s, so it does nothing",
-				redpacketv1alpha1.AnnotationAbandon, v, b.UID))
-		} else {
-			user, refused, err := platformDecidedBy(ctx, reviewerOr(r.access, r.Client), b, "redpacketbudgets", abandonDecision)
-			if err != nil {
-				return stepResult{}, fmt.Errorf("checking who abandoned the deleted budget's settlement: %w", err)
-			}
-			if refused == "" {
-				r.Settlement.Forget(b.UID)
-				r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned,
-					"%s abandoned the deleted budget's settlement: %d entries (grants to users, refunds to senders) were never credited by the balance system at %s; the budget's Redis keys are purged with them",
-					user, unsettled, t.WebhookURL)
-				ctrl.LoggerFrom(ctx).Info("the deleted budget's settlement was abandoned", "by", user, "unsettled", unsettled)
-				return stepResult{}, nil
-			}
-			notes = append(notes, "the abandon was refused: "+refused)
-		}
+	user, note, err := r.abandonedBy(ctx, b)
+	if err != nil {
+		return stepResult{}, fmt.Errorf("checking who abandoned the deleted budget's settlement: %w", err)
+	}
+	if user != "" {
+		r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned,
+			"%s abandoned the deleted budget's settlement: %d entries (grants to users, refunds to senders) were never credited by the balance system at %s; the budget's Redis keys are purged with them",
+			user, unsettled, t.WebhookURL)
+		ctrl.LoggerFrom(ctx).Info("the deleted budget's settlement was abandoned", "by", user, "unsettled", unsettled)
+		return stepResult{}, nil
+	}
+	if note != "" {
+		notes = append(notes, note)
 	}
 
 	owed := fmt.Sprintf("%d entries (grants and refunds) are not yet credited by the balance system at %s", unsettled, t.WebhookURL)
@@ -722,29 +716,17 @@ func (r *RedPacketBudgetReconciler) deleteBudgetFenced(ctx context.Context, s *b
 	if b.Status.InPackets != nil {
 		live = *b.Status.InPackets
 	}
-	var note string
-	if v, ok := b.Annotations[redpacketv1alpha1.AnnotationAbandon]; ok {
-		if v != string(b.UID) {
-			note = fmt.Sprintf("the annotation %s=%q does not carry this budget's UID %s, so it does nothing",
-				redpacketv1alpha1.AnnotationAbandon, v, b.UID)
-		} else {
-			user, refused, err := platformDecidedBy(ctx, reviewerOr(r.access, r.Client), b, "redpacketbudgets", abandonDecision)
-			if err != nil {
-				return stepResult{}, fmt.Errorf("checking who abandoned the fenced budget: %w", err)
-			}
-			if refused == "" {
-				if r.Settlement != nil {
-					r.Settlement.Forget(b.UID)
-				}
-				r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned,
-					"%s abandoned the fenced budget (%s): %d %s in live packets at the last reading is never refunded by the operator; the budget's Redis keys are purged",
-					user, c.Reason, live, b.Spec.Currency)
-				ctrl.LoggerFrom(ctx).Info("the fenced budget was abandoned", "by", user, "reason", c.Reason, "live", live)
-				s.fenceAbandoned = true
-				return stepResult{}, nil
-			}
-			note = "the abandon was refused: " + refused
-		}
+	user, note, err := r.abandonedBy(ctx, b)
+	if err != nil {
+		return stepResult{}, fmt.Errorf("checking who abandoned the fenced budget: %w", err)
+	}
+	if user != "" {
+		r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned,
+			"%s abandoned the fenced budget (%s): %d %s in live packets at the last reading is never refunded by the operator; the budget's Redis keys are purged",
+			user, c.Reason, live, b.Spec.Currency)
+		ctrl.LoggerFrom(ctx).Info("the fenced budget was abandoned", "by", user, "reason", c.Reason, "live", live)
+		s.fenceAbandoned = true
+		return stepResult{}, nil
 	}
 	const held = "the budget was deleted while fenced"
 	msg := fmt.Sprintf("%s (%s): its Redis no longer holds what its status recorded, so nothing is refunded from it; "+
@@ -762,6 +744,33 @@ func (r *RedPacketBudgetReconciler) deleteBudgetFenced(ctx context.Context, s *b
 	}
 	s.stalled = notReady(c.Reason, "%s", msg)
 	return stepResult{halt: true, requeueAfter: dataLostRecheckPeriod}, nil
+}
+
+// abandonedBy reads the platform team's abandon of a deleted budget: the user who
+// abandoned it, once AnnotationAbandon carries the budget's UID and a
+// SubjectAccessReview confirms AnnotationAbandonedBy may abandon redpacketbudgets
+// (the budget's settlement is then stopped); otherwise a note that says why an
+// abandon present does nothing, or "" when there is none.
+func (r *RedPacketBudgetReconciler) abandonedBy(ctx context.Context, b *redpacketv1alpha1.RedPacketBudget) (user, note string, err error) {
+	v, ok := b.Annotations[redpacketv1alpha1.AnnotationAbandon]
+	if !ok {
+		return "", "", nil
+	}
+	if v != string(b.UID) {
+		return "", fmt.Sprintf("the annotation %s=%q does not carry this budget's UID %s, so it does nothing",
+			redpacketv1alpha1.AnnotationAbandon, v, b.UID), nil
+	}
+	user, refused, err := platformDecidedBy(ctx, reviewerOr(r.access, r.Client), b, "redpacketbudgets", abandonDecision)
+	if err != nil {
+		return "", "", err
+	}
+	if refused != "" {
+		return "", "the abandon was refused: " + refused, nil
+	}
+	if r.Settlement != nil {
+		r.Settlement.Forget(b.UID)
+	}
+	return user, "", nil
 }
 
 // eventf emits an event about the budget, when the reconciler has a recorder.
