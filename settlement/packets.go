@@ -186,7 +186,9 @@ type budgetTotalDelivery struct {
 // only grows; a lower one is never announced). The announcement under way is
 // recorded in the ledger before it is sent, with its time, so every resend after a
 // failure or a restart has the same body; once a 2xx answers, the ledger's total
-// becomes it and the worker may credit up to it. It returns the announced total.
+// becomes it and the worker may credit up to it. Before anything, it records when
+// the budget's packets became known (BudgetLedger.KnownSince), once. It returns the
+// announced total.
 func AnnounceBudgetTotal(ctx context.Context, cfg Config, b *store.Budget, total int64) (int64, error) {
 	if total < 1 {
 		return 0, fmt.Errorf("announcing the budget: total %d", total)
@@ -203,6 +205,12 @@ func AnnounceBudgetTotal(ctx context.Context, cfg Config, b *store.Budget, total
 		retention = cfg.Packets.LedgerRetention
 	}
 	ledger := b.SettlementLedger(retention)
+	// The budget's packets are known from here on: the first announcement comes
+	// before the budget is configured, so before its first packet, and every entry
+	// settlement ever reads, the first batch's included, is held to the mark.
+	if _, err := ledger.KnownSince(ctx); err != nil {
+		return 0, err
+	}
 	for {
 		st, err := ledger.PrepareAnnouncement(ctx, total, time.Now())
 		if err != nil {

@@ -329,6 +329,10 @@ func TestBudgetGrantsAndRefundsAreDeliveredOnceSigned(t *testing.T) {
 	at := time.Now().Add(-time.Minute)
 	for p := range 20 {
 		packet := fmt.Sprintf("order-%03d", p)
+		// The entries stand for packets created since the announcement and gone:
+		// their tombstones say they existed (an entry of a packet with neither is
+		// packet_unknown).
+		tb.tombstone(packet)
 		var granted int64
 		for s := range p % 4 {
 			amount := int64(100 + 10*s + p)
@@ -409,6 +413,10 @@ func TestBudgetForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 	if _, err := AnnounceBudgetTotal(ctx, cfg, tb.b, 1000); err != nil {
 		t.Fatal(err)
 	}
+	// p-1 and p-2 were created and are gone (tombstones); the other ids are refused
+	// before their packets are looked up.
+	tb.tombstone("p-1")
+	tb.tombstone("p-2")
 	genuine := []string{tb.grant("p-1", 0, "alice", 300), tb.grant("p-1", 1, "bob", 200)}
 	forged := map[string]string{
 		tb.grant("p-2", 0, "mallory", 501):        ReasonOverBudget,
@@ -481,6 +489,7 @@ func TestBudgetKeyIsCreditedOnceAcrossAWorkerRestart(t *testing.T) {
 	if _, err := AnnounceBudgetTotal(ctx, cfg, tb.b, 5000); err != nil {
 		t.Fatal(err)
 	}
+	tb.tombstone("p-9") // created since the announcement, and gone
 	first := tb.grant("p-9", 0, "alice", 700)
 	f := &forgotten{ids: map[string]int{}}
 	stop := startBudgetWorkers(t, tb, cfg, f)
@@ -878,7 +887,8 @@ func TestReusedPacketIDDrawsOnce(t *testing.T) {
 // Redis user (its ACL user, as the grab fleet holds it) appends a grant of 9,500 of
 // "ghost-1", a packet never created, to its shard's stream; then bob grabs the only
 // share of a genuine packet of 1,000. The forgery names a packet with neither hash nor
-// tombstone, written after the ledger began to count on tombstones: it is
+// tombstone, written after the ledger began to count on tombstones (at the
+// announcement) and before settlement ever ran, so in its first batch: it is
 // dead-lettered packet_unknown before the ledger, so it takes nothing of the 10,000,
 // and bob is credited. Before, the forgery was credited (9,500 of 10,000) and bob's
 // genuine grant was dead-lettered over_budget.
@@ -907,24 +917,6 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 	if _, err := b.EnsureUser(ctx, "tenant-password"); err != nil {
 		t.Fatal(err)
 	}
-	ws, err := NewBudgetWorkers(cfg, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- RunAll(wctx, ws) }()
-	t.Cleanup(func() { cancel(); <-done })
-	eventually(t, 10*time.Second, "the workers started", func() bool {
-		ok, err := BudgetDrained(ctx, b, "")
-		return err == nil && ok
-	})
-	// The forgery comes after the ledger's mark (settlement records it at its first
-	// check; a forgery in the budget's first batch is not held to it).
-	if _, err := b.SettlementLedger(0).KnownSince(ctx); err != nil {
-		t.Fatal(err)
-	}
-
 	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: "tenant-password"})
 	t.Cleanup(func() { _ = tenant.Close() })
 	forged, err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: b.ShardKeys(0).Stream,
@@ -939,6 +931,16 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 	if g, err := b.GrabPacket(ctx, "order-7", "bob"); err != nil || g.Outcome != store.PacketGranted || g.Amount != 1000 {
 		t.Fatalf("bob's grab: %+v, %v", g, err)
 	}
+	// The workers start only now: the forgery is in the budget's first batch, which
+	// the mark recorded at the announcement holds too.
+	ws, err := NewBudgetWorkers(cfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- RunAll(wctx, ws) }()
+	t.Cleanup(func() { cancel(); <-done })
 	eventually(t, 20*time.Second, "drained", func() bool {
 		ok, err := BudgetDrained(ctx, b, "")
 		return err == nil && ok

@@ -288,8 +288,10 @@ var ErrPacketUnknown = fmt.Errorf("%w: no such packet was created", ErrForged)
 // ledger's hash, which the budget's Redis user cannot write; a budget settled by an
 // operator without tombstones before then keeps the old rule for its older entries
 // (their packets may be gone without a trace). The time is Redis's (TIME), the clock
-// that stamps the entries' ids. Settlement asks at its first check, so the entries of
-// the first batch it reads are older than the mark.
+// that stamps the entries' ids. The announcement of the budget's total asks first
+// (settlement.AnnounceBudgetTotal), before the budget is configured, so before its
+// first packet; settlement asks again at its first check, for a budget announced by
+// an operator that did not record it.
 func (l *BudgetLedger) KnownSince(ctx context.Context) (time.Time, error) {
 	now, err := l.c.Time(ctx).Result()
 	if err != nil {
