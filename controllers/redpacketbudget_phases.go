@@ -51,6 +51,10 @@ type budgetScope struct {
 	// (reconcileBudgetDataLoss): the status keeps its figures, the high-water marks,
 	// and nothing is configured or announced again.
 	fenced bool
+	// announcing is set while the balance system has not acknowledged spec.total
+	// (reconcileBudgetSettlement): the configure step allots nothing beyond what
+	// Redis holds.
+	announcing *AnnouncementPendingError
 	// fenceAbandoned is set when the platform team abandoned a fenced budget's
 	// deletion (deleteBudgetFenced): closing, expiring and the drain are skipped,
 	// and the keys are purged.
@@ -194,6 +198,12 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetConfigure(ctx context.Context
 	}
 	if s.snapshot.Total == b.Spec.Total && b.Status.ObservedGeneration == b.Generation {
 		s.configured = true
+		return stepResult{}, nil
+	}
+	if s.announcing != nil {
+		// The total is not acknowledged yet (the settlement step's blocker says so):
+		// what Redis allots stays, and a budget never configured has nothing yet.
+		s.configured = s.snapshot.Total > 0
 		return stepResult{}, nil
 	}
 	rctx, cancel := r.redisContext(ctx)
@@ -369,14 +379,24 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 }
 
 // reconcileBudgetSettlement hands a budget with a webhook to the settlement runner.
-// It comes before configure: the runner announces a total that grew before it
-// returns, and a total the balance system has not acknowledged is not allotted to
-// the shards (the ledger would refuse credits drawn from it).
+// It comes before configure: a total that grew is announced first, and a total the
+// balance system has not acknowledged is not allotted to the shards (the ledger
+// would refuse credits drawn from it). The announcement runs in the runner's time,
+// not the reconcile's: while it is pending, Ready is False with TotalNotAnnounced,
+// the configure step keeps what Redis allots, the later steps (expiry, the grab
+// workload) go on, and the reconcile comes back soon.
 func (r *RedPacketBudgetReconciler) reconcileBudgetSettlement(ctx context.Context, s *budgetScope) (stepResult, error) {
 	if r.Settlement == nil || s.budget.Spec.Settlement == nil || s.budget.Spec.Settlement.Webhook == nil {
 		return stepResult{}, nil
 	}
-	if err := r.Settlement.EnsureTarget(ctx, r.settlementTarget(s)); err != nil {
+	err := r.Settlement.EnsureTarget(ctx, r.settlementTarget(s))
+	var pending *AnnouncementPendingError
+	switch {
+	case errors.As(err, &pending):
+		s.announcing = pending
+		return stepResult{requeueAfter: pending.RetryIn,
+			blocker: notReady(redpacketv1alpha1.ReasonTotalNotAnnounced, "%v; Redis allots %d until then", pending, s.snapshot.Total)}, nil
+	case err != nil:
 		return stepResult{}, fmt.Errorf("starting the budget's settlement: %w", err)
 	}
 	return stepResult{}, nil
@@ -623,6 +643,9 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 	// A settlement that cannot start (its signing key is gone, say) is one more
 	// reason to wait, said in the message; the drain is checked all the same.
 	ensureErr := r.Settlement.EnsureTarget(ctx, t)
+	if pending := (*AnnouncementPendingError)(nil); errors.As(ensureErr, &pending) {
+		ensureErr = nil // the workers run; only a raise of the total waits
+	}
 	drain, err := r.Settlement.DrainedTarget(ctx, t)
 	if err != nil {
 		return stepResult{}, errors.Join(ensureErr, fmt.Errorf("checking the budget's settlement: %w", err))

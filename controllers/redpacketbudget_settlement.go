@@ -105,6 +105,57 @@ type BudgetSettlementRunner struct {
 	// announced is, per budget, the total the balance system acknowledged, so that
 	// Ensure announces only when the total grew.
 	announced map[types.UID]int64
+	// announcing is, per budget, its announcement under way in the background or
+	// the last one that failed; gone once the balance system acknowledged the total.
+	announcing map[types.UID]*announcement
+}
+
+// announcement is one budget's announcement of a total that grew, run in the
+// background so that a balance system that does not answer holds no reconcile.
+type announcement struct {
+	// total is the total being announced, or that the last attempt announced.
+	total int64
+	// cancel ends the attempt under way; nil when none runs.
+	cancel context.CancelFunc
+	// lastErr is why the last attempt failed; failures counts the failures in a row.
+	lastErr  error
+	failures int
+	// retryAt is when the next attempt may start after a failure.
+	retryAt time.Time
+}
+
+// Announcements are retried after a failure with a backoff from
+// announceRetryBase, doubling, up to announceRetryMax; an attempt lasts at most
+// announceAttemptTimeout (the POSTs' own timeout is settlement.DefaultHTTPTimeout).
+const (
+	announceRetryBase      = time.Second
+	announceRetryMax       = 30 * time.Second
+	announceAttemptTimeout = 30 * time.Second
+	// announcePollInterval is how soon the reconcile comes back while an attempt
+	// runs.
+	announcePollInterval = time.Second
+)
+
+// AnnouncementPendingError is EnsureTarget's answer while the balance system has not
+// acknowledged the budget's total: the announcement runs in the background, and
+// the shards must not be allotted beyond Announced until it returns nil. It is not a
+// failure of the reconcile: the caller shows it and comes back after RetryIn.
+type AnnouncementPendingError struct {
+	// Total is the total being announced; Announced is the one acknowledged so far
+	// (0: none).
+	Total, Announced int64
+	// LastErr is why the last attempt failed, if one did.
+	LastErr error
+	// RetryIn is when to ask again.
+	RetryIn time.Duration
+}
+
+func (e *AnnouncementPendingError) Error() string {
+	msg := fmt.Sprintf("the budget's total of %d is being announced to the balance system (acknowledged so far: %d)", e.Total, e.Announced)
+	if e.LastErr != nil {
+		msg += fmt.Sprintf("; the last attempt failed, retried in %s: %v", e.RetryIn.Round(time.Millisecond), e.LastErr)
+	}
+	return msg
 }
 
 var _ manager.LeaderElectionRunnable = (*BudgetSettlementRunner)(nil)
@@ -121,7 +172,7 @@ func NewBudgetSettlementRunner(reader client.Reader, recorder events.EventRecord
 	return &BudgetSettlementRunner{Reader: reader, Recorder: recorder, KeysSecret: o.settlementKeysSecret(),
 		Consumer: consumer, Registerer: o.SettlementRegisterer,
 		MinConcurrency: o.SettlementMinConcurrency, MaxConcurrency: o.SettlementMaxConcurrency,
-		registry: NewSettlementRunner(), announced: map[types.UID]int64{}}
+		registry: NewSettlementRunner(), announced: map[types.UID]int64{}, announcing: map[types.UID]*announcement{}}
 }
 
 // Start runs the workers until ctx ends (see SettlementRunner.Start).
@@ -139,6 +190,10 @@ func (d *BudgetSettlementRunner) Forget(uid types.UID) {
 	d.registry.Stop(uid)
 	d.mu.Lock()
 	delete(d.announced, uid)
+	if a := d.announcing[uid]; a != nil && a.cancel != nil {
+		a.cancel()
+	}
+	delete(d.announcing, uid)
 	d.mu.Unlock()
 }
 
@@ -147,13 +202,16 @@ func (d *BudgetSettlementRunner) Forget(uid types.UID) {
 //  1. without a webhook, its workers stop (entries wait in the streams);
 //  2. the signing key is read for the webhook's host; a host with no key stops the
 //     workers and returns errWebhookHostNotAllowed (wrapped);
-//  3. when Total exceeds the total announced so far, it is announced, synchronously
-//     (settlement.AnnounceBudgetTotal): EnsureTarget returns nil only once the
-//     balance system acknowledged it. Call it before Budget.Configure raises the
-//     shards' allotment, so nothing is drawn that the ledger would refuse;
-//  4. the workers are (re)started when where or how they deliver changed (the
+//  3. the workers are (re)started when where or how they deliver changed (the
 //     webhook, the key, the currency, maxAttempts, the connection, the limits); a
-//     new total needs no restart, since the ledger reads the announced total.
+//     new total needs no restart, since the ledger reads the announced total;
+//  4. when Total exceeds the total announced so far, it is announced in the
+//     background (settlement.AnnounceBudgetTotal), never in the caller's time, and
+//     EnsureTarget returns an *AnnouncementPendingError until the balance system
+//     acknowledged it: a webhook that does not answer holds no reconcile, of this
+//     budget or any other. Call it before Budget.Configure raises the shards'
+//     allotment, and raise it only once it returns nil, so nothing is drawn that
+//     the ledger would refuse.
 func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettlementTarget) error {
 	if t.WebhookURL == "" {
 		d.registry.Stop(t.UID)
@@ -165,9 +223,6 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 		return err
 	}
 	cfg := d.config(t, signing)
-	if err := d.announce(ctx, t, cfg); err != nil {
-		return err
-	}
 	connSum := sha256.Sum256([]byte(t.Conn.Key()))
 	fingerprint := cfg.Fingerprint() + "|budget|" + strconv.Itoa(t.Shards) + "|" + strconv.FormatInt(t.MaxPacketCount, 10) +
 		"|" + t.MaxTTL.String() + "|" + hex.EncodeToString(connSum[:])
@@ -188,6 +243,9 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 			cfg.Logger.Error("the budget's settlement workers stopped", "budget", cfg.Source.Ref(), "err", err)
 		}
 	})
+	if pending := d.announce(t, cfg); pending != nil {
+		return pending
+	}
 	return nil
 }
 
@@ -210,26 +268,63 @@ func (d *BudgetSettlementRunner) config(t BudgetSettlementTarget, signing []byte
 	return cfg
 }
 
-// announce announces t.Total unless the balance system acknowledged it (or more)
-// before, as far as this process knows; the ledger knows across restarts.
-func (d *BudgetSettlementRunner) announce(ctx context.Context, t BudgetSettlementTarget, cfg settlement.Config) error {
+// announce returns nil when the balance system acknowledged t.Total (or more), as
+// far as this process knows (the ledger knows across restarts, and an attempt
+// finds out at once). Otherwise it starts an attempt in the background, unless one
+// runs or the last one failed less than its backoff ago, and says what is pending.
+func (d *BudgetSettlementRunner) announce(t BudgetSettlementTarget, cfg settlement.Config) *AnnouncementPendingError {
 	d.mu.Lock()
-	done := d.announced[t.UID] >= t.Total
-	d.mu.Unlock()
-	if done {
+	defer d.mu.Unlock()
+	announced := d.announced[t.UID]
+	if announced >= t.Total {
 		return nil
 	}
+	a := d.announcing[t.UID]
+	if a == nil {
+		a = &announcement{}
+		d.announcing[t.UID] = a
+	}
+	now := time.Now()
+	if a.cancel == nil && !now.Before(a.retryAt) {
+		actx, cancel := context.WithTimeout(context.Background(), announceAttemptTimeout)
+		a.total, a.cancel = t.Total, cancel
+		go d.attemptAnnouncement(actx, cancel, t, cfg, a)
+	}
+	pending := &AnnouncementPendingError{Total: t.Total, Announced: announced, LastErr: a.lastErr, RetryIn: announcePollInterval}
+	if a.cancel == nil {
+		pending.RetryIn = max(a.retryAt.Sub(now), 10*time.Millisecond)
+	}
+	return pending
+}
+
+// attemptAnnouncement announces t.Total once and records the outcome in a: the
+// acknowledged total, or the error and when to try again.
+func (d *BudgetSettlementRunner) attemptAnnouncement(ctx context.Context, cancel context.CancelFunc, t BudgetSettlementTarget,
+	cfg settlement.Config, a *announcement) {
+	defer cancel()
 	rdb := t.Conn.NewClient(t.ClientOptions)
 	defer func() { _ = rdb.Close() }()
 	cfg.Redis = rdb
 	got, err := settlement.AnnounceBudgetTotal(ctx, cfg, store.NewBudget(rdb, string(t.UID), t.Shards), t.Total)
-	if err != nil {
-		return fmt.Errorf("announcing budget %s's total of %d to the balance system: %w", t.Name, t.Total, err)
-	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.announcing[t.UID] != a {
+		return // forgotten meanwhile
+	}
+	a.cancel = nil
 	d.announced[t.UID] = max(d.announced[t.UID], got)
-	d.mu.Unlock()
-	return nil
+	if err == nil {
+		a.lastErr, a.failures = nil, 0
+		if d.announced[t.UID] >= a.total {
+			delete(d.announcing, t.UID)
+		}
+		return
+	}
+	a.lastErr = fmt.Errorf("announcing budget %s's total of %d to the balance system: %w", t.Name, t.Total, err)
+	a.failures++
+	a.retryAt = time.Now().Add(min(announceRetryBase<<min(a.failures-1, 10), announceRetryMax))
+	cfg.Logger.Error("announcing the budget's total failed", "budget", cfg.Source.Ref(), "total", t.Total,
+		"failures", a.failures, "retryAt", a.retryAt, "err", err)
 }
 
 // DrainedTarget reports whether the budget owes nothing: every entry of every

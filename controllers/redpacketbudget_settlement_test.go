@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -50,6 +51,21 @@ func (b *budgetBalance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// ensureAnnounced calls EnsureTarget until the balance system acknowledged the
+// target's total: the announcement runs in the background, and EnsureTarget answers
+// *AnnouncementPendingError until then.
+func ensureAnnounced(t *testing.T, runner *controllers.BudgetSettlementRunner, target controllers.BudgetSettlementTarget) {
+	t.Helper()
+	wait.Until(t, 30*time.Second, "the total announced", func() (bool, string) {
+		err := runner.EnsureTarget(context.Background(), target)
+		var pending *controllers.AnnouncementPendingError
+		if err != nil && !errors.As(err, &pending) {
+			t.Fatalf("ensure: %v", err)
+		}
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
 // The budget runner, against the real API server (the keys Secret) and a real
 // redis-server: it announces the budget's total before the shards are allotted and
 // again when it is raised, delivers every grant and refund of packets made by the
@@ -76,9 +92,7 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	target := controllers.BudgetSettlementTarget{UID: uid, Name: types.NamespacedName{Namespace: e.ns, Name: "group-packets"},
 		Shards: 4, Total: 50_000, Currency: "CNY", WebhookURL: hs.URL + "/credits", MaxPacketCount: 10, MaxTTL: time.Hour,
 		Conn: e.redis.Conn()}
-	if err := runner.EnsureTarget(ctx, target); err != nil {
-		t.Fatalf("ensure: %v", err)
-	}
+	ensureAnnounced(t, runner, target)
 	if !runner.Running(uid) {
 		t.Fatal("no workers after EnsureTarget")
 	}
@@ -105,9 +119,7 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	}
 	// A refill: announced before the shards are allotted more.
 	target.Total = 80_000
-	if err := runner.EnsureTarget(ctx, target); err != nil {
-		t.Fatalf("ensure after the refill: %v", err)
-	}
+	ensureAnnounced(t, runner, target)
 	if err := b.Configure(ctx, 80_000, limits); err != nil {
 		t.Fatal(err)
 	}

@@ -162,6 +162,10 @@ const (
 	ReasonBudgetReady = "BudgetReady"
 	// ReasonConfiguring: the budget's shards are being configured (Ready False).
 	ReasonConfiguring = "Configuring"
+	// ReasonTotalNotAnnounced: spec.total (a new budget's, or a raised one) is being
+	// announced to the balance system, which has not acknowledged it yet; the shards
+	// are not allotted beyond what it acknowledged until it does (Ready False).
+	ReasonTotalNotAnnounced = "TotalNotAnnounced"
 	// ReasonConfigureRefused: Redis refused the budget's configuration, e.g. a
 	// total below what the shards already hold (Ready False, Stalled True).
 	ReasonConfigureRefused = "ConfigureRefused"
