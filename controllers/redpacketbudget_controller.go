@@ -80,6 +80,9 @@ type budgetStore interface {
 	Snapshot(ctx context.Context) (store.BudgetSnapshot, error)
 	Close(ctx context.Context) error
 	Purge(ctx context.Context) error
+	// Fence makes every shard answer creations and grabs fenced and expire nothing
+	// (store.Budget.Fence).
+	Fence(ctx context.Context, reason string) error
 	// CheckDurability checks that the master of every shard gives d (nil: None);
 	// it wraps store.ErrDurabilityNotMet when one does not.
 	CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/store"
 )
@@ -29,14 +31,21 @@ import (
 // configure: nothing is announced or allotted again. The status keeps its figures
 // (computeBudgetStatus does not overwrite them), so the fence holds across restarts:
 // the Stalled condition with either reason is read back at the next reconcile, and
-// the budget stays fenced until it is deleted. Creations on a shard that lost its
-// configuration fail (the shard is not configured) and answer 503.
-// TestBudgetDataLossIsFencedNeverRefunded replays a FLUSHALL.
-func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(_ context.Context, s *budgetScope) (stepResult, error) {
+// the budget stays fenced until it is deleted.
+//
+// The grab fleet is fenced in Redis too, at every reconcile of the fenced budget
+// (store.Budget.Fence): every shard's meta holds the reason, so creations and grabs
+// answer 503 and the expiry driver refunds nothing from the data that came back.
+// Between the loss and the operator's next reading the fleet serves what Redis holds
+// (at most one ActiveResyncPeriod, dataLostRecheckPeriod once fenced).
+// TestBudgetDataLossIsFencedNeverRefunded replays a FLUSHALL,
+// TestBudgetRolledBackToAnOlderRDBIsFenced a restore of an older RDB.
+func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(ctx context.Context, s *budgetScope) (stepResult, error) {
 	b := s.budget
 	if c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil &&
 		c.Status == metav1.ConditionTrue &&
 		(c.Reason == redpacketv1alpha1.ReasonDataLost || c.Reason == redpacketv1alpha1.ReasonRedisRolledBack) {
+		r.fenceFleet(ctx, s, c.Reason)
 		return s.fence(c.Reason, c.Message), nil
 	}
 	reason, why := budgetBelowMarks(b.Status, s.snapshot)
@@ -53,7 +62,19 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(_ context.Context, s
 	if r.Recorder != nil {
 		r.Recorder.Eventf(b, nil, corev1.EventTypeWarning, reason, "Reconcile", "%s", msg)
 	}
+	r.fenceFleet(ctx, s, reason)
 	return s.fence(reason, msg), nil
+}
+
+// fenceFleet writes the fence into the budget's shards (store.Budget.Fence). A
+// Redis that does not take it is logged and tried again at the next reconcile: the
+// status's fence holds meanwhile, and the next reading of that Redis fails too.
+func (r *RedPacketBudgetReconciler) fenceFleet(ctx context.Context, s *budgetScope, reason string) {
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	if err := s.store.Fence(rctx, reason); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "writing the fence into the budget's shards; retried at the next reconcile")
+	}
 }
 
 // fence marks the scope fenced and halts the steps, Stalled with reason.

@@ -3,6 +3,8 @@ package controllers_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
 )
 
@@ -175,5 +178,73 @@ func TestDeletingAFencedBudgetWaitsForTheAbandon(t *testing.T) {
 	}
 	if keys, err := e.rdb.Keys(ctx, "rpb:{"+uid+".*").Result(); err != nil || len(keys) != 0 {
 		t.Errorf("keys left after the abandon: %v (%v)", keys, err)
+	}
+}
+
+// Issue 34, case 1: a budget's Redis restored from an older RDB under a live budget.
+// order-1 (1,000 in 2 shares): alice grabs 500, the RDB is saved, then bob grabs the
+// other 500 and the status records it (claimed 1,000). The server is killed and
+// started again on the older RDB, which holds bob's share as still to grab. The next
+// reading finds claimed 500 below the mark 1,000: Stalled RedisRolledBack, and the
+// fence is written into both shards, so carol's grab of the share bob was already
+// paid, and any creation, are refused (503 at the grab API) and change nothing.
+// Before, nothing fenced the fleet: carol was granted bob's share a second time.
+func TestBudgetRolledBackToAnOlderRDBIsFenced(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
+		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
+	}}
+	e.startBudgetController(settle)
+	h := e.budgetWithLivePacket(t, "rolled")
+
+	if err := e.rdb.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dump := filepath.Join(e.redis.Dir(), "dump.rdb")
+	older, err := os.ReadFile(dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := h.GrabPacket(ctx, "order-1", "bob"); err != nil || g.Outcome != store.PacketGranted {
+		t.Fatalf("bob's grab: %+v, %v", g, err)
+	}
+	e.waitRedPacketBudget("rolled", "bob's share recorded", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Claimed, 1000)
+	})
+
+	if err := e.redis.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dump, older, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := redistest.RestartProcess(e.redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(restored.Stop)
+
+	got := e.waitBudgetStalled("rolled", redpacketv1alpha1.ReasonRedisRolledBack)
+	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	if !strings.Contains(c.Message, "claimed money at 500, below the 1000") {
+		t.Errorf("the Stalled message %q does not name the claimed money below its mark", c.Message)
+	}
+	// The fence is written in the reconcile that records Stalled, before its status:
+	// once Stalled shows, the fleet is fenced.
+	if g, err := h.GrabPacket(ctx, "order-1", "carol"); !errors.Is(err, store.ErrBudgetFenced) {
+		t.Fatalf("carol's grab of the share bob was paid: %+v, %v; want the fence", g, err)
+	}
+	for i := range h.N() {
+		if v, err := e.rdb.HGet(ctx, h.ShardKeys(i).Meta, "fenced").Result(); v != redpacketv1alpha1.ReasonRedisRolledBack {
+			t.Errorf("shard %d's fence: %q, %v", i, v, err)
+		}
+	}
+	if _, _, err := h.CreatePacket(ctx, store.NewPacket{ID: "order-2", Sender: "merchant-7", Total: 100, Count: 1,
+		Distribution: split.TypeFixed}); !errors.Is(err, store.ErrBudgetFenced) {
+		t.Fatalf("a creation on the rolled-back budget: %v; want the fence", err)
+	}
+	if snap, err := h.Snapshot(ctx); err != nil || snap.Claimed != 500 || snap.Live != 500 {
+		t.Fatalf("the rolled-back shards after the refused calls: %+v, %v; want them as the older RDB holds them", snap, err)
 	}
 }

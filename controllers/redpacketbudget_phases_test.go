@@ -39,6 +39,7 @@ type fakeBudget struct {
 	live     map[int][]int64 // shard → remainders of its live packets, soonest due first
 	failures map[string]error
 	purged   bool
+	fenced   string // the first reason Fence was given
 }
 
 func newFakeBudget(shards int) *fakeBudget {
@@ -119,6 +120,18 @@ func (f *fakeBudget) Close(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.snap.Closed = true
+	return nil
+}
+
+func (f *fakeBudget) Fence(_ context.Context, reason string) error {
+	if err := f.fail("Fence"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fenced == "" {
+		f.fenced = reason
+	}
 	return nil
 }
 

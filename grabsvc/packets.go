@@ -205,6 +205,16 @@ var createMessages = map[store.CreateOutcome]string{
 	store.CreateClosed:          "the budget is being deleted and takes no new packets",
 }
 
+// fencedMessage is the 503 message of a creation or grab on a fenced budget
+// (store.ErrBudgetFenced): the fence's reason and what did not happen.
+func fencedMessage(err error, nothing string) string {
+	reason := "fenced"
+	if _, r, ok := strings.Cut(err.Error(), store.ErrBudgetFenced.Error()+" ("); ok {
+		reason = strings.TrimSuffix(r, ")")
+	}
+	return fmt.Sprintf("the budget's Redis lost or rolled back its data (%s), and the operator fenced it: %s, and nothing will be until the platform team decides", reason, nothing)
+}
+
 // handleCreate is POST /v1/packets: the sender's credential, then the body, then one
 // atomic creation on the packet's shard.
 func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
@@ -246,6 +256,10 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 		s.metrics.RedisErrors.WithLabelValues("create").Inc()
 		if errors.Is(err, store.ErrBudgetClosed) {
 			s.refuseCreate(w, http.StatusGone, string(store.CreateClosed), createMessages[store.CreateClosed])
+			return
+		}
+		if errors.Is(err, store.ErrBudgetFenced) {
+			s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, fencedMessage(err, "nothing was created"))
 			return
 		}
 		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err,
@@ -379,6 +393,10 @@ func (s *PacketServer) handleGrab(w http.ResponseWriter, r *http.Request) {
 	})
 	s.metrics.RedisDuration.WithLabelValues("grab").Observe(time.Since(start).Seconds())
 	if err != nil {
+		if errors.Is(err, store.ErrBudgetFenced) {
+			s.refuseGrab(w, http.StatusServiceUnavailable, OutcomeUnavailable, fencedMessage(err, "nothing was granted"))
+			return
+		}
 		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
 		s.refuseGrab(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err,
 			"nothing was granted unless a retry says already_claimed"))

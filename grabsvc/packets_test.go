@@ -600,3 +600,53 @@ func TestSenderCredential(t *testing.T) {
 		t.Error("an empty credential was accepted")
 	}
 }
+
+// Issue 34, case 1: a budget whose Redis lost or rolled back its data is fenced in
+// Redis by the operator (store.Budget.Fence), and the fleet then creates and grants
+// nothing: a creation, a retried creation of a packet that exists and a grab answer
+// 503 unavailable with a message that names the fence, and Redis is left as it was,
+// key for key. A shard that lost everything (FLUSHALL, then the fence) answers the
+// same, not "not configured".
+func TestPacketFencedBudgetCreatesAndGrantsNothing(t *testing.T) {
+	h := newPacketHarness(t, 10_000, 2)
+	body := `{"id":"order-1","sender":"m","totalAmount":1000,"count":2,"distribution":"Fixed"}`
+	if a := h.create(body); a.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", a.Status, a.Raw)
+	}
+	if a := h.grab("order-1", "alice", nil); a.Status != http.StatusOK {
+		t.Fatalf("alice's grab: %d %s", a.Status, a.Raw)
+	}
+	ctx := context.Background()
+	if err := h.handle.Fence(ctx, "RedisRolledBack"); err != nil {
+		t.Fatal(err)
+	}
+	before := h.dump()
+	check := func(what string, a answer, code string) {
+		t.Helper()
+		if a.Status != http.StatusServiceUnavailable || a.str(code) != OutcomeUnavailable ||
+			!strings.Contains(a.Raw, "RedisRolledBack") || !strings.Contains(a.Raw, "fenced") {
+			t.Errorf("%s on a fenced budget: %d %s; want 503 unavailable naming the fence", what, a.Status, a.Raw)
+		}
+	}
+	check("a creation", h.create(`{"id":"order-2","sender":"m","totalAmount":100,"count":1}`), "error")
+	check("a retried creation", h.create(body), "error")
+	check("bob's grab", h.grab("order-1", "bob", nil), "outcome")
+	check("alice's grab again", h.grab("order-1", "alice", nil), "outcome")
+	if after := h.dump(); !maps.Equal(before, after) {
+		t.Errorf("a fenced budget's Redis changed under the fleet's calls")
+	}
+
+	if err := h.admin.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.handle.Fence(ctx, "DataLost"); err != nil {
+		t.Fatal(err)
+	}
+	a := h.create(`{"id":"order-3","sender":"m","totalAmount":100,"count":1}`)
+	if a.Status != http.StatusServiceUnavailable || !strings.Contains(a.Raw, "DataLost") {
+		t.Errorf("a creation on a flushed, fenced budget: %d %s; want 503 naming the fence", a.Status, a.Raw)
+	}
+	if a := h.grab("order-1", "carol", nil); a.Status != http.StatusServiceUnavailable || !strings.Contains(a.Raw, "DataLost") {
+		t.Errorf("a grab on a flushed, fenced budget: %d %s; want 503 naming the fence, not not_found", a.Status, a.Raw)
+	}
+}

@@ -8,10 +8,16 @@
 -- Returns a list: {'created', createdMs, expiresMs}, {'existing'} (the same id with
 -- the same fingerprint: the packet as it is), or one of {'conflict'} (the same id
 -- with another body), {'closed'}, {'limit_exceeded', why}, {'invalid_request', why},
--- {'budget_exhausted'}; every answer but created writes nothing. A shard that was
--- never configured is an error.
+-- {'budget_exhausted'}, {'fenced', reason}; every answer but created writes nothing.
+-- A shard that was never configured is an error.
 --
--- Order of the checks: the id first (an existing packet answers as it is, even once
+-- The fence comes before everything: a shard whose meta holds "fenced" (the operator
+-- wrote it when the budget's Redis lost its data or came back older than the marks
+-- the budget's status recorded, store.Budget.Fence) answers {'fenced', reason} to
+-- every creation, a retried one included, since what it holds is not what was
+-- acknowledged.
+--
+-- Order of the other checks: the id first (an existing packet answers as it is, even once
 -- the budget closed, so a retried creation is idempotent), then the closed flag, the
 -- body, the limits written by budget_configure, and the money: available must cover
 -- the total. Then the total moves from available to live, the packet hash is written
@@ -48,6 +54,10 @@ if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[
 end
 if #fp < 1 or #fp > 64 then
   return redis.error_reply('ERR fingerprint must be 1 to 64 bytes')
+end
+local fenced = redis.call('HGET', KEYS[1], 'fenced')
+if fenced then
+  return {'fenced', string.sub(fenced, 1, 64)}
 end
 
 local known = redis.call('HGET', KEYS[2], 'fp')

@@ -23,6 +23,10 @@
 -- exactly; they are summed in Lua only up to 2^52 before the sum moves by HINCRBY, so
 -- every sum is exact too.
 --
+-- A fenced shard (its meta holds "fenced", store.Budget.Fence: its Redis lost or
+-- rolled back its data) expires nothing: a refund computed from data older than what
+-- was acknowledged could pay a sender money its users were already paid.
+--
 -- Bounded work: at most 500 packets of the index, each a fixed handful of commands.
 local limit = tonumber(ARGV[1])
 if not limit or limit < 1 or limit > 500 or limit ~= math.floor(limit) then
@@ -36,8 +40,8 @@ local prefix = string.sub(KEYS[1], 1, -5)
 if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'due' or KEYS[3] ~= prefix .. 'stream' then
   return redis.error_reply('ERR keys are not one budget shard\'s meta, due index and stream')
 end
-local m = redis.call('HMGET', KEYS[1], 'state', 'currency')
-if not m[1] then
+local m = redis.call('HMGET', KEYS[1], 'state', 'currency', 'fenced')
+if not m[1] or m[3] then
   return {}
 end
 local clock = redis.call('TIME')

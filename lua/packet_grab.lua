@@ -6,7 +6,10 @@
 -- user's claim as stored, "<share>:<amount>:<entryId>", or {outcome} for sold_out
 -- (every share was granted), expired (its time is up by the Redis clock, or
 -- packet_expire refunded it) and missing (no such packet: never created, or its hash
--- was forgotten after its refund settled).
+-- was forgotten after its refund settled), or {'fenced', reason} when the shard's
+-- meta holds "fenced" (store.Budget.Fence: its Redis lost or rolled back its data),
+-- before anything else is read, since what the shard holds is not what was
+-- acknowledged; a fenced grab writes nothing.
 --
 -- A grant hands out the next share in order: share g (the packet's g field, the
 -- count of grants so far) with the amount fixed at creation (s<g>), so a packet never
@@ -37,6 +40,10 @@ end
 local prefix = string.sub(KEYS[1], 1, -5)
 if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[3] ~= prefix .. 'stream' then
   return redis.error_reply('ERR keys are not one budget shard\'s meta, packet ' .. id .. ' and stream')
+end
+local fenced = redis.call('HGET', KEYS[1], 'fenced')
+if fenced then
+  return {'fenced', string.sub(fenced, 1, 64)}
 end
 
 local prev = redis.call('HGET', KEYS[2], 'u:' .. user)

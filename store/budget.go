@@ -49,6 +49,11 @@ const MaxPacketIDLength = 64
 // ErrBudgetClosed is returned by creation once the budget is being deleted.
 var ErrBudgetClosed = errors.New("the budget takes no new packets")
 
+// ErrBudgetFenced is returned (wrapped, with the fence's reason) by creation and by
+// a grab on a shard that the operator fenced (Budget.Fence): its Redis lost or rolled
+// back its data, so nothing is created, granted or expired there.
+var ErrBudgetFenced = errors.New("the budget is fenced: its Redis lost or rolled back its data, and nothing is created or granted until the platform team decides")
+
 // BudgetShardOf is the budget shard that holds packetID: FNV-1a (64 bit) of the id,
 // modulo n. It depends on nothing but the id and n, so every grab pod, restart and
 // version agrees; n is immutable for that reason.

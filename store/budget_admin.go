@@ -347,6 +347,27 @@ func (b *Budget) Close(ctx context.Context) error {
 	return nil
 }
 
+// Fence writes reason as "fenced" into every shard's meta, unless a fence is there
+// already (the first reason stays): from then on packet_create and packet_grab answer
+// fenced, which the grab fleet answers 503, and packet_expire expires nothing, so
+// nothing is granted, created or refunded from data older than what was
+// acknowledged. The operator writes it when the budget's Redis lost its data or came
+// back below the marks its status recorded, and again at every reconcile of the
+// fenced budget, since a shard that lost everything again, or the budget's own Redis
+// user (HDEL on its meta), can take it away. A shard that lost its meta gets one
+// holding the fence alone, which is still not configured.
+func (b *Budget) Fence(ctx context.Context, reason string) error {
+	if reason == "" || len(reason) > 64 {
+		return fmt.Errorf("fencing the budget: reason %q must be 1 to 64 bytes", reason)
+	}
+	for i, k := range b.keys {
+		if err := b.c.HSetNX(ctx, k.Meta, "fenced", reason).Err(); err != nil {
+			return fmt.Errorf("fencing budget shard %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
 // GrabbedTombstoneRetention is how long the tombstone of a packet that expired with
 // nothing left is kept (packet_expire.lua): its grants' keys may be credited up to
 // the settlement worker's stale bound after they were written, which is less than

@@ -123,6 +123,9 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 		return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
 	}
 	if !ok {
+		if reason, _ := b.c.HGet(ctx, b.keys[i].Meta, "fenced").Result(); reason != "" {
+			return CreateResult{}, fmt.Errorf("creating packet %s: %w (%s)", p.ID, ErrBudgetFenced, reason)
+		}
 		return CreateResult{}, fmt.Errorf("creating packet %s: budget shard %d is not configured", p.ID, i)
 	}
 	shares, err := split.Split(split.Params{Type: p.Distribution, Total: p.Total, Count: p.Count, Min: limits.MinShare,
@@ -158,6 +161,9 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	}
 	if len(reply) == 0 {
 		return CreateResult{}, fmt.Errorf("creating packet %s: empty reply", p.ID)
+	}
+	if reply[0] == "fenced" {
+		return CreateResult{}, fmt.Errorf("creating packet %s: %w (%s)", p.ID, ErrBudgetFenced, strings.Join(reply[1:], " "))
 	}
 	res := CreateResult{Outcome: CreateOutcome(reply[0])}
 	switch res.Outcome {
@@ -214,6 +220,9 @@ func (b *Budget) GrabPacket(ctx context.Context, packetID, userID string) (Packe
 	}
 	if len(reply) == 0 {
 		return PacketGrab{}, fmt.Errorf("grabbing packet %s: empty reply", packetID)
+	}
+	if reply[0] == "fenced" {
+		return PacketGrab{}, fmt.Errorf("grabbing packet %s: %w (%s)", packetID, ErrBudgetFenced, strings.Join(reply[1:], " "))
 	}
 	g := PacketGrab{Outcome: PacketGrabOutcome(reply[0])}
 	switch g.Outcome {

@@ -604,3 +604,37 @@ func TestBudgetFunctionsRefuseUnboundedArguments(t *testing.T) {
 		}
 	})
 }
+
+// A fenced shard (Budget.Fence) expires nothing, even a packet long due, so no
+// refund is computed from data that came back older than what was acknowledged;
+// creations and grabs answer ErrBudgetFenced with the reason, and none of the three
+// changes a key. The first reason stays.
+func TestFencedBudgetExpiresCreatesAndGrantsNothing(t *testing.T) {
+	ctx := redistest.Context(t)
+	c := redistest.Start(t).Client(t)
+	b := configuredBudget(t, ctx, c, "fenced", 2, 100_000, testLimits())
+	ttl := 100 * time.Millisecond
+	createOrFail(t, ctx, b, store.NewPacket{ID: "due", Sender: "alice", Total: 1000, Count: 5, Distribution: split.TypeFixed, TTL: ttl}, store.CreateCreated)
+	grabOrFail(t, ctx, b, "due", "x", store.PacketGranted)
+	if err := b.Fence(ctx, "RedisRolledBack"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Fence(ctx, "DataLost"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	unchanged(t, ctx, c, "calls on a fenced budget", func() {
+		for i := range b.N() {
+			if n, r, err := b.ExpireDue(ctx, i, 100); err != nil || n != 0 || r != 0 {
+				t.Fatalf("shard %d expired %d packets refunding %d (%v); want none", i, n, r, err)
+			}
+		}
+		_, _, err := b.CreatePacket(ctx, store.NewPacket{ID: "new", Sender: "bob", Total: 10, Count: 1, Distribution: split.TypeFixed})
+		if !errors.Is(err, store.ErrBudgetFenced) || !strings.Contains(err.Error(), "RedisRolledBack") {
+			t.Fatalf("a creation: %v; want ErrBudgetFenced with the first reason", err)
+		}
+		if _, err := b.GrabPacket(ctx, "due", "y"); !errors.Is(err, store.ErrBudgetFenced) {
+			t.Fatalf("a grab: %v; want ErrBudgetFenced", err)
+		}
+	})
+}
