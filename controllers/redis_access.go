@@ -46,6 +46,9 @@ type RedisAccess struct {
 	Functions *FunctionKeeper
 	// APIReader reads the Secrets that spec.redis names, from the API server.
 	APIReader client.Reader
+	// LibraryRetireAfter is the function keeper's RetireAfter (Options); it passes
+	// every quarter of it, at most every DefaultLibraryRetireInterval.
+	LibraryRetireAfter time.Duration
 }
 
 // NewRedisAccess is the Redis access of the operator-wide settings o: its default
@@ -53,7 +56,8 @@ type RedisAccess struct {
 // are left to the caller or to SetupWithManager.
 func NewRedisAccess(o Options) *RedisAccess {
 	o = o.withDefaults()
-	return &RedisAccess{DefaultRedis: o.DefaultRedis, AllowedHosts: o.AllowedRedisHosts, Timeout: o.RedisTimeout}
+	return &RedisAccess{DefaultRedis: o.DefaultRedis, AllowedHosts: o.AllowedRedisHosts, Timeout: o.RedisTimeout,
+		LibraryRetireAfter: o.LibraryRetireAfter}
 }
 
 // SetupWithManager fills what is nil from mgr: the API reader, the client cache and
@@ -71,6 +75,12 @@ func (a *RedisAccess) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if a.Functions == nil {
 		a.Functions = NewFunctionKeeper(a.redisClient)
+		reader := mgr.GetClient()
+		a.Functions.InUse = func(ctx context.Context) (map[string]bool, error) { return grabLibrariesInUse(ctx, reader) }
+		if a.LibraryRetireAfter > 0 {
+			a.Functions.RetireAfter = a.LibraryRetireAfter
+			a.Functions.RetireInterval = min(DefaultLibraryRetireInterval, a.LibraryRetireAfter/4)
+		}
 		if err := mgr.Add(a.Functions); err != nil {
 			return fmt.Errorf("adding the function keeper to the manager: %w", err)
 		}

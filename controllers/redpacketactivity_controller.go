@@ -138,6 +138,10 @@ type Options struct {
 	// default Redis's own addresses; the zero value allows none. Any other address
 	// is refused with reason RedisNotAllowed before a connection is attempted.
 	AllowedRedisHosts RedisHosts
+	// LibraryRetireAfter is how long another release's function library goes
+	// uncalled by any grab pod before the function keeper deletes it
+	// (FunctionKeeper.RetireOnce); 0 means DefaultLibraryRetireAfter.
+	LibraryRetireAfter time.Duration
 }
 
 func (o Options) withDefaults() Options {

@@ -16,6 +16,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
+	"redpacket.io/operator/store"
 )
 
 // ReplicasFieldManager applies the grab Deployment's spec.replicas and the
@@ -128,6 +129,7 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 	workload := specs.Grab{
 		Activity:         a,
 		OperatorImage:    r.Options.GrabImage,
+		OperatorLibrary:  store.LibraryName,
 		TokenMaxLifetime: r.Options.GrabTokenMaxLifetime,
 		DefaultRedis:     s.defaultRedisLogin,
 	}

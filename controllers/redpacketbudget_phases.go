@@ -356,8 +356,8 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 			return stepResult{}, fmt.Errorf("reading %s: %w", key.Name, err)
 		}
 	}
-	in := specs.BudgetGrab{Budget: b, OperatorImage: r.Options.GrabImage, TokenMaxLifetime: r.Options.GrabTokenMaxLifetime,
-		DefaultRedis: s.defaultRedisLogin}
+	in := specs.BudgetGrab{Budget: b, OperatorImage: r.Options.GrabImage, OperatorLibrary: store.LibraryName,
+		TokenMaxLifetime: r.Options.GrabTokenMaxLifetime, DefaultRedis: s.defaultRedisLogin}
 	for _, obj := range []runtime.ApplyConfiguration{specs.BudgetGrabService(b), specs.BudgetGrabDeployment(in)} {
 		if err := r.Client.Apply(ctx, obj, client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
 			return workloadFailed(err), fmt.Errorf("applying the grab workload: %w", err)

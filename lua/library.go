@@ -5,6 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 
@@ -101,6 +104,62 @@ func (l *Library) LoadedOn(ctx context.Context, node redis.Cmdable) (bool, error
 		}
 	}
 	return false, nil
+}
+
+// forEachMaster runs fn on the one server of a plain client, or on every master of
+// a cluster, with its address.
+func forEachMaster(ctx context.Context, c redis.UniversalClient, fn func(ctx context.Context, node redis.Cmdable, addr string) error) error {
+	switch cc := c.(type) {
+	case *redis.ClusterClient:
+		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return fn(ctx, node, node.Options().Addr)
+		})
+	case *redis.Client:
+		return fn(ctx, cc, cc.Options().Addr)
+	default:
+		return fn(ctx, c, "Redis")
+	}
+}
+
+// libraryNamePattern matches the names of this project's grab libraries, of any
+// release: rpa_ and 8 hex digits.
+var libraryNamePattern = regexp.MustCompile(`^rpa_[0-9a-f]{8}$`)
+
+// Others lists the libraries of other releases loaded on any master: every library
+// named rpa_<8 hex digits> but this one. A library of another name is never listed.
+func (l *Library) Others(ctx context.Context, c redis.UniversalClient) ([]string, error) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	err := forEachMaster(ctx, c, func(ctx context.Context, node redis.Cmdable, addr string) error {
+		libs, err := node.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "rpa_*"}).Result()
+		if err != nil {
+			return fmt.Errorf("%s: listing the function libraries: %w", addr, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, lib := range libs {
+			if lib.Name != l.name && libraryNamePattern.MatchString(lib.Name) {
+				seen[lib.Name] = true
+			}
+		}
+		return nil
+	})
+	return slices.Sorted(maps.Keys(seen)), err
+}
+
+// Delete deletes the library name of another release from every master (FUNCTION
+// DELETE; a master without it is no error). This library is never deleted.
+func (l *Library) Delete(ctx context.Context, c redis.UniversalClient, name string) error {
+	if name == l.name || !libraryNamePattern.MatchString(name) {
+		return fmt.Errorf("deleting function library %q: only another release's rpa_<hash8> library is deleted", name)
+	}
+	return forEachMaster(ctx, c, func(ctx context.Context, node redis.Cmdable, addr string) error {
+		if err := node.FunctionDelete(ctx, name).Err(); err != nil && !strings.Contains(err.Error(), "not exist") &&
+			!strings.Contains(err.Error(), "not found") {
+			return fmt.Errorf("%s: deleting function library %s: %w", addr, name, err)
+		}
+		return nil
+	})
 }
 
 // Ensure loads the library on every master that lacks it: the one server of a plain

@@ -24,9 +24,23 @@ func NewLibrary(c redis.UniversalClient) *Library { return &Library{c: c} }
 // Name is the library's name, which is the hash of its code.
 func (l *Library) Name() string { return lua.GrabLibrary.Name() }
 
+// LibraryName is the name of the function library this binary calls and loads,
+// rpa_<hash8>: the grab pods of the operator's own image call this one.
+var LibraryName = lua.GrabLibrary.Name()
+
 // Ensure loads the library on every master that lacks it (replicas get it by
 // replication) and returns on how many servers it loaded it.
 func (l *Library) Ensure(ctx context.Context) (int, error) { return ensureLibrary(ctx, l.c) }
+
+// Others lists the grab libraries of other releases loaded on any master
+// (rpa_<hash8> names but this one's).
+func (l *Library) Others(ctx context.Context) ([]string, error) { return lua.GrabLibrary.Others(ctx, l.c) }
+
+// Delete deletes another release's library from every master; this one's is never
+// deleted. A grab pod that still calls it gets "Function not found" (503).
+func (l *Library) Delete(ctx context.Context, name string) error {
+	return lua.GrabLibrary.Delete(ctx, l.c, name)
+}
 
 // GrabScriptSHA is the SHA1 digest of the grab script's source, which an
 // activity's status records (status.scriptSHA) as the version of the grab its Redis

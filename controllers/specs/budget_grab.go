@@ -46,6 +46,8 @@ type BudgetGrab struct {
 	Budget *redpacketv1alpha1.RedPacketBudget
 	// OperatorImage runs the grab service when spec.grabService.image is empty.
 	OperatorImage string
+	// OperatorLibrary is the function library OperatorImage calls, as Grab's.
+	OperatorLibrary string
 	// TokenMaxLifetime is passed as --token-max-lifetime with spec.grabService.auth.
 	TokenMaxLifetime time.Duration
 	// DefaultRedis is the budget's own user on the operator's default Redis, for a
@@ -165,6 +167,7 @@ func BudgetGrabDeployment(in BudgetGrab) *appsv1ac.DeploymentApplyConfiguration 
 		volumes:   volumes, mounts: mounts, labels: BudgetLabels(b),
 		// No serviceAccount: the budget's grab pods never talk to the API server.
 		defaultRedis: in.DefaultRedis,
+		library:      libraryOf(image, in.OperatorImage, in.OperatorLibrary),
 	})
 
 	spec := appsv1ac.DeploymentSpec().

@@ -285,3 +285,32 @@ func TestBudgetSecrets(t *testing.T) {
 		t.Errorf("sender secret %+v", s)
 	}
 }
+
+// A grab pod template names the function library its pods call when they run the
+// operator's image, for both kinds, and names none for a custom image, whose library
+// nobody can name (the function keeper then retires no library).
+func TestGrabPodTemplateNamesItsFunctionLibrary(t *testing.T) {
+	const image, library = "operator/grab:1", "rpa_0123abcd"
+	for _, tc := range []struct {
+		name   string
+		custom string
+		want   string
+	}{
+		{"the operator's image", "", library},
+		{"the operator's image named in the spec", image, library},
+		{"a custom image", "custom/grab:9", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := testBudget(func(b *redpacketv1alpha1.RedPacketBudget) { b.Spec.GrabService.Image = tc.custom })
+			d := sent[appsv1.Deployment](t, BudgetGrabDeployment(BudgetGrab{Budget: b, OperatorImage: image, OperatorLibrary: library}))
+			if got := d.Spec.Template.Annotations[AnnotationFunctionLibrary]; got != tc.want {
+				t.Errorf("budget: library %q, want %q", got, tc.want)
+			}
+			a := testActivity(func(a *redpacketv1alpha1.RedPacketActivity) { a.Spec.GrabService.Image = tc.custom })
+			d = sent[appsv1.Deployment](t, GrabDeployment(Grab{Activity: a, OperatorImage: image, OperatorLibrary: library}))
+			if got := d.Spec.Template.Annotations[AnnotationFunctionLibrary]; got != tc.want {
+				t.Errorf("activity: library %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -44,6 +44,13 @@ const (
 	// as last applied ("" when unset). While it matches the spec, the live replica
 	// count is kept, so kubectl scale and autoscalers are not undone.
 	AnnotationSpecReplicas = "redpacket.io/spec-replicas"
+
+	// AnnotationFunctionLibrary on a grab pod template names the function library
+	// its pods call: the operator's own (OperatorLibrary) when they run the
+	// operator's image. A template without it (a custom image, or a release before
+	// it) runs a library nobody can name, and the function keeper then deletes no
+	// library at all.
+	AnnotationFunctionLibrary = "redpacket.io/function-library"
 )
 
 // The grab container's port.
@@ -62,6 +69,10 @@ type Grab struct {
 	// when spec.grabService.image is empty. Whether another image is allowed is the
 	// controller's decision, taken before anything is built.
 	OperatorImage string
+	// OperatorLibrary is the function library the operator's image calls
+	// (store.LibraryName); the pod template carries it in AnnotationFunctionLibrary
+	// when the pods run OperatorImage.
+	OperatorLibrary string
 	// TokenMaxLifetime is passed to the grab service as --token-max-lifetime when
 	// spec.grabService.auth asks for signed tokens.
 	TokenMaxLifetime time.Duration
@@ -91,6 +102,12 @@ func GrabLabels(a *redpacketv1alpha1.RedPacketActivity) map[string]string {
 		LabelManagedBy: ManagedByValue,
 		labelActivity:  a.Name,
 	}
+}
+
+// GrabWorkloadLabels select every grab Deployment and grab pod the operator made, of
+// either kind, in every namespace.
+func GrabWorkloadLabels() map[string]string {
+	return map[string]string{labelName: grabAppName, LabelManagedBy: ManagedByValue}
 }
 
 // GrabSelector selects the activity's grab pods and no other activity's: the

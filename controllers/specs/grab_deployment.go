@@ -145,6 +145,7 @@ func GrabDeployment(in Grab) *appsv1ac.DeploymentApplyConfiguration {
 		// admission policy narrows to the reported fields), so the pod keeps its token.
 		serviceAccount: name,
 		defaultRedis:   in.DefaultRedis,
+		library:        libraryOf(image, in.OperatorImage, in.OperatorLibrary),
 	})
 
 	return appsv1ac.Deployment(name, a.Namespace).
@@ -183,6 +184,17 @@ type grabPod struct {
 	// defaultRedis, when set, puts its digest in AnnotationRedisCredentials, so a
 	// new password rolls the pods.
 	defaultRedis *RedisLogin
+	// library, when set, is AnnotationFunctionLibrary (libraryOf).
+	library string
+}
+
+// libraryOf is the function library pods of image call: the operator's library when
+// image is the operator's own, "" (unknown) otherwise.
+func libraryOf(image, operatorImage, operatorLibrary string) string {
+	if image != operatorImage {
+		return ""
+	}
+	return operatorLibrary
 }
 
 // grabPodTemplate is the pod template of a grab Deployment of either kind.
@@ -222,6 +234,9 @@ func grabPodTemplate(p grabPod) *corev1ac.PodTemplateSpecApplyConfiguration {
 	template := corev1ac.PodTemplateSpec().WithLabels(p.labels).WithSpec(spec)
 	if p.defaultRedis != nil {
 		template.WithAnnotations(map[string]string{AnnotationRedisCredentials: p.defaultRedis.Digest()})
+	}
+	if p.library != "" {
+		template.WithAnnotations(map[string]string{AnnotationFunctionLibrary: p.library})
 	}
 	return template
 }
