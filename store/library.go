@@ -34,7 +34,9 @@ func (l *Library) Ensure(ctx context.Context) (int, error) { return ensureLibrar
 
 // Others lists the grab libraries of other releases loaded on any master
 // (rpa_<hash8> names but this one's).
-func (l *Library) Others(ctx context.Context) ([]string, error) { return lua.GrabLibrary.Others(ctx, l.c) }
+func (l *Library) Others(ctx context.Context) ([]string, error) {
+	return lua.GrabLibrary.Others(ctx, l.c)
+}
 
 // Delete deletes another release's library from every master; this one's is never
 // deleted. A grab pod that still calls it gets "Function not found" (503).
