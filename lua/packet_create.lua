@@ -55,9 +55,11 @@ end
 if #fp < 1 or #fp > 64 then
   return redis.error_reply('ERR fingerprint must be 1 to 64 bytes')
 end
-local fenced = redis.call('HGET', KEYS[1], 'fenced')
-if fenced then
-  return {'fenced', string.sub(fenced, 1, 64)}
+-- The meta is read once, first: the fence, then what the checks below need.
+local m = redis.call('HMGET', KEYS[1], 'state', 'available', 'max_total', 'max_count', 'min_share', 'dists',
+  'default_ttl_ms', 'max_ttl_ms', 'fenced')
+if m[9] then
+  return {'fenced', string.sub(m[9], 1, 64)}
 end
 
 local known = redis.call('HGET', KEYS[2], 'fp')
@@ -71,8 +73,6 @@ if known then
   return {'conflict'}
 end
 
-local m = redis.call('HMGET', KEYS[1], 'state', 'available', 'max_total', 'max_count', 'min_share', 'dists',
-  'default_ttl_ms', 'max_ttl_ms')
 if not m[1] then
   return redis.error_reply('ERR budget shard ' .. KEYS[1] .. ' is not configured')
 end

@@ -41,9 +41,10 @@ local prefix = string.sub(KEYS[1], 1, -5)
 if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[3] ~= prefix .. 'stream' then
   return redis.error_reply('ERR keys are not one budget shard\'s meta, packet ' .. id .. ' and stream')
 end
-local fenced = redis.call('HGET', KEYS[1], 'fenced')
-if fenced then
-  return {'fenced', string.sub(fenced, 1, 64)}
+-- The meta is read once, first: the fence and the currency of the grant.
+local mf = redis.call('HMGET', KEYS[1], 'fenced', 'currency')
+if mf[1] then
+  return {'fenced', string.sub(mf[1], 1, 64)}
 end
 
 local prev = redis.call('HGET', KEYS[2], 'u:' .. user)
@@ -77,7 +78,7 @@ end
 
 local share = string.format('%d', g)
 local amount = redis.call('HGET', KEYS[2], 's' .. share)
-local currency = redis.call('HGET', KEYS[1], 'currency') or ''
+local currency = mf[2] or ''
 if not amount or #amount > 15 or not string.find(amount, '^[1-9]%d*$') or #currency > 32 then
   return redis.error_reply('ERR share ' .. share .. ' of ' .. KEYS[2] .. ' or the currency is not what packet_create wrote')
 end

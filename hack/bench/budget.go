@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -43,6 +44,59 @@ type budgetRun struct {
 	// activities is the resource path in the same run: activities of 5 packets made
 	// Active per second by the operator (zero Activities: not measured).
 	activities activityRun
+	// check is the settlement check's cost per budget entry against no check
+	// (BenchmarkBudgetSettlementCheck); zero when not measured.
+	check budgetCheckRun
+}
+
+// budgetCheckRun is what BenchmarkBudgetSettlementCheck reported: ns per entry
+// settled with the budget's check and without it, alternately in one run.
+type budgetCheckRun struct {
+	iterations         int
+	checked, unchecked float64
+}
+
+func (c budgetCheckRun) ratio() float64 { return ratio(c.checked, c.unchecked) }
+
+// budgetCheckIterations is -benchtime of BenchmarkBudgetSettlementCheck: each
+// iteration settles 2,000 grants twice, once checked and once not.
+const budgetCheckIterations = 5
+
+// measureBudgetCheck runs BenchmarkBudgetSettlementCheck (settlement) in a child
+// go test and reads its metrics.
+func measureBudgetCheck(ctx context.Context, root string) (budgetCheckRun, error) {
+	r := budgetCheckRun{iterations: budgetCheckIterations}
+	fmt.Println("(l) the settlement check per budget entry: go test -bench BenchmarkBudgetSettlementCheck ./settlement ...")
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", "^BenchmarkBudgetSettlementCheck$",
+		"-benchtime", fmt.Sprintf("%dx", budgetCheckIterations), "-count", "1", "./settlement")
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return r, fmt.Errorf("BenchmarkBudgetSettlementCheck: %w\n%s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(line, "BenchmarkBudgetSettlementCheck") {
+			continue
+		}
+		f := strings.Fields(line)
+		for i := 1; i < len(f); i++ {
+			v, err := strconv.ParseFloat(f[i-1], 64)
+			if err != nil {
+				continue
+			}
+			switch f[i] {
+			case "ns/entry-checked":
+				r.checked = v
+			case "ns/entry-unchecked":
+				r.unchecked = v
+			}
+		}
+	}
+	if r.checked == 0 || r.unchecked == 0 {
+		return r, fmt.Errorf("BenchmarkBudgetSettlementCheck printed no ns/entry figures:\n%s", out)
+	}
+	return r, nil
 }
 
 func (b budgetRun) createdRate() float64 {
@@ -183,7 +237,19 @@ func measureBudget(ctx context.Context, o options, root, work string, redisSrv *
 		}
 		fmt.Printf("    packets created/s ÷ activities made Active/s = %.0f\n", r.pathRatio())
 	}
+	if r.check, err = measureBudgetCheck(ctx, root); err != nil {
+		return r, err
+	}
+	fmt.Print(r.checkSummary())
 	return r, nil
+}
+
+func (b budgetRun) checkSummary() string {
+	if b.check.checked == 0 {
+		return ""
+	}
+	return fmt.Sprintf("(l) settlement of a budget's grants: %.1f µs per entry with the check, %.1f µs without; ratio with/without = %.2f\n",
+		b.check.checked/1000, b.check.unchecked/1000, b.check.ratio())
 }
 
 // createPackets creates the packets <prefix><from> .. <prefix><to-1> through POST
@@ -322,7 +388,7 @@ func (b budgetRun) summary() string {
 	return fmt.Sprintf("(l) budget: %.0f packets created/s through HTTP (5 shares), %.0f grabs/s, created/s ÷ grabs/s %.2f; "+
 		"%.0f B per live 5-share packet, %.0f B per claimed share; grab service %d MiB with %d live packets, %d MiB with %d\n",
 		b.createdRate(), b.grab.Rate(), b.ratio(), b.perLivePacket, b.perShare,
-		b.fleetRSS[0]>>20, b.fleetLive[0], b.fleetRSS[1]>>20, b.fleetLive[1]) + b.pathSummary()
+		b.fleetRSS[0]>>20, b.fleetLive[0], b.fleetRSS[1]>>20, b.fleetLive[1]) + b.pathSummary() + b.checkSummary()
 }
 
 func (b budgetRun) pathSummary() string {
@@ -358,6 +424,14 @@ func (b budgetRun) markdown() string {
 			"server, with the operator (bin/manager) on the same redis-server, were all Active after %s, "+
 			"%.1f activities/s. Packets created per second ÷ activities made Active per second = **%.0f** "+
 			"(goal ≥ 1,000).\n", b.activities.Activities, fmtDur(b.activities.Elapsed), b.activities.Rate(), b.pathRatio())
+	}
+	if b.check.checked > 0 {
+		fmt.Fprintf(&s, "\nThe settlement check of a budget's entries (each entry's key, its packet's hash or tombstone, "+
+			"and the ledger's verdicts in one script per batch), against the same settlement without it: "+
+			"`BenchmarkBudgetSettlementCheck` settles the 2,000 grants of 400 packets of 5 shares on a fresh "+
+			"budget of 4 shards, checked and unchecked alternately, %d times each, to a balance system that "+
+			"answers 200 at once: **%.1f µs per entry checked, %.1f µs unchecked, ratio %.2f**.\n",
+			b.check.iterations, b.check.checked/1000, b.check.unchecked/1000, b.check.ratio())
 	}
 	return s.String()
 }
