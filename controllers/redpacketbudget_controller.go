@@ -27,6 +27,9 @@ const (
 	// BudgetFieldManager is the field manager of everything the budget controller
 	// applies: the budget's status and its grab workload.
 	BudgetFieldManager = "redpacket-budget-controller"
+	// BudgetAcceptanceFieldManager applies a budget's status.lastAcceptance alone,
+	// so the budget controller's apply, which leaves the field out, never removes it.
+	BudgetAcceptanceFieldManager = "redpacket-budget-acceptance"
 
 	// BudgetFinalizer holds a deleted budget until every live packet expired, was
 	// refunded and settled, and its Redis keys are gone.
@@ -81,8 +84,9 @@ type budgetStore interface {
 	Close(ctx context.Context) error
 	Purge(ctx context.Context) error
 	// Fence makes every shard answer creations and grabs fenced and expire nothing
-	// (store.Budget.Fence).
+	// (store.Budget.Fence); Unfence lifts it (store.Budget.Unfence).
 	Fence(ctx context.Context, reason string) error
+	Unfence(ctx context.Context) error
 	// CheckDurability checks that the master of every shard gives d (nil: None);
 	// it wraps store.ErrDurabilityNotMet when one does not.
 	CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error

@@ -3,11 +3,16 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -45,6 +50,23 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(ctx context.Context,
 	if c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil &&
 		c.Status == metav1.ConditionTrue &&
 		(c.Reason == redpacketv1alpha1.ReasonDataLost || c.Reason == redpacketv1alpha1.ReasonRedisRolledBack) {
+		if c.Reason == redpacketv1alpha1.ReasonRedisRolledBack &&
+			b.Annotations[redpacketv1alpha1.AnnotationAcceptRedisState] == budgetFenceToken(c.LastTransitionTime) {
+			user, refused, err := platformDecidedBy(ctx, reviewerOr(r.access, r.Client), b, "redpacketbudgets", acceptDecision)
+			if err != nil {
+				return s.fence(c.Reason, c.Message), fmt.Errorf("checking who accepted the Redis state: %w", err)
+			}
+			if refused == "" {
+				return r.acceptBudgetState(ctx, s, c, user)
+			}
+			if !strings.Contains(c.Message, refused) {
+				r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAcceptNotAllowed,
+					"the Redis state was not accepted, the budget stays fenced: %s", refused)
+			}
+			r.fenceFleet(ctx, s, c.Reason)
+			msg, _, _ := strings.Cut(c.Message, "; the acceptance was refused: ")
+			return s.fence(c.Reason, msg+"; the acceptance was refused: "+refused), nil
+		}
 		r.fenceFleet(ctx, s, c.Reason)
 		return s.fence(c.Reason, c.Message), nil
 	}
@@ -59,11 +81,65 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(ctx context.Context,
 	msg := fmt.Sprintf("Redis at %s %s; the budget is never configured or announced again (that could fund it twice); "+
 		"%d %s was in live packets at the last reading and is at risk", strings.Join(s.conn.Addresses, ","), why, live,
 		b.Spec.Currency)
+	if reason == redpacketv1alpha1.ReasonRedisRolledBack {
+		// The fence begins now, unless the budget is Stalled already (the condition
+		// keeps its transition time): the token names this fence and no later one.
+		since := metav1.NewTime(s.now.Truncate(time.Second))
+		if c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue {
+			since = c.LastTransitionTime
+		}
+		msg += fmt.Sprintf(". Once the balances are reconciled with the settlement streams, the platform team may accept "+
+			"Redis's state as it is with %s=%s and %s=<their user name>", redpacketv1alpha1.AnnotationAcceptRedisState,
+			budgetFenceToken(since), redpacketv1alpha1.AnnotationAcceptedBy)
+	}
 	if r.Recorder != nil {
 		r.Recorder.Eventf(b, nil, corev1.EventTypeWarning, reason, "Reconcile", "%s", msg)
 	}
 	r.fenceFleet(ctx, s, reason)
 	return s.fence(reason, msg), nil
+}
+
+// budgetFenceToken is the value of AnnotationAcceptRedisState that accepts the
+// budget's fence that began at since: its Unix seconds. A later fence has another.
+func budgetFenceToken(since metav1.Time) string { return strconv.FormatInt(since.Unix(), 10) }
+
+// acceptBudgetState lifts a RedisRolledBack fence on the word of user, whose
+// permission platformDecidedBy confirmed: the fence leaves every shard's meta
+// (store.Budget.Unfence), the high-water marks become what Redis holds (the status's
+// figures are written from this reconcile's snapshot, lower ones included, since the
+// budget is no longer fenced), status.lastAcceptance records the fence, who and when
+// (applied alone, under BudgetAcceptanceFieldManager), and an event says so. The
+// chain then goes on as for any budget. A DataLost budget has no acceptance: the
+// money of its packets is gone from Redis, and only the abandon of its deletion ends
+// it. TestAcceptingABudgetsRolledBackState.
+func (r *RedPacketBudgetReconciler) acceptBudgetState(ctx context.Context, s *budgetScope, c *metav1.Condition, user string) (stepResult, error) {
+	b := s.budget
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	if err := s.store.Unfence(rctx); err != nil {
+		return s.fence(c.Reason, c.Message), fmt.Errorf("lifting the budget's fence in Redis: %w", err)
+	}
+	la := redpacketv1alpha1.BudgetStateAcceptance{FencedAt: c.LastTransitionTime, By: user, At: metav1.NewTime(s.now.UTC().Truncate(time.Second))}
+	v, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&la)
+	if err != nil {
+		return s.fence(c.Reason, c.Message), fmt.Errorf("converting the acceptance: %w", err)
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{"status": map[string]any{"lastAcceptance": v}}}
+	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
+	obj.SetKind("RedPacketBudget")
+	obj.SetNamespace(b.Namespace)
+	obj.SetName(b.Name)
+	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj),
+		client.FieldOwner(BudgetAcceptanceFieldManager), client.ForceOwnership); err != nil {
+		return s.fence(c.Reason, c.Message), fmt.Errorf("recording the acceptance: %w", err)
+	}
+	s.status.LastAcceptance = la.DeepCopy()
+	snap := s.snapshot
+	r.eventf(b, corev1.EventTypeNormal, redpacketv1alpha1.ReasonRedisStateAccepted,
+		"%s accepted the budget's Redis state as it is (fenced since %s: %s); the marks are now total %d, claimed %d, refunded %d, %d packets created, %d shares grabbed",
+		user, c.LastTransitionTime.UTC().Format(time.RFC3339), c.Message, snap.Total, snap.Claimed, snap.Refunded, snap.CreatedPackets, snap.GrabbedShares)
+	ctrl.LoggerFrom(ctx).Info("the budget's Redis state was accepted", "by", user, "fencedAt", c.LastTransitionTime)
+	return stepResult{}, nil
 }
 
 // fenceFleet writes the fence into the budget's shards (store.Budget.Fence). A

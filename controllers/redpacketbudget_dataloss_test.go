@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,41 @@ func TestDeletingAFencedBudgetWaitsForTheAbandon(t *testing.T) {
 	}
 }
 
+// rollBackBudget makes the budget name with order-1 live (budgetWithLivePacket: alice
+// has 500), saves the RDB, has bob grab the other 500 and waits until the status
+// records it, then kills the server and starts it again on the saved RDB: Redis
+// comes back from before bob's grab.
+func (e *env) rollBackBudget(t *testing.T, name string) *store.Budget {
+	ctx := context.Background()
+	h := e.budgetWithLivePacket(t, name)
+	if err := e.rdb.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dump := filepath.Join(e.redis.Dir(), "dump.rdb")
+	older, err := os.ReadFile(dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := h.GrabPacket(ctx, "order-1", "bob"); err != nil || g.Outcome != store.PacketGranted {
+		t.Fatalf("bob's grab: %+v, %v", g, err)
+	}
+	e.waitRedPacketBudget(name, "bob's share recorded", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Claimed, 1000)
+	})
+	if err := e.redis.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dump, older, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := redistest.RestartProcess(e.redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(restored.Stop)
+	return h
+}
+
 // Issue 34, case 1: a budget's Redis restored from an older RDB under a live budget.
 // order-1 (1,000 in 2 shares): alice grabs 500, the RDB is saved, then bob grabs the
 // other 500 and the status records it (claimed 1,000). The server is killed and
@@ -196,34 +232,7 @@ func TestBudgetRolledBackToAnOlderRDBIsFenced(t *testing.T) {
 		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
 	}}
 	e.startBudgetController(settle)
-	h := e.budgetWithLivePacket(t, "rolled")
-
-	if err := e.rdb.Save(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	dump := filepath.Join(e.redis.Dir(), "dump.rdb")
-	older, err := os.ReadFile(dump)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g, err := h.GrabPacket(ctx, "order-1", "bob"); err != nil || g.Outcome != store.PacketGranted {
-		t.Fatalf("bob's grab: %+v, %v", g, err)
-	}
-	e.waitRedPacketBudget("rolled", "bob's share recorded", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		return is(b.Status.Claimed, 1000)
-	})
-
-	if err := e.redis.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dump, older, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	restored, err := redistest.RestartProcess(e.redis)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(restored.Stop)
+	h := e.rollBackBudget(t, "rolled")
 
 	got := e.waitBudgetStalled("rolled", redpacketv1alpha1.ReasonRedisRolledBack)
 	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
@@ -247,4 +256,70 @@ func TestBudgetRolledBackToAnOlderRDBIsFenced(t *testing.T) {
 	if snap, err := h.Snapshot(ctx); err != nil || snap.Claimed != 500 || snap.Live != 500 {
 		t.Fatalf("the rolled-back shards after the refused calls: %+v, %v; want them as the older RDB holds them", snap, err)
 	}
+}
+
+// Issue 34, case 1: the platform team accepts a budget's rolled-back Redis state,
+// as for activities. The budget is fenced RedisRolledBack (rollBackBudget), and its
+// Stalled message names the annotation that accepts this fence: its start in Unix
+// seconds. An acceptance naming another fence changes nothing. The platform user's
+// acceptance of this one lifts the fence in Redis, the marks become what Redis holds
+// (claimed 500 again), status.lastAcceptance records the fence, the user and the
+// time, an event says so, and the budget serves again: carol is granted the share the
+// older state holds. Before, a rolled-back budget could only be deleted and abandoned.
+func TestAcceptingABudgetsRolledBackState(t *testing.T) {
+	e := newEnv(t)
+	installPolicies(t)
+	ctx := context.Background()
+	e.startBudgetController(&recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
+		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
+	}})
+	h := e.rollBackBudget(t, "accepted")
+	got := e.waitBudgetStalled("accepted", redpacketv1alpha1.ReasonRedisRolledBack)
+	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	token := strconv.FormatInt(c.LastTransitionTime.Unix(), 10)
+	if want := redpacketv1alpha1.AnnotationAcceptRedisState + "=" + token; !strings.Contains(c.Message, want) {
+		t.Fatalf("the Stalled message %q does not name %s", c.Message, want)
+	}
+
+	p := e.people()
+	stale := strconv.FormatInt(c.LastTransitionTime.Unix()-60, 10)
+	if err := e.annotateBudget(p.asPlatform, "accepted", map[string]string{
+		redpacketv1alpha1.AnnotationAcceptRedisState: stale, redpacketv1alpha1.AnnotationAcceptedBy: p.platform}); err != nil {
+		t.Fatalf("the platform user accepting another fence: %v", err)
+	}
+	time.Sleep(2 * time.Second)
+	if b := e.getBudget("accepted"); !meta.IsStatusConditionTrue(b.Status.Conditions, redpacketv1alpha1.ConditionStalled) ||
+		b.Status.LastAcceptance != nil {
+		t.Fatalf("an acceptance of another fence lifted this one: %s", describeBudget(b))
+	}
+	if _, err := h.GrabPacket(ctx, "order-1", "carol"); !errors.Is(err, store.ErrBudgetFenced) {
+		t.Fatalf("carol's grab under the fence: %v; want the fence", err)
+	}
+
+	if err := e.annotateBudget(p.asPlatform, "accepted", map[string]string{
+		redpacketv1alpha1.AnnotationAcceptRedisState: token, redpacketv1alpha1.AnnotationAcceptedBy: p.platform}); err != nil {
+		t.Fatalf("the platform user accepting: %v", err)
+	}
+	b := e.waitRedPacketBudget("accepted", "the acceptance", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return !meta.IsStatusConditionTrue(b.Status.Conditions, redpacketv1alpha1.ConditionStalled) && b.Status.LastAcceptance != nil &&
+			is(b.Status.Claimed, 500)
+	})
+	if la := b.Status.LastAcceptance; la.By != p.platform || !la.FencedAt.Equal(&c.LastTransitionTime) {
+		t.Errorf("lastAcceptance %+v; want by %s of the fence of %s", la, p.platform, c.LastTransitionTime)
+	}
+	if note := e.eventNote("accepted", "Normal", redpacketv1alpha1.ReasonRedisStateAccepted); !strings.Contains(note, p.platform) ||
+		!strings.Contains(note, "claimed 500") {
+		t.Errorf("the RedisStateAccepted event %q does not name %s and the marks", note, p.platform)
+	}
+	for i := range h.N() {
+		if v, err := e.rdb.HExists(ctx, h.ShardKeys(i).Meta, "fenced").Result(); err != nil || v {
+			t.Errorf("shard %d still fenced after the acceptance (%v)", i, err)
+		}
+	}
+	if g, err := h.GrabPacket(ctx, "order-1", "carol"); err != nil || g.Outcome != store.PacketGranted || g.Amount != 500 {
+		t.Fatalf("carol's grab after the acceptance: %+v, %v; want the 500 the accepted state holds", g, err)
+	}
+	e.waitRedPacketBudget("accepted", "Ready again, carol's grab counted", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Claimed, 1000) && !meta.IsStatusConditionTrue(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	})
 }

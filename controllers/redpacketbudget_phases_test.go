@@ -135,6 +135,16 @@ func (f *fakeBudget) Fence(_ context.Context, reason string) error {
 	return nil
 }
 
+func (f *fakeBudget) Unfence(context.Context) error {
+	if err := f.fail("Unfence"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fenced = ""
+	return nil
+}
+
 func (f *fakeBudget) Purge(context.Context) error {
 	if err := f.fail("Purge"); err != nil {
 		return err

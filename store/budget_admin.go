@@ -368,6 +368,17 @@ func (b *Budget) Fence(ctx context.Context, reason string) error {
 	return nil
 }
 
+// Unfence removes the fence from every shard's meta (Fence): the platform team
+// accepted the budget's Redis state as it is.
+func (b *Budget) Unfence(ctx context.Context) error {
+	for i, k := range b.keys {
+		if err := b.c.HDel(ctx, k.Meta, "fenced").Err(); err != nil {
+			return fmt.Errorf("lifting the fence of budget shard %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
 // GrabbedTombstoneRetention is how long the tombstone of a packet that expired with
 // nothing left is kept (packet_expire.lua): its grants' keys may be credited up to
 // the settlement worker's stale bound after they were written, which is less than

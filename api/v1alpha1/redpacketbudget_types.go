@@ -175,6 +175,21 @@ const (
 	ReasonConservationBroken = "ConservationBroken"
 )
 
+// BudgetStateAcceptance is an acceptance of a budget's rolled-back Redis state.
+type BudgetStateAcceptance struct {
+	// fencedAt is when the fence that was lifted began (the Stalled condition's
+	// lastTransitionTime); the accept annotation named it in Unix seconds.
+	FencedAt metav1.Time `json:"fencedAt"`
+
+	// by is the user who set the accept annotation (redpacket.io/accepted-by), as the
+	// admission policy admitted it and a SubjectAccessReview confirmed it.
+	// +kubebuilder:validation:MaxLength=512
+	By string `json:"by"`
+
+	// at is when the controller acted on the acceptance.
+	At metav1.Time `json:"at"`
+}
+
 // RedPacketBudgetStatus is what the controller observed. Every money figure is read
 // from one snapshot of the budget's shards, each read at one instant, so
 // total = available + inPackets + claimed + refunded in every status written.
@@ -189,6 +204,11 @@ type RedPacketBudgetStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// lastAcceptance records the platform team's last acceptance of a rolled-back
+	// Redis state of the budget: the fence it lifted, who accepted and when.
+	// +optional
+	LastAcceptance *BudgetStateAcceptance `json:"lastAcceptance,omitempty"`
 
 	// total is the money allotted to the budget's shards, in minor units: the
 	// spec's total once configured.
