@@ -420,6 +420,14 @@ func (r *RedPacketBudgetReconciler) settlementTarget(s *budgetScope) BudgetSettl
 	if b.Spec.Packets.MaxTTL != nil {
 		t.MaxTTL = b.Spec.Packets.MaxTTL.Duration
 	}
+	// A budget on a Redis of its own (spec.redis) keeps its ledger on the operator's:
+	// the tenant holds that Redis's credentials. An operator without a default Redis
+	// has no other place, and the ledger stays beside the budget.
+	if !r.isDefaultRedis(s.conn) {
+		if def, err := r.defaultRedisConn(); err == nil {
+			t.LedgerConn, t.LedgerClientOptions = &def, r.redisClientOptions(def, false)
+		}
+	}
 	return t
 }
 

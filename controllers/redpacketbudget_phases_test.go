@@ -621,3 +621,41 @@ func TestBudgetDurabilityNotMet(t *testing.T) {
 		t.Errorf("Ready %+v, calls %v: want DurabilityNotMet and nothing configured", ready, f.log.all())
 	}
 }
+
+// The settlement of a budget on a Redis of its own (spec.redis) keeps its ledger on
+// the operator's default Redis (BudgetSettlementTarget.LedgerConn); a budget on the
+// default Redis keeps it beside itself, which is the operator's Redis already.
+func TestBudgetSettlementTargetPutsTheLedgerOnTheOperatorsRedis(t *testing.T) {
+	def := redisconn.Conn{Addresses: []string{"redis.operator:6379"}, Username: "ops", Password: "operator-pw"}
+	own := redisconn.Conn{Mode: redisconn.ModeStandalone, Addresses: []string{"redis.tenant:6379"}, Password: "tenant-pw"}
+	r := &RedPacketBudgetReconciler{RedisAccess: &RedisAccess{DefaultRedis: def}}
+	for _, tc := range []struct {
+		name       string
+		conn       redisconn.Conn
+		wantLedger bool
+	}{
+		{"spec.redis", own, true},
+		{"the default Redis", redisconn.Conn{Mode: redisconn.ModeStandalone, Addresses: def.Addresses, Username: "ops", Password: "operator-pw"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &redpacketv1alpha1.RedPacketBudget{ObjectMeta: metav1.ObjectMeta{Name: "shop", Namespace: "ns", UID: "buid"},
+				Spec: redpacketv1alpha1.RedPacketBudgetSpec{Total: 1000}}
+			s := newBudgetScope(b, time.Now())
+			s.conn = tc.conn
+			got := r.settlementTarget(s)
+			if !tc.wantLedger {
+				if got.LedgerConn != nil {
+					t.Fatalf("the ledger goes to %v; want beside the budget", got.LedgerConn.Addresses)
+				}
+				return
+			}
+			if got.LedgerConn == nil || got.LedgerConn.Key() != (redisconn.Conn{Mode: redisconn.ModeStandalone, Addresses: def.Addresses,
+				Username: "ops", Password: "operator-pw"}).Key() {
+				t.Fatalf("the ledger of a budget on its own Redis goes to %+v; want the operator's default Redis", got.LedgerConn)
+			}
+			if got.LedgerClientOptions.DialCheck != nil {
+				t.Errorf("the operator's own Redis is dialled with the tenant address check")
+			}
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -66,6 +67,23 @@ type BudgetSettlementTarget struct {
 	// address check of a tenant's Redis).
 	Conn          redisconn.Conn
 	ClientOptions redisconn.ClientOptions
+	// LedgerConn, when set (a budget with spec.redis), is the operator's own Redis,
+	// where the budget's settlement ledger lives (store.Budget.WithLedger), reached
+	// with LedgerClientOptions; unset, the ledger lives beside the budget, on the
+	// operator's default Redis already.
+	LedgerConn          *redisconn.Conn
+	LedgerClientOptions redisconn.ClientOptions
+}
+
+// budget is the store handle of the budget on rdb, its ledger on the operator's
+// Redis when t has a LedgerConn; close closes the ledger's client.
+func (t BudgetSettlementTarget) budget(rdb redis.UniversalClient) (b *store.Budget, close func()) {
+	b = store.NewBudget(rdb, string(t.UID), t.Shards)
+	if t.LedgerConn == nil {
+		return b, func() {}
+	}
+	lrdb := t.LedgerConn.NewClient(t.LedgerClientOptions)
+	return b.WithLedger(lrdb), func() { _ = lrdb.Close() }
 }
 
 // BudgetSettlementRunner runs the operator's settlement of RedPacketBudgets: for each
@@ -223,15 +241,21 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 		return err
 	}
 	cfg := d.config(t, signing)
-	connSum := sha256.Sum256([]byte(t.Conn.Key()))
+	connKey := t.Conn.Key()
+	if t.LedgerConn != nil {
+		connKey += "|ledger|" + t.LedgerConn.Key()
+	}
+	connSum := sha256.Sum256([]byte(connKey))
 	fingerprint := cfg.Fingerprint() + "|budget|" + strconv.Itoa(t.Shards) + "|" + strconv.FormatInt(t.MaxPacketCount, 10) +
 		"|" + t.MaxTTL.String() + "|" + hex.EncodeToString(connSum[:])
-	conn, opts, shards := t.Conn, t.ClientOptions, t.Shards
+	conn, opts := t.Conn, t.ClientOptions
 	d.registry.Ensure(t.UID, t.Name, fingerprint, func(ctx context.Context) {
 		rdb := conn.NewClient(opts)
 		defer func() { _ = rdb.Close() }()
 		cfg.Redis = rdb
-		ws, err := settlement.NewBudgetWorkers(cfg, store.NewBudget(rdb, string(t.UID), shards))
+		b, closeLedger := t.budget(rdb)
+		defer closeLedger()
+		ws, err := settlement.NewBudgetWorkers(cfg, b)
 		if err != nil {
 			// The workers end; the next reconcile starts them again.
 			cfg.Logger.Error("creating the budget's settlement workers failed", "budget", cfg.Source.Ref(), "err", err)
@@ -305,7 +329,9 @@ func (d *BudgetSettlementRunner) attemptAnnouncement(ctx context.Context, cancel
 	rdb := t.Conn.NewClient(t.ClientOptions)
 	defer func() { _ = rdb.Close() }()
 	cfg.Redis = rdb
-	got, err := settlement.AnnounceBudgetTotal(ctx, cfg, store.NewBudget(rdb, string(t.UID), t.Shards), t.Total)
+	b, closeLedger := t.budget(rdb)
+	defer closeLedger()
+	got, err := settlement.AnnounceBudgetTotal(ctx, cfg, b, t.Total)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.announcing[t.UID] != a {

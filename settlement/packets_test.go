@@ -1035,3 +1035,85 @@ func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
 		t.Fatalf("dead letters %v; want the forgery %s alone, as over_budget", dead, forged)
 	}
 }
+
+// Issue 34, case 1 and 8: a budget on a Redis of its own (spec.redis) keeps its
+// settlement ledger on the operator's Redis (store.Budget.WithLedger). The tenant
+// holds its Redis's credentials: it raises the announced total in a ledger hash of
+// its own making, forges 5,000 into its shard's available money and spends it on a
+// packet that mallory grabs. The ledger on the operator's Redis still holds the
+// announced 1,000: alice's genuine 500 is credited, mallory's 5,000 is dead-lettered
+// over_budget and never delivered. With the ledger in the tenant's Redis, its raised
+// total let mallory's grant through to the balance system.
+func TestBudgetLedgerLivesOnTheOperatorsRedis(t *testing.T) {
+	ctx := context.Background()
+	const uid = "rpb-uid-own-redis"
+	key := []byte("operator-signing-key")
+	tenant := newRedis(t)
+	operator := newRedis(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, tenant); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(tenant, uid, 1).WithLedger(operator)
+	tb := testBudget{t: t, rdb: tenant, b: b}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
+		t.Fatal(err)
+	}
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 10_000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	if err := b.Configure(ctx, 1000, limits); err != nil {
+		t.Fatal(err)
+	}
+	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 1000, Count: 2,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-1: %v, %v", outcome, err)
+	}
+	if g, err := b.GrabPacket(ctx, "order-1", "alice"); err != nil || g.Amount != 500 {
+		t.Fatalf("alice's grab: %+v, %v", g, err)
+	}
+
+	// The tenant, with its Redis's credentials.
+	ledger := b.SettlementLedger(0)
+	if err := tenant.HSet(ctx, ledger.Key(), "total", 1_000_000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tenant.HIncrBy(ctx, b.ShardKeys(0).Meta, "available", 5000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "forged-1", Sender: "mallory", Total: 5000, Count: 1,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("the tenant's packet of forged money: %v, %v", outcome, err)
+	}
+	if g, err := b.GrabPacket(ctx, "forged-1", "mallory"); err != nil || g.Amount != 5000 {
+		t.Fatalf("mallory's grab: %+v, %v", g, err)
+	}
+
+	startBudgetWorkers(t, tb, cfg, &forgotten{ids: map[string]int{}})
+	eventually(t, 20*time.Second, "alice credited and mallory dead-lettered", func() bool {
+		got, _ := bal.credits()
+		return len(got) == 1 && len(tb.deadLetters()) == 1
+	})
+	got, _ := bal.credits()
+	if d, ok := got[uid+"/order-1/0"]; !ok || d.UserID != "alice" || d.Amount != 500 {
+		t.Fatalf("credited %v; want alice's 500 alone", got)
+	}
+	if n := bal.requestsFor(uid + "/forged-1/0"); n != 0 {
+		t.Fatalf("mallory's grant was sent %d times; want never", n)
+	}
+	for id, why := range tb.deadLetters() {
+		if !strings.HasPrefix(why, "forged settlement entry (over_budget)") {
+			t.Fatalf("dead letter %s: %q; want over_budget", id, why)
+		}
+	}
+	sums, err := ledger.Sums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sums.Total != 1000 || sums.Credited != 500 {
+		t.Fatalf("the operator's ledger: %+v; want 500 credited of the announced 1000", sums)
+	}
+	if n, err := operator.Exists(ctx, ledger.Key()).Result(); err != nil || n != 1 {
+		t.Fatalf("the ledger is not on the operator's Redis: %d, %v", n, err)
+	}
+}

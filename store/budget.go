@@ -116,6 +116,9 @@ type Budget struct {
 	// limits caches what the shards' meta says one packet may be (limitsFor), for the
 	// split's minimum share.
 	limits atomic.Pointer[cachedLimits]
+	// ledger, when set, is where the budget's settlement ledger lives (WithLedger);
+	// nil: on c, beside the budget.
+	ledger redis.Cmdable
 }
 
 // NewBudget returns the handle of budget uid spread over n shards (n ≤ 1 is one).

@@ -42,8 +42,11 @@ const DefaultPacketLedgerRetention = 8 * 24 * time.Hour
 
 // BudgetLedger is the handle of a budget's settlement ledger (see above).
 type BudgetLedger struct {
-	c   redis.Cmdable
-	uid string
+	c redis.Cmdable
+	// clock is the budget's own Redis, whose TIME stamps the entries' ids
+	// (KnownSince); c when the ledger lives beside the budget.
+	clock redis.Cmdable
+	uid   string
 	key string
 	// retention is how long a packet's ledger is kept after its last credit.
 	retention time.Duration
@@ -55,7 +58,21 @@ func (b *Budget) SettlementLedger(retention time.Duration) *BudgetLedger {
 	if retention <= 0 {
 		retention = DefaultPacketLedgerRetention
 	}
-	return &BudgetLedger{c: b.c, uid: b.uid, key: ledgerKey(b.uid), retention: retention}
+	c := b.c
+	if b.ledger != nil {
+		c = b.ledger
+	}
+	return &BudgetLedger{c: c, clock: b.c, uid: b.uid, key: ledgerKey(b.uid), retention: retention}
+}
+
+// WithLedger returns a handle of the same budget whose settlement ledger
+// (SettlementLedger) lives on c instead of the budget's own Redis: the operator's
+// Redis, for a budget whose Redis is the tenant's (spec.redis), so that neither the
+// tenant, who holds that Redis's credentials, nor a loss of its data can raise the
+// announced total, reset the sums credited or forget a key credited. Everything else
+// stays on the budget's Redis.
+func (b *Budget) WithLedger(c redis.Cmdable) *Budget {
+	return &Budget{c: b.c, uid: b.uid, keys: b.keys, restores: b.restores, ledger: c}
 }
 
 // Key is the budget ledger's Redis key.
@@ -287,13 +304,13 @@ var ErrPacketUnknown = fmt.Errorf("%w: no such packet was created", ErrForged)
 // that was never created. It is recorded once, the first time it is asked, in the
 // ledger's hash, which the budget's Redis user cannot write; a budget settled by an
 // operator without tombstones before then keeps the old rule for its older entries
-// (their packets may be gone without a trace). The time is Redis's (TIME), the clock
-// that stamps the entries' ids. The announcement of the budget's total asks first
+// (their packets may be gone without a trace). The time is the budget's Redis's
+// (TIME), the clock that stamps the entries' ids, wherever the ledger lives. The announcement of the budget's total asks first
 // (settlement.AnnounceBudgetTotal), before the budget is configured, so before its
 // first packet; settlement asks again at its first check, for a budget announced by
 // an operator that did not record it.
 func (l *BudgetLedger) KnownSince(ctx context.Context) (time.Time, error) {
-	now, err := l.c.Time(ctx).Result()
+	now, err := l.clock.Time(ctx).Result()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("reading Redis's clock for the budget's tombstones: %w", err)
 	}
