@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
-	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/redistest"
@@ -35,9 +34,7 @@ import (
 func TestBudgetDataLossIsFencedNeverRefunded(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
-		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
-	}}
+	settle := e.recordingSettlement()
 	e.startBudgetController(settle)
 	h := e.budgetWithLivePacket(t, "flushed")
 
@@ -128,9 +125,7 @@ func TestDeletingAFencedBudgetWaitsForTheAbandon(t *testing.T) {
 	e := newEnv(t)
 	installPolicies(t)
 	ctx := context.Background()
-	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
-		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
-	}}
+	settle := e.recordingSettlement()
 	e.startBudgetController(settle)
 	e.budgetWithLivePacket(t, "lost")
 	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
@@ -228,9 +223,7 @@ func (e *env) rollBackBudget(t *testing.T, name string) *store.Budget {
 func TestBudgetRolledBackToAnOlderRDBIsFenced(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
-		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
-	}}
+	settle := e.recordingSettlement()
 	e.startBudgetController(settle)
 	h := e.rollBackBudget(t, "rolled")
 
@@ -270,9 +263,7 @@ func TestAcceptingABudgetsRolledBackState(t *testing.T) {
 	e := newEnv(t)
 	installPolicies(t)
 	ctx := context.Background()
-	e.startBudgetController(&recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
-		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
-	}})
+	e.startBudgetController(e.recordingSettlement())
 	h := e.rollBackBudget(t, "accepted")
 	got := e.waitBudgetStalled("accepted", redpacketv1alpha1.ReasonRedisRolledBack)
 	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)

@@ -38,6 +38,13 @@ type recordingSettlement struct {
 	forgotten []types.UID
 }
 
+// recordingSettlement is a recordingSettlement whose budgets are on the test's Redis.
+func (e *env) recordingSettlement() *recordingSettlement {
+	return &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
+		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
+	}}
+}
+
 func (s *recordingSettlement) EnsureTarget(context.Context, controllers.BudgetSettlementTarget) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -162,9 +169,7 @@ func is(p *int64, want int64) bool { return p != nil && *p == want }
 func TestBudgetLifecycle(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	settle := &recordingSettlement{rdbBudget: func(t controllers.BudgetSettlementTarget) *store.Budget {
-		return store.NewBudget(e.rdb, string(t.UID), t.Shards)
-	}}
+	settle := e.recordingSettlement()
 	e.startBudgetController(settle)
 
 	b := &redpacketv1alpha1.RedPacketBudget{

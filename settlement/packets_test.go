@@ -238,6 +238,14 @@ func (tb testBudget) deadLetters() map[string]string {
 	return out
 }
 
+// runWorkers runs ws until the test ends.
+func runWorkers(t *testing.T, ws []*Worker) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- RunAll(ctx, ws) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // forgotten records the packets a worker forgot.
 type forgotten struct {
 	mu  sync.Mutex
@@ -672,10 +680,7 @@ func TestBudgetSettlesPacketsMadeByTheStoreAndForgetsThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- RunAll(wctx, ws) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runWorkers(t, ws)
 
 	eventually(t, 20*time.Second, "every shard drained", func() bool {
 		ok, err := BudgetDrained(ctx, b, "")
@@ -828,10 +833,7 @@ func TestReusedPacketIDDrawsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- RunAll(wctx, ws) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runWorkers(t, ws)
 	forgotten := func() bool {
 		d, found, err := b.Packet(ctx, "order-1001")
 		return err == nil && found && d.Forgotten
@@ -937,10 +939,7 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- RunAll(wctx, ws) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runWorkers(t, ws)
 	eventually(t, 20*time.Second, "drained", func() bool {
 		ok, err := BudgetDrained(ctx, b, "")
 		return err == nil && ok
