@@ -87,6 +87,8 @@ type budgetStore interface {
 	// (store.Budget.Fence); Unfence lifts it (store.Budget.Unfence).
 	Fence(ctx context.Context, reason string) error
 	Unfence(ctx context.Context) error
+	// LedgerSums reads the budget's settlement ledger (store.Budget.LedgerSums).
+	LedgerSums(ctx context.Context) (store.BudgetLedgerSums, error)
 	// CheckDurability checks that the master of every shard gives d (nil: None);
 	// it wraps store.ErrDurabilityNotMet when one does not.
 	CheckDurability(ctx context.Context, d *redpacketv1alpha1.Durability) error
@@ -257,7 +259,15 @@ func (r *RedPacketBudgetReconciler) storeFor(conn redisconn.Conn, b *redpacketv1
 		return r.newStore(conn, b)
 	}
 	c := r.redisClient(conn)
-	return budgetHandle{Budget: store.NewBudget(c, string(b.UID), b.Spec.ShardCount()), c: c}
+	h := budgetHandle{Budget: store.NewBudget(c, string(b.UID), b.Spec.ShardCount()), c: c}
+	// A budget on a Redis of its own keeps its ledger on the operator's, as its
+	// settlement does (settlementTarget).
+	if !r.isDefaultRedis(conn) {
+		if def, err := r.defaultRedisConn(); err == nil {
+			h.Budget = h.Budget.WithLedger(r.redisClient(def))
+		}
+	}
+	return h
 }
 
 func (r *RedPacketBudgetReconciler) now() time.Time {

@@ -47,7 +47,7 @@ func NewBudgetMetrics(reg prometheus.Registerer) *BudgetMetrics {
 		expired:      gauge("expired_packets", "Packets expired since the budget was configured."),
 		overdue:      gauge("overdue_packets", "Live packets past their expiry by the Redis clock that were not expired yet: the expiry driver's backlog."),
 		conservation: gauge("conservation_error", "total - (available + in packets + claimed + refunded) from one snapshot, in minor units; anything but 0 means money is out of place."),
-		moneyFaults: gauge("money_faults", "How many of the money checks the last snapshot broke: the budget's sums, a shard's own sums, more borrowed between shards than lent. "+
+		moneyFaults: gauge("money_faults", "How many of the money checks the last snapshot broke: the budget's sums, a shard's own sums, more borrowed between shards than lent, negative money, more credited by the settlement ledger than the shards paid out. "+
 			"No run of the budget's scripts breaks one, so anything but 0 is a write outside them, even when conservation_error is 0."),
 		overdueAge: gauge("expiry_overdue_seconds", "How long the budget's oldest packet past its expiry has waited to be expired, by the Redis clock, read by the expiry driver at the start of each of the budget's passes; 0 when none is due. "+
 			"It stays under the driver's interval plus one pass while the driver keeps up, whatever other budgets hold; a packet forged into the due index with an old score reads as old as that score."),
@@ -70,8 +70,13 @@ func (m *BudgetMetrics) ObserveOverdueAge(key types.NamespacedName, age time.Dur
 	m.overdueAge.WithLabelValues(key.Namespace, key.Name).Set(age.Seconds())
 }
 
-// Observe sets the budget's gauges from a snapshot of its shards.
-func (m *BudgetMetrics) Observe(key types.NamespacedName, s store.BudgetSnapshot) {
+// Observe sets the budget's gauges from a snapshot of its shards and, when not nil,
+// the settlement ledger read just before it (money_faults counts its faults too).
+func (m *BudgetMetrics) Observe(key types.NamespacedName, s store.BudgetSnapshot, ledger *store.BudgetLedgerSums) {
+	faults := len(s.MoneyFaults())
+	if ledger != nil {
+		faults += len(s.LedgerFaults(*ledger))
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ns, name := key.Namespace, key.Name
@@ -79,7 +84,7 @@ func (m *BudgetMetrics) Observe(key types.NamespacedName, s store.BudgetSnapshot
 		m.total: s.Total, m.available: s.Available, m.inPackets: s.Live, m.claimed: s.Claimed, m.refunded: s.Refunded,
 		m.live: s.LivePackets, m.created: s.CreatedPackets, m.expired: s.ExpiredPackets, m.overdue: s.OverduePackets,
 		m.conservation: s.Total - (s.Available + s.Live + s.Claimed + s.Refunded),
-		m.moneyFaults:  int64(len(s.MoneyFaults())),
+		m.moneyFaults:  int64(faults),
 	} {
 		g.WithLabelValues(ns, name).Set(float64(v))
 	}

@@ -51,6 +51,9 @@ type budgetScope struct {
 	// (reconcileBudgetDataLoss): the status keeps its figures, the high-water marks,
 	// and nothing is configured or announced again.
 	fenced bool
+	// ledger is the budget's settlement ledger as read just before the snapshot,
+	// when it settles and no rollback was accepted; nil otherwise.
+	ledger *store.BudgetLedgerSums
 	// announcing is set while the balance system has not acknowledged spec.total
 	// (reconcileBudgetSettlement): the configure step allots nothing beyond what
 	// Redis holds.
@@ -97,6 +100,18 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetRedis(ctx context.Context, s 
 	s.store = r.storeFor(conn, s.budget)
 	rctx, cancel := r.redisContext(ctx)
 	defer cancel()
+	// The ledger is read before the snapshot, so every credit it counts was paid for
+	// in the shards the snapshot reads (store.BudgetSnapshot.LedgerFaults). After an
+	// accepted rollback the shards may hold less than was credited before it, and
+	// the comparison is left out.
+	b := s.budget
+	if b.Spec.Settlement != nil && b.Spec.Settlement.Webhook != nil && b.Status.LastAcceptance == nil {
+		if sums, err := s.store.LedgerSums(rctx); err == nil {
+			s.ledger = &sums
+		} else {
+			ctrl.LoggerFrom(ctx).V(1).Info("reading the budget's settlement ledger failed; its credits are not compared this time", "error", err.Error())
+		}
+	}
 	snap, err := s.store.Snapshot(rctx)
 	if err != nil {
 		res := blocked(redpacketv1alpha1.ReasonRedisUnavailable, "reading the budget from Redis at %s: %v",
@@ -449,7 +464,7 @@ func (r *RedPacketBudgetReconciler) finishBudgetReconcile(ctx context.Context, s
 	before := s.budget.Status
 	computeBudgetStatus(s, s.clean(retErr))
 	if s.snapshotRead {
-		budgetMetrics.Observe(client.ObjectKeyFromObject(s.budget), s.snapshot)
+		budgetMetrics.Observe(client.ObjectKeyFromObject(s.budget), s.snapshot, s.ledger)
 	}
 	if c := meta.FindStatusCondition(s.status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil &&
 		c.Reason == redpacketv1alpha1.ReasonConservationBroken && c.Status == metav1.ConditionTrue &&
@@ -515,7 +530,11 @@ func computeBudgetStatus(s *budgetScope, clean bool) {
 			st.GrabbedPerSecond = new(perSecond(snap.GrabbedShares-*prevGrabbed, elapsed))
 		}
 		st.SnapshotTime = &at
-		if faults := snap.MoneyFaults(); faults != nil {
+		faults := snap.MoneyFaults()
+		if s.ledger != nil {
+			faults = append(faults, snap.LedgerFaults(*s.ledger)...)
+		}
+		if faults != nil {
 			s.stalled = notReady(redpacketv1alpha1.ReasonConservationBroken,
 				"the budget's money does not add up in Redis: %s", strings.Join(faults, "; "))
 		}

@@ -145,6 +145,10 @@ func (f *fakeBudget) Unfence(context.Context) error {
 	return nil
 }
 
+func (f *fakeBudget) LedgerSums(context.Context) (store.BudgetLedgerSums, error) {
+	return store.BudgetLedgerSums{}, f.fail("LedgerSums")
+}
+
 func (f *fakeBudget) Purge(context.Context) error {
 	if err := f.fail("Purge"); err != nil {
 		return err

@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +21,7 @@ import (
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
+	"redpacket.io/operator/test/wait"
 )
 
 // startBudgetSettlementRunner runs the operator's budget settlement runner with the
@@ -146,4 +151,75 @@ func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
 	if after := receiver.Totals(); after.Grants != tot.Grants || after.Refunds != tot.Refunds {
 		t.Errorf("credits changed after the deletion: %+v, then %+v", tot, after)
 	}
+}
+
+// Issue 34, case 3: the budget's own Redis user writes a tombstone of a packet that
+// never existed (HSET on its packet key) and the grant of 2,000 to mallory that
+// matches it (XADD on its stream). The settlement check cannot tell it from a
+// genuine forgotten packet's grant, and the ledger credits it within the announced
+// total: that much of the budget's own money is re-routed, and the balance system is
+// paid it. It is detected: the ledger, read before the snapshot, credited 2,000 more
+// in grants than the shards ever granted, so the budget is Stalled
+// ConservationBroken with a Warning that says so, and money_faults counts it.
+// Before, nothing noticed.
+func TestForgedPacketWithItsGrantIsDetected(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	receiver := rain.NewReceiver([]byte(testSigningKey))
+	receiver.RequireBudget = true
+	hs := httptest.NewServer(receiver)
+	t.Cleanup(hs.Close)
+	e.allowWebhook(hs.URL)
+	e.startBudgetController(e.startBudgetSettlementRunner())
+
+	b := &redpacketv1alpha1.RedPacketBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "forged"},
+		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
+			Total: 10_000, BudgetShards: 1,
+			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 5_000, MaxCount: 10,
+				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
+			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}},
+		},
+	}
+	if err := e.c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitRedPacketBudget("forged", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, 10_000)
+	})
+	uid := string(b.UID)
+	h := store.NewBudget(e.rdb, uid, 1)
+	if _, outcome, err := h.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-1", Total: 1000, Count: 2,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-1: %s, %v", outcome, err)
+	}
+	if g, err := h.GrabPacket(ctx, "order-1", "alice"); err != nil || g.Outcome != store.PacketGranted {
+		t.Fatalf("alice's grab: %+v, %v", g, err)
+	}
+
+	secret := &corev1.Secret{}
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "forged-grab-redis"}, secret); err != nil {
+		t.Fatal(err)
+	}
+	tenant := redis.NewClient(&redis.Options{Addr: e.redis.Addr, Username: string(secret.Data["username"]),
+		Password: string(secret.Data["password"])})
+	t.Cleanup(func() { _ = tenant.Close() })
+	if err := tenant.HSet(ctx, h.ShardKeys(0).Packet("ghost-1"), "fp", "f", "snd", "mallory", "tot", 2000, "cnt", 1,
+		"g", 1, "r", 0, "x", 1, "f", 1).Err(); err != nil {
+		t.Fatalf("the budget's Redis user writing a tombstone: %v", err)
+	}
+	if err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: h.ShardKeys(0).Stream,
+		Values: []string{"grant", "ghost-1/0:2000:0:CNY:mallory"}}).Err(); err != nil {
+		t.Fatalf("the budget's Redis user appending the grant: %v", err)
+	}
+	wait.Until(t, 20*time.Second, "the forged grant credited", func() (bool, string) {
+		d, ok := receiver.Delivered(uid + "/ghost-1/0")
+		return ok && d.UserID == "mallory", fmt.Sprintf("%+v", receiver.Totals())
+	})
+	got := e.waitBudgetStalled("forged", redpacketv1alpha1.ReasonConservationBroken)
+	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	if !strings.Contains(c.Message, "credited 2500 in grants, more than the 500 the shards ever granted") {
+		t.Fatalf("the Stalled message %q does not name the credits beyond the grants", c.Message)
+	}
+	e.waitEvent("forged", corev1.EventTypeWarning, redpacketv1alpha1.ReasonConservationBroken)
 }

@@ -264,7 +264,9 @@ func (s BudgetSnapshot) Conserved() bool {
 
 // MoneyFaults lists what in the snapshot no run of the budget's scripts can leave,
 // in any order and with any move under way: the budget's sums off, a shard's own
-// sums off, or more money borrowed than lent. Each is a write outside the scripts
+// sums off, more money borrowed than lent, or negative money available or in
+// packets (a grab of a packet hash written by hand takes its amount from the money
+// of the real packets, which goes below zero once they are spent). Each is a write outside the scripts
 // (the budget's Redis user may send HINCRBY, HSET and FCALL budget_borrow with
 // anything), and nil means none was seen.
 func (s BudgetSnapshot) MoneyFaults() []string {
@@ -279,6 +281,9 @@ func (s BudgetSnapshot) MoneyFaults() []string {
 	}
 	if s.Borrowed > s.LentAfter {
 		faults = append(faults, fmt.Sprintf("the shards borrowed %d, more than the %d their siblings lent", s.Borrowed, s.LentAfter))
+	}
+	if s.Available < 0 || s.Live < 0 {
+		faults = append(faults, fmt.Sprintf("negative money: available %d, in packets %d", s.Available, s.Live))
 	}
 	return faults
 }

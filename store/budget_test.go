@@ -638,3 +638,34 @@ func TestFencedBudgetExpiresCreatesAndGrantsNothing(t *testing.T) {
 		}
 	})
 }
+
+// The money checks of a snapshot and of the ledger read before it, as a table: what
+// no run of the scripts leaves is named, and what they leave is not.
+func TestBudgetMoneyAndLedgerFaults(t *testing.T) {
+	ok := store.BudgetSnapshot{Total: 1000, Available: 600, Live: 200, Claimed: 150, Refunded: 50}
+	for _, tc := range []struct {
+		name   string
+		snap   store.BudgetSnapshot
+		ledger store.BudgetLedgerSums
+		want   []string
+	}{
+		{"all agree, the ledger behind", ok, store.BudgetLedgerSums{Granted: 100, Refunded: 50}, nil},
+		{"the ledger at the shards' figures", ok, store.BudgetLedgerSums{Granted: 150, Refunded: 50}, nil},
+		{"grants credited beyond the shards'", ok, store.BudgetLedgerSums{Granted: 151}, []string{"credited 151 in grants, more than the 150"}},
+		{"refunds credited beyond the shards'", ok, store.BudgetLedgerSums{Refunded: 70}, []string{"credited 70 in refunds, more than the 50"}},
+		{"negative money in packets", store.BudgetSnapshot{Total: 1000, Available: 900, Live: -100, Claimed: 200}, store.BudgetLedgerSums{},
+			[]string{"negative money: available 900, in packets -100"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := append(tc.snap.MoneyFaults(), tc.snap.LedgerFaults(tc.ledger)...)
+			if len(got) != len(tc.want) {
+				t.Fatalf("faults %q, want %d", got, len(tc.want))
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("fault %q does not say %q", got[i], w)
+				}
+			}
+		})
+	}
+}

@@ -222,6 +222,32 @@ type BudgetLedgerSums struct {
 	Credited, Grants, Granted, Refunds, Refunded int64
 }
 
+// LedgerSums reads what the budget's settlement ledger recorded (SettlementLedger's
+// Sums): zeros for a budget that never settled.
+func (b *Budget) LedgerSums(ctx context.Context) (BudgetLedgerSums, error) {
+	return b.SettlementLedger(0).Sums(ctx)
+}
+
+// LedgerFaults lists where the ledger, read before the snapshot s, holds more than
+// the budget's shards ever paid out: grants credited beyond the money every grab
+// moved to claimed, or refunds beyond the money every expiry moved to refunded. A
+// grab writes its claim before its entry, and an entry is credited after it is
+// read, so a ledger read first never counts a credit the shards read after it lack.
+// More is money credited for entries no script wrote with its money: a packet
+// hash or tombstone written by hand, with its grant.
+func (s BudgetSnapshot) LedgerFaults(l BudgetLedgerSums) []string {
+	var faults []string
+	if l.Granted > s.Claimed {
+		faults = append(faults, fmt.Sprintf("the settlement ledger credited %d in grants, more than the %d the shards ever granted: "+
+			"grants no grab paid for (a packet hash or tombstone written by hand, with its entry) were credited", l.Granted, s.Claimed))
+	}
+	if l.Refunded > s.Refunded {
+		faults = append(faults, fmt.Sprintf("the settlement ledger credited %d in refunds, more than the %d the shards ever refunded: "+
+			"refunds no expiry paid for were credited", l.Refunded, s.Refunded))
+	}
+	return faults
+}
+
 // Sums reads what the ledger recorded.
 func (l *BudgetLedger) Sums(ctx context.Context) (BudgetLedgerSums, error) {
 	v, err := l.c.HMGet(ctx, l.key, "total", "credited", "grants", "granted", "refunds", "refunded").Result()

@@ -253,7 +253,7 @@ unless on (namespace, name)
 			expr:        `max by (namespace, name) (redpacket_budget_money_faults) > 0`,
 			forDuration: "2m", severity: "critical",
 			summary:     "Budget {{ $labels.namespace }}/{{ $labels.name }} broke {{ $value }} money checks in Redis",
-			description: "A shard's own sums, or the money borrowed between shards against what was lent, do not add up, even where the budget's sums still agree (the budget is Stalled ConservationBroken; its Warning names each fault). No script leaves that: the budget's Redis user wrote its keys by hand, for example a forged budget_borrow that makes money no sibling gave. It can re-route this budget's money only, and the operator's ledger still credits no more than the announced total. Stop creation, read the budget's events, and compare its streams with the balance system.",
+			description: "A shard's own sums, the money borrowed between shards against what was lent, money below zero, or the settlement ledger against what the shards paid out do not add up, even where the budget's sums still agree (the budget is Stalled ConservationBroken; its Warning names each fault). No script leaves that: the budget's Redis user wrote its keys by hand, for example a forged budget_borrow that makes money no sibling gave, or a packet hash with its grant. It can re-route this budget's money only, and the operator's ledger still credits no more than the announced total. Stop creation, read the budget's events, and compare its streams with the balance system.",
 		},
 	}},
 	{"redpacket-operator", []alert{
