@@ -47,7 +47,7 @@ type BudgetLedger struct {
 	// (KnownSince); c when the ledger lives beside the budget.
 	clock redis.Cmdable
 	uid   string
-	key string
+	key   string
 	// retention is how long a packet's ledger is kept after its last credit.
 	retention time.Duration
 }
