@@ -289,6 +289,18 @@ func TestDevRedisRefusesTheDefaultUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	startDevRedis(t, persistent, dir, pport)
+	// Redis listens before it has replayed its append-only file, and answers LOADING
+	// until it has: wait for that, as a client that retries would.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		err := pc.Ping(ctx).Err()
+		if err == nil || !strings.Contains(err.Error(), "LOADING") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted Redis still loads its data after 10s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	again, err := kept.Shard(0).Grab(ctx, "u-1")
 	if err != nil || again.Outcome != store.AlreadyClaimed || again.PacketID != granted.PacketID {
 		t.Errorf("the same user after a crash and a restart: %+v, %v; want already_claimed with packet %s", again, err, granted.PacketID)
