@@ -20,6 +20,7 @@ import (
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/internal/rain"
 	"redpacket.io/operator/lua/split"
+	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/test/wait"
 )
@@ -228,7 +229,20 @@ func TestDeletedBudgetWaitsForItsDeadLettersToBeReplayed(t *testing.T) {
 	}
 	wait.Until(t, 60*time.Second, "every refund dead-lettered", func() (bool, string) {
 		n, err := h.DeadLetterCount(ctx)
-		return err == nil && n == packets, fmt.Sprintf("%d dead letters, %v", n, err)
+		if err == nil && n == packets {
+			return true, ""
+		}
+		// What a failure needs to be understood: the budget's status, and each
+		// shard's stream and what the operator's group has not settled of it.
+		var streams []string
+		for i := range h.N() {
+			l, lerr := e.rdb.XLen(ctx, h.ShardKeys(i).Stream).Result()
+			u, uerr := h.Stream(i).Unsettled(ctx, settlement.DefaultGroup)
+			streams = append(streams, fmt.Sprintf("shard %d: %d entries, %d unsettled (%v, %v)", i, l, u, lerr, uerr))
+		}
+		got := &redpacketv1alpha1.RedPacketBudget{}
+		gerr := e.c.Get(ctx, client.ObjectKeyFromObject(b), got)
+		return false, fmt.Sprintf("%d dead letters, %v; %s; status %s (%v)", n, err, strings.Join(streams, "; "), describeBudget(got), gerr)
 	})
 	b = e.waitRedPacketBudget("dead", "Ready False SettlementPending naming the dead letters", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
 		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReady)
