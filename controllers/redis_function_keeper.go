@@ -67,7 +67,6 @@ type FunctionKeeper struct {
 	// neededAt is, per library of another release, when it was last in use or of
 	// unknown use (or first seen, by this keeper).
 	neededAt map[string]time.Time
-	retired  int
 }
 
 // NewFunctionKeeper returns a keeper that reaches each Redis with client.
@@ -96,14 +95,6 @@ func (k *FunctionKeeper) Restored() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.restored
-}
-
-// Retired is how many libraries the keeper deleted so far (one per library and
-// Redis).
-func (k *FunctionKeeper) Retired() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.retired
 }
 
 // tracked is every tracked Redis once, by connection key.
@@ -174,9 +165,6 @@ func (k *FunctionKeeper) RetireOnce(ctx context.Context) int {
 		}
 		cancel()
 	}
-	k.mu.Lock()
-	k.retired += deleted
-	k.mu.Unlock()
 	return deleted
 }
 

@@ -370,15 +370,21 @@ func (r *RedPacketActivityReconciler) patchStatusNow(ctx context.Context, s *act
 	return err
 }
 
-// statusApplyObject builds a status apply object: apiVersion, kind, name, namespace
-// and the given status fields, nothing else.
+// statusApplyObject builds a status apply object of an activity: apiVersion, kind,
+// name, namespace and the given status fields, nothing else.
 func statusApplyObject(a *redpacketv1alpha1.RedPacketActivity, fields map[string]any) *unstructured.Unstructured {
-	obj := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
-	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
-	obj.SetKind("RedPacketActivity")
-	obj.SetNamespace(a.Namespace)
-	obj.SetName(a.Name)
-	return obj
+	return statusApplyObjectOf("RedPacketActivity", a, fields)
+}
+
+// statusApplyObjectOf builds a status apply object of obj, of the redpacket.io kind
+// kind: apiVersion, kind, name, namespace and the given status fields, nothing else.
+func statusApplyObjectOf(kind string, obj client.Object, fields map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
+	u.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
+	u.SetKind(kind)
+	u.SetNamespace(obj.GetNamespace())
+	u.SetName(obj.GetName())
+	return u
 }
 
 // mergeControllerStatus writes the controller's fields of src into dst, keeping the

@@ -260,14 +260,27 @@ func (r *RedPacketBudgetReconciler) storeFor(conn redisconn.Conn, b *redpacketv1
 	}
 	c := r.redisClient(conn)
 	h := budgetHandle{Budget: store.NewBudget(c, string(b.UID), b.Spec.ShardCount()), c: c}
-	// A budget on a Redis of its own keeps its ledger on the operator's, as its
-	// settlement does (settlementTarget).
-	if !r.isDefaultRedis(conn) {
-		if def, err := r.defaultRedisConn(); err == nil {
-			h.Budget = h.Budget.WithLedger(r.redisClient(def))
-		}
+	if l := r.ledgerConn(conn); l != nil {
+		h.Budget = h.Budget.WithLedger(r.redisClient(*l))
 	}
 	return h
+}
+
+// ledgerConn is where the settlement ledger of a budget on conn lives when it is
+// not beside the budget: the operator's default Redis, for a budget on a Redis of
+// its own (spec.redis), whose credentials the tenant holds. It is nil for a budget
+// on the default Redis, and for an operator without one (the ledger then stays
+// beside the budget). The store handle (storeFor) and the settlement
+// (settlementTarget) both follow it.
+func (r *RedPacketBudgetReconciler) ledgerConn(conn redisconn.Conn) *redisconn.Conn {
+	if r.isDefaultRedis(conn) {
+		return nil
+	}
+	def, err := r.defaultRedisConn()
+	if err != nil {
+		return nil
+	}
+	return &def
 }
 
 func (r *RedPacketBudgetReconciler) now() time.Time {

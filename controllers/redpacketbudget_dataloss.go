@@ -10,11 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/store"
@@ -124,11 +122,7 @@ func (r *RedPacketBudgetReconciler) acceptBudgetState(ctx context.Context, s *bu
 	if err != nil {
 		return s.fence(c.Reason, c.Message), fmt.Errorf("converting the acceptance: %w", err)
 	}
-	obj := &unstructured.Unstructured{Object: map[string]any{"status": map[string]any{"lastAcceptance": v}}}
-	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
-	obj.SetKind("RedPacketBudget")
-	obj.SetNamespace(b.Namespace)
-	obj.SetName(b.Name)
+	obj := statusApplyObjectOf("RedPacketBudget", b, map[string]any{"lastAcceptance": v})
 	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj),
 		client.FieldOwner(BudgetAcceptanceFieldManager), client.ForceOwnership); err != nil {
 		return s.fence(c.Reason, c.Message), fmt.Errorf("recording the acceptance: %w", err)

@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -435,13 +434,8 @@ func (r *RedPacketBudgetReconciler) settlementTarget(s *budgetScope) BudgetSettl
 	if b.Spec.Packets.MaxTTL != nil {
 		t.MaxTTL = b.Spec.Packets.MaxTTL.Duration
 	}
-	// A budget on a Redis of its own (spec.redis) keeps its ledger on the operator's:
-	// the tenant holds that Redis's credentials. An operator without a default Redis
-	// has no other place, and the ledger stays beside the budget.
-	if !r.isDefaultRedis(s.conn) {
-		if def, err := r.defaultRedisConn(); err == nil {
-			t.LedgerConn, t.LedgerClientOptions = &def, r.redisClientOptions(def, false)
-		}
+	if l := r.ledgerConn(s.conn); l != nil {
+		t.LedgerConn, t.LedgerClientOptions = l, r.redisClientOptions(*l, false)
 	}
 	return t
 }
@@ -487,11 +481,7 @@ func (r *RedPacketBudgetReconciler) applyBudgetStatus(ctx context.Context, b *re
 	if err != nil {
 		return fmt.Errorf("converting the budget's status: %w", err)
 	}
-	obj := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
-	obj.SetAPIVersion(redpacketv1alpha1.GroupVersion.String())
-	obj.SetKind("RedPacketBudget")
-	obj.SetNamespace(b.Namespace)
-	obj.SetName(b.Name)
+	obj := statusApplyObjectOf("RedPacketBudget", b, fields)
 	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(BudgetFieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying the budget's status: %w", err)
 	}

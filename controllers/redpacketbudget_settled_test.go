@@ -37,6 +37,31 @@ func (e *env) startBudgetSettlementRunner() *controllers.BudgetSettlementRunner 
 	return runner
 }
 
+// budgetReceiver is a real balance system that requires the budget's announcement
+// (rain.Receiver) behind an HTTP server the test's settlement keys allow; it returns
+// the receiver and the server's URL.
+func (e *env) budgetReceiver() (*rain.Receiver, string) {
+	receiver := rain.NewReceiver([]byte(testSigningKey))
+	receiver.RequireBudget = true
+	hs := httptest.NewServer(receiver)
+	e.t.Cleanup(hs.Close)
+	e.allowWebhook(hs.URL)
+	return receiver, hs.URL
+}
+
+// createConfiguredBudget creates the budget name with spec and waits until Redis
+// allots its total.
+func (e *env) createConfiguredBudget(name string, spec redpacketv1alpha1.RedPacketBudgetSpec) *redpacketv1alpha1.RedPacketBudget {
+	e.t.Helper()
+	b := &redpacketv1alpha1.RedPacketBudget{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name}, Spec: spec}
+	if err := e.c.Create(context.Background(), b); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.waitRedPacketBudget(name, "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Total, spec.Total)
+	})
+}
+
 // A budget with a webhook, settled by the operator's own runner through the
 // reconciler: the total is announced before the shards may draw on it and again at
 // a refill, every grant and every refund of its runtime packets is credited once,
@@ -46,28 +71,14 @@ func (e *env) startBudgetSettlementRunner() *controllers.BudgetSettlementRunner 
 func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	receiver := rain.NewReceiver([]byte(testSigningKey))
-	receiver.RequireBudget = true
-	hs := httptest.NewServer(receiver)
-	t.Cleanup(hs.Close)
-	e.allowWebhook(hs.URL)
-
+	receiver, url := e.budgetReceiver()
 	e.startBudgetController(e.startBudgetSettlementRunner())
 
-	b := &redpacketv1alpha1.RedPacketBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "settled"},
-		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
-			Total: 100_000, BudgetShards: 4,
-			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 10_000, MaxCount: 10,
-				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionRandom}},
-			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}},
-		},
-	}
-	if err := e.c.Create(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	b = e.waitRedPacketBudget("settled", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		return is(b.Status.Total, 100_000)
+	b := e.createConfiguredBudget("settled", redpacketv1alpha1.RedPacketBudgetSpec{
+		Total: 100_000, BudgetShards: 4,
+		Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 10_000, MaxCount: 10,
+			Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionRandom}},
+		Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: url + "/credit"}},
 	})
 	uid := string(b.UID)
 	if amount, _, ok := receiver.Budget(uid); !ok || amount != 100_000 {
@@ -165,27 +176,14 @@ func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
 func TestForgedPacketWithItsGrantIsDetected(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	receiver := rain.NewReceiver([]byte(testSigningKey))
-	receiver.RequireBudget = true
-	hs := httptest.NewServer(receiver)
-	t.Cleanup(hs.Close)
-	e.allowWebhook(hs.URL)
+	receiver, url := e.budgetReceiver()
 	e.startBudgetController(e.startBudgetSettlementRunner())
 
-	b := &redpacketv1alpha1.RedPacketBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "forged"},
-		Spec: redpacketv1alpha1.RedPacketBudgetSpec{
-			Total: 10_000, BudgetShards: 1,
-			Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 5_000, MaxCount: 10,
-				Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
-			Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: hs.URL + "/credit"}},
-		},
-	}
-	if err := e.c.Create(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	b = e.waitRedPacketBudget("forged", "configured", 30*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
-		return is(b.Status.Total, 10_000)
+	b := e.createConfiguredBudget("forged", redpacketv1alpha1.RedPacketBudgetSpec{
+		Total: 10_000, BudgetShards: 1,
+		Packets: redpacketv1alpha1.PacketLimits{MaxTotal: 5_000, MaxCount: 10,
+			Distributions: []redpacketv1alpha1.DistributionType{redpacketv1alpha1.DistributionFixed}},
+		Settlement: &redpacketv1alpha1.Settlement{Webhook: &redpacketv1alpha1.Webhook{URL: url + "/credit"}},
 	})
 	uid := string(b.UID)
 	h := store.NewBudget(e.rdb, uid, 1)

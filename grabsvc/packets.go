@@ -209,8 +209,8 @@ var createMessages = map[store.CreateOutcome]string{
 // (store.ErrBudgetFenced): the fence's reason and what did not happen.
 func fencedMessage(err error, nothing string) string {
 	reason := "fenced"
-	if _, r, ok := strings.Cut(err.Error(), store.ErrBudgetFenced.Error()+" ("); ok {
-		reason = strings.TrimSuffix(r, ")")
+	if fe := (*store.FencedError)(nil); errors.As(err, &fe) {
+		reason = fe.Reason
 	}
 	return fmt.Sprintf("the budget's Redis lost or rolled back its data (%s), and the operator fenced it: %s, and nothing will be until the platform team decides", reason, nothing)
 }

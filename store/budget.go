@@ -54,6 +54,22 @@ var ErrBudgetClosed = errors.New("the budget takes no new packets")
 // back its data, so nothing is created, granted or expired there.
 var ErrBudgetFenced = errors.New("the budget is fenced: its Redis lost or rolled back its data, and nothing is created or granted until the platform team decides")
 
+// FencedError is the error of a creation or a grab on a fenced shard: it is
+// ErrBudgetFenced (errors.Is), with the fence's reason as the operator wrote it.
+type FencedError struct {
+	// What is the call refused ("creating packet order-1").
+	What string
+	// Reason is the fence's reason (DataLost, RedisRolledBack).
+	Reason string
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("%s: %v (%s)", e.What, ErrBudgetFenced, e.Reason)
+}
+
+// Is makes a FencedError ErrBudgetFenced.
+func (e *FencedError) Is(target error) bool { return target == ErrBudgetFenced }
+
 // BudgetShardOf is the budget shard that holds packetID: FNV-1a (64 bit) of the id,
 // modulo n. It depends on nothing but the id and n, so every grab pod, restart and
 // version agrees; n is immutable for that reason.

@@ -124,7 +124,7 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	}
 	if !ok {
 		if reason, _ := b.c.HGet(ctx, b.keys[i].Meta, "fenced").Result(); reason != "" {
-			return CreateResult{}, fmt.Errorf("creating packet %s: %w (%s)", p.ID, ErrBudgetFenced, reason)
+			return CreateResult{}, &FencedError{What: "creating packet " + p.ID, Reason: reason}
 		}
 		return CreateResult{}, fmt.Errorf("creating packet %s: budget shard %d is not configured", p.ID, i)
 	}
@@ -163,7 +163,7 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 		return CreateResult{}, fmt.Errorf("creating packet %s: empty reply", p.ID)
 	}
 	if reply[0] == "fenced" {
-		return CreateResult{}, fmt.Errorf("creating packet %s: %w (%s)", p.ID, ErrBudgetFenced, strings.Join(reply[1:], " "))
+		return CreateResult{}, &FencedError{What: "creating packet " + p.ID, Reason: strings.Join(reply[1:], " ")}
 	}
 	res := CreateResult{Outcome: CreateOutcome(reply[0])}
 	switch res.Outcome {
@@ -222,7 +222,7 @@ func (b *Budget) GrabPacket(ctx context.Context, packetID, userID string) (Packe
 		return PacketGrab{}, fmt.Errorf("grabbing packet %s: empty reply", packetID)
 	}
 	if reply[0] == "fenced" {
-		return PacketGrab{}, fmt.Errorf("grabbing packet %s: %w (%s)", packetID, ErrBudgetFenced, strings.Join(reply[1:], " "))
+		return PacketGrab{}, &FencedError{What: "grabbing packet " + packetID, Reason: strings.Join(reply[1:], " ")}
 	}
 	g := PacketGrab{Outcome: PacketGrabOutcome(reply[0])}
 	switch g.Outcome {
