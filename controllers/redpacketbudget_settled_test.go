@@ -166,13 +166,15 @@ func TestBudgetSettledByTheOperatorsRunner(t *testing.T) {
 
 // Issue 34, case 3: the budget's own Redis user writes a tombstone of a packet that
 // never existed (HSET on its packet key) and the grant of 2,000 to mallory that
-// matches it (XADD on its stream). The settlement check cannot tell it from a
-// genuine forgotten packet's grant, and the ledger credits it within the announced
-// total: that much of the budget's own money is re-routed, and the balance system is
-// paid it. It is detected: the ledger, read before the snapshot, credited 2,000 more
-// in grants than the shards ever granted, so the budget is Stalled
+// matches it (XADD on its stream). No creation record announced that packet, so the
+// ledger has no account for it: the grant is dead-lettered packet_unknown and never
+// paid. Before packets had accounts, it was credited. The user then forges the
+// creation record too (XADD of a "create" entry, which its functions' data commands
+// allow): the ledger books that packet within the announced total and pays the
+// grant, so that much of the budget's own money is re-routed. It is detected: the
+// ledger, read before the snapshot, credited 2,000 more in grants than the shards
+// ever granted and booked a packet no creation made, so the budget is Stalled
 // ConservationBroken with a Warning that says so, and money_faults counts it.
-// Before, nothing noticed.
 func TestForgedPacketWithItsGrantIsDetected(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -202,22 +204,44 @@ func TestForgedPacketWithItsGrantIsDetected(t *testing.T) {
 	tenant := redis.NewClient(&redis.Options{Addr: e.redis.Addr, Username: string(secret.Data["username"]),
 		Password: string(secret.Data["password"])})
 	t.Cleanup(func() { _ = tenant.Close() })
-	if err := tenant.HSet(ctx, h.ShardKeys(0).Packet("ghost-1"), "fp", "f", "snd", "mallory", "tot", 2000, "cnt", 1,
-		"g", 1, "r", 0, "x", 1, "f", 1).Err(); err != nil {
-		t.Fatalf("the budget's Redis user writing a tombstone: %v", err)
+	xadd := func(field, value string) string {
+		t.Helper()
+		id, err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: h.ShardKeys(0).Stream, Values: []string{field, value}}).Result()
+		if err != nil {
+			t.Fatalf("the budget's Redis user appending %s %s: %v", field, value, err)
+		}
+		return id
 	}
-	if err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: h.ShardKeys(0).Stream,
-		Values: []string{"grant", "ghost-1/0:2000:0:CNY:mallory"}}).Err(); err != nil {
-		t.Fatalf("the budget's Redis user appending the grant: %v", err)
+	for _, ghost := range []string{"ghost-0", "ghost-1"} {
+		if err := tenant.HSet(ctx, h.ShardKeys(0).Packet(ghost), "fp", "f", "snd", "mallory", "tot", 2000, "cnt", 1,
+			"g", 1, "r", 0, "x", 1, "f", 1).Err(); err != nil {
+			t.Fatalf("the budget's Redis user writing a tombstone: %v", err)
+		}
 	}
+	unknown := xadd("grant", "ghost-0/0:2000:0:CNY:mallory")
+	wait.Until(t, 20*time.Second, "the grant of a packet without a creation record dead-lettered", func() (bool, string) {
+		dead, err := h.Stream(0).DeadLetters(ctx)
+		for _, d := range dead {
+			if d.Fields["entry"] == unknown {
+				return strings.HasPrefix(d.Fields["error"], "forged settlement entry (packet_unknown)"), d.Fields["error"]
+			}
+		}
+		return false, fmt.Sprintf("%d dead letters, %v", len(dead), err)
+	})
+	if _, ok := receiver.Delivered(uid + "/ghost-0/0"); ok {
+		t.Fatal("the grant of a packet without a creation record was paid")
+	}
+	xadd("create", fmt.Sprintf("ghost-1:2000:%d:2000:mallory", time.Now().Add(time.Hour).UnixMilli()))
+	xadd("grant", "ghost-1/0:2000:0:CNY:mallory")
 	wait.Until(t, 20*time.Second, "the forged grant credited", func() (bool, string) {
 		d, ok := receiver.Delivered(uid + "/ghost-1/0")
 		return ok && d.UserID == "mallory", fmt.Sprintf("%+v", receiver.Totals())
 	})
 	got := e.waitBudgetStalled("forged", redpacketv1alpha1.ReasonConservationBroken)
 	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
-	if !strings.Contains(c.Message, "credited 2500 in grants, more than the 500 the shards ever granted") {
-		t.Fatalf("the Stalled message %q does not name the credits beyond the grants", c.Message)
+	if !strings.Contains(c.Message, "credited 2500 in grants, more than the 500 the shards ever granted") ||
+		!strings.Contains(c.Message, "booked 2 packets drawing 3000, more than the 1 packets and 1000 the shards ever created") {
+		t.Fatalf("the Stalled message %q does not name the credits beyond the grants and the packet booked beyond the creations", c.Message)
 	}
 	e.waitEvent("forged", corev1.EventTypeWarning, redpacketv1alpha1.ReasonConservationBroken)
 }

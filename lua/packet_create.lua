@@ -1,6 +1,7 @@
 -- packet_create: create one runtime packet of a budget, drawing its money from the
 -- budget shard it hashes to, in one atomic step.
--- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's due index
+-- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's due index,
+-- KEYS[4] the shard's settlement stream
 -- ARGV[1] packet id, ARGV[2] body fingerprint, ARGV[3] sender, ARGV[4] total,
 -- ARGV[5] count, ARGV[6] distribution, ARGV[7] time to live in ms (0: the budget's
 -- default), ARGV[8..7+count] the shares in grab order (lua/split's, computed by the
@@ -21,7 +22,14 @@
 -- the budget closed, so a retried creation is idempotent), then the closed flag, the
 -- body, the limits written by budget_configure, and the money: available must cover
 -- the total. Then the total moves from available to live, the packet hash is written
--- with its shares (s0..s<count-1>) and the packet enters the due index.
+-- with its shares (s0..s<count-1>), the packet enters the due index, and its creation
+-- record goes to the settlement stream:
+--   create = "<id>:<total>:<expires ms>:<s0>,<s1>,...:<sender>" (the sender last, as it
+--   may hold ':'), whose entry id is the creation's time.
+-- Settlement books that record first, in the operator's ledger (a per-packet account:
+-- ledger_packets_credit.lua), and every later grant and the refund of the packet are
+-- held to it; nothing is delivered for it. At most 1000 shares of at most 15 digits,
+-- so a record is at most about 17 KB; a 5-share packet's is under 100 bytes.
 --
 -- The packet hash: fp fingerprint, snd sender, tot total, cnt count, dst
 -- distribution, ct created and ex expires (unix ms), g shares granted, r remaining
@@ -49,8 +57,9 @@ if #id > 64 or not string.find(id, '^[A-Za-z0-9][A-Za-z0-9%._%-]*$') then
   return redis.error_reply('ERR packet id must be 1 to 64 of [A-Za-z0-9._-], the first alphanumeric')
 end
 local prefix = string.sub(KEYS[1], 1, -5)
-if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[3] ~= prefix .. 'due' then
-  return redis.error_reply('ERR keys are not one budget shard\'s meta, packet ' .. id .. ' and due index')
+if string.sub(KEYS[1], -4) ~= 'meta' or KEYS[2] ~= prefix .. 'p:' .. id or KEYS[3] ~= prefix .. 'due'
+    or KEYS[4] ~= prefix .. 'stream' then
+  return redis.error_reply('ERR keys are not one budget shard\'s meta, packet ' .. id .. ', due index and stream')
 end
 if #fp < 1 or #fp > 64 then
   return redis.error_reply('ERR fingerprint must be 1 to 64 bytes')
@@ -121,6 +130,7 @@ if #ARGV ~= 7 + n then
   return {'invalid_request', (#ARGV - 7) .. ' shares for a count of ' .. count}
 end
 local minShare, sum = tonumber(m[5]), 0
+local shares = {}
 local fields = {'fp', fp, 'snd', sender, 'tot', total, 'cnt', count, 'dst', dist, 'ct', 0, 'ex', 0, 'g', 0, 'r', total}
 for i = 1, n do
   local a = ARGV[7 + i]
@@ -137,6 +147,7 @@ for i = 1, n do
   end
   fields[#fields + 1] = 's' .. (i - 1)
   fields[#fields + 1] = a
+  shares[i] = a
 end
 if sum ~= t then
   return {'invalid_request', 'the shares sum to less than the total'}
@@ -156,4 +167,5 @@ redis.call('HINCRBY', KEYS[1], 'live', total)
 redis.call('HINCRBY', KEYS[1], 'created', 1)
 redis.call('HSET', KEYS[2], unpack(fields))
 redis.call('ZADD', KEYS[3], expires, id)
+redis.call('XADD', KEYS[4], '*', 'create', id .. ':' .. total .. ':' .. expires .. ':' .. table.concat(shares, ',') .. ':' .. sender)
 return {'created', created, expires}

@@ -207,8 +207,11 @@ func AnnounceBudgetTotal(ctx context.Context, cfg Config, b *store.Budget, total
 	ledger := b.SettlementLedger(retention)
 	// The budget's packets are known from here on: the first announcement comes
 	// before the budget is configured, so before its first packet, and every entry
-	// settlement ever reads, the first batch's included, is held to the mark.
+	// settlement ever reads, the first batch's included, is held to the marks.
 	if _, err := ledger.KnownSince(ctx); err != nil {
+		return 0, err
+	}
+	if _, err := ledger.AccountsSince(ctx, accountsUpgradeDelay(cfg.Packets)); err != nil {
 		return 0, err
 	}
 	for {
@@ -333,6 +336,12 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 			continue
 		}
 		packetID, share, why := splitPacketKey(e.Kind, e.PacketID, c.cfg.MaxCount)
+		if e.Kind == store.KindCreate {
+			packetID, share, why = e.PacketID, store.OpenShare, checkPacketID(e.PacketID)
+			if why == "" && int64(len(e.Shares)) > c.cfg.MaxCount {
+				why = fmt.Sprintf("%d shares, but a packet has at most %d", len(e.Shares), c.cfg.MaxCount)
+			}
+		}
 		if why != "" {
 			forged[e.ID] = &ForgedError{Reason: ReasonPacketIDMalformed, Detail: fmt.Sprintf("%s of %d for user %q: %s", e.Kind, e.Amount, e.UserID, why)}
 			continue
@@ -344,7 +353,7 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 			continue
 		}
 		decide = append(decide, e)
-		credits = append(credits, store.BudgetCredit{Kind: e.Kind, PacketID: packetID, Share: share, UserID: e.UserID, Amount: e.Amount, At: e.At})
+		credits = append(credits, e.Credit(packetID, share))
 	}
 	// The packets still in Redis say what their scripts wrote; what does not match
 	// is not decided in the ledger at all.
@@ -376,26 +385,112 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 	if err != nil {
 		return nil, err
 	}
+	if err := c.bookLateRecords(ctx, credits, verdicts); err != nil {
+		return nil, err
+	}
 	if err := c.refillUnderWay(ctx, verdicts); err != nil {
 		return nil, err
+	}
+	for i, e := range decide {
+		if e.Kind == store.KindCreate && verdicts[i].Deliver() {
+			forged[e.ID] = errBooked
+		}
 	}
 	recordForged(forged, decide, verdicts, func(v store.LedgerVerdict, e store.StreamEntry) string {
 		switch v.Verdict {
 		case store.LedgerDuplicatePacket:
 			return fmt.Sprintf("%s %s of %d for user %q: the key was credited already, to %q (the same body again would pass)", e.Kind, e.PacketID, e.Amount, e.UserID, v.CreditedTo)
 		case store.LedgerOverBudget:
+			if e.Kind == store.KindCreate {
+				return fmt.Sprintf("creation of packet %s of %d by %q: the packets booked would draw more than the budget total announced to the balance system", e.PacketID, e.Amount, e.UserID)
+			}
 			return fmt.Sprintf("%s %s of %d for user %q: the credits would exceed the budget total announced to the balance system", e.Kind, e.PacketID, e.Amount, e.UserID)
+		case store.LedgerPacketUnknown:
+			return fmt.Sprintf("%s %s of %d for user %q: no creation record of the packet was booked", e.Kind, e.PacketID, e.Amount, e.UserID)
+		case store.LedgerPacketOutOfRange:
+			return fmt.Sprintf("grant %s of %d for user %q: the packet's account has no such share", e.PacketID, e.Amount, e.UserID)
+		case store.LedgerAmountMismatch:
+			return fmt.Sprintf("grant %s of %d for user %q: the packet's account records another amount for that share", e.PacketID, e.Amount, e.UserID)
+		case store.LedgerClaimMismatch:
+			return fmt.Sprintf("refund %s of %d to %q: not the packet's sender", e.PacketID, e.Amount, e.UserID)
+		case store.LedgerOverPacket:
+			return fmt.Sprintf("%s %s of %d for user %q: the credits of the packet would exceed its total", e.Kind, e.PacketID, e.Amount, e.UserID)
 		}
 		return ""
 	})
 	return forged, nil
 }
 
-// tombstonesSince is the ledger's KnownSince, read once and kept.
+// bookLateRecords decides again the credits the ledger found without an account
+// (LedgerPacketUnknown) whose packet's creation record is still in its stream
+// (store.Budget.CreationRecord), booking the record first: after a worker's crash,
+// the group hands out a packet's grants before the record an unfinished read holds,
+// until that read is taken over. It replaces their verdicts in place. A packet with
+// no record in its stream keeps its verdict.
+func (c *packetsCheck) bookLateRecords(ctx context.Context, credits []store.BudgetCredit, verdicts []store.LedgerVerdict) error {
+	records := map[string]*store.BudgetCredit{}
+	var again []int
+	for i, v := range verdicts {
+		if v.Verdict != store.LedgerPacketUnknown {
+			continue
+		}
+		id := credits[i].PacketID
+		rec, seen := records[id]
+		if !seen {
+			e, ok, err := c.budget.CreationRecord(ctx, id)
+			if err != nil {
+				return err
+			}
+			if ok && e.PacketID == id && int64(len(e.Shares)) <= c.cfg.MaxCount {
+				cr := e.Credit(id, store.OpenShare)
+				rec = &cr
+			}
+			records[id] = rec
+		}
+		if rec != nil {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return nil
+	}
+	var batch []store.BudgetCredit
+	var at []int
+	for id, rec := range records {
+		if rec == nil {
+			continue
+		}
+		batch = append(batch, *rec)
+		at = append(at, -1)
+		for _, i := range again {
+			if credits[i].PacketID == id {
+				batch = append(batch, credits[i])
+				at = append(at, i)
+			}
+		}
+	}
+	got, err := c.ledger.Decide(ctx, batch)
+	if err != nil {
+		return err
+	}
+	for k, i := range at {
+		if i >= 0 {
+			verdicts[i] = got[k]
+		}
+	}
+	return nil
+}
+
+// tombstonesSince is the ledger's KnownSince, read once and kept; the first time,
+// it also makes sure the ledger holds its accounts_since (BudgetLedger.AccountsSince),
+// for a budget announced by a release that did not record it.
 func (c *packetsCheck) tombstonesSince(ctx context.Context) (time.Time, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.knownSince.IsZero() {
+		if _, err := c.ledger.AccountsSince(ctx, accountsUpgradeDelay(&c.cfg)); err != nil {
+			return time.Time{}, err
+		}
 		since, err := c.ledger.KnownSince(ctx)
 		if err != nil {
 			return time.Time{}, err
@@ -403,6 +498,18 @@ func (c *packetsCheck) tombstonesSince(ctx context.Context) (time.Time, error) {
 		c.knownSince = since
 	}
 	return c.knownSince, nil
+}
+
+// accountsUpgradeDelay is how long after its first check under this release a
+// budget announced by an older one still credits entries of packets without a
+// creation record (BudgetLedger.AccountsSince): the longest time to live, and the
+// hour the ledger's retention keeps beyond it, for the grab fleet's rollout.
+func accountsUpgradeDelay(p *Packets) time.Duration {
+	ttl := time.Duration(defaultPacketMaxTTL)
+	if p != nil && p.MaxTTL > 0 {
+		ttl = p.MaxTTL
+	}
+	return ttl + maxPacketLedgerMargin
 }
 
 // BudgetConfigFor is the worker configuration of a budget's settlement workers:

@@ -201,6 +201,26 @@ func (tb testBudget) refund(packet, sender string, amount int64, at time.Time) s
 	return id
 }
 
+// created appends packet's creation record, as packet_create does before any grant
+// of it, on the packet's shard: its sender, its shares in grab order (their sum is
+// its total) and its expiry.
+func (tb testBudget) created(packet, sender string, expires time.Time, shares ...int64) string {
+	tb.t.Helper()
+	var total int64
+	list := make([]string, len(shares))
+	for i, a := range shares {
+		total += a
+		list[i] = strconv.FormatInt(a, 10)
+	}
+	k := tb.b.ShardKeys(tb.b.ShardOf(packet))
+	id, err := tb.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: k.Stream, Values: []string{
+		"create", fmt.Sprintf("%s:%d:%d:%s:%s", packet, total, expires.UnixMilli(), strings.Join(list, ","), sender)}}).Result()
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	return id
+}
+
 // tombstone writes packet's tombstone as packet_forget leaves it once its refund
 // settled (the fields it keeps and f), so the check takes the packet as forgotten.
 func (tb testBudget) tombstone(packet string) {
@@ -341,6 +361,13 @@ func TestBudgetGrantsAndRefundsAreDeliveredOnceSigned(t *testing.T) {
 		// their tombstones say they existed (an entry of a packet with neither is
 		// packet_unknown).
 		tb.tombstone(packet)
+		var shares []int64
+		var rest int64 = 1000
+		for s := range p % 4 {
+			shares = append(shares, int64(100+10*s+p))
+			rest -= int64(100 + 10*s + p)
+		}
+		tb.created(packet, "merchant-7", at, append(shares, rest)...)
 		var granted int64
 		for s := range p % 4 {
 			amount := int64(100 + 10*s + p)
@@ -422,15 +449,21 @@ func TestBudgetForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 		t.Fatal(err)
 	}
 	// p-1 and p-2 were created and are gone (tombstones); the other ids are refused
-	// before their packets are looked up.
+	// before their packets are looked up. p-1's creation record draws the whole
+	// 1,000, so p-2's cannot be booked and its grant has no account.
 	tb.tombstone("p-1")
 	tb.tombstone("p-2")
-	genuine := []string{tb.grant("p-1", 0, "alice", 300), tb.grant("p-1", 1, "bob", 200)}
+	genuine := []string{tb.created("p-1", "merchant-7", time.Now(), 300, 200, 500),
+		tb.grant("p-1", 0, "alice", 300), tb.grant("p-1", 1, "bob", 200)}
 	forged := map[string]string{
-		tb.grant("p-2", 0, "mallory", 501):        ReasonOverBudget,
-		tb.grant("p-1", 0, "mallory", 300):        ReasonDuplicatePacket,
-		tb.grant("p-3", 10, "mallory", 1):         ReasonPacketIDMalformed,
-		tb.raw(0, "grant", "p-4:1:0:CNY:mallory"): ReasonPacketIDMalformed,
+		tb.created("p-2", "mallory", time.Now(), 501): ReasonOverBudget,
+		tb.grant("p-2", 0, "mallory", 501):            ReasonPacketUnknown,
+		tb.grant("p-1", 0, "mallory", 300):            ReasonDuplicatePacket,
+		tb.grant("p-1", 2, "mallory", 499):            ReasonAmountMismatch,
+		tb.grant("p-1", 3, "mallory", 1):              ReasonPacketOutOfRange,
+		tb.refund("p-1", "mallory", 500, time.Now()):  ReasonClaimMismatch,
+		tb.grant("p-3", 10, "mallory", 1):             ReasonPacketIDMalformed,
+		tb.raw(0, "grant", "p-4:1:0:CNY:mallory"):     ReasonPacketIDMalformed,
 		tb.raw(0, "kind", "refund", "packet", "p-5/0", "user", "mallory", "amount", "1", "currency", "CNY", "at", "1"): ReasonPacketIDMalformed,
 		tb.raw(0, "grant", "p-6/0:many:0:CNY:mallory"):                                                                 ReasonMalformed,
 		tb.refund("p-7", "mallory", 1, time.Now().Add(-8*24*time.Hour)):                                                ReasonStaleEntry,
@@ -449,8 +482,8 @@ func TestBudgetForgedEntriesAreDeadLetteredNeverDelivered(t *testing.T) {
 	if len(problems) > 0 {
 		t.Fatalf("the balance system saw: %v", problems)
 	}
-	if len(got) != len(genuine) || got[uid+"/p-1/0"].UserID != "alice" || got[uid+"/p-1/refund"].Amount != 500 {
-		t.Errorf("credited %v, want the %d genuine entries", got, len(genuine))
+	if len(got) != len(genuine)-1 || got[uid+"/p-1/0"].UserID != "alice" || got[uid+"/p-1/refund"].Amount != 500 {
+		t.Errorf("credited %v, want the %d genuine credits", got, len(genuine)-1)
 	}
 	dead := tb.deadLetters()
 	counts := map[string]float64{}
@@ -498,6 +531,7 @@ func TestBudgetKeyIsCreditedOnceAcrossAWorkerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	tb.tombstone("p-9") // created since the announcement, and gone
+	tb.created("p-9", "merchant-7", time.Now(), 700)
 	first := tb.grant("p-9", 0, "alice", 700)
 	f := &forgotten{ids: map[string]int{}}
 	stop := startBudgetWorkers(t, tb, cfg, f)
@@ -968,9 +1002,11 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 // (HINCRBY on the meta) and writes a packet hash that records a grant of 5,000 to
 // mallory, with the matching grant entry, beyond the announced 1,000; then bob
 // grabs a genuine packet of 1,000. No announcement is under way in the operator's
-// ledger, so nothing waits: the forgery is dead-lettered over_budget and bob is
-// credited. Before, the raised allotment read as a refill under way, and the
-// budget's settlement waited forever with no dead letter, bob's grant with it.
+// ledger, so nothing waits: the forgery, whose packet no creation record announced,
+// is dead-lettered packet_unknown and bob is credited. Before, the raised allotment
+// read as a refill under way, and the budget's settlement waited forever with no
+// dead letter, bob's grant with it; and before packets had accounts, the forged
+// hash passed the check and only the announced total refused it (over_budget).
 func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
 	ctx := context.Background()
 	const uid = "rpb-uid-allotted"
@@ -1030,8 +1066,8 @@ func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
 		t.Fatalf("credited %v; want bob's 1,000 alone", got)
 	}
 	dead := tb.deadLetters()
-	if len(dead) != 1 || !strings.HasPrefix(dead[forged], "forged settlement entry (over_budget)") {
-		t.Fatalf("dead letters %v; want the forgery %s alone, as over_budget", dead, forged)
+	if len(dead) != 1 || !strings.HasPrefix(dead[forged], "forged settlement entry (packet_unknown)") {
+		t.Fatalf("dead letters %v; want the forgery %s alone, as packet_unknown", dead, forged)
 	}
 }
 
@@ -1040,9 +1076,10 @@ func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
 // holds its Redis's credentials: it raises the announced total in a ledger hash of
 // its own making, forges 5,000 into its shard's available money and spends it on a
 // packet that mallory grabs. The ledger on the operator's Redis still holds the
-// announced 1,000: alice's genuine 500 is credited, mallory's 5,000 is dead-lettered
-// over_budget and never delivered. With the ledger in the tenant's Redis, its raised
-// total let mallory's grant through to the balance system.
+// announced 1,000: alice's genuine 500 is credited; the forged packet's creation
+// record would draw beyond it and is dead-lettered over_budget, so mallory's 5,000
+// has no account (packet_unknown) and is never delivered. With the ledger in the
+// tenant's Redis, its raised total let mallory's grant through to the balance system.
 func TestBudgetLedgerLivesOnTheOperatorsRedis(t *testing.T) {
 	ctx := context.Background()
 	const uid = "rpb-uid-own-redis"
@@ -1091,7 +1128,7 @@ func TestBudgetLedgerLivesOnTheOperatorsRedis(t *testing.T) {
 	startBudgetWorkers(t, tb, cfg, &forgotten{ids: map[string]int{}})
 	eventually(t, 20*time.Second, "alice credited and mallory dead-lettered", func() bool {
 		got, _ := bal.credits()
-		return len(got) == 1 && len(tb.deadLetters()) == 1
+		return len(got) == 1 && len(tb.deadLetters()) == 2
 	})
 	got, _ := bal.credits()
 	if d, ok := got[uid+"/order-1/0"]; !ok || d.UserID != "alice" || d.Amount != 500 {
@@ -1100,10 +1137,13 @@ func TestBudgetLedgerLivesOnTheOperatorsRedis(t *testing.T) {
 	if n := bal.requestsFor(uid + "/forged-1/0"); n != 0 {
 		t.Fatalf("mallory's grant was sent %d times; want never", n)
 	}
-	for id, why := range tb.deadLetters() {
-		if !strings.HasPrefix(why, "forged settlement entry (over_budget)") {
-			t.Fatalf("dead letter %s: %q; want over_budget", id, why)
-		}
+	reasons := map[string]int{}
+	for _, why := range tb.deadLetters() {
+		reason, _, _ := strings.Cut(strings.TrimPrefix(why, "forged settlement entry ("), ")")
+		reasons[reason]++
+	}
+	if reasons[ReasonOverBudget] != 1 || reasons[ReasonPacketUnknown] != 1 {
+		t.Fatalf("dead letters %v; want the forged packet's creation over_budget and mallory's grant packet_unknown", tb.deadLetters())
 	}
 	sums, err := ledger.Sums(ctx)
 	if err != nil {
@@ -1114,5 +1154,87 @@ func TestBudgetLedgerLivesOnTheOperatorsRedis(t *testing.T) {
 	}
 	if n, err := operator.Exists(ctx, ledger.Key()).Result(); err != nil || n != 1 {
 		t.Fatalf("the ledger is not on the operator's Redis: %d, %v", n, err)
+	}
+}
+
+// Issue 34, case 3: a packet's grants are held to the account its creation record
+// opens in the operator's ledger, even when the group hands out a grant before the
+// record. A worker of an earlier leader read the record and died before checking
+// it, so the record stays pending under that consumer until it is taken over; the
+// new leader's worker reads bob's grant first. It finds the record in the stream at
+// the creation time the packet's hash records, books it, and pays bob: no dead
+// letter. The record, taken over later, is booked again as the same account and
+// acknowledged, with nothing delivered for it. Without that lookup, bob's genuine
+// grant is dead-lettered packet_unknown.
+func TestGrantReadBeforeItsCreationRecordIsPaid(t *testing.T) {
+	ctx := context.Background()
+	const uid = "rpb-uid-late-record"
+	key := []byte("operator-signing-key")
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, uid, 1)
+	tb := testBudget{t: t, rdb: rdb, b: b}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), "operator-new", key)
+	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
+		t.Fatal(err)
+	}
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	if err := b.Configure(ctx, 1000, limits); err != nil {
+		t.Fatal(err)
+	}
+	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 1000, Count: 2,
+		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
+		t.Fatalf("creating order-1: %v, %v", outcome, err)
+	}
+	stream := b.Stream(0)
+	if err := stream.EnsureGroup(ctx, DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	// The earlier leader's read: the creation record, pending under it, never checked.
+	read, err := stream.ReadNew(ctx, DefaultGroup, "operator-old", 1, time.Millisecond)
+	if err != nil || len(read) != 1 || read[0].Kind != store.KindCreate {
+		t.Fatalf("the earlier leader's read: %+v, %v; want the creation record", read, err)
+	}
+	if g, err := b.GrabPacket(ctx, "order-1", "bob"); err != nil || g.Outcome != store.PacketGranted {
+		t.Fatalf("bob's grab: %+v, %v", g, err)
+	}
+
+	startBudgetWorkers(t, tb, cfg, &forgotten{ids: map[string]int{}})
+	eventually(t, 10*time.Second, "bob credited", func() bool {
+		got, _ := bal.credits()
+		return len(got) == 1
+	})
+	eventually(t, 20*time.Second, "drained, the record taken over and acknowledged", func() bool {
+		ok, err := BudgetDrained(ctx, b, "")
+		return err == nil && ok
+	})
+	got, problems := bal.credits()
+	if len(problems) > 0 {
+		t.Fatalf("the balance system saw: %v", problems)
+	}
+	if d, ok := got[uid+"/order-1/0"]; !ok || d.UserID != "bob" || d.Amount != 500 {
+		t.Fatalf("credited %v; want bob's 500", got)
+	}
+	if dead := tb.deadLetters(); len(dead) != 0 {
+		t.Fatalf("dead letters %v; want none", dead)
+	}
+	sums, err := b.SettlementLedger(0).Sums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sums.Packets != 1 || sums.Drawn != 1000 || sums.Granted != 500 {
+		t.Fatalf("ledger %+v; want order-1 booked once, drawing 1000, and bob's 500 granted", sums)
+	}
+	snap, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.SettledCount != 1 || snap.SettledAmount != 500 {
+		t.Fatalf("settled %d grants of %d; want bob's alone (a creation record is no credit)", snap.SettledCount, snap.SettledAmount)
 	}
 }

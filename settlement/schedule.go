@@ -255,6 +255,10 @@ func (s *scheduler) add(batch []acquired) {
 		}
 		e := &entry{id: a.entry.ID, entry: a.entry, forged: a.forged, attempts: a.attempts, started: a.attempts,
 			fresh: true, touched: a.at, running: map[uint64]context.CancelFunc{}, queued: true}
+		if errors.Is(a.forged, errBooked) {
+			// Booked by the check (a creation record): only its acknowledgement is left.
+			e.forged, e.step = nil, stepAck
+		}
 		s.entries[e.id] = e
 		// An entry delivered before (read back from an earlier run's pending list,
 		// or taken over from a dead worker) is a retry.

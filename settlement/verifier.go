@@ -2,6 +2,7 @@ package settlement
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"redpacket.io/operator/store"
@@ -16,9 +17,10 @@ import (
 // a packet whose refund was delivered.
 type Verifier interface {
 	// Verify returns why each forged entry is, by id (a *ForgedError); genuine and
-	// malformed entries that may be delivered are not in the map. An error means
-	// nothing was decided: the worker asks again, and never delivers an entry
-	// unverified.
+	// malformed entries that may be delivered are not in the map; an entry that was
+	// booked and has nothing to deliver (a budget packet's creation record) maps to
+	// errBooked, and is acknowledged. An error means nothing was decided: the worker
+	// asks again, and never delivers an entry unverified.
 	Verify(ctx context.Context, entries []store.StreamEntry) (map[string]error, error)
 	// BeforeAck runs after the balance system accepted the entries' deliveries and
 	// before they are acknowledged. It returns one error for each entry, in order
@@ -26,6 +28,10 @@ type Verifier interface {
 	// nil when all may be acknowledged.
 	BeforeAck(ctx context.Context, entries []store.StreamEntry) []error
 }
+
+// errBooked is Verify's answer for an entry booked in the operator's ledger with
+// nothing to deliver: the worker acknowledges it, and counts it as no delivery.
+var errBooked = errors.New("booked in the operator's ledger: nothing to deliver")
 
 // activityVerifier is the Verifier of an activity's shard.
 type activityVerifier struct {

@@ -329,6 +329,10 @@ func (w *Worker) ack(ctx context.Context, j job, r result) result {
 		r.outcome = outcomeRetry
 		return r
 	}
+	if j.entry.Kind == store.KindCreate {
+		r.outcome = outcomeDone // booked, not delivered: no delivery to count
+		return r
+	}
 	if a.settled {
 		w.m.deliveries.WithLabelValues(ResultSettled).Inc()
 		lag := time.Since(j.entry.At)

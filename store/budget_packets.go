@@ -141,7 +141,7 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	for _, a := range shares {
 		args = append(args, a)
 	}
-	reply, err := b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due}, args...).StringSlice()
+	reply, err := b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due, k.Stream}, args...).StringSlice()
 	// A shard that cannot pay borrows from its siblings (budget_moves.go), and the
 	// creation is tried again: budget_exhausted answers only what the whole budget
 	// cannot pay.
@@ -154,7 +154,7 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 		if !ok {
 			break
 		}
-		reply, err = b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due}, args...).StringSlice()
+		reply, err = b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due, k.Stream}, args...).StringSlice()
 	}
 	if err != nil {
 		return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)

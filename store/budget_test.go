@@ -186,7 +186,7 @@ func TestBudgetCreateOutcomes(t *testing.T) {
 		t.Helper()
 		k := b.ShardKeys(b.ShardOf(id))
 		args := append([]any{id, "fp", "m", total, count, split.TypeRandom, 0}, shares...)
-		v, err := lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet(id), k.Due}, args...).StringSlice()
+		v, err := lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet(id), k.Due, k.Stream}, args...).StringSlice()
 		if err != nil {
 			t.Fatalf("direct create %s: %v", id, err)
 		}
@@ -216,7 +216,7 @@ func TestBudgetCreateOutcomes(t *testing.T) {
 	b2 := configuredBudget(t, ctx, c, "create-min", 1, 1000, minTwo)
 	unchanged(t, ctx, c, "a share below the minimum", func() {
 		k := b2.ShardKeys(0)
-		v, err := lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("low"), k.Due},
+		v, err := lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("low"), k.Due, k.Stream},
 			"low", "fp", "m", 10, 2, split.TypeRandom, 0, 1, 9).StringSlice()
 		if err != nil || v[0] != "limit_exceeded" {
 			t.Fatalf("share below the minimum: %q, %v", v, err)
@@ -308,10 +308,19 @@ func TestBudgetGrabOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries) != 5 {
-		t.Fatalf("%d stream entries, want 5", len(entries))
+	if len(entries) != 6 {
+		t.Fatalf("%d stream entries, want the creation record and 5 grants", len(entries))
 	}
-	for i, e := range entries {
+	rec := entries[0]
+	var shares []int64
+	for _, g := range d.Grabs {
+		shares = append(shares, g.Amount)
+	}
+	if rec.Malformed != nil || rec.Kind != store.KindCreate || rec.PacketID != "p1" || rec.UserID != d.Sender ||
+		rec.Amount != d.Total || fmt.Sprint(rec.Shares) != fmt.Sprint(shares) || !rec.Expires.Equal(d.ExpiresAt) {
+		t.Fatalf("creation record %+v, want packet p1 of %d by %q with shares %v, expiring %s", rec, d.Total, d.Sender, shares, d.ExpiresAt)
+	}
+	for i, e := range entries[1:] {
 		if e.Malformed != nil || e.Kind != store.KindGrant || e.PacketID != fmt.Sprintf("p1/%d", i) ||
 			e.UserID != users[i] || e.Amount != d.Grabs[i].Amount || e.Currency != "CNY" || !e.At.Equal(d.Grabs[i].At) {
 			t.Fatalf("entry %d: %+v, want the grant %+v", i, e, d.Grabs[i])
@@ -574,8 +583,8 @@ func TestBudgetFunctionsRefuseUnboundedArguments(t *testing.T) {
 		"grab with a bad id":       lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("p*"), k.Stream}, "p*", "u"),
 		"grab with another key":    lua.PacketGrabScript.Call(ctx, c, []string{k.Meta, k.Packet("q"), k.Stream}, "p", "u"),
 		"grab with another meta":   lua.PacketGrabScript.Call(ctx, c, []string{k.Due, k.Packet("p"), k.Stream}, "p", "u"),
-		"create with a long id":    lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet(long), k.Due}, long, "f", "m", 5, 1, "Fixed", 0, 5),
-		"create with a long fp":    lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due}, "n", long, "m", 5, 1, "Fixed", 0, 5),
+		"create with a long id":    lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet(long), k.Due, k.Stream}, long, "f", "m", 5, 1, "Fixed", 0, 5),
+		"create with a long fp":    lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due, k.Stream}, "n", long, "m", 5, 1, "Fixed", 0, 5),
 		"detail with a long id":    lua.PacketDetailScript.Call(ctx, c, []string{k.Meta, k.Packet(long)}, long),
 		"live of 101":              lua.PacketLiveScript.Call(ctx, c, []string{k.Meta, k.Due}, 101),
 		"expire of 501":            lua.PacketExpireScript.Run(ctx, c, []string{k.Meta, k.Due, k.Stream}, 501, 1000),
@@ -583,8 +592,8 @@ func TestBudgetFunctionsRefuseUnboundedArguments(t *testing.T) {
 		"expire, tombstone 2^41":   lua.PacketExpireScript.Run(ctx, c, []string{k.Meta, k.Due, k.Stream}, 50, int64(1)<<41),
 		"forget, no tombstone age": lua.PacketForgetScript.Run(ctx, c, []string{k.Packet("p")}),
 		"forget, tombstone of 0":   lua.PacketForgetScript.Run(ctx, c, []string{k.Packet("p")}, 0),
-		"create with few args":     lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due}, "n"),
-		"create, another due key":  lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Stream}, "n", "f", "m", 5, 1, "Fixed", 0, 5),
+		"create with few args":     lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due, k.Stream}, "n"),
+		"create, another due key":  lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Stream, k.Due}, "n", "f", "m", 5, 1, "Fixed", 0, 5),
 	} {
 		unchanged(t, ctx, c, name, func() {
 			if err := cmd.Err(); err == nil {
@@ -598,7 +607,7 @@ func TestBudgetFunctionsRefuseUnboundedArguments(t *testing.T) {
 		args = append(args, 1)
 	}
 	unchanged(t, ctx, c, "a creation of 100000 shares", func() {
-		v, err := lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due}, args...).StringSlice()
+		v, err := lua.PacketCreateScript.Call(ctx, c, []string{k.Meta, k.Packet("n"), k.Due, k.Stream}, args...).StringSlice()
 		if err != nil || v[0] != "invalid_request" {
 			t.Fatalf("100000 shares: %q, %v", v, err)
 		}

@@ -248,17 +248,23 @@ func runSeed004AtVolume(t *testing.T, c redis.UniversalClient, via redis.Cmdable
 			}
 		}
 	}
-	// The streams hold one grant per winner, none twice for a user in a packet.
+	// The streams hold one creation record per packet, before its grants, and one
+	// grant per winner, none twice for a user in a packet.
 	grants := 0
 	perPacket := map[string]map[string]bool{}
+	records := map[string]bool{}
 	for i := range b.N() {
 		entries, err := b.Stream(i).Entries(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range entries {
-			if e.Malformed != nil || e.Kind != store.KindGrant {
-				t.Fatalf("shard %d entry %+v", i, e)
+			if e.Malformed == nil && e.Kind == store.KindCreate && !records[e.PacketID] && perPacket[e.PacketID] == nil {
+				records[e.PacketID] = true
+				continue
+			}
+			if e.Malformed != nil || e.Kind != store.KindGrant || !records[e.PacketID[:len("order-00000")]] {
+				t.Fatalf("shard %d entry %+v (a grant after its packet's creation record)", i, e)
 			}
 			pid := e.PacketID[:len("order-00000")]
 			if perPacket[pid] == nil {
@@ -271,8 +277,8 @@ func runSeed004AtVolume(t *testing.T, c redis.UniversalClient, via redis.Cmdable
 			grants++
 		}
 	}
-	if grants != packets*shares || len(perPacket) != packets {
-		t.Fatalf("%d grant entries over %d packets, want %d over %d", grants, len(perPacket), packets*shares, packets)
+	if grants != packets*shares || len(perPacket) != packets || len(records) != packets {
+		t.Fatalf("%d grant entries over %d packets and %d creation records, want %d over %d", grants, len(perPacket), len(records), packets*shares, packets)
 	}
 	s := conserved(t, ctx, b)
 	if s.Claimed != claimed || s.Live != 0 || s.Available != total-claimed || s.GrabbedShares != packets*shares ||

@@ -41,6 +41,22 @@ const (
 	LedgerOverBudget = "over_budget"
 	// LedgerOverCount: more grants than the activity has packets.
 	LedgerOverCount = "over_count"
+
+	// Verdicts of a budget's ledger only (BudgetLedger.Decide), on the packet's
+	// account booked from its creation record:
+
+	// LedgerPacketUnknown: no creation record was booked for the entry's packet,
+	// and the entry was appended since the ledger's accounts_since.
+	LedgerPacketUnknown = "packet_unknown"
+	// LedgerPacketOutOfRange: a grant of a share the packet does not have.
+	LedgerPacketOutOfRange = "packet_out_of_range"
+	// LedgerAmountMismatch: a grant of another amount than the packet's share.
+	LedgerAmountMismatch = "amount_mismatch"
+	// LedgerClaimMismatch: a refund to another user than the packet's sender.
+	LedgerClaimMismatch = "claim_mismatch"
+	// LedgerOverPacket: what was credited against the packet and this credit would
+	// exceed its total.
+	LedgerOverPacket = "over_packet"
 )
 
 // LedgerVerdict is the ledger's decision on one entry.

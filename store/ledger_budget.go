@@ -24,12 +24,25 @@ import (
 // budget's Redis user (~rpb:{<uid>.*) cannot reach:
 //
 //	rpl:{<uid>}:ledger       hash  the announced total ("total"), the announcement under
-//	                               way ("announcing"), and the sums credited ("credited",
-//	                               "grants", "granted", "refunds", "refunded")
-//	rpl:{<uid>}:p:<packetId> hash  share (or "refund") -> "<amount>:<at ms>:<user>", for each
-//	                               key credited; kept PacketLedgerRetention after its
-//	                               last credit, so the ledger does not grow with every
-//	                               packet a long-lived budget ever made
+//	                               way ("announcing"), the sums credited ("credited",
+//	                               "grants", "granted", "refunds", "refunded"), what the
+//	                               booked packets drew ("drawn" in "packets"), and the
+//	                               marks "tombstones_since" and "accounts_since"
+//	rpl:{<uid>}:p:<packetId> hash  the packet's account, booked from its creation record
+//	                               ("open", "sh", "paid"), and share (or "refund") ->
+//	                               "<amount>:<at ms>:<user>", for each key credited; kept
+//	                               PacketLedgerRetention after its last write, so the
+//	                               ledger does not grow with every packet a long-lived
+//	                               budget ever made
+//
+// Every packet of a budget leaves a creation record in its shard's stream, before
+// anything else of it (packet_create.lua). Settlement books it first, as the packet's
+// account: what it drew, its shares and its sender, with the packets' draws together
+// never above the announced total. From then on each share is credited at most once,
+// for the amount the account records, and the refund only to the sender, after the
+// packet's expiry, and only of what its credited grants left. A grant or refund
+// appended since the ledger's accounts_since whose packet has no account names a
+// packet that no creation record announced: it is refused (packet_unknown).
 //
 // A packet's ledger outlives the packet by far (its entries are written within its
 // time to live, at most a day): an entry older than the retention is refused by the
@@ -88,15 +101,48 @@ func (l *BudgetLedger) PacketKey(packetID string) string {
 
 // BudgetCredit is one entry to decide: a grant of share Share of packet PacketID (or
 // its refund, Share RefundShare) to UserID of Amount, made At (what the delivery's
-// body says).
+// body says); or a packet's creation record (Kind KindCreate, Share OpenShare): its
+// total in Amount, its sender in UserID, its Shares and Expires, made At. Appended
+// is when Redis appended the entry (its id's time).
 type BudgetCredit struct {
 	Kind, PacketID, Share, UserID string
 	Amount                        int64
-	At                            time.Time
+	At, Appended                  time.Time
+	Shares                        []int64
+	Expires                       time.Time
 }
 
 // RefundShare is the share of a packet's refund: its key is "<packetId>/refund".
 const RefundShare = "refund"
+
+// OpenShare is the share of a packet's creation record: the ledger books it as the
+// packet's account.
+const OpenShare = "open"
+
+// Credit is the credit to decide for the budget entry e of packet packetID, share
+// share (the parts of its packet key; for a creation record OpenShare).
+func (e StreamEntry) Credit(packetID, share string) BudgetCredit {
+	c := BudgetCredit{Kind: e.Kind, PacketID: packetID, Share: share, UserID: e.UserID, Amount: e.Amount, At: e.At,
+		Shares: e.Shares, Expires: e.Expires}
+	if ms, _, ok := parseStreamID(e.ID); ok {
+		c.Appended = time.UnixMilli(int64(ms)).UTC()
+	}
+	return c
+}
+
+// paddedShares is the ledger's form of a packet's shares: each a 15-digit
+// zero-padded decimal (a share is below 10^15), read at a fixed place.
+func paddedShares(shares []int64) (string, error) {
+	var b strings.Builder
+	b.Grow(15 * len(shares))
+	for i, a := range shares {
+		if a < 1 || a >= 1e15 {
+			return "", fmt.Errorf("share %d of %d is not a positive amount of at most 15 digits", i, a)
+		}
+		fmt.Fprintf(&b, "%015d", a)
+	}
+	return b.String(), nil
+}
 
 // ErrNotAnnounced is returned by Decide when no budget total was announced yet.
 var ErrNotAnnounced = errors.New("the budget was not announced to the balance system")
@@ -138,14 +184,22 @@ const LedgerDecideStep = 16
 func (l *BudgetLedger) decideStep(ctx context.Context, credits []BudgetCredit) ([]LedgerVerdict, error) {
 	keys := make([]string, 0, 1+len(credits))
 	keys = append(keys, l.key)
-	args := make([]any, 0, 1+5*len(credits))
+	args := make([]any, 0, 1+7*len(credits))
 	args = append(args, l.retention.Milliseconds())
 	for _, c := range credits {
 		if c.PacketID == "" || c.Share == "" || c.UserID == "" || c.Amount < 0 {
 			return nil, fmt.Errorf("ledger %s: credit %+v is incomplete", l.key, c)
 		}
+		extra := ""
+		if c.Kind == KindCreate {
+			sh, err := paddedShares(c.Shares)
+			if err != nil || len(c.Shares) == 0 {
+				return nil, fmt.Errorf("ledger %s: creation record of packet %s: shares %v: %v", l.key, c.PacketID, c.Shares, err)
+			}
+			extra = strconv.FormatInt(c.Expires.UnixMilli(), 10) + ":" + sh
+		}
 		keys = append(keys, l.PacketKey(c.PacketID))
-		args = append(args, c.Kind, c.Share, c.UserID, c.Amount, c.At.UnixMilli())
+		args = append(args, c.Kind, c.Share, c.UserID, c.Amount, c.At.UnixMilli(), c.Appended.UnixMilli(), extra)
 	}
 	res, err := lua.LedgerPacketsCreditScript.Run(ctx, l.c, keys, args...).StringSlice()
 	if err != nil {
@@ -220,6 +274,8 @@ type BudgetLedgerSums struct {
 	// Credited is everything credited: Granted in Grants grants and Refunded in
 	// Refunds refunds.
 	Credited, Grants, Granted, Refunds, Refunded int64
+	// Drawn is what the Packets booked from their creation records drew.
+	Drawn, Packets int64
 }
 
 // LedgerSums reads what the budget's settlement ledger recorded (SettlementLedger's
@@ -245,12 +301,16 @@ func (s BudgetSnapshot) LedgerFaults(l BudgetLedgerSums) []string {
 		faults = append(faults, fmt.Sprintf("the settlement ledger credited %d in refunds, more than the %d the shards ever refunded: "+
 			"refunds no expiry paid for were credited", l.Refunded, s.Refunded))
 	}
+	if drew := s.Live + s.Claimed + s.Refunded; l.Drawn > drew || l.Packets > s.CreatedPackets {
+		faults = append(faults, fmt.Sprintf("the settlement ledger booked %d packets drawing %d, more than the %d packets and %d the shards "+
+			"ever created: creation records no creation wrote were booked", l.Packets, l.Drawn, s.CreatedPackets, drew))
+	}
 	return faults
 }
 
 // Sums reads what the ledger recorded.
 func (l *BudgetLedger) Sums(ctx context.Context) (BudgetLedgerSums, error) {
-	v, err := l.c.HMGet(ctx, l.key, "total", "credited", "grants", "granted", "refunds", "refunded").Result()
+	v, err := l.c.HMGet(ctx, l.key, "total", "credited", "grants", "granted", "refunds", "refunded", "drawn", "packets").Result()
 	if err != nil {
 		return BudgetLedgerSums{}, fmt.Errorf("reading %s: %w", l.key, err)
 	}
@@ -260,7 +320,7 @@ func (l *BudgetLedger) Sums(ctx context.Context) (BudgetLedgerSums, error) {
 		return n
 	}
 	return BudgetLedgerSums{Total: num(v[0]), Credited: num(v[1]), Grants: num(v[2]), Granted: num(v[3]),
-		Refunds: num(v[4]), Refunded: num(v[5])}, nil
+		Refunds: num(v[4]), Refunded: num(v[5]), Drawn: num(v[6]), Packets: num(v[7])}, nil
 }
 
 // Drained reports whether every entry of the shard's settlement stream was settled
@@ -350,6 +410,77 @@ func (l *BudgetLedger) KnownSince(ctx context.Context) (time.Time, error) {
 	return time.UnixMilli(v), nil
 }
 
+// AccountsSince is the time from which every grant and refund of the budget is held
+// to its packet's account (ledger_packets_credit.lua): an entry appended since then
+// whose packet has no booked creation record is refused as packet_unknown. It is
+// recorded once, the first time it is asked, by Redis's clock (the budget's, which
+// stamps the entries' ids). For a budget that announced no total yet, nothing of it
+// was ever created: it is now. For a budget announced before (settled by a release
+// whose packets left no creation record), it is now plus upgradeDelay, which must
+// cover the longest time to live and the fleet's rollout to this release: a packet
+// created before then by the older functions may still be grabbed.
+func (l *BudgetLedger) AccountsSince(ctx context.Context, upgradeDelay time.Duration) (time.Time, error) {
+	v, err := l.c.HMGet(ctx, l.key, "accounts_since", "total", "announcing").Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading when the budget's packets were first booked: %w", err)
+	}
+	if s, ok := v[0].(string); ok {
+		ms, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("accounts_since %q in %s is not unix milliseconds", s, l.key)
+		}
+		return time.UnixMilli(ms), nil
+	}
+	now, err := l.clock.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading Redis's clock for the budget's packet accounts: %w", err)
+	}
+	if v[1] != nil || v[2] != nil {
+		now = now.Add(upgradeDelay)
+	}
+	if err := l.c.HSetNX(ctx, l.key, "accounts_since", now.UnixMilli()).Err(); err != nil {
+		return time.Time{}, fmt.Errorf("recording when the budget's packets were first booked: %w", err)
+	}
+	ms, err := l.c.HGet(ctx, l.key, "accounts_since").Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading when the budget's packets were first booked: %w", err)
+	}
+	return time.UnixMilli(ms), nil
+}
+
+// CreationRecord finds the creation record of packet id in its shard's stream: the
+// entry its packet_create.lua appended at the creation time its hash records (ct).
+// It returns false when the packet or the record is not there. Settlement reads it
+// for a grant whose packet has no account yet: after a worker's crash, its group may
+// hand out a packet's grants before the record that an older, unfinished read
+// holds; the record is then booked first (booking is idempotent). The hash and the
+// stream are the budget's Redis user's to write, so a record found this way is
+// worth no more than one the worker reads in order, and is booked the same way.
+func (b *Budget) CreationRecord(ctx context.Context, id string) (StreamEntry, bool, error) {
+	k := b.keys[b.ShardOf(id)]
+	ct, err := b.c.HGet(ctx, k.Packet(id), "ct").Result()
+	if errors.Is(err, redis.Nil) {
+		return StreamEntry{}, false, nil
+	}
+	if err != nil {
+		return StreamEntry{}, false, fmt.Errorf("reading the creation time of packet %s: %w", id, err)
+	}
+	ms, err := strconv.ParseUint(ct, 10, 64)
+	if err != nil {
+		return StreamEntry{}, false, nil
+	}
+	msgs, err := b.c.XRangeN(ctx, k.Stream, fmt.Sprintf("%d-0", ms), fmt.Sprintf("%d-18446744073709551615", ms), 64).Result()
+	if err != nil {
+		return StreamEntry{}, false, fmt.Errorf("reading the creation record of packet %s: %w", id, err)
+	}
+	for _, e := range decodeMessages(msgs) {
+		if e.Malformed == nil && e.Kind == KindCreate && e.PacketID == id {
+			return e, true, nil
+		}
+	}
+	return StreamEntry{}, false, nil
+}
+
 // VerifyPacketEntries checks each credit against its packet's hash, when the packet
 // is still in Redis, and returns why each one that does not match is forged (by
 // index in credits, wrapping ErrForged):
@@ -375,12 +506,18 @@ func (b *Budget) VerifyPacketEntries(ctx context.Context, credits []BudgetCredit
 	pipe := b.c.Pipeline()
 	reads := make([]*redis.SliceCmd, len(credits))
 	for i, c := range credits {
+		if c.Kind == KindCreate {
+			continue // a creation record is the account itself: the ledger books it
+		}
 		reads[i] = pipe.HMGet(ctx, b.keys[b.ShardOf(c.PacketID)].Packet(c.PacketID), "cnt", "x", "snd", "r", "u:"+c.UserID, "f")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("verifying settlement entries against their packets: %w", err)
 	}
 	for i, c := range credits {
+		if reads[i] == nil {
+			continue
+		}
 		v, err := reads[i].Result()
 		if err != nil {
 			return nil, fmt.Errorf("verifying settlement entries: reading packet %s: %w", c.PacketID, err)

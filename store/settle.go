@@ -14,6 +14,9 @@ import (
 const (
 	KindGrant  = "grant"
 	KindRefund = "refund"
+	// KindCreate is a budget packet's creation record (packet_create.lua): settlement
+	// books it in the operator's ledger and delivers nothing for it.
+	KindCreate = "create"
 )
 
 // ack acknowledges a delivered stream entry and counts it as settled. It returns

@@ -20,6 +20,7 @@ import (
 // fields kind (always "refund"), packet, user, amount, currency and at.
 const (
 	entryGrant    = "grant"
+	entryCreate   = "create"
 	entryKind     = "kind"
 	entryPacket   = "packet"
 	entryUser     = "user"
@@ -29,7 +30,7 @@ const (
 )
 
 // entryFields are the fields decodeStreamEntry reads.
-var entryFields = map[string]bool{entryGrant: true, entryKind: true, entryPacket: true, entryUser: true,
+var entryFields = map[string]bool{entryGrant: true, entryCreate: true, entryKind: true, entryPacket: true, entryUser: true,
 	entryAmount: true, entryCurrency: true, entryAt: true}
 
 // RefundPacketID is the packet id of the refund entry close.lua writes.
@@ -44,7 +45,7 @@ const RefundPacketID = "refund"
 type StreamEntry struct {
 	// ID is the entry's stream id.
 	ID string
-	// Kind is KindGrant or KindRefund.
+	// Kind is KindGrant, KindRefund or, in a budget's stream, KindCreate.
 	Kind string
 	// PacketID is the granted packet's id, RefundPacketID for the refund; never empty.
 	PacketID string
@@ -63,6 +64,12 @@ type StreamEntry struct {
 	Fields map[string]string
 	// Malformed says why the fields are not a grant or refund; nil when they are.
 	Malformed error
+
+	// Shares and Expires are a creation record's (KindCreate): the packet's shares in
+	// grab order, which sum to Amount (its total), and when it expires. UserID is then
+	// its sender and At its creation (the entry id's time).
+	Shares  []int64
+	Expires time.Time
 
 	// amount is Amount as the entry spells it, which is what the claim records.
 	amount string
@@ -86,6 +93,9 @@ func decodeStreamEntry(id string, fields map[string]string) StreamEntry {
 func (e *StreamEntry) decode() error {
 	if packed, ok := e.Fields[entryGrant]; ok {
 		return e.decodePacked(packed)
+	}
+	if rec, ok := e.Fields[entryCreate]; ok {
+		return e.decodeCreate(rec)
 	}
 	str := func(name string) (string, error) {
 		v, ok := e.Fields[name]
@@ -162,6 +172,64 @@ func (e *StreamEntry) decodePacked(v string) error {
 		return errors.New("empty packet or user")
 	}
 	return nil
+}
+
+// maxRecordShares is the most shares a creation record may list: a packet's count
+// is at most 1000 (budget_configure.lua).
+const maxRecordShares = 1000
+
+// decodeCreate decodes a budget packet's creation record (packet_create.lua),
+// "<packetId>:<total>:<expires ms>:<s0>,<s1>,...:<sender>": at most maxRecordShares
+// positive shares that sum to the total. It happened at its entry id's time.
+func (e *StreamEntry) decodeCreate(v string) error {
+	e.Kind = KindCreate
+	parts := strings.SplitN(v, ":", 5)
+	if len(parts) != 5 {
+		return fmt.Errorf("creation record %q is not <packetId>:<total>:<expires>:<shares>:<sender>", truncate(v, 128))
+	}
+	e.PacketID, e.amount, e.UserID = parts[0], parts[1], parts[4]
+	var err error
+	if e.Amount, err = strconv.ParseInt(e.amount, 10, 64); err != nil || e.Amount < 1 {
+		return fmt.Errorf("total %q is not a positive integer", e.amount)
+	}
+	exp, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil || exp < 0 {
+		return fmt.Errorf("expiry %q is not unix milliseconds", parts[2])
+	}
+	e.Expires = time.UnixMilli(exp).UTC()
+	list := strings.Split(parts[3], ",")
+	if len(list) > maxRecordShares {
+		return fmt.Errorf("%d shares, at most %d", len(list), maxRecordShares)
+	}
+	e.Shares = make([]int64, len(list))
+	var sum int64
+	for i, a := range list {
+		n, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || n < 1 || strconv.FormatInt(n, 10) != a || n > e.Amount-sum {
+			return fmt.Errorf("share %d %q is not a positive integer within the total", i, truncate(a, 32))
+		}
+		e.Shares[i], sum = n, sum+n
+	}
+	if sum != e.Amount {
+		return fmt.Errorf("the shares sum to %d, not the total %d", sum, e.Amount)
+	}
+	ms, _, ok := parseStreamID(e.ID)
+	if !ok {
+		return fmt.Errorf("entry id %q has no time", e.ID)
+	}
+	e.At = time.UnixMilli(int64(ms)).UTC()
+	if e.PacketID == "" || e.UserID == "" {
+		return errors.New("empty packet or sender")
+	}
+	return nil
+}
+
+// truncate is s cut to at most n bytes, for messages.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 // parseAt reads an at field, unix milliseconds.
@@ -309,6 +377,8 @@ func (a *Shard) VerifyEntries(ctx context.Context, entries []StreamEntry) (map[s
 				forged[e.ID] = fmt.Errorf("%w: the entry grants packet %q of %s to user %q, whose claim is %q (an entry must be the one its grant wrote)",
 					ErrForged, packet, amount, e.UserID, held)
 			}
+		default:
+			forged[e.ID] = fmt.Errorf("%w: a %s entry, which an activity's stream never holds", ErrForged, e.Kind)
 		case KindRefund:
 			switch {
 			case State(state) != StateClosed:

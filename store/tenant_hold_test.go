@@ -211,7 +211,7 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"transfer_in of 1,000 packets of 1 KiB", lua.TransferInScript, []string{k.Meta, k.Packets, k.Applied}, bigIn},
 		{"transfer_done", lua.TransferDoneScript, []string{k.Meta, k.Transfers}, []any{"no-such-transfer"}},
 		{"stock", lua.StockScript, []string{k.Meta, k.Packets, k.Transfers}, nil},
-		{"packet_create", lua.PacketCreateScript, []string{k.Meta, pk, "rpa:{" + own + "}:due"}, []any{"x1", "fp", "s", 1, 1, "fixed", 0, 1}},
+		{"packet_create", lua.PacketCreateScript, []string{k.Meta, pk, "rpa:{" + own + "}:due", "rpa:{" + own + "}:stream"}, []any{"x1", "fp", "s", 1, 1, "fixed", 0, 1}},
 		{"packet_grab", lua.PacketGrabScript, []string{k.Meta, pk, k.Stream}, []any{"x1", "u"}},
 		{"packet_detail", lua.PacketDetailScript, []string{k.Meta, pk}, []any{"x1"}},
 		{"packet_live", lua.PacketLiveScript, []string{k.Meta, "rpa:{" + own + "}:due"}, []any{100}},
@@ -313,7 +313,7 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"transfer_in", lua.TransferInScript, []string{bk.Meta, list, fat}, bigIn},
 		{"transfer_done", lua.TransferDoneScript, []string{bk.Meta, fat}, []any{"u:1"}},
 		{"stock", lua.StockScript, []string{bk.Meta, list, fat}, nil},
-		{"packet_create", lua.PacketCreateScript, []string{bk.Meta, pfx + "p:x1", bk.Due}, []any{"x1", "fp", "s", 1, 1, "Fixed", 0, 1}},
+		{"packet_create", lua.PacketCreateScript, []string{bk.Meta, pfx + "p:x1", bk.Due, bk.Stream}, []any{"x1", "fp", "s", 1, 1, "Fixed", 0, 1}},
 		{"packet_grab of a share of 1 MiB", lua.PacketGrabScript, []string{bk.Meta, big, bk.Stream}, []any{"big", "u"}},
 		{"packet_grab of a claim of 1 MiB", lua.PacketGrabScript, []string{bk.Meta, big, bk.Stream}, []any{"big", "u-big"}},
 		{"packet_detail of 5 MiB", lua.PacketDetailScript, []string{bk.Meta, fat}, []any{"fat"}},
@@ -344,8 +344,8 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 			t.Errorf("%s took %v", c.name, took)
 		}
 	}
-	if n, err := op.XLen(ctx, bk.Stream).Result(); err != nil || n != bStream {
-		t.Errorf("the budget's stream holds %d entries, %v; want %d as before", n, err, bStream)
+	if n, err := op.XLen(ctx, bk.Stream).Result(); err != nil || n != bStream+1 {
+		t.Errorf("the budget's stream holds %d entries, %v; want %d as before and the creation record of its packet_create", n, err, bStream)
 	}
 	if n, err := op.LLen(ctx, list).Result(); err != nil || n != 16 {
 		t.Errorf("the budget tenant's list holds %d, %v; want its 16 entries", n, err)
