@@ -251,6 +251,8 @@ type budgetStats struct {
 	midDelivery int
 	// retriedCreates are creations answered existing by the call that created.
 	retriedCreates int
+	// adversary is what the budget's tenant adversary sent.
+	adversary budgetAdversaryStats
 }
 
 func (st *budgetStats) add(o budgetStats) {
@@ -268,6 +270,10 @@ func (st *budgetStats) add(o budgetStats) {
 	st.linkCuts += o.linkCuts
 	st.repeats += o.repeats
 	st.midDelivery += o.midDelivery
+	st.adversary.sent += o.adversary.sent
+	st.adversary.forged += o.adversary.forged
+	st.adversary.conflicts += o.adversary.conflicts
+	st.adversary.slowest = max(st.adversary.slowest, o.adversary.slowest)
 }
 
 var budgetOutcomeKeys = []string{"created", "existing", "conflict", "budget_exhausted", "limit_exceeded",
@@ -446,8 +452,21 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		defer svcs[i].Close()
 	}
 
+	ids := make([]string, len(sc.packets))
+	for i, p := range sc.packets {
+		ids[i] = p.id
+	}
+	adv, err := newBudgetAdversary(ctx, admin, srv.Options(), sc.uid, allotted, ids, sc.seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adv.Close()
+	advCtx, stopAdversary := context.WithCancel(ctx)
+	advDone := make(chan struct{})
+
 	rec := &recorder{base: time.Now()}
 	start := rec.base
+	go func() { defer close(advDone); adv.run(advCtx) }()
 	targets := faultTargets{links: []*Proxy{proxy, opProxy, settleProxy}, admin: admin, srv: srv, flaky: flaky,
 		ctrlLinks:   []*Proxy{opProxy, settleProxy},
 		restartGrab: func(i int, down time.Duration) error { return svcs[i].Restart(down) },
@@ -523,6 +542,8 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	}
 	close(queue)
 	wg.Wait()
+	stopAdversary()
+	<-advDone
 	<-faultsDone
 	time.Sleep(time.Until(start.Add(faultEnd)))
 
@@ -683,8 +704,14 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		t.Errorf("seed %d: the ledger records %+v; credited %d grants of %d and %d refunds of %d, of a total of %d",
 			sc.seed, sums, seenGrants, grantSum, st.refunds, refundSum, sc.total)
 	}
+	advProblems, advDead := adv.check(ctx, admin, sc.uid)
+	for _, p := range advProblems {
+		st.violations++
+		t.Errorf("seed %d: the budget's tenant adversary: %s", sc.seed, p)
+	}
+	st.adversary = adv.stats
 	if !snap.Conserved() || snap.Total != sc.total || snap.Live != 0 || snap.Claimed != grantSum || snap.Refunded != refundSum ||
-		snap.SettledAmount != grantSum || snap.RefundSettled != refundSum || snap.DeadLetters != 0 ||
+		snap.SettledAmount != grantSum || snap.RefundSettled != refundSum || snap.DeadLetters != advDead ||
 		grantSum+refundSum > sc.total || tot.Conflicts != 0 || tot.BadRequests != 0 || tot.OverBudget != 0 {
 		st.violations++
 		t.Errorf("seed %d: budget %+v; credited grants %d and refunds %d of %d; balance system %+v",
@@ -786,10 +813,12 @@ func TestBudgetHistories(t *testing.T) {
 		"faults by kind:   %s\n"+
 		"answers:          %s\n"+
 		"created %d (and %d answered existing by the call that created), budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d (%d with a delivery in flight), expiry calls cut %d, settlement deliveries cut %d (%d redelivered by the next operator), settlement link cut %d times; repeated deliveries %d\n"+
+		"tenant adversary: %d commands (%d forged entries, each dead-lettered; %d conflicting creations of a used id), the slowest answered in %v\n"+
 		"(%v; slowest check %v)",
 		"runs", "operations", "faults", "violations", "creates-lost", "grants-lost",
 		done, sum.ops, nFaults, sum.violations, sum.lostCreates, sum.lostGrants,
 		formatCounts(sum.faults, budgetFaultKinds), formatCounts(sum.outcomes, budgetOutcomeKeys),
 		sum.created, sum.retriedCreates, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.midDelivery, sum.expiryCut, sum.settleCut, sum.redelivered, sum.linkCuts, sum.repeats,
+		sum.adversary.sent, sum.adversary.forged, sum.adversary.conflicts, sum.adversary.slowest.Round(time.Millisecond),
 		time.Since(begin).Round(time.Millisecond), sum.check.Round(time.Millisecond))
 }
