@@ -83,6 +83,10 @@ type budgetStore interface {
 	Snapshot(ctx context.Context) (store.BudgetSnapshot, error)
 	Close(ctx context.Context) error
 	Purge(ctx context.Context) error
+	// MarkPurge records that the purge begins, PurgeBegun reads it
+	// (store.BudgetLedger.MarkPurge): the keys' absence is then no loss of data.
+	MarkPurge(ctx context.Context) error
+	PurgeBegun(ctx context.Context) (bool, error)
 	// Fence makes every shard answer creations and grabs fenced and expire nothing
 	// (store.Budget.Fence); Unfence lifts it (store.Budget.Unfence).
 	Fence(ctx context.Context, reason string) error

@@ -97,6 +97,40 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(ctx context.Context,
 	return s.fence(reason, msg), nil
 }
 
+// deleteBudgetDataLoss is the data-loss check of a deleted budget: a Redis that lost
+// the budget's data, or went back in time, after the deletion began is fenced as it
+// is before (reconcileBudgetDataLoss), so the deletion neither refunds from what came
+// back nor purges the money trail; deleteBudgetFenced then holds it for the platform
+// team. A budget fenced already is deleteBudgetFenced's alone, and once its purge
+// began (BudgetLedger.MarkPurge) the keys' absence is the purge's, so a purge cut
+// short is finished, never taken for a loss.
+// TestLossAfterTheDeletionBeganHoldsTheDeletion replays a FLUSHALL while a deleted
+// budget waits for its refund to settle.
+func (r *RedPacketBudgetReconciler) deleteBudgetDataLoss(ctx context.Context, s *budgetScope) (stepResult, error) {
+	if c := meta.FindStatusCondition(s.budget.Status.Conditions, redpacketv1alpha1.ConditionStalled); c != nil &&
+		c.Status == metav1.ConditionTrue &&
+		(c.Reason == redpacketv1alpha1.ReasonDataLost || c.Reason == redpacketv1alpha1.ReasonRedisRolledBack) {
+		return stepResult{}, nil
+	}
+	if reason, _ := budgetBelowMarks(s.budget.Status, s.snapshot); reason == "" {
+		return stepResult{}, nil
+	}
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	begun, err := s.store.PurgeBegun(rctx)
+	if err != nil {
+		return blocked(redpacketv1alpha1.ReasonRedisUnavailable, "%v", err), err
+	}
+	if begun {
+		return stepResult{}, nil
+	}
+	res, err := r.reconcileBudgetDataLoss(ctx, s)
+	// The status records the fence now; the next reconcile, soon, holds the
+	// deletion with its message and Warning (deleteBudgetFenced).
+	res.requeueAfter = time.Second
+	return res, err
+}
+
 // budgetFenceToken is the value of AnnotationAcceptRedisState that accepts the
 // budget's fence that began at since: its Unix seconds. A later fence has another.
 func budgetFenceToken(since metav1.Time) string { return strconv.FormatInt(since.Unix(), 10) }

@@ -314,3 +314,39 @@ func TestAcceptingABudgetsRolledBackState(t *testing.T) {
 		return is(b.Status.Claimed, 1000) && !meta.IsStatusConditionTrue(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
 	})
 }
+
+// Issue 34, case 1: a budget's Redis loses its data after the budget's deletion
+// began. The deletion expired order-1 (500 refunded to merchant-7) and waits for the
+// refund to settle when the FLUSHALL comes. The deletion must not take the empty
+// Redis for a budget with nothing owed: it is fenced, Stalled DataLost, and held for
+// the platform team's abandon, even once settlement says drained. Before, the
+// deletion went on to the purge and the budget was gone with its trail.
+func TestLossAfterTheDeletionBeganHoldsTheDeletion(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	settle := e.recordingSettlement()
+	settle.holdDrain.Store(true)
+	e.startBudgetController(settle)
+	e.budgetWithLivePacket(t, "late-loss")
+	b := e.getBudget("late-loss")
+	if err := e.c.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRedPacketBudget("late-loss", "the refund waiting to settle", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return is(b.Status.Refunded, 500)
+	})
+	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRedPacketBudget("late-loss", "the deletion held, DataLost", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Reason == redpacketv1alpha1.ReasonDataLost && strings.HasPrefix(c.Message, "the budget was deleted while fenced")
+	})
+	settle.holdDrain.Store(false)
+	time.Sleep(3 * time.Second)
+	got := e.getBudget("late-loss")
+	if c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled); c == nil || c.Reason != redpacketv1alpha1.ReasonDataLost ||
+		!is(got.Status.Refunded, 500) || !is(got.Status.Claimed, 500) {
+		t.Fatalf("the budget after settlement drained: %s; want it held, DataLost, with its marks", describeBudget(got))
+	}
+}

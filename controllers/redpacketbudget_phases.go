@@ -570,6 +570,7 @@ func perSecond(n int64, elapsed float64) int64 {
 func (r *RedPacketBudgetReconciler) budgetDeleteSteps() []budgetStep {
 	return []budgetStep{
 		{name: "redis connection", run: r.reconcileBudgetRedis},
+		{name: "data loss", run: r.deleteBudgetDataLoss},
 		{name: "fence", run: r.deleteBudgetFenced},
 		{name: "close", run: r.deleteBudgetClose},
 		{name: "expire everything", run: r.deleteBudgetExpireAll},
@@ -834,6 +835,11 @@ func (r *RedPacketBudgetReconciler) deleteBudgetPurge(ctx context.Context, s *bu
 	if r.Expiry != nil {
 		// Nothing may expire into the keys while they go.
 		r.Expiry.Forget(b.UID)
+	}
+	// From here the keys' absence is the purge's: a purge cut short and finished by
+	// a later reconcile is no loss of data (deleteBudgetDataLoss).
+	if err := s.store.MarkPurge(rctx); err != nil {
+		return stepResult{}, err
 	}
 	if err := s.store.Purge(rctx); err != nil {
 		return stepResult{}, fmt.Errorf("purging the budget's keys: %w", err)

@@ -39,6 +39,7 @@ type fakeBudget struct {
 	live     map[int][]int64 // shard → remainders of its live packets, soonest due first
 	failures map[string]error
 	purged   bool
+	purging  bool   // MarkPurge was called
 	fenced   string // the first reason Fence was given
 }
 
@@ -147,6 +148,22 @@ func (f *fakeBudget) Unfence(context.Context) error {
 
 func (f *fakeBudget) LedgerSums(context.Context) (store.BudgetLedgerSums, error) {
 	return store.BudgetLedgerSums{}, f.fail("LedgerSums")
+}
+
+func (f *fakeBudget) MarkPurge(context.Context) error {
+	if err := f.fail("MarkPurge"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.purging = true
+	return nil
+}
+
+func (f *fakeBudget) PurgeBegun(context.Context) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.purging, nil
 }
 
 func (f *fakeBudget) Purge(context.Context) error {
@@ -518,6 +535,57 @@ func TestBudgetDeletion(t *testing.T) {
 	}
 	if err := c.Get(t.Context(), req.NamespacedName, got); err == nil && controllerutil.ContainsFinalizer(got, BudgetFinalizer) {
 		t.Error("the finalizer is still there")
+	}
+}
+
+// A deleted budget whose Redis comes back without it (the snapshot below the
+// status's marks) before its purge began is fenced, DataLost, and neither expired
+// nor purged; once its purge began (MarkPurge), the keys' absence is the purge's, and
+// a purge cut short is finished.
+func TestBudgetDeletionAfterALoss(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		purgeBegun   bool
+		wantPurged   bool
+		wantStalled  string
+		wantNoExpiry bool
+	}{
+		{name: "lost after the deletion began", wantStalled: redpacketv1alpha1.ReasonDataLost, wantNoExpiry: true},
+		{name: "the purge was cut short", purgeBegun: true, wantPurged: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeBudget(2)
+			f.purging = tc.purgeBegun // the snapshot is empty: the keys are gone
+			now := metav1.Now()
+			b := phaseBudget(func(b *redpacketv1alpha1.RedPacketBudget) {
+				b.Spec.BudgetShards = 2
+				b.Finalizers = []string{BudgetFinalizer}
+				b.DeletionTimestamp = &now
+				b.Status.Total, b.Status.InPackets, b.Status.Claimed = new(int64(1000)), new(int64(500)), new(int64(500))
+			})
+			r, c := budgetPhaseReconciler(t, f, b)
+			req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "shop"}}
+			if _, err := r.Reconcile(t.Context(), req); err != nil {
+				t.Fatal(err)
+			}
+			if f.purged != tc.wantPurged {
+				t.Errorf("purged %v, want %v (calls %v)", f.purged, tc.wantPurged, f.log.all())
+			}
+			if tc.wantNoExpiry && (len(f.log.with("ExpireDue")) > 0 || len(f.log.with("Close")) > 0) {
+				t.Errorf("calls %v: nothing may be closed or expired from what came back", f.log.all())
+			}
+			if tc.wantStalled == "" {
+				return
+			}
+			got := &redpacketv1alpha1.RedPacketBudget{}
+			if err := c.Get(t.Context(), req.NamespacedName, got); err != nil {
+				t.Fatal(err)
+			}
+			if st := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled); st == nil ||
+				st.Reason != tc.wantStalled || !strings.Contains(st.Message, "500") || f.fenced != tc.wantStalled {
+				t.Errorf("Stalled %+v, fence %q; want %s naming the 500 at risk", st, f.fenced, tc.wantStalled)
+			}
+		})
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,6 +37,9 @@ type recordingSettlement struct {
 	ensured   int
 	atDrain   []store.BudgetSnapshot
 	forgotten []types.UID
+	// holdDrain, while set, reports every budget not drained yet: a deletion waits
+	// for its refunds to settle.
+	holdDrain atomic.Bool
 }
 
 // recordingSettlement is a recordingSettlement whose budgets are on the test's Redis.
@@ -60,6 +64,9 @@ func (s *recordingSettlement) DrainedTarget(ctx context.Context, t controllers.B
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.atDrain = append(s.atDrain, snap)
+	if s.holdDrain.Load() {
+		return controllers.BudgetDrain{Unsettled: 1}, nil
+	}
 	return controllers.BudgetDrain{Drained: true}, nil
 }
 

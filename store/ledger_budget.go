@@ -410,6 +410,42 @@ func (l *BudgetLedger) KnownSince(ctx context.Context) (time.Time, error) {
 	return time.UnixMilli(v), nil
 }
 
+// purgeMarkRetention is how long the mark of a budget's purge is kept: a purge cut
+// short is finished by the next reconciles, long before.
+const purgeMarkRetention = 7 * 24 * time.Hour
+
+// purgeKey is the mark that the purge of the budget's keys began, beside its ledger
+// (operator-only, and on the operator's Redis with spec.redis).
+func (l *BudgetLedger) purgeKey() string { return "rpl:{" + l.uid + "}:purging" }
+
+// MarkPurge records that the purge of the budget's keys begins (Budget.Purge): from
+// now on their absence is the purge's doing, not a loss of data. It is kept a week.
+func (l *BudgetLedger) MarkPurge(ctx context.Context) error {
+	if err := l.c.Set(ctx, l.purgeKey(), time.Now().UnixMilli(), purgeMarkRetention).Err(); err != nil {
+		return fmt.Errorf("marking the purge of the budget's keys: %w", err)
+	}
+	return nil
+}
+
+// PurgeBegun reports whether MarkPurge was recorded for the budget.
+func (l *BudgetLedger) PurgeBegun(ctx context.Context) (bool, error) {
+	n, err := l.c.Exists(ctx, l.purgeKey()).Result()
+	if err != nil {
+		return false, fmt.Errorf("reading whether the budget's purge began: %w", err)
+	}
+	return n == 1, nil
+}
+
+// MarkPurge records that the purge of the budget's keys begins
+// (BudgetLedger.MarkPurge on its settlement ledger's Redis).
+func (b *Budget) MarkPurge(ctx context.Context) error { return b.SettlementLedger(0).MarkPurge(ctx) }
+
+// PurgeBegun reports whether the purge of the budget's keys began
+// (BudgetLedger.PurgeBegun).
+func (b *Budget) PurgeBegun(ctx context.Context) (bool, error) {
+	return b.SettlementLedger(0).PurgeBegun(ctx)
+}
+
 // AccountsSince is the time from which every grant and refund of the budget is held
 // to its packet's account (ledger_packets_credit.lua): an entry appended since then
 // whose packet has no booked creation record is refused as packet_unknown. It is
