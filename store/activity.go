@@ -80,6 +80,10 @@ type Activity struct {
 	// grab's marks from its own argument.
 	Marks ShardMarks
 
+	// markFields are the meta fields in which the siblings keep each shard's transfer
+	// mark (RecordedMark), built once.
+	markFields []string
+
 	idPrefix string
 	nextID   atomic.Uint64
 	refill   []sync.Mutex
@@ -126,6 +130,10 @@ func NewActivity(c redis.Cmdable, uid string, n int) *Activity {
 	s.base = s.shards[0]
 	if n > 1 {
 		s.base = newShard(c, uid)
+		s.markFields = make([]string, n)
+		for i := range s.markFields {
+			s.markFields[i] = markField(i)
+		}
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])

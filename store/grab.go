@@ -78,9 +78,14 @@ type GrabResult struct {
 }
 
 // Grab decides one claim for userID on their home shard, which must not be below
-// markOf(home) (nil checks no watermark). When the home shard has run dry it refills
-// from its siblings and tries again, so sold_out means no packet was left anywhere.
-// It returns the home shard with the result.
+// markOf(home) (nil checks no watermark of the caller's). With more than one shard,
+// the home shard must not be below the transfer mark its siblings keep of it
+// either (RecordedMark, read before every grab there): a home shard that came back
+// from before a transfer out of it is fenced by the grab that would have granted
+// again one of the packets that left it, whichever process made the transfer. When
+// the home shard has run dry it refills from its siblings and tries again, so
+// sold_out means no packet was left anywhere. It returns the home shard with the
+// result.
 func (s *Activity) Grab(ctx context.Context, userID string, markOf func(shard int) Watermark) (GrabResult, int, error) {
 	h := s.Home(userID)
 	home := s.shards[h]
@@ -88,6 +93,13 @@ func (s *Activity) Grab(ctx context.Context, userID string, markOf func(shard in
 		var mark Watermark
 		if markOf != nil {
 			mark = markOf(h)
+		}
+		if len(s.shards) > 1 {
+			kept, err := s.RecordedMark(ctx, h)
+			if err != nil {
+				return GrabResult{}, h, fmt.Errorf("the siblings' transfer marks of shard %d: %w", h, err)
+			}
+			mark = mark.Raise(kept)
 		}
 		r, err := home.GrabAbove(ctx, userID, mark)
 		if err != nil || r.Outcome != SoldOut || len(s.shards) == 1 || s.recentlySoldOut() {

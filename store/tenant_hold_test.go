@@ -195,7 +195,7 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 	}
 	// transfer_in's packets are the caller's own arguments, which Redis copies into
 	// the function before it runs, as it reads any command's: 1 KiB each.
-	bigIn := []any{"x-big", 1000, 1000, 0, 0}
+	bigIn := []any{"x-big", 1000, 1000, 0, 0, 1, 1, 0}
 	for i := range 1000 {
 		bigIn = append(bigIn, strconv.Itoa(i)+":1:"+strings.Repeat("p", 1<<10))
 	}

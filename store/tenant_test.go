@@ -278,8 +278,8 @@ func TestCappedFunctionsKeepRedisAnswering(t *testing.T) {
 		v, err := tenant.FCall(ctx, s.Function(), keys, args...).Result()
 		return v, time.Since(start), err
 	}
-	manyPackets := make([]any, 0, 5+packets)
-	manyPackets = append(manyPackets, "x-1", packets, 2*packets, 0, 0)
+	manyPackets := make([]any, 0, 8+packets)
+	manyPackets = append(manyPackets, "x-1", packets, 2*packets, 0, 0, 1, 1, 0)
 	for i := range packets {
 		manyPackets = append(manyPackets, fmt.Sprintf("%d:2", 900_000+i))
 	}

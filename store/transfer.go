@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"redpacket.io/operator/lua"
 )
 
@@ -174,18 +176,102 @@ func (s *Activity) saw(i int, epoch, seq int64) {
 }
 
 // sawReply raises the caller's mark of shard i to what a transfer script answered:
-// its transfer sequence and epoch as decimal strings.
-func (s *Activity) sawReply(i int, seq, epoch string) error {
+// its transfer sequence and epoch as decimal strings. It returns that mark.
+func (s *Activity) sawReply(i int, seq, epoch string) (Watermark, error) {
 	n, err := strconv.ParseInt(seq, 10, 64)
 	if err != nil {
-		return fmt.Errorf("transfer_seq %q of shard %d: %w", seq, i, err)
+		return Watermark{}, fmt.Errorf("transfer_seq %q of shard %d: %w", seq, i, err)
 	}
 	e, err := strconv.ParseInt(epoch, 10, 64)
 	if err != nil {
-		return fmt.Errorf("epoch %q of shard %d: %w", epoch, i, err)
+		return Watermark{}, fmt.Errorf("epoch %q of shard %d: %w", epoch, i, err)
 	}
 	s.saw(i, e, n)
-	return nil
+	return Watermark{Epoch: e, TransferSeq: n}, nil
+}
+
+// markField is the meta field in which a shard keeps the transfer mark of shard i
+// of its siblings, "<epoch>:<transfer_seq>" (transfer_in.lua).
+func markField(i int) string { return "mark." + strconv.Itoa(i) }
+
+// RecordedMark is the highest transfer mark of shard i that its siblings keep: each
+// destination of a transfer out of i records, in the same step that lists the
+// packets there (transfer_in.lua), the transfer_seq and epoch that i reached with the
+// transfer_out. A shard that comes back from before a transfer out of it lists again
+// packets a sibling holds, and only the sibling knows; so a caller that never saw
+// the transfer (another grab pod) learns the mark here, from the shards that
+// survived, and sends it with its next grab or transfer on i, which fences i before
+// it grants or gives a packet. The record lasts as long as the packets it protects:
+// a destination that comes back from before the transfer_in lost the packets with
+// it. It raises Marks. With one shard it is the zero watermark, read from nowhere.
+//
+// It reads one meta field on every sibling, in one pipeline (one HGET for two
+// shards): Grab pays it once per grab of a sharded activity, a round trip before the
+// grab script (docs/architecture.md, "What it costs"). A sibling that cannot be read
+// fails it: the record may be there.
+func (s *Activity) RecordedMark(ctx context.Context, i int) (Watermark, error) {
+	n := len(s.shards)
+	if n == 1 {
+		return Watermark{}, nil
+	}
+	if i < 0 || i >= n {
+		return Watermark{}, fmt.Errorf("the transfer mark of shard %d of %d", i, n)
+	}
+	field := s.markFields[i]
+	var w Watermark
+	if n == 2 {
+		a := s.shards[1-i]
+		v, err := a.c.HGet(ctx, a.keys.Meta, field).Result()
+		if w, err = a.keptMark(field, v, err); err != nil {
+			return Watermark{}, fmt.Errorf("shard %d: %w", 1-i, err)
+		}
+	} else {
+		cmds := make([]*redis.StringCmd, n)
+		// Exec's error is the first command's that failed, a field that is not there
+		// included: each command is judged on its own below.
+		_, _ = s.shards[0].c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j, a := range s.shards {
+				if j != i {
+					cmds[j] = p.HGet(ctx, a.keys.Meta, field)
+				}
+			}
+			return nil
+		})
+		for j, cmd := range cmds {
+			if cmd == nil {
+				continue
+			}
+			v, err := cmd.Result()
+			k, err := s.shards[j].keptMark(field, v, err)
+			if err != nil {
+				return Watermark{}, fmt.Errorf("shard %d: %w", j, err)
+			}
+			w = w.Raise(k)
+		}
+	}
+	if w != (Watermark{}) && s.Marks != nil {
+		s.Marks.Saw(i, w)
+	}
+	return w, nil
+}
+
+// keptMark reads the answer v, err of an HGET of the meta field named field, in
+// which this shard keeps the transfer mark of a sibling: the zero watermark when it
+// keeps none.
+func (a *Shard) keptMark(field, v string, err error) (Watermark, error) {
+	if errors.Is(err, redis.Nil) {
+		return Watermark{}, nil
+	}
+	if err != nil {
+		return Watermark{}, fmt.Errorf("reading %s of %s: %w", field, a.keys.Meta, err)
+	}
+	e, seq, ok := strings.Cut(v, ":")
+	epoch, err1 := strconv.ParseInt(e, 10, 64)
+	n, err2 := strconv.ParseInt(seq, 10, 64)
+	if !ok || len(v) > 41 || err1 != nil || err2 != nil || epoch < 0 || n < 0 {
+		return Watermark{}, fmt.Errorf("%s of %s is %d bytes that are not <epoch>:<transfer_seq>", field, a.keys.Meta, len(v))
+	}
+	return Watermark{Epoch: epoch, TransferSeq: n}, nil
 }
 
 // transfer is a journal entry: "<dest>|<count>|<amount>|<id>:<amount>,...".
@@ -227,9 +313,13 @@ func (s *Activity) Transfer(ctx context.Context, src, dst int, batch int64) (int
 	if src < 0 || src >= len(s.shards) || dst < 0 || dst >= len(s.shards) || src == dst {
 		return 0, fmt.Errorf("transfer from shard %d to shard %d of %d", src, dst, len(s.shards))
 	}
+	kept, err := s.RecordedMark(ctx, src)
+	if err != nil {
+		return 0, fmt.Errorf("transfer out of shard %d: the siblings' transfer marks: %w", src, err)
+	}
 	id := s.idPrefix + strconv.FormatUint(s.nextID.Add(1), 10)
 	a := s.shards[src]
-	mark := s.markOf(src)
+	mark := s.markOf(src).Raise(kept)
 	vals, err := a.call(ctx, lua.TransferOutScript, []string{a.keys.Meta, a.keys.Packets, a.keys.Transfers},
 		id, dst, batch, mark.TransferSeq, mark.Epoch).StringSlice()
 	if err != nil {
@@ -238,13 +328,14 @@ func (s *Activity) Transfer(ctx context.Context, src, dst int, batch int64) (int
 	if len(vals) != 4 {
 		return 0, fmt.Errorf("transfer %s out of shard %d: %d values, want 4", id, src, len(vals))
 	}
-	if err := s.sawReply(src, vals[2], vals[3]); err != nil {
+	out, err := s.sawReply(src, vals[2], vals[3])
+	if err != nil {
 		return 0, fmt.Errorf("transfer %s out: %w", id, err)
 	}
 	if vals[0] != "moved" && vals[0] != "pending" {
 		return 0, nil // empty, closed, ended, fenced or missing: nothing left the source
 	}
-	return s.apply(ctx, src, id, vals[1])
+	return s.apply(ctx, src, id, vals[1], out)
 }
 
 // replicated waits for shard i's replicas when Replicated is set.
@@ -260,11 +351,13 @@ func (s *Activity) replicated(ctx context.Context, i int, what string) error {
 
 // apply finishes the journalled transfer id of shard src: once the source's replicas
 // hold the entry (Replicated), the destination applies it (at most once, whoever
-// calls), and once the destination's replicas hold that, the source forgets it. It returns how many
+// calls) and keeps srcMark, the transfer mark the source reached with the entry's
+// transfer_out or later (RecordedMark), and once the destination's replicas hold
+// that, the source forgets it. It returns how many
 // packets the destination holds from it, 0 when the destination refused (closed,
 // fenced or missing): the entry then stays in the journal and the packets stay out
 // of every list, counted by the refund at close.
-func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64, error) {
+func (s *Activity) apply(ctx context.Context, src int, id, entry string, srcMark Watermark) (int64, error) {
 	t, err := parseTransfer(entry)
 	if err != nil {
 		return 0, fmt.Errorf("shard %d: %w", src, err)
@@ -276,9 +369,13 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 		return 0, err
 	}
 	d := s.shards[t.dest]
-	dmark := s.markOf(t.dest)
-	args := make([]any, 0, 5+len(t.packets))
-	args = append(args, id, t.count, t.amount, dmark.TransferSeq, dmark.Epoch)
+	kept, err := s.RecordedMark(ctx, t.dest)
+	if err != nil {
+		return 0, fmt.Errorf("transfer %s into shard %d: the siblings' transfer marks: %w", id, t.dest, err)
+	}
+	dmark := s.markOf(t.dest).Raise(kept)
+	args := make([]any, 0, 8+len(t.packets))
+	args = append(args, id, t.count, t.amount, dmark.TransferSeq, dmark.Epoch, src, srcMark.TransferSeq, srcMark.Epoch)
 	for _, p := range t.packets {
 		args = append(args, p)
 	}
@@ -289,7 +386,7 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 	if len(res) != 3 {
 		return 0, fmt.Errorf("transfer %s into shard %d: %d values, want 3", id, t.dest, len(res))
 	}
-	if err := s.sawReply(t.dest, res[1], res[2]); err != nil {
+	if _, err := s.sawReply(t.dest, res[1], res[2]); err != nil {
 		return 0, fmt.Errorf("transfer %s in: %w", id, err)
 	}
 	if res[0] != "applied" {
@@ -308,7 +405,7 @@ func (s *Activity) apply(ctx context.Context, src int, id, entry string) (int64,
 	if len(done) != 3 {
 		return 0, fmt.Errorf("transfer %s done on shard %d: %d values, want 3", id, src, len(done))
 	}
-	if err := s.sawReply(src, done[1], done[2]); err != nil {
+	if _, err := s.sawReply(src, done[1], done[2]); err != nil {
 		return 0, fmt.Errorf("transfer %s done: %w", id, err)
 	}
 	// Fenced or not, the destination holds the packets now: a source fenced here
@@ -326,8 +423,18 @@ func (s *Activity) Resolve(ctx context.Context) (int, error) {
 		if err != nil {
 			return fmt.Errorf("reading its transfer journal: %w", err)
 		}
+		if len(entries) == 0 {
+			return nil
+		}
+		// Read after the journal, the shard's transfer_seq is at least the one its
+		// entries' transfer_outs reached: the mark the destinations keep of it.
+		st, err := s.stockOf(ctx, i)
+		if err != nil {
+			return err
+		}
+		out := Watermark{Epoch: st.epoch, TransferSeq: st.seq}
 		for id, entry := range entries {
-			n, err := s.apply(ctx, i, id, entry)
+			n, err := s.apply(ctx, i, id, entry, out)
 			if err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"strings"
 	"sync"
 	"testing"
 
@@ -153,6 +154,96 @@ func TestTransferMarksFenceAShardThatCameBack(t *testing.T) {
 		r, _, err := fresh.Grab(ctx, u[1], func(i int) store.Watermark { return statusMark(&st, i) })
 		if err != nil || r.Outcome != store.Fenced {
 			t.Fatalf("grab with the status's marks on the shard that came back: %+v, %v; want fenced", r, err)
+		}
+	})
+}
+
+// A handle that never saw a transfer still fences the shard that came back from
+// before it, because the transfer's destination keeps the source's mark
+// (transfer_in.lua, Activity.RecordedMark). Three shards, two handles with marks of
+// their own (two grab pods): A moves packets out of shard 1, to shard 0 and then to
+// shard 2; shard 1 comes back from before both. B's transfer out of shard 1 (a
+// refill that picks it as the fullest sibling) takes nothing and fences it, and so
+// does B's first grab there; the record is the highest of the siblings'.
+func TestRecordedMarkReachesAHandleThatNeverSawTheTransfer(t *testing.T) {
+	ctx := redistest.Context(t)
+	c := redistest.Start(t).Client(t)
+	amounts := make([]int64, 30)
+	for i := range amounts {
+		amounts[i] = int64(10 * (i + 1))
+	}
+
+	for _, tc := range []struct {
+		name string
+		b    func(t *testing.T, b *store.Activity, marks *marksKept)
+	}{
+		{"transfer out of it", func(t *testing.T, b *store.Activity, _ *marksKept) {
+			if moved, err := b.Transfer(ctx, 1, 0, 2); err != nil || moved != 0 {
+				t.Fatalf("pod B's transfer out of the shard that came back: %d moved, %v; want none", moved, err)
+			}
+		}},
+		{"grab on it", func(t *testing.T, b *store.Activity, marks *marksKept) {
+			u := usersOn("o", 1, 3, 1)[0]
+			if r, _, err := b.Grab(ctx, u, marks.Mark); err != nil || r.Outcome != store.Fenced {
+				t.Fatalf("pod B's grab on the shard that came back: %+v, %v; want fenced", r, err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			uid := "tm-recorded-" + strings.ReplaceAll(tc.name, " ", "-")
+			a := store.NewActivity(c, uid, 3)
+			seedOpenShards(t, ctx, a, amounts)
+			aMarks, bMarks := &marksKept{}, &marksKept{}
+			a.Marks = aMarks
+			b := store.NewActivity(c, uid, 3)
+			b.Marks = bMarks
+			// Pod B has used the activity before the transfer: its own mark of shard 1 is
+			// from then.
+			if _, err := b.ReadShards(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if w, err := b.RecordedMark(ctx, 1); err != nil || w != (store.Watermark{}) {
+				t.Fatalf("recorded mark of shard 1 before any transfer: %+v, %v", w, err)
+			}
+			replica := dumpShard(t, ctx, c, a.Shard(1).Keys())
+			if moved, err := a.Transfer(ctx, 1, 0, 2); err != nil || moved != 2 {
+				t.Fatalf("Transfer(1→0): %d, %v", moved, err)
+			}
+			if moved, err := a.Transfer(ctx, 1, 2, 2); err != nil || moved != 2 {
+				t.Fatalf("Transfer(1→2): %d, %v", moved, err)
+			}
+			// Each transfer took two steps on shard 1 (out, done): the second transfer_out
+			// left it at 3, which shard 2 keeps; shard 0 keeps the first's, 1.
+			if w, err := b.RecordedMark(ctx, 1); err != nil || w.TransferSeq != 3 {
+				t.Fatalf("recorded mark of shard 1: %+v, %v; want transfer_seq 3 (shard 2's record)", w, err)
+			}
+			restoreShard(t, ctx, c, replica)
+			tc.b(t, b, bMarks)
+			v, err := b.ReadShards(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Shards[1].Fenced == "" {
+				t.Fatalf("shard 1 came back from before two transfers out of it and is not fenced")
+			}
+			if m := bMarks.Mark(1); m.TransferSeq < 3 {
+				t.Errorf("pod B's mark of shard 1 is %+v; want the recorded transfer_seq 3", m)
+			}
+		})
+	}
+
+	t.Run("a record that is not a mark", func(t *testing.T) {
+		a := store.NewActivity(c, "tm-recorded-bad", 2)
+		seedOpenShards(t, ctx, a, amounts[:4])
+		if err := c.HSet(ctx, a.Shard(0).Keys().Meta, "mark.1", "not a mark").Err(); err != nil {
+			t.Fatal(err)
+		}
+		u := usersOn("o", 1, 2, 1)[0]
+		if r, _, err := a.Grab(ctx, u, nil); err == nil {
+			t.Fatalf("grab on shard 1 with shard 0's record of it unreadable: %+v; want an error, nothing granted", r)
+		}
+		if moved, err := a.Transfer(ctx, 0, 1, 1); err == nil || moved != 0 {
+			t.Fatalf("transfer into shard 1: %d moved, %v; want refused", moved, err)
 		}
 	})
 }
