@@ -122,6 +122,126 @@ func TestShardFailoverAfterTransferFencesBeforeItRegrants(t *testing.T) {
 	t.Logf("%d granted (%d of %d claimed), %d refused; shards fenced %v", len(granted), claimed, total, fencedAnswers, fencedShards(view))
 }
 
+// The same failover seen by a grab pod that did not make the transfer: two grab
+// services on a real redis-server, each with its own clients, handle and guard, as
+// two pods have. Pod A grants one packet on shard 1 and pod B one on shard 0 (B has
+// served the sharded activity before, so a mark read when a pod first uses it would
+// be stale). Then pod A moves 8 and 6 from shard 1 to shard 0, shard 1 comes back
+// from before the transfer (listing 4, 6 and 8 again), and at once pod B takes 12
+// users of shard 1 concurrently, then everyone drains shard 0 through both pods. Pod
+// B's guard never saw the transfer; shard 0 keeps shard 1's transfer mark
+// (transfer_in.lua) and B reads it before its grabs there (store.Activity.RecordedMark):
+// B's grabs on shard 1 answer 503 and fence it, shard 0 grants 6 and 8 once, and the
+// claims in Redis, read shard by shard, hold no packet twice and no more than the
+// total.
+func TestShardFailoverAfterTransferFencesOnEveryPod(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	act := testActivity("failover-two-pods")
+	act.Object.Spec.Shards = 2
+	amounts := []int64{10, 20, 30, 40, 50, 60, 70, 80}
+	const total = 360
+	sh := handleOf(h.admin, act)
+	if _, err := sh.Seed(ctx, amounts, store.SeedParams{Count: 8, Total: total, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := sh.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
+		t.Fatalf("opening: %+v %v", r, err)
+	}
+	h.act.Store(act)
+	podB, podBHTTP := secondServer(t, h)
+
+	on0, on1 := usersAt(sh, "z", 0, 9), usersAt(sh, "o", 1, 13)
+	if r := h.grab(on1[0], nil); r.Status != http.StatusOK || r.Outcome != "granted" {
+		t.Fatalf("pod A's grab on shard 1: %d %s", r.Status, r.Raw)
+	}
+	if r, err := postGrab(podBHTTP.Client(), podBHTTP.URL, on0[0]); err != nil || r.Status != http.StatusOK || r.Outcome != "granted" {
+		t.Fatalf("pod B's grab on shard 0: %+v %v", r, err)
+	}
+
+	k1 := sh.Shard(1).Keys()
+	replica := takeBackup(t, h.admin, k1)
+	moved, err := h.srv.redis.of(h.srv.cfg.Redis, act).Transfer(ctx, 1, 0, 2)
+	if err != nil || moved != 2 {
+		t.Fatalf("pod A's Transfer(1→0, 2): %d moved, %v", moved, err)
+	}
+	if m := podB.cfg.Guard.MarkShard(act, 1); m.TransferSeq != 0 {
+		t.Fatalf("pod B's guard holds a transfer mark of shard 1 (%+v): the test needs a pod that never saw the transfer", m)
+	}
+	// The failover: shard 1's master is now its replica from before the transfer.
+	replica.restore(t, h.admin, k1)
+
+	type answer struct {
+		user string
+		r    reply
+		err  error
+	}
+	burst := func(url string, c *http.Client, users []string) []answer {
+		out := make([]answer, len(users))
+		var wg sync.WaitGroup
+		for i, u := range users {
+			wg.Go(func() {
+				r, err := postGrab(c, url, u)
+				out[i] = answer{u, r, err}
+			})
+		}
+		wg.Wait()
+		return out
+	}
+	onStale := burst(podBHTTP.URL, podBHTTP.Client(), on1[1:])
+	drain := append(burst(podBHTTP.URL, podBHTTP.Client(), on0[1:5]), burst(h.http.URL, h.http.Client(), on0[5:])...)
+
+	refused := 0
+	for _, a := range onStale {
+		switch {
+		case a.err != nil:
+			t.Fatalf("pod B's grab of %s: %v", a.user, a.err)
+		case a.r.Status == http.StatusServiceUnavailable:
+			refused++
+		default:
+			t.Errorf("pod B's grab of %s on the shard that came back: %d %s, want 503", a.user, a.r.Status, a.r.Raw)
+		}
+	}
+	for _, a := range drain {
+		if a.err != nil || a.r.Status != http.StatusOK && a.r.Status != http.StatusConflict && a.r.Status != http.StatusServiceUnavailable {
+			t.Fatalf("grab of %s on shard 0: %+v, %v", a.user, a.r, a.err)
+		}
+	}
+
+	// What Redis holds, whatever the answers said.
+	granted := map[string]string{} // packet id -> user
+	var claimed int64
+	for i := range 2 {
+		claims, err := sh.Shard(i).Claims(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for u, c := range claims {
+			if prev, dup := granted[c.PacketID]; dup {
+				t.Errorf("packet %s granted to %s and again to %s", c.PacketID, prev, u)
+			}
+			granted[c.PacketID] = u
+			claimed += c.Amount
+		}
+	}
+	if claimed > total {
+		t.Errorf("claimed %d of %d", claimed, total)
+	}
+	view, err := sh.ReadShards(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if view.Shards[1].Fenced == "" || podB.cfg.Guard.Problem(act.Object.UID) == "" {
+		t.Fatalf("shard 1 fenced %q, pod B's guard says %q; want both to say the shard rolled back",
+			view.Shards[1].Fenced, podB.cfg.Guard.Problem(act.Object.UID))
+	}
+	if m := podB.cfg.Guard.MarkShard(act, 1); m.TransferSeq == 0 {
+		t.Errorf("pod B's guard learnt no transfer mark of shard 1: %+v", m)
+	}
+	t.Logf("%d packets claimed (%d of %d); pod B refused %d of %d grabs on shard 1; shards fenced %v",
+		len(granted), claimed, total, refused, len(onStale), fencedShards(view))
+}
+
 // secondServer is another grab replica of h's activity on the same redis-server, with
 // its own clients and guard behind its own listener: another pod.
 func secondServer(t *testing.T, h *harness) (*Server, *httptest.Server) {
