@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,4 +224,147 @@ func BenchmarkGrabTransferMark(b *testing.B) {
 	b.ReportMetric(median(without), "claims-µs/grab")
 	b.ReportMetric(median(with), "claims+transfer-µs/grab")
 	b.ReportMetric(median(with)/median(without), "ratio")
+}
+
+// commandUsec reads the total time in µs the server spent in each of the named
+// commands (INFO commandstats), summed.
+func commandUsec(tb testing.TB, ctx context.Context, c *redis.Client, names ...string) int64 {
+	tb.Helper()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	var usec int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range names {
+			rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":")
+			if !ok {
+				continue
+			}
+			for _, f := range strings.Split(rest, ",") {
+				if k, v, _ := strings.Cut(f, "="); k == "usec" {
+					n, _ := strconv.ParseInt(v, 10, 64)
+					usec += n
+				}
+			}
+		}
+	}
+	return usec
+}
+
+// BenchmarkGrabRecordedMark measures what reading the siblings' transfer marks
+// (Activity.RecordedMark) adds to a grant of a sharded activity: rounds of 1000
+// grants through Activity.Grab (the read, then the grab script) alternate, on the
+// same activity of 2 shards, with rounds through the home shard's GrabAbove with the
+// same mark (the grab script alone: Activity.Grab before the read). Each is
+// measured sequentially on a plain client (wall µs per grant, one round trip or
+// two) and as server time (µs per grant in FCALL and HGET), and 32 concurrent
+// callers through the grab service's auto-pipeliner measure grants per second.
+// Medians of the rounds, and each ratio after/before.
+func BenchmarkGrabRecordedMark(b *testing.B) {
+	ctx := context.Background()
+	c := redistest.Start(b).Client(b)
+	if err := lua.LoadAll(ctx, c); err != nil {
+		b.Fatal(err)
+	}
+	ap, err := c.AutoPipelineWithOptions(redisconn.GrabPipelineOptions())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = ap.Close() })
+	const rounds, perRound, workers = 10, 1000, 32
+	// Users at home on shard 0: a sequential and a concurrent round of each kind per
+	// round.
+	users := usersOn("bench-u", 0, 2, 4*rounds*perRound)
+	var wallBefore, wallAfter, srvBefore, srvAfter, rateBefore, rateAfter []float64
+	run := 0
+	for b.Loop() {
+		b.StopTimer()
+		run++
+		uid := fmt.Sprintf("bench-recorded-%d", run)
+		act := store.NewActivity(c, uid, 2)
+		amounts := make([]int64, 2*(len(users)+2))
+		for i := range amounts {
+			amounts[i] = 100
+		}
+		p := store.SeedParams{Count: int64(len(amounts)), Total: sum(amounts), Sponsor: sponsor, Currency: "CNY"}
+		if _, err := act.Seed(ctx, amounts, p); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := act.ConfigureWith(ctx, store.Settings{Open: true}); err != nil {
+			b.Fatal(err)
+		}
+		marks := &marksKept{}
+		act.Marks = marks
+		// A transfer out of shard 0: shard 1 keeps shard 0's mark, which every grab on
+		// shard 0 reads.
+		if moved, err := act.Transfer(ctx, 0, 1, 1); err != nil || moved != 1 {
+			b.Fatalf("transfer: %d, %v", moved, err)
+		}
+		if w, err := act.RecordedMark(ctx, 0); err != nil || w.TransferSeq == 0 {
+			b.Fatalf("recorded mark of shard 0: %+v, %v", w, err)
+		}
+		piped := store.NewActivity(ap, uid, 2)
+		sh, pipedShard := act.Shard(0), piped.Shard(0)
+		grab := func(a *store.Activity, shard *store.Shard, after bool, u string) {
+			var r store.GrabResult
+			var err error
+			if after {
+				r, _, err = a.Grab(ctx, u, marks.Mark)
+			} else {
+				r, err = shard.GrabAbove(ctx, u, marks.Mark(0))
+			}
+			if err != nil || r.Outcome != store.Granted {
+				b.Fatalf("grab of %s: %+v, %v", u, r, err)
+			}
+		}
+		b.StartTimer()
+		next := 0
+		for range rounds {
+			for _, after := range []bool{false, true} {
+				batch := users[next : next+perRound]
+				next += perRound
+				usec0 := commandUsec(b, ctx, c, "fcall", "hget")
+				t0 := time.Now()
+				for _, u := range batch {
+					grab(act, sh, after, u)
+				}
+				wall := float64(time.Since(t0).Microseconds()) / perRound
+				srv := float64(commandUsec(b, ctx, c, "fcall", "hget")-usec0) / perRound
+
+				batch = users[next : next+perRound]
+				next += perRound
+				t0 = time.Now()
+				var wg sync.WaitGroup
+				for w := range workers {
+					wg.Go(func() {
+						for i := w; i < len(batch); i += workers {
+							grab(piped, pipedShard, after, batch[i])
+						}
+					})
+				}
+				wg.Wait()
+				rate := perRound / time.Since(t0).Seconds()
+				if after {
+					wallAfter, srvAfter, rateAfter = append(wallAfter, wall), append(srvAfter, srv), append(rateAfter, rate)
+				} else {
+					wallBefore, srvBefore, rateBefore = append(wallBefore, wall), append(srvBefore, srv), append(rateBefore, rate)
+				}
+			}
+		}
+	}
+	median := func(v []float64) float64 {
+		v = append([]float64(nil), v...)
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	b.ReportMetric(median(wallBefore), "before-wall-µs/grab")
+	b.ReportMetric(median(wallAfter), "after-wall-µs/grab")
+	b.ReportMetric(median(wallAfter)/median(wallBefore), "wall-ratio")
+	b.ReportMetric(median(srvBefore), "before-server-µs/grab")
+	b.ReportMetric(median(srvAfter), "after-server-µs/grab")
+	b.ReportMetric(median(srvAfter)/median(srvBefore), "server-ratio")
+	b.ReportMetric(median(rateBefore), "before-grabs/s")
+	b.ReportMetric(median(rateAfter), "after-grabs/s")
+	b.ReportMetric(median(rateAfter)/median(rateBefore), "rate-ratio")
 }
