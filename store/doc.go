@@ -57,7 +57,10 @@
 //   - A Redis that comes back older than what was acknowledged is fenced, and grants
 //     nothing until a person accepts its state (grab.lua, fence.lua, accept.lua): below
 //     a caller's claimed count or, for a shard, below its transfer sequence (Watermark,
-//     ShardMarks; the transfer scripts fence it too).
+//     ShardMarks; the transfer scripts fence it too). A shard's transfer sequence is
+//     kept by the destinations of the transfers out of it (transfer_in.lua) and read
+//     from them before every grab and transfer there (Activity.RecordedMark), so every
+//     caller fences it, not only the one that made the transfer.
 //   - A sharded seed is all or nothing: shard 0's commit records the activity's count
 //     and total in the same script, so a seed cut between any two calls is completed
 //     by the next (seed_commit.lua).
