@@ -80,7 +80,8 @@ type GrabResult struct {
 // Grab decides one claim for userID on their home shard, which must not be below
 // markOf(home) (nil checks no watermark of the caller's). With more than one shard,
 // the home shard must not be below the transfer mark its siblings keep of it
-// either (RecordedMark, read before every grab there): a home shard that came back
+// either (RecordedMark, read before every grab there, skipped when a sibling does not
+// answer within siblingMarkTimeout): a home shard that came back
 // from before a transfer out of it is fenced by the grab that would have granted
 // again one of the packets that left it, whichever process made the transfer. When
 // the home shard has run dry it refills from its siblings and tries again, so
@@ -95,11 +96,21 @@ func (s *Activity) Grab(ctx context.Context, userID string, markOf func(shard in
 			mark = markOf(h)
 		}
 		if len(s.shards) > 1 {
-			kept, err := s.RecordedMark(ctx, h)
-			if err != nil {
+			mctx, cancel := context.WithTimeout(ctx, siblingMarkTimeout)
+			kept, err := s.RecordedMark(mctx, h)
+			cancel()
+			switch {
+			case err == nil:
+				mark = mark.Raise(kept)
+			case errors.Is(err, errCorruptMark) || ctx.Err() != nil:
 				return GrabResult{}, h, fmt.Errorf("the siblings' transfer marks of shard %d: %w", h, err)
+			default:
+				// A sibling's master does not answer (down, failing over): the grab goes
+				// on with the marks this process learnt before (markOf, which every
+				// earlier read raised). What that leaves open is a home shard that came
+				// back from before a transfer while the sibling holding its record is
+				// out at the same moment: two masters failing at once.
 			}
-			mark = mark.Raise(kept)
 		}
 		r, err := home.GrabAbove(ctx, userID, mark)
 		if err != nil || r.Outcome != SoldOut || len(s.shards) == 1 || s.recentlySoldOut() {

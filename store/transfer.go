@@ -208,7 +208,8 @@ func markField(i int) string { return "mark." + strconv.Itoa(i) }
 // It reads one meta field on every sibling, in one pipeline (one HGET for two
 // shards): Grab pays it once per grab of a sharded activity, a round trip before the
 // grab script (docs/architecture.md, "What it costs"). A sibling that cannot be read
-// fails it: the record may be there.
+// fails it: the record may be there. (Grab then goes on with the marks the caller
+// learnt before; a record that is not a mark refuses the grab.)
 func (s *Activity) RecordedMark(ctx context.Context, i int) (Watermark, error) {
 	n := len(s.shards)
 	if n == 1 {
@@ -269,10 +270,20 @@ func (a *Shard) keptMark(field, v string, err error) (Watermark, error) {
 	epoch, err1 := strconv.ParseInt(e, 10, 64)
 	n, err2 := strconv.ParseInt(seq, 10, 64)
 	if !ok || len(v) > 41 || err1 != nil || err2 != nil || epoch < 0 || n < 0 {
-		return Watermark{}, fmt.Errorf("%s of %s is %d bytes that are not <epoch>:<transfer_seq>", field, a.keys.Meta, len(v))
+		return Watermark{}, fmt.Errorf("%w: %s of %s is %d bytes that are not <epoch>:<transfer_seq>", errCorruptMark, field, a.keys.Meta, len(v))
 	}
 	return Watermark{Epoch: epoch, TransferSeq: n}, nil
 }
+
+// errCorruptMark is wrapped by RecordedMark's error when a sibling keeps something
+// that is not a transfer mark (only a write outside the scripts makes one): the mark
+// cannot be known, and nothing is granted on the shard it describes.
+var errCorruptMark = errors.New("a transfer mark that is not one")
+
+// siblingMarkTimeout bounds Grab's read of the siblings' transfer marks: a sibling
+// whose master does not answer by then (down, or failing over) is skipped, so one
+// master's outage does not stop the grabs of the shards on the others.
+const siblingMarkTimeout = 100 * time.Millisecond
 
 // transfer is a journal entry: "<dest>|<count>|<amount>|<id>:<amount>,...".
 type transfer struct {
