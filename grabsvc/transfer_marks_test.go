@@ -33,6 +33,27 @@ func usersAt(h *store.Activity, prefix string, i, n int) []string {
 	return out
 }
 
+// failoverTotal is what openTwoShards seeds: packets 1 to 8 of 10 to 80.
+const failoverTotal = 360
+
+// openTwoShards seeds act over two shards with packets 1 to 8 of 10, 20, ... 80
+// (failoverTotal), opens it and serves it from h; it returns the admin's handle.
+func openTwoShards(t *testing.T, h *harness, act *Resource) *store.Activity {
+	t.Helper()
+	ctx := context.Background()
+	act.Object.Spec.Shards = 2
+	sh := handleOf(h.admin, act)
+	if _, err := sh.Seed(ctx, []int64{10, 20, 30, 40, 50, 60, 70, 80},
+		store.SeedParams{Count: 8, Total: failoverTotal, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := sh.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
+		t.Fatalf("opening: %+v %v", r, err)
+	}
+	h.act.Store(act)
+	return sh
+}
+
 // The experiment of a shard failover after a transfer, on a real redis-server, with
 // the grab service's own guard: 2 shards, 8 packets (shard 0 lists 1, 3, 5, 7 and
 // shard 1 lists 2, 4, 6, 8). One grant on shard 1; then a copy of shard 1's keys
@@ -50,17 +71,8 @@ func TestShardFailoverAfterTransferFencesBeforeItRegrants(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	act := testActivity("failover")
-	act.Object.Spec.Shards = 2
-	amounts := []int64{10, 20, 30, 40, 50, 60, 70, 80}
-	const total = 360
-	sh := handleOf(h.admin, act)
-	if _, err := sh.Seed(ctx, amounts, store.SeedParams{Count: 8, Total: total, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
-		t.Fatal(err)
-	}
-	if r, err := sh.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
-		t.Fatalf("opening: %+v %v", r, err)
-	}
-	h.act.Store(act)
+	const total = failoverTotal
+	sh := openTwoShards(t, h, act)
 
 	on0, on1 := usersAt(sh, "z", 0, 8), usersAt(sh, "o", 1, 9)
 	granted := map[string]string{} // packet id -> user
@@ -138,17 +150,8 @@ func TestShardFailoverAfterTransferFencesOnEveryPod(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	act := testActivity("failover-two-pods")
-	act.Object.Spec.Shards = 2
-	amounts := []int64{10, 20, 30, 40, 50, 60, 70, 80}
-	const total = 360
-	sh := handleOf(h.admin, act)
-	if _, err := sh.Seed(ctx, amounts, store.SeedParams{Count: 8, Total: total, Sponsor: "sponsor-1", Currency: "CNY"}); err != nil {
-		t.Fatal(err)
-	}
-	if r, err := sh.ConfigureWith(ctx, store.Settings{Open: true}); err != nil || r.State != store.StateOpen {
-		t.Fatalf("opening: %+v %v", r, err)
-	}
-	h.act.Store(act)
+	const total = failoverTotal
+	sh := openTwoShards(t, h, act)
 	podB, podBHTTP := secondServer(t, h)
 
 	on0, on1 := usersAt(sh, "z", 0, 9), usersAt(sh, "o", 1, 13)

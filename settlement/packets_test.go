@@ -258,6 +258,30 @@ func (tb testBudget) deadLetters() map[string]string {
 	return out
 }
 
+// configuredBudget makes b, on tb's Redis, the way the reconcile does: the grab
+// library loaded there, a total of 1,000 announced to a new test balance system and
+// the shards configured (Fixed packets of at most 10 shares and maxTotal), and
+// returns the balance system and the workers' config for consumer.
+func configuredBudget(t *testing.T, tb testBudget, consumer string, maxTotal int64) (*packetsBalance, Config) {
+	t.Helper()
+	ctx := context.Background()
+	key := []byte("operator-signing-key")
+	if _, err := lua.GrabLibrary.Ensure(ctx, tb.rdb); err != nil {
+		t.Fatal(err)
+	}
+	bal := newPacketsBalance(t, key)
+	cfg := packetsConfig(tb, bal.url(), consumer, key)
+	if _, err := AnnounceBudgetTotal(ctx, cfg, tb.b, 1000); err != nil {
+		t.Fatal(err)
+	}
+	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: maxTotal, MaxCount: 10, MinShare: 1,
+		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
+	if err := tb.b.Configure(ctx, 1000, limits); err != nil {
+		t.Fatal(err)
+	}
+	return bal, cfg
+}
+
 // runWorkers runs ws until the test ends.
 func runWorkers(t *testing.T, ws []*Worker) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1010,25 +1034,12 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
 	ctx := context.Background()
 	const uid = "rpb-uid-allotted"
-	key := []byte("operator-signing-key")
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
-		t.Fatal(err)
-	}
 	b := store.NewBudget(rdb, uid, 1)
-	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
-		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
 	tb := testBudget{t: t, rdb: rdb, b: b}
-	bal := newPacketsBalance(t, key)
-	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
+	bal, cfg := configuredBudget(t, tb, "operator-a", 1000)
 	cfg.Logger = testLogger(t)
-	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Configure(ctx, 1000, limits); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := b.EnsureUser(ctx, "tenant-password"); err != nil {
 		t.Fatal(err)
 	}
@@ -1083,24 +1094,11 @@ func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
 func TestBudgetLedgerLivesOnTheOperatorsRedis(t *testing.T) {
 	ctx := context.Background()
 	const uid = "rpb-uid-own-redis"
-	key := []byte("operator-signing-key")
 	tenant := newRedis(t)
 	operator := newRedis(t)
-	if _, err := lua.GrabLibrary.Ensure(ctx, tenant); err != nil {
-		t.Fatal(err)
-	}
 	b := store.NewBudget(tenant, uid, 1).WithLedger(operator)
 	tb := testBudget{t: t, rdb: tenant, b: b}
-	bal := newPacketsBalance(t, key)
-	cfg := packetsConfig(tb, bal.url(), "operator-a", key)
-	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
-		t.Fatal(err)
-	}
-	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 10_000, MaxCount: 10, MinShare: 1,
-		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
-	if err := b.Configure(ctx, 1000, limits); err != nil {
-		t.Fatal(err)
-	}
+	bal, cfg := configuredBudget(t, tb, "operator-a", 10_000)
 	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 1000, Count: 2,
 		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
 		t.Fatalf("creating order-1: %v, %v", outcome, err)
@@ -1169,24 +1167,11 @@ func TestBudgetLedgerLivesOnTheOperatorsRedis(t *testing.T) {
 func TestGrantReadBeforeItsCreationRecordIsPaid(t *testing.T) {
 	ctx := context.Background()
 	const uid = "rpb-uid-late-record"
-	key := []byte("operator-signing-key")
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
-		t.Fatal(err)
-	}
 	b := store.NewBudget(rdb, uid, 1)
 	tb := testBudget{t: t, rdb: rdb, b: b}
-	bal := newPacketsBalance(t, key)
-	cfg := packetsConfig(tb, bal.url(), "operator-new", key)
-	if _, err := AnnounceBudgetTotal(ctx, cfg, b, 1000); err != nil {
-		t.Fatal(err)
-	}
-	limits := store.BudgetLimits{Currency: "CNY", MaxTotal: 1000, MaxCount: 10, MinShare: 1,
-		Distributions: []string{split.TypeFixed}, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour}
-	if err := b.Configure(ctx, 1000, limits); err != nil {
-		t.Fatal(err)
-	}
+	bal, cfg := configuredBudget(t, tb, "operator-new", 1000)
 	if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 1000, Count: 2,
 		Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
 		t.Fatalf("creating order-1: %v, %v", outcome, err)

@@ -168,20 +168,7 @@ func BenchmarkGrabTransferMark(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		run++
-		act := store.NewActivity(c, fmt.Sprintf("bench-mark-%d", run), 2)
-		amounts := make([]int64, 2*(2*rounds*perRound+2))
-		for i := range amounts {
-			amounts[i] = 100
-		}
-		p := store.SeedParams{Count: int64(len(amounts)), Total: sum(amounts), Sponsor: sponsor, Currency: "CNY"}
-		if _, err := act.Seed(ctx, amounts, p); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := act.ConfigureWith(ctx, store.Settings{Open: true}); err != nil {
-			b.Fatal(err)
-		}
-		marks := &marksKept{}
-		act.Marks = marks
+		act, marks := openMarkedPair(b, c, fmt.Sprintf("bench-mark-%d", run), 2*(2*rounds*perRound+2))
 		if moved, err := act.Transfer(ctx, 1, 0, 1); err != nil || moved != 1 {
 			b.Fatalf("transfer: %d, %v", moved, err)
 		}
@@ -282,20 +269,7 @@ func BenchmarkGrabRecordedMark(b *testing.B) {
 		b.StopTimer()
 		run++
 		uid := fmt.Sprintf("bench-recorded-%d", run)
-		act := store.NewActivity(c, uid, 2)
-		amounts := make([]int64, 2*(len(users)+2))
-		for i := range amounts {
-			amounts[i] = 100
-		}
-		p := store.SeedParams{Count: int64(len(amounts)), Total: sum(amounts), Sponsor: sponsor, Currency: "CNY"}
-		if _, err := act.Seed(ctx, amounts, p); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := act.ConfigureWith(ctx, store.Settings{Open: true}); err != nil {
-			b.Fatal(err)
-		}
-		marks := &marksKept{}
-		act.Marks = marks
+		act, marks := openMarkedPair(b, c, uid, 2*(len(users)+2))
 		// A transfer out of shard 0: shard 1 keeps shard 0's mark, which every grab on
 		// shard 0 reads.
 		if moved, err := act.Transfer(ctx, 0, 1, 1); err != nil || moved != 1 {
@@ -367,4 +341,26 @@ func BenchmarkGrabRecordedMark(b *testing.B) {
 	b.ReportMetric(median(rateBefore), "before-grabs/s")
 	b.ReportMetric(median(rateAfter), "after-grabs/s")
 	b.ReportMetric(median(rateAfter)/median(rateBefore), "rate-ratio")
+}
+
+// openMarkedPair seeds an activity uid over two shards with n packets of 100, opens
+// it and gives it a marksKept, which it returns with it.
+func openMarkedPair(b *testing.B, c redis.Cmdable, uid string, n int) (*store.Activity, *marksKept) {
+	b.Helper()
+	ctx := context.Background()
+	act := store.NewActivity(c, uid, 2)
+	amounts := make([]int64, n)
+	for i := range amounts {
+		amounts[i] = 100
+	}
+	p := store.SeedParams{Count: int64(n), Total: sum(amounts), Sponsor: sponsor, Currency: "CNY"}
+	if _, err := act.Seed(ctx, amounts, p); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := act.ConfigureWith(ctx, store.Settings{Open: true}); err != nil {
+		b.Fatal(err)
+	}
+	marks := &marksKept{}
+	act.Marks = marks
+	return act, marks
 }

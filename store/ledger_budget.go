@@ -124,9 +124,7 @@ const OpenShare = "open"
 func (e StreamEntry) Credit(packetID, share string) BudgetCredit {
 	c := BudgetCredit{Kind: e.Kind, PacketID: packetID, Share: share, UserID: e.UserID, Amount: e.Amount, At: e.At,
 		Shares: e.Shares, Expires: e.Expires}
-	if ms, _, ok := parseStreamID(e.ID); ok {
-		c.Appended = time.UnixMilli(int64(ms)).UTC()
-	}
+	c.Appended, _ = entryTime(e.ID)
 	return c
 }
 

@@ -161,12 +161,8 @@ func (e *StreamEntry) decodePacked(v string) error {
 		if e.At, err = parseAt(at); err != nil {
 			return err
 		}
-	} else {
-		ms, _, ok := parseStreamID(e.ID)
-		if !ok {
-			return fmt.Errorf("entry id %q has no time", e.ID)
-		}
-		e.At = time.UnixMilli(int64(ms)).UTC()
+	} else if e.At, err = entryTime(e.ID); err != nil {
+		return err
 	}
 	if e.PacketID == "" || e.UserID == "" {
 		return errors.New("empty packet or user")
@@ -213,15 +209,23 @@ func (e *StreamEntry) decodeCreate(v string) error {
 	if sum != e.Amount {
 		return fmt.Errorf("the shares sum to %d, not the total %d", sum, e.Amount)
 	}
-	ms, _, ok := parseStreamID(e.ID)
-	if !ok {
-		return fmt.Errorf("entry id %q has no time", e.ID)
+	if e.At, err = entryTime(e.ID); err != nil {
+		return err
 	}
-	e.At = time.UnixMilli(int64(ms)).UTC()
 	if e.PacketID == "" || e.UserID == "" {
 		return errors.New("empty packet or sender")
 	}
 	return nil
+}
+
+// entryTime is the time of the stream entry id: when Redis appended it, to the
+// millisecond (UTC).
+func entryTime(id string) (time.Time, error) {
+	ms, _, ok := parseStreamID(id)
+	if !ok {
+		return time.Time{}, fmt.Errorf("entry id %q has no time", id)
+	}
+	return time.UnixMilli(int64(ms)).UTC(), nil
 }
 
 // truncate is s cut to at most n bytes, for messages.
