@@ -381,8 +381,6 @@ func (a *Shard) VerifyEntries(ctx context.Context, entries []StreamEntry) (map[s
 				forged[e.ID] = fmt.Errorf("%w: the entry grants packet %q of %s to user %q, whose claim is %q (an entry must be the one its grant wrote)",
 					ErrForged, packet, amount, e.UserID, held)
 			}
-		default:
-			forged[e.ID] = fmt.Errorf("%w: a %s entry, which an activity's stream never holds", ErrForged, e.Kind)
 		case KindRefund:
 			switch {
 			case State(state) != StateClosed:
@@ -396,6 +394,8 @@ func (a *Shard) VerifyEntries(ctx context.Context, entries []StreamEntry) (map[s
 			case e.UserID != sponsor:
 				forged[e.ID] = fmt.Errorf("%w: a refund to %q, but the sponsor is %q", ErrForged, e.UserID, sponsor)
 			}
+		default:
+			forged[e.ID] = fmt.Errorf("%w: a %s entry, which an activity's stream never holds", ErrForged, e.Kind)
 		}
 	}
 	return forged, nil
