@@ -692,7 +692,8 @@ func (r *RedPacketBudgetReconciler) deleteBudgetDrained(ctx context.Context, s *
 		notes = append(notes, note)
 	}
 
-	owed := fmt.Sprintf("%d entries (grants and refunds) are not yet credited by the balance system at %s", unsettled, t.WebhookURL)
+	owed := fmt.Sprintf("%d entries are not yet settled (grants and refunds the balance system at %s has not credited, "+
+		"and creation records not yet booked)", unsettled, t.WebhookURL)
 	if drain.DeadLetters > 0 {
 		owed += fmt.Sprintf(", %d of them dead letters that wait for kubectl rpa replay-dead-letters rpb/%s", drain.DeadLetters, b.Name)
 	}
