@@ -19,12 +19,15 @@ import (
 // The same Worker delivers a budget's shard streams: the same consumer group,
 // retries, hedges, dead letters and signing. Only the check before delivery differs.
 // An activity's entries are checked against its seeded split; a budget's packets are
-// created at runtime, so there is nothing seeded to compare with, and the budget's
-// ledger (store.BudgetLedger) decides alone: each key ("<packetId>/<share>",
-// "<packetId>/refund") is credited with one body at most (user, amount, time), and the
-// grants and refunds together never exceed the budget total announced to the balance
-// system (AnnounceBudgetTotal). The balance system applies the same bound to the
-// budget's UID as a whole.
+// created at runtime, and each one's creation record, which packet_create appends to
+// the stream before any grant of it, is what its entries are checked against: the
+// budget's ledger (store.BudgetLedger) books the record as the packet's account
+// (nothing is delivered for it) and then credits each key ("<packetId>/<share>",
+// "<packetId>/refund") with one body at most (user, amount, time), each share for the
+// amount its account records, the refund to the sender, never past the packet's
+// total, and the grants and refunds together never beyond the budget total announced
+// to the balance system (AnnounceBudgetTotal). The balance system applies the same
+// bound to the budget's UID as a whole.
 //
 // Deliveries carry the budget as the activity fields: "activity" is
 // "<namespace>/<name>" of the RedPacketBudget, "activityUID" its UID, and "source"
@@ -48,9 +51,10 @@ const (
 	// (store.BudgetLedger's retention less the longest time to live), so it cannot be
 	// told whether it was credited before. Pay it by hand after checking.
 	ReasonStaleEntry = "stale_entry"
-	// ReasonPacketUnknown: the entry names a packet that was never created (neither
-	// its hash nor its tombstone is in Redis: store.ErrPacketUnknown). It is refused
-	// before the ledger, so it takes nothing of the budget's total.
+	// ReasonPacketUnknown: the entry names a packet that was never created: neither
+	// its hash nor its tombstone is in Redis (store.ErrPacketUnknown), or the ledger
+	// booked no creation record of it (store.LedgerPacketUnknown). It takes nothing
+	// of the budget's total.
 	ReasonPacketUnknown = "packet_unknown"
 )
 
