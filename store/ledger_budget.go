@@ -483,7 +483,8 @@ func (l *BudgetLedger) AccountsSince(ctx context.Context, upgradeDelay time.Dura
 }
 
 // CreationRecord finds the creation record of packet id in its shard's stream: the
-// entry its packet_create.lua appended at the creation time its hash records (ct).
+// entry its packet_create.lua appended at the creation time its hash records (ct), or
+// within creationRecordWindow after it.
 // It returns false when the packet or the record is not there. Settlement reads it
 // for a grant whose packet has no account yet: after a worker's crash, its group may
 // hand out a packet's grants before the record that an older, unfinished read
@@ -503,17 +504,35 @@ func (b *Budget) CreationRecord(ctx context.Context, id string) (StreamEntry, bo
 	if err != nil {
 		return StreamEntry{}, false, nil
 	}
-	msgs, err := b.c.XRangeN(ctx, k.Stream, fmt.Sprintf("%d-0", ms), fmt.Sprintf("%d-18446744073709551615", ms), 64).Result()
-	if err != nil {
-		return StreamEntry{}, false, fmt.Errorf("reading the creation record of packet %s: %w", id, err)
-	}
-	for _, e := range decodeMessages(msgs) {
-		if e.Malformed == nil && e.Kind == KindCreate && e.PacketID == id {
-			return e, true, nil
+	// The record's id is the time Redis appended it, which the script's TIME reading
+	// (ct) may precede by a millisecond or a few: the entries from ct to
+	// creationRecordWindow later are read, a page at a time, creationRecordPages at most.
+	start, end := fmt.Sprintf("%d-0", ms), fmt.Sprintf("%d-18446744073709551615", ms+uint64(creationRecordWindow.Milliseconds()))
+	for range creationRecordPages {
+		msgs, err := b.c.XRangeN(ctx, k.Stream, start, end, 256).Result()
+		if err != nil {
+			return StreamEntry{}, false, fmt.Errorf("reading the creation record of packet %s: %w", id, err)
 		}
+		for _, e := range decodeMessages(msgs) {
+			if e.Malformed == nil && e.Kind == KindCreate && e.PacketID == id {
+				return e, true, nil
+			}
+		}
+		if len(msgs) < 256 {
+			break
+		}
+		start = "(" + msgs[len(msgs)-1].ID
 	}
 	return StreamEntry{}, false, nil
 }
+
+// creationRecordWindow and creationRecordPages bound CreationRecord's search: the
+// entries of the creationRecordWindow after the creation time, at most
+// creationRecordPages pages of 256.
+const (
+	creationRecordWindow = 100 * time.Millisecond
+	creationRecordPages  = 8
+)
 
 // VerifyPacketEntries checks each credit against its packet's hash, when the packet
 // is still in Redis, and returns why each one that does not match is forged (by
