@@ -61,8 +61,9 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		NewClient(redisconn.ClientOptions{Timeout: time.Minute})
 	t.Cleanup(func() { _ = tenant.Close() })
 
-	// The other activity's grabs, every 10 ms, and the operator's FUNCTION KILL,
-	// every 50 ms, from start to end.
+	// The other activity's grabs, every 2 ms (the tenant's calls take about a second
+	// in all, and at least 100 grabs must run beside them), and the operator's
+	// FUNCTION KILL, every 50 ms, from start to end.
 	waiter, err := userConn([]string{srv.Addr}, redisconn.ModeStandalone, other, otherPW).
 		NewPipelinedClient(redisconn.GrabClientOptions(10 * time.Second))
 	if err != nil {
@@ -90,7 +91,7 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(10 * time.Millisecond):
+			case <-time.After(2 * time.Millisecond):
 			}
 			start := time.Now()
 			res, _, err := grabber.Grab(ctx, "waiter-"+strconv.Itoa(i), nil)
