@@ -36,15 +36,45 @@ import (
 // for the same money make more than one.
 const maxMoveAttempts = 8
 
+// refill is what refillShard came to.
+type refill int
+
+const (
+	// refilled: shard i held at least need after the moves.
+	refilled refill = iota
+	// refillRaced: the shards together held need, but racing borrowers took it
+	// from under the moves; reading again may find it.
+	refillRaced
+	// refillShort: all the shards together hold less than need: the creation is
+	// one the whole budget cannot pay.
+	refillShort
+)
+
 // refillShard moves money to shard i from its siblings, the richest first, until
-// shard i holds at least need or no sibling has money left. It reports whether
-// shard i then held at least need. When all the shards together hold less than need
-// (as read, one pipeline), it moves nothing: the creation is one the whole budget
-// cannot pay.
-func (b *Budget) refillShard(ctx context.Context, i int, need int64) (bool, error) {
+// shard i holds at least need or no sibling has money left, and says which
+// (refilled, refillRaced). When all the shards together hold less than need (as
+// read, one pipeline), it moves nothing: refillShort.
+func (b *Budget) refillShard(ctx context.Context, i int, need int64) (refill, error) {
 	avail, err := b.shardsAvailable(ctx)
 	if err != nil {
-		return false, err
+		return refillShort, err
+	}
+	// A move under way (lent, not yet borrowed: a racing borrower's, or one cut
+	// short) holds money that is in no shard's available, and the shards are read
+	// one after another, so a move that completes between the reads of its two
+	// shards is missed too. Before the budget is called short, moves under way are
+	// landed (FinishMoves is safe beside the movers) and the shards read again, up
+	// to refillReads times.
+	for range refillReads - 1 {
+		if sumAvailable(avail) >= need {
+			break
+		}
+		if _, err := b.FinishMoves(ctx); err != nil {
+			return refillShort, err
+		}
+		if avail, err = b.shardsAvailable(ctx); err != nil {
+			return refillShort, err
+		}
 	}
 	order := make([]int, 0, len(avail)-1)
 	for j := range avail {
@@ -53,12 +83,8 @@ func (b *Budget) refillShard(ctx context.Context, i int, need int64) (bool, erro
 		}
 	}
 	slices.SortFunc(order, func(x, y int) int { return int(min(max(avail[y]-avail[x], -1), 1)) })
-	var sum int64
-	for _, a := range avail {
-		sum += max(a, 0)
-	}
-	if sum < need {
-		return false, nil
+	if sumAvailable(avail) < need {
+		return refillShort, nil
 	}
 	got := avail[i]
 	for _, j := range order {
@@ -67,11 +93,28 @@ func (b *Budget) refillShard(ctx context.Context, i int, need int64) (bool, erro
 		}
 		moved, err := b.moveFrom(ctx, j, i, need-got)
 		if err != nil {
-			return false, err
+			return refillShort, err
 		}
 		got += moved
 	}
-	return got >= need, nil
+	if got >= need {
+		return refilled, nil
+	}
+	return refillRaced, nil
+}
+
+// refillReads bounds how often refillShard reads the shards before it calls the
+// budget short.
+const refillReads = 4
+
+// sumAvailable is the money available over the shards, those below zero (only a
+// write outside the scripts makes one) counted as none.
+func sumAvailable(avail []int64) int64 {
+	var sum int64
+	for _, a := range avail {
+		sum += max(a, 0)
+	}
+	return sum
 }
 
 // shardsAvailable reads every shard's available money, in one pipeline.

@@ -297,3 +297,53 @@ func TestForgedMoneyInABudgetShardIsAFault(t *testing.T) {
 		t.Fatalf("after moving 300 by hand: %+v, faults %q; want shards 2 and 3 named", s, f)
 	}
 }
+
+// A client's retries of one creation race on a dry shard: 16 identical creations of
+// one packet of 400, on a budget of 500 over 4 shards (125 each), each from its own
+// client. The first to borrow creates the packet; the others, which read
+// budget_exhausted before it existed and then found too little money left to
+// borrow, must answer existing, as the script does for a packet that is there.
+// Before, a creation whose refill came up short answered the budget_exhausted it
+// had read before the packet was made (TestBudgetHistories, seed
+// 1796372057098635934). Several rounds, each on a fresh budget.
+func TestRacingRetriesOfACreationAnswerExisting(t *testing.T) {
+	ctx := redistest.Context(t)
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	for round := range 10 {
+		uid := fmt.Sprintf("retries-%d", round)
+		configuredBudget(t, ctx, admin, uid, 4, 500, testLimits())
+		var wg sync.WaitGroup
+		outcomes := make([]store.CreateOutcome, 16)
+		errs := make([]error, 16)
+		start := make(chan struct{})
+		for k := range outcomes {
+			c := srv.Client(t)
+			b := store.NewBudget(c, uid, 4)
+			wg.Go(func() {
+				<-start
+				r, err := b.Create(ctx, store.NewPacket{ID: "order-1", Sender: "merchant-7", Total: 400, Count: 2,
+					Distribution: split.TypeFixed})
+				outcomes[k], errs[k] = r.Outcome, err
+			})
+		}
+		close(start)
+		wg.Wait()
+		created := 0
+		for k, o := range outcomes {
+			if errs[k] != nil {
+				t.Fatalf("round %d, creation %d: %v", round, k, errs[k])
+			}
+			switch o {
+			case store.CreateCreated:
+				created++
+			case store.CreateExisting:
+			default:
+				t.Fatalf("round %d: answers %v; want one created and the rest existing", round, outcomes)
+			}
+		}
+		if created != 1 {
+			t.Fatalf("round %d: answers %v; want one created", round, outcomes)
+		}
+	}
+}

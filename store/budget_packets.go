@@ -147,14 +147,20 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	// cannot pay.
 	for attempt := 0; err == nil && len(reply) == 1 && reply[0] == string(CreateBudgetExhausted) && len(b.keys) > 1 &&
 		attempt < maxMoveAttempts; attempt++ {
-		ok, merr := b.refillShard(ctx, i, p.Total)
+		got, merr := b.refillShard(ctx, i, p.Total)
 		if merr != nil {
 			return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, merr)
 		}
-		if !ok {
+		// Asked again whatever the refill came to: a racing creation of the same id
+		// (a client's retry) may have made the packet meanwhile, with the money this
+		// one saw, and the answer is then existing (or conflict), not a
+		// budget_exhausted read before the packet was there. Racing borrowers that
+		// took the money from under the refill make it try again; only a budget that
+		// holds less than the total in all ends the tries.
+		reply, err = b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due, k.Stream}, args...).StringSlice()
+		if got == refillShort {
 			break
 		}
-		reply, err = b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due, k.Stream}, args...).StringSlice()
 	}
 	if err != nil {
 		return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
