@@ -509,7 +509,7 @@ func (c *packetsCheck) tombstonesSince(ctx context.Context) (time.Time, error) {
 // creation record (BudgetLedger.AccountsSince): the longest time to live, and the
 // hour the ledger's retention keeps beyond it, for the grab fleet's rollout.
 func accountsUpgradeDelay(p *Packets) time.Duration {
-	ttl := time.Duration(defaultPacketMaxTTL)
+	ttl := defaultPacketMaxTTL
 	if p != nil && p.MaxTTL > 0 {
 		ttl = p.MaxTTL
 	}
