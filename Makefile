@@ -107,9 +107,10 @@ bench: redis controlplane build ## Measure the grab path against redis-benchmark
 SOAK_RUNS ?= 200
 SOAK_OPERATOR_RUNS ?= $(SOAK_RUNS)
 SOAK_BUDGET_RUNS ?= 50
+SOAK_BUDGET_LOSS_RUNS ?= 20
 .PHONY: soak
-soak: redis controlplane ## Check SOAK_RUNS (200) seeded rains under faults for linearizability with the stand-in controller, SOAK_OPERATOR_RUNS with the real one and SOAK_BUDGET_RUNS (50) runs of a budget's runtime packets; prints runs, operations, faults, violations, lost, real-controller restarts.
-	HISTORY_RUNS=$(SOAK_RUNS) HISTORY_OPERATOR_RUNS=$(SOAK_OPERATOR_RUNS) HISTORY_BUDGET_RUNS=$(SOAK_BUDGET_RUNS) $(GO) test -count=1 -timeout 60m \
+soak: redis controlplane ## Check SOAK_RUNS (200) seeded rains under faults for linearizability with the stand-in controller, SOAK_OPERATOR_RUNS with the real one, SOAK_BUDGET_RUNS (50) runs of a budget's runtime packets and SOAK_BUDGET_LOSS_RUNS (20) that lose the budget's data; prints runs, operations, faults, violations, lost, real-controller restarts.
+	HISTORY_RUNS=$(SOAK_RUNS) HISTORY_OPERATOR_RUNS=$(SOAK_OPERATOR_RUNS) HISTORY_BUDGET_RUNS=$(SOAK_BUDGET_RUNS) HISTORY_BUDGET_LOSS_RUNS=$(SOAK_BUDGET_LOSS_RUNS) $(GO) test -count=1 -timeout 60m \
 		-run '^(TestRandomizedHistories|TestHistoriesWithOperator|TestBudgetHistories)$$' -v ./test/history/
 
 ##@ Deployment

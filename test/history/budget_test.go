@@ -805,6 +805,22 @@ func TestBudgetHistories(t *testing.T) {
 			break
 		}
 	}
+	// The runs that lose their data (budget_loss_test.go), with the real controller.
+	var losses []budgetLossRun
+	if !t.Failed() {
+		for _, seed := range lossSeeds(t, envInt("HISTORY_BUDGET_LOSS_RUNS", 2)) {
+			runStart := time.Now()
+			lr := runBudgetLoss(t, seed)
+			losses = append(losses, lr)
+			t.Logf("seed %d: data loss by %s, %d shards: fenced %v after the loss; %d calls, %d answered 2xx between the loss and the fence, %d answered 503 after it; balance system: %d refused over the total, %d repeats, %d conflicts (%v)",
+				seed, lr.kind, lr.shards, lr.detect.Round(time.Millisecond), lr.calls, lr.window, lr.fenced503, lr.refusedOver, lr.repeat, lr.conflicts,
+				time.Since(runStart).Round(time.Millisecond))
+			if t.Failed() {
+				t.Logf("stopping after seed %d; replay with HISTORY_LOSS_SEED=%d HISTORY_BUDGET_RUNS=0 go test -run '^TestBudgetHistories$' ./test/history/", seed, seed)
+				break
+			}
+		}
+	}
 	nFaults := 0
 	for _, n := range sum.faults {
 		nFaults += n
@@ -814,11 +830,12 @@ func TestBudgetHistories(t *testing.T) {
 		"answers:          %s\n"+
 		"created %d (and %d answered existing by the call that created), budget_exhausted %d, granted %d, refunds %d; unknown outcomes %d (%d changed nothing); operator restarts %d (%d with a delivery in flight), expiry calls cut %d, settlement deliveries cut %d (%d redelivered by the next operator), settlement link cut %d times; repeated deliveries %d\n"+
 		"tenant adversary: %d commands (%d forged entries, each dead-lettered; %d conflicting creations of a used id), the slowest answered in %v\n"+
+		"data lost: %s\n"+
 		"(%v; slowest check %v)",
 		"runs", "operations", "faults", "violations", "creates-lost", "grants-lost",
 		done, sum.ops, nFaults, sum.violations, sum.lostCreates, sum.lostGrants,
 		formatCounts(sum.faults, budgetFaultKinds), formatCounts(sum.outcomes, budgetOutcomeKeys),
 		sum.created, sum.retriedCreates, sum.exhausted, sum.granted, sum.refunds, sum.unknown, sum.dropped, sum.operatorRestarts, sum.midDelivery, sum.expiryCut, sum.settleCut, sum.redelivered, sum.linkCuts, sum.repeats,
 		sum.adversary.sent, sum.adversary.forged, sum.adversary.conflicts, sum.adversary.slowest.Round(time.Millisecond),
-		time.Since(begin).Round(time.Millisecond), sum.check.Round(time.Millisecond))
+		describeLosses(losses), time.Since(begin).Round(time.Millisecond), sum.check.Round(time.Millisecond))
 }
