@@ -2,6 +2,7 @@ package grabsvc
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -27,6 +28,8 @@ func BenchmarkPacketCreate(b *testing.B) {
 				b.Error(err)
 				return
 			}
+			// Read to the end, so that the connection is kept and reused.
+			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
 			if resp.StatusCode != http.StatusCreated {
 				b.Errorf("status %d", resp.StatusCode)
