@@ -65,7 +65,7 @@ test: redis postgres node-packages chromium prometheus controlplane ## Run every
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no server (go test -short): the controller's phase tables, pure rules, codecs. Seconds.
-	$(GO) test -short -count=1 ./api/... ./controllers/... ./lua/... ./store/... ./test/history/ ./test/printed/ ./internal/... ./cmd/balance/ ./hack/release/
+	$(GO) test -short -count=1 ./api/... ./controllers/... ./lua/... ./store/... ./test/history/ ./test/printed/ ./internal/... ./cmd/balance/ ./test/pgtest/ ./hack/release/
 
 .PHONY: lint
 lint: ## go vet and staticcheck (a Go tool pinned in go.mod).

@@ -2,6 +2,8 @@ package pgtest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -60,5 +62,32 @@ func TestKillAndRestartKeepCommittedRows(t *testing.T) {
 	s.Remove()
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the cluster's directory %s is still there after Remove (%v)", dir, err)
+	}
+}
+
+// recorder is a testing.TB that records how a test was ended.
+type recorder struct {
+	testing.TB
+	fatal, skip string
+}
+
+func (r *recorder) Helper()                        {}
+func (r *recorder) Fatalf(format string, a ...any) { r.fatal = fmt.Sprintf(format, a...) }
+func (r *recorder) Skipf(format string, a ...any)  { r.skip = fmt.Sprintf(format, a...) }
+
+// A missing PostgreSQL fails the test under CI=true and skips it elsewhere.
+func TestMissingPostgresFailsUnderCI(t *testing.T) {
+	err := errors.New("initdb not found")
+	t.Setenv("CI", "true")
+	r := &recorder{TB: t}
+	missing(r, err)
+	if r.fatal == "" || r.skip != "" {
+		t.Fatalf("under CI=true: fatal %q, skip %q", r.fatal, r.skip)
+	}
+	t.Setenv("CI", "")
+	r = &recorder{TB: t}
+	missing(r, err)
+	if r.fatal != "" || r.skip == "" {
+		t.Fatalf("without CI: fatal %q, skip %q", r.fatal, r.skip)
 	}
 }
