@@ -139,8 +139,12 @@ func StartProcess() (*Server, error) {
 		return nil, err
 	}
 	// Not t.TempDir: its parent is private to root, and the postgres user could not
-	// reach a directory inside it.
-	dir, err := os.MkdirTemp("", "pgtest-")
+	// reach a directory inside it; nor a $TMPDIR it cannot reach.
+	base := os.TempDir()
+	if cred != nil && !traversable(base) {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "pgtest-")
 	if err != nil {
 		return nil, fmt.Errorf("making the cluster's directory: %w", err)
 	}
@@ -163,6 +167,26 @@ func StartProcess() (*Server, error) {
 	}
 	s.Remove()
 	return nil, lastErr
+}
+
+// traversable says whether every user may reach into dir: it and each of its
+// parents are searchable by others.
+func traversable(dir string) bool {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return false
+	}
+	for {
+		fi, err := os.Stat(dir)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return true
+		}
+		dir = parent
+	}
 }
 
 // unprivileged is the user PostgreSQL's programs run as: none of our own (nil) unless
