@@ -42,6 +42,10 @@ controlplane: ## Build kube-apiserver, etcd, kubectl and the node components int
 redis: ## Make sure redis-server and its tools are installed.
 	hack/ensure-redis.sh
 
+.PHONY: postgres
+postgres: ## Make sure PostgreSQL 15's server programs are installed (the reference balance system's tests start their own clusters).
+	hack/ensure-postgres.sh
+
 .PHONY: node-packages
 node-packages: ## Make sure containerd, runc, the CNI plugins, iptables, conntrack and nft are installed (root).
 	hack/ensure-node-packages.sh
@@ -55,13 +59,13 @@ prometheus: ## Make sure promtool (Debian's prometheus package) is installed, fo
 	hack/ensure-prometheus.sh
 
 .PHONY: test
-test: redis node-packages chromium prometheus controlplane ## Run every test: real Redis, a real API server, and a real node (as root).
+test: redis postgres node-packages chromium prometheus controlplane ## Run every test: real Redis, a real PostgreSQL, a real API server, and a real node (as root).
 	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/e2e/node -e /test/e2e/upgrade)
 	$(GO) test $(TEST_FLAGS) -p 1 -v ./test/e2e/node ./test/e2e/upgrade
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no server (go test -short): the controller's phase tables, pure rules, codecs. Seconds.
-	$(GO) test -short -count=1 ./api/... ./controllers/... ./lua/... ./store/... ./test/history/ ./test/printed/ ./internal/... ./hack/release/
+	$(GO) test -short -count=1 ./api/... ./controllers/... ./lua/... ./store/... ./test/history/ ./test/printed/ ./internal/... ./cmd/balance/ ./test/pgtest/ ./hack/release/
 
 .PHONY: lint
 lint: ## go vet and staticcheck (a Go tool pinned in go.mod).

@@ -58,6 +58,9 @@ var Rules = []Rule{
 	{Doc: "README.md", Match: `^(ENDPOINT|TOKEN)=`, Run: true},
 	{Doc: "README.md", Match: `^curl -s `, Run: true},
 
+	// docs/balance.md: the reference balance system on the host.
+	{Doc: "docs/balance.md", Match: `^hack/ensure-postgres\.sh$`, Reason: "installs PostgreSQL on the host through the package manager (root); make test runs it before the tests"},
+
 	// docs/benchmarks.md: nothing but the benchmark commands above.
 
 	// docs/grab-api.md: against the README's samples through port-forwards.
