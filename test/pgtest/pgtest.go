@@ -316,6 +316,42 @@ func (s *Server) kill() {
 	for time.Now().Before(deadline) && groupAlive(pgid) {
 		time.Sleep(10 * time.Millisecond)
 	}
+	// A process that has left /proc may still hold its address space a moment
+	// longer (the kernel, or a monitor that holds a reference to it, releases it
+	// later), and with it the shared memory segment; a new postmaster refuses to
+	// start while the segment is attached.
+	for time.Now().Before(deadline) && shmAttached(s.DataDir()) {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// shmAttached says whether the System V shared memory segment that postmaster.pid
+// in dataDir names (its seventh line: key and id) is still attached by a process.
+func shmAttached(dataDir string) bool {
+	pid, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return false
+	}
+	lines := strings.Split(string(pid), "\n")
+	if len(lines) < 7 {
+		return false
+	}
+	f := strings.Fields(lines[6])
+	if len(f) != 2 {
+		return false
+	}
+	table, err := os.ReadFile("/proc/sysvipc/shm")
+	if err != nil {
+		return false
+	}
+	// "key shmid perms size cpid lpid nattch ..."
+	for _, row := range strings.Split(string(table), "\n")[1:] {
+		c := strings.Fields(row)
+		if len(c) >= 7 && c[1] == f[1] {
+			return c[6] != "0"
+		}
+	}
+	return false
 }
 
 // Restart starts the postmaster again on the same data directory and port, after Kill
