@@ -54,6 +54,13 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetDataLoss(ctx context.Context,
 			if err != nil {
 				return s.fence(c.Reason, c.Message), fmt.Errorf("checking who accepted the Redis state: %w", err)
 			}
+			if refused == "" && (s.snapshot.Total == 0 || len(s.snapshot.MissingShards) > 0) {
+				// The state to accept lost its data since the fence began: accepted, the
+				// marks would fall to what is left and the next reconcile would fund the
+				// missing shards again. A loss has no acceptance.
+				refused = fmt.Sprintf("Redis now holds none of the budget's shards %v: their data is lost, which no acceptance restores",
+					s.snapshot.MissingShards)
+			}
 			if refused == "" {
 				return r.acceptBudgetState(ctx, s, c, user)
 			}
@@ -192,8 +199,13 @@ func (s *budgetScope) fence(reason, msg string) stepResult {
 
 // budgetBelowMarks compares a snapshot with the marks a status recorded and says
 // why Redis holds less than them: DataLost when the budget was configured (a total
-// recorded) and Redis holds none of it, RedisRolledBack when a figure went down;
-// "" when nothing did.
+// recorded) and Redis holds none of it or is missing a shard, RedisRolledBack when a
+// figure went down; "" when nothing did. A missing shard is a loss, never a
+// rollback: every shard was configured in the reconcile that first recorded a
+// total, and a snapshot read across a FLUSHALL sees the shards read before it whole
+// and the rest missing, with a total below the mark that is not an older state the
+// platform team could accept (TestBudgetBelowMarks, the loss runs of
+// TestBudgetHistories).
 func budgetBelowMarks(st redpacketv1alpha1.RedPacketBudgetStatus, snap store.BudgetSnapshot) (reason, why string) {
 	mark := func(p *int64) int64 {
 		if p == nil {
@@ -207,6 +219,10 @@ func budgetBelowMarks(st redpacketv1alpha1.RedPacketBudgetStatus, snap store.Bud
 	}
 	if snap.Total == 0 {
 		return redpacketv1alpha1.ReasonDataLost, fmt.Sprintf("holds none of the budget whose status recorded a total of %d", total)
+	}
+	if len(snap.MissingShards) > 0 {
+		return redpacketv1alpha1.ReasonDataLost, fmt.Sprintf("holds none of the budget's shards %v, of the budget whose status recorded a total of %d",
+			snap.MissingShards, total)
 	}
 	for _, f := range []struct {
 		name       string

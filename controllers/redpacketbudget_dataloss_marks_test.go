@@ -24,6 +24,8 @@ func TestBudgetBelowMarks(t *testing.T) {
 		{"as recorded", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { return s }, ""},
 		{"grown", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Total, s.Claimed = 2000, 900; return s }, ""},
 		{"flushed", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { return store.BudgetSnapshot{} }, redpacketv1alpha1.ReasonDataLost},
+		{"a shard missing", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Total, s.MissingShards = 500, []int{1}; return s }, redpacketv1alpha1.ReasonDataLost},
+		{"a shard missing, the rest grown", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Total, s.MissingShards = 2000, []int{3}; return s }, redpacketv1alpha1.ReasonDataLost},
 		{"total lower", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Total = 500; return s }, redpacketv1alpha1.ReasonRedisRolledBack},
 		{"claimed lower", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Claimed = 499; return s }, redpacketv1alpha1.ReasonRedisRolledBack},
 		{"refunded lower", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Refunded = 0; return s }, redpacketv1alpha1.ReasonRedisRolledBack},

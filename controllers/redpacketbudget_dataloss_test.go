@@ -315,6 +315,51 @@ func TestAcceptingABudgetsRolledBackState(t *testing.T) {
 	})
 }
 
+// A budget fenced RedisRolledBack whose Redis then loses its data is never accepted:
+// the platform user's acceptance of the fence is refused, with a message naming the
+// missing shards, the fence stays in Redis and the budget is never configured again.
+// Accepted, the marks would have fallen to zero and the next reconcile would have
+// funded the flushed shards anew.
+func TestAcceptingALostBudgetIsRefused(t *testing.T) {
+	e := newEnv(t)
+	installPolicies(t)
+	ctx := context.Background()
+	e.startBudgetController(e.recordingSettlement())
+	h := e.rollBackBudget(t, "lost-later")
+	got := e.waitBudgetStalled("lost-later", redpacketv1alpha1.ReasonRedisRolledBack)
+	c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := e.people()
+	if err := e.annotateBudget(p.asPlatform, "lost-later", map[string]string{
+		redpacketv1alpha1.AnnotationAcceptRedisState: strconv.FormatInt(c.LastTransitionTime.Unix(), 10),
+		redpacketv1alpha1.AnnotationAcceptedBy:       p.platform}); err != nil {
+		t.Fatalf("the platform user accepting: %v", err)
+	}
+	e.waitRedPacketBudget("lost-later", "the acceptance refused", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionStalled)
+		return c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, "the acceptance was refused: Redis now holds none")
+	})
+	time.Sleep(time.Second)
+	b := e.getBudget("lost-later")
+	if b.Status.LastAcceptance != nil || !is(b.Status.Total, 1000) {
+		t.Errorf("after the refused acceptance: %s; want no acceptance and the marks kept", describeBudget(b))
+	}
+	snap, err := h.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Total != 0 {
+		t.Errorf("Redis after the refused acceptance allots %d; want nothing configured again", snap.Total)
+	}
+	for i := range h.N() {
+		if v, err := e.rdb.HGet(ctx, h.ShardKeys(i).Meta, "fenced").Result(); v != redpacketv1alpha1.ReasonRedisRolledBack {
+			t.Errorf("shard %d's fence: %q, %v", i, v, err)
+		}
+	}
+}
+
 // Issue 34, case 1: a budget's Redis loses its data after the budget's deletion
 // began. The deletion expired order-1 (500 refunded to merchant-7) and waits for the
 // refund to settle when the FLUSHALL comes. The deletion must not take the empty

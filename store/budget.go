@@ -259,6 +259,11 @@ type BudgetSnapshot struct {
 	SettledCount, SettledAmount, RefundSettled, DeadLetters int64
 	// Closed is set once creation was closed (deletion).
 	Closed bool
+	// MissingShards are the shards whose meta holds no state: never configured, or
+	// gone with the Redis data that held them (a fenced shard that was lost holds
+	// the fence alone). Each shard is read at its own instant, so a loss during a
+	// snapshot shows some shards as they were and the rest as missing.
+	MissingShards []int
 	// Borrowed is what the shards took from their siblings over their life
 	// (budget_borrow.lua), summed from the pass; LentAfter is what they lent
 	// (budget_lend.lua), summed from a read of every shard made after that pass.

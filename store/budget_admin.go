@@ -239,6 +239,8 @@ func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 		}
 		if s.State != "" {
 			configured++
+		} else {
+			out.MissingShards = append(out.MissingShards, i)
 		}
 		if s.State == "closed" {
 			closed++
