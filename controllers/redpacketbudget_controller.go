@@ -81,6 +81,7 @@ type budgetStore interface {
 	LoadLibrary(ctx context.Context) error
 	Configure(ctx context.Context, total int64, limits store.BudgetLimits) error
 	Snapshot(ctx context.Context) (store.BudgetSnapshot, error)
+	AdvanceEpoch(ctx context.Context) (int64, error)
 	Close(ctx context.Context) error
 	Purge(ctx context.Context) error
 	// MarkPurge records that the purge begins, PurgeBegun reads it

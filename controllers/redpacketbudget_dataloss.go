@@ -170,6 +170,9 @@ func (r *RedPacketBudgetReconciler) acceptBudgetState(ctx context.Context, s *bu
 	}
 	s.status.LastAcceptance = la.DeepCopy()
 	snap := s.snapshot
+	// The accepted state's epoch is the mark from now on (the epoch step advances it
+	// in this reconcile when Redis takes it).
+	s.status.Epoch = new(snap.Epoch)
 	r.eventf(b, corev1.EventTypeNormal, redpacketv1alpha1.ReasonRedisStateAccepted,
 		"%s accepted the budget's Redis state as it is (fenced since %s: %s); the marks are now total %d, claimed %d, refunded %d, %d packets created, %d shares grabbed",
 		user, c.LastTransitionTime.UTC().Format(time.RFC3339), c.Message, snap.Total, snap.Claimed, snap.Refunded, snap.CreatedPackets, snap.GrabbedShares)
@@ -233,6 +236,7 @@ func budgetBelowMarks(st redpacketv1alpha1.RedPacketBudgetStatus, snap store.Bud
 		{"refunded money", mark(st.Refunded), snap.Refunded},
 		{"created packets", mark(st.CreatedPackets), snap.CreatedPackets},
 		{"grabbed shares", mark(st.GrabbedShares), snap.GrabbedShares},
+		{"reconcile epoch", mark(st.Epoch), snap.Epoch},
 	} {
 		if f.have < f.mark {
 			return redpacketv1alpha1.ReasonRedisRolledBack, fmt.Sprintf("holds the budget's %s at %d, below the %d its status recorded",

@@ -57,6 +57,8 @@ type budgetScope struct {
 	// (reconcileBudgetSettlement): the configure step allots nothing beyond what
 	// Redis holds.
 	announcing *AnnouncementPendingError
+	// epoch is the reconcile epoch this reconcile advanced the shards to (0: none).
+	epoch int64
 	// fenceAbandoned is set when the platform team abandoned a fenced budget's
 	// deletion (deleteBudgetFenced): closing, expiring and the drain are skipped,
 	// and the keys are purged.
@@ -78,6 +80,7 @@ func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
 		{name: "durability", run: r.reconcileBudgetDurability},
 		{name: "settlement", run: r.reconcileBudgetSettlement},
 		{name: "configure", run: r.reconcileBudgetConfigure},
+		{name: "epoch", run: r.reconcileBudgetEpoch},
 		{name: "expiry", run: r.reconcileBudgetExpiry},
 		{name: "sender credential", run: r.reconcileSenderSecret, keepGoing: true},
 		{name: "redis user", run: r.reconcileBudgetRedisUser, keepGoing: true},
@@ -245,6 +248,29 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetConfigure(ctx context.Context
 		ctrl.LoggerFrom(ctx).Info("configured the budget", "total", snap.Total, "was", s.snapshot.Total, "shards", b.Spec.ShardCount())
 	}
 	s.snapshot, s.configured = snap, true
+	return stepResult{}, nil
+}
+
+// reconcileBudgetEpoch advances the reconcile epoch of a configured budget's shards
+// (store.Budget.AdvanceEpoch) once the data-loss step found them at or above every
+// mark, and the status records it: the mark a busy fleet cannot outrun. The
+// counters' marks tell an older Redis only while it holds less than the status
+// last recorded; packets created after a restore soon take them past it, where the
+// epoch, which only the operator writes, stays behind (reconcileBudgetDataLoss).
+// A Redis that does not take it is logged and tried at the next reconcile: the
+// status keeps the epoch it recorded.
+func (r *RedPacketBudgetReconciler) reconcileBudgetEpoch(ctx context.Context, s *budgetScope) (stepResult, error) {
+	if !s.configured || len(s.snapshot.MissingShards) > 0 {
+		return stepResult{}, nil
+	}
+	rctx, cancel := r.redisContext(ctx)
+	defer cancel()
+	e, err := s.store.AdvanceEpoch(rctx)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "advancing the budget's epoch; tried again at the next reconcile")
+		return stepResult{}, nil
+	}
+	s.epoch = e
 	return stepResult{}, nil
 }
 
@@ -520,6 +546,9 @@ func computeBudgetStatus(s *budgetScope, clean bool) {
 			st.GrabbedPerSecond = new(perSecond(snap.GrabbedShares-*prevGrabbed, elapsed))
 		}
 		st.SnapshotTime = &at
+		if s.epoch > 0 {
+			st.Epoch = new(s.epoch)
+		}
 		faults := snap.MoneyFaults()
 		if s.ledger != nil {
 			faults = append(faults, snap.LedgerFaults(*s.ledger)...)

@@ -83,6 +83,16 @@ func (f *fakeBudget) Configure(_ context.Context, total int64, limits store.Budg
 	return nil
 }
 
+func (f *fakeBudget) AdvanceEpoch(context.Context) (int64, error) {
+	if err := f.fail("AdvanceEpoch"); err != nil {
+		return 0, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.snap.Epoch++
+	return f.snap.Epoch, nil
+}
+
 func (f *fakeBudget) Snapshot(context.Context) (store.BudgetSnapshot, error) {
 	if err := f.fail("Snapshot"); err != nil {
 		return store.BudgetSnapshot{}, err

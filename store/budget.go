@@ -259,6 +259,9 @@ type BudgetSnapshot struct {
 	SettledCount, SettledAmount, RefundSettled, DeadLetters int64
 	// Closed is set once creation was closed (deletion).
 	Closed bool
+	// Epoch is the lowest reconcile epoch a shard holds (AdvanceEpoch); 0 for a
+	// budget no operator advanced yet.
+	Epoch int64
 	// MissingShards are the shards whose meta holds no state: never configured, or
 	// gone with the Redis data that held them (a fenced shard that was lost holds
 	// the fence alone). Each shard is read at its own instant, so a loss during a

@@ -189,6 +189,8 @@ type BudgetShardSnapshot struct {
 	// Lent and Borrowed are the money this shard lent to dry siblings and borrowed
 	// from them (budget_lend.lua, budget_borrow.lua), over its life.
 	Lent, Borrowed int64
+	// Epoch is the operator's reconcile epoch the shard holds (AdvanceEpoch).
+	Epoch int64
 	// Overdue is how many live packets are past their expiry by the Redis clock and
 	// not expired yet: the expiry driver's backlog.
 	Overdue int64
@@ -206,13 +208,13 @@ func (b *Budget) ShardSnapshot(ctx context.Context, i int) (BudgetShardSnapshot,
 	if err != nil {
 		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %w", i, err)
 	}
-	if len(v) != 16 {
-		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %d values, want 16", i, len(v))
+	if len(v) != 17 {
+		return BudgetShardSnapshot{}, fmt.Errorf("reading budget shard %d: %d values, want 17", i, len(v))
 	}
 	s := BudgetShardSnapshot{State: v[0]}
 	for j, dst := range []*int64{&s.Allotted, &s.Available, &s.Live, &s.Claimed, &s.Refunded, &s.Created,
 		&s.Expired, &s.Grabbed, &s.SettledCount, &s.SettledAmount, &s.RefundSettled, &s.DeadLetters, &s.Lent,
-		&s.Borrowed, &s.Overdue} {
+		&s.Borrowed, &s.Epoch, &s.Overdue} {
 		if v[j+1] == "" {
 			continue
 		}
@@ -241,6 +243,9 @@ func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 			configured++
 		} else {
 			out.MissingShards = append(out.MissingShards, i)
+		}
+		if i == 0 || s.Epoch < out.Epoch {
+			out.Epoch = s.Epoch
 		}
 		if s.State == "closed" {
 			closed++
@@ -279,6 +284,33 @@ func (b *Budget) Snapshot(ctx context.Context) (BudgetSnapshot, error) {
 		out.LentAfter = lentAfter
 	}
 	return out, nil
+}
+
+// AdvanceEpoch adds one to every shard's reconcile epoch (the meta's "epoch") and
+// returns the lowest epoch a shard holds after it. The operator calls it at every
+// reconcile of a configured budget and records what it returns in the budget's
+// status; nothing else writes it. A shard's epoch only grows while Redis keeps the
+// shard, however busy the fleet is, so a shard that holds an epoch below the one
+// recorded came back from before that reconcile (an older backup or AOF), even when
+// the packets created since have taken its counters past their marks again.
+func (b *Budget) AdvanceEpoch(ctx context.Context) (int64, error) {
+	cmds := make([]*redis.IntCmd, len(b.keys))
+	_, err := b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range b.keys {
+			cmds[i] = p.HIncrBy(ctx, k.Meta, "epoch", 1)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("advancing budget %s's epoch: %w", b.uid, err)
+	}
+	var low int64
+	for i, c := range cmds {
+		if i == 0 || c.Val() < low {
+			low = c.Val()
+		}
+	}
+	return low, nil
 }
 
 // lentNow sums what every shard lent over its life, each read now.

@@ -239,6 +239,13 @@ type RedPacketBudgetStatus struct {
 	// +optional
 	CreatedPackets *int64 `json:"createdPackets,omitempty"`
 
+	// epoch is the reconcile epoch the operator last wrote into every budget shard
+	// (the lowest a shard held after it): each reconcile of a configured budget adds
+	// one to it in Redis, and nothing else writes it. A shard that holds less came
+	// back from before that reconcile, and the budget is fenced RedisRolledBack.
+	// +optional
+	Epoch *int64 `json:"epoch,omitempty"`
+
 	// expiredPackets is the number of packets expired.
 	// +optional
 	ExpiredPackets *int64 `json:"expiredPackets,omitempty"`

@@ -504,6 +504,11 @@ func (in *RedPacketBudgetStatus) DeepCopyInto(out *RedPacketBudgetStatus) {
 		*out = new(int64)
 		**out = **in
 	}
+	if in.Epoch != nil {
+		in, out := &in.Epoch, &out.Epoch
+		*out = new(int64)
+		**out = **in
+	}
 	if in.ExpiredPackets != nil {
 		in, out := &in.ExpiredPackets, &out.ExpiredPackets
 		*out = new(int64)
