@@ -31,7 +31,10 @@ func TestBudgetBelowMarks(t *testing.T) {
 		{"refunded lower", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Refunded = 0; return s }, redpacketv1alpha1.ReasonRedisRolledBack},
 		{"fewer packets", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.CreatedPackets = 2; return s }, redpacketv1alpha1.ReasonRedisRolledBack},
 		{"an older epoch", redpacketv1alpha1.RedPacketBudgetStatus{Total: new(int64(1000)), Epoch: new(int64(7))},
-			func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Total, s.Claimed, s.Epoch = 1000, 900, 6; return s }, redpacketv1alpha1.ReasonRedisRolledBack},
+			func(s store.BudgetSnapshot) store.BudgetSnapshot {
+				s.Total, s.Claimed, s.Epoch = 1000, 900, 6
+				return s
+			}, redpacketv1alpha1.ReasonRedisRolledBack},
 		{"the recorded epoch", redpacketv1alpha1.RedPacketBudgetStatus{Total: new(int64(1000)), Epoch: new(int64(7))},
 			func(s store.BudgetSnapshot) store.BudgetSnapshot { s.Epoch = 7; return s }, ""},
 		{"fewer grabs", marks, func(s store.BudgetSnapshot) store.BudgetSnapshot { s.GrabbedShares = 3; return s }, redpacketv1alpha1.ReasonRedisRolledBack},
