@@ -107,19 +107,8 @@ func (b *Book) Post(ctx context.Context, r request) (Outcome, error) {
 // balance, and adds it to its source's sums only where they stay within the
 // announcement, all in tx.
 func (b *Book) credit(ctx context.Context, tx pgx.Tx, r request) (Outcome, error) {
-	if ok, err := lockKey(ctx, tx, r.key); err != nil || !ok {
-		return 0, errOr(err, ErrInFlight)
-	}
-	var digest []byte
-	err := tx.QueryRow(ctx, "SELECT digest FROM credits WHERE idempotency_key = $1", r.key).Scan(&digest)
-	switch {
-	case err == nil:
-		if bytes.Equal(digest, r.digest) {
-			return Replayed, nil
-		}
-		return 0, ErrKeyReused
-	case !errors.Is(err, pgx.ErrNoRows):
-		return 0, fmt.Errorf("reading credit %s: %w", r.key, err)
+	if booked, out, err := claimKey(ctx, tx, r, "credits"); booked || err != nil {
+		return out, err
 	}
 
 	d := r.d
@@ -143,7 +132,7 @@ func (b *Book) credit(ctx context.Context, tx pgx.Tx, r request) (Outcome, error
 		  AND grant_sum + refund_sum + $3 + $5 <= total AND (count IS NULL OR grants + $2 <= count)`,
 		d.ActivityUID, grants, grantSum, refunds, refundSum, r.source, d.Currency)
 	res := tx.SendBatch(ctx, batch)
-	_, err = res.Exec()
+	_, err := res.Exec()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23503" {
 		// The credit names a source that is not in sources (the foreign key).
@@ -195,19 +184,8 @@ func (b *Book) whyRefused(ctx context.Context, tx pgx.Tx, r request) error {
 // announce books an announcement: it makes the source, or raises its total to the
 // highest amount announced (a budget's), and records the announcement's key.
 func (b *Book) announce(ctx context.Context, tx pgx.Tx, r request) (Outcome, error) {
-	if ok, err := lockKey(ctx, tx, r.key); err != nil || !ok {
-		return 0, errOr(err, ErrInFlight)
-	}
-	var digest []byte
-	err := tx.QueryRow(ctx, "SELECT digest FROM announcements WHERE idempotency_key = $1", r.key).Scan(&digest)
-	switch {
-	case err == nil:
-		if bytes.Equal(digest, r.digest) {
-			return Replayed, nil
-		}
-		return 0, ErrKeyReused
-	case !errors.Is(err, pgx.ErrNoRows):
-		return 0, fmt.Errorf("reading announcement %s: %w", r.key, err)
+	if booked, out, err := claimKey(ctx, tx, r, "announcements"); booked || err != nil {
+		return out, err
 	}
 	d := r.d
 	var count *int64
@@ -231,6 +209,29 @@ func (b *Book) announce(ctx context.Context, tx pgx.Tx, r request) (Outcome, err
 		return 0, fmt.Errorf("recording announcement %s: %w", r.key, err)
 	}
 	return Booked, nil
+}
+
+// claimKey takes r's Idempotency-Key in tx (lockKey) and looks it up in table
+// (credits or announcements): booked is true, with Replayed, when the key was booked
+// with r's digest; a key booked with another digest is ErrKeyReused, one another
+// transaction holds ErrInFlight. booked false with no error: the key is new and
+// this transaction holds it.
+func claimKey(ctx context.Context, tx pgx.Tx, r request, table string) (booked bool, out Outcome, err error) {
+	if ok, err := lockKey(ctx, tx, r.key); err != nil || !ok {
+		return false, 0, errOr(err, ErrInFlight)
+	}
+	var digest []byte
+	err = tx.QueryRow(ctx, "SELECT digest FROM "+table+" WHERE idempotency_key = $1", r.key).Scan(&digest)
+	switch {
+	case err == nil:
+		if bytes.Equal(digest, r.digest) {
+			return true, Replayed, nil
+		}
+		return false, 0, ErrKeyReused
+	case !errors.Is(err, pgx.ErrNoRows):
+		return false, 0, fmt.Errorf("reading %s %s: %w", table, r.key, err)
+	}
+	return false, 0, nil
 }
 
 // errOr is err, or else fallback.

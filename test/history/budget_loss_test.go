@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -548,19 +547,4 @@ func describeLosses(runs []budgetLossRun) string {
 
 // lossSeeds are the seeds of the loss runs: HISTORY_LOSS_SEED alone when it is set
 // (a replay), else runs seeds from the clock, alternating flushall and older-aof.
-func lossSeeds(t *testing.T, runs int) []uint64 {
-	t.Helper()
-	if s := os.Getenv("HISTORY_LOSS_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("HISTORY_LOSS_SEED=%q: %v", s, err)
-		}
-		return []uint64{n}
-	}
-	base := uint64(time.Now().UnixNano())
-	out := make([]uint64, runs)
-	for i := range out {
-		out[i] = base + uint64(i)
-	}
-	return out
-}
+func lossSeeds(t *testing.T, runs int) []uint64 { return seedsOf(t, "HISTORY_LOSS_SEED", runs) }

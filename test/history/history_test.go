@@ -978,12 +978,16 @@ func TestRandomizedHistories(t *testing.T) {
 
 // seeds returns the seeds of a test's runs: HISTORY_SEED alone, or runs seeds from
 // the clock.
-func seeds(t *testing.T, runs int) []uint64 {
+func seeds(t *testing.T, runs int) []uint64 { return seedsOf(t, "HISTORY_SEED", runs) }
+
+// seedsOf is the seed in the variable env alone when it is set (a replay), else runs
+// seeds from the clock.
+func seedsOf(t *testing.T, env string, runs int) []uint64 {
 	t.Helper()
-	if s := os.Getenv("HISTORY_SEED"); s != "" {
+	if s := os.Getenv(env); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			t.Fatalf("HISTORY_SEED=%q: %v", s, err)
+			t.Fatalf("%s=%q: %v", env, s, err)
 		}
 		return []uint64{n}
 	}
