@@ -16,6 +16,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/spf13/cobra v1.10.2
+	github.com/standard-webhooks/standard-webhooks/libraries v1.3.0
 	github.com/yuin/gopher-lua v1.1.2
 	golang.org/x/sys v0.48.0
 	helm.sh/helm/v3 v3.22.0

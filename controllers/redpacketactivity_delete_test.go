@@ -259,7 +259,7 @@ type balance struct {
 	credited map[string]settlement.Delivery
 	bad      []string
 	budgets  int // budget announcements received
-	// signed are the raw bodies and X-Signature headers of every request, in order.
+	// signed are the raw bodies and headers of every request, in order.
 	signed []signedRequest
 }
 
@@ -283,7 +283,7 @@ func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.tries++
-	b.signed = append(b.signed, signedRequest{body: body, signature: r.Header.Get("X-Signature")})
+	b.signed = append(b.signed, signedRequest{body: body, signature: r.Header.Get("X-Signature"), header: r.Header.Clone()})
 	var d settlement.Delivery
 	var kind struct {
 		Kind string `json:"kind"`
@@ -331,10 +331,12 @@ func (b *balance) credits() (map[string]settlement.Delivery, []string) {
 	return out, append([]string(nil), b.bad...)
 }
 
-// signedRequest is one request's body and signature as the balance system got them.
+// signedRequest is one request's body, X-Signature and headers as the balance system
+// got them.
 type signedRequest struct {
 	body      []byte
 	signature string
+	header    http.Header
 }
 
 // requests returns every request received so far.

@@ -218,10 +218,10 @@ func (d *BudgetSettlementRunner) Forget(uid types.UID) {
 // EnsureTarget keeps the budget's workers running and its total announced:
 //
 //  1. without a webhook, its workers stop (entries wait in the streams);
-//  2. the signing key is read for the webhook's host; a host with no key stops the
+//  2. the signing keys are read for the webhook's host; a host with no key stops the
 //     workers and returns errWebhookHostNotAllowed (wrapped);
 //  3. the workers are (re)started when where or how they deliver changed (the
-//     webhook, the key, the currency, maxAttempts, the connection, the limits); a
+//     webhook, the keys, the currency, maxAttempts, the connection, the limits); a
 //     new total needs no restart, since the ledger reads the announced total;
 //  4. when Total exceeds the total announced so far, it is announced in the
 //     background (settlement.AnnounceBudgetTotal), never in the caller's time, and
@@ -235,12 +235,12 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 		d.registry.Stop(t.UID)
 		return nil
 	}
-	signing, err := readSettlementKey(ctx, d.Reader, d.KeysSecret, t.WebhookURL)
+	keys, err := readSettlementKeys(ctx, d.Reader, d.KeysSecret, t.WebhookURL)
 	if err != nil {
 		d.registry.Stop(t.UID)
 		return err
 	}
-	cfg := d.config(t, signing)
+	cfg := d.config(t, keys)
 	connKey := t.Conn.Key()
 	if t.LedgerConn != nil {
 		connKey += "|ledger|" + t.LedgerConn.Key()
@@ -273,10 +273,11 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 	return nil
 }
 
-// config is the workers' configuration for t, signing with signing.
-func (d *BudgetSettlementRunner) config(t BudgetSettlementTarget, signing []byte) settlement.Config {
-	cfg := settlement.BudgetConfigFor(t.Name.Namespace, t.Name.Name, string(t.UID), t.Currency, t.WebhookURL, t.MaxAttempts, signing,
+// config is the workers' configuration for t, signing with keys.
+func (d *BudgetSettlementRunner) config(t BudgetSettlementTarget, keys settlementKeys) settlement.Config {
+	cfg := settlement.BudgetConfigFor(t.Name.Namespace, t.Name.Name, string(t.UID), t.Currency, t.WebhookURL, t.MaxAttempts, keys.hmac,
 		settlement.Packets{MaxCount: t.MaxPacketCount, MaxTTL: t.MaxTTL, LedgerRetention: d.LedgerRetention})
+	keys.apply(&cfg)
 	cfg.Consumer = d.Consumer
 	cfg.Registerer = d.Registerer
 	cfg.MinConcurrency, cfg.MaxConcurrency = d.MinConcurrency, d.MaxConcurrency

@@ -2,21 +2,27 @@ package controllers
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"redpacket.io/operator/pkg/webhooksig"
+	"redpacket.io/operator/settlement"
 )
 
 // The allowlist of balance systems, key by key: "<host>_<port>" allows that host
 // on that port, "<host>" the scheme's default port only; a name is fully qualified
 // (a trailing dot and case do not matter, a short name never matches a longer one);
 // userinfo, ports of an allowed host that no key names, and hosts no key can name
-// are refused; a rotation's previous key never signs; two spellings of one entry
-// with different keys allow nothing.
+// are refused; a rotation's previous key never allows a host; two spellings of one
+// entry with different keys allow nothing.
 func TestSettlementKeyAllowlist(t *testing.T) {
 	data := map[string][]byte{
 		"balance.payments.svc.cluster.local":           []byte("payments-default-port"),
@@ -68,7 +74,8 @@ func TestSettlementKeyAllowlist(t *testing.T) {
 		{"two spellings, one key", "http://same.example.com:9000/credit", "same"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			key, err := readSettlementKey(context.Background(), c, ref, tc.url)
+			keys, err := readSettlementKeys(context.Background(), c, ref, tc.url)
+			key := keys.hmac
 			switch {
 			case tc.want == "" && err == nil:
 				t.Errorf("%s is allowed, signed with %q", tc.url, key)
@@ -78,5 +85,86 @@ func TestSettlementKeyAllowlist(t *testing.T) {
 				t.Errorf("%s: key %q, %v; want %q", tc.url, key, err, tc.want)
 			}
 		})
+	}
+}
+
+// The keys Secret's Standard Webhooks entries, read for a host: "<name>.previous"
+// is the HMAC key being rotated out, "<name>.ed25519" the operator's Ed25519 key
+// ("whsk_" and base64), "<name>.ed25519.previous" the one being rotated out. An
+// Ed25519 key alone allows its host (v1a only, no HMAC key, so no X-Signature); the
+// previous keys come from the same name as the current ones and never allow alone;
+// a value that is not a key is an error that names the entry and not the value.
+func TestSettlementKeysForStandardWebhooks(t *testing.T) {
+	_, ed1, _ := ed25519.GenerateKey(rand.Reader)
+	_, ed2, _ := ed25519.GenerateKey(rand.Reader)
+	_, ed3, _ := ed25519.GenerateKey(rand.Reader)
+	data := map[string][]byte{
+		// Everything for one host and port.
+		"rotating.example.com_8080":                   []byte("hmac-new"),
+		"rotating.example.com_8080.previous":          []byte("hmac-old"),
+		"rotating.example.com_8080.ed25519":           []byte(webhooksig.FormatPrivateKey(ed1) + "\n"),
+		"Rotating.Example.com._8080.ED25519.previous": []byte(webhooksig.FormatPrivateKey(ed2)),
+		// v1a only, on the default port.
+		"asymmetric.example.com.ed25519": []byte(webhooksig.FormatPrivateKey(ed3)),
+		// A previous key alone allows nothing, at either name.
+		"retired.example.com.previous":         []byte("hmac-old"),
+		"retired.example.com.ed25519.previous": []byte(webhooksig.FormatPrivateKey(ed2)),
+		// The most precise name decides, previous keys included: host_port's HMAC
+		// key, not the bare host's Ed25519 key and previous key.
+		"mixed.example.com_80":               []byte("hmac-port"),
+		"mixed.example.com.ed25519":          []byte(webhooksig.FormatPrivateKey(ed1)),
+		"mixed.example.com.previous":         []byte("hmac-bare-old"),
+		"broken.example.com.ed25519":         []byte("c2VlZA=="),
+		"short.example.com.ed25519":          []byte("whsk_c2VlZA=="),
+		"ambiguous.example.com.ed25519":      []byte(webhooksig.FormatPrivateKey(ed1)),
+		"AMBIGUOUS.example.com..ed25519":     []byte(webhooksig.FormatPrivateKey(ed2)),
+		"emptyprevious.example.com":          []byte("hmac"),
+		"emptyprevious.example.com.previous": []byte("\n"),
+	}
+	ref := types.NamespacedName{Namespace: "redpacket-system", Name: DefaultSettlementKeysSecret}
+	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name}, Data: data}).Build()
+	read := func(url string) (settlementKeys, error) {
+		return readSettlementKeys(context.Background(), c, ref, url)
+	}
+
+	k, err := read("http://rotating.example.com:8080/credit")
+	if err != nil || string(k.hmac) != "hmac-new" || string(k.previousHMAC) != "hmac-old" ||
+		!k.ed25519.Equal(ed1) || !k.previousEd25519.Equal(ed2) {
+		t.Errorf("a rotation of both keys: %+v, %v", k, err)
+	}
+	var cfg settlement.Config
+	k.apply(&cfg)
+	if string(cfg.SigningKey) != "hmac-new" || string(cfg.PreviousSigningKey) != "hmac-old" ||
+		!cfg.Ed25519Key.Equal(ed1) || !cfg.PreviousEd25519Key.Equal(ed2) {
+		t.Errorf("the worker's keys: %+v", cfg)
+	}
+
+	k, err = read("https://asymmetric.example.com/credit")
+	if err != nil || k.hmac != nil || k.previousHMAC != nil || !k.ed25519.Equal(ed3) || k.previousEd25519 != nil {
+		t.Errorf("an Ed25519 key alone: %+v, %v", k, err)
+	}
+	if _, err := read("https://asymmetric.example.com:8443/credit"); !errors.Is(err, errWebhookHostNotAllowed) {
+		t.Errorf("the Ed25519 key of a bare host allows another port: %v", err)
+	}
+	if _, err := read("http://retired.example.com/credit"); !errors.Is(err, errWebhookHostNotAllowed) {
+		t.Errorf("previous keys alone allow the host: %v", err)
+	}
+	k, err = read("http://mixed.example.com/credit")
+	if err != nil || string(k.hmac) != "hmac-port" || k.ed25519 != nil || k.previousHMAC != nil {
+		t.Errorf("the most precise name: %+v, %v", k, err)
+	}
+	if _, err := read("http://ambiguous.example.com/credit"); !errors.Is(err, errWebhookHostNotAllowed) {
+		t.Errorf("two spellings of one Ed25519 entry with two keys: %v", err)
+	}
+	for _, url := range []string{"http://broken.example.com/credit", "http://short.example.com/credit", "http://emptyprevious.example.com/credit"} {
+		_, err := read(url)
+		if err == nil || errors.Is(err, errWebhookHostNotAllowed) {
+			t.Errorf("%s: %v, want an error about the value", url, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "c2VlZA") {
+			t.Errorf("%s: the error shows the value: %v", url, err)
+		}
 	}
 }

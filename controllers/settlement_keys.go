@@ -3,6 +3,7 @@ package controllers
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/url"
@@ -17,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"redpacket.io/operator/pkg/hmackey"
+	"redpacket.io/operator/pkg/webhooksig"
+	"redpacket.io/operator/settlement"
 )
 
 // DefaultSettlementKeysSecret is the name of the Secret, in the operator's own
@@ -26,12 +29,22 @@ const DefaultSettlementKeysSecret = "redpacket-settlement-keys"
 // DefaultOperatorNamespace is the operator's namespace when POD_NAMESPACE is unset.
 const DefaultOperatorNamespace = "redpacket-system"
 
-// PreviousKeySuffix marks, in the keys Secret, a balance system's previous key during
-// a rotation ("<host>.previous", "<host>_<port>.previous"): kept for the balance system's side of the rotation
-// and never used to sign.
+// PreviousKeySuffix marks, in the keys Secret, a key being rotated out
+// ("<host>.previous", "<host>_<port>.previous", "<host>.ed25519.previous"): while it
+// is there, every delivery's webhook-signature carries a signature made with it
+// besides the current key's, so that the balance system verifies with whichever of
+// the two it holds. It never allows a host, and X-Signature is never made with it.
 const PreviousKeySuffix = ".previous"
 
-// errWebhookHostNotAllowed is wrapped by settlementKey's error when the keys Secret
+// Ed25519KeySuffix marks, in the keys Secret, the operator's Ed25519 private key for
+// a balance system ("<host>.ed25519", "<host>_<port>.ed25519"), spelt "whsk_" and the
+// base64 of its 32-byte seed: every delivery to that host carries a v1a signature
+// made with it, which the balance system verifies with the public key alone. It
+// allows the host as a key "<host>" does, so a balance system may hold no shared key
+// at all.
+const Ed25519KeySuffix = ".ed25519"
+
+// errWebhookHostNotAllowed is wrapped by signingKeys's error when the keys Secret
 // holds no key for the webhook's host and port, or the URL carries userinfo: the
 // platform team has not allowed that balance system, and nothing is delivered to it.
 var errWebhookHostNotAllowed = errors.New("the webhook's host is not allowed")
@@ -139,30 +152,76 @@ func normalAllowlistKey(k string) string {
 	return host + AllowlistPortSeparator + port
 }
 
-// allowedKey is the value of the keys Secret data that allows t: the entries of the
-// first of t.keys() that any entry spells (case and a trailing dot of the host
-// aside). Entries for the same key with different values are ambiguous and allow
-// nothing; a rotation's previous key (PreviousKeySuffix) never allows.
-func allowedKey(data map[string][]byte, t webhookTarget) (key string, value []byte, err error) {
+// entryKind is what an entry of the keys Secret holds for its host.
+type entryKind int
+
+const (
+	entryHMAC            entryKind = iota // "<host>": the HMAC key
+	entryPreviousHMAC                     // "<host>.previous"
+	entryEd25519                          // "<host>.ed25519": the Ed25519 private key
+	entryPreviousEd25519                  // "<host>.ed25519.previous"
+	entryKinds
+)
+
+// parseEntry reads a data key of the keys Secret: the allowlist name it is for
+// (normalAllowlistKey) and what it holds, by its suffixes (".ed25519", then
+// ".previous"), in any case.
+func parseEntry(k string) (name string, kind entryKind) {
+	k = strings.ToLower(k)
+	previous := strings.HasSuffix(k, PreviousKeySuffix)
+	k = strings.TrimSuffix(k, PreviousKeySuffix)
+	ed := strings.HasSuffix(k, Ed25519KeySuffix)
+	k = strings.TrimSuffix(k, Ed25519KeySuffix)
+	switch {
+	case ed && previous:
+		kind = entryPreviousEd25519
+	case ed:
+		kind = entryEd25519
+	case previous:
+		kind = entryPreviousHMAC
+	}
+	return normalAllowlistKey(k), kind
+}
+
+// allowedEntries are the entries of the keys Secret that allow a target, by kind:
+// the data key and its value, "" where the Secret holds none of that kind.
+type allowedEntries struct {
+	names  [entryKinds]string
+	values [entryKinds][]byte
+}
+
+// allowedKeys returns the entries of the keys Secret data that allow t: those of the
+// first of t.keys() that a current key names, an HMAC key "<name>" or an Ed25519 key
+// "<name>.ed25519" (case and a trailing dot of the host aside), with the rotation's
+// previous keys of that same name. Entries of one kind for one name with different
+// values are ambiguous and allow nothing; a previous key alone never allows.
+func allowedKeys(data map[string][]byte, t webhookTarget) (allowedEntries, error) {
 	for _, want := range t.keys() {
-		var found []string
+		var found [entryKinds][]string
 		for k := range data {
-			if !strings.HasSuffix(k, PreviousKeySuffix) && normalAllowlistKey(k) == want {
-				found = append(found, k)
+			if name, kind := parseEntry(k); name == want {
+				found[kind] = append(found[kind], k)
 			}
 		}
-		if len(found) == 0 {
+		if len(found[entryHMAC]) == 0 && len(found[entryEd25519]) == 0 {
 			continue
 		}
-		sort.Strings(found)
-		for _, k := range found[1:] {
-			if !bytes.Equal(data[k], data[found[0]]) {
-				return "", nil, fmt.Errorf("%w: keys %q and %q name %s and hold different values", errWebhookHostNotAllowed, found[0], k, want)
+		var a allowedEntries
+		for kind, names := range found {
+			if len(names) == 0 {
+				continue
 			}
+			sort.Strings(names)
+			for _, k := range names[1:] {
+				if !bytes.Equal(data[k], data[names[0]]) {
+					return allowedEntries{}, fmt.Errorf("%w: keys %q and %q name %s and hold different values", errWebhookHostNotAllowed, names[0], k, want)
+				}
+			}
+			a.names[kind], a.values[kind] = names[0], data[names[0]]
 		}
-		return found[0], data[found[0]], nil
+		return a, nil
 	}
-	return "", nil, fmt.Errorf("%w: no key %s", errWebhookHostNotAllowed, strings.Join(quoteAll(t.keys()), " or "))
+	return allowedEntries{}, fmt.Errorf("%w: no key %s", errWebhookHostNotAllowed, strings.Join(quoteAll(t.keys()), " or "))
 }
 
 // quoteAll quotes each string.
@@ -174,40 +233,79 @@ func quoteAll(ss []string) []string {
 	return out
 }
 
-// settlementKey returns the key that signs deliveries to webhookURL: the value of
-// the keys Secret's data that allows the URL's host and port (allowedKey), read from
+// settlementKeys are the keys that sign deliveries to one balance system.
+type settlementKeys struct {
+	// hmac is the current HMAC key: X-Signature and a v1 signature; nil for a
+	// balance system that is sent v1a only.
+	hmac []byte
+	// previousHMAC is the HMAC key being rotated out: a second v1 signature.
+	previousHMAC []byte
+	// ed25519 is the operator's current Ed25519 key for the host: a v1a signature.
+	ed25519 ed25519.PrivateKey
+	// previousEd25519 is the Ed25519 key being rotated out: a second v1a signature.
+	previousEd25519 ed25519.PrivateKey
+}
+
+// apply sets the keys of a settlement worker's configuration.
+func (k settlementKeys) apply(cfg *settlement.Config) {
+	cfg.SigningKey, cfg.PreviousSigningKey = k.hmac, k.previousHMAC
+	cfg.Ed25519Key, cfg.PreviousEd25519Key = k.ed25519, k.previousEd25519
+}
+
+// signingKeys returns the keys that sign deliveries to webhookURL: those of the
+// keys Secret's data that allow the URL's host and port (allowedKeys), read from
 // the API server at every call, so a rotated key is used from the next reconcile of
 // each activity on. The Secret lives in the operator's namespace, which tenants
 // cannot read: the Secret is both the key store and the allowlist of balance
-// systems. Its key "<host>_<port>" allows that host on that port; a key "<host>"
-// allows it on the scheme's default port only (80 for http, 443 for https). A URL no
-// key allows, or with userinfo, wraps errWebhookHostNotAllowed.
-func (r *RedPacketActivityReconciler) settlementKey(ctx context.Context, webhookURL string) ([]byte, error) {
-	return readSettlementKey(ctx, r.APIReader, r.Options.settlementKeysSecret(), webhookURL)
+// systems. Its key "<host>_<port>" (an HMAC key) or "<host>_<port>.ed25519" (an
+// Ed25519 key) allows that host on that port; "<host>" or "<host>.ed25519" allows it
+// on the scheme's default port only (80 for http, 443 for https). A URL no key
+// allows, or with userinfo, wraps errWebhookHostNotAllowed.
+func (r *RedPacketActivityReconciler) signingKeys(ctx context.Context, webhookURL string) (settlementKeys, error) {
+	return readSettlementKeys(ctx, r.APIReader, r.Options.settlementKeysSecret(), webhookURL)
 }
 
-// readSettlementKey is the key that signs deliveries to webhookURL, read through
-// reader from the keys Secret ref (see settlementKey): the activities' and the
-// budgets' settlement share it.
-func readSettlementKey(ctx context.Context, reader client.Reader, ref types.NamespacedName, webhookURL string) ([]byte, error) {
+// readSettlementKeys are the keys that sign deliveries to webhookURL, read through
+// reader from the keys Secret ref (see signingKeys): the activities' and the
+// budgets' settlement share it. A value that is not a key (an empty HMAC key, an
+// Ed25519 key not spelt "whsk_" and base64 of 32 or 64 bytes) is an error naming the
+// entry, never showing the value.
+func readSettlementKeys(ctx context.Context, reader client.Reader, ref types.NamespacedName, webhookURL string) (settlementKeys, error) {
 	t, err := parseWebhookTarget(webhookURL)
 	if err != nil {
-		return nil, err
+		return settlementKeys{}, err
 	}
 	secret := &corev1.Secret{}
 	if err := reader.Get(ctx, ref, secret); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("%w: %s:%d: the operator's settlement keys Secret %s does not exist", errWebhookHostNotAllowed, t.host, t.port, ref)
+			return settlementKeys{}, fmt.Errorf("%w: %s:%d: the operator's settlement keys Secret %s does not exist", errWebhookHostNotAllowed, t.host, t.port, ref)
 		}
-		return nil, fmt.Errorf("reading the operator's settlement keys Secret %s: %w", ref, err)
+		return settlementKeys{}, fmt.Errorf("reading the operator's settlement keys Secret %s: %w", ref, err)
 	}
-	name, raw, err := allowedKey(secret.Data, t)
+	a, err := allowedKeys(secret.Data, t)
 	if err != nil {
-		return nil, fmt.Errorf("the operator's settlement keys Secret %s does not allow %s:%d: %w", ref, t.host, t.port, err)
+		return settlementKeys{}, fmt.Errorf("the operator's settlement keys Secret %s does not allow %s:%d: %w", ref, t.host, t.port, err)
 	}
-	key, err := hmackey.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("the operator's settlement keys Secret %s, key %q: %w", ref, name, err)
+	var k settlementKeys
+	for kind, dst := range map[entryKind]*[]byte{entryHMAC: &k.hmac, entryPreviousHMAC: &k.previousHMAC} {
+		if a.names[kind] == "" {
+			continue
+		}
+		key, err := hmackey.Parse(a.values[kind])
+		if err != nil {
+			return settlementKeys{}, fmt.Errorf("the operator's settlement keys Secret %s, key %q: %w", ref, a.names[kind], err)
+		}
+		*dst = key
 	}
-	return key, nil
+	for kind, dst := range map[entryKind]*ed25519.PrivateKey{entryEd25519: &k.ed25519, entryPreviousEd25519: &k.previousEd25519} {
+		if a.names[kind] == "" {
+			continue
+		}
+		key, err := webhooksig.ParsePrivateKey(a.values[kind])
+		if err != nil {
+			return settlementKeys{}, fmt.Errorf("the operator's settlement keys Secret %s, key %q: %w", ref, a.names[kind], err)
+		}
+		*dst = key
+	}
+	return k, nil
 }

@@ -307,8 +307,8 @@ func seededAllowance(a *redpacketv1alpha1.RedPacketActivity) (*settlement.Allowa
 
 // ensureSettlement keeps the operator's settlement worker of the activity running:
 // the activity's consumer group, webhook URL, currency and maxAttempts
-// (settlement.ActivityConfig), deliveries signed with the key the operator's keys
-// Secret holds for the webhook's host (settlementKeys; never
+// (settlement.ActivityConfig), deliveries signed with the keys the operator's keys
+// Secret holds for the webhook's host (signingKeys; never
 // spec.settlement.webhook.secretRef), every entry checked against the seeded split
 // and the ledger (seededAllowance), forged entries raised as Warning events. Before the
 // first grant the worker announces the budget (settlement.AnnounceAllowance). It has
@@ -322,7 +322,7 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 		r.Settlers.Stop(a.UID)
 		return nil
 	}
-	signing, err := r.settlementKey(ctx, a.Spec.Settlement.Webhook.URL)
+	keys, err := r.signingKeys(ctx, a.Spec.Settlement.Webhook.URL)
 	if err != nil {
 		r.Settlers.Stop(a.UID)
 		return err
@@ -331,7 +331,8 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 	if err != nil {
 		return err
 	}
-	cfg := settlement.ActivityConfig(a, signing)
+	cfg := settlement.ActivityConfig(a, keys.hmac)
+	keys.apply(&cfg)
 	cfg.Consumer = r.Options.SettlementConsumer
 	cfg.MinConcurrency, cfg.MaxConcurrency = r.Options.SettlementMinConcurrency, r.Options.SettlementMaxConcurrency
 	cfg.Logger = slog.New(logr.ToSlogHandler(ctrl.Log.WithName("settlement")))

@@ -57,11 +57,17 @@ func ActivityConfig(a *redpacketv1alpha1.RedPacketActivity, signingKey []byte) C
 
 // Fingerprint identifies what a worker built from cfg delivers, and where: the
 // activity, its UID, the webhook URL, the currency, maxAttempts and (a hash of) the
-// signing key. Two configurations with the same fingerprint deliver the same bodies
-// with the same signatures, so a running worker is restarted only when it changes.
-// It holds no secret.
+// signing keys, the current and previous HMAC and Ed25519 keys. Two configurations
+// with the same fingerprint deliver the same bodies with the same signatures, so a
+// running worker is restarted only when it changes: a rotation's every step, a key
+// replaced, a previous key added or removed, restarts it. It holds no secret.
 func (cfg Config) Fingerprint() string {
-	sum := sha256.Sum256(cfg.SigningKey)
+	h := sha256.New()
+	for _, k := range [][]byte{cfg.SigningKey, cfg.PreviousSigningKey, cfg.Ed25519Key, cfg.PreviousEd25519Key} {
+		// Each key length-prefixed, so that no two sets of keys hash alike.
+		_, _ = h.Write([]byte(strconv.Itoa(len(k)) + ":"))
+		_, _ = h.Write(k)
+	}
 	return strings.Join([]string{cfg.Source.UID, cfg.Source.Ref(), cfg.WebhookURL, cfg.Source.Currency,
-		strconv.Itoa(cfg.MaxAttempts), hex.EncodeToString(sum[:])}, "|")
+		strconv.Itoa(cfg.MaxAttempts), hex.EncodeToString(h.Sum(nil))}, "|")
 }

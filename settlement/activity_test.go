@@ -2,6 +2,8 @@ package settlement
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +41,27 @@ func TestActivityConfig(t *testing.T) {
 	}
 	if ActivityConfig(a, []byte("other")).Fingerprint() == base || ActivityConfig(a, nil).Fingerprint() == base {
 		t.Error("a new signing key keeps the fingerprint")
+	}
+	// Every step of a rotation restarts the worker: a previous key added or dropped,
+	// an Ed25519 key added, replaced or kept as the previous one.
+	_, ed1, _ := ed25519.GenerateKey(rand.Reader)
+	_, ed2, _ := ed25519.GenerateKey(rand.Reader)
+	seen := map[string]string{base: "the HMAC key alone"}
+	for name, set := range map[string]func(*Config){
+		"a previous HMAC key":                  func(c *Config) { c.PreviousSigningKey = []byte("old") },
+		"an Ed25519 key":                       func(c *Config) { c.Ed25519Key = ed1 },
+		"another Ed25519 key":                  func(c *Config) { c.Ed25519Key = ed2 },
+		"an Ed25519 key and its previous":      func(c *Config) { c.Ed25519Key, c.PreviousEd25519Key = ed2, ed1 },
+		"the HMAC key as the previous key too": func(c *Config) { c.PreviousSigningKey = []byte("k") },
+		"no HMAC key, only the previous one":   func(c *Config) { c.SigningKey, c.PreviousSigningKey = nil, []byte("k") },
+	} {
+		c := ActivityConfig(a, []byte("k"))
+		set(&c)
+		f := c.Fingerprint()
+		if other, ok := seen[f]; ok {
+			t.Errorf("%s and %s have one fingerprint", name, other)
+		}
+		seen[f] = name
 	}
 	b := a.DeepCopy()
 	b.Spec.Currency = "USD"

@@ -1,6 +1,7 @@
 package settlement
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/pkg/webhooksig"
 )
 
 // Defaults of the optional Config fields.
@@ -97,8 +100,21 @@ type Config struct {
 	// WebhookURL is where deliveries are POSTed. Empty: the worker idles and claims
 	// wait in the stream.
 	WebhookURL string
-	// SigningKey signs each delivery body (X-Signature); nil sends no signature.
+	// SigningKey is the balance system's current HMAC key: it signs each request's
+	// X-Signature and its v1 Standard Webhooks signature (webhook-signature). nil:
+	// neither is sent.
 	SigningKey []byte
+	// PreviousSigningKey is the HMAC key being rotated out: while it is set, every
+	// webhook-signature carries a second v1 signature made with it (X-Signature
+	// stays with SigningKey alone).
+	PreviousSigningKey []byte
+	// Ed25519Key is the operator's Ed25519 private key for the balance system: every
+	// webhook-signature carries a v1a signature made with it, which the balance
+	// system verifies with the public key alone. nil: no v1a.
+	Ed25519Key ed25519.PrivateKey
+	// PreviousEd25519Key is the Ed25519 key being rotated out: while it is set, every
+	// webhook-signature carries a second v1a signature made with it.
+	PreviousEd25519Key ed25519.PrivateKey
 	// MaxAttempts is how many deliveries an entry gets before it is dead-lettered;
 	// 0 means DefaultMaxAttempts.
 	MaxAttempts int
@@ -229,6 +245,11 @@ func (cfg Config) withDefaults() (Config, error) {
 			return cfg, fmt.Errorf("settlement config: webhook URL %q is not an absolute http(s) URL", cfg.WebhookURL)
 		}
 	}
+	for _, k := range []ed25519.PrivateKey{cfg.Ed25519Key, cfg.PreviousEd25519Key} {
+		if k != nil && len(k) != ed25519.PrivateKeySize {
+			return cfg, fmt.Errorf("settlement config: an Ed25519 key of %d bytes, not %d", len(k), ed25519.PrivateKeySize)
+		}
+	}
 	if cfg.MaxAttempts < 0 {
 		return cfg, fmt.Errorf("settlement config: max attempts %d is negative", cfg.MaxAttempts)
 	}
@@ -330,6 +351,23 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// signingKeys are the keys of the webhook-signature header: the current HMAC key,
+// then the previous one, then the current and the previous Ed25519 keys.
+func (cfg Config) signingKeys() webhooksig.Keys {
+	var k webhooksig.Keys
+	for _, key := range [][]byte{cfg.SigningKey, cfg.PreviousSigningKey} {
+		if len(key) > 0 {
+			k.HMAC = append(k.HMAC, key)
+		}
+	}
+	for _, key := range []ed25519.PrivateKey{cfg.Ed25519Key, cfg.PreviousEd25519Key} {
+		if len(key) == ed25519.PrivateKeySize {
+			k.Ed25519 = append(k.Ed25519, key)
+		}
+	}
+	return k
 }
 
 // retryBound is the retry lane's bound when the first deliveries' limit is limit:

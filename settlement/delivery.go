@@ -3,15 +3,15 @@ package settlement
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
+	"redpacket.io/operator/pkg/webhooksig"
 	"redpacket.io/operator/store"
 )
 
@@ -55,11 +55,39 @@ type SourceRef struct {
 func (d Delivery) IdempotencyKey() string { return d.ActivityUID + "/" + d.PacketID }
 
 // Sign returns the X-Signature header value for body: "sha256=" followed by the hex
-// HMAC-SHA256 of the body under key.
-func Sign(key, body []byte) string {
-	mac := hmac.New(sha256.New, key)
-	mac.Write(body)
-	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+// HMAC-SHA256 of the body under key. It is sent beside the Standard Webhooks headers
+// (signHeaders) for one release, then no more.
+func Sign(key, body []byte) string { return webhooksig.XSignature(key, body) }
+
+// WebhookID is the webhook-id of the request carrying idempotencyKey: "msg_" and the
+// unpadded base64url of the key's SHA-256, the same for every attempt of a delivery
+// (webhooksig.MessageID).
+func WebhookID(idempotencyKey string) string { return webhooksig.MessageID(idempotencyKey) }
+
+// signHeaders sets the signature headers of one attempt of a request, sent at now:
+//
+//   - X-Signature, with the current HMAC key only, for balance systems of an earlier
+//     release (one release more);
+//   - webhook-id, derived from the Idempotency-Key, the same for every attempt;
+//   - webhook-timestamp, the attempt's time in unix seconds, so a receiver refuses a
+//     captured request replayed beyond its tolerance;
+//   - webhook-signature: a v1 (HMAC-SHA256) signature of "<id>.<timestamp>.<body>"
+//     with the current and with the previous HMAC key, and a v1a (Ed25519) one with
+//     the current and the previous Ed25519 key, each that cfg holds.
+//
+// With no key at all, nothing is set (tests of the delivery mechanics).
+func signHeaders(h http.Header, cfg Config, body []byte, idempotencyKey string, now time.Time) {
+	keys := cfg.signingKeys()
+	if keys.Empty() {
+		return
+	}
+	if cfg.SigningKey != nil {
+		h.Set(webhooksig.XSignatureHeader, Sign(cfg.SigningKey, body))
+	}
+	id, ts := WebhookID(idempotencyKey), now.Unix()
+	h.Set(webhooksig.HeaderID, id)
+	h.Set(webhooksig.HeaderTimestamp, strconv.FormatInt(ts, 10))
+	h.Set(webhooksig.HeaderSignature, webhooksig.Sign(keys, id, ts, body))
 }
 
 // rfc3339Milli is RFC 3339 with exactly three fractional digits.
@@ -104,7 +132,7 @@ func (w *Worker) post(ctx context.Context, d Delivery) error {
 }
 
 // postBody POSTs body to cfg's webhook with the Idempotency-Key, signed with cfg's
-// key, and returns nil on a 2xx answer.
+// keys (signHeaders) at the time of this attempt, and returns nil on a 2xx answer.
 func postBody(ctx context.Context, cfg Config, body []byte, idempotencyKey string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.WebhookURL, bytes.NewReader(body))
 	if err != nil {
@@ -112,9 +140,7 @@ func postBody(ctx context.Context, cfg Config, body []byte, idempotencyKey strin
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", idempotencyKey)
-	if cfg.SigningKey != nil {
-		req.Header.Set("X-Signature", Sign(cfg.SigningKey, body))
-	}
+	signHeaders(req.Header, cfg, body, idempotencyKey, time.Now())
 	resp, err := cfg.HTTPClient.Do(req)
 	if err != nil {
 		return &deliveryError{msg: fmt.Sprintf("posting to webhook: %v", err), err: err}

@@ -44,6 +44,8 @@ type receiver struct {
 	// after, when set, runs after crediting and before answering; a status other
 	// than 0 is sent instead of 200 (the credit stays: the answer got lost).
 	after func(r *http.Request, d Delivery) int
+	// seen, when set, gets every request's headers and raw body first.
+	seen func(h http.Header, body []byte)
 
 	addr string
 	srv  *http.Server
@@ -117,6 +119,12 @@ func (r *receiver) handle(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		http.Error(w, "reading body", http.StatusBadRequest)
 		return
+	}
+	r.mu.Lock()
+	seen := r.seen
+	r.mu.Unlock()
+	if seen != nil {
+		seen(req.Header.Clone(), body)
 	}
 	if req.Method != http.MethodPost {
 		r.problem("method %s", req.Method)

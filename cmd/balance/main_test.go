@@ -3,9 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"redpacket.io/operator/internal/balance"
+	"redpacket.io/operator/pkg/webhooksig"
 	"redpacket.io/operator/test/pgtest"
 )
 
@@ -115,10 +113,14 @@ func newDelivery(t *testing.T, d balance.Delivery, key string) *delivery {
 	return &delivery{d: d, key: key, body: b}
 }
 
-func sign(body []byte) string {
-	mac := hmac.New(sha256.New, signingKey)
-	mac.Write(body)
-	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+// sign sets the signature headers of one attempt, as the operator does: the
+// Standard Webhooks headers (v1, the attempt's time) and X-Signature.
+func sign(h http.Header, key string, body []byte) {
+	id, now := webhooksig.MessageID(key), time.Now().Unix()
+	h.Set(webhooksig.HeaderID, id)
+	h.Set(webhooksig.HeaderTimestamp, strconv.FormatInt(now, 10))
+	h.Set(webhooksig.HeaderSignature, webhooksig.Sign(webhooksig.Keys{HMAC: [][]byte{signingKey}}, id, now, body))
+	h.Set(webhooksig.XSignatureHeader, webhooksig.XSignature(signingKey, body))
 }
 
 // post sends one delivery once and returns the status (0: no answer).
@@ -128,7 +130,7 @@ func post(client *http.Client, url string, d *delivery) int {
 		return 0
 	}
 	req.Header.Set("Idempotency-Key", d.key)
-	req.Header.Set("X-Signature", sign(d.body))
+	sign(req.Header, d.key, d.body)
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0

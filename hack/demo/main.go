@@ -200,7 +200,7 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	d.onStop(stopRecv)
-	fmt.Printf("    %s/credit, verifying X-Signature with %s\n", recvURL, rel(root, keyFile))
+	fmt.Printf("    %s/credit, verifying its Standard Webhooks signature (v1) with %s\n", recvURL, rel(root, keyFile))
 
 	step("starting the operator (bin/manager)")
 	probeAddr, err := proc.FreeAddr()

@@ -178,7 +178,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return err
 	}
 	nd.onStop(stopRecv)
-	fmt.Printf("    %s/credit on the host, where the operator's pods reach it; verifying X-Signature with %s\n", recvURL, rel(root, keyFile))
+	fmt.Printf("    %s/credit on the host, where the operator's pods reach it; verifying its Standard Webhooks signature (v1) with %s\n", recvURL, rel(root, keyFile))
 
 	step("applying the sample activity with kubectl")
 	sample, from, err := sampleActivity(root)

@@ -1,9 +1,7 @@
 package balance
 
 import (
-	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,29 +74,6 @@ const maxBody = 64 << 10
 
 // maxKey bounds an Idempotency-Key: a UID, a packet id of at most 64 bytes and a share.
 const maxKey = 256
-
-// verifySignature reports whether header is "sha256=<hex HMAC-SHA256 of body>" under
-// one of keys (settlement.Sign). Every key is tried, so that both the old and the new
-// key pass during a rotation.
-func verifySignature(keys [][]byte, body []byte, header string) bool {
-	got, ok := strings.CutPrefix(header, "sha256=")
-	if !ok {
-		return false
-	}
-	sig, err := hex.DecodeString(got)
-	if err != nil || len(sig) != sha256.Size {
-		return false
-	}
-	ok = false
-	for _, k := range keys {
-		mac := hmac.New(sha256.New, k)
-		mac.Write(body)
-		if hmac.Equal(sig, mac.Sum(nil)) {
-			ok = true
-		}
-	}
-	return ok
-}
 
 // errMalformed is a body or key that is not a delivery; its text says why.
 type errMalformed struct{ msg string }

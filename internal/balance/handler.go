@@ -6,6 +6,7 @@ package balance
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"redpacket.io/operator/pkg/webhooksig"
 )
 
 // The status codes of POST /v1/credits, and what the operator does with each
@@ -28,8 +31,11 @@ import (
 //   - 400 Bad Request: no Idempotency-Key, a body that is not a delivery, a key that
 //     is not the body's, a source of another kind or currency. Retried, then
 //     dead-lettered: the operator never sends one.
-//   - 401 Unauthorized: X-Signature missing or made with no key this system holds.
-//     Retried (a key rotation in progress heals), then dead-lettered.
+//   - 401 Unauthorized: no signature made with a key this system holds (the
+//     Standard Webhooks webhook-signature, or X-Signature alone where accepted), or
+//     a webhook-timestamp beyond the tolerance: a captured request replayed later.
+//     Retried (a key rotation in progress, or a clock set right, heals), then
+//     dead-lettered.
 //   - 409 Conflict: the same key is being booked by another request right now.
 //     Retried: the retry is answered 200 (replay) or 201.
 //   - 422 Unprocessable Content: the key was booked with another body. Retried,
@@ -58,6 +64,7 @@ const (
 	CodeMalformed      = "malformed"
 	CodeSourceMismatch = "source_mismatch"
 	CodeBadSignature   = "bad_signature"
+	CodeStaleSignature = "stale_signature"
 	CodeInFlight       = "in_flight"
 	CodeKeyReused      = "key_reused"
 	CodeUnknownSource  = "unknown_source"
@@ -74,9 +81,24 @@ const ReplayedHeader = "Idempotent-Replayed"
 type Config struct {
 	// Book is where credits are booked.
 	Book *Book
-	// Keys are the keys an X-Signature may be made with (more than one during a
-	// rotation). Empty: deliveries are not authenticated, for tests and demos only.
+	// Keys are the HMAC keys of this balance system's host, as the operator's keys
+	// Secret holds them (more than one during a rotation): they verify v1
+	// signatures, and X-Signature where AcceptXSignature accepts it.
 	Keys [][]byte
+	// PublicKeys are the operator's Ed25519 public keys (more than one during a
+	// rotation): they verify v1a signatures. With neither Keys nor PublicKeys,
+	// deliveries are not authenticated, for tests and demos only.
+	PublicKeys []ed25519.PublicKey
+	// Tolerance is how far a webhook-timestamp may be from Now, either way, before
+	// the request is refused; 0: webhooksig.DefaultTolerance (5 minutes).
+	Tolerance time.Duration
+	// Now is the clock the timestamps are checked against; nil: time.Now.
+	Now func() time.Time
+	// AcceptXSignature also accepts a request without any Standard Webhooks header
+	// whose X-Signature verifies with one of Keys, as an operator of an earlier
+	// release sends it. Such a request carries no time, so a captured one can be
+	// replayed whenever: keep it off once the operator sends webhook-signature.
+	AcceptXSignature bool
 	// Log receives a line per refused or failed POST; nil: slog.Default().
 	Log *slog.Logger
 	// Timeout bounds each request's work in the database; 0: 10 s.
@@ -97,7 +119,8 @@ func Handler(cfg Config) http.Handler {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	h := &handler{cfg: cfg}
+	h := &handler{cfg: cfg, verifier: webhooksig.Verifier{HMAC: cfg.Keys, PublicKeys: cfg.PublicKeys, Tolerance: cfg.Tolerance,
+		Now: cfg.Now, AcceptXSignature: cfg.AcceptXSignature}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/credits", h.post)
 	mux.HandleFunc("GET /v1/users/{user}/balance", h.balance)
@@ -107,7 +130,10 @@ func Handler(cfg Config) http.Handler {
 	return mux
 }
 
-type handler struct{ cfg Config }
+type handler struct {
+	cfg      Config
+	verifier webhooksig.Verifier
+}
 
 // apiError is every error answer's body.
 type apiError struct {
@@ -138,7 +164,8 @@ type booked struct {
 }
 
 // post books one delivery. The signature is checked on the raw body before anything
-// else is read from it.
+// else is read from it (webhooksig.Verifier: a Standard Webhooks v1 or v1a signature
+// within the tolerance, or X-Signature alone where accepted).
 func (h *handler) post(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if err != nil {
@@ -149,9 +176,15 @@ func (h *handler) post(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, StatusMalformed, CodeMalformed, "the body is larger than 64 KiB")
 		return
 	}
-	if len(h.cfg.Keys) > 0 && !verifySignature(h.cfg.Keys, body, r.Header.Get("X-Signature")) {
-		h.fail(w, r, StatusBadSignature, CodeBadSignature, "X-Signature is missing or made with no key this balance system holds")
-		return
+	if h.verifier.Enabled() {
+		if _, err := h.verifier.Verify(r.Header, body); err != nil {
+			code := CodeBadSignature
+			if errors.Is(err, webhooksig.ErrStale) {
+				code = CodeStaleSignature
+			}
+			h.fail(w, r, StatusBadSignature, code, err.Error())
+			return
+		}
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" {

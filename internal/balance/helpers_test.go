@@ -3,26 +3,46 @@ package balance
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
+	"crypto/ed25519"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"redpacket.io/operator/pkg/webhooksig"
 	"redpacket.io/operator/test/pgtest"
 )
 
-// testKey signs the tests' deliveries.
-var testKey = []byte("balance-test-key")
+// testKey signs the tests' deliveries (v1); testEd25519 is the operator's Ed25519
+// key (v1a), whose public key the balance system holds.
+var (
+	testKey     = []byte("balance-test-key")
+	testEd25519 = ed25519.NewKeyFromSeed(sha256Sum("balance-test-ed25519"))
+)
+
+func sha256Sum(s string) []byte {
+	sum := sha256.Sum256([]byte(s))
+	return sum[:]
+}
+
+// testClock is a balance system's clock that a test can move: the real time plus an
+// offset, so a captured request can be replayed "later" without a sleep.
+type testClock struct{ offset atomic.Int64 }
+
+func (c *testClock) now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// advance moves the clock d ahead.
+func (c *testClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 // env is a balance system on a fresh database of a real PostgreSQL, served over real
 // HTTP by httptest.
@@ -31,11 +51,23 @@ type env struct {
 	pool   *pgxpool.Pool
 	url    string
 	client *http.Client
+	clock  *testClock
 }
 
 // newEnv makes a database on pg, migrates it and serves a Handler on it that
-// verifies signatures made with keys (testKey when none).
+// verifies signatures made with keys (testKey when none) and testEd25519's public
+// key.
 func newEnv(t *testing.T, pg *pgtest.Server, keys ...[]byte) *env {
+	t.Helper()
+	if len(keys) == 0 {
+		keys = [][]byte{testKey}
+	}
+	return newEnvWith(t, pg, Config{Keys: keys, PublicKeys: []ed25519.PublicKey{testEd25519.Public().(ed25519.PublicKey)}})
+}
+
+// newEnvWith is newEnv with the handler's keys and options from cfg; its Book, Log
+// and Now are the env's.
+func newEnvWith(t *testing.T, pg *pgtest.Server, hcfg Config) *env {
 	t.Helper()
 	ctx := t.Context()
 	dsn, err := pg.NewDatabase(ctx)
@@ -55,15 +87,14 @@ func newEnv(t *testing.T, pg *pgtest.Server, keys ...[]byte) *env {
 	if _, err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) == 0 {
-		keys = [][]byte{testKey}
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := httptest.NewServer(Handler(Config{Book: NewBook(pool), Keys: keys, Log: log}))
+	clock := &testClock{}
+	hcfg.Book, hcfg.Now = NewBook(pool), clock.now
+	hcfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv := httptest.NewServer(Handler(hcfg))
 	t.Cleanup(srv.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 128}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &env{t: t, pool: pool, url: srv.URL, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+	return &env{t: t, pool: pool, url: srv.URL, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, clock: clock}
 }
 
 // answer is an HTTP answer, read whole.
@@ -75,15 +106,40 @@ type answer struct {
 
 func (a answer) String() string { return fmt.Sprintf("%d %s", a.status, bytes.TrimSpace(a.body)) }
 
-func sign(key, body []byte) string {
-	mac := hmac.New(sha256.New, key)
-	mac.Write(body)
-	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+// signer sets the signature headers of a request with the given Idempotency-Key.
+type signer func(h http.Header, idempotencyKey string)
+
+// sign signs body as the operator does, now: X-Signature and a Standard Webhooks v1
+// signature with key, the webhook-id of the request's Idempotency-Key.
+func sign(key, body []byte) signer {
+	return signAt(webhooksig.Keys{HMAC: [][]byte{key}}, key, body, time.Now())
 }
 
-// postRaw POSTs body with the Idempotency-Key (none when empty) and the X-Signature
-// (none when empty).
-func (e *env) postRaw(key string, body []byte, signature string) (answer, error) {
+// signAt signs body with keys (the Standard Webhooks headers, at the time at) and,
+// with xKey, X-Signature.
+func signAt(keys webhooksig.Keys, xKey, body []byte, at time.Time) signer {
+	return func(h http.Header, idempotencyKey string) {
+		if xKey != nil {
+			h.Set(webhooksig.XSignatureHeader, webhooksig.XSignature(xKey, body))
+		}
+		if keys.Empty() {
+			return
+		}
+		id := webhooksig.MessageID(idempotencyKey)
+		h.Set(webhooksig.HeaderID, id)
+		h.Set(webhooksig.HeaderTimestamp, strconv.FormatInt(at.Unix(), 10))
+		h.Set(webhooksig.HeaderSignature, webhooksig.Sign(keys, id, at.Unix(), body))
+	}
+}
+
+// xSignature sets X-Signature alone, to value.
+func xSignature(value string) signer {
+	return func(h http.Header, _ string) { h.Set(webhooksig.XSignatureHeader, value) }
+}
+
+// postRaw POSTs body with the Idempotency-Key (none when empty), signed by
+// signature (unsigned when nil).
+func (e *env) postRaw(key string, body []byte, signature signer) (answer, error) {
 	req, err := http.NewRequest(http.MethodPost, e.url+"/v1/credits", bytes.NewReader(body))
 	if err != nil {
 		return answer{}, err
@@ -92,8 +148,8 @@ func (e *env) postRaw(key string, body []byte, signature string) (answer, error)
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	if signature != "" {
-		req.Header.Set("X-Signature", signature)
+	if signature != nil {
+		signature(req.Header, key)
 	}
 	resp, err := e.client.Do(req)
 	if err != nil {

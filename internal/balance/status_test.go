@@ -2,6 +2,8 @@ package balance
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"redpacket.io/operator/pkg/webhooksig"
 	"redpacket.io/operator/test/pgtest"
 )
 
@@ -81,32 +84,44 @@ func TestStatusCodes(t *testing.T) {
 		}
 	})
 
-	t.Run("401 for a missing or bad signature", func(t *testing.T) {
+	t.Run("401 for a missing, bad or stale signature", func(t *testing.T) {
 		expectBooked(t, e.post(announceActivity("act-401", 1000, 10)))
 		before := e.snapshot()
 		body := mustJSON(t, grant("act-401", 1, "mallory", 100))
-		for name, sig := range map[string]string{
-			"none":               "",
-			"another key":        sign([]byte("not the key"), body),
-			"another body":       sign(testKey, mustJSON(t, grant("act-401", 1, "mallory", 99))),
-			"not hex":            "sha256=zz",
-			"no scheme":          sign(testKey, body)[len("sha256="):],
-			"truncated":          sign(testKey, body)[:40],
-			"malformed body too": "",
+		now := time.Now()
+		_, stranger, _ := ed25519.GenerateKey(rand.Reader)
+		noTimestamp := func(h http.Header, k string) {
+			sign(testKey, body)(h, k)
+			h.Del(webhooksig.HeaderTimestamp)
+		}
+		for name, c := range map[string]struct {
+			sig  signer
+			code string
+		}{
+			"none":                         {nil, CodeBadSignature},
+			"v1 by another key":            {sign([]byte("not the key"), body), CodeBadSignature},
+			"v1 of another body":           {sign(testKey, mustJSON(t, grant("act-401", 1, "mallory", 99))), CodeBadSignature},
+			"v1a by another key":           {signAt(webhooksig.Keys{Ed25519: []ed25519.PrivateKey{stranger}}, nil, body, now), CodeBadSignature},
+			"no webhook-timestamp":         {noTimestamp, CodeBadSignature},
+			"X-Signature alone":            {xSignature(webhooksig.XSignature(testKey, body)), CodeBadSignature},
+			"not hex":                      {xSignature("sha256=zz"), CodeBadSignature},
+			"signed 6 minutes ago":         {signAt(webhooksig.Keys{HMAC: [][]byte{testKey}}, testKey, body, now.Add(-6*time.Minute)), CodeStaleSignature},
+			"signed 6 minutes from now":    {signAt(webhooksig.Keys{Ed25519: []ed25519.PrivateKey{testEd25519}}, nil, body, now.Add(6*time.Minute)), CodeStaleSignature},
+			"malformed body, no signature": {nil, CodeBadSignature},
 		} {
 			b := body
-			if name == "malformed body too" {
+			if name == "malformed body, no signature" {
 				b = []byte("not even JSON")
 			}
-			a, err := e.postRaw("act-401/1", b, sig)
+			a, err := e.postRaw("act-401/1", b, c.sig)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("%s: %s", name, a)
-			expectError(t, a, StatusBadSignature, CodeBadSignature)
+			expectError(t, a, StatusBadSignature, c.code)
 		}
 		// Nor does an unsigned POST learn whether the key exists.
-		a, err := e.postRaw("", body, "")
+		a, err := e.postRaw("", body, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

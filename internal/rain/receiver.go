@@ -2,9 +2,7 @@ package rain
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +11,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"redpacket.io/operator/pkg/webhooksig"
 )
 
 // Delivery is the settlement webhook's body.
@@ -43,8 +43,12 @@ type budget struct {
 }
 
 // Receiver is a small balance system: it credits each idempotency key once, keeps
-// totals, and counts what a real one would alarm on. With a key, it refuses a
-// delivery whose X-Signature does not verify. It records each activity's announced
+// totals, and counts what a real one would alarm on. With a key (an HMAC key, or the
+// operator's Ed25519 public keys in PublicKeys), it refuses with 401 a delivery
+// whose Standard Webhooks signature does not verify (pkg/webhooksig): a v1 signature
+// under the key, or a v1a under a public key, with a webhook-timestamp within the
+// tolerance (5 minutes) of its clock; X-Signature alone only with AcceptXSignature.
+// It records each activity's announced
 // budget (kind "budget", Idempotency-Key "<uid>/budget") and refuses, with 409, a
 // credit that would take the activity's grants and refund beyond the budget's
 // amount or its grants beyond its count; with RequireBudget, also any credit of an
@@ -53,6 +57,18 @@ type Receiver struct {
 	key []byte
 	// RequireBudget refuses credits of an activity whose budget was not announced.
 	RequireBudget bool
+	// PublicKeys are the operator's Ed25519 public keys: a v1a signature under one
+	// of them verifies a delivery. Set them before serving.
+	PublicKeys []ed25519.PublicKey
+	// AcceptXSignature also accepts a delivery without any Standard Webhooks header
+	// whose X-Signature verifies under the key, as an operator of an earlier release
+	// sends it. Set it before serving.
+	AcceptXSignature bool
+	// Tolerance bounds how far a delivery's webhook-timestamp may be from Now; 0 is
+	// webhooksig.DefaultTolerance.
+	Tolerance time.Duration
+	// Now is the receiver's clock; nil is time.Now.
+	Now func() time.Time
 
 	mu          sync.Mutex
 	seen        map[string]Delivery
@@ -74,6 +90,23 @@ func NewReceiver(key []byte) *Receiver {
 	return &Receiver{key: key, seen: map[string]Delivery{}, users: map[string]int64{}, budgets: map[string]*budget{}}
 }
 
+// SetAcceptXSignature sets AcceptXSignature while the receiver may be serving: for a
+// test that runs an operator of an earlier release, which sends X-Signature alone.
+func (rc *Receiver) SetAcceptXSignature(accept bool) {
+	rc.mu.Lock()
+	rc.AcceptXSignature = accept
+	rc.mu.Unlock()
+}
+
+// verifier checks deliveries against the receiver's keys; rc.mu is held.
+func (rc *Receiver) verifier() webhooksig.Verifier {
+	v := webhooksig.Verifier{PublicKeys: rc.PublicKeys, Tolerance: rc.Tolerance, Now: rc.Now, AcceptXSignature: rc.AcceptXSignature}
+	if len(rc.key) > 0 {
+		v.HMAC = [][]byte{rc.key}
+	}
+	return v
+}
+
 // ServeHTTP credits one delivery.
 func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
@@ -88,13 +121,10 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	rc.requests++
-	if len(rc.key) > 0 {
-		mac := hmac.New(sha256.New, rc.key)
-		mac.Write(body)
-		want := "sha256=" + hex.EncodeToString(mac.Sum(nil))
-		if !hmac.Equal([]byte(r.Header.Get("X-Signature")), []byte(want)) {
+	if v := rc.verifier(); v.Enabled() {
+		if _, err := v.Verify(r.Header, body); err != nil {
 			rc.badRequests++
-			http.Error(w, "bad signature", http.StatusUnauthorized)
+			http.Error(w, "bad signature: "+err.Error(), http.StatusUnauthorized)
 			return
 		}
 	}

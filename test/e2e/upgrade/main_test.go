@@ -149,6 +149,9 @@ func runMain(m *testing.M) int {
 		return fail(err)
 	}
 	defer stopReceiver()
+	// The previous release signs with X-Signature alone; this one adds the Standard
+	// Webhooks headers, which the receiver then verifies.
+	receiver.SetAcceptXSignature(true)
 	env.receiver, env.receiverURL = receiver, url
 
 	code := m.Run()
