@@ -64,7 +64,9 @@ var Rules = []Rule{
 	// docs/benchmarks.md: nothing but the benchmark commands above.
 
 	// docs/grab-api.md: against the README's samples through port-forwards.
-	{Doc: "docs/grab-api.md", Match: `^printf '%s' "\$body" \| openssl dgst -sha256 -hmac "\$key"`, Reason: "the balance system's side: checks the signature of a delivery body it received"},
+	{Doc: "docs/grab-api.md", Match: `^printf '%s\.%s\.%s' "\$id" "\$timestamp" "\$body" \| openssl dgst -sha256 -hmac "\$key"`, Reason: "the balance system's side: checks the v1 signature of a delivery it received; TestShellV1OfTheDocs (pkg/webhooksig) runs it against the operator's signature"},
+	{Doc: "docs/operations.md", Match: `^(openssl genpkey -algorithm ed25519 -out operator-ed25519\.pem|echo "whpk_\$\(openssl pkey -in operator-ed25519\.pem .*|shred -u operator-ed25519\.pem)$`, Reason: "makes a production balance system's Ed25519 key pair; TestOpenSSLKeysOfTheDocs (pkg/webhooksig) runs these commands and checks the pair"},
+	{Doc: "docs/operations.md", InBlock: `^s=redpacket-settlement-keys k=balance\.payments`, Match: `.`, Reason: "rotates the key of a production balance system's host, which the test cluster has no key for; TestOperatorSignsStandardWebhooksWithTheSecretsKeys plays a rotation on a real API server"},
 	{Doc: "docs/grab-api.md", Match: `^curl \.\.\. `, Reason: "an elided transcript line (curl ... stands for the command above it)"},
 	{Doc: "docs/grab-api.md", Match: `^(ENDPOINT|key|user|uid|payload|token)=`, Run: true},
 	{Doc: "docs/grab-api.md", Match: `^b64url\(\) \{`, Run: true},
