@@ -47,7 +47,7 @@ func (c *testClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 // env is a balance system on a fresh database of a real PostgreSQL, served over real
 // HTTP by httptest.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	pool   *pgxpool.Pool
 	url    string
 	client *http.Client
@@ -57,7 +57,7 @@ type env struct {
 // newEnv makes a database on pg, migrates it and serves a Handler on it that
 // verifies signatures made with keys (testKey when none) and testEd25519's public
 // key.
-func newEnv(t *testing.T, pg *pgtest.Server, keys ...[]byte) *env {
+func newEnv(t testing.TB, pg *pgtest.Server, keys ...[]byte) *env {
 	t.Helper()
 	if len(keys) == 0 {
 		keys = [][]byte{testKey}
@@ -67,7 +67,7 @@ func newEnv(t *testing.T, pg *pgtest.Server, keys ...[]byte) *env {
 
 // newEnvWith is newEnv with the handler's keys and options from cfg; its Book, Log
 // and Now are the env's.
-func newEnvWith(t *testing.T, pg *pgtest.Server, hcfg Config) *env {
+func newEnvWith(t testing.TB, pg *pgtest.Server, hcfg Config) *env {
 	t.Helper()
 	ctx := t.Context()
 	dsn, err := pg.NewDatabase(ctx)
