@@ -73,6 +73,11 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		res, shard, err = s.resolveGrab(r.Context(), act, userID, markOf)
 		if err != nil {
 			s.metrics.RedisErrors.WithLabelValues("grab_resolve").Inc()
+		} else if res.Outcome == store.NotStarted || res.Outcome == store.Paused {
+			// The first call may not have run yet (held on its way, or behind a CLIENT
+			// PAUSE): once the activity opens it grants. A refusal that opening takes
+			// back is the repeat's, not this grab's answer: nothing is known.
+			err = errFirstCallPending
 		}
 	} else if err != nil {
 		s.metrics.RedisErrors.WithLabelValues("grab").Inc()
@@ -178,6 +183,11 @@ func outcomeUnknown(err error) bool {
 	var reply redis.Error
 	return !errors.As(err, &reply)
 }
+
+// errFirstCallPending: the repeat of a grab whose first call ended without an answer
+// was refused for a reason that can pass (not started, paused), while the first call
+// may still reach Redis after it and grant (TestHeldGrabIsNotAnsweredWithARefusalThatPasses).
+var errFirstCallPending = errors.New("the grab's first call may still run and grant")
 
 // resolveGrab asks Redis again what it decided for the user's grab whose call ended
 // without an answer, within ResolveTimeout (and the request's life). The grab is

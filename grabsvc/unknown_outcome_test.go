@@ -2,6 +2,7 @@ package grabsvc
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
 	"redpacket.io/operator/test/redistest"
 )
@@ -36,6 +38,9 @@ type replyFault struct {
 const (
 	faultHold int32 = 1
 	faultDrop int32 = 2
+	// faultHoldRequest holds the FCALL itself for holdFor on its way to Redis: it
+	// runs after whatever Redis is sent meanwhile.
+	faultHoldRequest int32 = 3
 )
 
 func startReplyFault(t *testing.T, upstream string, holdFor time.Duration) *replyFault {
@@ -91,6 +96,9 @@ func (f *replyFault) accept() {
 						case faultDrop:
 							drop.Store(true)
 							f.faults.Add(1)
+						case faultHoldRequest:
+							f.faults.Add(1)
+							time.Sleep(f.holdFor)
 						}
 					}
 					if _, err := server.Write(buf[:n]); err != nil {
@@ -242,5 +250,69 @@ func TestGrabResolvesAnUnknownOutcome(t *testing.T) {
 	}
 	if held, err := admin.HExists(t.Context(), keysOf(act).Claims, "unreachable").Result(); err != nil || held {
 		t.Errorf("the unreachable grab left a claim (%v, %v)", held, err)
+	}
+}
+
+// A grab whose FCALL is held on its way to Redis past the deadline while the activity
+// is paused: the resolving repeat finds the activity paused, the activity is resumed,
+// and then the held call reaches Redis and grants. The grab is answered 503 (nothing
+// known), never "paused": that refusal was the repeat's and the first call took it
+// back, and a retry answers already_claimed with the packet. Before, the user was told
+// paused while Redis held a packet for them (the phantom claims TestRandomizedHistories
+// found under CLIENT PAUSE).
+func TestHeldGrabIsNotAnsweredWithARefusalThatPasses(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const redisTimeout = 300 * time.Millisecond
+	fault := startReplyFault(t, srv.Addr, 4*redisTimeout)
+	conn := srv.Conn()
+	conn.Addresses = []string{fault.addr()}
+	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rc.Close() })
+	act := testActivity("held-request")
+	seed(t, admin, act, ones(10), 0, 0, true)
+	var current atomic.Pointer[Resource]
+	current.Store(act)
+	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
+		RedisTimeout: redisTimeout, ResolveTimeout: 2 * time.Second, Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := httptest.NewServer(s.Handler())
+	t.Cleanup(web.Close)
+	grab := func(user string) reply {
+		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return send(t, web.Client(), req)
+	}
+	if r := grab("warm-up"); r.Outcome != "paused" {
+		t.Fatalf("warm-up grab: %d %s; want paused", r.Status, r.Raw)
+	}
+	fault.armed.Store(faultHoldRequest)
+	answered := make(chan reply, 1)
+	go func() { answered <- grab("carol") }()
+	// The first call is held; the repeat runs (paused) within the deadline plus its
+	// own round trip; then the activity is resumed, before the held call goes on.
+	time.Sleep(redisTimeout + 200*time.Millisecond)
+	if st, err := handleOf(admin, act).Configure(context.Background(), 0, 0, false, true); err != nil || st.State != store.StateOpen {
+		t.Fatalf("resuming: %q, %v", st.State, err)
+	}
+	r := <-answered
+	if fault.faults.Load() != 1 {
+		t.Fatalf("%d FCALLs held, want 1", fault.faults.Load())
+	}
+	time.Sleep(4*redisTimeout + 100*time.Millisecond) // the held call has run by now
+	again := grab("carol")
+	if again.Outcome != "already_claimed" || again.PacketID == "" {
+		t.Fatalf("carol's retry: %d %s; want already_claimed: the held call granted", again.Status, again.Raw)
+	}
+	if r.Status != http.StatusServiceUnavailable {
+		t.Errorf("carol's grab: %d %s; want 503: the held call granted %s after it", r.Status, r.Raw, again.PacketID)
 	}
 }
