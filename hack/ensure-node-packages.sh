@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the parts of the real single-node Kubernetes that come from Debian's
 # packages are installed: containerd, runc, the CNI plugins, iptables, conntrack and
-# nft. As root it installs what is missing; elsewhere it says what is missing and
+# nft (and openssl, whose commands the docs give and pkg/webhooksig's tests run). As root it installs what is missing; elsewhere it says what is missing and
 # exits 0, since a node needs root anyway and the tests that need one say so.
 set -euo pipefail
 
@@ -12,6 +12,7 @@ declare -A files=(
 	[iptables]=/usr/sbin/iptables
 	[conntrack]=/usr/sbin/conntrack
 	[nftables]=/usr/sbin/nft
+	[openssl]=/usr/bin/openssl
 )
 missing=()
 for pkg in "${!files[@]}"; do
