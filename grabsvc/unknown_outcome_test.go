@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
@@ -144,38 +145,8 @@ func (f *replyFault) accept() {
 // nothing was claimed.
 func TestGrabResolvesAnUnknownOutcome(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
 	const redisTimeout = 300 * time.Millisecond
-	fault := startReplyFault(t, srv.Addr, 4*redisTimeout)
-	// The grab service's connection, through the fault, as the server's admin user.
-	conn := srv.Conn()
-	conn.Addresses = []string{fault.addr()}
-	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rc.Close() })
-	act := testActivity("unknown-outcome")
-	seed(t, admin, act, ones(100), 0, 0, false)
-	var current atomic.Pointer[Resource]
-	current.Store(act)
-	reg := prometheus.NewRegistry()
-	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
-		RedisTimeout: redisTimeout, ResolveTimeout: 2 * time.Second, Metrics: NewMetrics(reg)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	web := httptest.NewServer(s.Handler())
-	t.Cleanup(web.Close)
-	grab := func(user string) reply {
-		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
-		if err != nil {
-			t.Error(err)
-			return reply{}
-		}
-		return send(t, web.Client(), req)
-	}
+	admin, fault, act, grab := faultedGrabServer(t, "unknown-outcome", ones(100), false, redisTimeout)
 	// Warm up the connections, so the armed FCALL is a grab's.
 	if r := grab("warm-up"); r.Status != http.StatusOK {
 		t.Fatalf("warm-up grab: %d %s", r.Status, r.Raw)
@@ -262,35 +233,8 @@ func TestGrabResolvesAnUnknownOutcome(t *testing.T) {
 // found under CLIENT PAUSE).
 func TestHeldGrabIsNotAnsweredWithARefusalThatPasses(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
 	const redisTimeout = 300 * time.Millisecond
-	fault := startReplyFault(t, srv.Addr, 4*redisTimeout)
-	conn := srv.Conn()
-	conn.Addresses = []string{fault.addr()}
-	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rc.Close() })
-	act := testActivity("held-request")
-	seed(t, admin, act, ones(10), 0, 0, true)
-	var current atomic.Pointer[Resource]
-	current.Store(act)
-	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
-		RedisTimeout: redisTimeout, ResolveTimeout: 2 * time.Second, Metrics: NewMetrics(prometheus.NewRegistry())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	web := httptest.NewServer(s.Handler())
-	t.Cleanup(web.Close)
-	grab := func(user string) reply {
-		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return send(t, web.Client(), req)
-	}
+	admin, fault, act, grab := faultedGrabServer(t, "held-request", ones(10), true, redisTimeout)
 	if r := grab("warm-up"); r.Outcome != "paused" {
 		t.Fatalf("warm-up grab: %d %s; want paused", r.Status, r.Raw)
 	}
@@ -315,4 +259,43 @@ func TestHeldGrabIsNotAnsweredWithARefusalThatPasses(t *testing.T) {
 	if r.Status != http.StatusServiceUnavailable {
 		t.Errorf("carol's grab: %d %s; want 503: the held call granted %s after it", r.Status, r.Raw, again.PacketID)
 	}
+}
+
+// faultedGrabServer seeds the activity name with amounts (paused or open) on a real
+// redis-server and serves its grabs from a grab server whose Redis connection, as the
+// server's admin user, goes through a replyFault that holds for 4 × redisTimeout. It
+// returns the admin client, the fault, the activity and a grab of a user.
+func faultedGrabServer(t *testing.T, name string, amounts []int64, paused bool, redisTimeout time.Duration) (
+	*redis.Client, *replyFault, *Resource, func(user string) reply) {
+	t.Helper()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	fault := startReplyFault(t, srv.Addr, 4*redisTimeout)
+	conn := srv.Conn()
+	conn.Addresses = []string{fault.addr()}
+	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rc.Close() })
+	act := testActivity(name)
+	seed(t, admin, act, amounts, 0, 0, paused)
+	var current atomic.Pointer[Resource]
+	current.Store(act)
+	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
+		RedisTimeout: redisTimeout, ResolveTimeout: 2 * time.Second, Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := httptest.NewServer(s.Handler())
+	t.Cleanup(web.Close)
+	grab := func(user string) reply {
+		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
+		if err != nil {
+			t.Error(err)
+			return reply{}
+		}
+		return send(t, web.Client(), req)
+	}
+	return admin, fault, act, grab
 }
