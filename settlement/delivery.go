@@ -94,21 +94,7 @@ func signHeaders(h http.Header, cfg Config, body []byte, idempotencyKey string, 
 const rfc3339Milli = "2006-01-02T15:04:05.000Z07:00"
 
 // delivery builds the webhook body of a well-formed entry.
-func (w *Worker) delivery(e store.StreamEntry) Delivery {
-	return Delivery{
-		Kind:        e.Kind,
-		Activity:    w.cfg.Source.Ref(),
-		ActivityUID: w.cfg.Source.UID,
-		PacketID:    e.PacketID,
-		UserID:      e.UserID,
-		Amount:      e.Amount,
-		Currency:    w.cfg.Source.Currency,
-		At:          e.At.UTC().Format(rfc3339Milli),
-		Source:      w.cfg.Source.wireSource(),
-		SourceRef: SourceRef{Kind: w.cfg.Source.kind(), Namespace: w.cfg.Source.Namespace, Name: w.cfg.Source.Name,
-			UID: w.cfg.Source.UID},
-	}
-}
+func (w *Worker) delivery(e store.StreamEntry) Delivery { return deliveryOf(w.cfg.Source, e) }
 
 // deliveryError is a failed delivery: a non-2xx answer (status set) or none.
 type deliveryError struct {

@@ -298,12 +298,29 @@ type activity struct {
 	// keys are the activity's keys, for the raw reads a consumer group's state needs.
 	keys store.Keys
 	rdb  *redis.Client
+	// amounts are the seeded packets' amounts: packet i+1 holds amounts[i].
+	amounts []int64
 }
 
 // newActivity seeds count packets summing to total (uneven amounts) and opens it.
 func newActivity(t *testing.T, rdb *redis.Client, uid string, count int, total int64, sponsor string) activity {
 	t.Helper()
 	ctx := context.Background()
+	amounts := unevenSplit(t, count, total)
+	h := store.NewActivity(rdb, uid, 1)
+	if _, err := h.Seed(ctx, amounts, store.SeedParams{Count: int64(count), Total: total, Sponsor: sponsor}); err != nil {
+		t.Fatalf("seeding: %v", err)
+	}
+	state, err := h.Configure(ctx, 0, 0, false, true)
+	if err != nil || state.State != store.StateOpen {
+		t.Fatalf("opening: state %q, err %v", state.State, err)
+	}
+	return activity{uid: uid, handle: h, keys: h.Shard(0).Keys(), rdb: rdb, amounts: amounts}
+}
+
+// unevenSplit is count uneven amounts summing to total: packet i+1 gets the i-th.
+func unevenSplit(t *testing.T, count int, total int64) []int64 {
+	t.Helper()
 	amounts := make([]int64, count)
 	var sum int64
 	for i := range amounts {
@@ -314,15 +331,7 @@ func newActivity(t *testing.T, rdb *redis.Client, uid string, count int, total i
 	if amounts[count-1] <= 0 {
 		t.Fatalf("total %d too small for %d packets", total, count)
 	}
-	h := store.NewActivity(rdb, uid, 1)
-	if _, err := h.Seed(ctx, amounts, store.SeedParams{Count: int64(count), Total: total, Sponsor: sponsor}); err != nil {
-		t.Fatalf("seeding: %v", err)
-	}
-	state, err := h.Configure(ctx, 0, 0, false, true)
-	if err != nil || state.State != store.StateOpen {
-		t.Fatalf("opening: state %q, err %v", state.State, err)
-	}
-	return activity{uid: uid, handle: h, keys: h.Shard(0).Keys(), rdb: rdb}
+	return amounts
 }
 
 // grab has n users grab a packet each and returns the grants by packet id.

@@ -111,6 +111,8 @@ type Config struct {
 //	GET  /v1/users/{user}/balance      a user's balances, per currency
 //	GET  /v1/sources/{uid}             a source's announced total and sums
 //	GET  /v1/sources/{uid}/credits     its credits, paged in key order (?after=&limit=)
+//	GET  /v1/sources/{uid}/booked      its credit rows counted and summed (reconcile.go)
+//	POST /v1/sources/{uid}/lookup      which of a page of keys it holds (reconcile.go)
 //	GET  /healthz                      200 once the database answers
 func Handler(cfg Config) http.Handler {
 	if cfg.Log == nil {
@@ -127,6 +129,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/sources/{uid}", h.source)
 	mux.HandleFunc("GET /v1/sources/{uid}/credits", h.credits)
 	mux.HandleFunc("GET /healthz", h.healthz)
+	h.routeReconciliation(mux)
 	return mux
 }
 
