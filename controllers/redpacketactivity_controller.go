@@ -125,6 +125,10 @@ type Options struct {
 	// once, and the floor it keeps while the balance system fails. 0 means
 	// settlement.DefaultMinConcurrency and settlement.DefaultMaxConcurrency.
 	SettlementMinConcurrency, SettlementMaxConcurrency int
+	// ReconcileInterval is how often each activity's and budget's ledger is compared
+	// with the balance system's book (settlement_reconciliation.go); 0 means
+	// DefaultReconcileInterval. A deletion asks for a comparison at once.
+	ReconcileInterval time.Duration
 	// Name is the controller's name; empty means ControllerName. Several managers in
 	// one process need distinct names (or SkipNameValidation).
 	Name string
@@ -174,6 +178,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = DefaultMaxBackoff
+	}
+	if o.ReconcileInterval <= 0 {
+		o.ReconcileInterval = DefaultReconcileInterval
 	}
 	if o.MaxConcurrentReconciles <= 0 {
 		o.MaxConcurrentReconciles = 1

@@ -173,6 +173,11 @@ func (r *RedPacketActivityReconciler) deletePurgeOrWait(ctx context.Context, s *
 	snap := s.snapshot
 	purgeAt, graceLeft := r.deletionGrace(s)
 	action := decideDeletion(snap, graceLeft)
+	if action == deletionPurge {
+		if res, hold, err := r.holdUntilReconciled(ctx, s); hold || err != nil {
+			return res, err
+		}
+	}
 	if action != deletionWait {
 		// Whatever comes next deletes keys or lets the activity go: the worker must
 		// not outlive this point.
@@ -199,6 +204,47 @@ func (r *RedPacketActivityReconciler) deletePurgeOrWait(ctx context.Context, s *
 		return r.waitForSettlement(ctx, s, purgeAt, graceLeft), nil
 	}
 	return stepResult{}, nil
+}
+
+// holdUntilReconciled keeps a deleted activity whose settlement drained until its
+// reconciliation with the balance system, asked for at once, finds the books
+// agreeing (or finds no read endpoint): the keys are the record the books are
+// compared against. Books that differ hold the deletion, visibly (Ready False with
+// NotReconciled, and the BooksDiffer event of the settlement step), until they
+// agree or the platform team abandons it (AnnotationAbandon with the activity's UID,
+// checked as for a fenced activity). Without a webhook, or a worker that can run,
+// there is nothing to compare and nothing is held.
+func (r *RedPacketActivityReconciler) holdUntilReconciled(ctx context.Context, s *activityScope) (stepResult, bool, error) {
+	a := s.activity
+	if !settlement.HasWebhook(a) {
+		return stepResult{}, false, nil
+	}
+	if err := r.ensureSettlement(ctx, s); err != nil || !r.Settlers.Running(a.UID) {
+		return stepResult{}, false, nil
+	}
+	r.readReconciliation(s)
+	ok, differ, why := r.Settlers.reconcilers.reconciledForDeletion(a.UID, r.Now())
+	if ok {
+		return stepResult{}, false, nil
+	}
+	if differ && a.Annotations[redpacketv1alpha1.AnnotationAbandon] == string(a.UID) {
+		user, refused, err := r.decidedBy(ctx, a, abandonDecision)
+		if err != nil {
+			return stepResult{}, true, fmt.Errorf("checking who abandoned the deleted activity's reconciliation: %w", err)
+		}
+		if user != "" {
+			r.Recorder.Eventf(a, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned, "Delete",
+				"%s abandoned the deleted activity's reconciliation; its keys are purged while the books differ: %s", user, why)
+			return stepResult{}, false, nil
+		}
+		why += "; the abandon was refused: " + refused
+	}
+	if differ {
+		why += fmt.Sprintf(". The keys stay until the books agree, or the platform team abandons them with %s=%s and %s=<their user name>",
+			redpacketv1alpha1.AnnotationAbandon, a.UID, redpacketv1alpha1.AnnotationAbandonedBy)
+	}
+	s.notReady = notReady(redpacketv1alpha1.ReasonNotReconciled, "the activity was deleted and settlement drained; %s", why)
+	return stepResult{done: true, requeueAfter: min(r.Options.CleanupPollInterval, time.Second)}, true, nil
 }
 
 // waitForSettlement keeps the deleted activity while settlement drains: it records a

@@ -279,6 +279,11 @@ func (b *balance) setUp(up bool) {
 }
 
 func (b *balance) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/credit" {
+		// No read endpoints: the operator's reconciliation finds none.
+		http.NotFound(w, r)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	b.mu.Lock()
 	defer b.mu.Unlock()

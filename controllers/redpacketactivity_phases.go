@@ -54,6 +54,9 @@ type activityScope struct {
 	// delivery is how the operator's settlement workers of the activity fare, when
 	// one runs (reconcileSettlement): SettlementDegraded and status.settlementDelivery.
 	delivery *settlement.DeliveryHealthSnapshot
+	// reconciliation is the activity's last reconciliation with the balance system,
+	// read by the settlement step while a worker runs: Reconciled.
+	reconciliation *reconciliationView
 	// seededRecorded is true once the status on the API server says Seeded, which is
 	// what allows grabbing to be opened.
 	seededRecorded bool

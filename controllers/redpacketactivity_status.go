@@ -18,6 +18,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
+	"redpacket.io/operator/settlement"
 	"redpacket.io/operator/store"
 )
 
@@ -152,6 +153,7 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 
 	computeSettled(s)
 	computeSettlementDegraded(s)
+	computeReconciled(s)
 	s.stalledCondition()
 	return controllerStatus(s.status), staleIn
 }
@@ -280,6 +282,19 @@ func computeSettlementDegraded(s *activityScope) {
 	s.setCondition(condType, metav1.ConditionTrue, redpacketv1alpha1.ReasonDeliveriesFailing,
 		"%d deliveries to the webhook failed and are retried, the last with %s; the oldest undelivered grant is from %s",
 		h.Retrying, h.LastErrorClass, st.OldestUndeliveredTime.UTC().Format(time.RFC3339))
+}
+
+// computeReconciled sets Reconciled from the reconciliation the settlement step
+// read (reconciledCondition); without a webhook it goes, and when the step did not
+// read one this time it stays as it was.
+func computeReconciled(s *activityScope) {
+	if !settlement.HasWebhook(s.activity) {
+		meta.RemoveStatusCondition(&s.status.Conditions, redpacketv1alpha1.ConditionReconciled)
+		return
+	}
+	if v := s.reconciliation; v != nil {
+		reconciledCondition(&s.status.Conditions, s.activity.Generation, true, v.last, v.err, v.ok)
+	}
 }
 
 // observeDeployment reads the grab Deployment from the cache when this reconcile has

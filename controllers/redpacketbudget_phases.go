@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -59,6 +60,9 @@ type budgetScope struct {
 	announcing *AnnouncementPendingError
 	// epoch is the reconcile epoch this reconcile advanced the shards to (0: none).
 	epoch int64
+	// reconciliation is the budget's last reconciliation with the balance system,
+	// read by the settlement step: Reconciled.
+	reconciliation *reconciliationView
 	// fenceAbandoned is set when the platform team abandoned a fenced budget's
 	// deletion (deleteBudgetFenced): closing, expiring and the drain are skipped,
 	// and the keys are purged.
@@ -439,7 +443,72 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetSettlement(ctx context.Contex
 	case err != nil:
 		return stepResult{}, fmt.Errorf("starting the budget's settlement: %w", err)
 	}
+	r.readBudgetReconciliation(s)
 	return stepResult{}, nil
+}
+
+// budgetReconciliations is what the budget reconciler reads of a settlement runner
+// that reconciles (BudgetSettlementRunner); a BudgetSettlement without it gets no
+// Reconciled condition and no wait for it.
+type budgetReconciliations interface {
+	Running(uid types.UID) bool
+	reconciliationView(uid types.UID) *reconciliationView
+	reconciledForDeletion(uid types.UID, now time.Time) (ok, differ bool, why string)
+}
+
+// readBudgetReconciliation reads the budget's last reconciliation for Reconciled, and
+// raises a Warning event BooksDiffer when it found a difference the condition does
+// not say yet.
+func (r *RedPacketBudgetReconciler) readBudgetReconciliation(s *budgetScope) {
+	rs, ok := r.Settlement.(budgetReconciliations)
+	if !ok || !rs.Running(s.budget.UID) {
+		return
+	}
+	s.reconciliation = rs.reconciliationView(s.budget.UID)
+	if s.reconciliation.newDifference(s.budget.Status.Conditions) {
+		r.eventf(s.budget, corev1.EventTypeWarning, redpacketv1alpha1.ReasonBooksDiffer,
+			"the balance system's book differs from what the operator paid: %s", boundedMessage(s.reconciliation.last.String()))
+	}
+}
+
+// deleteBudgetReconciled keeps a deleted budget whose settlement drained until its
+// reconciliation with the balance system, asked for at once, finds the books
+// agreeing (or finds no read endpoint): its ledger and streams are what the book is
+// compared against. Books that differ hold the deletion, visibly (Ready False with
+// NotReconciled, and a BooksDiffer event), until they agree or the platform team
+// abandons it, as a deletion that waits on settlement.
+func (r *RedPacketBudgetReconciler) deleteBudgetReconciled(ctx context.Context, s *budgetScope) (stepResult, error) {
+	b := s.budget
+	if s.fenceAbandoned || r.Settlement == nil || b.Spec.Settlement == nil || b.Spec.Settlement.Webhook == nil {
+		return stepResult{}, nil
+	}
+	rs, ok := r.Settlement.(budgetReconciliations)
+	if !ok || !rs.Running(b.UID) {
+		return stepResult{}, nil
+	}
+	r.readBudgetReconciliation(s)
+	done, differ, why := rs.reconciledForDeletion(b.UID, s.now)
+	if done {
+		return stepResult{}, nil
+	}
+	if differ {
+		user, note, err := r.abandonedBy(ctx, b)
+		if err != nil {
+			return stepResult{}, fmt.Errorf("checking who abandoned the deleted budget's reconciliation: %w", err)
+		}
+		if user != "" {
+			r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned,
+				"%s abandoned the deleted budget's reconciliation; its keys are purged while the books differ: %s", user, why)
+			return stepResult{}, nil
+		}
+		if note != "" {
+			why += "; " + note
+		}
+		why += fmt.Sprintf(". The keys stay until the books agree, or the platform team abandons them with %s=%s and %s=<their user name>",
+			redpacketv1alpha1.AnnotationAbandon, b.UID, redpacketv1alpha1.AnnotationAbandonedBy)
+	}
+	s.notReady = notReady(redpacketv1alpha1.ReasonNotReconciled, "the budget was deleted and settlement drained; %s", why)
+	return stepResult{halt: true, requeueAfter: min(r.Options.CleanupPollInterval, time.Second)}, nil
 }
 
 // settlementTarget is what the settlement runner needs to know of the budget.
@@ -560,6 +629,13 @@ func computeBudgetStatus(s *budgetScope, clean bool) {
 	}
 
 	switch {
+	case b.Spec.Settlement == nil || b.Spec.Settlement.Webhook == nil:
+		meta.RemoveStatusCondition(&st.Conditions, redpacketv1alpha1.ConditionReconciled)
+	case s.reconciliation != nil:
+		v := s.reconciliation
+		reconciledCondition(&st.Conditions, b.Generation, true, v.last, v.err, v.ok)
+	}
+	switch {
 	case s.stalled != nil:
 		s.setCondition(redpacketv1alpha1.ConditionStalled, metav1.ConditionTrue, s.stalled.reason, "%s", s.stalled.message)
 	default:
@@ -604,6 +680,7 @@ func (r *RedPacketBudgetReconciler) budgetDeleteSteps() []budgetStep {
 		{name: "close", run: r.deleteBudgetClose},
 		{name: "expire everything", run: r.deleteBudgetExpireAll},
 		{name: "settlement drained", run: r.deleteBudgetDrained},
+		{name: "reconciled", run: r.deleteBudgetReconciled},
 		{name: "purge", run: r.deleteBudgetPurge},
 	}
 }

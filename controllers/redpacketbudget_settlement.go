@@ -117,6 +117,9 @@ type BudgetSettlementRunner struct {
 	// deliveries in flight (Options.SettlementMinConcurrency and
 	// SettlementMaxConcurrency); 0 means the settlement package's defaults.
 	MinConcurrency, MaxConcurrency int
+	// ReconcileInterval is how often each budget is reconciled with the balance
+	// system (Options.ReconcileInterval); 0 means DefaultReconcileInterval.
+	ReconcileInterval time.Duration
 
 	registry *SettlementRunner
 	mu       sync.Mutex
@@ -190,7 +193,8 @@ func NewBudgetSettlementRunner(reader client.Reader, recorder events.EventRecord
 	return &BudgetSettlementRunner{Reader: reader, Recorder: recorder, KeysSecret: o.settlementKeysSecret(),
 		Consumer: consumer, Registerer: o.SettlementRegisterer,
 		MinConcurrency: o.SettlementMinConcurrency, MaxConcurrency: o.SettlementMaxConcurrency,
-		registry: NewSettlementRunner(), announced: map[types.UID]int64{}, announcing: map[types.UID]*announcement{}}
+		ReconcileInterval: o.ReconcileInterval,
+		registry:          NewSettlementRunner(), announced: map[types.UID]int64{}, announcing: map[types.UID]*announcement{}}
 }
 
 // Start runs the workers until ctx ends (see SettlementRunner.Start).
@@ -201,6 +205,25 @@ func (d *BudgetSettlementRunner) NeedLeaderElection() bool { return true }
 
 // Running reports whether the budget's workers run.
 func (d *BudgetSettlementRunner) Running(uid types.UID) bool { return d.registry.Running(uid) }
+
+// Reconciliation is the budget's last reconciliation with the balance system's book
+// (settlement_reconciliation.go); ok is false before its first round finished.
+func (d *BudgetSettlementRunner) Reconciliation(uid types.UID) (last settlement.Reconciliation, err error, ok bool) {
+	return d.registry.reconcilers.Reconciliation(uid)
+}
+
+// ReconcileSoon asks for a reconciliation of the budget now.
+func (d *BudgetSettlementRunner) ReconcileSoon(uid types.UID) {
+	d.registry.reconcilers.ReconcileSoon(uid)
+}
+
+func (d *BudgetSettlementRunner) reconciliationView(uid types.UID) *reconciliationView {
+	return d.registry.reconcilers.viewOf(uid)
+}
+
+func (d *BudgetSettlementRunner) reconciledForDeletion(uid types.UID, now time.Time) (ok, differ bool, why string) {
+	return d.registry.reconcilers.reconciledForDeletion(uid, now)
+}
 
 // Forget stops the budget's workers, waiting for them, and forgets what was
 // announced for it.
@@ -263,6 +286,21 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 		}
 		cfg.Logger.Info("settling the budget's packets from the operator", "budget", cfg.Source.Ref(), "webhook", cfg.WebhookURL,
 			"consumer", cfg.Consumer, "shards", len(ws))
+		if rc, err := settlement.NewBudgetReconciler(cfg, b); err != nil {
+			cfg.Logger.Error("creating the budget's reconciliation failed", "budget", cfg.Source.Ref(), "err", err)
+		} else {
+			every := d.ReconcileInterval
+			if every <= 0 {
+				every = DefaultReconcileInterval
+			}
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d.registry.reconcilers.run(ctx, t.UID, "rpb/"+cfg.Source.Ref(), rc, every, cfg.Logger)
+			}()
+			defer wg.Wait()
+		}
 		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
 			cfg.Logger.Error("the budget's settlement workers stopped", "budget", cfg.Source.Ref(), "err", err)
 		}

@@ -50,6 +50,9 @@ type SettlementRunner struct {
 	// health is each activity's delivery health (settlement.DeliveryHealth), shared
 	// by its workers, read for SettlementDegraded.
 	health map[types.UID]*deliveryHealth
+	// reconcilers holds each source's last reconciliation with the balance system
+	// (settlement_reconciliation.go), run beside its workers.
+	reconcilers reconcilerRegistry
 }
 
 // deliveryHealth is an activity's delivery health and when a Warning event last
@@ -118,6 +121,7 @@ func (d *SettlementRunner) Stop(uid types.UID) {
 	delete(d.health, uid)
 	d.mu.Unlock()
 	w.stop()
+	d.reconcilers.forget(uid)
 }
 
 // StopNamed stops, and waits for, the workers of activities named name, except the
@@ -125,18 +129,19 @@ func (d *SettlementRunner) Stop(uid types.UID) {
 // by a new one of the same name.
 func (d *SettlementRunner) StopNamed(name types.NamespacedName, keep types.UID) {
 	d.mu.Lock()
-	var stop []*activitySettler
+	stop := map[types.UID]*activitySettler{}
 	for uid, w := range d.workers {
 		if w.name == name && uid != keep {
-			stop = append(stop, w)
+			stop[uid] = w
 			delete(d.workers, uid)
 			delete(d.budgets, uid)
 			delete(d.health, uid)
 		}
 	}
 	d.mu.Unlock()
-	for _, w := range stop {
+	for uid, w := range stop {
 		w.stop()
+		d.reconcilers.forget(uid)
 	}
 }
 
@@ -351,6 +356,7 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 	fingerprint := cfg.Fingerprint() + "|" + hex.EncodeToString(connSum[:])
 	conn := s.conn
 	shards := a.Spec.ShardCount()
+	uid := a.UID
 	r.Settlers.Ensure(a.UID, client.ObjectKeyFromObject(a), fingerprint, func(ctx context.Context) {
 		rdb := conn.NewClient(r.redisClientOptions(conn, false))
 		defer func() { _ = rdb.Close() }()
@@ -378,6 +384,17 @@ func (r *RedPacketActivityReconciler) ensureSettlement(ctx context.Context, s *a
 		}
 		cfg.Logger.Info("settling the activity's claims from the operator", "activity", cfg.Source.Ref(), "webhook", cfg.WebhookURL,
 			"consumer", cfg.Consumer, "shards", len(ws))
+		if rc, err := settlement.NewActivityReconciler(cfg, shards); err != nil {
+			cfg.Logger.Error("creating the activity's reconciliation failed", "activity", cfg.Source.Ref(), "err", err)
+		} else {
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.Settlers.reconcilers.run(ctx, uid, "rpa/"+cfg.Source.Ref(), rc, r.Options.ReconcileInterval, cfg.Logger)
+			}()
+			defer wg.Wait()
+		}
 		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
 			cfg.Logger.Error("the settlement worker stopped", "activity", cfg.Source.Ref(), "err", err)
 		}
@@ -403,8 +420,20 @@ func (r *RedPacketActivityReconciler) reconcileSettlement(ctx context.Context, s
 		health := r.Settlers.deliveryHealth(s.activity.UID).Snapshot()
 		s.delivery = &health
 		r.warnFailingDeliveries(s)
+		r.readReconciliation(s)
 	}
 	return stepResult{}, nil
+}
+
+// readReconciliation reads the activity's last reconciliation for Reconciled, and
+// raises a Warning event BooksDiffer when it found a difference the condition does
+// not say yet.
+func (r *RedPacketActivityReconciler) readReconciliation(s *activityScope) {
+	s.reconciliation = r.Settlers.reconcilers.viewOf(s.activity.UID)
+	if s.reconciliation.newDifference(s.activity.Status.Conditions) && r.Recorder != nil {
+		r.Recorder.Eventf(s.activity, nil, corev1.EventTypeWarning, redpacketv1alpha1.ReasonBooksDiffer, "Reconcile",
+			"the balance system's book differs from what the operator paid: %s", boundedMessage(s.reconciliation.last.String()))
+	}
 }
 
 // warnFailingDeliveries raises a Warning event while the activity's deliveries fail:

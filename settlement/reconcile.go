@@ -367,6 +367,9 @@ type bookCredit struct {
 	At     string `json:"at"`
 }
 
+// errNotReadAPI is a 2xx answer whose body is not the read API's.
+var errNotReadAPI = errors.New("not the read API's body")
+
 // bookClient reads a source's book from the balance system's read endpoints.
 type bookClient struct {
 	base, uid string
@@ -428,7 +431,7 @@ func (b bookClient) do(ctx context.Context, method, u string, body, out any) (st
 		return resp.StatusCode, e.Error, nil
 	}
 	if err := json.Unmarshal(raw, out); err != nil {
-		return resp.StatusCode, "", fmt.Errorf("the answer of %s %s is not the read API's: %w", method, u, err)
+		return resp.StatusCode, "", fmt.Errorf("the answer of %s %s: %w (%v)", method, u, errNotReadAPI, err)
 	}
 	return resp.StatusCode, "", nil
 }
@@ -439,12 +442,16 @@ func (b bookClient) do(ctx context.Context, method, u string, body, out any) (st
 // or 501).
 func (b bookClient) totals(ctx context.Context) (t store.PaidTotals, found bool, why string, err error) {
 	var out struct {
+		UID     string                     `json:"uid"`
 		Grants  struct{ Count, Sum int64 } `json:"grants"`
 		Refunds struct{ Count, Sum int64 } `json:"refunds"`
 	}
 	u := b.sourceURL("/booked")
 	status, code, err := b.do(ctx, http.MethodGet, u, nil, &out)
 	switch {
+	case errors.Is(err, errNotReadAPI) || err == nil && status/100 == 2 && out.UID != b.uid:
+		// A webhook that answers anything with a 2xx is not a read endpoint.
+		return t, false, fmt.Sprintf("GET %s answered %d without the read API's body", u, status), nil
 	case err != nil:
 		return t, false, "", err
 	case status == http.StatusNotFound && code == "not_found":

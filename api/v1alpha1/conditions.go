@@ -28,6 +28,27 @@ const (
 	// webhook, or not seeded yet), and reflects the elected operator's workers since
 	// it started.
 	ConditionSettlementDegraded = "SettlementDegraded"
+	// ConditionReconciled says whether the balance system's book holds exactly what
+	// the operator paid, as of the last reconciliation (对账): True (BooksAgree), False
+	// with the difference named (BooksDiffer), Unknown while settlement is still
+	// delivering (SettlementInFlight), before the first comparison
+	// (ReconciliationPending), after a failed one (ReconciliationFailed), or when the
+	// balance system has no read endpoint (ReconciliationUnsupported). Absent without
+	// a webhook.
+	ConditionReconciled = "Reconciled"
+)
+
+// Reasons of ConditionReconciled.
+const (
+	ReasonBooksAgree                = "BooksAgree"
+	ReasonBooksDiffer               = "BooksDiffer"
+	ReasonSettlementInFlight        = "SettlementInFlight"
+	ReasonReconciliationPending     = "ReconciliationPending"
+	ReasonReconciliationFailed      = "ReconciliationFailed"
+	ReasonReconciliationUnsupported = "ReconciliationUnsupported"
+	// ReasonNotReconciled is Ready's reason while a deleted activity or budget waits
+	// for its books to agree before its keys go.
+	ReasonNotReconciled = "NotReconciled"
 )
 
 // AnnotationAcceptRedisState is how a person lifts the fence of an activity whose

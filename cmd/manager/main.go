@@ -71,6 +71,7 @@ func main() {
 		settlementKeys     string
 		settlementMinConc  int
 		settlementMaxConc  int
+		reconcileInterval  time.Duration
 		shutdownTimeout    time.Duration
 		showVersion        bool
 	)
@@ -99,6 +100,7 @@ func main() {
 	flag.StringVar(&settlementKeys, "settlement-keys-secret", controllers.DefaultSettlementKeysSecret, "Secret in the operator's namespace (POD_NAMESPACE) holding the keys that sign settlement deliveries: one data key per balance system's host and port (<host>_<port>; a bare <host> is the scheme's default port only; names are fully qualified), its HMAC key as the value; a webhook that no key allows, or with userinfo, gets nothing")
 	flag.IntVar(&settlementMinConc, "settlement-min-concurrency", settlement.DefaultMinConcurrency, "floor of each settlement worker's adaptive limit on first deliveries in flight (one worker per shard of an activity or budget); the limit falls towards it while the balance system fails most deliveries or slows down")
 	flag.IntVar(&settlementMaxConc, "settlement-max-concurrency", settlement.DefaultMaxConcurrency, "ceiling of each settlement worker's adaptive limit on first deliveries in flight (one worker per shard of an activity or budget): the most one worker asks of a balance system at once, retries running besides in the ratio 1:1")
+	flag.DurationVar(&reconcileInterval, "reconcile-interval", controllers.DefaultReconcileInterval, "how often each activity's and budget's settlement ledger is compared with the balance system's book through its read endpoints (a deletion asks for a comparison at once)")
 	logConfig := textlogger.NewConfig()
 	// Registered here rather than with logConfig.AddFlags, whose help text speaks of a
 	// testing logger.
@@ -156,6 +158,7 @@ func main() {
 			SettlementKeysSecret:     types.NamespacedName{Name: settlementKeys},
 			SettlementMinConcurrency: settlementMinConc,
 			SettlementMaxConcurrency: settlementMaxConc,
+			ReconcileInterval:        reconcileInterval,
 		},
 	})
 	if err != nil {
