@@ -450,7 +450,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 }
 
 // newRedis starts a real redis-server for the test.
-func newRedis(t *testing.T) *redis.Client {
+func newRedis(t testing.TB) *redis.Client {
 	t.Helper()
 	return redistest.Start(t).Client(t)
 }

@@ -29,7 +29,7 @@ type referenceBalance struct {
 	down atomic.Bool
 }
 
-func newReferenceBalance(t *testing.T, pg *pgtest.Server, key []byte) *referenceBalance {
+func newReferenceBalance(t testing.TB, pg *pgtest.Server, key []byte) *referenceBalance {
 	t.Helper()
 	ctx := t.Context()
 	dsn, err := pg.NewDatabase(ctx)
@@ -46,7 +46,7 @@ func newReferenceBalance(t *testing.T, pg *pgtest.Server, key []byte) *reference
 	}
 	b := &referenceBalance{pool: pool}
 	h := balance.Handler(balance.Config{Book: balance.NewBook(pool), Keys: [][]byte{key},
-		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Log: slog.New(slog.DiscardHandler)})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +67,7 @@ func newReferenceBalance(t *testing.T, pg *pgtest.Server, key []byte) *reference
 func (b *referenceBalance) url() string { return "http://" + b.addr + "/v1/credits" }
 
 // exec runs SQL on the book, as a person with psql would.
-func (b *referenceBalance) exec(t *testing.T, sql string, args ...any) int64 {
+func (b *referenceBalance) exec(t testing.TB, sql string, args ...any) int64 {
 	t.Helper()
 	tag, err := b.pool.Exec(t.Context(), sql, args...)
 	if err != nil {
