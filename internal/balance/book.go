@@ -295,27 +295,36 @@ type Credit struct {
 // Credits reads up to limit credits of a source whose keys sort after after (all
 // when after is empty), in key order (byte order: the "C" collation).
 func (b *Book) Credits(ctx context.Context, uid, after string, limit int) ([]Credit, error) {
-	rows, err := b.pool.Query(ctx, `SELECT idempotency_key, kind, user_id, amount, currency, packet_id, at, encode(digest, 'hex')
+	rows, err := b.pool.Query(ctx, `SELECT `+creditColumns+`
 		FROM credits WHERE source_uid = $1 AND idempotency_key COLLATE "C" > $2
 		ORDER BY idempotency_key COLLATE "C" LIMIT $3`, uid, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading the credits of %s: %w", uid, err)
 	}
+	credits, err := collectCredits(rows)
+	if err != nil {
+		return nil, fmt.Errorf("reading the credits of %s: %w", uid, err)
+	}
+	return credits, nil
+}
+
+// creditColumns are the columns collectCredits reads, in its order.
+const creditColumns = `idempotency_key, kind, user_id, amount, currency, packet_id, at, encode(digest, 'hex')`
+
+// collectCredits reads every row of a query of creditColumns, and closes rows.
+func collectCredits(rows pgx.Rows) ([]Credit, error) {
+	defer rows.Close()
 	credits := []Credit{}
 	for rows.Next() {
 		var c Credit
 		var at time.Time
 		if err := rows.Scan(&c.Key, &c.Kind, &c.UserID, &c.Amount, &c.Currency, &c.PacketID, &at, &c.Digest); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("reading the credits of %s: %w", uid, err)
+			return nil, err
 		}
 		c.At = at.UTC().Format(time.RFC3339Nano)
 		credits = append(credits, c)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading the credits of %s: %w", uid, err)
-	}
-	return credits, nil
+	return credits, rows.Err()
 }
 
 // UserBalance is a user's balance in one currency.

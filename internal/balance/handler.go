@@ -249,17 +249,23 @@ func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) source(w http.ResponseWriter, r *http.Request) {
+	h.serveSource(w, r, func(ctx context.Context, uid string) (any, bool, error) { return h.cfg.Book.Source(ctx, uid) })
+}
+
+// serveSource answers a GET of one source's read: read's answer as JSON, 404
+// not_found when no announcement made the source, 503 when the database failed.
+func (h *handler) serveSource(w http.ResponseWriter, r *http.Request, read func(ctx context.Context, uid string) (any, bool, error)) {
 	uid := r.PathValue("uid")
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
 	defer cancel()
-	s, ok, err := h.cfg.Book.Source(ctx, uid)
+	v, ok, err := read(ctx, uid)
 	switch {
 	case err != nil:
 		h.fail(w, r, http.StatusServiceUnavailable, CodeInternal, err.Error())
 	case !ok:
 		h.fail(w, r, http.StatusNotFound, CodeNotFound, "no source "+uid+" was announced")
 	default:
-		writeJSON(w, http.StatusOK, s)
+		writeJSON(w, http.StatusOK, v)
 	}
 }
 

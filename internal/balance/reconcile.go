@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"time"
 )
 
 // The read endpoints of the operator's reconciliation (docs/operations.md,
@@ -56,25 +55,15 @@ func (b *Book) Rows(ctx context.Context, uid string) (out BookedRows, ok bool, e
 
 // Lookup reads the credits of a source booked under any of keys, in key order.
 func (b *Book) Lookup(ctx context.Context, uid string, keys []string) ([]Credit, error) {
-	rows, err := b.pool.Query(ctx, `SELECT idempotency_key, kind, user_id, amount, currency, packet_id, at, encode(digest, 'hex')
+	rows, err := b.pool.Query(ctx, `SELECT `+creditColumns+`
 		FROM credits WHERE source_uid = $1 AND idempotency_key = ANY($2)
 		ORDER BY idempotency_key COLLATE "C"`, uid, keys)
 	if err != nil {
 		return nil, fmt.Errorf("looking up %d keys of %s: %w", len(keys), uid, err)
 	}
-	defer rows.Close()
-	credits := []Credit{}
-	for rows.Next() {
-		var c Credit
-		var at time.Time
-		if err := rows.Scan(&c.Key, &c.Kind, &c.UserID, &c.Amount, &c.Currency, &c.PacketID, &at, &c.Digest); err != nil {
-			return nil, fmt.Errorf("looking up keys of %s: %w", uid, err)
-		}
-		c.At = at.UTC().Format(time.RFC3339Nano)
-		credits = append(credits, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("looking up keys of %s: %w", uid, err)
+	credits, err := collectCredits(rows)
+	if err != nil {
+		return nil, fmt.Errorf("looking up %d keys of %s: %w", len(keys), uid, err)
 	}
 	return credits, nil
 }
@@ -89,18 +78,7 @@ func (h *handler) routeReconciliation(mux *http.ServeMux) {
 }
 
 func (h *handler) booked(w http.ResponseWriter, r *http.Request) {
-	uid := r.PathValue("uid")
-	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
-	defer cancel()
-	out, ok, err := h.cfg.Book.Rows(ctx, uid)
-	switch {
-	case err != nil:
-		h.fail(w, r, http.StatusServiceUnavailable, CodeInternal, err.Error())
-	case !ok:
-		h.fail(w, r, http.StatusNotFound, CodeNotFound, "no source "+uid+" was announced")
-	default:
-		writeJSON(w, http.StatusOK, out)
-	}
+	h.serveSource(w, r, func(ctx context.Context, uid string) (any, bool, error) { return h.cfg.Book.Rows(ctx, uid) })
 }
 
 // lookupRequest is POST /v1/sources/{uid}/lookup's body: at most MaxPage keys.
