@@ -31,6 +31,7 @@ var controllerConditionTypes = []string{
 	redpacketv1alpha1.ConditionSettled,
 	redpacketv1alpha1.ConditionStalled,
 	redpacketv1alpha1.ConditionSettlementDegraded,
+	redpacketv1alpha1.ConditionReconciled,
 }
 
 // warningReasons are the condition reasons whose arrival is reported as a Warning event.

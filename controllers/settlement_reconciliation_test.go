@@ -196,3 +196,84 @@ func TestBudgetReconciledWithTheReferenceBalanceSystem(t *testing.T) {
 		t.Errorf("redpacket_reconciliation_mismatch of the gone budget is still exported: %v", v)
 	}
 }
+
+// An activity settled by the operator into the reference balance system on a real
+// PostgreSQL, reconciled every 300 ms: Reconciled turns True; a grant row deleted by
+// hand is delivered again with its original digest; a row inserted by hand makes
+// Reconciled False, naming its key; deleting the activity closes it, refunds the rest
+// and, settlement drained, holds its keys (Ready False, NotReconciled) until the
+// forged row is gone; then the books agree, refund included, and it is purged.
+func TestActivityReconciledWithTheReferenceBalanceSystem(t *testing.T) {
+	pg := pgtest.Start(t)
+	e := newEnv(t)
+	ctx := context.Background()
+	pool, url := e.referenceBalance(pg)
+	e.startController(func(r *controllers.RedPacketActivityReconciler) { r.Options.ReconcileInterval = 300 * time.Millisecond })
+
+	const name = "reconciled"
+	e.create(e.activity(name, 1000, 8, withWebhook(url, "")))
+	a := e.waitPhase(name, redpacketv1alpha1.PhaseActive, 20*time.Second)
+	uid := string(a.UID)
+	var granted []store.GrabResult
+	for u := range 5 {
+		res := e.grab(a, fmt.Sprintf("user-%d", u))
+		if res.Outcome != store.Granted {
+			t.Fatalf("grab: %+v", res)
+		}
+		granted = append(granted, res)
+	}
+	reconciled := func(what string, status metav1.ConditionStatus, reason, contains string) {
+		t.Helper()
+		got := e.waitStatus(name, what, func(a *redpacketv1alpha1.RedPacketActivity) bool {
+			c := meta.FindStatusCondition(a.Status.Conditions, redpacketv1alpha1.ConditionReconciled)
+			return c != nil && c.Status == status && c.Reason == reason && strings.Contains(c.Message, contains)
+		})
+		c := meta.FindStatusCondition(got.Status.Conditions, redpacketv1alpha1.ConditionReconciled)
+		t.Logf("%s: Reconciled=%s %s: %s", what, c.Status, c.Reason, c.Message)
+	}
+	reconciled("the grants booked", metav1.ConditionTrue, redpacketv1alpha1.ReasonBooksAgree, "the balance system booked 5 grants")
+
+	lost := uid + "/" + granted[2].PacketID
+	var digest string
+	if err := pool.QueryRow(ctx, `DELETE FROM credits WHERE idempotency_key = $1 RETURNING encode(digest, 'hex')`, lost).Scan(&digest); err != nil {
+		t.Fatalf("deleting %s: %v", lost, err)
+	}
+	wait.Until(t, 30*time.Second, "the deleted grant booked again", func() (bool, string) {
+		var again string
+		err := pool.QueryRow(ctx, `SELECT encode(digest, 'hex') FROM credits WHERE idempotency_key = $1`, lost).Scan(&again)
+		return err == nil && again == digest, fmt.Sprintf("digest %q, %v", again, err)
+	})
+
+	forged := uid + "/8"
+	if _, err := pool.Exec(ctx, `INSERT INTO credits (idempotency_key, digest, kind, user_id, amount, currency, source_uid, packet_id, at)
+		VALUES ($1, sha256('forged'), 'grant', 'mallory', 1, 'CNY', $2, '8', now())`, forged, uid); err != nil {
+		t.Fatal(err)
+	}
+	reconciled("a credit booked that the operator never paid", metav1.ConditionFalse, redpacketv1alpha1.ReasonBooksDiffer, forged)
+
+	if err := e.c.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	held := e.waitCondition(name, redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonNotReconciled, 30*time.Second)
+	if c := findCondition(held, redpacketv1alpha1.ConditionReady); !strings.Contains(c.Message, forged) && !strings.Contains(c.Message, "waits for a reconciliation") {
+		t.Errorf("the held deletion says %q", c.Message)
+	}
+	consistently(t, time.Second, "the keys held while the books differ", func() (bool, string) {
+		return e.dbsize() > 0, fmt.Sprintf("%d keys", e.dbsize())
+	})
+	if _, err := pool.Exec(ctx, `DELETE FROM credits WHERE idempotency_key = $1`, forged); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 30*time.Second, "the activity purged once the books agree", func() (bool, string) {
+		err := e.c.Get(ctx, client.ObjectKeyFromObject(a), &redpacketv1alpha1.RedPacketActivity{})
+		return isNotFound(err), "get: " + errString(err)
+	})
+	var grants, refunds, sum int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'grant'), count(*) FILTER (WHERE kind = 'refund'), coalesce(sum(amount), 0)
+		FROM credits WHERE source_uid = $1`, uid).Scan(&grants, &refunds, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if grants != 5 || refunds != 1 || sum != 1000 {
+		t.Errorf("the book holds %d grants and %d refunds summing to %d; want 5, 1 and the whole 1000", grants, refunds, sum)
+	}
+}
