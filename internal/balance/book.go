@@ -40,20 +40,16 @@ type Book struct {
 	pool *pgxpool.Pool
 	// maxBatch bounds the credits one transaction books.
 	maxBatch int
-	// batchesInFlight bounds the batches of one source this process runs at once:
-	// with two, the next batch begins, claims its keys and waits for the source's
-	// row lock while the one before writes and commits.
-	batchesInFlight int
 
 	mu sync.Mutex
 	// queues holds, by source UID, the credits waiting for a batch and the keys
-	// this process is booking; a source has a queue while a batch of it runs.
+	// this process is booking; a source has a queue while its batches run.
 	queues map[string]*sourceQueue
 }
 
 // NewBook returns the book kept in pool's database, whose schema Migrate made.
 func NewBook(pool *pgxpool.Pool) *Book {
-	return &Book{pool: pool, maxBatch: DefaultMaxBatch, batchesInFlight: DefaultBatchesInFlight, queues: map[string]*sourceQueue{}}
+	return &Book{pool: pool, maxBatch: DefaultMaxBatch, queues: map[string]*sourceQueue{}}
 }
 
 // Outcome is what a POST did, when it did not fail.
