@@ -160,10 +160,16 @@ func (b *Book) bookBatch(uid string, batch []*queuedCredit) []creditResult {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	if b.bookAllFresh(ctx, uid, live) {
+		for _, i := range liveAt {
+			results[i] = creditResult{out: Booked}
+		}
+		return results
+	}
 	var verdicts []creditResult
 	var err error
 	for attempt := 1; ; attempt++ {
-		verdicts, err = b.bookBatchOnce(ctx, uid, live)
+		verdicts, err = b.judgeAndBook(ctx, uid, live)
 		var pgErr *pgconn.PgError
 		if attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "40P01") {
 			continue
@@ -195,10 +201,80 @@ type sourceRow struct {
 	grants, grantSum, refunds, refundSum int64
 }
 
-// bookBatchOnce is one attempt at a batch's transaction (see the top of this
-// file). Its error fails the whole batch, which is rolled back; otherwise each
-// credit has its verdict, and the accepted ones are committed.
-func (b *Book) bookBatchOnce(ctx context.Context, uid string, batch []*queuedCredit) ([]creditResult, error) {
+// bookAllFresh books the whole batch in one round trip, on the guess that every
+// credit is new and that they all fit in the source, as they do unless something
+// is amiss. One pipeline: BEGIN; every key's advisory lock, and none of the keys
+// booked; the credits inserted; the balances upserted; the source's sums updated
+// only where the whole batch stays within the total and the count and the source
+// is of the credits' kind and currency; COMMIT. A statement that finds the guess
+// wrong fails (a division by zero where a key is held or booked, or where the
+// update found no row within the bounds; the foreign key where the source is
+// unknown; the primary key where a key was booked after the statement's
+// snapshot), the server skips the rest of the pipeline, COMMIT included, and false
+// says nothing was booked: judgeAndBook then judges the credits one by one. (A
+// COMMIT whose outcome is unknown, the connection lost, is false too: if it did
+// commit, judgeAndBook finds the keys booked and answers them as replays.) The
+// source's row is locked last, by the update, so it is held only for the commit.
+func (b *Book) bookAllFresh(ctx context.Context, uid string, batch []*queuedCredit) bool {
+	first := batch[0].r
+	accepted := make([]request, len(batch))
+	keys := make([]string, len(batch))
+	var grants, grantSum, refunds, refundSum int64
+	for i, q := range batch {
+		r := q.r
+		if r.source != first.source || r.d.Currency != first.d.Currency {
+			return false
+		}
+		accepted[i], keys[i] = r, r.key
+		if r.d.Kind == KindGrant {
+			grants, grantSum = grants+1, grantSum+r.d.Amount
+		} else {
+			refunds, refundSum = refunds+1, refundSum+r.d.Amount
+		}
+	}
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return false
+	}
+	defer conn.Release()
+	defer func() {
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	pipeline := &pgx.Batch{}
+	pipeline.Queue("BEGIN")
+	pipeline.Queue(`SELECT 1 / (bool_and(pg_try_advisory_xact_lock(hashtextextended(k, 0)))
+			AND bool_and(NOT EXISTS (SELECT FROM credits WHERE idempotency_key = k)))::int
+		FROM unnest($1::text[]) AS k`, keys)
+	queueCreditInserts(pipeline, uid, first.d.Currency, accepted)
+	queueBalanceUpserts(pipeline, first.d.Currency, accepted)
+	pipeline.Queue(`WITH updated AS (
+			UPDATE sources SET grants = grants + $2, grant_sum = grant_sum + $3, refunds = refunds + $4, refund_sum = refund_sum + $5
+			WHERE uid = $1 AND kind = $6 AND currency = $7
+			  AND grant_sum + refund_sum + $3 + $5 <= total AND (count IS NULL OR grants + $2 <= count)
+			RETURNING 1)
+		SELECT 1 / count(*)::int FROM updated`,
+		uid, grants, grantSum, refunds, refundSum, first.source, first.d.Currency)
+	pipeline.Queue("COMMIT")
+	res := conn.SendBatch(ctx, pipeline)
+	defer func() { _ = res.Close() }()
+	for range 5 { // BEGIN, the keys, the credits, the balances, the source
+		if _, err := res.Exec(); err != nil {
+			return false
+		}
+	}
+	tag, err := res.Exec()
+	if err != nil || tag.String() != "COMMIT" {
+		return false
+	}
+	return res.Close() == nil
+}
+
+// judgeAndBook is one attempt at a batch's transaction, credit by credit (see the
+// top of this file). Its error fails the whole batch, which is rolled back;
+// otherwise each credit has its verdict, and the accepted ones are committed.
+func (b *Book) judgeAndBook(ctx context.Context, uid string, batch []*queuedCredit) ([]creditResult, error) {
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection: %w", err)
