@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -141,11 +142,12 @@ func (b *Book) drain(uid string, sq *sourceQueue) {
 	}
 }
 
-// bookBatch books a batch of one source's credits in one transaction, retried
-// whole on a deadlock or on a key booked under our feet (a unique violation: the
-// next attempt reads it as a replay or a reuse). It returns each credit's result,
-// in the batch's order. A credit whose request gave up before its batch started is
-// left out.
+// bookBatch books a batch of one source's credits: whole in one round trip when
+// it can (bookAllFresh), else judged credit by credit (judgeAndBook) in one
+// transaction, retried whole on a deadlock or on a key booked under our feet (a
+// unique violation: the next attempt reads it as a replay or a reuse). It returns
+// each credit's result, in the batch's order. A credit whose request gave up before
+// its batch started is left out.
 func (b *Book) bookBatch(uid string, batch []*queuedCredit) []creditResult {
 	results := make([]creditResult, len(batch))
 	live := make([]*queuedCredit, 0, len(batch))
@@ -194,6 +196,7 @@ func (b *Book) bookBatch(uid string, batch []*queuedCredit) []creditResult {
 	return results
 }
 
+// maxTime is the later of a and b.
 func maxTime(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -231,6 +234,11 @@ func (b *Book) bookAllFresh(ctx context.Context, uid string, batch []*queuedCred
 	for i, q := range batch {
 		r := q.r
 		if r.source != first.source || r.d.Currency != first.d.Currency {
+			return false
+		}
+		// Amounts are above 0; a batch whose sum would not fit in an int64 cannot
+		// fit in any total, and is left to judgeAndBook, which never sums past one.
+		if r.d.Amount > math.MaxInt64-(grantSum+refundSum) {
 			return false
 		}
 		accepted[i], keys[i] = r, r.key
