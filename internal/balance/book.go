@@ -19,11 +19,12 @@ import (
 //     announcements; a repeat with the same digest is answered as a replay, one
 //     with another digest is refused;
 //   - a source's grants plus refunds never exceed its announced total, and an
-//     activity's grants never exceed its count: every batch of credits reads its
-//     source's running sums under the row's lock (SELECT … FOR UPDATE), accepts
-//     each credit in order only while the sums stay within the bounds, and updates
-//     them in the transaction that inserts the accepted credits; the sources
-//     table's CHECK constraints refuse anything else;
+//     activity's grants never exceed its count: a batch of credits adds to its
+//     source's running sums in the transaction that inserts them, under the
+//     source row's lock, only where they stay within the bounds (the whole batch
+//     by an UPDATE that requires them, or, judged credit by credit, each credit in
+//     order against the sums read FOR UPDATE), and the sources table's CHECK
+//     constraints refuse anything else;
 //   - a user's balance is the sum of the credits booked to them: it changes only in
 //     the transaction that inserts a credit;
 //   - a source's total only grows: an announcement raises it to the highest amount
