@@ -3,6 +3,7 @@ package balance
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -124,4 +125,63 @@ func (e *env) postAsync(d Delivery, body []byte) answer {
 		return answer{status: -1, body: []byte(fmt.Sprint(err))}
 	}
 	return a
+}
+
+// A batch whose amounts add up beyond an int64 is judged credit by credit, never
+// summed whole: three credits of 2^62 against what is left of a budget of the
+// largest total (2^62 - 1) are each refused 403, and none is booked.
+func TestBatchSumBeyondInt64IsJudged(t *testing.T) {
+	pg := pgtest.Start(t)
+	e := newEnv(t, pg)
+	ctx := t.Context()
+	const quarter = int64(1) << 62
+	expectBooked(t, e.post(announceBudget("bud-max", math.MaxInt64)))
+	expectBooked(t, e.post(budgetGrant("bud-max", "p0", 0, "alice", quarter)))
+
+	blocker, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(context.WithoutCancel(ctx))
+	if _, err := blocker.Exec(ctx, "SELECT 1 FROM sources WHERE uid = 'bud-max' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	first := budgetGrant("bud-max", "p1", 0, "bob", 1)
+	firstBody := mustJSON(t, first)
+	firstAnswer := make(chan answer, 1)
+	go func() { firstAnswer <- e.postAsync(first, firstBody) }()
+	waitForLockWait(t, e.pool)
+
+	// Three users, so that no balance of theirs would overflow either.
+	users := []string{"carol", "dave", "erin"}
+	answers := make([]answer, len(users))
+	var wg sync.WaitGroup
+	for i, user := range users {
+		d := budgetGrant("bud-max", "p2", i, user, quarter)
+		body := mustJSON(t, d)
+		wg.Go(func() { answers[i] = e.postAsync(d, body) })
+	}
+	for deadline := time.Now().Add(10 * time.Second); e.book.waiting("bud-max") < len(answers); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d credits queued, want %d", e.book.waiting("bud-max"), len(answers))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectBooked(t, <-firstAnswer)
+	wg.Wait()
+	for i, a := range answers {
+		t.Logf("credit %d: %s", i, a)
+		expectError(t, a, StatusOverBudget, CodeOverBudget)
+	}
+	if s := e.source("bud-max"); s.Credited != quarter+1 || s.Grants.Count != 2 {
+		t.Fatalf("source %+v, want %d credited in 2 grants", s, quarter+1)
+	}
+	var rows, balances int64
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM credits WHERE source_uid = 'bud-max'),
+		(SELECT count(*) FROM balances WHERE user_id = ANY($1))`, users).Scan(&rows, &balances); err != nil || rows != 2 || balances != 0 {
+		t.Fatalf("%d credit rows and %d balances of %v (%v), want 2 and none", rows, balances, users, err)
+	}
 }
