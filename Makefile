@@ -105,7 +105,7 @@ demo: redis node-packages controlplane build ## A real node (or host processes),
 	$(GO) run ./hack/demo $(ARGS)
 
 .PHONY: bench
-bench: redis controlplane build ## Measure the grab path against redis-benchmark and a no-op handler; writes docs/benchmarks.md.
+bench: redis postgres controlplane build ## Measure the grab path against redis-benchmark and a no-op handler, and the reference balance system's grants against plain inserts on PostgreSQL; writes docs/benchmarks.md.
 	$(GO) run ./hack/bench $(ARGS)
 
 SOAK_RUNS ?= 200

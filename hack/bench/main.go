@@ -16,7 +16,9 @@
 //	(k) splitting and seeding 10,000,000 packets, the CRD's limit;
 //	(l) runtime packets of a budget: created/s and grabs/s through one grab service in
 //	    budget mode, Redis memory per live 5-share packet, and the resource path in the
-//	    same run: activities of 5 packets made Active per second by the operator.
+//	    same run: activities of 5 packets made Active per second by the operator;
+//	(m) the reference balance system: 100,000 grants booked over HTTP into a PostgreSQL
+//	    cluster of its own (fsync on) against plain inserts on the same server.
 //
 // It prints the figures and the ratios b/a(-P16) and c/d, and writes them with the
 // machine's details to docs/benchmarks.md. Every loop is bounded by a request count
@@ -97,6 +99,9 @@ type options struct {
 	budgetShards     int
 	budgetMemPackets int64
 	budgetActivities int
+
+	balanceGrants int
+	balanceOnly   bool
 }
 
 func main() {
@@ -144,6 +149,8 @@ func main() {
 	flag.IntVar(&o.budgetShards, "budget-shards", 16, "budget shards of the budget in (l)")
 	flag.Int64Var(&o.budgetMemPackets, "budget-memory-packets", 20000, "packets of 5 shares created for the memory figures of (l)")
 	flag.IntVar(&o.budgetActivities, "budget-activities", 100, "activities of 5 packets made Active by the operator in (l), the resource path its created/s is compared with (0 skips it)")
+	flag.IntVar(&o.balanceGrants, "balance-grants", 100000, "grants booked by the reference balance system into PostgreSQL in (m), and plain inserts of its reference (0 skips it)")
+	flag.BoolVar(&o.balanceOnly, "balance-only", false, "run only the reference balance system on PostgreSQL (m); print it and its section of docs/benchmarks.md, write nothing")
 	flag.Parse()
 	if o.goWorkers <= 0 {
 		// The ratio b/a compares two closed loops, so each gets the same number of
@@ -202,6 +209,8 @@ type results struct {
 	loadAfter   string
 	// budget is (l).
 	budget budgetRun
+	// balance is (m); zero Grants when skipped.
+	balance balanceRun
 }
 
 func run(ctx context.Context, o options) error {
@@ -211,6 +220,14 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := os.Chdir(root); err != nil {
 		return fmt.Errorf("entering %s: %w", root, err)
+	}
+	if o.balanceOnly {
+		b, err := measureBalance(ctx, o.balanceGrants)
+		if err != nil {
+			return err
+		}
+		fmt.Print("\n", b.summary(), "\n", b.markdown())
+		return nil
 	}
 	for _, tool := range []string{"redis-server", "redis-benchmark"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -367,6 +384,13 @@ func run(ctx context.Context, o options) error {
 	// (l) Runtime packets of a budget.
 	if r.budget, err = measureBudget(ctx, o, root, work, srv, rc); err != nil {
 		return fmt.Errorf("budget: %w", err)
+	}
+
+	// (m) The reference balance system on PostgreSQL.
+	if o.balanceGrants > 0 {
+		if r.balance, err = measureBalance(ctx, o.balanceGrants); err != nil {
+			return err
+		}
 	}
 
 	r.took = time.Since(start)

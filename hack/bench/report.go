@@ -163,6 +163,9 @@ func (r results) summary() string {
 	}
 	b.WriteString(settlementSummary(r.settle))
 	b.WriteString(verificationLine(r.settleCheck) + "\n")
+	if r.balance.res.Grants > 0 {
+		b.WriteString(r.balance.summary())
+	}
 	return b.String()
 }
 
@@ -337,6 +340,9 @@ to 0.59 in five rounds).
 		b.WriteString(r.budget.markdown())
 	}
 	b.WriteString(verificationMarkdown(r.settleCheck))
+	if r.balance.res.Grants > 0 {
+		b.WriteString(r.balance.markdown())
+	}
 
 	p("## Command\n\n")
 	p("```\nmake bench            # = go run ./hack/bench\ngo run ./hack/bench -h  # the knobs: requests, goroutines, clients, durations\n```\n\n")

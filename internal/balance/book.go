@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,9 +19,11 @@ import (
 //     announcements; a repeat with the same digest is answered as a replay, one
 //     with another digest is refused;
 //   - a source's grants plus refunds never exceed its announced total, and an
-//     activity's grants never exceed its count: every credit updates its source's
-//     running sums in the transaction that inserts it, under the source row's lock,
-//     only where they stay within the bounds, and the sources table's CHECK
+//     activity's grants never exceed its count: a batch of credits adds to its
+//     source's running sums in the transaction that inserts them, under the
+//     source row's lock, only where they stay within the bounds (the whole batch
+//     by an UPDATE that requires them, or, judged credit by credit, each credit in
+//     order against the sums read FOR UPDATE), and the sources table's CHECK
 //     constraints refuse anything else;
 //   - a user's balance is the sum of the credits booked to them: it changes only in
 //     the transaction that inserts a credit;
@@ -29,12 +32,26 @@ import (
 //
 // Nothing is acknowledged before its transaction has committed (synchronous_commit
 // is left on), so a 2xx survives a crash of the balance system or of PostgreSQL.
+//
+// The credits of one source that arrive together share a transaction and its
+// commit (groupcommit.go); a key queued or being booked in this process is
+// answered ErrInFlight at once, as the key's advisory lock answers it across
+// replicas.
 type Book struct {
 	pool *pgxpool.Pool
+	// maxBatch bounds the credits one transaction books.
+	maxBatch int
+
+	mu sync.Mutex
+	// queues holds, by source UID, the credits waiting for a batch and the keys
+	// this process is booking; a source has a queue while its batches run.
+	queues map[string]*sourceQueue
 }
 
 // NewBook returns the book kept in pool's database, whose schema Migrate made.
-func NewBook(pool *pgxpool.Pool) *Book { return &Book{pool: pool} }
+func NewBook(pool *pgxpool.Pool) *Book {
+	return &Book{pool: pool, maxBatch: DefaultMaxBatch, queues: map[string]*sourceQueue{}}
+}
 
 // Outcome is what a POST did, when it did not fail.
 type Outcome int
@@ -49,7 +66,8 @@ const (
 // The reasons a POST is refused by the book, each with its status code in the
 // handler (status.go).
 var (
-	// ErrInFlight: another transaction holds the same key right now.
+	// ErrInFlight: another request with the same key is being booked right now, in
+	// this process (queued or in a running batch) or in another transaction.
 	ErrInFlight = errors.New("another request with this Idempotency-Key is in flight")
 	// ErrKeyReused: the key was booked with another body.
 	ErrKeyReused = errors.New("the Idempotency-Key was booked with another body")
@@ -76,17 +94,17 @@ func lockKey(ctx context.Context, tx pgx.Tx, key string) (bool, error) {
 	return ok, nil
 }
 
-// Post books one checked request: a credit or an announcement.
+// Post books one checked request: a credit in its source's next batch
+// (groupcommit.go), an announcement in a transaction of its own.
 func (b *Book) Post(ctx context.Context, r request) (Outcome, error) {
-	book := b.credit
-	if r.announce {
-		book = b.announce
+	if !r.announce {
+		return b.credit(ctx, r)
 	}
 	for attempt := 1; ; attempt++ {
 		var out Outcome
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			var err error
-			out, err = book(ctx, tx, r)
+			out, err = b.announce(ctx, tx, r)
 			return err
 		})
 		var pgErr *pgconn.PgError
@@ -100,84 +118,6 @@ func (b *Book) Post(ctx context.Context, r request) (Outcome, error) {
 			return 0, ErrInFlight
 		}
 		return out, err
-	}
-}
-
-// credit books a grant or a refund: it inserts the credit, adds it to the user's
-// balance, and adds it to its source's sums only where they stay within the
-// announcement, all in tx.
-func (b *Book) credit(ctx context.Context, tx pgx.Tx, r request) (Outcome, error) {
-	if booked, out, err := claimKey(ctx, tx, r, "credits"); booked || err != nil {
-		return out, err
-	}
-
-	d := r.d
-	var grants, grantSum, refunds, refundSum int64
-	if d.Kind == KindGrant {
-		grants, grantSum = 1, d.Amount
-	} else {
-		refunds, refundSum = 1, d.Amount
-	}
-	// The source's row is updated last, so that its lock, which every credit of the
-	// source takes, is held for as little as the commit.
-	batch := &pgx.Batch{}
-	batch.Queue(`INSERT INTO credits (idempotency_key, digest, kind, user_id, amount, currency, source_uid, packet_id, at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		r.key, r.digest, d.Kind, d.UserID, d.Amount, d.Currency, d.ActivityUID, d.PacketID, r.at)
-	batch.Queue(`INSERT INTO balances (user_id, currency, amount, credits) VALUES ($1, $2, $3, 1)
-		ON CONFLICT (user_id, currency) DO UPDATE SET amount = balances.amount + excluded.amount, credits = balances.credits + 1`,
-		d.UserID, d.Currency, d.Amount)
-	batch.Queue(`UPDATE sources SET grants = grants + $2, grant_sum = grant_sum + $3, refunds = refunds + $4, refund_sum = refund_sum + $5
-		WHERE uid = $1 AND kind = $6 AND currency = $7
-		  AND grant_sum + refund_sum + $3 + $5 <= total AND (count IS NULL OR grants + $2 <= count)`,
-		d.ActivityUID, grants, grantSum, refunds, refundSum, r.source, d.Currency)
-	res := tx.SendBatch(ctx, batch)
-	_, err := res.Exec()
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23503" {
-		// The credit names a source that is not in sources (the foreign key).
-		_ = res.Close()
-		return 0, ErrUnknownSource
-	}
-	if err != nil {
-		_ = res.Close()
-		return 0, fmt.Errorf("inserting credit %s: %w", r.key, err)
-	}
-	if _, err := res.Exec(); err != nil {
-		_ = res.Close()
-		return 0, fmt.Errorf("adding credit %s to the balance of %s: %w", r.key, d.UserID, err)
-	}
-	tag, err := res.Exec()
-	if err != nil {
-		_ = res.Close()
-		return 0, fmt.Errorf("adding credit %s to source %s: %w", r.key, d.ActivityUID, err)
-	}
-	if err := res.Close(); err != nil {
-		return 0, fmt.Errorf("booking credit %s: %w", r.key, err)
-	}
-	if tag.RowsAffected() == 1 {
-		return Booked, nil
-	}
-	// The source refused it: say why (the transaction is rolled back).
-	return 0, b.whyRefused(ctx, tx, r)
-}
-
-// whyRefused reads the source a credit was refused by and says why.
-func (b *Book) whyRefused(ctx context.Context, tx pgx.Tx, r request) error {
-	var s Source
-	err := tx.QueryRow(ctx, `SELECT kind, currency, total, count, grants, grant_sum, refund_sum FROM sources WHERE uid = $1`,
-		r.d.ActivityUID).Scan(&s.Kind, &s.Currency, &s.Total, &s.Count, &s.Grants.Count, &s.Grants.Sum, &s.Refunds.Sum)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return ErrUnknownSource
-	case err != nil:
-		return fmt.Errorf("reading source %s: %w", r.d.ActivityUID, err)
-	case s.Kind != r.source || s.Currency != r.d.Currency:
-		return fmt.Errorf("%w: it is a %s in %q, the credit is for a %s in %q", ErrSourceMismatch, s.Kind, s.Currency, r.source, r.d.Currency)
-	case r.d.Kind == KindGrant && s.Count != nil && s.Grants.Count+1 > *s.Count:
-		return fmt.Errorf("%w: %d grants of %d booked", ErrOverCount, s.Grants.Count, *s.Count)
-	default:
-		return fmt.Errorf("%w: %d of %d credited, %d more asked", ErrOverBudget, s.Grants.Sum+s.Refunds.Sum, s.Total, r.d.Amount)
 	}
 }
 

@@ -49,6 +49,7 @@ func (c *testClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 type env struct {
 	t      testing.TB
 	pool   *pgxpool.Pool
+	book   *Book
 	url    string
 	client *http.Client
 	clock  *testClock
@@ -94,7 +95,7 @@ func newEnvWith(t testing.TB, pg *pgtest.Server, hcfg Config) *env {
 	t.Cleanup(srv.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 128}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &env{t: t, pool: pool, url: srv.URL, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, clock: clock}
+	return &env{t: t, pool: pool, book: hcfg.Book, url: srv.URL, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, clock: clock}
 }
 
 // answer is an HTTP answer, read whole.
