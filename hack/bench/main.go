@@ -18,7 +18,9 @@
 //	    budget mode, Redis memory per live 5-share packet, and the resource path in the
 //	    same run: activities of 5 packets made Active per second by the operator;
 //	(m) the reference balance system: 100,000 grants booked over HTTP into a PostgreSQL
-//	    cluster of its own (fsync on) against plain inserts on the same server.
+//	    cluster of its own (fsync on) against plain inserts on the same server;
+//	(n) reconciliation: one round for a source of 1,000,000 credits differing from the
+//	    reference balance system's book in 10 keys, its time and the operator's heap.
 //
 // It prints the figures and the ratios b/a(-P16) and c/d, and writes them with the
 // machine's details to docs/benchmarks.md. Every loop is bounded by a request count
@@ -102,6 +104,8 @@ type options struct {
 
 	balanceGrants int
 	balanceOnly   bool
+	// reconcileCredits is the size of the source (n) reconciles; 0 skips it.
+	reconcileCredits int
 }
 
 func main() {
@@ -151,6 +155,7 @@ func main() {
 	flag.IntVar(&o.budgetActivities, "budget-activities", 100, "activities of 5 packets made Active by the operator in (l), the resource path its created/s is compared with (0 skips it)")
 	flag.IntVar(&o.balanceGrants, "balance-grants", 100000, "grants booked by the reference balance system into PostgreSQL in (m), and plain inserts of its reference (0 skips it)")
 	flag.BoolVar(&o.balanceOnly, "balance-only", false, "run only the reference balance system on PostgreSQL (m); print it and its section of docs/benchmarks.md, write nothing")
+	flag.IntVar(&o.reconcileCredits, "reconcile-credits", 1_000_000, "credits of the source reconciled in (n) against the reference balance system's book (0 skips it); -balance-only runs it too")
 	flag.Parse()
 	if o.goWorkers <= 0 {
 		// The ratio b/a compares two closed loops, so each gets the same number of
@@ -211,6 +216,8 @@ type results struct {
 	budget budgetRun
 	// balance is (m); zero Grants when skipped.
 	balance balanceRun
+	// reconcile is (n); zero Credits when skipped.
+	reconcile reconcileRun
 }
 
 func run(ctx context.Context, o options) error {
@@ -227,6 +234,13 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		fmt.Print("\n", b.summary(), "\n", b.markdown())
+		if o.reconcileCredits > 0 {
+			rr, err := measureReconcile(ctx, o.reconcileCredits)
+			if err != nil {
+				return err
+			}
+			fmt.Print("\n", rr.summary(), "\n", rr.markdown())
+		}
 		return nil
 	}
 	for _, tool := range []string{"redis-server", "redis-benchmark"} {
@@ -389,6 +403,13 @@ func run(ctx context.Context, o options) error {
 	// (m) The reference balance system on PostgreSQL.
 	if o.balanceGrants > 0 {
 		if r.balance, err = measureBalance(ctx, o.balanceGrants); err != nil {
+			return err
+		}
+	}
+
+	// (n) Reconciliation of a large source with the balance system's book.
+	if o.reconcileCredits > 0 {
+		if r.reconcile, err = measureReconcile(ctx, o.reconcileCredits); err != nil {
 			return err
 		}
 	}

@@ -166,6 +166,9 @@ func (r results) summary() string {
 	if r.balance.res.Grants > 0 {
 		b.WriteString(r.balance.summary())
 	}
+	if r.reconcile.res.Credits > 0 {
+		b.WriteString(r.reconcile.summary())
+	}
 	return b.String()
 }
 
@@ -342,6 +345,9 @@ to 0.59 in five rounds).
 	b.WriteString(verificationMarkdown(r.settleCheck))
 	if r.balance.res.Grants > 0 {
 		b.WriteString(r.balance.markdown())
+	}
+	if r.reconcile.res.Credits > 0 {
+		b.WriteString(r.reconcile.markdown())
 	}
 
 	p("## Command\n\n")
