@@ -259,7 +259,7 @@ func printSummary(rr rain.Result, obs observed, total, packets int64, connection
 		l.source.Grants.Count, l.source.Grants.Sum, l.source.Refunds.Count, val(st.SettledCount), val(st.SettledAmount)),
 		l.source.Grants.Count == rr.Granted, l.source.Grants.Sum == rr.GrantedSum, val(st.SettledCount) == rr.Granted,
 		val(st.SettledAmount) == rr.GrantedSum, l.source.Total == total, l.source.Count != nil && *l.source.Count == packets)
-	row("balance system", fmt.Sprintf("%d users credited twice; refused: %s", l.usersTwice, formatCounts(l.refusals)),
+	row("balance system", fmt.Sprintf("%d users credited twice; answers other than 2xx, each retried: %s", l.usersTwice, formatCounts(l.refusals)),
 		l.usersTwice == 0, len(l.alarms) == 0)
 	if obs.timedOut {
 		row("", fmt.Sprintf("the reporter or settlement did not catch up within %s", obs.waited.Round(time.Second)))

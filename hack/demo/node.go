@@ -106,7 +106,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 
 	step("building the images: the operator, the pod sandbox and Redis (go run ./hack/image --version %s)", nodeVersion)
 	start := time.Now()
-	images, err := cluster.BuildImages(ctx, filepath.Join(nd.dir, "images"), nodeVersion)
+	images, err := cluster.BuildImages(ctx, filepath.Join(nd.dir, "images"), nodeVersion, "operator", "pause", "redis")
 	if err != nil {
 		return err
 	}

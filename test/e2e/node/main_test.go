@@ -98,7 +98,7 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(work)
 
 	start := time.Now()
-	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version)
+	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version, "operator", "pause", "redis")
 	if err != nil {
 		return fail(err)
 	}
