@@ -278,6 +278,8 @@ func (s Tally) CheckBooked(t testing.TB, bs *balancetest.System, uid string, sta
 		t.Errorf("PostgreSQL's totals: grants %+v, refunds %+v; the status: settled %+v, refunded %d; the credits: %d summing to %d",
 			src.Grants, src.Refunds, settled, refunded, grants, sum)
 	}
+	t.Logf("PostgreSQL's book of the activity: %d grants summing to %d, %d refunds summing to %d; the status: settled %d summing to %d, refunded %d",
+		src.Grants.Count, src.Grants.Sum, src.Refunds.Count, src.Refunds.Sum, settled.Count, settled.Sum, refunded)
 	CheckNoAlarms(t, bs)
 }
 
