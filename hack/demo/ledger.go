@@ -70,8 +70,9 @@ func (bs *balanceSystem) stop() {
 	fmt.Printf("    the balance system and its PostgreSQL stopped; %s removed\n", bs.DB.Dir)
 }
 
-// postgresVersion is what the postgres binary the cluster runs reports, such as
-// "15.14", or "" when it cannot tell.
+// postgresVersion is the version the postgres binary the cluster runs reports
+// ("postgres (PostgreSQL) 15.14 (Debian ...)"), such as "15.14", or "" when it cannot
+// tell.
 func postgresVersion(ctx context.Context) string {
 	bin, err := pgtest.Bin()
 	if err != nil {
@@ -82,10 +83,10 @@ func postgresVersion(ctx context.Context) string {
 		return ""
 	}
 	f := strings.Fields(string(out))
-	if len(f) == 0 {
+	if len(f) < 3 {
 		return ""
 	}
-	return f[len(f)-1]
+	return f[2]
 }
 
 // ensurePostgres makes sure PostgreSQL's server programs are installed: through
