@@ -65,7 +65,7 @@ test: redis postgres node-packages chromium prometheus controlplane ## Run every
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no server (go test -short): the controller's phase tables, pure rules, codecs. Seconds.
-	$(GO) test -short -count=1 ./api/... ./controllers/... ./lua/... ./store/... ./test/history/ ./test/printed/ ./internal/... ./cmd/balance/ ./test/pgtest/ ./hack/release/
+	$(GO) test -short -count=1 ./api/... ./controllers/... ./lua/... ./store/... ./test/history/ ./test/printed/ ./internal/... ./cmd/balance/ ./test/pgtest/ ./test/balancetest/ ./hack/release/
 
 .PHONY: lint
 lint: ## go vet and staticcheck (a Go tool pinned in go.mod).
@@ -87,13 +87,14 @@ verify: ## Fail when generated files, formatting or go.mod/go.sum are not up to 
 ##@ Build
 
 .PHONY: build
-build: ## Build the operator, the grab service and the kubectl plugin (kubectl-rpa) into bin/ (static binaries, VERSION stamped in).
+build: ## Build the operator, the grab service, the kubectl plugin (kubectl-rpa) and the reference balance system into bin/ (static binaries, VERSION stamped in).
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/grabsvc ./cmd/grabsvc
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-rpa ./cmd/kubectl-rpa
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/balance ./cmd/balance
 
 .PHONY: image
-image: ## Build the operator, pause and Redis images into dist/ as tarballs, without Docker.
+image: ## Build the operator, pause, Redis and balance system images into dist/ as tarballs, without Docker.
 	$(GO) run ./hack/image --out dist --version $(VERSION) $(IMAGE_ARGS)
 
 .PHONY: run
@@ -101,7 +102,7 @@ run: ## Run the operator against the current kubeconfig.
 	$(GO) run ./cmd/manager $(ARGS)
 
 .PHONY: demo
-demo: redis node-packages controlplane build ## A real node (or host processes), the operator, grab pods and a red-packet rain.
+demo: redis postgres node-packages controlplane build ## A real node (or host processes), the operator, grab pods and a red-packet rain, settled into the reference balance system on a PostgreSQL of its own.
 	$(GO) run ./hack/demo $(ARGS)
 
 .PHONY: bench

@@ -47,46 +47,47 @@ spec:
 // groupPackets applies the demo budget, shows kubectl get rpb, fires a burst of group
 // packets through its grab Service (each raced by its group: 8 members for the even
 // packets, 3 for the odd ones, which leave two shares to refund), waits until every
-// packet expired and every share and refund was credited, shows kubectl get rpb again
-// and reports whether every check held.
-func (nd *nodeDemo) groupPackets(ctx context.Context, recvURL string, recv *rain.Receiver, took func(string, time.Duration)) (bool, error) {
+// packet expired and every share and refund was booked in PostgreSQL, shows kubectl
+// get rpb again and reports whether every check held, and the budget's row of the
+// ledger: what its status says was settled.
+func (nd *nodeDemo) groupPackets(ctx context.Context, bs *balanceSystem, took func(string, time.Duration)) (bool, ledgerRow, error) {
 	step("group packets (seed 004): a RedPacketBudget, its shared grab fleet and packets created at runtime")
 	manifestPath := filepath.Join(nd.dir, demoBudget+".yaml")
-	if err := os.WriteFile(manifestPath, []byte(demoBudgetManifest(recvURL+"/credit")), 0o644); err != nil {
-		return false, fmt.Errorf("writing %s: %w", manifestPath, err)
+	if err := os.WriteFile(manifestPath, []byte(demoBudgetManifest(bs.WebhookURL())), 0o644); err != nil {
+		return false, ledgerRow{}, fmt.Errorf("writing %s: %w", manifestPath, err)
 	}
-	fmt.Printf("    a demo-sized budget like config/samples/redpacket_v1alpha1_redpacketbudget.yaml: %d in %d budget shards, %d grab pods, settlement to the receiver\n",
+	fmt.Printf("    a demo-sized budget like config/samples/redpacket_v1alpha1_redpacketbudget.yaml: %d in %d budget shards, %d grab pods, settlement to the balance system\n",
 		demoBudgetTotal, 4, demoBudgetReplica)
 	applied := time.Now()
 	if err := nd.kc.show(ctx, "apply", "-f", rel(nd.root, manifestPath)); err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	if err := nd.kc.show(ctx, "wait", "--for=condition=Ready", "rpb/"+demoBudget, "--timeout=180s"); err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	if err := nd.kc.show(ctx, "rollout", "status", "deployment/"+demoBudget+"-grab", "--timeout=120s"); err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	took("budget Ready", time.Since(applied))
 	step("the budget before the burst")
 	if err := nd.kc.show(ctx, "get", "rpb"); err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	enc, err := nd.kc.output(ctx, "get", "secret", demoBudget+"-sender", "-o", "jsonpath={.data.token}")
 	if err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	token, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
 	if err != nil {
-		return false, fmt.Errorf("the sender credential: %w", err)
+		return false, ledgerRow{}, fmt.Errorf("the sender credential: %w", err)
 	}
 	uid, err := nd.kc.output(ctx, "get", "rpb", demoBudget, "-o", "jsonpath={.metadata.uid}")
 	if err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	ip, err := nd.kc.output(ctx, "get", "service", demoBudget+"-grab", "-o", "jsonpath={.spec.clusterIP}")
 	if err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	url := "http://" + strings.TrimSpace(ip) + ":8080"
 	spec := rain.GroupSpec{URL: url, SenderToken: string(token), Packets: demoGroupPackets, IDPrefix: "order-",
@@ -109,20 +110,25 @@ func (nd *nodeDemo) groupPackets(ctx context.Context, recvURL string, recv *rain
 		ok = false
 	}
 	refunded := demoGroupPackets*demoGroupTotal - claimed
-	wantShares := demoGroupPackets/2*demoGroupShares + demoGroupPackets/2*3
+	wantShares := int64(demoGroupPackets/2*demoGroupShares + demoGroupPackets/2*3)
+	// The odd packets, raced by 3 members for 5 shares, each refund their 2 shares left.
+	wantRefunds := int64(demoGroupPackets / 2)
 
-	step("waiting for the packets to expire (%ds) and settlement to credit every share and refund", demoGroupTTL)
+	step("waiting for the packets to expire (%ds) and settlement to book every share and refund in PostgreSQL", demoGroupTTL)
 	uid = strings.TrimSpace(uid)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		shares, credited := recv.Credited(uid)
+		src, _, err := bs.Source(ctx, uid)
+		if err != nil {
+			return false, ledgerRow{}, err
+		}
 		live, _ := nd.kc.output(ctx, "get", "rpb", demoBudget, "-o", "jsonpath={.status.livePackets}")
-		if len(shares) == wantShares && credited == refunded && strings.TrimSpace(live) == "0" {
+		if src.Grants.Count == wantShares && src.Refunds.Count == wantRefunds && src.Refunds.Sum == refunded && strings.TrimSpace(live) == "0" {
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			fmt.Printf("    after 2 minutes: %d shares and %d refunded credited, want %d and %d; %s live packets\n",
-				len(shares), credited, wantShares, refunded, live)
+			fmt.Printf("    after 2 minutes: %d shares and %d refunds summing to %d booked, want %d, %d and %d; %s live packets\n",
+				src.Grants.Count, src.Refunds.Count, src.Refunds.Sum, wantShares, wantRefunds, refunded, live)
 			ok = false
 			break
 		}
@@ -130,21 +136,26 @@ func (nd *nodeDemo) groupPackets(ctx context.Context, recvURL string, recv *rain
 	}
 	step("the budget after the burst")
 	if err := nd.kc.show(ctx, "get", "rpb", "-o", "wide"); err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	figures, err := nd.kc.output(ctx, "get", "rpb", demoBudget, "-o",
-		"jsonpath={.status.total} {.status.available} {.status.inPackets} {.status.claimed} {.status.refunded}")
+		"jsonpath={.status.total} {.status.available} {.status.inPackets} {.status.claimed} {.status.refunded} {.status.grabbedShares}")
 	if err != nil {
-		return false, err
+		return false, ledgerRow{}, err
 	}
 	var got []int64
 	for _, f := range strings.Fields(figures) {
 		n, _ := strconv.ParseInt(f, 10, 64)
 		got = append(got, n)
 	}
-	want := []int64{demoBudgetTotal, demoBudgetTotal - demoGroupPackets*demoGroupTotal, 0, claimed, refunded}
+	want := []int64{demoBudgetTotal, demoBudgetTotal - demoGroupPackets*demoGroupTotal, 0, claimed, refunded, wantShares}
 	exact := fmt.Sprint(got) == fmt.Sprint(want)
-	fmt.Printf("    total %d = available %d + in packets %d + claimed %d + refunded %d: %s\n", want[0], want[1], want[2], want[3], want[4],
+	fmt.Printf("    total %d = available %d + in packets %d + claimed %d + refunded %d, in %d shares: %s\n", want[0], want[1], want[2], want[3], want[4], want[5],
 		map[bool]string{true: "the status says exactly that", false: "the status says " + figures}[exact])
-	return ok && exact, nil
+	// The status has no count of refunds: one per packet that expired with shares left.
+	row := ledgerRow{resource: "rpb/" + demoBudget, uid: uid}
+	if len(got) == len(want) {
+		row.status = statusFigures{grants: got[5], grantSum: got[3], refunds: wantRefunds, refundSum: got[4]}
+	}
+	return ok && exact, row, nil
 }

@@ -15,8 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/internal/balance"
 	"redpacket.io/operator/store"
 	"redpacket.io/operator/store/redisconn"
+	"redpacket.io/operator/test/balancetest"
 	"redpacket.io/operator/test/redistest"
 
 	"redpacket.io/operator/internal/rain"
@@ -74,6 +76,8 @@ type observed struct {
 	redisClaimSum int64
 	streamLen     int64
 	snapshot      store.Snapshot
+
+	ledger ledgerFacts
 }
 
 func val(p *int64) int64 {
@@ -83,12 +87,12 @@ func val(p *int64) int64 {
 	return *p
 }
 
-// waitSettled polls the resource, Redis and the receiver until the status shows
-// every grant claimed and settled and the receiver credited them all (and, when all
+// waitSettled polls the resource, Redis and the balance system until the status
+// shows every grant claimed and settled and PostgreSQL holds them all (and, when all
 // count packets went, the activity Exhausted), or settleWait passes. c reads the
 // activity; Redis is read through conn (the admin user's connection).
 func waitSettled(ctx context.Context, c client.Client, conn redisconn.Conn, count int64, settleWait time.Duration,
-	name string, rr rain.Result, recv *rain.Receiver) (observed, error) {
+	name string, rr rain.Result, bs *balanceSystem) (observed, error) {
 	rc := conn.NewClient()
 	defer rc.Close()
 	var obs observed
@@ -104,13 +108,16 @@ func waitSettled(ctx context.Context, c client.Client, conn redisconn.Conn, coun
 		obs.uid = string(a.UID)
 		obs.status = a.Status
 		obs.phase = string(a.Status.Phase)
-		t := recv.Totals()
+		src, _, err := bs.Source(ctx, obs.uid)
+		if err != nil {
+			return obs, err
+		}
 		st := a.Status
 		caughtUp := val(st.ClaimedCount) == rr.Granted && val(st.SettledCount) == rr.Granted &&
-			t.Grants == rr.Granted && (rr.Granted < count || (val(st.RemainingCount) == 0 &&
+			src.Grants.Count == rr.Granted && (rr.Granted < count || (val(st.RemainingCount) == 0 &&
 			a.Status.Phase == redpacketv1alpha1.PhaseExhausted))
-		line := fmt.Sprintf("    phase %-9s claimed %5d  remaining %5d  settled %5d  credited %5d",
-			obs.phase, val(st.ClaimedCount), val(st.RemainingCount), val(st.SettledCount), t.Grants)
+		line := fmt.Sprintf("    phase %-9s claimed %5d  remaining %5d  settled %5d  in PostgreSQL %5d",
+			obs.phase, val(st.ClaimedCount), val(st.RemainingCount), val(st.SettledCount), src.Grants.Count)
 		switch {
 		case tty:
 			fmt.Printf("\r%s  %4.1fs ", line, time.Since(start).Seconds())
@@ -154,11 +161,45 @@ func waitSettled(ctx context.Context, c client.Client, conn redisconn.Conn, coun
 	if obs.snapshot, err = act.Snapshot(ctx); err != nil {
 		return obs, err
 	}
+	if obs.ledger, err = readLedger(ctx, bs, obs.uid); err != nil {
+		return obs, err
+	}
 	return obs, nil
 }
 
+// ledgerFacts is what the balance system booked for the activity, and what it
+// refused of every source.
+type ledgerFacts struct {
+	source balance.Source
+	// usersTwice is how many users were credited two grants of the activity.
+	usersTwice int64
+	// refusals are the POSTs refused, by error code; alarms those of them that the
+	// operator never causes (balancetest.Alarms).
+	refusals, alarms map[string]int
+}
+
+// readLedger reads the activity's book and its credits from the balance system, and
+// the refusals from its log.
+func readLedger(ctx context.Context, bs *balanceSystem, uid string) (ledgerFacts, error) {
+	var l ledgerFacts
+	src, _, err := bs.Source(ctx, uid)
+	if err != nil {
+		return l, err
+	}
+	credits, err := bs.Credits(ctx, uid)
+	if err != nil {
+		return l, err
+	}
+	refusals, err := bs.Refusals()
+	if err != nil {
+		return l, err
+	}
+	return ledgerFacts{source: src, usersTwice: usersCreditedTwice(credits), refusals: refusals,
+		alarms: balancetest.Alarms(refusals)}, nil
+}
+
 // printSummary prints the summary and its checks, and reports whether all passed.
-func printSummary(rr rain.Result, obs observed, t rain.Totals, total, packets int64, connections int) bool {
+func printSummary(rr rain.Result, obs observed, total, packets int64, connections int) bool {
 	passed := true
 	// row prints one line; verdict is "" for facts, else the check's result.
 	row := func(label, text string, check ...bool) {
@@ -213,12 +254,13 @@ func printSummary(rr rain.Result, obs observed, t rain.Totals, total, packets in
 	row("latency", fmt.Sprintf("users: p50 %s  p99 %s  max %s (%d users queue for %d connections)",
 		ms(rr.P50), ms(rr.P99), ms(rr.Max), rr.Users, connections))
 	row("", fmt.Sprintf("per request once connected: p50 %s  p99 %s", ms(rr.ServiceP50), ms(rr.ServiceP99)))
-	row("settled", fmt.Sprintf("receiver credited %d grants, sum %d; status settled %d / %d",
-		t.Grants, t.GrantSum, val(st.SettledCount), val(st.SettledAmount)),
-		t.Grants == rr.Granted, t.GrantSum == rr.GrantedSum, val(st.SettledCount) == rr.Granted, val(st.SettledAmount) == rr.GrantedSum)
-	row("balance system", fmt.Sprintf("%d deliveries, %d repeats deduplicated, %d conflicts, %d rejected, %d users credited twice",
-		t.Requests, t.Repeats, t.Conflicts, t.BadRequests, t.UsersCreditedTwice),
-		t.Conflicts == 0, t.BadRequests == 0, t.UsersCreditedTwice == 0)
+	l := obs.ledger
+	row("settled", fmt.Sprintf("PostgreSQL booked %d grants, sum %d, %d refunds; status settled %d / %d",
+		l.source.Grants.Count, l.source.Grants.Sum, l.source.Refunds.Count, val(st.SettledCount), val(st.SettledAmount)),
+		l.source.Grants.Count == rr.Granted, l.source.Grants.Sum == rr.GrantedSum, val(st.SettledCount) == rr.Granted,
+		val(st.SettledAmount) == rr.GrantedSum, l.source.Total == total, l.source.Count != nil && *l.source.Count == packets)
+	row("balance system", fmt.Sprintf("%d users credited twice; answers other than 2xx, each retried: %s", l.usersTwice, formatCounts(l.refusals)),
+		l.usersTwice == 0, len(l.alarms) == 0)
 	if obs.timedOut {
 		row("", fmt.Sprintf("the reporter or settlement did not catch up within %s", obs.waited.Round(time.Second)))
 	}

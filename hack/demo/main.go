@@ -5,16 +5,20 @@
 // single-node Kubernetes on this machine: containerd, etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, a kubelet and kube-proxy. It installs the
 // project as a user would (the dev Redis, and the operator as a 2-replica Deployment
-// of its own image), starts a small balance system on the host that credits each
-// claim once, applies a demo-sized copy of the sample activity with 2 grab pods, and
+// of its own image), starts the reference balance system (bin/balance) on the host
+// on a throwaway PostgreSQL cluster of its own, verifying the operator's Ed25519
+// signatures, applies a demo-sized copy of the sample activity with 2 grab pods, and
 // fires 20,000 concurrent users at its 2,000 packets through the grab Service's
 // ClusterIP. It waits for the status reporter and settlement to catch up and prints
 // the pods and kubectl get output before and after. Then it shows the second half of
 // the product: a RedPacketBudget with its shared grab fleet, 500 group packets created
 // at runtime through its Service, each raced by its group, expired and refunded,
-// with kubectl get rpb before and after. Last come a summary with its checks, how
-// long each stage took and the node's peak resident memory. It then tears the node down
-// and checks that the host is exactly as it found it.
+// with kubectl get rpb before and after. Then kubectl get rpa and rpb beside the
+// ledger in PostgreSQL, each source's grants and refunds read from the balance
+// system, which must agree with the status totals to the unit. Last come a summary
+// with its checks, how long each stage took and the node's peak resident memory. It
+// then stops the balance system and removes its database cluster, tears the node
+// down and checks that the host is exactly as it found it.
 //
 // Elsewhere, or with --host, it says why in one line and runs everything as host
 // processes instead: a local control plane (kube-apiserver and etcd from bin/), a
@@ -27,8 +31,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"os"
@@ -142,12 +144,15 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	if !o.skipBuild {
-		step("building the control plane, the operator and the grab service")
+		step("building the control plane, the operator, the grab service and the balance system")
 		if err := d.build(ctx); err != nil {
 			return err
 		}
 	}
 	if err := d.ensureRedis(ctx); err != nil {
+		return err
+	}
+	if err := ensurePostgres(ctx, root); err != nil {
 		return err
 	}
 
@@ -183,24 +188,12 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Printf("    redis-server on %s: the default user off, the operator's user %s (password in %s)\n",
 		rs.Addr, rs.Username, rel(root, passwordFile))
 
-	step("starting the balance system (a receiver that credits each Idempotency-Key once)")
-	webhookKey := make([]byte, 32)
-	if _, err := rand.Read(webhookKey); err != nil {
-		return fmt.Errorf("making the webhook key: %w", err)
-	}
-	keyHex := []byte(hex.EncodeToString(webhookKey))
-	keyFile := filepath.Join(d.dir, "webhook.key")
-	if err := os.WriteFile(keyFile, keyHex, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", keyFile, err)
-	}
-	recv := rain.NewReceiver(keyHex)
-	recv.RequireBudget = true
-	recvURL, stopRecv, err := recv.Serve(ctx, "127.0.0.1")
+	step("starting the balance system: bin/balance (cmd/balance) on a PostgreSQL of its own")
+	bs, err := startBalanceSystem(ctx, root, d.dir, "127.0.0.1")
 	if err != nil {
 		return err
 	}
-	d.onStop(stopRecv)
-	fmt.Printf("    %s/credit, verifying its Standard Webhooks signature (v1) with %s\n", recvURL, rel(root, keyFile))
+	d.onStop(bs.stop)
 
 	step("starting the operator (bin/manager)")
 	probeAddr, err := proc.FreeAddr()
@@ -224,7 +217,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "", 0)
+	manifest, total, err := demoManifest(sample, o.name, o.packets, bs.WebhookURL(), "", 0)
 	if err != nil {
 		return err
 	}
@@ -233,16 +226,16 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("writing %s: %w", manifestPath, err)
 	}
 	if from != "" {
-		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, settlement to the local receiver\n", from, o.packets)
+		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, settlement to the balance system\n", from, o.packets)
 	}
-	// The operator signs every delivery with the key its own namespace holds for the
-	// balance system's host and port ("127.0.0.1_<port>"); the tenant's namespace holds
-	// none.
+	// The operator signs every delivery with the Ed25519 key its own namespace holds
+	// for the balance system's host and port ("127.0.0.1_<port>.ed25519"); the
+	// tenant's namespace holds none.
 	if err := kc.show(ctx, "create", "namespace", "redpacket-system"); err != nil {
 		return err
 	}
 	if err := kc.show(ctx, "create", "secret", "generic", "redpacket-settlement-keys", "--namespace", "redpacket-system",
-		"--from-file="+allowlistKey(recvURL)+"="+keyFile); err != nil {
+		"--from-file="+bs.settlementKeyName()+"="+rel(root, bs.privateKeyFile)); err != nil {
 		return err
 	}
 	if err := kc.show(ctx, "apply", "-f", rel(root, manifestPath)); err != nil {
@@ -297,7 +290,7 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	step("waiting for the status reporter and settlement to catch up")
-	obs, err := waitSettled(ctx, cp.Client, rs.Conn(), o.packets, o.settleWait, o.name, rr, recv)
+	obs, err := waitSettled(ctx, cp.Client, rs.Conn(), o.packets, o.settleWait, o.name, rr, bs)
 	if err != nil {
 		return err
 	}
@@ -310,9 +303,28 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 
+	step("the books: kubectl get rpa beside the ledger in PostgreSQL")
+	if err := kc.show(ctx, "get", "rpa"); err != nil {
+		return err
+	}
+	rpaRow, err := activityLedgerRow(ctx, cp.Client, o.name)
+	if err != nil {
+		return err
+	}
+	ledgerAgrees, err := showLedger(ctx, bs, []ledgerRow{rpaRow})
+	if err != nil {
+		return err
+	}
+
 	step("summary")
-	d.passed = printSummary(rr, obs, recv.Totals(), total, o.packets, o.connections)
+	d.passed = printSummary(rr, obs, total, o.packets, o.connections)
 	fmt.Println("  group packets    not run on host processes: a budget's shared grab fleet is a Deployment the operator runs on a real node")
+	if !ledgerAgrees {
+		fmt.Println("  ledger           FAILED: PostgreSQL's totals differ from the status, see above")
+		d.passed = false
+	} else {
+		fmt.Println("  ledger           PostgreSQL's totals are the activity's status totals to the unit")
+	}
 
 	if o.keep {
 		d.printKeep(kubeconfig, grabAddr, rs.Addr, rs.Username, rel(root, passwordFile), obs.uid)
@@ -331,6 +343,7 @@ func (d *demo) build(ctx context.Context) error {
 		{filepath.Join(d.root, "hack", "build-controlplane.sh")},
 		{"go", "build", "-o", "bin/manager", "./cmd/manager"},
 		{"go", "build", "-o", "bin/grabsvc", "./cmd/grabsvc"},
+		{"go", "build", "-o", "bin/balance", "./cmd/balance"},
 	}
 	for _, c := range cmds {
 		fmt.Printf("$ %s\n", rel(d.root, c[0])+" "+joinArgs(c[1:]))

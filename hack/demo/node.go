@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -108,7 +106,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 
 	step("building the images: the operator, the pod sandbox and Redis (go run ./hack/image --version %s)", nodeVersion)
 	start := time.Now()
-	images, err := cluster.BuildImages(ctx, filepath.Join(nd.dir, "images"), nodeVersion)
+	images, err := cluster.BuildImages(ctx, filepath.Join(nd.dir, "images"), nodeVersion, "operator", "pause", "redis")
 	if err != nil {
 		return err
 	}
@@ -161,24 +159,13 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return fmt.Errorf("a client for the node: %w", err)
 	}
 
-	step("starting the balance system (a receiver that credits each Idempotency-Key once)")
-	webhookKey := make([]byte, 32)
-	if _, err := rand.Read(webhookKey); err != nil {
-		return fmt.Errorf("making the webhook key: %w", err)
-	}
-	keyHex := []byte(hex.EncodeToString(webhookKey))
-	keyFile := filepath.Join(nd.dir, "webhook.key")
-	if err := os.WriteFile(keyFile, keyHex, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", keyFile, err)
-	}
-	recv := rain.NewReceiver(keyHex)
-	recv.RequireBudget = true
-	recvURL, stopRecv, err := recv.Serve(ctx, cluster.NodeIP)
+	step("starting the balance system: bin/balance (cmd/balance) on a PostgreSQL of its own, at the node's address")
+	bs, err := startBalanceSystem(ctx, root, nd.dir, cluster.NodeIP)
 	if err != nil {
 		return err
 	}
-	nd.onStop(stopRecv)
-	fmt.Printf("    %s/credit on the host, where the operator's pods reach it; verifying its Standard Webhooks signature (v1) with %s\n", recvURL, rel(root, keyFile))
+	nd.onStop(bs.stop)
+	fmt.Printf("    on the host, where the operator's pods reach it at %s\n", bs.URL)
 
 	step("applying the sample activity with kubectl")
 	sample, from, err := sampleActivity(root)
@@ -186,7 +173,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return err
 	}
 	const grabReplicas = 2
-	manifest, total, err := demoManifest(sample, o.name, o.packets, recvURL+"/credit", "", grabReplicas)
+	manifest, total, err := demoManifest(sample, o.name, o.packets, bs.WebhookURL(), "", grabReplicas)
 	if err != nil {
 		return err
 	}
@@ -195,14 +182,14 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return fmt.Errorf("writing %s: %w", manifestPath, err)
 	}
 	if from != "" {
-		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, %d grab pods, settlement to the receiver\n",
+		fmt.Printf("    a demo-sized copy of %s: %d packets, open at once, %d grab pods, settlement to the balance system\n",
 			from, o.packets, grabReplicas)
 	}
-	// The operator signs every delivery with the key its own namespace holds for the
-	// balance system's host and port (here the node's address and the receiver's
-	// port); the tenant's namespace holds none.
+	// The operator signs every delivery with the Ed25519 key its own namespace holds
+	// for the balance system's host and port (here the node's address and the
+	// balance system's port, "<ip>_<port>.ed25519"); the tenant's namespace holds none.
 	if err := nd.kc.show(ctx, "create", "secret", "generic", "redpacket-settlement-keys", "--namespace", cluster.OperatorNamespace,
-		"--from-file="+allowlistKey(recvURL)+"="+rel(root, keyFile)); err != nil {
+		"--from-file="+bs.settlementKeyName()+"="+rel(root, bs.privateKeyFile)); err != nil {
 		return err
 	}
 	applied := time.Now()
@@ -252,7 +239,7 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 	step("waiting for the status reporter and settlement to catch up")
 	redisConn := redisconn.Conn{Addresses: []string{installed.RedisAddr}, Mode: redisconn.ModeStandalone,
 		Username: installed.RedisUsername, Password: installed.RedisPassword}
-	obs, err := waitSettled(ctx, c, redisConn, o.packets, o.settleWait, o.name, rr, recv)
+	obs, err := waitSettled(ctx, c, redisConn, o.packets, o.settleWait, o.name, rr, bs)
 	if err != nil {
 		return err
 	}
@@ -269,21 +256,45 @@ func (nd *nodeDemo) run(ctx context.Context) error {
 		return err
 	}
 
-	// The rain's credits, before the group packets add theirs (settlement of the
-	// activity caught up above).
-	rainCredits := recv.Totals()
-	groupsOK, err := nd.groupPackets(ctx, recvURL, recv, took)
+	groupsOK, budgetRow, err := nd.groupPackets(ctx, bs, took)
+	if err != nil {
+		return err
+	}
+
+	step("the books: kubectl get rpa and rpb beside the ledger in PostgreSQL")
+	if err := nd.kc.show(ctx, "get", "rpa"); err != nil {
+		return err
+	}
+	if err := nd.kc.show(ctx, "get", "rpb"); err != nil {
+		return err
+	}
+	rpaRow, err := activityLedgerRow(ctx, c, o.name)
+	if err != nil {
+		return err
+	}
+	ledgerAgrees, err := showLedger(ctx, bs, []ledgerRow{rpaRow, budgetRow})
 	if err != nil {
 		return err
 	}
 
 	step("summary")
-	nd.passed = printSummary(rr, obs, rainCredits, total, o.packets, o.connections)
+	// The refusals counted here are all the balance system saw, the group packets'
+	// deliveries included.
+	if obs.ledger, err = readLedger(ctx, bs, obs.uid); err != nil {
+		return err
+	}
+	nd.passed = printSummary(rr, obs, total, o.packets, o.connections)
 	if !groupsOK {
 		fmt.Println("  group packets    FAILED: see above")
 		nd.passed = false
 	} else {
-		fmt.Println("  group packets    every packet exact, every share and refund credited once, kubectl get rpb exact")
+		fmt.Println("  group packets    every packet exact, every share and refund booked once in PostgreSQL, kubectl get rpb exact")
+	}
+	if !ledgerAgrees {
+		fmt.Println("  ledger           FAILED: PostgreSQL's totals differ from the status, see above")
+		nd.passed = false
+	} else {
+		fmt.Println("  ledger           PostgreSQL's totals are the activity's and the budget's status totals to the unit")
 	}
 	peak, at := nd.mem.stop()
 	fmt.Printf("  %-16s %s\n", "timings", strings.Join(timings, ", "))

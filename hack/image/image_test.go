@@ -5,11 +5,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/sha256"
 	"debug/elf"
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path"
@@ -26,6 +29,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"redpacket.io/operator/pkg/webhooksig"
+	"redpacket.io/operator/test/pgtest"
 )
 
 // newBuilder returns a builder of the module this test runs in, with its own scratch
@@ -383,6 +389,107 @@ func TestRedisImage(t *testing.T) {
 	}
 }
 
+// TestBalanceImage builds the reference balance system's image, checks its layout,
+// then unpacks it and runs /balance chrooted as its user against a real PostgreSQL
+// (test/pgtest), configured from the environment alone, as a Deployment would
+// configure it: it must migrate the schema and answer /healthz.
+func TestBalanceImage(t *testing.T) {
+	b := newBuilder(t, "v1.2.3")
+	im, err := b.balance(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), im.file)
+	if _, err := writeImage(p, im); err != nil {
+		t.Fatal(err)
+	}
+	if im.file != "redpacket-balance-v1.2.3.tar" {
+		t.Errorf("file %s, want redpacket-balance-v1.2.3.tar", im.file)
+	}
+	c := readTarball(t, p)
+	checkTree(t, c)
+	if want := []string{"redpacket-balance:v1.2.3"}; !reflect.DeepEqual(c.tags, want) {
+		t.Errorf("tags %q, want %q", c.tags, want)
+	}
+	if got, want := sortedKeys(c.entries), []string{"/balance", "/etc", "/etc/ssl", "/etc/ssl/certs", "/etc/ssl/certs/ca-certificates.crt"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("entries %q, want %q", got, want)
+	}
+	if m := c.entries["/balance"].Mode; m != 0o755 {
+		t.Errorf("/balance mode %o, want 755", m)
+	}
+	checkStatic(t, "/balance", c.data["/balance"])
+	cfg := c.config
+	if !reflect.DeepEqual(cfg.Entrypoint, []string{"/balance"}) || cfg.User != "65532:65532" ||
+		!reflect.DeepEqual(sortedKeys(cfg.ExposedPorts), []string{"8080/tcp"}) {
+		t.Errorf("config %+v, want entrypoint /balance, user 65532:65532, port 8080/tcp", cfg)
+	}
+
+	if os.Geteuid() != 0 {
+		skipOutsideCI(t, "running the image chrooted needs root")
+	}
+	if testing.Short() {
+		t.Skip("running the image needs PostgreSQL; run without -short")
+	}
+	if _, err := pgtest.Bin(); err != nil {
+		skipOutsideCI(t, err.Error())
+	}
+	db := pgtest.Start(t)
+	dsn, err := db.NewDatabase(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs := filepath.Join(t.TempDir(), "rootfs")
+	unpack(t, c, rootfs)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(cfg.Entrypoint[0], "--listen", addr)
+	cmd.Dir = "/"
+	cmd.Env = append(slices.Clone(cfg.Env), "DATABASE_URL="+dsn, "BALANCE_PUBLIC_KEYS="+webhooksig.FormatPublicKey(pub))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs, Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-done
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("/balance in the image exited: %v\n%s", err, logs.Bytes())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 200 from /healthz of /balance in the image (%v)\n%s", err, logs.Bytes())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "schema up to date") || !strings.Contains(logs.String(), `version="balance v1.2.3 `) {
+		t.Errorf("the balance system's log shows no migration or not its version v1.2.3:\n%s", logs.Bytes())
+	}
+}
+
 // skipOutsideCI skips the test, saying why; in CI (CI=true) it fails instead, since
 // nothing may skip there.
 func skipOutsideCI(t *testing.T, why string) {
@@ -492,7 +599,8 @@ func TestParseImages(t *testing.T) {
 		in   string
 		want []string
 	}{
-		{"operator,pause,redis", allImages},
+		{"operator,pause,redis,balance", allImages},
+		{"balance,operator", []string{"operator", "balance"}},
 		{"redis, operator,redis", []string{"operator", "redis"}},
 		{"pause", []string{"pause"}},
 		{"", nil},

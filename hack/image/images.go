@@ -25,9 +25,10 @@ const (
 	imageOperator = "operator"
 	imagePause    = "pause"
 	imageRedis    = "redis"
+	imageBalance  = "balance"
 )
 
-var allImages = []string{imageOperator, imagePause, imageRedis}
+var allImages = []string{imageOperator, imagePause, imageRedis, imageBalance}
 
 // defaultEnv is the environment of every image: the PATH that Docker gives an image
 // that sets none.
@@ -64,6 +65,8 @@ func (b *builder) build(ctx context.Context, kind string) (built, error) {
 		return b.pause(ctx)
 	case imageRedis:
 		return b.redis(ctx)
+	case imageBalance:
+		return b.balance(ctx)
 	}
 	return built{}, fmt.Errorf("unknown image %q", kind)
 }
@@ -122,6 +125,55 @@ func (b *builder) redis(ctx context.Context) (built, error) {
 		return built{}, err
 	}
 	return built{file: "redis.tar", tag: tag, img: img}, nil
+}
+
+// balance builds the reference balance system's image, redpacket-balance:<version>,
+// from cmd/balance.
+func (b *builder) balance(ctx context.Context) (built, error) {
+	tag, err := name.NewTag("redpacket-balance:" + b.version)
+	if err != nil {
+		return built{}, err
+	}
+	bin := filepath.Join(b.work, "balance")
+	if err := goBuild(ctx, b.root, "./cmd/balance", bin, b.version); err != nil {
+		return built{}, err
+	}
+	img, err := balanceImage(bin, b.caCerts)
+	if err != nil {
+		return built{}, err
+	}
+	return built{file: "redpacket-balance-" + b.version + ".tar", tag: tag, img: img}, nil
+}
+
+// balanceImage returns the reference balance system's image: the static binary
+// balance at /balance (mode 0755) and the CA roots caCerts at
+// /etc/ssl/certs/ca-certificates.crt (0644, for a database URL with
+// sslmode=verify-full), owned by root, run as 65532:65532 with /balance as the
+// entrypoint, serving on 8080. Its configuration comes from the environment:
+// DATABASE_URL, BALANCE_SIGNING_KEYS or BALANCE_PUBLIC_KEYS (docs/balance.md).
+func balanceImage(balance, caCerts string) (v1.Image, error) {
+	t := newTree()
+	for _, f := range []struct {
+		src, dst string
+		mode     os.FileMode
+	}{
+		{caCerts, "/etc/ssl/certs/ca-certificates.crt", 0o644},
+		{balance, "/balance", 0o755},
+	} {
+		data, err := os.ReadFile(f.src)
+		if err != nil {
+			return nil, err
+		}
+		if err := t.addFile(f.dst, data, f.mode); err != nil {
+			return nil, err
+		}
+	}
+	return newImage(t, v1.Config{
+		Entrypoint:   []string{"/balance"},
+		User:         "65532:65532",
+		Env:          defaultEnv,
+		ExposedPorts: map[string]struct{}{"8080/tcp": {}},
+	})
 }
 
 // operatorImage returns the operator image: the static binaries manager and grabsvc

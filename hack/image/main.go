@@ -1,13 +1,14 @@
 // Command image builds the project's container images as docker-archive tarballs,
 // without Docker and without pulling a base image:
 //
-//	go run ./hack/image [--out dist] [--version V] [--images operator,pause,redis]
+//	go run ./hack/image [--out dist] [--version V] [--images operator,pause,redis,balance]
 //
 // writes
 //
 //	DIR/redpacket-operator-V.tar  redpacket-operator:V   /manager and /grabsvc, static, as in the Dockerfile
 //	DIR/pause.tar                 redpacket-pause:V      the pod sandbox image, from hack/pause
 //	DIR/redis.tar                 redpacket-redis:R      the host's redis-server (version R) and its libraries
+//	DIR/redpacket-balance-V.tar   redpacket-balance:V    /balance, static: the reference balance system, cmd/balance
 //	DIR/images.txt                "file<TAB>tag" for every image this run wrote, file relative to DIR
 //
 // Every image is one layer with fixed timestamps and owners and no creation time, so
@@ -48,7 +49,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("image", flag.ContinueOnError)
 	out := fs.String("out", "dist", "directory to write the image tarballs and images.txt to")
-	version := fs.String("version", "", "tag of the operator and pause images (default: git describe --tags --always --dirty, or dev)")
+	version := fs.String("version", "", "tag of the operator, pause and balance images (default: git describe --tags --always --dirty, or dev)")
 	list := fs.String("images", strings.Join(allImages, ","), "comma-separated images to build, of "+strings.Join(allImages, ","))
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -51,7 +51,7 @@ var Rules = []Rule{
 	{Doc: "README.md", Match: `^bin/kubectl (apply -f config/samples/|wait --for=condition=Ready rpa/)`, Run: true},
 	{Doc: "README.md", Match: `^bin/kubectl create secret generic grab-hmac --from-literal=key="\$\(openssl rand -hex 32\)"$`, Run: true},
 	{Doc: "README.md", Match: `^bin/kubectl -n redpacket-system create secret generic redpacket-settlement-keys .* \| bin/kubectl apply --server-side -f -$`, Run: true,
-		Reason: "adds balance.payments.svc.cluster.local_8080 to the Secret the suite made, whose key for the receiver stays"},
+		Reason: "adds balance.payments.svc.cluster.local_8080 to the Secret the suite made, whose key for its balance system stays"},
 	{Doc: "README.md", Match: `^kubectl rpa (status|rain|token|pause|resume) `, Run: true},
 	{Doc: "README.md", Match: `^kubectl (apply -f config/samples/|wait --for=condition=Ready rpa/|get rpa|explain rpa\.spec)`, Run: true},
 	{Doc: "README.md", Match: `^kubectl port-forward service/[a-z-]+-grab [0-9:]+ >/dev/null &$`, Run: true},

@@ -1,6 +1,8 @@
 // Package kit holds what the suites on a real node (test/e2e/node, test/e2e/upgrade)
 // share: the kubectl and API reads a test makes, polling, the rain's tally and the
-// balance system's check of it, and the receiver the operator delivers to.
+// balance system's check of it, and the balance systems the operator delivers to:
+// cmd/balance on a real PostgreSQL (test/e2e/node), or the in-memory receiver
+// (test/e2e/upgrade, whose previous release sends X-Signature alone).
 package kit
 
 import (
@@ -15,7 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/internal/balance"
 	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/test/balancetest"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/proc"
 )
@@ -226,6 +230,90 @@ func (s Tally) CheckCredited(t testing.TB, rc *rain.Receiver, uid string, count,
 		t.Errorf("the balance system saw %d bad or unsigned deliveries, %d conflicting repeats, %d users credited twice",
 			tot.BadRequests, tot.Conflicts, tot.UsersCreditedTwice)
 	}
+}
+
+// CheckBooked fails the test unless the balance system booked in PostgreSQL exactly
+// the tally's grants for the activity of uid, each to its user, count of them
+// summing to total, and no refund; unless its book's totals are the activity's status
+// totals to the unit (grants and their sum the settled count and amount, refunds the
+// refunded amount); and unless it refused nothing the operator never causes.
+func (s Tally) CheckBooked(t testing.TB, bs *balancetest.System, uid string, status redpacketv1alpha1.RedPacketActivityStatus, count, total int64) {
+	t.Helper()
+	credits, err := bs.Credits(t.Context(), uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var grants, sum, refund int64
+	byUser := map[string]int{}
+	for _, c := range credits {
+		if c.Kind == "refund" {
+			refund += c.Amount
+			continue
+		}
+		grants++
+		sum += c.Amount
+		byUser[c.UserID]++
+		if a, ok := s.Grants[c.UserID]; !ok || a.PacketID != c.PacketID || a.Amount != c.Amount {
+			t.Errorf("booked packet %s (%d) to %s, who was granted %+v", c.PacketID, c.Amount, c.UserID, a)
+		}
+	}
+	if grants != count || sum != total || refund != 0 {
+		t.Errorf("booked %d grants summing to %d and a refund of %d, want %d summing to %d and none", grants, sum, refund, count, total)
+	}
+	for user, n := range byUser {
+		if n > 1 {
+			t.Errorf("%s was booked %d grants of one activity", user, n)
+		}
+	}
+	src, ok, err := bs.Source(t.Context(), uid)
+	if err != nil || !ok {
+		t.Fatalf("the balance system's source %s: %v, %v", uid, ok, err)
+	}
+	if src.Total != total || src.Count == nil || *src.Count != count {
+		t.Errorf("the balance system holds an announcement of %d in %v packets, want %d in %d", src.Total, src.Count, total, count)
+	}
+	settled := balance.Tally{Count: Val(status.SettledCount), Sum: Val(status.SettledAmount)}
+	refunded := max(0, Val(status.RefundedAmount))
+	if src.Grants != settled || src.Refunds.Sum != refunded || src.Grants.Count != grants || src.Grants.Sum != sum {
+		t.Errorf("PostgreSQL's totals: grants %+v, refunds %+v; the status: settled %+v, refunded %d; the credits: %d summing to %d",
+			src.Grants, src.Refunds, settled, refunded, grants, sum)
+	}
+	t.Logf("PostgreSQL's book of the activity: %d grants summing to %d, %d refunds summing to %d; the status: settled %d summing to %d, refunded %d",
+		src.Grants.Count, src.Grants.Sum, src.Refunds.Count, src.Refunds.Sum, settled.Count, settled.Sum, refunded)
+	CheckNoAlarms(t, bs)
+}
+
+// CheckNoAlarms fails the test when the balance system refused a POST the operator
+// never causes: a bad signature or body, a key reused with another body, a credit
+// beyond its budget (balancetest.Alarms).
+func CheckNoAlarms(t testing.TB, bs *balancetest.System) {
+	t.Helper()
+	refusals, err := bs.Refusals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alarms := balancetest.Alarms(refusals); len(alarms) > 0 {
+		t.Errorf("the balance system refused %v (all refusals: %v); log %s", alarms, refusals, bs.LogPath)
+	}
+}
+
+// StartBalanceSystem starts cmd/balance, the binary bin, on a PostgreSQL cluster of
+// its own, at the node's address where the operator's pods reach it, verifying v1
+// signatures with key; its log and key file go in dir. It creates the operator's
+// settlement keys Secret with key for its "<node IP>_<port>". Stop the system to
+// remove its database.
+func StartBalanceSystem(ctx context.Context, node *cluster.Cluster, bin, dir string, key []byte) (*balancetest.System, error) {
+	bs, err := balancetest.Start(ctx, balancetest.Options{Binary: bin, Host: cluster.NodeIP, Dir: dir, SigningKeys: [][]byte{key}})
+	if err != nil {
+		return nil, err
+	}
+	allowed := strings.Replace(strings.TrimPrefix(bs.URL, "http://"), ":", "_", 1)
+	if _, err := node.Kubectl(ctx, "", "-n", cluster.OperatorNamespace, "create", "secret", "generic", "redpacket-settlement-keys",
+		"--from-literal="+allowed+"="+string(key)); err != nil {
+		_ = bs.Stop()
+		return nil, err
+	}
+	return bs, nil
 }
 
 // ServeReceiver serves a receiver that verifies with key and requires each

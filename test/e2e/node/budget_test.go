@@ -13,15 +13,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/internal/balance"
 	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/test/e2e/kit"
 )
 
 // TestBudgetOnTheNode runs seed 004's group packets on the real node: a
 // RedPacketBudget's shared fleet of 2 grab pods from the operator's image, 2,000
 // packets created through the grab Service by the sender credential the operator
 // minted, each raced by a group, expired with their remainders refunded, every
-// share and refund credited once with the operator's signature, kubectl get rpb
-// exact, and the budget deleted with no key left.
+// share and refund booked once in the balance system's PostgreSQL with the
+// operator's signature, kubectl get rpb exact and PostgreSQL's totals the status's to
+// the unit, and the budget deleted with no key left.
 func TestBudgetOnTheNode(t *testing.T) {
 	requireNode(t)
 	const (
@@ -45,9 +48,9 @@ spec:
   budgetShards: 4
   grabService: {replicas: 2}
   settlement:
-    webhook: {url: %s/credit}
+    webhook: {url: %s}
     maxAttempts: 20
-`, name, ns, total, env.receiverURL), "apply", "-f", "-")
+`, name, ns, total, env.balance.WebhookURL()), "apply", "-f", "-")
 	kubectl(t, "", "-n", ns, "wait", "--for=condition=Ready", "rpb/"+name, "--timeout=180s")
 	available(t, ns, name+"-grab", 2, 60*time.Second)
 	t.Logf("budget Ready and its 2 grab pods Available %s after apply", time.Since(applied).Round(100*time.Millisecond))
@@ -104,20 +107,23 @@ spec:
 	refunded := packets*each - claimed
 
 	// Expiry: every packet's time runs out, the remainders are refunded, and
-	// settlement credits every share and refund once.
-	eventually(t, 3*time.Minute, "every share and refund credited", func() error {
-		shares, credits := env.receiver.Credited(uid)
-		if len(shares) != packets/2*5+packets/2*3 || credits != refunded {
-			return fmt.Errorf("%d shares and %d refunded credited, want %d and %d", len(shares), credits, packets/2*5+packets/2*3, refunded)
+	// settlement books every share and refund once.
+	const shares = packets/2*5 + packets/2*3
+	eventually(t, 3*time.Minute, "every share and refund booked", func() error {
+		grants, refunds := booked(t, uid)
+		if len(grants) != shares || refunds != refunded {
+			return fmt.Errorf("%d shares and %d refunded booked, want %d and %d", len(grants), refunds, shares, refunded)
 		}
 		return nil
 	})
-	tot := env.receiver.Totals()
-	if tot.Conflicts != 0 || tot.BadRequests != 0 || tot.OverBudget != 0 {
-		t.Fatalf("the balance system saw %+v: every credit once, signed, within the budget", tot)
-	}
-	if amount, _, ok := env.receiver.Budget(uid); !ok || amount != total {
-		t.Fatalf("announced budget %d, %v; want %d", amount, ok, total)
+	// Every credit once, signed, within the budget: nothing refused that the
+	// operator never causes.
+	kit.CheckNoAlarms(t, env.balance)
+	src := book(t, uid)
+	// One refund per odd packet, raced by 3 members for 5 shares.
+	wantGrants, wantRefunds := balance.Tally{Count: shares, Sum: claimed}, balance.Tally{Count: packets / 2, Sum: refunded}
+	if src.Kind != "budget" || src.Total != total || src.Grants != wantGrants || src.Refunds != wantRefunds {
+		t.Fatalf("the balance system's book: %+v; want a budget of %d, grants %+v, refunds %+v", src, total, wantGrants, wantRefunds)
 	}
 	eventually(t, time.Minute, "kubectl get rpb exact", func() error {
 		row := columns(t, "-n", ns, "rpb", name)
@@ -131,6 +137,17 @@ spec:
 		return nil
 	})
 	t.Log("\n" + kubectl(t, "", "-n", ns, "get", "rpb", name, "-o", "wide"))
+	// PostgreSQL's totals are the status's, to the unit.
+	if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, b); err != nil {
+		t.Fatal(err)
+	}
+	st := b.Status
+	if src.Total != val(st.Total) || src.Grants.Count != val(st.GrabbedShares) || src.Grants.Sum != val(st.Claimed) || src.Refunds.Sum != val(st.Refunded) {
+		t.Errorf("PostgreSQL's totals: total %d, grants %+v, refunds %+v; the status: total %d, %d shares grabbed, claimed %d, refunded %d",
+			src.Total, src.Grants, src.Refunds, val(st.Total), val(st.GrabbedShares), val(st.Claimed), val(st.Refunded))
+	}
+	t.Logf("PostgreSQL's book of the budget: total %d, %d grants summing to %d, %d refunds summing to %d: the status's totals",
+		src.Total, src.Grants.Count, src.Grants.Sum, src.Refunds.Count, src.Refunds.Sum)
 
 	kubectl(t, "", "-n", ns, "delete", "rpb", name, "--timeout=120s")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

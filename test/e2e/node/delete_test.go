@@ -60,7 +60,7 @@ func TestDeleteWithEveryPropagation(t *testing.T) {
 			st := a.Status
 			return fmt.Errorf("still there: phase %s, settled %d of %d", st.Phase, val(st.SettledCount), val(st.ClaimedCount))
 		})
-		credited, refund := env.receiver.Credited(uids[p])
+		credited, refund := booked(t, uids[p])
 		var sum int64
 		for _, d := range credited {
 			sum += d.Amount

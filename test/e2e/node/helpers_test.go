@@ -16,6 +16,7 @@ import (
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/grabsvc"
+	"redpacket.io/operator/internal/balance"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/e2e/kit"
 	"redpacket.io/operator/test/printed"
@@ -73,9 +74,9 @@ func eventually(t *testing.T, within time.Duration, what string, f func() error)
 	return kit.Eventually(t, within, what, f)
 }
 
-// activityManifest is a RedPacketActivity with auth and a webhook to the test's
-// receiver (the operator signs; the secretRef is deprecated and ignored, kept here
-// to show that a tenant's key signs nothing).
+// activityManifest is a RedPacketActivity with auth and a webhook to the suite's
+// balance system (the operator signs; the secretRef is deprecated and ignored, kept
+// here to show that a tenant's key signs nothing).
 func activityManifest(ns, name string, total, count int64, replicas int) string {
 	return fmt.Sprintf(`apiVersion: redpacket.io/v1alpha1
 kind: RedPacketActivity
@@ -94,10 +95,10 @@ spec:
       tokenSecretRef: {name: grab-hmac}
   settlement:
     webhook:
-      url: %s/credit
+      url: %s
       secretRef: {name: balance-hmac}
     maxAttempts: 20
-`, name, ns, total, count, replicas, env.receiverURL)
+`, name, ns, total, count, replicas, env.balance.WebhookURL())
 }
 
 // tokenKey is the HMAC key of user tokens in every test namespace.
@@ -109,8 +110,8 @@ func namespace(t *testing.T, name string) string {
 	t.Helper()
 	kubectl(t, "", "create", "namespace", name)
 	kubectl(t, "", "-n", name, "create", "secret", "generic", "grab-hmac", "--from-literal=key="+string(tokenKey))
-	// A tenant's own key, which the receiver does not accept: a delivery signed with
-	// it would be refused.
+	// A tenant's own key, which the balance system does not accept: a delivery signed
+	// with it would be refused.
 	kubectl(t, "", "-n", name, "create", "secret", "generic", "balance-hmac", "--from-literal=key=tenant-key-signs-nothing")
 	return name
 }
@@ -209,4 +210,35 @@ func buildPlugin(t *testing.T) string {
 		t.Fatalf("building kubectl-rpa: %v\n%s", err, out)
 	}
 	return dir
+}
+
+// booked reads what the balance system booked in PostgreSQL for the activity or
+// budget of uid: its grants by idempotency key, and the sum of its refunds.
+func booked(t *testing.T, uid string) (map[string]balance.Credit, int64) {
+	t.Helper()
+	credits, err := env.balance.Credits(t.Context(), uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants := map[string]balance.Credit{}
+	var refund int64
+	for _, c := range credits {
+		if c.Kind == "refund" {
+			refund += c.Amount
+			continue
+		}
+		grants[c.Key] = c
+	}
+	return grants, refund
+}
+
+// book reads the balance system's totals of the activity or budget of uid (GET
+// /v1/sources/{uid}); a source not yet announced is the zero Source.
+func book(t *testing.T, uid string) balance.Source {
+	t.Helper()
+	src, _, err := env.balance.Source(t.Context(), uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }

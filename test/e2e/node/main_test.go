@@ -3,10 +3,13 @@
 // library) and its own image as a 2-replica Deployment with leader election, the dev Redis as a pod, and
 // every activity's grab Deployment as pods, all driven through the real kubectl. The
 // host reaches the grab service and Redis through their Services' ClusterIPs; the
-// pods reach this test's balance receiver at the node's address.
+// pods reach this test's balance system at the node's address: cmd/balance, built
+// from this tree, booking into a real PostgreSQL the suite starts (test/balancetest)
+// and removes at the end.
 //
-// It needs root on Linux. Elsewhere each test skips saying why, except in CI
-// (CI=true), where nothing may skip and the suite fails instead.
+// It needs root on Linux and PostgreSQL (hack/ensure-postgres.sh). Elsewhere each
+// test skips saying why, except in CI (CI=true), where nothing may skip and the
+// suite fails instead.
 package node
 
 import (
@@ -22,10 +25,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/test/balancetest"
 	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/e2e/kit"
+	"redpacket.io/operator/test/pgtest"
 	"redpacket.io/operator/test/proc"
 )
 
@@ -38,18 +42,18 @@ const (
 
 // env is what TestMain started for every test.
 var env struct {
-	skip     string
-	root     string
-	node     *cluster.Cluster
-	kit      kit.Kit
-	client   client.Client
-	redis    *redis.Client
-	receiver *rain.Receiver
-	// receiverURL is the receiver's base URL at the node's address.
-	receiverURL string
-	webhookKey  []byte
-	images      map[string]cluster.Image
-	rebuilt     cluster.Image
+	skip   string
+	root   string
+	node   *cluster.Cluster
+	kit    kit.Kit
+	client client.Client
+	redis  *redis.Client
+	// balance is cmd/balance on its own PostgreSQL, at the node's address; the
+	// operator signs its deliveries v1 with webhookKey.
+	balance    *balancetest.System
+	webhookKey []byte
+	images     map[string]cluster.Image
+	rebuilt    cluster.Image
 }
 
 func TestMain(m *testing.M) {
@@ -61,6 +65,15 @@ func runMain(m *testing.M) int {
 	if why := cluster.Supported(); why != "" {
 		if os.Getenv("CI") == "true" {
 			fmt.Fprintln(os.Stderr, "e2e on the real node cannot run in CI:", why)
+			return 1
+		}
+		env.skip = why
+		return m.Run()
+	}
+	if _, err := pgtest.Bin(); err != nil {
+		why := "e2e on the real node needs PostgreSQL for its balance system: " + err.Error()
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, why)
 			return 1
 		}
 		env.skip = why
@@ -85,7 +98,7 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(work)
 
 	start := time.Now()
-	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version)
+	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version, "operator", "pause", "redis")
 	if err != nil {
 		return fail(err)
 	}
@@ -128,14 +141,22 @@ func runMain(m *testing.M) int {
 	defer env.redis.Close()
 
 	// The operator signs deliveries with the key its own namespace holds for the
-	// receiver's host; the tenants' namespaces hold none that signs.
+	// balance system's host and port; the tenants' namespaces hold none that signs.
+	balanceBin := filepath.Join(work, "balance")
+	if err := balancetest.Build(ctx, root, balanceBin); err != nil {
+		return fail(err)
+	}
 	env.webhookKey = []byte("e2e-balance-signing-key")
-	receiver, url, stopReceiver, err := kit.ServeReceiver(ctx, node, env.webhookKey)
+	env.balance, err = kit.StartBalanceSystem(ctx, node, balanceBin, work, env.webhookKey)
 	if err != nil {
 		return fail(err)
 	}
-	defer stopReceiver()
-	env.receiver, env.receiverURL = receiver, url
+	defer func() {
+		if err := env.balance.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: stopping the balance system:", err)
+		}
+	}()
+	logf("balance system %s (cmd/balance) on PostgreSQL at 127.0.0.1:%d, a throwaway cluster in %s", env.balance.URL, env.balance.DB.Port, env.balance.DB.Dir)
 
 	peak := watchMemory(node)
 	code := m.Run()
@@ -144,6 +165,7 @@ func runMain(m *testing.M) int {
 		for _, c := range []string{"kubelet", "kube-controller-manager"} {
 			fmt.Fprintf(os.Stderr, "--- %s log (tail)\n%s\n", c, proc.Tail(node.LogPath(c), 3000))
 		}
+		fmt.Fprintf(os.Stderr, "--- balance system log (tail)\n%s\n", proc.Tail(env.balance.LogPath, 3000))
 		out, _ := node.Kubectl(context.Background(), "", "get", "pods", "-A", "-o", "wide")
 		fmt.Fprintf(os.Stderr, "--- pods\n%s\n", out)
 		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete", "e2e-plugin", "e2e-budget"} {

@@ -185,9 +185,9 @@ func TestKubectlPlugin(t *testing.T) {
 		}
 	}
 	uid := string(activity(t, ns, name).UID)
-	credited, _ := env.receiver.Credited(uid)
+	credited, _ := booked(t, uid)
 	if int64(len(credited)) != count {
-		t.Errorf("the balance system credited %d grants, want %d", len(credited), count)
+		t.Errorf("the balance system booked %d grants, want %d", len(credited), count)
 	}
 
 	// replay-dead-letters: the activity is on the operator's default Redis, which the

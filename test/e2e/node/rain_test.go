@@ -27,7 +27,8 @@ import (
 // Deployment is scaled by hand, the leading operator pod is stopped cleanly (the lease
 // must move at once), and the next leading operator pod is killed. No grab may
 // fail (a 503 or a dropped connection is asked again, as a client does), no packet
-// may be granted twice, and every grant must be credited once, signed.
+// may be granted twice, and every grant must be booked once, signed, in the balance
+// system's PostgreSQL, whose totals must be the status's to the unit.
 func TestRainThroughTheClusterIP(t *testing.T) {
 	requireNode(t)
 	const (
@@ -212,8 +213,9 @@ func TestRainThroughTheClusterIP(t *testing.T) {
 	}
 	t.Log("\n" + kubectl(t, "", "-n", ns, "get", "rpa", "-o", "wide"))
 
-	// The balance system: each grant credited once, to its user, signed.
-	tally.CheckCredited(t, env.receiver, uid, count, total)
+	// The balance system: each grant booked once in PostgreSQL, to its user, signed;
+	// its totals the status's to the unit.
+	tally.CheckBooked(t, env.balance, uid, activity(t, ns, name).Status, count, total)
 
 	kubectl(t, "", "-n", ns, "delete", "rpa", name, "--timeout=120s")
 	if keys := keysOf(t, uid); len(keys) != 0 {

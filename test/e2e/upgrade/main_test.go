@@ -107,7 +107,7 @@ func runMain(m *testing.M) int {
 		return fail(fmt.Errorf("building release %s: %w", env.previous.Version, err))
 	}
 	env.previousImage = previous["operator"]
-	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version)
+	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version, "operator", "pause", "redis")
 	if err != nil {
 		return fail(err)
 	}
