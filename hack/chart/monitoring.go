@@ -170,6 +170,13 @@ unless on (activity)
 			summary:     "Settlement of {{ $labels.namespace }}/{{ $labels.name }} refused {{ $value | humanize }} entries that no grab of the activity wrote",
 			description: "Entries that do not match the seeded split, credit a packet twice or exceed the activity's total were dead-lettered, not delivered: someone holding the activity's Redis credentials wrote them. The Warning events ForgedSettlementEntry name each packet, user and reason (docs/operations.md, Who can do what).",
 		},
+		{
+			name:        "RedPacketReconciliationMismatch",
+			expr:        `max by (source, kind) (redpacket_reconciliation_mismatch{kind=~"unpaid|differing|missing"}) > 0`,
+			forDuration: "1m", severity: "critical",
+			summary:     "The balance system's book of {{ $labels.source }} differs from what the operator paid: {{ $value }} {{ $labels.kind }} credits",
+			description: "The last reconciliation found credits booked that the operator never paid (unpaid), booked with another user or amount (differing), or paid and not booked even after a re-delivery (missing). The resource's Reconciled condition and its Warning events BooksDiffer name the keys; a person must put the book right (docs/operations.md, Reconciliation).",
+		},
 	}},
 	{"redpacket-activity", []alert{
 		{

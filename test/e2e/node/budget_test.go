@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
@@ -149,6 +152,8 @@ spec:
 	t.Logf("PostgreSQL's book of the budget: total %d, %d grants summing to %d, %d refunds summing to %d: the status's totals",
 		src.Total, src.Grants.Count, src.Grants.Sum, src.Refunds.Count, src.Refunds.Sum)
 
+	reconcileOnTheNode(t, ns, name, uid)
+
 	kubectl(t, "", "-n", ns, "delete", "rpb", name, "--timeout=120s")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -156,4 +161,86 @@ spec:
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("keys left after the budget was deleted: %v (%v)", keys, err)
 	}
+}
+
+// reconcileOnTheNode plays the faults reconciliation is for on the budget name (UID
+// uid), settled into cmd/balance's PostgreSQL by the operator on the node, which
+// reconciles every 2 s (TestMain): Reconciled is True; a grant row deleted by hand is
+// delivered again under its key and booked with its original digest, Reconciled True
+// again and PostgreSQL's totals the status's to the unit; a row inserted by hand makes
+// Reconciled False naming its key, with a Warning BooksDiffer; once it is deleted the
+// books agree again, so the deletion that follows is not held.
+func reconcileOnTheNode(t *testing.T, ns, name, uid string) {
+	t.Helper()
+	ctx := t.Context()
+	db, err := pgx.Connect(ctx, env.balance.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	reconciled := func(what string, status metav1.ConditionStatus, reason, contains string) {
+		t.Helper()
+		var last string
+		eventually(t, 2*time.Minute, what, func() error {
+			b := &redpacketv1alpha1.RedPacketBudget{}
+			if err := env.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, b); err != nil {
+				return err
+			}
+			c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionReconciled)
+			if c == nil {
+				return fmt.Errorf("no Reconciled condition")
+			}
+			last = fmt.Sprintf("Reconciled=%s %s: %s", c.Status, c.Reason, c.Message)
+			if c.Status != status || c.Reason != reason || !strings.Contains(c.Message, contains) {
+				return fmt.Errorf("%s", last)
+			}
+			return nil
+		})
+		t.Logf("%s: %s", what, last)
+	}
+	before := book(t, uid)
+	all := fmt.Sprintf("the balance system booked %d grants (%d) and %d refunds (%d)", before.Grants.Count, before.Grants.Sum,
+		before.Refunds.Count, before.Refunds.Sum)
+	reconciled("the books agree", metav1.ConditionTrue, redpacketv1alpha1.ReasonBooksAgree, all)
+
+	var lost, digest string
+	if err := db.QueryRow(ctx, `DELETE FROM credits WHERE idempotency_key = (SELECT idempotency_key FROM credits
+		WHERE source_uid = $1 AND kind = 'grant' ORDER BY idempotency_key LIMIT 1) RETURNING idempotency_key, encode(digest, 'hex')`, uid).
+		Scan(&lost, &digest); err != nil {
+		t.Fatalf("deleting a credit row by hand: %v", err)
+	}
+	t.Logf("deleted the credit row %s by hand", lost)
+	eventually(t, 2*time.Minute, "the deleted credit booked again", func() error {
+		var again string
+		if err := db.QueryRow(ctx, `SELECT encode(digest, 'hex') FROM credits WHERE idempotency_key = $1`, lost).Scan(&again); err != nil {
+			return err
+		}
+		if again != digest {
+			return fmt.Errorf("booked again with digest %s, want %s", again, digest)
+		}
+		return nil
+	})
+	reconciled("the books agree again", metav1.ConditionTrue, redpacketv1alpha1.ReasonBooksAgree, all)
+	if after := book(t, uid); after.Grants != before.Grants || after.Refunds != before.Refunds {
+		t.Errorf("PostgreSQL's totals after the re-delivery: grants %+v, refunds %+v; before the deletion %+v, %+v",
+			after.Grants, after.Refunds, before.Grants, before.Refunds)
+	}
+
+	forged := uid + "/order-forged/0"
+	if _, err := db.Exec(ctx, `INSERT INTO credits (idempotency_key, digest, kind, user_id, amount, currency, source_uid, packet_id, at)
+		VALUES ($1, sha256('forged'), 'grant', 'mallory', 1, 'CNY', $2, 'order-forged/0', now())`, forged, uid); err != nil {
+		t.Fatalf("inserting a credit row by hand: %v", err)
+	}
+	reconciled("a credit booked that the operator never paid", metav1.ConditionFalse, redpacketv1alpha1.ReasonBooksDiffer, forged)
+	eventually(t, time.Minute, "the Warning BooksDiffer", func() error {
+		out := kubectl(t, "", "-n", ns, "get", "events", "--field-selector", "reason=BooksDiffer", "-o", "jsonpath={.items[*].message}")
+		if !strings.Contains(out, forged) {
+			return fmt.Errorf("events: %q", out)
+		}
+		return nil
+	})
+	if _, err := db.Exec(ctx, `DELETE FROM credits WHERE idempotency_key = $1`, forged); err != nil {
+		t.Fatal(err)
+	}
+	reconciled("the books agree once the forged row is gone", metav1.ConditionTrue, redpacketv1alpha1.ReasonBooksAgree, all)
 }

@@ -131,7 +131,10 @@ func runMain(m *testing.M) int {
 
 	// The rain test rolls an activity's grab Deployment to a rebuilt image through
 	// spec.grabService.image, which the operator refuses unless allowed.
-	installed, err := node.InstallChart(ctx, version, map[string]any{"grab": map[string]any{"allowImageOverride": true}})
+	// Reconciliation with the balance system every 2 s, so the budget test sees a
+	// row deleted or inserted by hand in PostgreSQL found within seconds.
+	installed, err := node.InstallChart(ctx, version, map[string]any{"grab": map[string]any{"allowImageOverride": true},
+		"extraArgs": []any{"--reconcile-interval=2s"}})
 	if err != nil {
 		return fail(err)
 	}
