@@ -89,7 +89,7 @@ func label(m *dto.Metric, name string) string {
 // key and the books agree again; a row inserted by hand makes Reconciled False with
 // the key named, a Warning BooksDiffer and redpacket_reconciliation_mismatch{kind=
 // "unpaid"} 1; the deleted budget then keeps its keys (Ready False, NotReconciled)
-// until the forged row is gone, and is purged after.
+// until the platform team abandons it, and is purged then.
 func TestBudgetReconciledWithTheReferenceBalanceSystem(t *testing.T) {
 	pg := pgtest.Start(t)
 	e := newEnv(t)
@@ -185,13 +185,24 @@ func TestBudgetReconciledWithTheReferenceBalanceSystem(t *testing.T) {
 	if n, err := e.rdb.Exists(ctx, "rpl:{"+uid+"}:ledger").Result(); err != nil || n != 1 {
 		t.Fatalf("the ledger of the held budget: exists %d, %v", n, err)
 	}
-	if _, err := pool.Exec(ctx, `DELETE FROM credits WHERE idempotency_key = $1`, forged); err != nil {
-		t.Fatal(err)
+	// The platform team abandons the held deletion: the keys go while the book
+	// still holds the forged row, and the event names who.
+	p := e.people()
+	if err := e.annotateBudget(p.asPlatform, name, map[string]string{
+		redpacketv1alpha1.AnnotationAbandon: uid, redpacketv1alpha1.AnnotationAbandonedBy: p.platform}); err != nil {
+		t.Fatalf("the platform user abandoning: %v", err)
 	}
-	wait.Until(t, 30*time.Second, "the budget purged once the books agree", func() (bool, string) {
+	wait.Until(t, 30*time.Second, "the budget purged once abandoned", func() (bool, string) {
 		err := e.c.Get(ctx, client.ObjectKeyFromObject(b), &redpacketv1alpha1.RedPacketBudget{})
 		return isNotFound(err), fmt.Sprintf("%v", err)
 	})
+	if note := e.eventNote(name, corev1.EventTypeWarning, redpacketv1alpha1.ReasonAbandoned); !strings.Contains(note, p.platform) ||
+		!strings.Contains(note, "reconciliation") {
+		t.Errorf("the Abandoned warning %q does not name %s and the reconciliation", note, p.platform)
+	}
+	if n, err := e.rdb.Exists(ctx, "rpl:{"+uid+"}:ledger").Result(); err != nil || n != 0 {
+		t.Errorf("the abandoned budget's ledger: exists %d, %v", n, err)
+	}
 	if v := mismatch(t, "rpb/"+e.ns+"/"+name, "unpaid"); v != -1 {
 		t.Errorf("redpacket_reconciliation_mismatch of the gone budget is still exported: %v", v)
 	}
