@@ -25,7 +25,9 @@ type balanceRun struct {
 // grants grants against as many plain inserts on it, and removes the cluster.
 func measureBalance(ctx context.Context, grants int) (balanceRun, error) {
 	fmt.Printf("(m) the balance system: %d grants into PostgreSQL, and as many plain inserts ... ", grants)
-	pg, err := pgtest.StartProcess()
+	// PostgreSQL's own default cache (the test harness keeps 32MB): a balance
+	// system's server is not sized like a test's.
+	pg, err := pgtest.StartProcessWith("shared_buffers=128MB")
 	if err != nil {
 		return balanceRun{}, fmt.Errorf("starting PostgreSQL (make postgres installs it): %w", err)
 	}

@@ -53,6 +53,8 @@ type Server struct {
 	// exited is closed once the postmaster has exited and been reaped.
 	exited chan struct{}
 	dbs    atomic.Int64 // databases made by NewDatabase
+	// settings are the server settings StartProcessWith added, kept across restarts.
+	settings []string
 }
 
 // DataDir is the cluster's data directory.
@@ -129,7 +131,12 @@ func missing(tb testing.TB, err error) {
 
 // StartProcess runs a new cluster in a new directory under the system's temporary
 // directory, outside of any test. The caller ends it with Remove.
-func StartProcess() (*Server, error) {
+func StartProcess() (*Server, error) { return StartProcessWith() }
+
+// StartProcessWith is StartProcess with more server settings ("name=value", each
+// passed as -c after the harness's own, so they override them: for example
+// "shared_buffers=128MB", PostgreSQL's own default, where the harness keeps 32MB).
+func StartProcessWith(settings ...string) (*Server, error) {
 	bin, err := Bin()
 	if err != nil {
 		return nil, err
@@ -148,7 +155,7 @@ func StartProcess() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("making the cluster's directory: %w", err)
 	}
-	s := &Server{Dir: dir, bin: bin, cred: cred}
+	s := &Server{Dir: dir, bin: bin, cred: cred, settings: settings}
 	if err := s.init(); err != nil {
 		s.Remove()
 		return nil, err
@@ -248,6 +255,9 @@ func (s *Server) start(within time.Duration) error {
 	cmd := s.command("postgres", "-D", s.DataDir(), "-p", strconv.Itoa(s.Port), "-k", s.Dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=on", "-c", "synchronous_commit=on",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB", "-c", "logging_collector=off")
+	for _, setting := range s.settings {
+		cmd.Args = append(cmd.Args, "-c", setting)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting postgres: %w", err)
