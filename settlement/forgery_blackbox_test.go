@@ -145,11 +145,7 @@ func TestForgeriesNeverReachPostgres(t *testing.T) {
 	if err := b.Configure(ctx, 10_000, limits); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.EnsureUser(ctx, "tenant-password"); err != nil {
-		t.Fatal(err)
-	}
-	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: "tenant-password"})
-	t.Cleanup(func() { _ = tenant.Close() })
+	tenant := budgetTenant(t, srv, b)
 	for _, id := range []string{"order-7", "order-8"} {
 		if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-7", Total: 1000, Count: 2,
 			Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
@@ -172,15 +168,7 @@ func TestForgeriesNeverReachPostgres(t *testing.T) {
 			t.Fatalf("the budget's Redis user appends %v: %v", f, err)
 		}
 	}
-	ws, err := NewBudgetWorkers(cfg, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWorkers(t, ws)
-	eventually(t, 20*time.Second, "drained", func() bool {
-		ok, err := BudgetDrained(ctx, b, "")
-		return err == nil && ok
-	})
+	settleBudget(t, cfg, b, "drained")
 
 	type row struct {
 		key, user string

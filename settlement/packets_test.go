@@ -290,6 +290,33 @@ func runWorkers(t *testing.T, ws []*Worker) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
+// settleBudget runs b's workers with cfg until the test ends and waits until every
+// shard's stream is drained (what stands for what drained).
+func settleBudget(t *testing.T, cfg Config, b *store.Budget, what string) {
+	t.Helper()
+	ws, err := NewBudgetWorkers(cfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorkers(t, ws)
+	eventually(t, 20*time.Second, what, func() bool {
+		ok, err := BudgetDrained(context.Background(), b, "")
+		return err == nil && ok
+	})
+}
+
+// budgetTenant makes b's own Redis user on srv, with a password, and returns a
+// client logged in as it: what the tenant holds.
+func budgetTenant(t *testing.T, srv *redistest.Server, b *store.Budget) *redis.Client {
+	t.Helper()
+	if _, err := b.EnsureUser(context.Background(), "tenant-password"); err != nil {
+		t.Fatal(err)
+	}
+	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: "tenant-password"})
+	t.Cleanup(func() { _ = tenant.Close() })
+	return tenant
+}
+
 // forgotten records the packets a worker forgot.
 type forgotten struct {
 	mu  sync.Mutex
@@ -734,16 +761,7 @@ func TestBudgetSettlesPacketsMadeByTheStoreAndForgetsThem(t *testing.T) {
 		t.Fatalf("snapshot %+v after expiry", snap)
 	}
 
-	ws, err := NewBudgetWorkers(func() Config { c := cfg; c.Logger = testLogger(t); return c }(), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWorkers(t, ws)
-
-	eventually(t, 20*time.Second, "every shard drained", func() bool {
-		ok, err := BudgetDrained(ctx, b, "")
-		return err == nil && ok
-	})
+	settleBudget(t, func() Config { c := cfg; c.Logger = testLogger(t); return c }(), b, "every shard drained")
 	got, problems := bal.credits()
 	if len(problems) > 0 {
 		t.Fatalf("the balance system saw: %v", problems)
@@ -974,11 +992,7 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 	if err := b.Configure(ctx, 10_000, limits); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.EnsureUser(ctx, "tenant-password"); err != nil {
-		t.Fatal(err)
-	}
-	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: "tenant-password"})
-	t.Cleanup(func() { _ = tenant.Close() })
+	tenant := budgetTenant(t, srv, b)
 	forged, err := tenant.XAdd(ctx, &redis.XAddArgs{Stream: b.ShardKeys(0).Stream,
 		Values: []string{"grant", "ghost-1/0:9500:0:CNY:mallory"}}).Result()
 	if err != nil {
@@ -993,15 +1007,7 @@ func TestForgedEntryOfAnUnknownPacketIsNotPaid(t *testing.T) {
 	}
 	// The workers start only now: the forgery is in the budget's first batch, which
 	// the mark recorded at the announcement holds too.
-	ws, err := NewBudgetWorkers(cfg, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWorkers(t, ws)
-	eventually(t, 20*time.Second, "drained", func() bool {
-		ok, err := BudgetDrained(ctx, b, "")
-		return err == nil && ok
-	})
+	settleBudget(t, cfg, b, "drained")
 	got, problems := bal.credits()
 	if len(problems) > 0 {
 		t.Fatalf("the balance system saw: %v", problems)
@@ -1040,11 +1046,7 @@ func TestRaisedAllotmentDoesNotStallSettlement(t *testing.T) {
 	tb := testBudget{t: t, rdb: rdb, b: b}
 	bal, cfg := configuredBudget(t, tb, "operator-a", 1000)
 	cfg.Logger = testLogger(t)
-	if _, err := b.EnsureUser(ctx, "tenant-password"); err != nil {
-		t.Fatal(err)
-	}
-	tenant := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: b.UserName(), Password: "tenant-password"})
-	t.Cleanup(func() { _ = tenant.Close() })
+	tenant := budgetTenant(t, srv, b)
 	k := b.ShardKeys(0)
 	if err := tenant.HIncrBy(ctx, k.Meta, "allotted", 5000).Err(); err != nil {
 		t.Fatalf("the budget's Redis user raises allotted: %v", err)

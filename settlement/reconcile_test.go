@@ -299,15 +299,7 @@ func TestReconcileABudgetWithThePostgresBook(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ws, err := NewBudgetWorkers(cfg, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWorkers(t, ws)
-	eventually(t, 20*time.Second, "every shard drained", func() bool {
-		ok, err := BudgetDrained(ctx, b, "")
-		return err == nil && ok
-	})
+	settleBudget(t, cfg, b, "every shard drained")
 	sums, err := b.SettlementLedger(0).Sums(ctx)
 	if err != nil {
 		t.Fatal(err)

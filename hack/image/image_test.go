@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -356,36 +357,13 @@ func TestRedisImage(t *testing.T) {
 		"--user", "default", "off", "~*", "&*", "+@all", "--user", user, "on", ">"+password, "~*", "&*", "+@all")
 	cmd.Dir = cfg.WorkingDir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs, Credential: &syscall.Credential{Uid: redisUID, Gid: redisUID}}
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	defer func() {
-		cmd.Process.Kill()
-		<-done
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	proc := startChrooted(t, cmd, "redis-server in the image")
+	proc.waitReady(t, 10*time.Second, func() (bool, string) {
 		reply, err := ping(addr, user, password)
-		if err == nil && reply == "+OK\r\n+PONG\r\n" {
-			if anon, err := ping(addr, "", ""); err != nil || !strings.HasPrefix(anon, "-NOAUTH") {
-				t.Errorf("PING without AUTH: %q (%v), want NOAUTH", anon, err)
-			}
-			return
-		}
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("redis-server in the image exited: %v\n%s", err, logs.Bytes())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no PONG from redis-server in the image (%q, %v)\n%s", reply, err, logs.Bytes())
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil && reply == "+OK\r\n+PONG\r\n", fmt.Sprintf("no PONG (%q, %v)", reply, err)
+	})
+	if anon, err := ping(addr, "", ""); err != nil || !strings.HasPrefix(anon, "-NOAUTH") {
+		t.Errorf("PING without AUTH: %q (%v), want NOAUTH", anon, err)
 	}
 }
 
@@ -454,39 +432,79 @@ func TestBalanceImage(t *testing.T) {
 	cmd.Dir = "/"
 	cmd.Env = append(slices.Clone(cfg.Env), "DATABASE_URL="+dsn, "BALANCE_PUBLIC_KEYS="+webhooksig.FormatPublicKey(pub))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs, Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	proc := startChrooted(t, cmd, "/balance in the image")
+	proc.waitReady(t, 30*time.Second, func() (bool, string) {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false, fmt.Sprintf("no 200 from /healthz (%v)", err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Sprintf("/healthz answered %d", resp.StatusCode)
+	})
+	logs := proc.output()
+	if !strings.Contains(logs, "schema up to date") || !strings.Contains(logs, `version="balance v1.2.3 `) {
+		t.Errorf("the balance system's log shows no migration or not its version v1.2.3:\n%s", logs)
+	}
+}
+
+// chrooted is a program of an unpacked image running in its root, killed and reaped
+// when the test ends.
+type chrooted struct {
+	what string
+	mu   sync.Mutex
+	logs bytes.Buffer
+	done chan error
+}
+
+// Write keeps the program's output.
+func (c *chrooted) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.logs.Write(p)
+}
+
+func (c *chrooted) output() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.logs.String()
+}
+
+// startChrooted starts cmd (what names it in failures), its output kept.
+func startChrooted(t *testing.T, cmd *exec.Cmd, what string) *chrooted {
+	t.Helper()
+	c := &chrooted{what: what, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = c, c
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	defer func() {
-		cmd.Process.Kill()
-		<-done
-	}()
-	deadline := time.Now().Add(30 * time.Second)
+	go func() { c.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// waitReady polls ready every 50 ms until it holds; it fails the test when the
+// program exits first or within passes, with ready's last word and the output.
+func (c *chrooted) waitReady(t *testing.T, within time.Duration, ready func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
+		ok, why := ready()
+		if ok {
+			return
 		}
 		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("/balance in the image exited: %v\n%s", err, logs.Bytes())
+		case err := <-c.done:
+			c.done <- err
+			t.Fatalf("%s exited: %v\n%s", c.what, err, c.output())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no 200 from /healthz of /balance in the image (%v)\n%s", err, logs.Bytes())
+			t.Fatalf("%s: %s after %s\n%s", c.what, why, within, c.output())
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-	if !strings.Contains(logs.String(), "schema up to date") || !strings.Contains(logs.String(), `version="balance v1.2.3 `) {
-		t.Errorf("the balance system's log shows no migration or not its version v1.2.3:\n%s", logs.Bytes())
 	}
 }
 

@@ -152,21 +152,12 @@ func (b *builder) balance(ctx context.Context) (built, error) {
 // entrypoint, serving on 8080. Its configuration comes from the environment:
 // DATABASE_URL, BALANCE_SIGNING_KEYS or BALANCE_PUBLIC_KEYS (docs/balance.md).
 func balanceImage(balance, caCerts string) (v1.Image, error) {
-	t := newTree()
-	for _, f := range []struct {
-		src, dst string
-		mode     os.FileMode
-	}{
+	t, err := treeOf([]hostFile{
 		{caCerts, "/etc/ssl/certs/ca-certificates.crt", 0o644},
 		{balance, "/balance", 0o755},
-	} {
-		data, err := os.ReadFile(f.src)
-		if err != nil {
-			return nil, err
-		}
-		if err := t.addFile(f.dst, data, f.mode); err != nil {
-			return nil, err
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	return newImage(t, v1.Config{
 		Entrypoint:   []string{"/balance"},
@@ -176,20 +167,16 @@ func balanceImage(balance, caCerts string) (v1.Image, error) {
 	})
 }
 
-// operatorImage returns the operator image: the static binaries manager and grabsvc
-// at /manager and /grabsvc (mode 0755), the CA roots caCerts at
-// /etc/ssl/certs/ca-certificates.crt (0644), all owned by root, run as 65532:65532
-// with /manager as the entrypoint. The Dockerfile builds the same layout.
-func operatorImage(manager, grabsvc, caCerts string) (v1.Image, error) {
+// hostFile is a file of this host copied into an image: src to dst with mode.
+type hostFile struct {
+	src, dst string
+	mode     os.FileMode
+}
+
+// treeOf is a tree holding the host's files, each at its place, owned by root.
+func treeOf(files []hostFile) (*tree, error) {
 	t := newTree()
-	for _, f := range []struct {
-		src, dst string
-		mode     os.FileMode
-	}{
-		{caCerts, "/etc/ssl/certs/ca-certificates.crt", 0o644},
-		{manager, "/manager", 0o755},
-		{grabsvc, "/grabsvc", 0o755},
-	} {
+	for _, f := range files {
 		data, err := os.ReadFile(f.src)
 		if err != nil {
 			return nil, err
@@ -197,6 +184,22 @@ func operatorImage(manager, grabsvc, caCerts string) (v1.Image, error) {
 		if err := t.addFile(f.dst, data, f.mode); err != nil {
 			return nil, err
 		}
+	}
+	return t, nil
+}
+
+// operatorImage returns the operator image: the static binaries manager and grabsvc
+// at /manager and /grabsvc (mode 0755), the CA roots caCerts at
+// /etc/ssl/certs/ca-certificates.crt (0644), all owned by root, run as 65532:65532
+// with /manager as the entrypoint. The Dockerfile builds the same layout.
+func operatorImage(manager, grabsvc, caCerts string) (v1.Image, error) {
+	t, err := treeOf([]hostFile{
+		{caCerts, "/etc/ssl/certs/ca-certificates.crt", 0o644},
+		{manager, "/manager", 0o755},
+		{grabsvc, "/grabsvc", 0o755},
+	})
+	if err != nil {
+		return nil, err
 	}
 	return newImage(t, v1.Config{
 		Entrypoint:   []string{"/manager"},

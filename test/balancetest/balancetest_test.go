@@ -26,16 +26,7 @@ import (
 // signed with another key is refused and counted as an alarm, and Stop removes the
 // database cluster's directory.
 func TestBooksSignedCreditsAndLeavesNothingBehind(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs PostgreSQL; run without -short")
-	}
-	if _, err := pgtest.Bin(); err != nil {
-		why := "PostgreSQL is missing: " + err.Error()
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why)
-		}
-		t.Skip(why)
-	}
+	pgtest.Require(t)
 	root, err := controlplane.Root()
 	if err != nil {
 		t.Fatal(err)

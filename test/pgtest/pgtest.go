@@ -103,19 +103,27 @@ func executable(path string) bool {
 // -short, and when PostgreSQL is not installed unless CI=true, where that fails.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	if testing.Short() {
-		tb.Skip("needs PostgreSQL; run without -short")
-	}
-	if _, err := Bin(); err != nil {
-		missing(tb, err)
-		return nil
-	}
+	Require(tb)
 	s, err := StartProcess()
 	if err != nil {
 		tb.Fatalf("starting PostgreSQL: %v", err)
 	}
 	tb.Cleanup(s.Remove)
 	return s
+}
+
+// Require ends a test that needs PostgreSQL's programs (for a cluster of its own,
+// Start, or one a process it runs starts) where they cannot be had: it skips under
+// -short, and where PostgreSQL is not installed it fails under CI=true, where
+// nothing may skip, and skips elsewhere.
+func Require(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("needs PostgreSQL; run without -short")
+	}
+	if _, err := Bin(); err != nil {
+		missing(tb, err)
+	}
 }
 
 // missing ends a test that needs PostgreSQL where it is not installed: a failure
