@@ -385,6 +385,12 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 		}
 		decide, credits = keepEntries, keepCredits
 	}
+	// The announced total is read before the ledger decides, so that a refill
+	// acknowledged between the decision and the check below is seen as one.
+	before, err := c.ledger.Announcement(ctx)
+	if err != nil {
+		return nil, err
+	}
 	verdicts, err := c.ledger.Decide(ctx, credits)
 	if err != nil {
 		return nil, err
@@ -392,7 +398,7 @@ func (c *packetsCheck) checkPackets(ctx context.Context, entries []store.StreamE
 	if err := c.bookLateRecords(ctx, credits, verdicts); err != nil {
 		return nil, err
 	}
-	if err := c.refillUnderWay(ctx, verdicts); err != nil {
+	if err := c.refillUnderWay(ctx, before, verdicts); err != nil {
 		return nil, err
 	}
 	for i, e := range decide {
@@ -547,11 +553,14 @@ var ErrRefillNotAnnounced = errors.New("a higher budget total is being announced
 // refillUnderWay returns ErrRefillNotAnnounced (wrapped) when a verdict is over the
 // budget and the ledger holds a pending announcement above the announced total: the
 // operator is raising the total and the balance system has not acknowledged it yet
-// (or the announcement failed and is retried). It reads only the operator's ledger,
+// (or the announcement failed and is retried). It does the same when the announced
+// total grew since before, read ahead of the ledger's decision: the refill was
+// acknowledged while the verdicts were taken, and they may count the old total
+// (TestBudgetGrantsOfARefillWaitForItsAnnouncement). It reads only the operator's ledger,
 // never the shards' allotment, which the budget's Redis user can raise with HINCRBY:
 // an allotment raised that way makes nothing wait, and an entry beyond the announced
 // total is dead-lettered over_budget (TestRaisedAllotmentDoesNotStallSettlement).
-func (c *packetsCheck) refillUnderWay(ctx context.Context, verdicts []store.LedgerVerdict) error {
+func (c *packetsCheck) refillUnderWay(ctx context.Context, before store.BudgetAnnouncement, verdicts []store.LedgerVerdict) error {
 	over := false
 	for _, v := range verdicts {
 		over = over || v.Verdict == store.LedgerOverBudget
@@ -565,6 +574,9 @@ func (c *packetsCheck) refillUnderWay(ctx context.Context, verdicts []store.Ledg
 	}
 	if st.Pending > st.Total {
 		return fmt.Errorf("%w: %d being announced, %d acknowledged; waiting for the announcement", ErrRefillNotAnnounced, st.Pending, st.Total)
+	}
+	if st.Total > before.Total {
+		return fmt.Errorf("%w: %d acknowledged while the ledger decided against %d; deciding again", ErrRefillNotAnnounced, st.Total, before.Total)
 	}
 	return nil
 }

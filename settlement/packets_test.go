@@ -3,6 +3,7 @@ package settlement
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -859,6 +860,67 @@ func TestBudgetGrantsOfARefillWaitForItsAnnouncement(t *testing.T) {
 	})
 	if _, problems := bal.credits(); len(problems) > 0 || len(tb.deadLetters()) != 0 {
 		t.Fatalf("problems %v, dead letters %v", problems, tb.deadLetters())
+	}
+}
+
+// The interleaving behind a dead-lettered refill: the ledger decides a creation
+// against the announced 1,000 (over budget), and the refill to 3,000 is
+// acknowledged before the check reads the announcement, which then shows nothing
+// under way. The check must decide again, not dead-letter: the verdict counted the
+// old total.
+func TestRefillAcknowledgedDuringTheDecisionIsDecidedAgain(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	if _, err := lua.GrabLibrary.Ensure(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	b := store.NewBudget(rdb, "rpb-uid-refill-race", 1)
+	ledger := b.SettlementLedger(0)
+	if _, err := ledger.PrepareAnnouncement(ctx, 1000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ledger.CommitAnnouncement(ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	check := &packetsCheck{budget: b, ledger: ledger, now: time.Now}
+	before, err := ledger.Announcement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	verdicts, err := ledger.Decide(ctx, []store.BudgetCredit{{Kind: store.KindCreate, PacketID: "big", Share: store.OpenShare,
+		UserID: "m", Amount: 2000, Shares: []int64{500, 500, 500, 500}, At: now, Appended: now, Expires: now.Add(time.Hour)}})
+	if err != nil || len(verdicts) != 1 || verdicts[0].Verdict != store.LedgerOverBudget {
+		t.Fatalf("decided against 1,000: %+v, %v; want one over_budget", verdicts, err)
+	}
+	if _, err := ledger.PrepareAnnouncement(ctx, 3000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ledger.CommitAnnouncement(ctx, 3000); err != nil {
+		t.Fatal(err)
+	}
+	if err := check.refillUnderWay(ctx, before, verdicts); !errors.Is(err, ErrRefillNotAnnounced) {
+		t.Fatalf("the check after the refill's acknowledgement: %v; want ErrRefillNotAnnounced", err)
+	}
+	// Decided again, against 3,000, it passes, and the check has nothing to wait for.
+	before, err = ledger.Announcement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if verdicts, err = ledger.Decide(ctx, []store.BudgetCredit{{Kind: store.KindCreate, PacketID: "big", Share: store.OpenShare,
+		UserID: "m", Amount: 2000, Shares: []int64{500, 500, 500, 500}, At: now, Appended: now, Expires: now.Add(time.Hour)}}); err != nil || !verdicts[0].Deliver() {
+		t.Fatalf("decided against 3,000: %+v, %v; want it let through", verdicts, err)
+	}
+	if err := check.refillUnderWay(ctx, before, verdicts); err != nil {
+		t.Fatal(err)
+	}
+	// An over-budget verdict with no refill at all is still dead-lettered.
+	if verdicts, err = ledger.Decide(ctx, []store.BudgetCredit{{Kind: store.KindCreate, PacketID: "huge", Share: store.OpenShare,
+		UserID: "m", Amount: 2000, Shares: []int64{2000}, At: now, Appended: now, Expires: now.Add(time.Hour)}}); err != nil || verdicts[0].Verdict != store.LedgerOverBudget {
+		t.Fatalf("a second packet of 2,000 against 3,000: %+v, %v; want over_budget", verdicts, err)
+	}
+	if err := check.refillUnderWay(ctx, before, verdicts); err != nil {
+		t.Fatalf("no refill under way: %v; want nil (the entry is dead-lettered)", err)
 	}
 }
 
