@@ -211,10 +211,16 @@ func TestReconcileAnActivityWithThePostgresBook(t *testing.T) {
 		tot, err := a.handle.Ledger().Totals(ctx)
 		return err == nil && tot.Grants == want.Grants+5
 	})
-	if !drained() {
-		if r = reconcileOnce(t, rc); r.Outcome != ReconcileInFlight {
-			t.Fatalf("while deliveries fail: %+v, want in flight", r)
-		}
+	// A round while they are pending is in flight. The deliveries fail fast and
+	// are parked after two attempts, so a round may also start once they are all
+	// parked: then it counts them parked, and never delivers them nor calls them
+	// missing. Either way nothing is delivered behind the failing workers' backs.
+	r = reconcileOnce(t, rc)
+	switch {
+	case r.Outcome == ReconcileInFlight && r.Redelivered == 0:
+	case r.Outcome == ReconcileDiffers && r.Parked == 5 && r.Missing+r.Unpaid+r.Differing+r.Redelivered == 0:
+	default:
+		t.Fatalf("while deliveries fail: %+v, want in flight, or only parked credits", r)
 	}
 	// After maxAttempts they are parked: counted, never delivered by reconciliation.
 	eventually(t, 20*time.Second, "the failed grants parked", func() bool {
