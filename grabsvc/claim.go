@@ -62,6 +62,18 @@ func (s *Server) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.rateLimited(w, wait, "too many grabs for this user; retry later")
 		return
 	}
+	// With spec.grabService.startSpread, the user's own opening instant comes
+	// first: before it the grab is refused here, by this process's clock, and
+	// Redis is not asked. After it the script still decides by Redis's clock, so a
+	// fast clock in one pod never opens an activity before startTime.
+	if start, spread := startSpreadOf(act.Object); spread > 0 {
+		if opens := OpensAt(string(act.Object.UID), userID, start, spread); now.Before(opens) {
+			s.metrics.countOutcome(OutcomeNotStarted)
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(opens.Sub(now))))
+			writeJSON(w, http.StatusConflict, grabResponse{Outcome: OutcomeNotStarted, OpensAt: opens.UTC().Format(timeMillis)})
+			return
+		}
+	}
 
 	start := time.Now()
 	markOf := func(i int) store.Watermark { return s.cfg.Guard.MarkShard(act, i) }

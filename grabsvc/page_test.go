@@ -143,6 +143,14 @@ type pageServer struct {
 
 func newPageServer(t *testing.T, name string, amounts []int64, start, end time.Time, opts ...harnessOpt) *pageServer {
 	t.Helper()
+	return newPageServerOf(t, name, amounts, start, end, nil, opts...)
+}
+
+// newPageServerOf is newPageServer with the activity's spec changed by mutate
+// before it is created.
+func newPageServerOf(t *testing.T, name string, amounts []int64, start, end time.Time,
+	mutate func(*redpacketv1alpha1.RedPacketActivitySpec), opts ...harnessOpt) *pageServer {
+	t.Helper()
 	cp := controlPlane(t)
 	ns := cp.Namespace(t)
 	var total int64
@@ -153,6 +161,9 @@ func newPageServer(t *testing.T, name string, amounts []int64, start, end time.T
 	obj.Spec.Distribution = redpacketv1alpha1.Distribution{Type: redpacketv1alpha1.DistributionRandom, MinAmount: 1}
 	obj.Spec.Currency = "CNY"
 	obj.Spec.StartTime, obj.Spec.EndTime = &metav1.Time{Time: start}, &metav1.Time{Time: end}
+	if mutate != nil {
+		mutate(&obj.Spec)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := cp.Client.Create(ctx, obj); err != nil {
@@ -694,6 +705,49 @@ func TestRainPageCountdown(t *testing.T) {
 	if label, clock := tb.text("clock-label"), tb.text("clock"); label != "Starts in" || !regexp.MustCompile(`^(01:59:[0-5]\d|02:00:00)$`).MatchString(clock) {
 		t.Errorf("clock %q %q, want Starts in about 02:00:00", label, clock)
 	}
+	c := tb.tapPacket(true)
+	if c.Outcome != OutcomeNotStarted || !strings.Contains(c.Message, "Not started yet") || c.Amount != "" {
+		t.Fatalf("card %+v, want not started", c)
+	}
+	tb.clean()
+}
+
+// TestRainPageCountsDownToTheUsersInstant: with a start spread, the page counts down
+// to the player's own opening instant (startTime plus the player's offset), not to
+// startTime, and a tap before it says not started.
+func TestRainPageCountsDownToTheUsersInstant(t *testing.T) {
+	browser := newBrowser(t)
+	start := time.Now().Add(2 * time.Hour).Truncate(time.Second)
+	const spread = 10 * time.Minute
+	ps := newPageServerOf(t, "spread-night", []int64{10, 20}, start, start.Add(time.Hour), func(s *redpacketv1alpha1.RedPacketActivitySpec) {
+		s.GrabService.StartSpread = &metav1.Duration{Duration: spread}
+	})
+	// A player placed late in the spread, so the countdown cannot be startTime's.
+	user := ""
+	for i := range 100 {
+		if u := fmt.Sprintf("late-%d", i); SpreadOffset(string(ps.act.Object.UID), u, spread) > 7*time.Minute {
+			user = u
+			break
+		}
+	}
+	off := SpreadOffset(string(ps.act.Object.UID), user, spread)
+	tb := open(t, browser, phone, false, ps.h.http.URL+"/?user="+user, http.StatusConflict)
+	tb.loaded("spread-night", "2 / 2")
+	left := func() time.Duration { return time.Until(start.Add(off)) }
+	clock := tb.until("clock", "the countdown to the player's instant", func(v string) bool {
+		// Within two seconds of the time left, as h:mm:ss.
+		for _, d := range []time.Duration{left() - time.Second, left(), left() + time.Second} {
+			s := int(d.Round(time.Second) / time.Second)
+			if v == fmt.Sprintf("%02d:%02d:%02d", s/3600, s/60%60, s%60) {
+				return true
+			}
+		}
+		return false
+	})
+	if label := tb.text("clock-label"); label != "Starts in" {
+		t.Errorf("clock label %q, want Starts in", label)
+	}
+	t.Logf("%s opens %v after startTime; the page counts down %s", user, off, clock)
 	c := tb.tapPacket(true)
 	if c.Outcome != OutcomeNotStarted || !strings.Contains(c.Message, "Not started yet") || c.Amount != "" {
 		t.Fatalf("card %+v, want not started", c)

@@ -320,6 +320,12 @@ type ActivityView struct {
 	StartTime *string `json:"startTime"`
 	EndTime   *string `json:"endTime"`
 	Currency  string  `json:"currency"`
+	// StartSpread is spec.grabService.startSpread in milliseconds, absent without
+	// one. OpensAt is, for GET /v1/activity?userId=, that user's opening instant
+	// (startTime plus the user's offset, RFC 3339 with milliseconds); absent
+	// without a spread or a userId.
+	StartSpreadMillis int64  `json:"startSpreadMillis,omitempty"`
+	OpensAt           string `json:"opensAt,omitempty"`
 }
 
 func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
@@ -345,7 +351,18 @@ func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the packet store is unavailable; retry later"})
 		return
 	}
-	writeJSON(w, http.StatusOK, BuildActivityView(act, snap, s.now()))
+	v := BuildActivityView(act, snap, s.now())
+	if start, spread := startSpreadOf(act.Object); spread > 0 {
+		v.StartSpreadMillis = spread.Milliseconds()
+		if userID := r.URL.Query().Get("userId"); userID != "" {
+			if msg := CheckUserID(userID); msg != "" {
+				writeJSON(w, http.StatusBadRequest, errorBody{Error: msg})
+				return
+			}
+			v.OpensAt = OpensAt(string(act.Object.UID), userID, start, spread).UTC().Format(timeMillis)
+		}
+	}
+	writeJSON(w, http.StatusOK, v)
 }
 
 // BuildActivityView combines the resource and a Redis snapshot into the

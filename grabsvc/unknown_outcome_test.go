@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,9 +32,14 @@ type replyFault struct {
 	upstream string
 	holdFor  time.Duration
 	armed    atomic.Int32 // faultHold or faultDrop for the next FCALL; 0 when disarmed
-	faults   atomic.Int64 // FCALLs whose reply was held or dropped
-	mu       sync.Mutex
-	conns    []net.Conn
+	// holdEvery, when above 0, holds the reply of that fraction of the FCALLs
+	// (grabs and the resolving reads alike), drawn from a fixed seed.
+	holdEvery float64
+	rngMu     sync.Mutex
+	rng       *rand.Rand
+	faults    atomic.Int64 // FCALLs whose reply was held or dropped
+	mu        sync.Mutex
+	conns     []net.Conn
 }
 
 const (
@@ -90,7 +96,15 @@ func (f *replyFault) accept() {
 				n, err := client.Read(buf)
 				if n > 0 {
 					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("fcall")) {
-						switch mode := f.armed.Swap(0); mode {
+						mode := f.armed.Swap(0)
+						if mode == 0 && f.holdEvery > 0 {
+							f.rngMu.Lock()
+							if f.rng.Float64() < f.holdEvery {
+								mode = faultHold
+							}
+							f.rngMu.Unlock()
+						}
+						switch mode {
 						case faultHold:
 							holdUntil.Store(time.Now().Add(f.holdFor).UnixNano())
 							f.faults.Add(1)
@@ -298,4 +312,119 @@ func faultedGrabServer(t *testing.T, name string, amounts []int64, paused bool, 
 		return send(t, web.Client(), req)
 	}
 	return admin, fault, act, grab
+}
+
+// The 503 contract under held replies: with 30 % of the FCALLs' replies (grabs and
+// resolving reads alike) held 2 s, past --redis-timeout (500 ms) and
+// --resolve-timeout (1 s), 2,000 users grab 1,500 packets. A grab whose reply and
+// whose resolving read were both held is answered 503 while Redis may hold its
+// packet: docs/grab-api.md says so ("not known, may hold a packet: retry"). What
+// must hold is the rest of the contract: no answer other than 503 disagrees with
+// Redis, every user who holds a packet gets it back from a retry as
+// already_claimed with the same packet and amount, and the money adds up.
+func TestA503MayHoldAPacketAndTheRetryReturnsIt(t *testing.T) {
+	const redisTimeout = 500 * time.Millisecond
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	fault := startReplyFault(t, srv.Addr, 2*time.Second)
+	fault.holdEvery, fault.rng = 0.3, rand.New(rand.NewPCG(36, 503))
+	conn := srv.Conn()
+	conn.Addresses = []string{fault.addr()}
+	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rc.Close() })
+	act := testActivity("held-rain")
+	amounts := ones(1500)
+	seed(t, admin, act, amounts, 0, 0, false)
+	var current atomic.Pointer[Resource]
+	current.Store(act)
+	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
+		RedisTimeout: redisTimeout, ResolveTimeout: DefaultResolveTimeout, Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := httptest.NewServer(s.Handler())
+	t.Cleanup(web.Close)
+	grab := func(user string) reply {
+		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return send(t, web.Client(), req)
+	}
+
+	const users = 2000
+	first := make([]reply, users)
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for range 64 {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < users; i = int(next.Add(1) - 1) {
+				first[i] = grab(fmt.Sprintf("held-%04d", i))
+			}
+		})
+	}
+	wg.Wait()
+	time.Sleep(fault.holdFor + 500*time.Millisecond) // every held call has run
+	fault.holdEvery = 0
+
+	claims, err := handleOf(admin, act).Shard(0).Claims(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unavailable, holding, claimedSum int64
+	for i, r := range first {
+		user := fmt.Sprintf("held-%04d", i)
+		c, holds := claims[user]
+		if holds {
+			claimedSum += c.Amount
+		}
+		switch {
+		case r.Status == http.StatusServiceUnavailable:
+			unavailable++
+			if holds {
+				holding++
+			}
+			// The retry tells the truth, whatever the 503 hid.
+			again := grab(user)
+			switch {
+			case holds && (again.Outcome != "already_claimed" || again.PacketID != c.PacketID || again.Amount == nil || *again.Amount != c.Amount):
+				t.Fatalf("%s holds packet %s of %d; its retry after a 503 answered %d %s", user, c.PacketID, c.Amount, again.Status, again.Raw)
+			case !holds && again.Outcome != "granted" && again.Outcome != "sold_out":
+				t.Fatalf("%s holds nothing; its retry after a 503 answered %d %s", user, again.Status, again.Raw)
+			case !holds && again.Outcome == "granted":
+				claims[user] = store.Claim{PacketID: again.PacketID, Amount: *again.Amount}
+				claimedSum += *again.Amount
+			}
+		case r.Outcome == "granted" || r.Outcome == "already_claimed":
+			if !holds || c.PacketID != r.PacketID || r.Amount == nil || *r.Amount != c.Amount {
+				t.Fatalf("%s was answered %s, Redis holds %+v (holds: %v)", user, r.Raw, c, holds)
+			}
+		case r.Outcome == "sold_out":
+			if holds {
+				t.Fatalf("%s was answered sold_out while Redis holds its packet %s", user, c.PacketID)
+			}
+		default:
+			t.Fatalf("%s: %d %s", user, r.Status, r.Raw)
+		}
+	}
+	snap, err := handleOf(admin, act).Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, a := range amounts {
+		total += a
+	}
+	if snap.ClaimedCount != int64(len(claims)) || snap.ClaimedAmount != claimedSum || snap.ClaimedAmount+snap.RemainingAmount() != total {
+		t.Fatalf("Redis: %d claimed (%d), %d remaining of %d; the users hold %d packets (%d)",
+			snap.ClaimedCount, snap.ClaimedAmount, snap.RemainingAmount(), total, len(claims), claimedSum)
+	}
+	t.Logf("%d FCALL replies held 2 s; %d of %d users answered 503 first, %d of them while Redis held their packet; every retry returned it",
+		fault.faults.Load(), unavailable, users, holding)
+	if fault.faults.Load() == 0 {
+		t.Fatal("no reply was held: the test proves nothing")
+	}
 }

@@ -135,6 +135,18 @@ type GrabService struct {
 	// auth, when set, requires HMAC-signed user tokens on every grab.
 	// +optional
 	Auth *GrabAuth `json:"auth,omitempty"`
+
+	// startSpread spreads the opening over a window after startTime, so that the
+	// wave of a rain's start does not land in one second: each user's grabs open
+	// at startTime plus an offset in [0, startSpread), the same for the same
+	// activity UID and user id in every process (a hash of both, uniform over the
+	// window). A grab before the user's instant answers not_started with
+	// Retry-After and touches nothing; GET /v1/activity?userId= tells the instant.
+	// Needs startTime, and must be shorter than the window. Absent or 0: everyone
+	// opens at startTime.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('10m')",message="grabService.startSpread must be between 0s and 10m"
+	// +optional
+	StartSpread *metav1.Duration `json:"startSpread,omitempty"`
 }
 
 // Webhook is the balance system's endpoint that credits users.
@@ -226,6 +238,8 @@ func (s *RedPacketActivitySpec) ShardCount() int {
 // +kubebuilder:validation:XValidation:rule="!has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || self.distribution.maxAmount >= self.distribution.minAmount",message="distribution.maxAmount must not be below distribution.minAmount"
 // +kubebuilder:validation:XValidation:rule="self.count < 1 || !has(self.distribution.maxAmount) || self.distribution.maxAmount == 0 || (self.totalAmount + self.count - 1) / self.count <= self.distribution.maxAmount",message="totalAmount must not exceed count × distribution.maxAmount"
 // +kubebuilder:validation:XValidation:rule="!has(self.startTime) || !has(self.endTime) || timestamp(self.endTime) > timestamp(self.startTime)",message="endTime must be after startTime"
+// +kubebuilder:validation:XValidation:rule="!has(self.grabService) || !has(self.grabService.startSpread) || duration(self.grabService.startSpread) == duration('0s') || has(self.startTime)",message="grabService.startSpread needs startTime: the spread is counted from it"
+// +kubebuilder:validation:XValidation:rule="!has(self.grabService) || !has(self.grabService.startSpread) || !has(self.startTime) || !has(self.endTime) || timestamp(self.startTime) + duration(self.grabService.startSpread) < timestamp(self.endTime)",message="grabService.startSpread must end before endTime: every user must get a moment to grab"
 // +kubebuilder:validation:XValidation:rule="!has(self.settlement) || !has(self.settlement.webhook) || has(self.sponsor)",message="sponsor is required with settlement.webhook: refunds of unclaimed money are credited to it"
 // +kubebuilder:validation:XValidation:rule="!has(self.shards) || self.shards <= self.count",message="shards must not exceed count: every shard starts with at least one packet"
 // +kubebuilder:validation:XValidation:rule="!has(self.shards) || self.shards <= 1 || (has(self.durability) && self.durability.mode != 'None')",message="shards above 1 need durability Fsync or Replicas: a master that forgot a transfer between shards after a crash or failover would hand its packets out twice"

@@ -116,6 +116,21 @@ func TestImpossibleSpecsAreRejected(t *testing.T) {
 			s.Sponsor = ""
 			s.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "http://balance:8080/credit"}}
 		}, "sponsor is required with settlement.webhook"},
+		{"start spread without a start", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.GrabService.StartSpread = &metav1.Duration{Duration: 3 * time.Second}
+		}, "grabService.startSpread needs startTime"},
+		{"start spread as long as the window", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.StartTime, s.EndTime = at("2026-12-31T20:00:00Z"), at("2026-12-31T20:00:03Z")
+			s.GrabService.StartSpread = &metav1.Duration{Duration: 3 * time.Second}
+		}, "grabService.startSpread must end before endTime"},
+		{"start spread over ten minutes", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.StartTime = at("2026-12-31T20:00:00Z")
+			s.GrabService.StartSpread = &metav1.Duration{Duration: 10*time.Minute + time.Millisecond}
+		}, "grabService.startSpread must be between 0s and 10m"},
+		{"negative start spread", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.StartTime = at("2026-12-31T20:00:00Z")
+			s.GrabService.StartSpread = &metav1.Duration{Duration: -time.Second}
+		}, "grabService.startSpread must be between 0s and 10m"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := activity(ns, strings.ReplaceAll(strings.ReplaceAll(tc.name, " ", "-"), "×", "x"))
@@ -153,6 +168,17 @@ func TestBoundariesAreAccepted(t *testing.T) {
 		{"as many shards as packets", func(s *v1alpha1.RedPacketActivitySpec) {
 			s.Count, s.TotalAmount, s.Shards = 4, 400, 4
 			s.Durability = &v1alpha1.Durability{Mode: v1alpha1.DurabilityReplicas, Replicas: 1}
+		}},
+		{"start spread of ten minutes a second inside the window", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.StartTime, s.EndTime = at("2026-12-31T20:00:00Z"), at("2026-12-31T20:10:01Z")
+			s.GrabService.StartSpread = &metav1.Duration{Duration: 10 * time.Minute}
+		}},
+		{"start spread without an end", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.StartTime = at("2026-12-31T20:00:00Z")
+			s.GrabService.StartSpread = &metav1.Duration{Duration: 3 * time.Second}
+		}},
+		{"zero start spread without a start", func(s *v1alpha1.RedPacketActivitySpec) {
+			s.GrabService.StartSpread = &metav1.Duration{}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,9 @@ type GrabResponse struct {
 	PacketID string `json:"packetId,omitempty"`
 	Amount   *int64 `json:"amount,omitempty"`
 	Error    string `json:"error,omitempty"`
+	// OpensAt is, on a not_started answer of an activity with a start spread, the
+	// user's own opening instant (RFC 3339 with milliseconds).
+	OpensAt string `json:"opensAt,omitempty"`
 }
 
 // PacketView is a packet as POST /v1/packets answers it.

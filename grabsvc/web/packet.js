@@ -133,7 +133,7 @@
     sold_out: 'Too late: every share has been opened.',
     expired: 'This packet has expired; what was left went back to the sender.',
     not_found: 'This packet does not exist, or it expired and was settled.',
-    unavailable: 'The service is busy and nothing was opened. Tap again.',
+    unavailable: 'We could not confirm your grab: it may have gone through. Tap again to see your share.',
     unauthorized: 'Your sign-in link is not valid for this packet. Ask for a new one.',
     invalid_request: 'Your name was refused. Change it below and tap again.'
   };

@@ -48,7 +48,8 @@
   }
   function poll() {
     var next = 1000;
-    fetch('/v1/activity', { cache: 'no-store', headers: { Accept: 'application/json' } })
+    // With a start spread, the answer carries this player's own opening instant.
+    fetch('/v1/activity?userId=' + encodeURIComponent(user), { cache: 'no-store', headers: { Accept: 'application/json' } })
       .then(function (r) {
         var d = Date.parse(r.headers.get('Date') || '');
         if (d) { var s = d + 500 - Date.now(); skew = Math.abs(s) > 2000 ? s : 0; }
@@ -80,7 +81,8 @@
   function tick() {
     if (!activity) { return; }
     var now = Date.now() + skew;
-    var start = activity.startTime ? Date.parse(activity.startTime) : 0;
+    var opens = activity.opensAt || activity.startTime;
+    var start = opens ? Date.parse(opens) : 0;
     var end = activity.endTime ? Date.parse(activity.endTime) : 0;
     var label = 'Time left', value;
     if (start && now < start) { label = 'Starts in'; value = clock(start - now); }
@@ -106,7 +108,7 @@
     not_started: 'Not started yet. Wait for the countdown, then tap again.',
     ended: 'The activity has ended.',
     paused: 'The activity is paused. Try again in a moment.',
-    unavailable: 'The service is busy and nothing was claimed. Tap again.',
+    unavailable: 'We could not confirm your grab: it may have gone through. Tap again to see your packet.',
     unauthorized: 'Your sign-in link is not valid. Ask for a new one.',
     invalid_request: 'Your player id was refused. Change it below and tap again.'
   };

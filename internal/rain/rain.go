@@ -25,6 +25,9 @@ type Answer struct {
 	PacketID string `json:"packetId"`
 	Amount   int64  `json:"amount"`
 	Error    string `json:"error"`
+	// OpensAt is the user's own opening instant on a not_started answer of an
+	// activity with a start spread.
+	OpensAt string `json:"opensAt"`
 }
 
 // Result is everything the rain observed on the client side.
@@ -81,6 +84,10 @@ type Spec struct {
 	// answer came (a pod going away); the grab is idempotent per user, so this is what
 	// a real client does. Each user gives up after Timeout × 10.
 	RetryUnavailable bool
+	// WaitForOpening asks again, at the instant the answer names, when a grab is
+	// answered not_started with the user's own opensAt (an activity with a start
+	// spread), as the rain page counts down to it. At most 5 times per user.
+	WaitForOpening bool
 	// Token returns the bearer token of a user; nil sends none.
 	Token func(user string) string
 	// Rate paces the users: this many start per second (0: all at once).
@@ -179,7 +186,8 @@ func Run(ctx context.Context, spec Spec) Result {
 		}
 		return &a, d, end.Sub(gotConn), nil
 	}
-	ask := func(user string) (*Answer, time.Duration, time.Duration, error) {
+	// askRetrying asks again after a 503 or no answer, with RetryUnavailable.
+	askRetrying := func(user string) (*Answer, time.Duration, time.Duration, error) {
 		giveUp := time.Now().Add(10 * spec.Timeout)
 		pause := 50 * time.Millisecond
 		for {
@@ -191,6 +199,25 @@ func Run(ctx context.Context, spec Spec) Result {
 			time.Sleep(pause)
 			pause = min(2*pause, time.Second)
 		}
+	}
+	// ask is one user's grab as a phone makes it: retried after a 503 (it may hold
+	// a packet, and the retry returns it), and, with WaitForOpening, asked again at
+	// the user's own instant of a start spread.
+	ask := func(user string) (*Answer, time.Duration, time.Duration, error) {
+		a, d, sd, err := askRetrying(user)
+		for n := 0; n < 5 && err == nil && spec.WaitForOpening && a.Outcome == "not_started" && a.OpensAt != ""; n++ {
+			opens, perr := time.Parse(time.RFC3339Nano, a.OpensAt)
+			if perr != nil {
+				break
+			}
+			select {
+			case <-time.After(time.Until(opens) + time.Millisecond):
+			case <-ctx.Done():
+				return a, d, sd, err
+			}
+			a, d, sd, err = askRetrying(user)
+		}
+		return a, d, sd, err
 	}
 
 	gate := make(chan struct{})

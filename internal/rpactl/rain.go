@@ -129,7 +129,7 @@ func (s *session) rain(ctx context.Context, name string, o rainOptions, streams 
 	}
 	spec := rain.Spec{
 		URL: base + "/v1/grab", Users: o.users, Connections: o.connections, Rate: o.rate,
-		UserPrefix: o.userPrefix, RetryEvery: o.retryEvery, Timeout: o.timeout, RetryUnavailable: true,
+		UserPrefix: o.userPrefix, RetryEvery: o.retryEvery, Timeout: o.timeout, RetryUnavailable: true, WaitForOpening: true,
 		Progress: streams.ErrOut,
 	}
 	if spec.UserPrefix == "" {
