@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"redpacket.io/operator/grabsvc/grabapi"
+	"redpacket.io/operator/lua/split"
 	"redpacket.io/operator/store"
 )
 
@@ -576,7 +577,30 @@ func NewPacketDetailView(d store.PacketDetail) PacketDetailView {
 	for _, g := range d.Grabs {
 		v.Grabs = append(v.Grabs, PacketShareView{Share: g.Share, UserID: g.UserID, Amount: g.Amount, At: formatPacketTime(g.At)})
 	}
+	if i := BestLuck(d); i >= 0 {
+		v.Grabs[i].BestLuck = true
+	}
 	return v
+}
+
+// BestLuck is the index in d.Grabs of the packet's best luck (手气最佳), or -1: the
+// largest share, once the packet is done (every share grabbed, or expired), and the
+// earliest grab of the largest when several are equal. The grabs are in share
+// order, which is grab order: a packet's shares are handed out one after another.
+// A live packet has none yet (a larger share may still come), a Fixed packet none
+// (its shares are equal by design), and a packet with fewer than two grabs none.
+func BestLuck(d store.PacketDetail) int {
+	done := d.Expired || int64(len(d.Grabs)) == d.Count
+	if !done || d.Distribution == split.TypeFixed || len(d.Grabs) < 2 {
+		return -1
+	}
+	best := 0
+	for i, g := range d.Grabs {
+		if g.Amount > d.Grabs[best].Amount {
+			best = i
+		}
+	}
+	return best
 }
 
 // SenderCredential is the bearer token the sender's backend presents to create

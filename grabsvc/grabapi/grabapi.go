@@ -46,6 +46,10 @@ type PacketShareView struct {
 	UserID string `json:"userId"`
 	Amount int64  `json:"amount"`
 	At     string `json:"at"`
+	// BestLuck marks the largest share (手气最佳) once the packet is done: every
+	// share grabbed, or expired. Ties go to the earliest grab. Never set on a live
+	// packet, on a Fixed packet (every share is equal), or with fewer than two grabs.
+	BestLuck bool `json:"bestLuck,omitempty"`
 }
 
 // PacketDetailView is GET /v1/packets/{id}: the packet and its detail list.

@@ -67,15 +67,12 @@
     $('summary').textContent = money(p.totalAmount) + ' in ' + p.count + (p.count === 1 ? ' share' : ' shares');
     $('left').textContent = '· ' + p.remainingCount + ' of ' + p.count + ' left';
     var list = $('grabs');
-    var best = -1;
-    if (p.remainingCount === 0 && p.grabs.length > 1) {
-      p.grabs.forEach(function (g, i) { if (best < 0 || g.amount > p.grabs[best].amount) { best = i; } });
-    }
-    list.replaceChildren.apply(list, p.grabs.map(function (g, i) {
+    // The service marks the best luck (the largest share of a packet that is done).
+    list.replaceChildren.apply(list, p.grabs.map(function (g) {
       var li = document.createElement('li');
       li.dataset.user = g.userId;
       li.dataset.me = String(g.userId === user);
-      li.dataset.best = String(i === best);
+      li.dataset.best = String(g.bestLuck === true);
       var who = document.createElement('span');
       who.className = 'who';
       who.textContent = g.userId === user ? g.userId + ' (you)' : g.userId;
