@@ -285,7 +285,7 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 	if res.Outcome == store.CreateCreated {
 		s.metrics.CreatedAmount.Add(float64(p.Total))
 	}
-	v := NewPacketView(res.Packet)
+	v := NewPacketView(res.Packet, time.Now())
 	v.Outcome = string(res.Outcome)
 	writeJSON(w, code, v)
 }
@@ -347,7 +347,7 @@ func (s *PacketServer) handleList(w http.ResponseWriter, r *http.Request) {
 		Packets []PacketView `json:"packets"`
 	}{Packets: []PacketView{}}
 	for _, d := range live[:min(limit, len(live))] {
-		out.Packets = append(out.Packets, NewPacketView(d))
+		out.Packets = append(out.Packets, NewPacketView(d, start))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -470,7 +470,7 @@ func (s *PacketServer) handleDetail(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.countDetail("ok")
-	writeJSON(w, http.StatusOK, NewPacketDetailView(res.d))
+	writeJSON(w, http.StatusOK, NewPacketDetailView(res.d, time.Now()))
 }
 
 // ErrPacketRead answers a read of a packet, with user tokens on, that carries neither
@@ -561,19 +561,58 @@ func formatPacketTime(t time.Time) string {
 	return t.UTC().Format(timeMillis)
 }
 
-// NewPacketView is the view of d without its grabs.
-func NewPacketView(d store.PacketDetail) PacketView {
-	return PacketView{
+// NewPacketView is the view of d without its grabs, its state as of now.
+func NewPacketView(d store.PacketDetail, now time.Time) PacketView {
+	v := PacketView{
 		ID: d.ID, Sender: d.Sender, Currency: d.Currency, Distribution: d.Distribution,
 		TotalAmount: d.Total, Count: d.Count, RemainingAmount: d.RemainingAmount, RemainingCount: d.RemainingCount,
 		CreatedAt: formatPacketTime(d.CreatedAt), ExpiresAt: formatPacketTime(d.ExpiresAt), Expired: d.Expired,
-		Forgotten: d.Forgotten,
+		Forgotten: d.Forgotten, State: PacketState(d, now),
 	}
+	switch v.State {
+	case grabapi.PacketExhausted:
+		if n := len(d.Grabs); n > 0 && int64(n) == d.Count {
+			v.ExhaustedAt = formatPacketTime(d.Grabs[n-1].At)
+		}
+	case grabapi.PacketExpired, grabapi.PacketRefunding, grabapi.PacketRefunded:
+		refund := d.RemainingAmount
+		v.RefundAmount = &refund
+		if v.State == grabapi.PacketRefunded {
+			v.RefundedAt = formatPacketTime(d.ForgottenAt)
+		}
+	}
+	return v
 }
 
-// NewPacketDetailView is the view of d with its grabs.
-func NewPacketDetailView(d store.PacketDetail) PacketDetailView {
-	v := PacketDetailView{PacketView: NewPacketView(d), Grabs: make([]PacketShareView, 0, len(d.Grabs))}
+// PacketState is d's lifecycle state as of now (grabapi.Packet*), from what its
+// hash or tombstone records:
+//
+//   - refunded: forgotten with money refunded (settlement forgets a packet once the
+//     balance system acknowledged its refund);
+//   - exhausted: every share grabbed, nothing to refund (also once forgotten);
+//   - refunding: the operator's expiry moved the remainder to the refund, which
+//     settlement is delivering;
+//   - expired: its expiry time passed (by the clock of the caller of now) and the
+//     operator's expiry has not moved the remainder yet; no grab is granted;
+//   - live: shares left and time left.
+func PacketState(d store.PacketDetail, now time.Time) string {
+	switch {
+	case d.RemainingAmount == 0: // every share grabbed: a share is at least 1
+
+		return grabapi.PacketExhausted
+	case d.Forgotten:
+		return grabapi.PacketRefunded
+	case d.Expired:
+		return grabapi.PacketRefunding
+	case !now.Before(d.ExpiresAt):
+		return grabapi.PacketExpired
+	}
+	return grabapi.PacketLive
+}
+
+// NewPacketDetailView is the view of d with its grabs, its state as of now.
+func NewPacketDetailView(d store.PacketDetail, now time.Time) PacketDetailView {
+	v := PacketDetailView{PacketView: NewPacketView(d, now), Grabs: make([]PacketShareView, 0, len(d.Grabs))}
 	for _, g := range d.Grabs {
 		v.Grabs = append(v.Grabs, PacketShareView{Share: g.Share, UserID: g.UserID, Amount: g.Amount, At: formatPacketTime(g.At)})
 	}

@@ -1,6 +1,7 @@
 package grabsvc
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -270,4 +271,29 @@ func TestPacketPageTokens(t *testing.T) {
 	if from, list := tb.text("from"), tb.listed(); strings.Contains(from, "Lin") || len(list) != 0 {
 		t.Errorf("without a token the page shows %q and %v", from, list)
 	}
+}
+
+// TestPacketPageLifecycle: the packet page shows what the service says of a
+// packet's life: open, expired, the refund going back to the sender, and refunded,
+// with the amount the detail reports.
+func TestPacketPageLifecycle(t *testing.T) {
+	browser := newBrowser(t)
+	h := newPacketHarness(t, 100_000, 1)
+	if a := h.create(`{"id":"order-life","sender":"Lin's tea shop","totalAmount":500,"count":5,"ttlSeconds":2}`); a.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", a.Status, a.Raw)
+	}
+	got := h.grab("order-life", "alice", nil)
+	left := yuan(500 - got.num("amount"))
+	tb := open(t, browser, desktop, false, h.http.URL+"/p/order-life?user=bob", http.StatusConflict)
+	tb.until("state", "open", func(s string) bool { return s == "Open" })
+	tb.until("state", "expired once its time is up", func(s string) bool { return s == "Expired" })
+	if n, _, err := h.handle.ExpireDue(context.Background(), 0, 10); err != nil || n != 1 {
+		t.Fatalf("expiry: %d, %v", n, err)
+	}
+	tb.until("state", "the refund under way", func(s string) bool { return s == "Expired · "+left+" going back to the sender" })
+	if errs := h.handle.ForgetPackets(context.Background(), []string{"order-life"}, time.Hour); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	tb.until("state", "refunded", func(s string) bool { return s == "Expired · "+left+" refunded to the sender" })
+	tb.clean()
 }

@@ -233,7 +233,9 @@ type PacketDetail struct {
 	Expired bool
 	// Forgotten is set once the packet's refund settled and its hash became a
 	// tombstone (packet_forget.lua): Grabs is then empty, the rest is as it ended.
-	Forgotten bool
+	// ForgottenAt is when, by Redis's clock (zero when unknown).
+	Forgotten   bool
+	ForgottenAt time.Time
 	// Grabs are the granted shares in grab order (seed 004's detail list).
 	Grabs []PacketShare
 }

@@ -324,6 +324,9 @@ func decodePacket(id, currency string, f map[string]string) (PacketDetail, error
 		}
 		*n.dst = time.UnixMilli(v).UTC()
 	}
+	if ms, err := strconv.ParseInt(f["f"], 10, 64); err == nil && ms > 1 {
+		d.ForgottenAt = time.UnixMilli(ms).UTC()
+	}
 	d.RemainingCount = d.Count - granted
 	if d.Expired {
 		// What was left went back to the sender.

@@ -38,7 +38,29 @@ type PacketView struct {
 	// left) and only the packet's tombstone is kept: the totals as it ended, no grabs.
 	// Its id stays taken while settlement can still credit its keys.
 	Forgotten bool `json:"forgotten,omitempty"`
+	// State is the packet's place in its lifecycle: live, exhausted (every share
+	// grabbed), expired (its time is up and the remainder is not yet on its way
+	// back), refunding (the remainder was moved to the sender's refund and its
+	// credit is being delivered) or refunded (the balance system acknowledged the
+	// refund). Absent in a creation's answer of an older service.
+	State string `json:"state,omitempty"`
+	// ExhaustedAt is when the last share was grabbed (exhausted, while the grabs
+	// are kept). RefundAmount is the remainder that goes back to the sender, once
+	// the packet expired with money left; RefundedAt is when the balance system's
+	// acknowledgement was recorded.
+	ExhaustedAt  string `json:"exhaustedAt,omitempty"`
+	RefundAmount *int64 `json:"refundAmount,omitempty"`
+	RefundedAt   string `json:"refundedAt,omitempty"`
 }
+
+// The states of a packet's lifecycle (PacketView.State).
+const (
+	PacketLive      = "live"
+	PacketExhausted = "exhausted"
+	PacketExpired   = "expired"
+	PacketRefunding = "refunding"
+	PacketRefunded  = "refunded"
+)
 
 // PacketShareView is one granted share, in grab order.
 type PacketShareView struct {

@@ -51,7 +51,16 @@
     var d = new Date(s);
     return isNaN(d) ? '' : d.toLocaleTimeString(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit' });
   }
+  // The service names the packet's state (live, exhausted, expired, refunding,
+  // refunded); a live packet whose time ran out between two polls shows expired.
   function state(p) {
+    var refund = typeof p.refundAmount === 'number' && p.refundAmount > 0 ? money(p.refundAmount) : '';
+    switch (p.state) {
+      case 'exhausted': return ['gone', 'All opened'];
+      case 'refunding': return ['expired', refund ? 'Expired · ' + refund + ' going back to the sender' : 'Expired'];
+      case 'refunded': return ['expired', refund ? 'Expired · ' + refund + ' refunded to the sender' : 'Expired'];
+      case 'expired': return ['expired', 'Expired'];
+    }
     if (p.expired || Date.parse(p.expiresAt) <= Date.now()) { return ['expired', 'Expired']; }
     if (p.remainingCount === 0) { return ['gone', 'All opened']; }
     return ['open', 'Open'];

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -255,21 +256,28 @@ func (f *grabFlags) packetsClient(ctx context.Context, s *session, b *budgetView
 
 func newPacketsCommand(flags *kubeFlags, streams Streams) *cobra.Command {
 	var (
-		gf    grabFlags
-		limit int
+		gf     grabFlags
+		limit  int
+		states []string
 	)
 	cmd := &cobra.Command{
 		Use:   "packets BUDGET",
 		Short: "List a budget's live packets and their money",
 		Long: `Show a RedPacketBudget's money as the operator reports it (total, available, in live
 packets, claimed, refunded) and list its live packets, soonest expiry first, with
-what is left of each, as the budget's grab service answers GET /v1/packets?limit=N.`,
+what is left of each and its state (live, exhausted, expired), as the budget's grab
+service answers GET /v1/packets?limit=N. --state keeps the packets in those states.`,
 		Example: `  kubectl rpa packets group-packets
-  kubectl rpa packets group-packets --limit 500`,
+  kubectl rpa packets group-packets --limit 500
+  kubectl rpa packets group-packets --state exhausted,expired`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if limit < 1 || limit > 1000 {
 				return fmt.Errorf("--limit %d is outside 1..1000", limit)
+			}
+			wanted, err := checkStates(states)
+			if err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), gf.timeout)
 			defer cancel()
@@ -298,12 +306,47 @@ what is left of each, as the budget's grab service answers GET /v1/packets?limit
 				return fmt.Errorf("redpacketbudget %s/%s: %w", b.Namespace, b.Name, err)
 			}
 			fmt.Fprintln(streams.Out)
-			return PrintPackets(streams.Out, live, b.Currency, time.Now())
+			return PrintPackets(streams.Out, FilterPackets(live, wanted), b.Currency, time.Now())
 		},
 	}
 	gf.register(cmd)
 	cmd.Flags().IntVar(&limit, "limit", 100, "list at most this many live packets (1..1000)")
+	cmd.Flags().StringSliceVar(&states, "state", nil, "list only packets in these states: live, exhausted, expired (the packets not yet expired by the operator; refunding and refunded ones are read one at a time with kubectl rpa packet)")
 	return cmd
+}
+
+// listedStates are the states a packet of the live list can be in: the operator's
+// expiry takes a packet off the list as it starts its refund.
+var listedStates = []string{grabapi.PacketLive, grabapi.PacketExhausted, grabapi.PacketExpired}
+
+// checkStates refuses a --state that the live list cannot hold.
+func checkStates(states []string) (map[string]bool, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	wanted := map[string]bool{}
+	for _, st := range states {
+		if !slices.Contains(listedStates, st) {
+			return nil, fmt.Errorf("--state %q: the list holds packets that are %s; a refunding or refunded packet is read with kubectl rpa packet BUDGET ID",
+				st, strings.Join(listedStates, ", "))
+		}
+		wanted[st] = true
+	}
+	return wanted, nil
+}
+
+// FilterPackets keeps the packets whose state is wanted (all when wanted is nil).
+func FilterPackets(packets []PacketView, wanted map[string]bool) []PacketView {
+	if wanted == nil {
+		return packets
+	}
+	var out []PacketView
+	for _, p := range packets {
+		if wanted[p.State] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func newPacketCommand(flags *kubeFlags, streams Streams) *cobra.Command {
@@ -444,10 +487,10 @@ func PrintBudgetMoney(out io.Writer, b *budgetView) error {
 // PrintPackets writes live packets as a table.
 func PrintPackets(out io.Writer, packets []PacketView, currency string, now time.Time) error {
 	w := newTable(out)
-	fmt.Fprintf(w, "ID\tSENDER\tTOTAL\tLEFT\tSHARES LEFT\tEXPIRES\n")
+	fmt.Fprintf(w, "ID\tSENDER\tSTATE\tTOTAL\tLEFT\tSHARES LEFT\tEXPIRES\n")
 	var left int64
 	for _, p := range packets {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d/%d\t%s\n", p.ID, p.Sender, p.TotalAmount, p.RemainingAmount, p.RemainingCount, p.Count,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d/%d\t%s\n", p.ID, p.Sender, orNone(p.State), p.TotalAmount, p.RemainingAmount, p.RemainingCount, p.Count,
 			expiresIn(p.ExpiresAt, now))
 		left += p.RemainingAmount
 	}
@@ -470,21 +513,51 @@ func PrintPacket(out io.Writer, p PacketView, now time.Time) error {
 	f("Distribution:\t%s", orNone(p.Distribution))
 	f("Total:\t%d in %d shares (%s)", p.TotalAmount, p.Count, FormatMajor(p.TotalAmount, p.Currency))
 	f("Left:\t%d in %d shares", p.RemainingAmount, p.RemainingCount)
-	state := "live, expires " + expiresIn(p.ExpiresAt, now)
-	if p.Expired {
-		state = "expired, the remainder refunded to the sender"
-	}
-	f("State:\t%s", state)
+	f("State:\t%s", packetStateLine(p, now))
 	f("")
-	f("SHARE\tUSER\tAMOUNT\tAT")
+	f("SHARE\tUSER\tAMOUNT\tAT\t")
 	var granted int64
 	for _, g := range p.Grabs {
-		f("%d\t%s\t%d\t%s", g.Share, g.UserID, g.Amount, g.At)
+		mark := ""
+		if g.BestLuck {
+			mark = "best luck"
+		}
+		f("%d\t%s\t%d\t%s\t%s", g.Share, g.UserID, g.Amount, g.At, mark)
 		granted += g.Amount
 	}
 	f("")
 	f("Granted:\t%d in %d shares; granted + left = %d, total %d", granted, len(p.Grabs), granted+p.RemainingAmount, p.TotalAmount)
 	return w.Flush()
+}
+
+// packetStateLine says where the packet is in its lifecycle, with its times and
+// refund.
+func packetStateLine(p PacketView, now time.Time) string {
+	refund := func() string {
+		if p.RefundAmount == nil {
+			return ""
+		}
+		return fmt.Sprintf(", %d (%s) to refund", *p.RefundAmount, FormatMajor(*p.RefundAmount, p.Currency))
+	}
+	switch p.State {
+	case grabapi.PacketExhausted:
+		if p.ExhaustedAt != "" {
+			return "exhausted at " + p.ExhaustedAt + ": every share grabbed"
+		}
+		return "exhausted: every share grabbed"
+	case grabapi.PacketExpired:
+		return "expired " + p.ExpiresAt + refund() + ", not yet moved by the operator's expiry"
+	case grabapi.PacketRefunding:
+		return "refunding" + refund() + " to the sender: settlement is delivering it"
+	case grabapi.PacketRefunded:
+		return "refunded at " + orNone(p.RefundedAt) + refund() + " (acknowledged by the balance system)"
+	case grabapi.PacketLive:
+		return "live, expires " + expiresIn(p.ExpiresAt, now)
+	}
+	if p.Expired {
+		return "expired, the remainder refunded to the sender"
+	}
+	return "live, expires " + expiresIn(p.ExpiresAt, now)
 }
 
 // expiresIn is "in 5m (2026-01-01T00:00:00Z)" for an RFC 3339 time, or the text as

@@ -185,6 +185,53 @@ func TestPacketsClientAgainstARealBudget(t *testing.T) {
 		t.Errorf("packets table:\n%s", out.String())
 	}
 
+	// Exhaust order-2: the list says so, and --state keeps one state or the other.
+	for _, u := range []string{"carol", "dan", "erin"} {
+		if _, err := b.GrabPacket(ctx, "order-2", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if live, err = c.Live(ctx, "sender-secret-token", 100); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		states []string
+		want   string
+	}{{[]string{"exhausted"}, "order-2"}, {[]string{"live"}, "order-1"}, {nil, "order-1,order-2"}, {[]string{"live", "exhausted"}, "order-1,order-2"}} {
+		wanted, err := checkStates(tc.states)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, p := range FilterPackets(live, wanted) {
+			ids = append(ids, p.ID)
+		}
+		if got := strings.Join(ids, ","); got != tc.want {
+			t.Errorf("--state %v: %s, want %s", tc.states, got, tc.want)
+		}
+	}
+	if _, err := checkStates([]string{"refunded"}); err == nil || !strings.Contains(err.Error(), "kubectl rpa packet") {
+		t.Errorf("--state refunded: %v, want a refusal that says where refunded packets are read", err)
+	}
+	out.Reset()
+	if err := PrintPackets(&out, FilterPackets(live, map[string]bool{"exhausted": true}), "CNY", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(out.String()), " "), "order-2 merchant-7 exhausted 300 0 0/3") {
+		t.Errorf("packets table with the state:\n%s", out.String())
+	}
+	p, err = c.Packet(ctx, "order-2", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := PrintPacket(&out, p, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "exhausted at "+p.Grabs[2].At+": every share grabbed") {
+		t.Errorf("packet detail of an exhausted packet:\n%s", out.String())
+	}
+
 	notGrab := httptest.NewServer(http.NotFoundHandler())
 	t.Cleanup(notGrab.Close)
 	noList := PacketsClient{BaseURL: notGrab.URL, HTTP: hs.Client()}

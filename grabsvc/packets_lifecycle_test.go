@@ -40,7 +40,7 @@ func TestBestLuckRule(t *testing.T) {
 			if got := BestLuck(tc.d); got != tc.want {
 				t.Fatalf("best luck %d, want %d", got, tc.want)
 			}
-			v := NewPacketDetailView(tc.d)
+			v := NewPacketDetailView(tc.d, time.Now())
 			marked := -1
 			for i, g := range v.Grabs {
 				if g.BestLuck {
@@ -127,5 +127,79 @@ func TestPacketDetailMarksTheBestLuck(t *testing.T) {
 	v = detail("lucky-2")
 	if at, best = marked(v); !v.Expired || at < 0 || v.Grabs[at].Amount != best {
 		t.Fatalf("expired with two grabs: share %d marked (expired %v): %+v", at, v.Expired, v.Grabs)
+	}
+}
+
+// A packet's lifecycle over HTTP on a real redis-server: live, exhausted (with the
+// last grab's time), expired once its time is up (the refund amount known, no grab
+// granted), refunding once the operator's expiry moved the remainder, refunded once
+// settlement forgot it after the balance system's acknowledgement (with the time).
+// The live list carries the state too.
+func TestPacketLifecycleStates(t *testing.T) {
+	h := newPacketHarness(t, 100_000, 1)
+	ctx := context.Background()
+	view := func(id string) PacketDetailView {
+		t.Helper()
+		a := h.do(http.MethodGet, "/v1/packets/"+id, "", nil)
+		var v PacketDetailView
+		if a.Status != http.StatusOK || json.Unmarshal([]byte(a.Raw), &v) != nil {
+			t.Fatalf("detail of %s: %d %s", id, a.Status, a.Raw)
+		}
+		return v
+	}
+	if a := h.create(`{"id":"short","sender":"m","totalAmount":300,"count":3,"ttlSeconds":1}`); a.Status != http.StatusCreated || a.str("state") != "live" {
+		t.Fatalf("create: %d %s, want 201 with state live", a.Status, a.Raw)
+	}
+	if a := h.create(`{"id":"gone","sender":"m","totalAmount":200,"count":2}`); a.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", a.Status, a.Raw)
+	}
+	first := h.grab("short", "u-1", nil)
+	for _, u := range []string{"u-1", "u-2"} {
+		if a := h.grab("gone", u, nil); a.str("outcome") != "granted" {
+			t.Fatalf("grab: %s", a.Raw)
+		}
+	}
+	if v := view("short"); v.State != "live" || v.RefundAmount != nil || v.ExhaustedAt != "" {
+		t.Fatalf("short with shares and time left: %+v", v.PacketView)
+	}
+	v := view("gone")
+	if v.State != "exhausted" || v.ExhaustedAt == "" || v.ExhaustedAt != v.Grabs[1].At || v.RefundAmount != nil {
+		t.Fatalf("gone with every share grabbed: %+v", v.PacketView)
+	}
+	list := h.do(http.MethodGet, "/v1/packets?limit=10", "", asSender)
+	states := map[string]string{}
+	for _, p := range list.Body["packets"].([]any) {
+		m := p.(map[string]any)
+		states[m["id"].(string)], _ = m["state"].(string)
+	}
+	if states["short"] != "live" || states["gone"] != "exhausted" {
+		t.Fatalf("the live list's states: %v", states)
+	}
+
+	time.Sleep(1100 * time.Millisecond)
+	left := 300 - first.num("amount")
+	if v := view("short"); v.State != "expired" || v.RefundAmount == nil || *v.RefundAmount != left || v.RefundedAt != "" {
+		t.Fatalf("short after its time: %+v, want expired with %d to refund", v.PacketView, left)
+	}
+	if a := h.grab("short", "u-9", nil); a.str("outcome") != OutcomeExpired {
+		t.Fatalf("a grab of an expired packet: %s", a.Raw)
+	}
+	if n, refunded, err := h.handle.ExpireDue(ctx, 0, 10); err != nil || n != 1 || refunded != left {
+		t.Fatalf("expiry: %d packets, %d refunded, %v", n, refunded, err)
+	}
+	if v := view("short"); v.State != "refunding" || v.RefundAmount == nil || *v.RefundAmount != left || !v.Expired {
+		t.Fatalf("short after the expiry: %+v, want refunding %d", v.PacketView, left)
+	}
+	before := time.Now().Add(-time.Second)
+	if errs := h.handle.ForgetPackets(ctx, []string{"short"}, time.Hour); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	v = view("short")
+	at, err := time.Parse(time.RFC3339, v.RefundedAt)
+	if v.State != "refunded" || v.RefundAmount == nil || *v.RefundAmount != left || err != nil || at.Before(before) || !v.Forgotten {
+		t.Fatalf("short after its refund settled: %+v (%v)", v.PacketView, err)
+	}
+	if v := view("gone"); v.State != "exhausted" {
+		t.Fatalf("gone after the expiry of another packet: %+v", v.PacketView)
 	}
 }
