@@ -80,6 +80,11 @@ type PacketConfig struct {
 	Log *slog.Logger
 	// Page serves the packet page (package web) at /p/{id}, /packet.css and /packet.js.
 	Page bool
+	// SendWindows are when new packets may be created (spec.packets.sendWindows);
+	// the zero value allows every instant. They are read on Now.
+	SendWindows SendWindows
+	// Now is the service's clock; nil means time.Now.
+	Now func() time.Time
 }
 
 // PacketServer serves the runtime packet API of one budget: creation by the sender's
@@ -248,6 +253,9 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 		s.refuseCreate(w, http.StatusBadRequest, OutcomeInvalidRequest, msg)
 		return
 	}
+	if !s.insideSendWindow(w, r, p.ID) {
+		return
+	}
 	start := time.Now()
 	res, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (store.CreateResult, error) {
 		return s.budget.Create(ctx, p)
@@ -288,6 +296,55 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 	v := NewPacketView(res.Packet, time.Now())
 	v.Outcome = string(res.Outcome)
 	writeJSON(w, code, v)
+}
+
+// OutcomeOutsideSendWindow refuses a creation outside the budget's send windows.
+const OutcomeOutsideSendWindow = "outside_send_window"
+
+// insideSendWindow answers a creation outside the budget's send windows, 403
+// outside_send_window with Retry-After to the next window, and reports whether the
+// creation may go on. Outside a window it asks Redis only whether the id already
+// names a packet: a merchant's retry of a packet created inside the window, or a
+// tombstone's id, goes on to the create function, which answers existing or
+// conflict and creates nothing; an id that names no packet is refused without
+// touching Redis further. The window is read on the service's clock (Now).
+func (s *PacketServer) insideSendWindow(w http.ResponseWriter, r *http.Request, id string) bool {
+	now := s.now()
+	ok, opens := s.cfg.SendWindows.Allows(now)
+	if ok {
+		return true
+	}
+	exists, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (bool, error) {
+		_, found, err := s.budget.Packet(ctx, id)
+		return found, err
+	})
+	switch {
+	case err != nil:
+		s.metrics.RedisErrors.WithLabelValues("create").Inc()
+		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err, "nothing was created"))
+		return false
+	case exists:
+		return true
+	}
+	if broken := s.cfg.SendWindows.broken; broken != nil {
+		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, fmt.Sprintf(
+			"the budget's send windows cannot be read (%v): nothing is created until spec.packets is fixed", broken))
+		return false
+	}
+	s.metrics.countCreate(OutcomeOutsideSendWindow)
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(opens.Sub(now))))
+	writeJSON(w, http.StatusForbidden, apiError{Error: OutcomeOutsideSendWindow, Message: fmt.Sprintf(
+		"rule sendWindows: packets are created %s; the next window opens at %s; nothing was created",
+		s.cfg.SendWindows, opens.Format(time.RFC3339))})
+	return false
+}
+
+// now is the service's clock.
+func (s *PacketServer) now() time.Time {
+	if s.cfg.Now != nil {
+		return s.cfg.Now()
+	}
+	return time.Now()
 }
 
 // MaxListedPackets is the most live packets one GET /v1/packets lists.

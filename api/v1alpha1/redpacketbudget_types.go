@@ -62,7 +62,31 @@ type PacketLimits struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('168h')",message="packets.maxTTL must be between 1s and 168h (7 days)"
 	// +optional
 	MaxTTL *metav1.Duration `json:"maxTTL,omitempty"`
+
+	// sendWindows are the hours of the day when packets may be created, in
+	// timeZone, each "HH:MM-HH:MM" (start included, end excluded, "24:00" the end
+	// of the day; a window over midnight is written as two). Outside them a
+	// creation of a new id answers 403 outside_send_window with Retry-After to the
+	// next window; a retry of a packet that exists still answers existing. The grab
+	// pods decide by their own clocks. Absent: every hour.
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	// +optional
+	SendWindows []SendWindow `json:"sendWindows,omitempty"`
+
+	// timeZone of sendWindows, an IANA name such as "Asia/Shanghai". Defaults to
+	// UTC.
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$`
+	// +optional
+	TimeZone string `json:"timeZone,omitempty"`
 }
+
+// SendWindow is "HH:MM-HH:MM" with the start before the end, 00:00 to 24:00.
+// +kubebuilder:validation:MaxLength=11
+// +kubebuilder:validation:Pattern=`^([01][0-9]|2[0-3]):[0-5][0-9]-(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$`
+// +kubebuilder:validation:XValidation:rule="self.split('-')[0] < self.split('-')[1]",message="a send window's start must be before its end (a window over midnight is written as two)"
+type SendWindow string
 
 // BudgetGrabService configures the budget's one shared grab Deployment.
 type BudgetGrabService struct {

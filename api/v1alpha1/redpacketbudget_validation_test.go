@@ -70,6 +70,24 @@ func TestImpossibleBudgetsAreRejected(t *testing.T) {
 		}, "webhook url must start with http:// or https://"},
 		{"a name too long for its workload", func(b *v1alpha1.RedPacketBudget) { b.Name = strings.Repeat("b", 59) },
 			"metadata.name must be a DNS label of at most 58 characters"},
+		{"a send window over midnight", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.SendWindows = []v1alpha1.SendWindow{"20:00-02:00"}
+		}, "a send window's start must be before its end"},
+		{"a send window of no time", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.SendWindows = []v1alpha1.SendWindow{"08:00-08:00"}
+		}, "a send window's start must be before its end"},
+		{"a send window that is not HH:MM-HH:MM", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.SendWindows = []v1alpha1.SendWindow{"8:00-24:00"}
+		}, "spec.packets.sendWindows[0] in body should match"},
+		{"a send window ending after 24:00", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.SendWindows = []v1alpha1.SendWindow{"08:00-24:30"}
+		}, "spec.packets.sendWindows[0] in body should match"},
+		{"nine send windows", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.SendWindows = []v1alpha1.SendWindow{"00:00-01:00", "01:00-02:00", "02:00-03:00", "03:00-04:00",
+				"04:00-05:00", "05:00-06:00", "06:00-07:00", "07:00-08:00", "08:00-09:00"}
+		}, "must have at most 8 items"},
+		{"a time zone with a space", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.TimeZone = "Asia/Shang hai" },
+			"spec.packets.timeZone in body should match"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := budget(ns, strings.ToLower(strings.ReplaceAll(tc.name, " ", "-")))

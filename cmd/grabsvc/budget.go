@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,6 +43,16 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		log.Warn("no --token-key-file: grabs of the budget's packets carry no user token")
 	}
 
+	var windows grabsvc.SendWindows
+	if o.sendWindows != "" {
+		// An unreadable window or zone stops creations, not the pod: grabs of the
+		// packets already sent go on, and every creation answers 503 saying why.
+		if windows, err = grabsvc.ParseSendWindows(strings.Split(o.sendWindows, ","), o.sendTimeZone); err != nil {
+			log.Error("the budget's send windows cannot be read: no packet is created until they are fixed", "err", err)
+			windows = grabsvc.ClosedSendWindows(err)
+		}
+	}
+
 	rc, err := o.redis.NewPipelinedClient(redisconn.GrabClientOptions(o.redisTimeout))
 	if err != nil {
 		return err
@@ -63,6 +74,7 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		Gatherer:      reg,
 		Log:           log,
 		Page:          o.page,
+		SendWindows:   windows,
 	})
 	if err != nil {
 		return err

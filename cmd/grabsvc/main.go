@@ -100,6 +100,8 @@ type options struct {
 	ratePerUser, ratePerClient                 float64
 	burstPerUser, burstPerClient, limitEntries int
 	page                                       bool
+	sendWindows                                string
+	sendTimeZone                               string
 	kubeconfig                                 string
 	shutdownDelay, shutdownTimeout             time.Duration
 	logLevel                                   string
@@ -144,6 +146,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.burstPerClient, "rate-burst-per-client", 0, "burst of the per-client limit; 0: the rate rounded up")
 	fs.IntVar(&o.limitEntries, "rate-limit-entries", grabsvc.DefaultMaxLimiterEntries, "most users (and clients) the rate limits track at once")
 	fs.BoolVar(&o.page, "page", true, "serve the red-packet rain page at / (false: / answers 404)")
+	fs.StringVar(&o.sendWindows, "send-windows", "", "with --budget: comma-separated HH:MM-HH:MM windows when packets may be created (spec.packets.sendWindows; empty: always)")
+	fs.StringVar(&o.sendTimeZone, "send-time-zone", "UTC", "with --budget: the IANA time zone of --send-windows")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, in-cluster, or ~/.kube/config")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long readiness fails before the listener closes")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")

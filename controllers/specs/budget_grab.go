@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -124,6 +125,16 @@ func BudgetGrabArgs(in BudgetGrab) []string {
 	if b.Spec.GrabService.Auth != nil {
 		args = append(args, "--token-key-file="+tokenKeyDir+"/"+secretKeyName,
 			"--token-max-lifetime="+in.TokenMaxLifetime.String())
+	}
+	if w := b.Spec.Packets.SendWindows; len(w) > 0 {
+		windows := make([]string, len(w))
+		for i, s := range w {
+			windows[i] = string(s)
+		}
+		args = append(args, "--send-windows="+strings.Join(windows, ","))
+		if tz := b.Spec.Packets.TimeZone; tz != "" {
+			args = append(args, "--send-time-zone="+tz)
+		}
 	}
 	return args
 }
