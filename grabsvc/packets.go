@@ -80,6 +80,10 @@ type PacketConfig struct {
 	Log *slog.Logger
 	// Page serves the packet page (package web) at /p/{id}, /packet.css and /packet.js.
 	Page bool
+	// ClaimSecret requires each packet's claim secret (ClaimSecretHeader) on its
+	// grabs and on reads of it by anyone but the sender (spec.packets.claimSecret);
+	// a creation's answer carries it. It needs Sender.
+	ClaimSecret bool
 	// SendWindows are when new packets may be created (spec.packets.sendWindows);
 	// the zero value allows every instant. They are read on Now.
 	SendWindows SendWindows
@@ -112,6 +116,9 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 	}
 	if cfg.Budget.UID == "" || cfg.Budget.Name == "" {
 		return nil, errors.New("packet server: the budget's name and UID are required")
+	}
+	if cfg.ClaimSecret && cfg.Sender == nil {
+		return nil, errors.New("packet server: claim secrets need the sender credential")
 	}
 	if cfg.Budget.Shards < 1 || cfg.Budget.Shards > store.MaxBudgetShards {
 		return nil, fmt.Errorf("packet server: %d budget shards is outside [1, %d]", cfg.Budget.Shards, store.MaxBudgetShards)
@@ -295,6 +302,9 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	v := NewPacketView(res.Packet, time.Now())
 	v.Outcome = string(res.Outcome)
+	if s.cfg.ClaimSecret {
+		v.ClaimSecret = s.cfg.Sender.ClaimSecret(string(s.cfg.Budget.UID), p.ID)
+	}
 	writeJSON(w, code, v)
 }
 
@@ -433,6 +443,14 @@ func (s *PacketServer) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.refuseGrab(w, status, OutcomeInvalidRequest, msg)
 		return
 	}
+	if !s.claimSecretPresented(r, packetID) {
+		// The answer of a packet that does not exist, decided before Redis: a wrong
+		// secret tells nothing of the id.
+		s.metrics.countGrab(OutcomeNotFound)
+		writeJSON(w, http.StatusNotFound, packetGrabResponse{Outcome: OutcomeNotFound, PacketID: packetID,
+			Error: "no packet with this id: never created, or expired and settled"})
+		return
+	}
 	if s.cfg.Tokens != nil {
 		if err := s.cfg.Tokens.VerifyPacket(r.Header.Get("Authorization"), s.aud, packetID, userID); err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="grab"`)
@@ -507,6 +525,10 @@ func (s *PacketServer) handleDetail(w http.ResponseWriter, r *http.Request) {
 		s.refuseDetail(w, http.StatusUnauthorized, OutcomeUnauthorized, err.Error())
 		return
 	}
+	if !s.claimSecretPresented(r, packetID) && (s.cfg.Sender == nil || s.cfg.Sender.Check(r.Header.Get("Authorization")) != nil) {
+		s.refuseDetail(w, http.StatusNotFound, OutcomeNotFound, "no packet with this id: never created, or expired and settled")
+		return
+	}
 	type found struct {
 		d  store.PacketDetail
 		ok bool
@@ -553,6 +575,16 @@ func (s *PacketServer) authorizeRead(authorization, packetID string) error {
 		return fmt.Errorf("%w: %w", ErrPacketRead, err)
 	}
 	return nil
+}
+
+// claimSecretPresented reports whether the request may touch packetID as far as
+// claim secrets go: always without ClaimSecret, else when it carries the packet's
+// secret (compared in constant time).
+func (s *PacketServer) claimSecretPresented(r *http.Request, packetID string) bool {
+	if !s.cfg.ClaimSecret {
+		return true
+	}
+	return s.cfg.Sender != nil && s.cfg.Sender.checkClaimSecret(string(s.cfg.Budget.UID), packetID, r.Header.Get(ClaimSecretHeader))
 }
 
 // unavailableMessage says why Redis could not decide, and what a retry does.

@@ -63,6 +63,15 @@ type PacketLimits struct {
 	// +optional
 	MaxTTL *metav1.Duration `json:"maxTTL,omitempty"`
 
+	// claimSecret makes each packet a capability: its creation answers a
+	// claimSecret, and every grab of it, and every read by anyone but the sender,
+	// must carry it (the Claim-Secret header; the packet page takes it from its
+	// link's fragment, /p/{id}#<secret>). Without it, an id that cannot be told
+	// from one never created. Order ids may then be guessable without exposing
+	// packets.
+	// +optional
+	ClaimSecret bool `json:"claimSecret,omitempty"`
+
 	// sendWindows are the hours of the day when packets may be created, in
 	// timeZone, each "HH:MM-HH:MM" (start included, end excluded, "24:00" the end
 	// of the day; a window over midnight is written as two). Outside them a

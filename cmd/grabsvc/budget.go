@@ -75,6 +75,7 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		Log:           log,
 		Page:          o.page,
 		SendWindows:   windows,
+		ClaimSecret:   o.claimSecret,
 	})
 	if err != nil {
 		return err

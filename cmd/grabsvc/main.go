@@ -101,6 +101,7 @@ type options struct {
 	burstPerUser, burstPerClient, limitEntries int
 	page                                       bool
 	sendWindows                                string
+	claimSecret                                bool
 	sendTimeZone                               string
 	kubeconfig                                 string
 	shutdownDelay, shutdownTimeout             time.Duration
@@ -146,6 +147,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.burstPerClient, "rate-burst-per-client", 0, "burst of the per-client limit; 0: the rate rounded up")
 	fs.IntVar(&o.limitEntries, "rate-limit-entries", grabsvc.DefaultMaxLimiterEntries, "most users (and clients) the rate limits track at once")
 	fs.BoolVar(&o.page, "page", true, "serve the red-packet rain page at / (false: / answers 404)")
+	fs.BoolVar(&o.claimSecret, "claim-secret", false, "with --budget: every grab and read of a packet needs its claim secret (spec.packets.claimSecret), which its creation answers")
 	fs.StringVar(&o.sendWindows, "send-windows", "", "with --budget: comma-separated HH:MM-HH:MM windows when packets may be created (spec.packets.sendWindows; empty: always)")
 	fs.StringVar(&o.sendTimeZone, "send-time-zone", "UTC", "with --budget: the IANA time zone of --send-windows")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, in-cluster, or ~/.kube/config")

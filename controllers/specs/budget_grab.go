@@ -126,6 +126,9 @@ func BudgetGrabArgs(in BudgetGrab) []string {
 		args = append(args, "--token-key-file="+tokenKeyDir+"/"+secretKeyName,
 			"--token-max-lifetime="+in.TokenMaxLifetime.String())
 	}
+	if b.Spec.Packets.ClaimSecret {
+		args = append(args, "--claim-secret")
+	}
 	if w := b.Spec.Packets.SendWindows; len(w) > 0 {
 		windows := make([]string, len(w))
 		for i, s := range w {

@@ -75,7 +75,7 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			name: "on the default Redis, no auth, replicas left to the Deployment", login: &login,
 			wantImage: "operator/grab:1", wantRedisSecret: "shop-grab-redis",
 			wantVolumes:   map[string]string{"sender-token": "shop-sender"},
-			unwantedFlags: []string{"--token-key-file", "--token-max-lifetime", "--activity", "--activity-uid", "--send-windows", "--send-time-zone"},
+			unwantedFlags: []string{"--token-key-file", "--token-max-lifetime", "--activity", "--activity-uid", "--send-windows", "--send-time-zone", "--claim-secret"},
 			wantRequests:  corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 			wantLimits:    corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
@@ -112,14 +112,15 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			wantLimits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
 		{
-			name: "send windows in a time zone", login: &login,
+			name: "send windows in a time zone, and claim secrets", login: &login,
 			mutate: func(b *redpacketv1alpha1.RedPacketBudget) {
 				b.Spec.Packets.SendWindows = []redpacketv1alpha1.SendWindow{"08:00-12:00", "14:00-24:00"}
 				b.Spec.Packets.TimeZone = "Asia/Shanghai"
+				b.Spec.Packets.ClaimSecret = true
 			},
 			wantImage: "operator/grab:1", wantRedisSecret: "shop-grab-redis",
 			wantVolumes:  map[string]string{"sender-token": "shop-sender"},
-			wantArgs:     []string{"--send-windows=08:00-12:00,14:00-24:00", "--send-time-zone=Asia/Shanghai"},
+			wantArgs:     []string{"--send-windows=08:00-12:00,14:00-24:00", "--send-time-zone=Asia/Shanghai", "--claim-secret"},
 			wantRequests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 			wantLimits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},

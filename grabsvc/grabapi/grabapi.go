@@ -20,7 +20,12 @@ type GrabResponse struct {
 // PacketView is a packet as POST /v1/packets answers it.
 type PacketView struct {
 	// Outcome is created or existing in a creation's answer, absent elsewhere.
-	Outcome         string `json:"outcome,omitempty"`
+	Outcome string `json:"outcome,omitempty"`
+	// ClaimSecret is, in a creation's answer of a budget with
+	// spec.packets.claimSecret, what a grab or a read of the packet must carry (the
+	// Claim-Secret header): put it in the share link's fragment, /p/{id}#<secret>.
+	// No other answer carries it.
+	ClaimSecret     string `json:"claimSecret,omitempty"`
 	ID              string `json:"id"`
 	Sender          string `json:"sender"`
 	Currency        string `json:"currency"`

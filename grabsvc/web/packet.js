@@ -10,10 +10,17 @@
   var id = decodeURIComponent(location.pathname.replace(/^\/p\//, ''));
   var base = '/v1/packets/' + encodeURIComponent(id);
   var query = new URLSearchParams(location.search);
-  var fragment = new URLSearchParams(location.hash.slice(1));
+  var hash = location.hash.slice(1);
+  var fragment = new URLSearchParams(hash);
   var token = fragment.get('token') || '';
-  // headers are a request's headers with the token, when the link carries one.
+  // A packet's claim secret, when its budget requires one: /p/{id}#<secret>, or
+  // secret=<secret> beside a token. Like the token it stays in the fragment, which
+  // no request carries, and goes only in the Claim-Secret header.
+  var secret = fragment.get('secret') || (hash && hash.indexOf('=') < 0 ? hash : '');
+  // headers are a request's headers with the token and the claim secret, when the
+  // link carries them.
   function headers(h) {
+    if (secret) { h['Claim-Secret'] = secret; }
     if (token) { h.Authorization = 'Bearer ' + token; }
     return h;
   }
