@@ -38,7 +38,7 @@ import (
 const MaxBodyBytes = 4 << 10
 
 // DefaultRedisTimeout bounds every Redis call of the grab path.
-const DefaultRedisTimeout = 500 * time.Millisecond
+const DefaultRedisTimeout = grabapi.RedisTimeout
 
 // Config is what a Server needs.
 type Config struct {
@@ -88,7 +88,7 @@ type Config struct {
 
 // DefaultResolveTimeout is how long a grab with an unknown outcome is resolved for
 // by default: with DefaultRedisTimeout, a grab is answered within 1.5 s.
-const DefaultResolveTimeout = time.Second
+const DefaultResolveTimeout = grabapi.ResolveTimeout
 
 // Server serves the grab API of one activity.
 type Server struct {
