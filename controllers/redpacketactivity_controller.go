@@ -226,6 +226,9 @@ type RedPacketActivityReconciler struct {
 	// newStore, when set, replaces the activity stores on the cached Redis clients
 	// (storeFor); the phase tests set it.
 	newStore storeFactory
+	// exposer keeps spec.expose's route or Ingress; made by SetupWithManager (nil in
+	// the phase tests, where the expose step does nothing).
+	exposer *exposer
 	// statuses, when set, replaces the API server as the status writer
 	// (statusWriter); the phase tests set it.
 	statuses statusWriter
@@ -265,7 +268,9 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the deletion settlement workers to the manager: %w", err)
 		}
 	}
-	err := ctrl.NewControllerManagedBy(mgr).
+	x, watchRoutes := newExposer(mgr, r.Client, r.APIReader)
+	r.exposer = x
+	err := watchExposure(ctrl.NewControllerManagedBy(mgr), watchRoutes).
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketActivity{}, builder.WithPredicates(activityChangePredicate())).
 		Owns(&appsv1.Deployment{}).
@@ -299,6 +304,7 @@ func CacheOptions(namespaces ...string) cache.Options {
 			&rbacv1.RoleBinding{}:           managed,
 			&networkingv1.NetworkPolicy{}:   managed,
 			&policyv1.PodDisruptionBudget{}: managed,
+			&networkingv1.Ingress{}:         managed,
 		},
 	}
 	if len(namespaces) > 0 {
