@@ -48,7 +48,7 @@
   }
   function poll() {
     var next = 1000;
-    fetch('/v1/activity', { cache: 'no-store', headers: { Accept: 'application/json' } })
+    fetch('v1/activity', { cache: 'no-store', headers: { Accept: 'application/json' } })
       .then(function (r) {
         var d = Date.parse(r.headers.get('Date') || '');
         if (d) { var s = d + 500 - Date.now(); skew = Math.abs(s) > 2000 ? s : 0; }
@@ -139,7 +139,7 @@
     show('wait', 'pending', 'Opening…');
     var headers = { 'Content-Type': 'application/json' };
     if (token) { headers.Authorization = 'Bearer ' + token; }
-    fetch('/v1/grab', { method: 'POST', headers: headers, cache: 'no-store', body: JSON.stringify({ userId: user }) })
+    fetch('v1/grab', { method: 'POST', headers: headers, cache: 'no-store', body: JSON.stringify({ userId: user }) })
       .then(function (r) {
         return r.json().catch(function () { return {}; }).then(function (b) {
           answer(r.status, r.headers.get('Retry-After'), b, at);
