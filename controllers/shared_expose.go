@@ -128,22 +128,28 @@ func exposedCondition(status metav1.ConditionStatus, reason, format string, args
 // kind), then applies the one it asks for and reads its status. An error is
 // returned with the result that describes it (Exposed False, ExposeFailed); a
 // missing Gateway API is no error (GatewayAPIMissing, looked at again later).
-func (x *exposer) keep(ctx context.Context, e specs.Exposure, owner metav1.Object, now time.Time) (exposeResult, error) {
+//
+// wasExposed says that the owner's status on the API server has an Exposed
+// condition, which the operator sets whenever it keeps an exposure and removes only
+// once it deleted it: only then is an HTTPRoute looked up for deletion, so an object
+// that never asked for an exposure costs no API call. The Ingress is looked up in
+// the cache, which holds the operator's own.
+func (x *exposer) keep(ctx context.Context, e specs.Exposure, owner metav1.Object, wasExposed bool, now time.Time) (exposeResult, error) {
 	wantRoute := e.Expose != nil && e.Expose.HTTPRoute != nil
 	wantIngress := e.Expose != nil && e.Expose.Ingress != nil
 	key := client.ObjectKey{Namespace: e.Namespace, Name: e.Name}
 	if !wantIngress {
-		if err := x.deleteOwned(ctx, key, &networkingv1.Ingress{}, owner); err != nil {
+		if err := x.deleteOwned(ctx, x.client, key, &networkingv1.Ingress{}, owner); err != nil {
 			return failedExposure(err)
 		}
 	}
-	if !wantRoute {
+	if !wantRoute && wasExposed {
 		installed, err := x.gateway.installed(now)
 		if err != nil {
 			return failedExposure(err)
 		}
 		if installed {
-			if err := x.deleteOwned(ctx, key, &gatewayv1.HTTPRoute{}, owner); err != nil {
+			if err := x.deleteOwned(ctx, x.reader, key, &gatewayv1.HTTPRoute{}, owner); err != nil {
 				return failedExposure(err)
 			}
 		}
@@ -161,10 +167,10 @@ func failedExposure(err error) (exposeResult, error) {
 	return exposeResult{condition: exposedCondition(metav1.ConditionFalse, redpacketv1alpha1.ReasonExposeFailed, "%v", err)}, err
 }
 
-// deleteOwned deletes the object of key when the owner controls it; another's is
-// left alone.
-func (x *exposer) deleteOwned(ctx context.Context, key client.ObjectKey, obj client.Object, owner metav1.Object) error {
-	if err := x.reader.Get(ctx, key, obj); err != nil {
+// deleteOwned deletes the object of key, as read through reader, when the owner
+// controls it; another's is left alone.
+func (x *exposer) deleteOwned(ctx context.Context, reader client.Reader, key client.ObjectKey, obj client.Object, owner metav1.Object) error {
+	if err := reader.Get(ctx, key, obj); err != nil {
 		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
 			return nil
 		}

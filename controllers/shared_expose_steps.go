@@ -3,6 +3,9 @@ package controllers
 import (
 	"context"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers/specs"
 )
 
@@ -16,7 +19,8 @@ func (r *RedPacketActivityReconciler) reconcileExpose(ctx context.Context, s *ac
 	if r.exposer == nil {
 		return stepResult{}, nil
 	}
-	res, err := r.exposer.keep(ctx, specs.ActivityExposure(s.activity), s.activity, s.now)
+	wasExposed := meta.FindStatusCondition(s.activity.Status.Conditions, redpacketv1alpha1.ConditionExposed) != nil
+	res, err := r.exposer.keep(ctx, specs.ActivityExposure(s.activity), s.activity, wasExposed, s.now)
 	s.setExposed(res)
 	s.status.URL = res.url
 	return stepResult{requeueAfter: res.requeueAfter}, err
@@ -27,7 +31,8 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetExpose(ctx context.Context, s
 	if r.exposer == nil {
 		return stepResult{}, nil
 	}
-	res, err := r.exposer.keep(ctx, specs.BudgetExposure(s.budget), s.budget, s.now)
+	wasExposed := meta.FindStatusCondition(s.budget.Status.Conditions, redpacketv1alpha1.ConditionExposed) != nil
+	res, err := r.exposer.keep(ctx, specs.BudgetExposure(s.budget), s.budget, wasExposed, s.now)
 	s.setExposed(res)
 	s.status.URL = res.url
 	return stepResult{requeueAfter: res.requeueAfter}, err
