@@ -19,6 +19,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
+	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/test/controlplane"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
@@ -310,5 +311,35 @@ func TestExposeThroughAnIngress(t *testing.T) {
 	e.waitCondition("taken", redpacketv1alpha1.ConditionExposed, metav1.ConditionFalse, redpacketv1alpha1.ReasonNotAdopted, 30*time.Second)
 	if err := e.c.Get(ctx, client.ObjectKeyFromObject(foreign), foreign); err != nil || foreign.Spec.DefaultBackend.Service.Name != "other" || len(foreign.OwnerReferences) != 0 {
 		t.Errorf("the foreign Ingress was touched: %+v, %v", foreign, err)
+	}
+}
+
+// The Gateway API installed while the operator runs: an activity waiting with
+// GatewayAPIMissing gets its route once discovery is asked again (every
+// GatewayAPIRecheckPeriod, here 500 ms), through the same manager, whose REST
+// mapping learns the new kind; without a watch on routes (there was none at start)
+// the route's acceptance is read on the requeue.
+func TestExposeOnceTheGatewayAPIIsInstalledLater(t *testing.T) {
+	needsServers(t)
+	gcp := controlplane.Start(t)
+	srv := redistest.Start(t)
+	e := &env{t: t, ns: gcp.Namespace(t), redis: srv, rdb: srv.Client(t), c: gcp.Client, cfg: gcp.Config}
+	e.createSettlementKeys()
+	e.startController(func(r *controllers.RedPacketActivityReconciler) {
+		r.Options.GatewayAPIRecheckPeriod = 500 * time.Millisecond
+	})
+	e.create(e.activity("later", 10_000, 100, func(a *redpacketv1alpha1.RedPacketActivity) {
+		a.Spec.Expose = routeExpose("edge", "later.example.com")
+	}))
+	e.waitCondition("later", redpacketv1alpha1.ConditionExposed, metav1.ConditionFalse, redpacketv1alpha1.ReasonGatewayAPIMissing, 30*time.Second)
+
+	installGatewayAPI(t, gcp)
+	e.gateway("gateways", "edge", gatewayv1.HTTPSProtocolType)
+	e.waitRoute("later-grab")
+	e.waitCondition("later", redpacketv1alpha1.ConditionExposed, metav1.ConditionUnknown, redpacketv1alpha1.ReasonRoutePending, 30*time.Second)
+	e.reportRoute("later-grab", "edge", metav1.ConditionTrue, "Accepted", "accepted")
+	a := e.waitCondition("later", redpacketv1alpha1.ConditionExposed, metav1.ConditionTrue, redpacketv1alpha1.ReasonRouteAccepted, 30*time.Second)
+	if a.Status.URL != "https://later.example.com/" {
+		t.Errorf("status.url %q", a.Status.URL)
 	}
 }

@@ -104,6 +104,9 @@ type Options struct {
 	CleanupPollInterval time.Duration
 	// MaxBackoff caps the exponential backoff after errors (Redis down, say).
 	MaxBackoff time.Duration
+	// GatewayAPIRecheckPeriod is how long "the Gateway API is not installed" is
+	// believed before discovery is asked again; 0 means DefaultGatewayAPIRecheckPeriod.
+	GatewayAPIRecheckPeriod time.Duration
 	// MaxConcurrentReconciles is how many activities are reconciled at once; 0 means 1.
 	MaxConcurrentReconciles int
 	// SettlementConsumer is the consumer name of the settlement workers the operator
@@ -178,6 +181,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = DefaultMaxBackoff
+	}
+	if o.GatewayAPIRecheckPeriod <= 0 {
+		o.GatewayAPIRecheckPeriod = DefaultGatewayAPIRecheckPeriod
 	}
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
@@ -268,7 +274,7 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the deletion settlement workers to the manager: %w", err)
 		}
 	}
-	x, watchRoutes := newExposer(mgr, r.Client, r.APIReader)
+	x, watchRoutes := newExposer(mgr, r.Client, r.APIReader, r.Options.GatewayAPIRecheckPeriod)
 	r.exposer = x
 	err := watchExposure(ctrl.NewControllerManagedBy(mgr), watchRoutes).
 		Named(r.Options.Name).

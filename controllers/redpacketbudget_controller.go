@@ -191,7 +191,7 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the budget expiry driver to the manager: %w", err)
 		}
 	}
-	x, watchRoutes := newExposer(mgr, r.Client, r.APIReader)
+	x, watchRoutes := newExposer(mgr, r.Client, r.APIReader, r.Options.GatewayAPIRecheckPeriod)
 	r.exposer = x
 	err := watchExposure(ctrl.NewControllerManagedBy(mgr), watchRoutes).
 		Named(r.Options.Name).

@@ -29,11 +29,12 @@ import (
 // ExposeFieldManager is the field manager of the routes and Ingresses of spec.expose.
 const ExposeFieldManager = "redpacket-controller-expose"
 
-// gatewayAPIRecheckPeriod is how long the answer "the Gateway API is not installed"
-// is trusted: a reconcile after it asks discovery again, and an object whose route
-// waits for the API is looked at again this often, so installing the CRDs later
-// is noticed without a restart and without an error backoff.
-const gatewayAPIRecheckPeriod = 30 * time.Second
+// DefaultGatewayAPIRecheckPeriod is how long the answer "the Gateway API is not
+// installed" is trusted by default (Options.GatewayAPIRecheckPeriod): a reconcile
+// after it asks discovery again, and an object whose route waits for the API is
+// looked at again this often, so installing the CRDs later is noticed without a
+// restart and without an error backoff.
+const DefaultGatewayAPIRecheckPeriod = 30 * time.Second
 
 // exposeRecheckPeriod is how often an object whose route or Ingress is not accepted
 // yet is looked at again, where no watch on routes brings their status changes.
@@ -44,11 +45,12 @@ const exposeRecheckPeriod = 10 * time.Second
 var gatewayAPIGroupVersion = gatewayv1.GroupVersion.String()
 
 // gatewayAPI tells whether the cluster serves gateway.networking.k8s.io/v1
-// HTTPRoutes, asking discovery at most once per gatewayAPIRecheckPeriod while the
-// answer is no, and again after forget (an apply that found the kind gone). It is
-// safe for concurrent reconciles.
+// HTTPRoutes, asking discovery at most once per recheck period while the answer is
+// no, and again after forget (an apply that found the kind gone). It is safe for
+// concurrent reconciles.
 type gatewayAPI struct {
 	discovery discovery.DiscoveryInterface
+	recheck   time.Duration
 
 	mu        sync.Mutex
 	known     bool
@@ -56,14 +58,17 @@ type gatewayAPI struct {
 	checkedAt time.Time
 }
 
-func newGatewayAPI(d discovery.DiscoveryInterface) *gatewayAPI { return &gatewayAPI{discovery: d} }
+// newGatewayAPI asks d, believing an absent Gateway API for recheck.
+func newGatewayAPI(d discovery.DiscoveryInterface, recheck time.Duration) *gatewayAPI {
+	return &gatewayAPI{discovery: d, recheck: recheck}
+}
 
 // installed reports whether HTTPRoutes are served, as of now or of a recent look. An
 // error is discovery's own failure (not "absent"); nothing is cached then.
 func (g *gatewayAPI) installed(now time.Time) (bool, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.known && (g.present || now.Sub(g.checkedAt) < gatewayAPIRecheckPeriod) {
+	if g.known && (g.present || now.Sub(g.checkedAt) < g.recheck) {
 		return g.present, nil
 	}
 	if g.discovery == nil {
@@ -211,8 +216,8 @@ func (x *exposer) keepRoute(ctx context.Context, e specs.Exposure, owner metav1.
 		return exposeResult{
 			condition: exposedCondition(metav1.ConditionFalse, redpacketv1alpha1.ReasonGatewayAPIMissing,
 				"spec.expose.httpRoute needs the Gateway API, and this cluster serves no %s HTTPRoute: install the Gateway API's standard CRDs (and a Gateway), or use spec.expose.ingress; the operator looks again every %v",
-				gatewayAPIGroupVersion, gatewayAPIRecheckPeriod),
-			requeueAfter: gatewayAPIRecheckPeriod,
+				gatewayAPIGroupVersion, x.gateway.recheck),
+			requeueAfter: x.gateway.recheck,
 		}, nil
 	}
 	key := client.ObjectKey{Namespace: e.Namespace, Name: e.Name}
@@ -400,14 +405,14 @@ func (s *reconcileScope) setExposed(r exposeResult) {
 // a kind the API server does not serve would fail the manager's start, so where the
 // Gateway API comes later, its routes' status is read on the periodic requeue
 // instead (exposeRecheckPeriod). A discovery that fails at start counts as absent.
-func newExposer(mgr ctrl.Manager, c client.Client, reader client.Reader) (*exposer, bool) {
+func newExposer(mgr ctrl.Manager, c client.Client, reader client.Reader, recheck time.Duration) (*exposer, bool) {
 	log := mgr.GetLogger().WithName("expose")
 	var g *gatewayAPI
 	if dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig()); err != nil {
 		log.Error(err, "making a discovery client; the Gateway API counts as absent")
-		g = newGatewayAPI(nil)
+		g = newGatewayAPI(nil, recheck)
 	} else {
-		g = newGatewayAPI(dc)
+		g = newGatewayAPI(dc, recheck)
 	}
 	installed, err := g.installed(time.Now())
 	if err != nil {

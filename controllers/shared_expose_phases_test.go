@@ -27,13 +27,13 @@ func (d *countingDiscovery) ServerResourcesForGroupVersion(gv string) (*metav1.A
 	return &metav1.APIResourceList{GroupVersion: gv, APIResources: []metav1.APIResource{{Name: "gateways"}, {Name: "httproutes"}}}, nil
 }
 
-// An absent Gateway API is believed for gatewayAPIRecheckPeriod, so a fleet of
+// An absent Gateway API is believed for the recheck period, so a fleet of
 // activities waiting for it asks discovery once per period, not once per reconcile;
 // installing it is then seen at the next look. A present one is believed until an
 // apply finds the kind gone (forget).
 func TestGatewayAPIDiscoveryIsRecheckedNotHammered(t *testing.T) {
 	d := &countingDiscovery{}
-	g := newGatewayAPI(d)
+	g := newGatewayAPI(d, DefaultGatewayAPIRecheckPeriod)
 	t0 := time.Unix(1_800_000_000, 0)
 	for i := range 100 {
 		if ok, err := g.installed(t0.Add(time.Duration(i) * 100 * time.Millisecond)); ok || err != nil {
@@ -44,7 +44,7 @@ func TestGatewayAPIDiscoveryIsRecheckedNotHammered(t *testing.T) {
 		t.Errorf("discovery asked %d times in 10 s, want once", d.asked)
 	}
 	d.installed = true
-	if ok, _ := g.installed(t0.Add(gatewayAPIRecheckPeriod + time.Second)); !ok || d.asked != 2 {
+	if ok, _ := g.installed(t0.Add(DefaultGatewayAPIRecheckPeriod + time.Second)); !ok || d.asked != 2 {
 		t.Errorf("after the recheck period: installed %v after %d questions, want true after 2", ok, d.asked)
 	}
 	for i := range 100 {

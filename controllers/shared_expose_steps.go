@@ -13,7 +13,7 @@ import (
 // (the other deleted), the Exposed condition and status.url. It never makes Ready
 // False: an activity serves in the cluster whether or not a gateway accepts its
 // route. A missing Gateway API is Exposed False (GatewayAPIMissing), looked at again
-// every gatewayAPIRecheckPeriod, never an error; a failed apply is an error, retried
+// every Options.GatewayAPIRecheckPeriod, never an error; a failed apply is an error, retried
 // with backoff, and the later steps run all the same (keepGoing).
 func (r *RedPacketActivityReconciler) reconcileExpose(ctx context.Context, s *activityScope) (stepResult, error) {
 	if r.exposer == nil {
