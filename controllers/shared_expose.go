@@ -124,6 +124,8 @@ type exposeResult struct {
 	requeueAfter time.Duration
 }
 
+// exposedCondition is an Exposed condition with a formatted message; the scope adds
+// the generation and the time when it sets it.
 func exposedCondition(status metav1.ConditionStatus, reason, format string, args ...any) *metav1.Condition {
 	return &metav1.Condition{Type: redpacketv1alpha1.ConditionExposed, Status: status, Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
@@ -168,6 +170,8 @@ func (x *exposer) keep(ctx context.Context, e specs.Exposure, owner metav1.Objec
 	return exposeResult{}, nil
 }
 
+// failedExposure is the result and error of an exposure that could not be kept:
+// Exposed False, ExposeFailed, with err's text.
 func failedExposure(err error) (exposeResult, error) {
 	return exposeResult{condition: exposedCondition(metav1.ConditionFalse, redpacketv1alpha1.ReasonExposeFailed, "%v", err)}, err
 }
