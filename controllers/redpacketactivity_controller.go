@@ -104,6 +104,9 @@ type Options struct {
 	CleanupPollInterval time.Duration
 	// MaxBackoff caps the exponential backoff after errors (Redis down, say).
 	MaxBackoff time.Duration
+	// GatewayAPIRecheckPeriod is how long "the Gateway API is not installed" is
+	// believed before discovery is asked again; 0 means DefaultGatewayAPIRecheckPeriod.
+	GatewayAPIRecheckPeriod time.Duration
 	// MaxConcurrentReconciles is how many activities are reconciled at once; 0 means 1.
 	MaxConcurrentReconciles int
 	// SettlementConsumer is the consumer name of the settlement workers the operator
@@ -179,6 +182,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = DefaultMaxBackoff
 	}
+	if o.GatewayAPIRecheckPeriod <= 0 {
+		o.GatewayAPIRecheckPeriod = DefaultGatewayAPIRecheckPeriod
+	}
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
@@ -226,6 +232,9 @@ type RedPacketActivityReconciler struct {
 	// newStore, when set, replaces the activity stores on the cached Redis clients
 	// (storeFor); the phase tests set it.
 	newStore storeFactory
+	// exposer keeps spec.expose's route or Ingress; made by SetupWithManager (nil in
+	// the phase tests, where the expose step does nothing).
+	exposer *exposer
 	// statuses, when set, replaces the API server as the status writer
 	// (statusWriter); the phase tests set it.
 	statuses statusWriter
@@ -265,7 +274,9 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the deletion settlement workers to the manager: %w", err)
 		}
 	}
-	err := ctrl.NewControllerManagedBy(mgr).
+	x, watchRoutes := newExposer(mgr, r.Client, r.APIReader, r.Options.GatewayAPIRecheckPeriod)
+	r.exposer = x
+	err := watchExposure(ctrl.NewControllerManagedBy(mgr), watchRoutes).
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketActivity{}, builder.WithPredicates(activityChangePredicate())).
 		Owns(&appsv1.Deployment{}).
@@ -299,6 +310,7 @@ func CacheOptions(namespaces ...string) cache.Options {
 			&rbacv1.RoleBinding{}:           managed,
 			&networkingv1.NetworkPolicy{}:   managed,
 			&policyv1.PodDisruptionBudget{}: managed,
+			&networkingv1.Ingress{}:         managed,
 		},
 	}
 	if len(namespaces) > 0 {

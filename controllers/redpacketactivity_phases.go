@@ -93,9 +93,9 @@ type statusPatcher func(ctx context.Context, s *activityScope, progress *readyBl
 // seed step receives patch: Seeding must show while it writes, and Seeded must be on
 // the API server before the gate step opens grabbing. The counters step writes its
 // own fields, under its own field manager, through the counters writer. Loading the
-// scripts and the three grab workload steps (may the workload be touched, the
-// activity's Redis user, the workload's objects) keep going when they fail: closing
-// at endTime and refunding the sponsor never wait on them.
+// scripts, the three grab workload steps (may the workload be touched, the
+// activity's Redis user, the workload's objects) and the expose step keep going when
+// they fail: closing at endTime and refunding the sponsor never wait on them.
 func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconcileStep {
 	return []reconcileStep{
 		{name: "redis connection", run: r.reconcileRedisConnection},
@@ -110,6 +110,7 @@ func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconci
 		{name: "grab workload ownership", run: r.reconcileGrabOwnership, keepGoing: true},
 		{name: "redis user", run: r.reconcileRedisUser, keepGoing: true},
 		{name: "grab workload", run: r.reconcileGrabWorkload, keepGoing: true},
+		{name: "expose", run: r.reconcileExpose, keepGoing: true},
 		{name: "schedule and close", run: r.reconcileSchedule},
 		{name: "counters", run: r.reconcileCounters},
 		{name: "settlement", run: r.reconcileSettlement, keepGoing: true},

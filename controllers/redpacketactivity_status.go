@@ -32,6 +32,7 @@ var controllerConditionTypes = []string{
 	redpacketv1alpha1.ConditionStalled,
 	redpacketv1alpha1.ConditionSettlementDegraded,
 	redpacketv1alpha1.ConditionReconciled,
+	redpacketv1alpha1.ConditionExposed,
 }
 
 // warningReasons are the condition reasons whose arrival is reported as a Warning event.
@@ -55,6 +56,9 @@ var warningReasons = map[string]bool{
 	redpacketv1alpha1.ReasonGrabImageNotAllowed: true,
 	redpacketv1alpha1.ReasonRedisNotAllowed:     true,
 	redpacketv1alpha1.ReasonRedisACLUnavailable: true,
+	// spec.expose cannot be kept (shared_expose.go).
+	redpacketv1alpha1.ReasonGatewayAPIMissing: true,
+	redpacketv1alpha1.ReasonExposeFailed:      true,
 }
 
 // readyPhases are the phases in which the activity serves grabs or finished cleanly.
@@ -84,6 +88,7 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 		ObservedGeneration: st.ObservedGeneration,
 		ScriptSHA:          st.ScriptSHA,
 		Endpoint:           st.Endpoint,
+		URL:                st.URL,
 	}
 	for _, t := range controllerConditionTypes {
 		if c := meta.FindStatusCondition(st.Conditions, t); c != nil {

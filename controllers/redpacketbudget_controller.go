@@ -146,6 +146,8 @@ type RedPacketBudgetReconciler struct {
 	*RedisAccess
 	// Expiry is the leader-elected expiry driver of every budget.
 	Expiry *BudgetExpiry
+	// exposer keeps spec.expose's route or Ingress; made by SetupWithManager.
+	exposer *exposer
 	// Settlement settles the budgets' streams; nil means no settlement.
 	Settlement BudgetSettlement
 	// Options are the operator-wide settings, the activity controller's.
@@ -189,7 +191,9 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return fmt.Errorf("adding the budget expiry driver to the manager: %w", err)
 		}
 	}
-	err := ctrl.NewControllerManagedBy(mgr).
+	x, watchRoutes := newExposer(mgr, r.Client, r.APIReader, r.Options.GatewayAPIRecheckPeriod)
+	r.exposer = x
+	err := watchExposure(ctrl.NewControllerManagedBy(mgr), watchRoutes).
 		Named(r.Options.Name).
 		For(&redpacketv1alpha1.RedPacketBudget{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{},

@@ -89,6 +89,7 @@ func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
 		{name: "sender credential", run: r.reconcileSenderSecret, keepGoing: true},
 		{name: "redis user", run: r.reconcileBudgetRedisUser, keepGoing: true},
 		{name: "grab workload", run: r.reconcileBudgetWorkload, keepGoing: true},
+		{name: "expose", run: r.reconcileBudgetExpose, keepGoing: true},
 		{name: "status", run: r.reconcileBudgetStatus},
 	}
 }

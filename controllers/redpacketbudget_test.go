@@ -82,7 +82,7 @@ func (s *recordingSettlement) Forget(uid types.UID) {
 // (which waits for it).
 func (e *env) startBudgetController(settlement controllers.BudgetSettlement, tweak ...func(*controllers.Options)) (stop func()) {
 	e.t.Helper()
-	mgr := e.newManager(cp.Config)
+	mgr := e.newManager(e.config())
 	expiry := controllers.NewBudgetExpiry()
 	expiry.Interval = 50 * time.Millisecond
 	if err := mgr.Add(expiry); err != nil {

@@ -76,6 +76,18 @@ type env struct {
 	redis *redistest.Server
 	rdb   *redis.Client
 	c     client.Client
+	// cfg reaches the API server the test's controllers run against; nil means the
+	// package's shared control plane (cp). A test on a control plane of its own (one
+	// with the Gateway API installed) sets it with c.
+	cfg *rest.Config
+}
+
+// config is the test's API server credentials: cfg, else the shared control plane's.
+func (e *env) config() *rest.Config {
+	if e.cfg != nil {
+		return e.cfg
+	}
+	return cp.Config
 }
 
 var managerSeq atomic.Int64
@@ -160,7 +172,7 @@ type runningController struct {
 // stopped at the test's cleanup at the latest.
 func (e *env) startController(configure func(r *controllers.RedPacketActivityReconciler)) runningController {
 	e.t.Helper()
-	return e.startControllerWith(cp.Config, configure)
+	return e.startControllerWith(e.config(), configure)
 }
 
 // startControllerWith is startController with the given API server credentials.

@@ -8,7 +8,8 @@ import (
 
 // registerPacketPage serves the packet page's embedded files: packet.html at /p/{id}
 // for every well-formed packet id (the page reads the id from its address), and
-// packet.css and packet.js at the root, where no packet id can shadow them. Every
+// packet.css and packet.js as content-hashed assets under /assets/ (and under their
+// plain names at the root), where no packet id can shadow them. Every
 // response carries the rain page's Content-Security-Policy.
 func registerPacketPage(mux *http.ServeMux) error {
 	return servePageFiles(mux, "the packet page", web.PacketFiles, []pageFile{
@@ -18,7 +19,7 @@ func registerPacketPage(mux *http.ServeMux) error {
 			}
 			return ""
 		}},
-		{path: "/packet.css", file: "packet.css", contentType: "text/css; charset=utf-8"},
-		{path: "/packet.js", file: "packet.js", contentType: "text/javascript; charset=utf-8"},
+		{path: "/packet.css", file: "packet.css", contentType: "text/css; charset=utf-8", asset: true},
+		{path: "/packet.js", file: "packet.js", contentType: "text/javascript; charset=utf-8", asset: true},
 	})
 }

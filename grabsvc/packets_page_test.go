@@ -27,9 +27,13 @@ func TestPacketPageFiles(t *testing.T) {
 		{"/packet.css", "packet.css", "text/css; charset=utf-8"},
 		{"/packet.js", "packet.js", "text/javascript; charset=utf-8"},
 	} {
-		want, err := web.PacketFiles.ReadFile(f.file)
+		embedded, err := web.PacketFiles.ReadFile(f.file)
 		if err != nil {
 			t.Fatal(err)
+		}
+		want := embedded
+		if f.file == "packet.html" {
+			want = servedHTML(t, embedded, web.PacketFiles, "packet.css", "packet.js")
 		}
 		resp, err := http.Get(h.http.URL + f.path)
 		if err != nil {
@@ -49,15 +53,15 @@ func TestPacketPageFiles(t *testing.T) {
 				t.Errorf("GET %s: %s %q, want %q", f.path, k, got, v)
 			}
 		}
-		text := string(want)
+		text := string(embedded)
 		for _, bad := range []string{"http://", "https://", "//cdn", "@import", "url(", "eval(", "innerHTML", "document.write"} {
 			if strings.Contains(text, bad) {
 				t.Errorf("%s contains %q: the page loads nothing from elsewhere and builds no markup from strings", f.file, bad)
 			}
 		}
 		if f.file == "packet.html" {
-			if m := regexp.MustCompile(`<script(?:\s[^>]*)?>`).FindAllString(text, -1); len(m) != 1 || !strings.Contains(m[0], `src="/packet.js"`) {
-				t.Errorf("packet.html: scripts %q, want only /packet.js", m)
+			if m := regexp.MustCompile(`<script(?:\s[^>]*)?>`).FindAllString(text, -1); len(m) != 1 || !strings.Contains(m[0], `src="../assets/packet.js"`) {
+				t.Errorf("packet.html: scripts %q, want only ../assets/packet.js", m)
 			}
 			if strings.Contains(text, "<style") || regexp.MustCompile(` (style|on[a-z]+)=`).MatchString(text) {
 				t.Error("packet.html has inline style or handlers")

@@ -55,6 +55,10 @@ func TestRainPageFiles(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		embedded := want
+		if f.file == "index.html" {
+			want = servedHTML(t, want, web.Files, "rain.css", "rain.js")
+		}
 		for _, method := range []string{http.MethodGet, http.MethodHead} {
 			req, _ := http.NewRequest(method, h.http.URL+f.path, nil)
 			resp, err := http.DefaultClient.Do(req)
@@ -80,16 +84,16 @@ func TestRainPageFiles(t *testing.T) {
 				}
 			}
 		}
-		total += len(want)
-		text := string(want)
+		total += len(embedded)
+		text := string(embedded)
 		for _, bad := range []string{"http://", "https://", "//cdn", "@import", "url(", "eval(", "innerHTML", "document.write"} {
 			if strings.Contains(text, bad) {
 				t.Errorf("%s contains %q: the page loads nothing from elsewhere and builds no markup from strings", f.file, bad)
 			}
 		}
 		if f.file == "index.html" {
-			if m := regexp.MustCompile(`<script(?:\s[^>]*)?>`).FindAllString(text, -1); len(m) != 1 || !strings.Contains(m[0], `src="rain.js"`) {
-				t.Errorf("index.html: scripts %q, want only rain.js", m)
+			if m := regexp.MustCompile(`<script(?:\s[^>]*)?>`).FindAllString(text, -1); len(m) != 1 || !strings.Contains(m[0], `src="assets/rain.js"`) {
+				t.Errorf("index.html: scripts %q, want only assets/rain.js", m)
 			}
 			for _, inline := range []string{"<style", " style=", " on"} {
 				if regexp.MustCompile(regexp.QuoteMeta(inline)+`[a-z]*=`).MatchString(text) || (inline == "<style" && strings.Contains(text, inline)) {

@@ -19,7 +19,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -38,7 +40,7 @@ import (
 const MaxBodyBytes = 4 << 10
 
 // DefaultRedisTimeout bounds every Redis call of the grab path.
-const DefaultRedisTimeout = 500 * time.Millisecond
+const DefaultRedisTimeout = grabapi.RedisTimeout
 
 // Config is what a Server needs.
 type Config struct {
@@ -88,7 +90,7 @@ type Config struct {
 
 // DefaultResolveTimeout is how long a grab with an unknown outcome is resolved for
 // by default: with DefaultRedisTimeout, a grab is answered within 1.5 s.
-const DefaultResolveTimeout = time.Second
+const DefaultResolveTimeout = grabapi.ResolveTimeout
 
 // Server serves the grab API of one activity.
 type Server struct {
@@ -244,56 +246,110 @@ const PageContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-
 	"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // registerPage serves the rain page's embedded files: index.html at / (exactly),
-// and rain.css and rain.js under their names.
+// and rain.css and rain.js as content-hashed assets (and under their plain names).
 func registerPage(mux *http.ServeMux) error {
 	return servePageFiles(mux, "the rain page", web.Files, []pageFile{
 		{path: "/{$}", file: "index.html", contentType: "text/html; charset=utf-8"},
-		{path: "/rain.css", file: "rain.css", contentType: "text/css; charset=utf-8"},
-		{path: "/rain.js", file: "rain.js", contentType: "text/javascript; charset=utf-8"},
+		{path: "/rain.css", file: "rain.css", contentType: "text/css; charset=utf-8", asset: true},
+		{path: "/rain.js", file: "rain.js", contentType: "text/javascript; charset=utf-8", asset: true},
 	})
 }
 
 // pageFile is one embedded file of a page and the route it is served at. check,
-// when set, refuses a request (404) by the message it returns for it.
+// when set, refuses a request (404) by the message it returns for it. An asset is
+// also served at its content-hashed name (AssetPath), which the page's HTML refers
+// to.
 type pageFile struct {
 	path, file, contentType string
 	check                   func(r *http.Request) string
+	asset                   bool
+}
+
+// The Cache-Control of a page's responses. A content-hashed asset never changes
+// under its name, so a browser or a CDN may keep it for a year without asking
+// again; the HTML, which names the assets of the running version, and the API are
+// never stored, so a new version is picked up at once. An asset under its plain name
+// (kept for pages loaded before the hashed names) is revalidated by its ETag.
+const (
+	cacheImmutable   = "public, max-age=31536000, immutable"
+	cacheNoStore     = "no-store"
+	cacheRevalidated = "no-cache"
+)
+
+// AssetPath is the content-hashed path an asset of a page is served at:
+// /assets/<name>.<the first 12 hex digits of its SHA-256>.<ext>, e.g.
+// /assets/rain.3f1c0a9b2e4d.js.
+func AssetPath(file string, body []byte) string {
+	sum := sha256.Sum256(body)
+	ext := path.Ext(file)
+	return "/assets/" + strings.TrimSuffix(file, ext) + "." + hex.EncodeToString(sum[:6]) + ext
 }
 
 // servePageFiles serves a page's embedded files, each under the rain page's
-// Content-Security-Policy, nosniff and no referrer, to GET and HEAD only, revalidated
-// by an ETag of its content.
+// Content-Security-Policy, nosniff and no referrer, to GET and HEAD only. The HTML
+// files refer to each asset as "assets/<file>" (relative, so the page works under a
+// gateway's path prefix); they are served with those references replaced by the
+// asset's AssetPath, and an HTML file that names an asset not served is an error.
 func servePageFiles(mux *http.ServeMux, page string, files fs.ReadFileFS, list []pageFile) error {
+	hashed := map[string]string{} // file -> its AssetPath
 	for _, f := range list {
+		if !f.asset {
+			continue
+		}
 		body, err := files.ReadFile(f.file)
 		if err != nil {
 			return fmt.Errorf("grab server: %s: %w", page, err)
 		}
-		sum := sha256.Sum256(body)
-		etag := `"` + hex.EncodeToString(sum[:8]) + `"`
-		mux.HandleFunc(f.path, func(w http.ResponseWriter, r *http.Request) {
-			h := w.Header()
-			h.Set("Content-Security-Policy", PageContentSecurityPolicy)
-			h.Set("X-Content-Type-Options", "nosniff")
-			h.Set("Referrer-Policy", "no-referrer")
-			if r.Method != http.MethodGet && r.Method != http.MethodHead {
-				h.Set("Allow", "GET, HEAD")
-				writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "use GET on " + r.URL.Path})
-				return
+		hashed[f.file] = AssetPath(f.file, body)
+		mux.HandleFunc(hashed[f.file], pageHandler(f, body, cacheImmutable))
+		mux.HandleFunc(f.path, pageHandler(f, body, cacheRevalidated))
+	}
+	for _, f := range list {
+		if f.asset {
+			continue
+		}
+		body, err := files.ReadFile(f.file)
+		if err != nil {
+			return fmt.Errorf("grab server: %s: %w", page, err)
+		}
+		for file, p := range hashed {
+			ref := []byte("assets/" + file + `"`)
+			if !bytes.Contains(body, ref) {
+				return fmt.Errorf("grab server: %s: %s does not refer to its asset as %q", page, f.file, "assets/"+file)
 			}
-			if f.check != nil {
-				if msg := f.check(r); msg != "" {
-					writeJSON(w, http.StatusNotFound, errorBody{Error: msg})
-					return
-				}
-			}
-			h.Set("Content-Type", f.contentType)
-			h.Set("Cache-Control", "no-cache")
-			h.Set("ETag", etag)
-			http.ServeContent(w, r, f.file, time.Time{}, bytes.NewReader(body))
-		})
+			body = bytes.ReplaceAll(body, ref, []byte(strings.TrimPrefix(p, "/")+`"`))
+		}
+		mux.HandleFunc(f.path, pageHandler(f, body, cacheNoStore))
 	}
 	return nil
+}
+
+// pageHandler serves body as f, with the page's headers and cacheControl; it
+// revalidates by an ETag of the content.
+func pageHandler(f pageFile, body []byte, cacheControl string) http.HandlerFunc {
+	sum := sha256.Sum256(body)
+	etag := `"` + hex.EncodeToString(sum[:8]) + `"`
+	return func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", PageContentSecurityPolicy)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			h.Set("Allow", "GET, HEAD")
+			writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "use GET on " + r.URL.Path})
+			return
+		}
+		if f.check != nil {
+			if msg := f.check(r); msg != "" {
+				writeJSON(w, http.StatusNotFound, errorBody{Error: msg})
+				return
+			}
+		}
+		h.Set("Content-Type", f.contentType)
+		h.Set("Cache-Control", cacheControl)
+		h.Set("ETag", etag)
+		http.ServeContent(w, r, f.file, time.Time{}, bytes.NewReader(body))
+	}
 }
 
 // grabResponse is the body of every /v1/grab answer.

@@ -321,6 +321,11 @@ type RedPacketActivitySpec struct {
 	// stream until it is configured.
 	// +optional
 	Settlement *Settlement `json:"settlement,omitempty"`
+
+	// expose publishes the grab service outside the cluster through a Gateway API
+	// HTTPRoute or an Ingress. Absent means the in-cluster Service only.
+	// +optional
+	Expose *Expose `json:"expose,omitempty"`
 }
 
 // Phase is where an activity is in its life.
@@ -351,7 +356,8 @@ type RedPacketActivityStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Ready, Seeded, GrabServiceAvailable and Settled.
+	// conditions: Ready, Seeded, GrabServiceAvailable and Settled; Exposed with
+	// spec.expose.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -364,6 +370,14 @@ type RedPacketActivityStatus struct {
 	// endpoint is the grab service's in-cluster URL.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+
+	// url is the public URL of spec.expose: the scheme, the route's first hostname
+	// (or the Ingress's host) and the path prefix. An HTTPRoute's URL is https unless
+	// the parent Gateway can be read and none of its listeners the route attaches to
+	// is HTTPS; without a hostname it names the Gateway's listener hostname, or is
+	// left empty. An Ingress's is https with tlsSecretName, else http.
+	// +optional
+	URL string `json:"url,omitempty"`
 
 	// splitSeed is the seed the packets were split with.
 	// +optional
@@ -493,6 +507,7 @@ type SettlementDeliveryStatus struct {
 // +kubebuilder:printcolumn:name="Start",type=string,JSONPath=`.spec.startTime`,priority=1
 // +kubebuilder:printcolumn:name="End",type=string,JSONPath=`.spec.endTime`,priority=1
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
+// +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.status.url`,priority=1
 type RedPacketActivity struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -176,6 +176,11 @@ type RedPacketBudgetSpec struct {
 	// streams until it is configured.
 	// +optional
 	Settlement *Settlement `json:"settlement,omitempty"`
+
+	// expose publishes the budget's grab service outside the cluster through a
+	// Gateway API HTTPRoute or an Ingress. Absent means the in-cluster Service only.
+	// +optional
+	Expose *Expose `json:"expose,omitempty"`
 }
 
 // ShardCount is the number of budget shards: spec.budgetShards, 16 when unset.
@@ -231,8 +236,8 @@ type RedPacketBudgetStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Ready, and Stalled while the budget cannot go on without a
-	// person. kstatus and the Argo CD health check read them.
+	// conditions: Ready, Stalled while the budget cannot go on without a
+	// person, and Exposed with spec.expose. kstatus and the Argo CD health check read them.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -321,6 +326,10 @@ type RedPacketBudgetStatus struct {
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
 
+	// url is the public URL of spec.expose, as an activity's status.url.
+	// +optional
+	URL string `json:"url,omitempty"`
+
 	// replicas is the grab Deployment's current replica count (the scale
 	// subresource's status).
 	// +optional
@@ -357,6 +366,7 @@ type RedPacketBudgetStatus struct {
 // +kubebuilder:printcolumn:name="Grabbed/s",type=integer,JSONPath=`.status.grabbedPerSecond`,priority=1
 // +kubebuilder:printcolumn:name="Currency",type=string,JSONPath=`.spec.currency`,priority=1
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
+// +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.status.url`,priority=1
 type RedPacketBudget struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

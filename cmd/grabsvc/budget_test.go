@@ -92,7 +92,7 @@ func TestBudgetMode(t *testing.T) {
 	}
 	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(page), "packet.js") {
+	if resp.StatusCode != 200 || !strings.Contains(string(page), "../assets/packet.") {
 		t.Fatalf("packet page: %d", resp.StatusCode)
 	}
 	if err := os.WriteFile(tokenFile, []byte("second-token\n"), 0o600); err != nil {

@@ -21,6 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/internal/version"
@@ -203,6 +205,8 @@ func newManager(cfg *rest.Config, o managerConfig) (manager.Manager, error) {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(redpacketv1alpha1.AddToScheme(scheme))
+	// The Gateway API's kinds, for spec.expose.httpRoute; the CRDs need not be installed.
+	utilruntime.Must(gatewayv1.Install(scheme))
 
 	shutdownTimeout := o.ShutdownTimeout
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{

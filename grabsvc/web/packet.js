@@ -7,8 +7,11 @@
 'use strict';
 (function () {
   var $ = function (id) { return document.getElementById(id); };
-  var id = decodeURIComponent(location.pathname.replace(/^\/p\//, ''));
-  var base = '/v1/packets/' + encodeURIComponent(id);
+  // The page is at <prefix>/p/{id}: the prefix is where a gateway publishes the
+  // grab service ("" at the root), and the API is under it too.
+  var at = location.pathname.match(/^(.*)\/p\/([^/]*)$/) || ['', '', ''];
+  var id = decodeURIComponent(at[2]);
+  var base = at[1] + '/v1/packets/' + encodeURIComponent(id);
   var query = new URLSearchParams(location.search);
   var hash = location.hash.slice(1);
   var fragment = new URLSearchParams(hash);

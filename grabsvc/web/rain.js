@@ -49,7 +49,8 @@
   function poll() {
     var next = 1000;
     // With a start spread, the answer carries this player's own opening instant.
-    fetch('/v1/activity?userId=' + encodeURIComponent(user), { cache: 'no-store', headers: { Accept: 'application/json' } })
+    // The path is relative to the page, so a gateway's prefix is kept.
+    fetch('v1/activity?userId=' + encodeURIComponent(user), { cache: 'no-store', headers: { Accept: 'application/json' } })
       .then(function (r) {
         var d = Date.parse(r.headers.get('Date') || '');
         if (d) { var s = d + 500 - Date.now(); skew = Math.abs(s) > 2000 ? s : 0; }
@@ -141,7 +142,7 @@
     show('wait', 'pending', 'Opening…');
     var headers = { 'Content-Type': 'application/json' };
     if (token) { headers.Authorization = 'Bearer ' + token; }
-    fetch('/v1/grab', { method: 'POST', headers: headers, cache: 'no-store', body: JSON.stringify({ userId: user }) })
+    fetch('v1/grab', { method: 'POST', headers: headers, cache: 'no-store', body: JSON.stringify({ userId: user }) })
       .then(function (r) {
         return r.json().catch(function () { return {}; }).then(function (b) {
           answer(r.status, r.headers.get('Retry-After'), b, at);

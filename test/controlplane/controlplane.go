@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 )
 
@@ -55,13 +57,17 @@ func Root() (string, error) {
 	}
 }
 
-// NewScheme returns a scheme with the built-in kinds and RedPacketActivity.
+// NewScheme returns a scheme with the built-in kinds, the project's kinds and the
+// Gateway API's (gateway.networking.k8s.io/v1), whose CRDs New does not install.
 func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	if err := redpacketv1alpha1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := gatewayv1.Install(s); err != nil {
 		panic(err)
 	}
 	return s

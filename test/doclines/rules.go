@@ -90,6 +90,10 @@ var Rules = []Rule{
 	{Doc: "docs/monitoring.md", Match: `^kubectl -n argocd patch configmap argocd-cm `, Reason: "needs Argo CD, which the test cluster does not run"},
 
 	// docs/operations.md.
+	{Doc: "docs/operations.md", Match: `^kubectl apply --server-side -f https://github\.com/kubernetes-sigs/gateway-api/releases/download/v[0-9.]+/standard-install\.yaml$`,
+		Reason: "installs the Gateway API's CRDs from the internet; the test cluster runs without them, and the controllers tests install the same CRDs from the module cache (TestExposeThroughAGatewayRoute)"},
+	{Doc: "docs/operations.md", Match: `^(openssl req -x509 .* -out tls\.crt|kubectl create secret tls rain-example-com-tls )`,
+		Reason: "a certificate for rain.example.com, which nothing on the test cluster serves: it has no Gateway or Ingress controller"},
 	{Doc: "docs/operations.md", Match: `^kubectl get rpa quiz-night -o jsonpath=`, Run: true},
 	{Doc: "docs/operations.md", Match: `^kubectl describe rpa quiz-night\b`, Run: true},
 	{Doc: "docs/operations.md", Match: `^kubectl wait --for=`, Run: true},
