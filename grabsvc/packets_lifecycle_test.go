@@ -63,15 +63,6 @@ func TestBestLuckRule(t *testing.T) {
 // larger of them.
 func TestPacketDetailMarksTheBestLuck(t *testing.T) {
 	h := newPacketHarness(t, 100_000, 1)
-	detail := func(id string) PacketDetailView {
-		t.Helper()
-		a := h.do(http.MethodGet, "/v1/packets/"+id, "", nil)
-		var v PacketDetailView
-		if a.Status != http.StatusOK || json.Unmarshal([]byte(a.Raw), &v) != nil {
-			t.Fatalf("detail of %s: %d %s", id, a.Status, a.Raw)
-		}
-		return v
-	}
 	marked := func(v PacketDetailView) (int, int64) {
 		n, at, best := 0, -1, int64(-1)
 		for i, g := range v.Grabs {
@@ -95,13 +86,13 @@ func TestPacketDetailMarksTheBestLuck(t *testing.T) {
 			t.Fatalf("grab: %s", a.Raw)
 		}
 	}
-	if at, _ := marked(detail("lucky-1")); at != -1 {
+	if at, _ := marked(h.detail("lucky-1")); at != -1 {
 		t.Fatalf("share %d marked while one share is left", at)
 	}
 	if a := h.grab("lucky-1", "member-4", nil); a.str("outcome") != "granted" {
 		t.Fatalf("grab: %s", a.Raw)
 	}
-	v := detail("lucky-1")
+	v := h.detail("lucky-1")
 	at, best := marked(v)
 	if at < 0 || v.Grabs[at].Amount != best {
 		t.Fatalf("every share grabbed: share %d marked, the largest is %d: %+v", at, best, v.Grabs)
@@ -124,7 +115,7 @@ func TestPacketDetailMarksTheBestLuck(t *testing.T) {
 	if n, _, err := h.handle.ExpireDue(context.Background(), 0, 10); err != nil || n != 1 {
 		t.Fatalf("expiry: %d, %v", n, err)
 	}
-	v = detail("lucky-2")
+	v = h.detail("lucky-2")
 	if at, best = marked(v); !v.Expired || at < 0 || v.Grabs[at].Amount != best {
 		t.Fatalf("expired with two grabs: share %d marked (expired %v): %+v", at, v.Expired, v.Grabs)
 	}
@@ -138,15 +129,6 @@ func TestPacketDetailMarksTheBestLuck(t *testing.T) {
 func TestPacketLifecycleStates(t *testing.T) {
 	h := newPacketHarness(t, 100_000, 1)
 	ctx := context.Background()
-	view := func(id string) PacketDetailView {
-		t.Helper()
-		a := h.do(http.MethodGet, "/v1/packets/"+id, "", nil)
-		var v PacketDetailView
-		if a.Status != http.StatusOK || json.Unmarshal([]byte(a.Raw), &v) != nil {
-			t.Fatalf("detail of %s: %d %s", id, a.Status, a.Raw)
-		}
-		return v
-	}
 	if a := h.create(`{"id":"short","sender":"m","totalAmount":300,"count":3,"ttlSeconds":1}`); a.Status != http.StatusCreated || a.str("state") != "live" {
 		t.Fatalf("create: %d %s, want 201 with state live", a.Status, a.Raw)
 	}
@@ -159,10 +141,10 @@ func TestPacketLifecycleStates(t *testing.T) {
 			t.Fatalf("grab: %s", a.Raw)
 		}
 	}
-	if v := view("short"); v.State != "live" || v.RefundAmount != nil || v.ExhaustedAt != "" {
+	if v := h.detail("short"); v.State != "live" || v.RefundAmount != nil || v.ExhaustedAt != "" {
 		t.Fatalf("short with shares and time left: %+v", v.PacketView)
 	}
-	v := view("gone")
+	v := h.detail("gone")
 	if v.State != "exhausted" || v.ExhaustedAt == "" || v.ExhaustedAt != v.Grabs[1].At || v.RefundAmount != nil {
 		t.Fatalf("gone with every share grabbed: %+v", v.PacketView)
 	}
@@ -178,7 +160,7 @@ func TestPacketLifecycleStates(t *testing.T) {
 
 	time.Sleep(1100 * time.Millisecond)
 	left := 300 - first.num("amount")
-	if v := view("short"); v.State != "expired" || v.RefundAmount == nil || *v.RefundAmount != left || v.RefundedAt != "" {
+	if v := h.detail("short"); v.State != "expired" || v.RefundAmount == nil || *v.RefundAmount != left || v.RefundedAt != "" {
 		t.Fatalf("short after its time: %+v, want expired with %d to refund", v.PacketView, left)
 	}
 	if a := h.grab("short", "u-9", nil); a.str("outcome") != OutcomeExpired {
@@ -187,19 +169,30 @@ func TestPacketLifecycleStates(t *testing.T) {
 	if n, refunded, err := h.handle.ExpireDue(ctx, 0, 10); err != nil || n != 1 || refunded != left {
 		t.Fatalf("expiry: %d packets, %d refunded, %v", n, refunded, err)
 	}
-	if v := view("short"); v.State != "refunding" || v.RefundAmount == nil || *v.RefundAmount != left || !v.Expired {
+	if v := h.detail("short"); v.State != "refunding" || v.RefundAmount == nil || *v.RefundAmount != left || !v.Expired {
 		t.Fatalf("short after the expiry: %+v, want refunding %d", v.PacketView, left)
 	}
 	before := time.Now().Add(-time.Second)
 	if errs := h.handle.ForgetPackets(ctx, []string{"short"}, time.Hour); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	v = view("short")
+	v = h.detail("short")
 	at, err := time.Parse(time.RFC3339, v.RefundedAt)
 	if v.State != "refunded" || v.RefundAmount == nil || *v.RefundAmount != left || err != nil || at.Before(before) || !v.Forgotten {
 		t.Fatalf("short after its refund settled: %+v (%v)", v.PacketView, err)
 	}
-	if v := view("gone"); v.State != "exhausted" {
+	if v := h.detail("gone"); v.State != "exhausted" {
 		t.Fatalf("gone after the expiry of another packet: %+v", v.PacketView)
 	}
+}
+
+// detail is GET /v1/packets/{id}, which must answer 200.
+func (h *packetHarness) detail(id string) PacketDetailView {
+	h.t.Helper()
+	a := h.do(http.MethodGet, "/v1/packets/"+id, "", nil)
+	var v PacketDetailView
+	if a.Status != http.StatusOK || json.Unmarshal([]byte(a.Raw), &v) != nil {
+		h.t.Fatalf("detail of %s: %d %s", id, a.Status, a.Raw)
+	}
+	return v
 }

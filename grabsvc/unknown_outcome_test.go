@@ -33,7 +33,7 @@ type replyFault struct {
 	holdFor  time.Duration
 	armed    atomic.Int32 // faultHold or faultDrop for the next FCALL; 0 when disarmed
 	// holdEvery, when above 0, holds the reply of that fraction of the FCALLs
-	// (grabs and the resolving reads alike), drawn from a fixed seed.
+	// (grabs and the resolving reads alike), drawn from rng (both under rngMu).
 	holdEvery float64
 	rngMu     sync.Mutex
 	rng       *rand.Rand
@@ -97,9 +97,9 @@ func (f *replyFault) accept() {
 				if n > 0 {
 					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("fcall")) {
 						mode := f.armed.Swap(0)
-						if mode == 0 && f.holdEvery > 0 {
+						if mode == 0 {
 							f.rngMu.Lock()
-							if f.rng.Float64() < f.holdEvery {
+							if f.holdEvery > 0 && f.rng.Float64() < f.holdEvery {
 								mode = faultHold
 							}
 							f.rngMu.Unlock()
@@ -282,9 +282,20 @@ func TestHeldGrabIsNotAnsweredWithARefusalThatPasses(t *testing.T) {
 func faultedGrabServer(t *testing.T, name string, amounts []int64, paused bool, redisTimeout time.Duration) (
 	*redis.Client, *replyFault, *Resource, func(user string) reply) {
 	t.Helper()
+	return faultedGrabServerWith(t, name, amounts, paused, redisTimeout, 4*redisTimeout, 2*time.Second, nil)
+}
+
+// faultedGrabServerWith is faultedGrabServer with the fault's hold, the server's
+// ResolveTimeout, and arm, which sets up the fault before the server connects.
+func faultedGrabServerWith(t *testing.T, name string, amounts []int64, paused bool, redisTimeout, holdFor, resolveTimeout time.Duration,
+	arm func(*replyFault)) (*redis.Client, *replyFault, *Resource, func(user string) reply) {
+	t.Helper()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	fault := startReplyFault(t, srv.Addr, 4*redisTimeout)
+	fault := startReplyFault(t, srv.Addr, holdFor)
+	if arm != nil {
+		arm(fault)
+	}
 	conn := srv.Conn()
 	conn.Addresses = []string{fault.addr()}
 	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
@@ -297,7 +308,7 @@ func faultedGrabServer(t *testing.T, name string, amounts []int64, paused bool, 
 	var current atomic.Pointer[Resource]
 	current.Store(act)
 	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
-		RedisTimeout: redisTimeout, ResolveTimeout: 2 * time.Second, Metrics: NewMetrics(prometheus.NewRegistry())})
+		RedisTimeout: redisTimeout, ResolveTimeout: resolveTimeout, Metrics: NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,37 +334,9 @@ func faultedGrabServer(t *testing.T, name string, amounts []int64, paused bool, 
 // Redis, every user who holds a packet gets it back from a retry as
 // already_claimed with the same packet and amount, and the money adds up.
 func TestA503MayHoldAPacketAndTheRetryReturnsIt(t *testing.T) {
-	const redisTimeout = 500 * time.Millisecond
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	fault := startReplyFault(t, srv.Addr, 2*time.Second)
-	fault.holdEvery, fault.rng = 0.3, rand.New(rand.NewPCG(36, 503))
-	conn := srv.Conn()
-	conn.Addresses = []string{fault.addr()}
-	rc, err := conn.NewPipelinedClient(redisconn.GrabClientOptions(redisTimeout))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rc.Close() })
-	act := testActivity("held-rain")
 	amounts := ones(1500)
-	seed(t, admin, act, amounts, 0, 0, false)
-	var current atomic.Pointer[Resource]
-	current.Store(act)
-	s, err := NewServer(Config{Redis: rc.Pipeliner, Ping: rc.Client, Resource: current.Load,
-		RedisTimeout: redisTimeout, ResolveTimeout: DefaultResolveTimeout, Metrics: NewMetrics(prometheus.NewRegistry())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	web := httptest.NewServer(s.Handler())
-	t.Cleanup(web.Close)
-	grab := func(user string) reply {
-		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return send(t, web.Client(), req)
-	}
+	admin, fault, act, grab := faultedGrabServerWith(t, "held-rain", amounts, false, 500*time.Millisecond, 2*time.Second,
+		DefaultResolveTimeout, func(f *replyFault) { f.holdEvery, f.rng = 0.3, rand.New(rand.NewPCG(36, 503)) })
 
 	const users = 2000
 	first := make([]reply, users)
@@ -368,7 +351,9 @@ func TestA503MayHoldAPacketAndTheRetryReturnsIt(t *testing.T) {
 	}
 	wg.Wait()
 	time.Sleep(fault.holdFor + 500*time.Millisecond) // every held call has run
+	fault.rngMu.Lock()
 	fault.holdEvery = 0
+	fault.rngMu.Unlock()
 
 	claims, err := handleOf(admin, act).Shard(0).Claims(t.Context())
 	if err != nil {
