@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the local control plane (kube-apiserver, kubectl, etcd) and the node components of
-# the real single-node cluster (kubelet, kube-controller-manager, kube-scheduler, kube-proxy)
-# from the Go modules pinned under hack/tools into bin/. A stamp of each module's go.mod and go.sum is
+# the real single-node cluster (kubelet, kube-controller-manager, kube-scheduler, kube-proxy),
+# and the Traefik proxy that serves its Ingress and Gateway API routes, from the Go modules
+# pinned under hack/tools into bin/. A stamp of each module's go.mod and go.sum is
 # kept beside the binaries, so a binary is rebuilt only when its pinned versions change.
 set -euo pipefail
 
@@ -34,3 +35,4 @@ build etcd etcd go.etcd.io/etcd/server/v3=etcd
 build kube kube k8s.io/kubernetes/cmd/kube-apiserver=kube-apiserver k8s.io/kubernetes/cmd/kubectl=kubectl \
 	k8s.io/kubernetes/cmd/kubelet=kubelet k8s.io/kubernetes/cmd/kube-controller-manager=kube-controller-manager \
 	k8s.io/kubernetes/cmd/kube-scheduler=kube-scheduler k8s.io/kubernetes/cmd/kube-proxy=kube-proxy
+build traefik traefik github.com/traefik/traefik/v3/cmd/traefik=traefik
