@@ -38,6 +38,10 @@ vet: ## go vet the tree.
 controlplane: ## Build kube-apiserver, etcd, kubectl and the node components into bin/ (cached).
 	hack/build-controlplane.sh
 
+.PHONY: traefik
+traefik: ## Build the Traefik proxy (Gateway API and Ingress) into bin/ from hack/tools/traefik (cached; not part of make test yet).
+	hack/build-controlplane.sh traefik
+
 .PHONY: redis
 redis: ## Make sure redis-server and its tools are installed.
 	hack/ensure-redis.sh
