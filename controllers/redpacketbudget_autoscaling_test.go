@@ -85,8 +85,8 @@ func TestBudgetAutoscalingOwnsTheCount(t *testing.T) {
 		t.Errorf("replicas %v after autoscaling was turned on, want 3 kept", d.Spec.Replicas)
 	}
 	for _, m := range d.ManagedFields {
-		if m.Manager == controllers.BudgetFieldManager && m.FieldsV1 != nil && containsField(m.FieldsV1.Raw, "f:replicas") {
-			t.Errorf("%s still holds spec.replicas: %s", controllers.BudgetFieldManager, m.FieldsV1.Raw)
+		if m.Manager == controllers.BudgetFieldManager && m.FieldsV1 != nil && containsField(m.FieldsV1.GetRawBytes(), "f:replicas") {
+			t.Errorf("%s still holds spec.replicas: %s", controllers.BudgetFieldManager, m.FieldsV1.GetRawString())
 		}
 	}
 
