@@ -28,8 +28,13 @@ const prewarmEdgeMargin = 100 * time.Millisecond
 // workload the activity's and the redis user step settled its login; its failure
 // never holds up closing and refunding (keepGoing).
 func (r *RedPacketActivityReconciler) reconcileGrabAutoscaler(ctx context.Context, s *activityScope) (stepResult, error) {
+	// The edge matters to Prewarmed even while the workload is not the activity's.
+	var res stepResult
+	if s.capacity != nil && !s.capacity.NextEdge.IsZero() {
+		res.requeueAfter = s.capacity.NextEdge.Sub(s.now) + prewarmEdgeMargin
+	}
 	if !s.grabOwned || !s.grabRedisSettled {
-		return stepResult{}, nil
+		return res, nil
 	}
 	a := s.activity
 	if err := keepGrabAutoscaler(ctx, r.Client, r.APIReader, r.Recorder, grabGuarded{
@@ -37,10 +42,6 @@ func (r *RedPacketActivityReconciler) reconcileGrabAutoscaler(ctx context.Contex
 		selector: specs.GrabSelector(a), capacity: s.capacity,
 	}); err != nil {
 		return workloadFailed(err), err
-	}
-	var res stepResult
-	if s.capacity != nil && !s.capacity.NextEdge.IsZero() {
-		res.requeueAfter = s.capacity.NextEdge.Sub(s.now) + prewarmEdgeMargin
 	}
 	return res, nil
 }

@@ -80,3 +80,38 @@ func TestComputePrewarmed(t *testing.T) {
 		})
 	}
 }
+
+// The grab autoscaler step asks to come back just after the window's next edge:
+// its opening, startTime, its closing; after the window, and without prewarm,
+// nothing.
+func TestGrabAutoscalerRequeuesAtTheWindowsEdges(t *testing.T) {
+	start := time.Date(2026, 12, 31, 20, 0, 0, 0, time.UTC)
+	end := start.Add(10 * time.Minute)
+	a := testActivity(func(a *redpacketv1alpha1.RedPacketActivity) {
+		a.Spec.StartTime, a.Spec.EndTime = &metav1.Time{Time: start}, &metav1.Time{Time: end}
+		a.Spec.GrabService.Autoscaling = &redpacketv1alpha1.ActivityGrabAutoscaling{MinReplicas: 1, MaxReplicas: 8,
+			Prewarm: &redpacketv1alpha1.GrabPrewarm{Replicas: 4, Lead: &metav1.Duration{Duration: time.Minute},
+				HoldAfter: &metav1.Duration{Duration: 2 * time.Minute}}}
+	})
+	r := &RedPacketActivityReconciler{}
+	for _, tc := range []struct {
+		now  time.Time
+		want time.Duration
+	}{
+		{start.Add(-time.Hour), 59*time.Minute + prewarmEdgeMargin},
+		{start.Add(-30 * time.Second), 30*time.Second + prewarmEdgeMargin},
+		{start.Add(time.Minute), 11*time.Minute + prewarmEdgeMargin},
+		{end.Add(2 * time.Minute), 0},
+	} {
+		// The workload is not the activity's here: the step touches nothing, and
+		// still asks to come back for Prewarmed.
+		res, err := r.reconcileGrabAutoscaler(t.Context(), newActivityScope(a, tc.now))
+		if err != nil || res.requeueAfter != tc.want {
+			t.Errorf("at %v: requeue after %v (%v), want %v", tc.now, res.requeueAfter, err, tc.want)
+		}
+	}
+	res, _ := r.reconcileGrabAutoscaler(t.Context(), newActivityScope(testActivity(), start))
+	if res.requeueAfter != 0 {
+		t.Errorf("requeue after %v without autoscaling, want none", res.requeueAfter)
+	}
+}
