@@ -108,9 +108,9 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 
 // computeStatus completes the scope's status with what is derived from it at the end
 // of a reconcile (and at a step's mid-way patch): the phase default and the Ready,
-// GrabServiceAvailable, Prewarmed and Settled conditions. The observed generation is not its
-// business: Reconcile sets it only after a clean reconcile. It also returns when the
-// GrabServiceAvailable condition would turn stale by itself (0: never).
+// GrabServiceAvailable, Prewarmed and Settled conditions. The observed generation is
+// not its business: Reconcile sets it only after a clean reconcile. It also returns
+// when the GrabServiceAvailable condition would turn stale by itself (0: never).
 //
 // Ready is True only when the activity can serve what its phase promises: in
 // Scheduled, Active and Paused that includes a grab replica being available

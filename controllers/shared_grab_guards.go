@@ -92,9 +92,9 @@ type grabGuarded struct {
 // deletes that budget when the replicas drop below. With autoscaling (g.capacity)
 // the PodDisruptionBudget is always kept, with minAvailable the HPA's current
 // minimum (specs.GrabMinAvailableDisruptionBudgetSpec) instead of one eviction at a
-// time: inside a prewarm window the warmed fleet is never drained below its size. The controller is their only
-// writer: it creates them, and updates them when their labels or spec drift. One
-// piece of code serves activities and budgets.
+// time: inside a prewarm window the warmed fleet is never drained below its size.
+// The controller is their only writer: it creates them, and updates them when their
+// labels or spec drift. One piece of code serves activities and budgets.
 //
 // The NetworkPolicy <name>-grab selects the grab pods and admits ingress on the grab
 // port only (TCP 8080: the grab API, the probes and /metrics share it); egress is not
