@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -255,6 +256,7 @@ type RedPacketActivityReconciler struct {
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -284,6 +286,9 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// with every pod's readiness.
 		Owns(&networkingv1.NetworkPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Spec edits only, so an edit of the minimum inside a prewarm window is put
+		// back at once; the HPA's status moves with every metrics sync.
+		Owns(&autoscalingv2.HorizontalPodAutoscaler{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(r.Options.controllerOptions()).
 		Complete(r)
 	if err != nil {
@@ -295,22 +300,23 @@ func (r *RedPacketActivityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // CacheOptions are the manager's cache settings the controller relies on: the kinds of
 // the grab workload are cached only when they carry the operator's managed-by label, so
 // the cache holds the operator's own objects rather than every Deployment, Service,
-// ServiceAccount, Role, RoleBinding, NetworkPolicy and PodDisruptionBudget of the
-// cluster. Objects the cache does not hold are looked up on the API server directly
+// ServiceAccount, Role, RoleBinding, NetworkPolicy, PodDisruptionBudget and
+// HorizontalPodAutoscaler of the cluster. Objects the cache does not hold are looked up on the API server directly
 // before anything is applied. namespaces, when given, restrict the whole cache to
 // them.
 func CacheOptions(namespaces ...string) cache.Options {
 	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.LabelManagedBy: specs.ManagedByValue})}
 	opts := cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
-			&appsv1.Deployment{}:            managed,
-			&corev1.Service{}:               managed,
-			&corev1.ServiceAccount{}:        managed,
-			&rbacv1.Role{}:                  managed,
-			&rbacv1.RoleBinding{}:           managed,
-			&networkingv1.NetworkPolicy{}:   managed,
-			&policyv1.PodDisruptionBudget{}: managed,
-			&networkingv1.Ingress{}:         managed,
+			&appsv1.Deployment{}:                     managed,
+			&corev1.Service{}:                        managed,
+			&corev1.ServiceAccount{}:                 managed,
+			&rbacv1.Role{}:                           managed,
+			&rbacv1.RoleBinding{}:                    managed,
+			&networkingv1.NetworkPolicy{}:            managed,
+			&policyv1.PodDisruptionBudget{}:          managed,
+			&autoscalingv2.HorizontalPodAutoscaler{}: managed,
+			&networkingv1.Ingress{}:                  managed,
 		},
 	}
 	if len(namespaces) > 0 {

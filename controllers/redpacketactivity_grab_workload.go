@@ -141,12 +141,12 @@ func (r *RedPacketActivityReconciler) reconcileGrabWorkload(ctx context.Context,
 	// s.deployment is the live Deployment as the ownership step found it, nil when
 	// this reconcile creates it.
 	live := s.deployment
-	if replicas, specValue, ok := r.replicasToApply(a, live); ok {
+	if replicas, specValue, ok := r.replicasToApply(a, live, s.capacity); ok {
 		if res, err := r.applyGrabObject(ctx, specs.GrabScale(a, replicas, specValue), ReplicasFieldManager); err != nil {
 			return res, err
 		}
 	}
-	if err := r.reconcileGrabGuards(ctx, a, live); err != nil {
+	if err := r.reconcileGrabGuards(ctx, a, live, s.capacity); err != nil {
 		return workloadFailed(err), err
 	}
 	s.status.Endpoint = specs.GrabEndpoint(a)
@@ -185,12 +185,22 @@ func (r *RedPacketActivityReconciler) lookUpGrabRedisSecret(ctx context.Context,
 // Deployment is new, or spec.grabService.replicas changed since it was last applied
 // (the annotation says), the spec's value (or the operator's default). Otherwise the
 // live count, whoever set it, is left alone.
-func (r *RedPacketActivityReconciler) replicasToApply(a *redpacketv1alpha1.RedPacketActivity, live *appsv1.Deployment) (int32, string, bool) {
+//
+// With autoscaling (capacity) the operator's HPA owns the count: a new Deployment
+// starts at the HPA's current minimum, and a live one is never scaled here, so the
+// controller and the HPA never take turns at spec.replicas. The annotation still
+// records spec.grabService.replicas, so removing autoscaling later applies the spec
+// only if it changed meanwhile.
+func (r *RedPacketActivityReconciler) replicasToApply(a *redpacketv1alpha1.RedPacketActivity, live *appsv1.Deployment,
+	capacity *specs.Capacity) (int32, string, bool) {
 	replicas := r.Options.GrabReplicas
 	specValue := ""
 	if a.Spec.GrabService.Replicas != nil {
 		replicas = *a.Spec.GrabService.Replicas
 		specValue = strconv.FormatInt(int64(replicas), 10)
+	}
+	if capacity != nil {
+		return capacity.MinReplicas, specValue, live == nil
 	}
 	if live != nil {
 		if applied, ok := live.Annotations[specs.AnnotationSpecReplicas]; ok && applied == specValue {
@@ -203,20 +213,22 @@ func (r *RedPacketActivityReconciler) replicasToApply(a *redpacketv1alpha1.RedPa
 // reconcileGrabGuards keeps the activity's grab guards (keepGrabGuards): the
 // NetworkPolicy and PodDisruptionBudget <activity>-grab, selecting GrabSelector. The
 // replica count is the live Deployment's, unless this reconcile applies a new one
-// (replicasToApply): kubectl scale and autoscalers count.
+// (replicasToApply): kubectl scale and autoscalers count. With autoscaling the
+// PodDisruptionBudget follows the HPA's minimum instead (capacity).
 func (r *RedPacketActivityReconciler) reconcileGrabGuards(ctx context.Context, a *redpacketv1alpha1.RedPacketActivity,
-	live *appsv1.Deployment) error {
+	live *appsv1.Deployment, capacity *specs.Capacity) error {
 	return keepGrabGuards(ctx, r.Client, r.APIReader, r.Recorder, grabGuarded{
 		owner: a, kind: "activity", name: specs.GrabName(a), labels: specs.GrabLabels(a),
-		selector: specs.GrabSelector(a), replicas: r.grabReplicas(a, live),
+		selector: specs.GrabSelector(a), replicas: r.grabReplicas(a, live, capacity), capacity: capacity,
 	})
 }
 
 // grabReplicas is the grab Deployment's replica count after this reconcile: what
 // replicasToApply applies, else the live count (1 when the live Deployment leaves
 // it unset, as the API server's default).
-func (r *RedPacketActivityReconciler) grabReplicas(a *redpacketv1alpha1.RedPacketActivity, live *appsv1.Deployment) int32 {
-	if replicas, _, ok := r.replicasToApply(a, live); ok {
+func (r *RedPacketActivityReconciler) grabReplicas(a *redpacketv1alpha1.RedPacketActivity, live *appsv1.Deployment,
+	capacity *specs.Capacity) int32 {
+	if replicas, _, ok := r.replicasToApply(a, live, capacity); ok {
 		return replicas
 	}
 	return deploymentReplicas(live)

@@ -49,14 +49,19 @@ func TestReplicasToApply(t *testing.T) {
 		}
 		return d
 	}
+	autoscaled := &specs.Capacity{MinReplicas: 4, MaxReplicas: 8}
 	cases := []struct {
 		name      string
 		spec      *int32
 		live      *appsv1.Deployment
+		capacity  *specs.Capacity
 		want      int32
 		wantValue string
 		wantApply bool
 	}{
+		{name: "autoscaled, new: the HPA's minimum now", spec: ptrTo[int32](3), capacity: autoscaled, want: 4, wantValue: "3", wantApply: true},
+		{name: "autoscaled, live: left to the HPA", spec: ptrTo[int32](3), capacity: autoscaled, live: live(ptrTo("3"))},
+		{name: "autoscaled, spec changed: still left to the HPA", spec: ptrTo[int32](5), capacity: autoscaled, live: live(ptrTo("3"))},
 		{name: "new, spec unset: the operator's default", want: operatorDefault, wantApply: true},
 		{name: "new, spec 3", spec: ptrTo[int32](3), want: 3, wantValue: "3", wantApply: true},
 		{name: "new, spec 0 is a count too", spec: ptrTo[int32](0), want: 0, wantValue: "0", wantApply: true},
@@ -71,7 +76,7 @@ func TestReplicasToApply(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := testActivity()
 			a.Spec.GrabService.Replicas = tc.spec
-			got, value, apply := r.replicasToApply(a, tc.live)
+			got, value, apply := r.replicasToApply(a, tc.live, tc.capacity)
 			if apply != tc.wantApply || (apply && (got != tc.want || value != tc.wantValue)) {
 				t.Errorf("replicasToApply = %d, %q, %t; want %d, %q, %t", got, value, apply, tc.want, tc.wantValue, tc.wantApply)
 			}

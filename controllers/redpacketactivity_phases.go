@@ -81,6 +81,11 @@ type activityScope struct {
 	// which <activity>-grab-redis holds, as the redis user step set it up; nil with
 	// spec.redis.
 	defaultRedisLogin *specs.RedisLogin
+	// capacity is what the operator's HorizontalPodAutoscaler and
+	// PodDisruptionBudget of the grab Deployment hold at the reconcile's clock
+	// (specs.ActivityCapacity); nil without spec.grabService.autoscaling. Every step
+	// and the status read this one value, so they agree on the prewarm window.
+	capacity *specs.Capacity
 }
 
 // statusPatcher persists the scope's status at once, in the middle of a reconcile,
@@ -93,9 +98,10 @@ type statusPatcher func(ctx context.Context, s *activityScope, progress *readyBl
 // seed step receives patch: Seeding must show while it writes, and Seeded must be on
 // the API server before the gate step opens grabbing. The counters step writes its
 // own fields, under its own field manager, through the counters writer. Loading the
-// scripts, the three grab workload steps (may the workload be touched, the
-// activity's Redis user, the workload's objects) and the expose step keep going when
-// they fail: closing at endTime and refunding the sponsor never wait on them.
+// scripts, the four grab workload steps (may the workload be touched, the
+// activity's Redis user, the workload's objects, its autoscaler) and the expose
+// step keep going when they fail: closing at endTime and refunding the sponsor
+// never wait on them.
 func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconcileStep {
 	return []reconcileStep{
 		{name: "redis connection", run: r.reconcileRedisConnection},
@@ -110,6 +116,7 @@ func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconci
 		{name: "grab workload ownership", run: r.reconcileGrabOwnership, keepGoing: true},
 		{name: "redis user", run: r.reconcileRedisUser, keepGoing: true},
 		{name: "grab workload", run: r.reconcileGrabWorkload, keepGoing: true},
+		{name: "grab autoscaler", run: r.reconcileGrabAutoscaler, keepGoing: true},
 		{name: "expose", run: r.reconcileExpose, keepGoing: true},
 		{name: "schedule and close", run: r.reconcileSchedule},
 		{name: "counters", run: r.reconcileCounters},
@@ -121,6 +128,9 @@ func (r *RedPacketActivityReconciler) normalSteps(patch statusPatcher) []reconci
 func newActivityScope(a *redpacketv1alpha1.RedPacketActivity, now time.Time) *activityScope {
 	s := &activityScope{activity: a, status: controllerStatus(a.Status)}
 	s.reconcileScope = newReconcileScope(a, &s.status.Conditions, now)
+	if c, ok := specs.ActivityCapacity(a, now); ok {
+		s.capacity = &c
+	}
 	return s
 }
 

@@ -864,7 +864,7 @@ func TestNormalStepsOrder(t *testing.T) {
 		names = append(names, s.name)
 	}
 	want := []string{"redis connection", "rollback fence", "validate and split", "seed", "load scripts", "durability", "open and configure",
-		"grab workload ownership", "redis user", "grab workload", "expose", "schedule and close", "counters", "settlement", "conservation"}
+		"grab workload ownership", "redis user", "grab workload", "grab autoscaler", "expose", "schedule and close", "counters", "settlement", "conservation"}
 	if !slices.Equal(names, want) {
 		t.Errorf("steps %q, want %q", names, want)
 	}

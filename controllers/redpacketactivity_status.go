@@ -33,6 +33,7 @@ var controllerConditionTypes = []string{
 	redpacketv1alpha1.ConditionSettlementDegraded,
 	redpacketv1alpha1.ConditionReconciled,
 	redpacketv1alpha1.ConditionExposed,
+	redpacketv1alpha1.ConditionPrewarmed,
 }
 
 // warningReasons are the condition reasons whose arrival is reported as a Warning event.
@@ -59,6 +60,8 @@ var warningReasons = map[string]bool{
 	// spec.expose cannot be kept (shared_expose.go).
 	redpacketv1alpha1.ReasonGatewayAPIMissing: true,
 	redpacketv1alpha1.ReasonExposeFailed:      true,
+	// startTime came before the prewarmed grab replicas (redpacketactivity_prewarm.go).
+	redpacketv1alpha1.ReasonNotPrewarmed: true,
 }
 
 // readyPhases are the phases in which the activity serves grabs or finished cleanly.
@@ -110,14 +113,16 @@ func controllerStatus(st redpacketv1alpha1.RedPacketActivityStatus) redpacketv1a
 
 // computeStatus completes the scope's status with what is derived from it at the end
 // of a reconcile (and at a step's mid-way patch): the phase default and the Ready,
-// GrabServiceAvailable and Settled conditions. The observed generation is not its
-// business: Reconcile sets it only after a clean reconcile. It also returns when the
-// GrabServiceAvailable condition would turn stale by itself (0: never).
+// GrabServiceAvailable, Prewarmed and Settled conditions. The observed generation is
+// not its business: Reconcile sets it only after a clean reconcile. It also returns
+// when the GrabServiceAvailable condition would turn stale by itself (0: never).
 //
 // Ready is True only when the activity can serve what its phase promises: in
 // Scheduled, Active and Paused that includes a grab replica being available
 // (GrabServiceAvailable=True), else Ready is False with reason
-// GrabServiceUnavailable; Exhausted and Expired are Ready by themselves. So
+// GrabServiceUnavailable, and, once startTime has come inside a prewarm window, the
+// prewarmed replicas being available, else Ready is False with NotPrewarmed
+// (computePrewarmed); Exhausted and Expired are Ready by themselves. So
 // kubectl wait --for=condition=Ready returns once grabs can be answered.
 func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacketv1alpha1.RedPacketActivityStatus, time.Duration) {
 	if s.status.Phase == "" {
@@ -129,6 +134,7 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 	}
 
 	staleIn := r.computeGrabServiceAvailable(s)
+	notPrewarmed := computePrewarmed(s)
 
 	switch {
 	case s.notReady != nil:
@@ -150,6 +156,10 @@ func (r *RedPacketActivityReconciler) computeStatus(s *activityScope) (redpacket
 			}
 			s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, redpacketv1alpha1.ReasonGrabServiceUnavailable,
 				"%s, but no grab replica is available to answer users (%s)", msg, why)
+			break
+		}
+		if notPrewarmed != nil {
+			s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionFalse, notPrewarmed.reason, "%s: %s", msg, notPrewarmed.message)
 			break
 		}
 		s.setCondition(redpacketv1alpha1.ConditionReady, metav1.ConditionTrue, string(s.status.Phase), "%s", msg)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,6 +28,14 @@ const (
 	// BudgetFieldManager is the field manager of everything the budget controller
 	// applies: the budget's status and its grab workload.
 	BudgetFieldManager = "redpacket-budget-controller"
+	// BudgetReplicasFieldManager holds a budget's grab Deployment spec.replicas
+	// while spec.grabService.autoscaling is set: the operator's HPA owns the count,
+	// and BudgetFieldManager's apply leaves spec.replicas out. It applies only the
+	// count the Deployment already has (or the HPA's minimum on creation), once, so
+	// that the field keeps an owner when BudgetFieldManager lets it go (a field no
+	// manager holds any more would be reset to 1); the HPA's scale writes take it
+	// over from there.
+	BudgetReplicasFieldManager = "redpacket-budget-controller-replicas"
 	// BudgetAcceptanceFieldManager applies a budget's status.lastAcceptance alone,
 	// so the budget controller's apply, which leaves the field out, never removes it.
 	BudgetAcceptanceFieldManager = "redpacket-budget-acceptance"
@@ -172,6 +181,7 @@ type RedPacketBudgetReconciler struct {
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the reconciler with mgr. A nil RedisAccess is made from
 // Options; what it and Expiry leave nil is made and added to the manager (the
@@ -201,6 +211,9 @@ func (r *RedPacketBudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Owns(&networkingv1.NetworkPolicy{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
+		// Spec edits only: an edit of the operator's HPA is put back at once; its
+		// status moves with every metrics sync.
+		Owns(&autoscalingv2.HorizontalPodAutoscaler{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(r.Options.controllerOptions()).
 		Complete(r)
 	if err != nil {

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -67,11 +68,18 @@ type budgetScope struct {
 	// deletion (deleteBudgetFenced): closing, expiring and the drain are skipped,
 	// and the keys are purged.
 	fenceAbandoned bool
+	// capacity is what the operator's HorizontalPodAutoscaler and
+	// PodDisruptionBudget of the grab Deployment hold (specs.BudgetCapacity); nil
+	// without spec.grabService.autoscaling.
+	capacity *specs.Capacity
 }
 
 func newBudgetScope(b *redpacketv1alpha1.RedPacketBudget, now time.Time) *budgetScope {
 	s := &budgetScope{budget: b, status: *b.Status.DeepCopy()}
 	s.reconcileScope = newReconcileScope(b, &s.status.Conditions, now)
+	if c, ok := specs.BudgetCapacity(b); ok {
+		s.capacity = &c
+	}
 	return s
 }
 
@@ -89,6 +97,7 @@ func (r *RedPacketBudgetReconciler) budgetNormalSteps() []budgetStep {
 		{name: "sender credential", run: r.reconcileSenderSecret, keepGoing: true},
 		{name: "redis user", run: r.reconcileBudgetRedisUser, keepGoing: true},
 		{name: "grab workload", run: r.reconcileBudgetWorkload, keepGoing: true},
+		{name: "grab autoscaler", run: r.reconcileBudgetAutoscaler, keepGoing: true},
 		{name: "expose", run: r.reconcileBudgetExpose, keepGoing: true},
 		{name: "status", run: r.reconcileBudgetStatus},
 	}
@@ -392,13 +401,24 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 		return stepResult{halt: true}, nil
 	}
 	key := client.ObjectKey{Namespace: b.Namespace, Name: specs.BudgetGrabName(b)}
-	for _, obj := range []client.Object{&corev1.Service{}, &appsv1.Deployment{}} {
+	live := &appsv1.Deployment{}
+	liveFound := false
+	for _, obj := range []client.Object{&corev1.Service{}, live} {
 		err := r.APIReader.Get(ctx, key, obj)
 		if err == nil && !metav1.IsControlledBy(obj, b) {
 			return blocked(redpacketv1alpha1.ReasonNotAdopted, "%T %s exists and is not the budget's; it is left alone", obj, key.Name), nil
 		}
 		if err != nil && !apierrors.IsNotFound(err) {
 			return stepResult{}, fmt.Errorf("reading %s: %w", key.Name, err)
+		}
+		liveFound = liveFound || (err == nil && obj == client.Object(live))
+	}
+	// With autoscaling, spec.replicas passes to BudgetReplicasFieldManager before
+	// the workload's apply lets it go, so it is never left without an owner.
+	if s.capacity != nil && liveFound && managerHoldsReplicas(live, BudgetFieldManager) {
+		if err := r.Client.Apply(ctx, specs.BudgetGrabScale(b, deploymentReplicas(live)),
+			client.FieldOwner(BudgetReplicasFieldManager), client.ForceOwnership); err != nil {
+			return workloadFailed(err), fmt.Errorf("handing the grab Deployment's replicas to its autoscaler: %w", err)
 		}
 	}
 	in := specs.BudgetGrab{Budget: b, OperatorImage: r.Options.GrabImage, OperatorLibrary: store.LibraryName,
@@ -408,6 +428,13 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 			return workloadFailed(err), fmt.Errorf("applying the grab workload: %w", err)
 		}
 	}
+	if s.capacity != nil && !liveFound {
+		// A new Deployment starts at the HPA's minimum.
+		if err := r.Client.Apply(ctx, specs.BudgetGrabScale(b, s.capacity.MinReplicas),
+			client.FieldOwner(BudgetReplicasFieldManager), client.ForceOwnership); err != nil {
+			return workloadFailed(err), fmt.Errorf("starting the grab Deployment at the autoscaler's minimum: %w", err)
+		}
+	}
 	d := &appsv1.Deployment{}
 	if err := r.APIReader.Get(ctx, key, d); err != nil {
 		return stepResult{}, fmt.Errorf("reading Deployment %s: %w", key.Name, err)
@@ -415,12 +442,51 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 	s.deployment = d
 	if err := keepGrabGuards(ctx, r.Client, r.APIReader, r.Recorder, grabGuarded{
 		owner: b, kind: "budget", name: key.Name, labels: specs.BudgetLabels(b),
-		selector: specs.BudgetSelector(b), replicas: deploymentReplicas(d),
+		selector: specs.BudgetSelector(b), replicas: deploymentReplicas(d), capacity: s.capacity,
 	}); err != nil {
 		return workloadFailed(err), err
 	}
 	s.status.Endpoint = specs.BudgetEndpoint(b)
 	return stepResult{}, nil
+}
+
+// reconcileBudgetAutoscaler keeps the budget's HorizontalPodAutoscaler <budget>-grab
+// as spec.grabService.autoscaling says (keepGrabAutoscaler: between minReplicas and
+// maxReplicas on CPU, written again whenever it drifted), or deletes the operator's
+// HPA when autoscaling is unset. A budget has no window: its minimum never moves.
+// It acts once the workload step applied the Deployment.
+func (r *RedPacketBudgetReconciler) reconcileBudgetAutoscaler(ctx context.Context, s *budgetScope) (stepResult, error) {
+	if s.deployment == nil {
+		return stepResult{}, nil
+	}
+	b := s.budget
+	if err := keepGrabAutoscaler(ctx, r.Client, r.APIReader, r.Recorder, grabGuarded{
+		owner: b, kind: "budget", name: specs.BudgetGrabName(b), labels: specs.BudgetLabels(b),
+		selector: specs.BudgetSelector(b), capacity: s.capacity,
+	}); err != nil {
+		return workloadFailed(err), err
+	}
+	return stepResult{}, nil
+}
+
+// managerHoldsReplicas reports whether field manager holds d's spec.replicas by
+// apply, as d's managed fields record.
+func managerHoldsReplicas(d *appsv1.Deployment, manager string) bool {
+	for _, m := range d.ManagedFields {
+		if m.Manager != manager || m.Operation != metav1.ManagedFieldsOperationApply || m.FieldsV1 == nil {
+			continue
+		}
+		var fields struct {
+			Spec map[string]json.RawMessage `json:"f:spec"`
+		}
+		if err := json.Unmarshal(m.FieldsV1.GetRawBytes(), &fields); err != nil {
+			continue
+		}
+		if _, ok := fields.Spec["f:replicas"]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // reconcileBudgetSettlement hands a budget with a webhook to the settlement runner.

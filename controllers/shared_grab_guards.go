@@ -81,13 +81,20 @@ type grabGuarded struct {
 	selector map[string]string
 	// replicas is the grab Deployment's replica count after this reconcile.
 	replicas int32
+	// capacity, when set, is what the operator's HorizontalPodAutoscaler holds now
+	// (spec.grabService.autoscaling): the PodDisruptionBudget's minAvailable is its
+	// minimum, whatever replicas says. Nil without autoscaling.
+	capacity *specs.Capacity
 }
 
 // keepGrabGuards keeps a grab workload's NetworkPolicy and, while the Deployment has
 // minReplicasForDisruptionBudget replicas or more, its PodDisruptionBudget, and
-// deletes that budget when the replicas drop below. The controller is their only
-// writer: it creates them, and updates them when their labels or spec drift. One
-// piece of code serves activities and budgets.
+// deletes that budget when the replicas drop below. With autoscaling (g.capacity)
+// the PodDisruptionBudget is always kept, with minAvailable the HPA's current
+// minimum (specs.GrabMinAvailableDisruptionBudgetSpec) instead of one eviction at a
+// time: inside a prewarm window the warmed fleet is never drained below its size.
+// The controller is their only writer: it creates them, and updates them when their
+// labels or spec drift. One piece of code serves activities and budgets.
 //
 // The NetworkPolicy <name>-grab selects the grab pods and admits ingress on the grab
 // port only (TCP 8080: the grab API, the probes and /metrics share it); egress is not
@@ -126,6 +133,9 @@ func keepGrabGuards(ctx context.Context, c client.Client, reader client.Reader, 
 	switch {
 	case found && !metav1.IsControlledBy(budget, g.owner):
 		warnForeign("PodDisruptionBudget")
+	case g.capacity != nil:
+		capacity := *g.capacity
+		return keepGrabChild(ctx, c, g, budget, func() { budget.Spec = specs.GrabMinAvailableDisruptionBudgetSpec(g.selector, capacity) })
 	case g.replicas >= minReplicasForDisruptionBudget:
 		return keepGrabChild(ctx, c, g, budget, func() { budget.Spec = specs.GrabDisruptionBudgetSpec(g.selector) })
 	case found:

@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -9,19 +10,22 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/wait"
 )
 
 // The rendered install manifests (config/default) and the samples are accepted by the
 // API server, and the permissions they grant the operator's ServiceAccount are enough
 // to run an activity: a controller that acts as that ServiceAccount seeds it, creates
-// its grab workload (including the Role it grants, which needs no escalate/bind), and
-// reports status.
+// its grab workload (including the Role it grants, which needs no escalate/bind, and
+// an autoscaled activity's HPA and PodDisruptionBudget), and reports status.
 func TestInstallManifestsGrantEnoughToRunAnActivity(t *testing.T) {
 	needsServers(t)
 	root, err := controlplane.Root()
@@ -72,6 +76,18 @@ func TestInstallManifestsGrantEnoughToRunAnActivity(t *testing.T) {
 		t.Fatalf("the grab Role created as the operator: %v", err)
 	}
 	e.waitEvent("rbac", "Normal", "Committed")
+
+	// The operator's role lets it keep an autoscaled activity's HPA and its
+	// PodDisruptionBudget.
+	e.create(e.activity("rbac-scaled", 1000, 10, func(a *redpacketv1alpha1.RedPacketActivity) {
+		a.Spec.GrabService.Autoscaling = &redpacketv1alpha1.ActivityGrabAutoscaling{MinReplicas: 2, MaxReplicas: 4}
+	}))
+	wait.Until(t, 20*time.Second, "the HPA and the PDB created as the operator", func() (bool, string) {
+		key := client.ObjectKey{Namespace: e.ns, Name: "rbac-scaled-grab"}
+		herr := e.c.Get(ctx, key, &autoscalingv2.HorizontalPodAutoscaler{})
+		perr := e.c.Get(ctx, key, &policyv1.PodDisruptionBudget{})
+		return herr == nil && perr == nil, fmt.Sprintf("HPA: %v, PDB: %v", herr, perr)
+	})
 	if err := e.c.Delete(ctx, a); err != nil {
 		t.Fatal(err)
 	}

@@ -36,6 +36,33 @@ const (
 	// balance system has no read endpoint (ReconciliationUnsupported). Absent without
 	// a webhook.
 	ConditionReconciled = "Reconciled"
+	// ConditionPrewarmed says whether the grab fleet is at its prewarm size
+	// (spec.grabService.autoscaling.prewarm): inside the window
+	// [startTime − lead, endTime + holdAfter], True (Warmed) once the grab Deployment
+	// has prewarm.replicas available, else False with Warming before startTime and
+	// NotPrewarmed from startTime on (Ready is then False with NotPrewarmed too, and
+	// a Warning event says so). Outside the window it is False with PrewarmPending
+	// (before) or PrewarmReleased (after). Absent without prewarm.
+	ConditionPrewarmed = "Prewarmed"
+)
+
+// Reasons of ConditionPrewarmed.
+const (
+	// ReasonWarmed: the grab Deployment has at least prewarm.replicas available
+	// inside the window (Prewarmed True).
+	ReasonWarmed = "Warmed"
+	// ReasonWarming: inside the window, before startTime, fewer than
+	// prewarm.replicas are available yet (Prewarmed False).
+	ReasonWarming = "Warming"
+	// ReasonNotPrewarmed: startTime has come and fewer than prewarm.replicas are
+	// available (Prewarmed False, Ready False, a Warning event).
+	ReasonNotPrewarmed = "NotPrewarmed"
+	// ReasonPrewarmPending: the window has not opened yet; the HPA's minimum is
+	// autoscaling.minReplicas (Prewarmed False).
+	ReasonPrewarmPending = "PrewarmPending"
+	// ReasonPrewarmReleased: the window has closed; the HPA's minimum is back at
+	// autoscaling.minReplicas (Prewarmed False).
+	ReasonPrewarmReleased = "PrewarmReleased"
 )
 
 // Reasons of ConditionReconciled.

@@ -118,14 +118,87 @@ type GrabAuth struct {
 	TokenSecretRef SecretReference `json:"tokenSecretRef"`
 }
 
+// GrabPrewarm holds the grab fleet at a size around the activity's window, so that
+// it is up before startTime instead of growing minutes after it (an HPA reacts to
+// load it already sees). Over [startTime − lead, endTime + holdAfter] the
+// HorizontalPodAutoscaler's minReplicas is replicas; outside it, autoscaling's
+// minReplicas.
+type GrabPrewarm struct {
+	// replicas is the HPA's minReplicas over the window: the fleet the first second
+	// of the rain needs. At least autoscaling.minReplicas and at most
+	// autoscaling.maxReplicas.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	Replicas int32 `json:"replicas"`
+
+	// lead is how long before startTime the window opens: long enough to schedule,
+	// pull and start replicas pods (and for a cluster autoscaler to add nodes).
+	// Defaults to 10m; at most 24h.
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="prewarm.lead must be between 0s and 24h"
+	// +optional
+	Lead *metav1.Duration `json:"lead,omitempty"`
+
+	// holdAfter is how long after endTime the window closes, for the tail of the rain
+	// (late grabs, the page's last polls). Defaults to 2m; at most 24h.
+	// +kubebuilder:default="2m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="prewarm.holdAfter must be between 0s and 24h"
+	// +optional
+	HoldAfter *metav1.Duration `json:"holdAfter,omitempty"`
+}
+
+// ActivityGrabAutoscaling has the operator own a HorizontalPodAutoscaler
+// (autoscaling/v2) of the activity's grab Deployment, <activity>-grab, scaling on
+// the grab pods' CPU, and a PodDisruptionBudget whose minAvailable is the HPA's
+// current minimum. The fields are those of a budget's GrabAutoscaling, plus
+// prewarm.
+// +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="autoscaling.minReplicas must not exceed autoscaling.maxReplicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.prewarm) || self.prewarm.replicas <= self.maxReplicas",message="autoscaling.prewarm.replicas must not exceed autoscaling.maxReplicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.prewarm) || self.prewarm.replicas >= self.minReplicas",message="autoscaling.prewarm.replicas must be at least autoscaling.minReplicas"
+type ActivityGrabAutoscaling struct {
+	// minReplicas is the HPA's minimum outside the prewarm window. Defaults to 1.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MinReplicas int32 `json:"minReplicas,omitempty"`
+
+	// maxReplicas is the HPA's maximum.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	MaxReplicas int32 `json:"maxReplicas"`
+
+	// targetCPUUtilizationPercentage is the grab pods' average CPU use the HPA aims
+	// at, in percent of their CPU request (100m). Defaults to 70.
+	// +kubebuilder:default=70
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=400
+	// +optional
+	TargetCPUUtilizationPercentage int32 `json:"targetCPUUtilizationPercentage,omitempty"`
+
+	// prewarm holds the HPA's minimum at prewarm.replicas around the activity's
+	// window. It needs startTime and endTime.
+	// +optional
+	Prewarm *GrabPrewarm `json:"prewarm,omitempty"`
+}
+
 // GrabService configures the per-activity grab Deployment.
 type GrabService struct {
 	// replicas of the grab Deployment. Absent means the operator's default. Changing it
-	// later is left to kubectl scale or an autoscaler.
+	// later is left to kubectl scale or an autoscaler. With autoscaling it is not
+	// applied at all: the operator's HPA owns the count (a new Deployment starts at
+	// the HPA's current minimum).
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1000
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
+
+	// autoscaling, when set, has the operator own a HorizontalPodAutoscaler and a
+	// PodDisruptionBudget for the grab Deployment. Absent, the replica count is
+	// replicas, kubectl scale's or a HorizontalPodAutoscaler of your own; removing it
+	// deletes the operator's HPA and leaves the Deployment at its last count.
+	// +optional
+	Autoscaling *ActivityGrabAutoscaling `json:"autoscaling,omitempty"`
 
 	// image of the grab service. Empty means the operator's grab image.
 	// +kubebuilder:validation:MaxLength=512
@@ -242,6 +315,7 @@ func (s *RedPacketActivitySpec) ShardCount() int {
 // +kubebuilder:validation:XValidation:rule="!has(self.grabService) || !has(self.grabService.startSpread) || !has(self.startTime) || !has(self.endTime) || timestamp(self.startTime) + duration(self.grabService.startSpread) < timestamp(self.endTime)",message="grabService.startSpread must end before endTime: every user must get a moment to grab"
 // +kubebuilder:validation:XValidation:rule="!has(self.settlement) || !has(self.settlement.webhook) || has(self.sponsor)",message="sponsor is required with settlement.webhook: refunds of unclaimed money are credited to it"
 // +kubebuilder:validation:XValidation:rule="!has(self.shards) || self.shards <= self.count",message="shards must not exceed count: every shard starts with at least one packet"
+// +kubebuilder:validation:XValidation:rule="!has(self.grabService) || !has(self.grabService.autoscaling) || !has(self.grabService.autoscaling.prewarm) || (has(self.startTime) && has(self.endTime))",message="grabService.autoscaling.prewarm needs startTime and endTime: its window is [startTime - lead, endTime + holdAfter]"
 // +kubebuilder:validation:XValidation:rule="!has(self.shards) || self.shards <= 1 || (has(self.durability) && self.durability.mode != 'None')",message="shards above 1 need durability Fsync or Replicas: a master that forgot a transfer between shards after a crash or failover would hand its packets out twice"
 type RedPacketActivitySpec struct {
 	// totalAmount is the money split into packets, in minor units. Immutable.

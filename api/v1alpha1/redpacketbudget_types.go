@@ -97,12 +97,43 @@ type PacketLimits struct {
 // +kubebuilder:validation:XValidation:rule="self.split('-')[0] < self.split('-')[1]",message="a send window's start must be before its end (a window over midnight is written as two)"
 type SendWindow string
 
+// GrabAutoscaling has the operator own a HorizontalPodAutoscaler (autoscaling/v2)
+// of a budget's grab Deployment, <budget>-grab, scaling on the grab pods' CPU, and a
+// PodDisruptionBudget whose minAvailable is minReplicas. A budget has no window, so
+// there is no prewarm (an activity's ActivityGrabAutoscaling has one).
+// +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="autoscaling.minReplicas must not exceed autoscaling.maxReplicas"
+type GrabAutoscaling struct {
+	// minReplicas is the HPA's minimum. Defaults to 1.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MinReplicas int32 `json:"minReplicas,omitempty"`
+
+	// maxReplicas is the HPA's maximum.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	MaxReplicas int32 `json:"maxReplicas"`
+
+	// targetCPUUtilizationPercentage is the grab pods' average CPU use the HPA aims
+	// at, in percent of their CPU request. Defaults to 70.
+	// +kubebuilder:default=70
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=400
+	// +optional
+	TargetCPUUtilizationPercentage int32 `json:"targetCPUUtilizationPercentage,omitempty"`
+}
+
 // BudgetGrabService configures the budget's one shared grab Deployment.
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || !has(self.resources) || (has(self.resources.requests) && 'cpu' in self.resources.requests)",message="grabService.autoscaling scales on CPU use relative to the CPU request: resources must then request cpu"
 type BudgetGrabService struct {
 	// replicas of the grab Deployment. Absent means the operator's default at
 	// creation, and then whatever kubectl scale or an autoscaler sets: the
 	// budget's scale subresource reads and writes this field, so a
-	// HorizontalPodAutoscaler can target the budget itself.
+	// HorizontalPodAutoscaler can target the budget itself. With autoscaling it is
+	// not applied: the operator's HPA owns the Deployment's count, and replicas
+	// (and the scale subresource that writes it) only says what applies again
+	// once autoscaling is removed.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1000
 	// +optional
@@ -123,6 +154,13 @@ type BudgetGrabService struct {
 	// budget or to one packet.
 	// +optional
 	Auth *GrabAuth `json:"auth,omitempty"`
+
+	// autoscaling, when set, has the operator own a HorizontalPodAutoscaler and a
+	// PodDisruptionBudget for the grab Deployment. Absent, the replica count is
+	// replicas (the scale subresource's, or your own HPA's on the budget); removing
+	// it deletes the operator's HPA.
+	// +optional
+	Autoscaling *GrabAutoscaling `json:"autoscaling,omitempty"`
 }
 
 // RedPacketBudgetSpec declares a budget. Every amount is an integer in the

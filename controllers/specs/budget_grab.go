@@ -146,7 +146,9 @@ func BudgetGrabArgs(in BudgetGrab) []string {
 // Deployment: the grab service in budget mode (BudgetGrabArgs), reaching Redis as an
 // activity's grab pods do, the sender Secret mounted read-only, and the token key
 // with spec.grabService.auth. Its replicas are spec.grabService.replicas, and left
-// out of the apply when that is unset, so the Deployment keeps what it has. With
+// out of the apply when that is unset, so the Deployment keeps what it has, and with
+// spec.grabService.autoscaling, whose HPA owns the count (BudgetGrabScale hands it
+// over). With
 // in.DefaultRedis the pod template carries AnnotationRedisCredentials, so a new
 // password rolls the pods.
 func BudgetGrabDeployment(in BudgetGrab) *appsv1ac.DeploymentApplyConfiguration {
@@ -187,7 +189,7 @@ func BudgetGrabDeployment(in BudgetGrab) *appsv1ac.DeploymentApplyConfiguration 
 	spec := appsv1ac.DeploymentSpec().
 		WithSelector(metav1ac.LabelSelector().WithMatchLabels(BudgetSelector(b))).
 		WithTemplate(template)
-	if r := b.Spec.GrabService.Replicas; r != nil {
+	if r := b.Spec.GrabService.Replicas; r != nil && b.Spec.GrabService.Autoscaling == nil {
 		spec.WithReplicas(*r)
 	}
 	return appsv1ac.Deployment(BudgetGrabName(b), b.Namespace).
@@ -247,3 +249,11 @@ func BudgetSenderSecret(b *redpacketv1alpha1.RedPacketBudget, token string) *cor
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// BudgetGrabScale is the apply of the budget's grab Deployment spec.replicas alone,
+// under a field manager of its own: with autoscaling it keeps the count the
+// Deployment has (or starts it at the HPA's minimum) while the workload's apply
+// leaves the field out.
+func BudgetGrabScale(b *redpacketv1alpha1.RedPacketBudget, replicas int32) *appsv1ac.DeploymentApplyConfiguration {
+	return appsv1ac.Deployment(BudgetGrabName(b), b.Namespace).WithSpec(appsv1ac.DeploymentSpec().WithReplicas(replicas))
+}

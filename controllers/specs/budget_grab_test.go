@@ -93,6 +93,17 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			wantLimits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
 		{
+			name: "autoscaling: replicas left to the operator's HPA, even with the spec's", login: &login,
+			mutate: func(b *redpacketv1alpha1.RedPacketBudget) {
+				b.Spec.GrabService.Replicas = new(int32(3))
+				b.Spec.GrabService.Autoscaling = &redpacketv1alpha1.GrabAutoscaling{MinReplicas: 2, MaxReplicas: 6}
+			},
+			wantImage: "operator/grab:1", wantRedisSecret: "shop-grab-redis",
+			wantVolumes:  map[string]string{"sender-token": "shop-sender"},
+			wantRequests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			wantLimits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+		},
+		{
 			name: "its own Redis, image, shards and resources",
 			mutate: func(b *redpacketv1alpha1.RedPacketBudget) {
 				b.Spec.Redis = &redpacketv1alpha1.RedisConnection{SecretRef: redpacketv1alpha1.SecretReference{Name: "redis-conn"}}

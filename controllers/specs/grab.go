@@ -1,7 +1,8 @@
 // Package specs builds the objects of an activity's grab workload: its
 // ServiceAccount, Role and RoleBinding, Service, Deployment, the Secret with its
 // Redis login on the operator's default Redis, its NetworkPolicy and
-// PodDisruptionBudget, and the apply of the Deployment's replica count.
+// PodDisruptionBudget, its HorizontalPodAutoscaler with the prewarm window that
+// sizes it (Capacity), and the apply of the Deployment's replica count.
 //
 // Every function here is pure: it reads only its arguments, and talks to no API
 // server and no Redis. The controller decides what to apply and when; this package

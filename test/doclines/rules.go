@@ -99,6 +99,7 @@ var Rules = []Rule{
 	{Doc: "docs/operations.md", Match: `^kubectl wait --for=`, Run: true},
 	{Doc: "docs/operations.md", Match: `^kubectl annotate rpa quiz-night redpacket\.io/accept-redis-state=`, Reason: "accepts a rolled-back Redis: only for a fenced activity, played by the fault tests (test/faults, controllers)"},
 	{Doc: "docs/operations.md", Match: `^kubectl (scale|autoscale) deployment quiz-night-grab `, Reason: "8 to 20 grab pods do not fit beside the suite's on 2 cores, and autoscaling needs a metrics server"},
+	{Doc: "docs/operations.md", Match: `^kubectl get hpa,pdb quiz-night-grab$`, Reason: "the sample activity has no spec.grabService.autoscaling, so there is no HPA to show; TestPrewarmHoldsTheAutoscalerMinimumOverTheWindow (controllers) plays the HPA and PodDisruptionBudget on a real API server"},
 	{Doc: "docs/operations.md", Match: `^kubectl -n redpacket-system create secret generic redpacket-settlement-keys .* \| kubectl apply --server-side -f -$`, Run: true},
 	{Doc: "docs/operations.md", Match: `^kubectl (-n redpacket-system )?create secret generic (redis-conn|grab-hmac|redpacket-settlement-keys) `, Reason: "the Secrets table's examples of each shape; the README's quick start made grab-hmac and the settlement key, and there is no Redis at redis:6379"},
 	{Doc: "docs/operations.md", Match: `^kubectl create secret generic redpacket-redis -n redpacket-system `, Reason: "the operator's Redis Secret, which the suite made before the dev Redis and the operator started; a second create fails"},

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -401,7 +402,8 @@ func (o *operator) start() error {
 // grabWorkloadKinds are the kinds of the grab workload the controller reads through
 // its cache.
 var grabWorkloadKinds = []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &corev1.ServiceAccount{},
-	&rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.NetworkPolicy{}, &policyv1.PodDisruptionBudget{}}
+	&rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.NetworkPolicy{}, &policyv1.PodDisruptionBudget{},
+	&autoscalingv2.HorizontalPodAutoscaler{}}
 
 // stop stops a manager and waits until it has stopped.
 func (o *operator) stopManager(m *runningManager) {
