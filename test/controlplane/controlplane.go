@@ -96,6 +96,9 @@ func New() (*ControlPlane, error) {
 	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.0.0.0/16")
 	cfg, err := env.Start()
 	if err != nil {
+		// Start fails after it started etcd and kube-apiserver when the CRDs are
+		// refused (a CEL rule over its cost budget, say): stop what it started.
+		_ = env.Stop()
 		return nil, fmt.Errorf("starting envtest: %w", err)
 	}
 	scheme := NewScheme()
