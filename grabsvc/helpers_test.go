@@ -44,6 +44,10 @@ func controlPlane(t *testing.T) *controlplane.ControlPlane {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(spreadChildEnv) == "1" {
+		printSpreadOffsets()
+		os.Exit(0)
+	}
 	code := m.Run()
 	if sharedCP != nil {
 		_ = sharedCP.Stop()
