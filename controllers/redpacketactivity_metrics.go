@@ -37,6 +37,7 @@ type ActivityMetrics struct {
 	phase            *prometheus.GaugeVec
 	ready            *prometheus.GaugeVec
 	stalled          *prometheus.GaugeVec
+	notPrewarmed     *prometheus.GaugeVec
 	totalAmount      *prometheus.GaugeVec
 	packets          *prometheus.GaugeVec
 	remainingPackets *prometheus.GaugeVec
@@ -67,9 +68,11 @@ func NewActivityMetrics(reg prometheus.Registerer) *ActivityMetrics {
 			append(append([]string{}, activity...), labels...))
 	}
 	m := &ActivityMetrics{
-		phase:            gauge("phase", "1 for the activity's current phase, 0 for every other phase.", "phase"),
-		ready:            gauge("ready", "1 while the activity's Ready condition is True, else 0."),
-		stalled:          gauge("stalled", "1 while the activity's Stalled condition is True (it cannot go on without a person: DataLost, RedisRolledBack), with the condition's reason; absent otherwise.", "reason"),
+		phase:   gauge("phase", "1 for the activity's current phase, 0 for every other phase.", "phase"),
+		ready:   gauge("ready", "1 while the activity's Ready condition is True, else 0."),
+		stalled: gauge("stalled", "1 while the activity's Stalled condition is True (it cannot go on without a person: DataLost, RedisRolledBack), with the condition's reason; absent otherwise.", "reason"),
+		notPrewarmed: gauge("not_prewarmed", "1 while the activity's Prewarmed condition is False with reason NotPrewarmed (startTime has come and fewer than "+
+			"prewarm.replicas grab pods are available), 0 while it has another reason or is True; absent without prewarm."),
 		totalAmount:      gauge("total_amount", "spec.totalAmount: the money split into packets, in minor units."),
 		packets:          gauge("packets", "spec.count: the number of packets."),
 		remainingPackets: gauge("remaining_packets", "status.remainingCount: packets not yet claimed."),
@@ -92,7 +95,7 @@ func NewActivityMetrics(reg prometheus.Registerer) *ActivityMetrics {
 }
 
 func (m *ActivityMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.phase, m.ready, m.stalled, m.totalAmount, m.packets, m.remainingPackets,
+	return []prometheus.Collector{m.phase, m.ready, m.stalled, m.notPrewarmed, m.totalAmount, m.packets, m.remainingPackets,
 		m.remainingAmount, m.claimedPackets, m.claimedAmount, m.settledPackets, m.settledAmount, m.refundedAmount,
 		m.deadLetters, m.conservation, m.redisImbalance}
 }
@@ -117,6 +120,13 @@ func (m *ActivityMetrics) Observe(a *redpacketv1alpha1.RedPacketActivity) {
 	m.stalled.DeletePartialMatch(prometheus.Labels{"namespace": ns, "name": name})
 	if c := meta.FindStatusCondition(st.Conditions, conditionStalled); c != nil && c.Status == metav1.ConditionTrue {
 		m.stalled.WithLabelValues(ns, name, c.Reason).Set(1)
+	}
+
+	if c := meta.FindStatusCondition(st.Conditions, redpacketv1alpha1.ConditionPrewarmed); c != nil {
+		short := c.Status == metav1.ConditionFalse && c.Reason == redpacketv1alpha1.ReasonNotPrewarmed
+		m.notPrewarmed.WithLabelValues(ns, name).Set(boolGauge(short))
+	} else {
+		m.notPrewarmed.DeleteLabelValues(ns, name)
 	}
 
 	m.totalAmount.WithLabelValues(ns, name).Set(float64(a.Spec.TotalAmount))

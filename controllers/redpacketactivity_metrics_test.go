@@ -77,6 +77,31 @@ redpacket_activity_stalled{name="quiz",namespace="shop",reason="RedisRolledBack"
 `)
 	expect("redpacket_activity_phase")(phaseSeries("shop", "quiz", redpacketv1alpha1.PhaseFailed))
 
+	// A prewarm window: 0 while warming, 1 once startTime came short, absent without
+	// the condition.
+	prewarmed := func(status metav1.ConditionStatus, reason string) {
+		a.Status.Conditions = []metav1.Condition{a.Status.Conditions[0], a.Status.Conditions[1],
+			{Type: redpacketv1alpha1.ConditionPrewarmed, Status: status, Reason: reason}}
+		m.Observe(a)
+	}
+	notPrewarmed := func(v string) string {
+		return `
+# HELP redpacket_activity_not_prewarmed 1 while the activity's Prewarmed condition is False with reason NotPrewarmed (startTime has come and fewer than prewarm.replicas grab pods are available), 0 while it has another reason or is True; absent without prewarm.
+# TYPE redpacket_activity_not_prewarmed gauge
+redpacket_activity_not_prewarmed{name="quiz",namespace="shop"} ` + v + "\n"
+	}
+	prewarmed(metav1.ConditionFalse, redpacketv1alpha1.ReasonWarming)
+	expect("redpacket_activity_not_prewarmed")(notPrewarmed("0"))
+	prewarmed(metav1.ConditionFalse, redpacketv1alpha1.ReasonNotPrewarmed)
+	expect("redpacket_activity_not_prewarmed")(notPrewarmed("1"))
+	prewarmed(metav1.ConditionTrue, redpacketv1alpha1.ReasonWarmed)
+	expect("redpacket_activity_not_prewarmed")(notPrewarmed("0"))
+	a.Status.Conditions = a.Status.Conditions[:2]
+	m.Observe(a)
+	if n, _ := testutil.GatherAndCount(reg, "redpacket_activity_not_prewarmed"); n != 0 {
+		t.Errorf("%d not_prewarmed series without a Prewarmed condition, want 0", n)
+	}
+
 	// The Stalled condition goes away: so does the series.
 	a.Status.Conditions = a.Status.Conditions[:1]
 	a.Status.RefundedAmount = ptr[int64](640)

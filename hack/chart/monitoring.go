@@ -203,6 +203,13 @@ unless on (namespace, name)
 			description: "The activity cannot go on without a person: its Redis lost its data (DataLost) or rolled back (RedisRolledBack), so grabbing is fenced to avoid paying twice. Follow docs/operations.md before accepting the Redis state.",
 		},
 		{
+			name:        "RedPacketActivityNotPrewarmed",
+			expr:        `max by (namespace, name) (redpacket_activity_not_prewarmed) == 1`,
+			forDuration: "1m", severity: "critical",
+			summary:     "{{ $labels.namespace }}/{{ $labels.name }} started without its prewarmed grab fleet",
+			description: "startTime has come and fewer grab pods than spec.grabService.prewarm.replicas are available: the rain is served by a smaller fleet than planned. The Prewarmed condition and the NotPrewarmed Warning say how many are available; check pending grab pods (node capacity, quota, image pulls) and the HPA's maxReplicas (docs/operations.md, Prewarm).",
+		},
+		{
 			name: "RedPacketActivityFailed",
 			expr: `max by (namespace, name) (redpacket_activity_phase{phase="Failed"}) == 1
 unless on (namespace, name)
