@@ -21,8 +21,8 @@ import (
 
 // A budget's autoscaling on the real API server: turned on over a Deployment that
 // spec.grabService.replicas sized, it hands the count to an HPA the budget owns
-// without resetting it, and the PodDisruptionBudget's minAvailable becomes the
-// HPA's minimum; the HPA's scale writes stick across reconciles; turned off, the
+// without resetting it, and the PodDisruptionBudget stays one eviction at a time (a
+// budget has no prewarm window to hold); the HPA's scale writes stick across reconciles; turned off, the
 // HPA goes, the spec's count applies again and the PodDisruptionBudget is the
 // plain one-at-a-time one.
 func TestBudgetAutoscalingOwnsTheCount(t *testing.T) {
@@ -66,15 +66,15 @@ func TestBudgetAutoscalingOwnsTheCount(t *testing.T) {
 		b.Spec.GrabService.Autoscaling = &redpacketv1alpha1.GrabAutoscaling{MinReplicas: 2, MaxReplicas: 6}
 	})
 	hpa := &autoscalingv2.HorizontalPodAutoscaler{}
-	wait.Until(t, 20*time.Second, "the budget's HPA 2..6 and its PDB minAvailable 2", func() (bool, string) {
+	wait.Until(t, 20*time.Second, "the budget's HPA 2..6 and its PDB maxUnavailable 1", func() (bool, string) {
 		pdb := &policyv1.PodDisruptionBudget{}
 		herr, perr := e.c.Get(ctx, key, hpa), e.c.Get(ctx, key, pdb)
 		if herr != nil || perr != nil {
 			return false, fmt.Sprintf("HPA: %v, PDB: %v", herr, perr)
 		}
 		return hpa.Spec.MinReplicas != nil && *hpa.Spec.MinReplicas == 2 && hpa.Spec.MaxReplicas == 6 &&
-				pdb.Spec.MinAvailable != nil && pdb.Spec.MinAvailable.IntValue() == 2,
-			fmt.Sprintf("HPA %v..%d, PDB minAvailable %v", hpa.Spec.MinReplicas, hpa.Spec.MaxReplicas, pdb.Spec.MinAvailable)
+				pdb.Spec.MinAvailable == nil && pdb.Spec.MaxUnavailable != nil && pdb.Spec.MaxUnavailable.IntValue() == 1,
+			fmt.Sprintf("HPA %v..%d, PDB minAvailable %v maxUnavailable %v", hpa.Spec.MinReplicas, hpa.Spec.MaxReplicas, pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
 	})
 	if !metav1.IsControlledBy(hpa, e.getBudget("scaled")) || hpa.Spec.ScaleTargetRef.Name != "scaled-grab" {
 		t.Errorf("HPA owners %+v target %+v, want the budget's, targeting scaled-grab", hpa.OwnerReferences, hpa.Spec.ScaleTargetRef)

@@ -82,17 +82,19 @@ type grabGuarded struct {
 	// replicas is the grab Deployment's replica count after this reconcile.
 	replicas int32
 	// capacity, when set, is what the operator's HorizontalPodAutoscaler holds now
-	// (spec.grabService.autoscaling): the PodDisruptionBudget's minAvailable is its
-	// minimum, whatever replicas says. Nil without autoscaling.
+	// (spec.grabService.autoscaling): the PodDisruptionBudget is then kept whatever
+	// replicas says, with minAvailable the warmed minimum inside a prewarm window.
+	// Nil without autoscaling.
 	capacity *specs.Capacity
 }
 
 // keepGrabGuards keeps a grab workload's NetworkPolicy and, while the Deployment has
 // minReplicasForDisruptionBudget replicas or more, its PodDisruptionBudget, and
 // deletes that budget when the replicas drop below. With autoscaling (g.capacity)
-// the PodDisruptionBudget is always kept, with minAvailable the HPA's current
-// minimum (specs.GrabMinAvailableDisruptionBudgetSpec) instead of one eviction at a
-// time: inside a prewarm window the warmed fleet is never drained below its size.
+// the PodDisruptionBudget is always kept, and inside a prewarm window its
+// minAvailable is the warmed minimum instead of one eviction at a time
+// (specs.GrabAutoscaledDisruptionBudgetSpec): the warmed fleet is never drained
+// below its size, while outside the window a drain is never blocked.
 // The controller is their only writer: it creates them, and updates them when their
 // labels or spec drift. One piece of code serves activities and budgets.
 //
@@ -135,7 +137,7 @@ func keepGrabGuards(ctx context.Context, c client.Client, reader client.Reader, 
 		warnForeign("PodDisruptionBudget")
 	case g.capacity != nil:
 		capacity := *g.capacity
-		return keepGrabChild(ctx, c, g, budget, func() { budget.Spec = specs.GrabMinAvailableDisruptionBudgetSpec(g.selector, capacity) })
+		return keepGrabChild(ctx, c, g, budget, func() { budget.Spec = specs.GrabAutoscaledDisruptionBudgetSpec(g.selector, capacity) })
 	case g.replicas >= minReplicasForDisruptionBudget:
 		return keepGrabChild(ctx, c, g, budget, func() { budget.Spec = specs.GrabDisruptionBudgetSpec(g.selector) })
 	case found:

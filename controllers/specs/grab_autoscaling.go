@@ -32,9 +32,9 @@ const (
 // Capacity is what the operator's HorizontalPodAutoscaler and PodDisruptionBudget
 // of a grab Deployment are at one instant. Invariants: 1 <= MinReplicas <=
 // MaxReplicas; MinReplicas is Prewarm exactly while Stage is PrewarmInside, and the
-// autoscaling's minReplicas otherwise; the PodDisruptionBudget's minAvailable is
-// MinReplicas, so a voluntary eviction never takes the fleet below the size the HPA
-// holds.
+// autoscaling's minReplicas otherwise; inside the window the PodDisruptionBudget's
+// minAvailable is MinReplicas, so a voluntary eviction never takes the warmed fleet
+// below its size (GrabAutoscaledDisruptionBudgetSpec).
 type Capacity struct {
 	// MinReplicas is the HPA's minReplicas now.
 	MinReplicas int32
@@ -153,13 +153,19 @@ func GrabAutoscalerSpec(deployment string, c Capacity) autoscalingv2.HorizontalP
 	}
 }
 
-// GrabMinAvailableDisruptionBudgetSpec is the PodDisruptionBudget of an autoscaled
-// grab Deployment: minAvailable is the HPA's current minimum (c.MinReplicas), so a
-// voluntary eviction (a node drain) never takes the warmed fleet below the size the
-// HPA holds; pods above it may go one by one as the budget allows, and an unready
-// pod may always be evicted, so a broken replica never blocks a drain. At the
-// minimum, a drain waits until the HPA scales up or the minimum is released.
-func GrabMinAvailableDisruptionBudgetSpec(selector map[string]string, c Capacity) policyv1.PodDisruptionBudgetSpec {
+// GrabAutoscaledDisruptionBudgetSpec is the PodDisruptionBudget of an autoscaled
+// grab Deployment at capacity c. Inside a prewarm window (c.Stage is PrewarmInside)
+// minAvailable is the warmed minimum, so a voluntary eviction (a node drain) never
+// takes the fleet below the size the rain was warmed for: pods above it may go as
+// the budget allows, and at the minimum a drain waits for the window to close.
+// Outside the window, and for a budget, which has none, it is the plain
+// one-eviction-at-a-time budget (GrabDisruptionBudgetSpec): a fleet at its everyday
+// minimum, one replica included, never blocks a node's maintenance. Either way an
+// unready pod may always be evicted, so a broken replica never blocks a drain.
+func GrabAutoscaledDisruptionBudgetSpec(selector map[string]string, c Capacity) policyv1.PodDisruptionBudgetSpec {
+	if c.Stage != PrewarmInside {
+		return GrabDisruptionBudgetSpec(selector)
+	}
 	minAvailable := intstr.FromInt32(c.MinReplicas)
 	alwaysAllow := policyv1.AlwaysAllow
 	return policyv1.PodDisruptionBudgetSpec{

@@ -62,10 +62,14 @@ func TestActivityCapacityWindow(t *testing.T) {
 			if c.MaxReplicas != 8 || c.TargetCPU != 60 || c.Prewarm != 4 {
 				t.Errorf("max %d target %d prewarm %d, want 8, 60 and 4", c.MaxReplicas, c.TargetCPU, c.Prewarm)
 			}
-			pdb := GrabMinAvailableDisruptionBudgetSpec(GrabSelector(a), c)
-			if pdb.MinAvailable == nil || pdb.MinAvailable.IntValue() != int(tc.min) || pdb.MaxUnavailable != nil {
-				t.Errorf("the disruption budget's minAvailable %v maxUnavailable %v, want minAvailable %d only",
+			pdb := GrabAutoscaledDisruptionBudgetSpec(GrabSelector(a), c)
+			switch {
+			case tc.stage == PrewarmInside && (pdb.MinAvailable == nil || pdb.MinAvailable.IntValue() != int(tc.min) || pdb.MaxUnavailable != nil):
+				t.Errorf("the disruption budget's minAvailable %v maxUnavailable %v, want minAvailable %d only inside the window",
 					pdb.MinAvailable, pdb.MaxUnavailable, tc.min)
+			case tc.stage != PrewarmInside && (pdb.MinAvailable != nil || pdb.MaxUnavailable == nil || pdb.MaxUnavailable.IntValue() != 1):
+				t.Errorf("the disruption budget's minAvailable %v maxUnavailable %v, want maxUnavailable 1 only outside the window",
+					pdb.MinAvailable, pdb.MaxUnavailable)
 			}
 		})
 	}
@@ -104,6 +108,10 @@ func TestCapacityWithoutPrewarm(t *testing.T) {
 	if c.MinReplicas != 3 || c.MaxReplicas != 3 || c.TargetCPU != DefaultTargetCPU || c.Stage != NoPrewarm {
 		t.Errorf("budget capacity %+v, want min clamped to max 3 and the default target", c)
 	}
+	if pdb := GrabAutoscaledDisruptionBudgetSpec(BudgetSelector(b), c); pdb.MinAvailable != nil || pdb.MaxUnavailable == nil || pdb.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("budget disruption budget minAvailable %v maxUnavailable %v, want maxUnavailable 1 only: a budget has no window to hold",
+			pdb.MinAvailable, pdb.MaxUnavailable)
+	}
 }
 
 // The HPA targets the grab Deployment by name, with the capacity's bounds and CPU
@@ -123,7 +131,7 @@ func TestGrabAutoscalerSpec(t *testing.T) {
 		spec.Metrics[0].Resource.Target.AverageUtilization == nil || *spec.Metrics[0].Resource.Target.AverageUtilization != 60 {
 		t.Errorf("metrics %+v, want CPU utilization 60", spec.Metrics)
 	}
-	pdb := GrabMinAvailableDisruptionBudgetSpec(GrabSelector(a), c)
+	pdb := GrabAutoscaledDisruptionBudgetSpec(GrabSelector(a), c)
 	if !maps.Equal(pdb.Selector.MatchLabels, GrabSelector(a)) || pdb.UnhealthyPodEvictionPolicy == nil ||
 		*pdb.UnhealthyPodEvictionPolicy != policyv1.AlwaysAllow {
 		t.Errorf("disruption budget %+v, want the grab selector and unready pods always evictable", pdb)
