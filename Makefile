@@ -39,7 +39,7 @@ controlplane: ## Build kube-apiserver, etcd, kubectl and the node components int
 	hack/build-controlplane.sh
 
 .PHONY: traefik
-traefik: ## Build the Traefik proxy (Gateway API and Ingress) into bin/ from hack/tools/traefik (cached; not part of make test yet).
+traefik: ## Build the Traefik proxy (Gateway API and Ingress) into bin/ from hack/tools/traefik (cached); the tests of the grab API through a Gateway run it.
 	hack/build-controlplane.sh traefik
 
 .PHONY: redis
@@ -63,7 +63,7 @@ prometheus: ## Make sure promtool (Debian's prometheus package) is installed, fo
 	hack/ensure-prometheus.sh
 
 .PHONY: test
-test: redis postgres node-packages chromium prometheus controlplane ## Run every test: real Redis, a real PostgreSQL, a real API server, and a real node (as root).
+test: redis postgres node-packages chromium prometheus controlplane traefik ## Run every test: real Redis, a real PostgreSQL, a real API server, and a real node (as root).
 	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/e2e/node -e /test/e2e/upgrade)
 	$(GO) test $(TEST_FLAGS) -p 1 -v ./test/e2e/node ./test/e2e/upgrade
 

@@ -3,8 +3,6 @@ package controllers_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,32 +13,15 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/controllers"
 	"redpacket.io/operator/test/controlplane"
+	"redpacket.io/operator/test/gatewaytest"
 	"redpacket.io/operator/test/redistest"
 	"redpacket.io/operator/test/wait"
 )
-
-// The Gateway API's standard CRDs are taken from the module the operator builds its
-// routes with (sigs.k8s.io/gateway-api in go.mod), in the module cache, and created
-// through the API server as a platform team would install them.
-func installGatewayAPI(t *testing.T, gcp *controlplane.ControlPlane) {
-	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
-	if err != nil {
-		t.Fatalf("finding the gateway-api module (go list -m): %v", err)
-	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard")
-	crds, err := envtest.InstallCRDs(gcp.Config, envtest.CRDInstallOptions{Paths: []string{dir}, ErrorIfPathMissing: true})
-	if err != nil {
-		t.Fatalf("installing the Gateway API CRDs from %s: %v", dir, err)
-	}
-	t.Logf("installed %d Gateway API CRDs from %s", len(crds), dir)
-}
 
 // gatewayEnv is a test's world on a control plane of its own with the Gateway API
 // installed: the package's shared control plane has none, which the
@@ -49,7 +30,7 @@ func gatewayEnv(t *testing.T) *env {
 	t.Helper()
 	needsServers(t)
 	gcp := controlplane.Start(t)
-	installGatewayAPI(t, gcp)
+	gatewaytest.InstallCRDs(t, gcp.Config)
 	srv := redistest.Start(t)
 	e := &env{t: t, ns: gcp.Namespace(t), redis: srv, rdb: srv.Client(t), c: gcp.Client, cfg: gcp.Config}
 	e.createSettlementKeys()
@@ -333,7 +314,7 @@ func TestExposeOnceTheGatewayAPIIsInstalledLater(t *testing.T) {
 	}))
 	e.waitCondition("later", redpacketv1alpha1.ConditionExposed, metav1.ConditionFalse, redpacketv1alpha1.ReasonGatewayAPIMissing, 30*time.Second)
 
-	installGatewayAPI(t, gcp)
+	gatewaytest.InstallCRDs(t, gcp.Config)
 	e.gateway("gateways", "edge", gatewayv1.HTTPSProtocolType)
 	e.waitRoute("later-grab")
 	e.waitCondition("later", redpacketv1alpha1.ConditionExposed, metav1.ConditionUnknown, redpacketv1alpha1.ReasonRoutePending, 30*time.Second)

@@ -290,6 +290,27 @@ func faultedGrabServer(t *testing.T, name string, amounts []int64, paused bool, 
 func faultedGrabServerWith(t *testing.T, name string, amounts []int64, paused bool, redisTimeout, holdFor, resolveTimeout time.Duration,
 	arm func(*replyFault)) (*redis.Client, *replyFault, *Resource, func(user string) reply) {
 	t.Helper()
+	admin, fault, act, web := faultedGrabServerAt(t, name, amounts, paused, redisTimeout, holdFor, resolveTimeout, arm)
+	return admin, fault, act, grabAt(t, web.URL, web.Client())
+}
+
+// grabAt is a grab of user sent to the grab API at base with c.
+func grabAt(t *testing.T, base string, c *http.Client) func(user string) reply {
+	return func(user string) reply {
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
+		if err != nil {
+			t.Error(err)
+			return reply{}
+		}
+		return send(t, c, req)
+	}
+}
+
+// faultedGrabServerAt is faultedGrabServerWith's server itself, for a test that
+// reaches it another way (through a gateway).
+func faultedGrabServerAt(t *testing.T, name string, amounts []int64, paused bool, redisTimeout, holdFor, resolveTimeout time.Duration,
+	arm func(*replyFault)) (*redis.Client, *replyFault, *Resource, *httptest.Server) {
+	t.Helper()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	fault := startReplyFault(t, srv.Addr, holdFor)
@@ -314,15 +335,7 @@ func faultedGrabServerWith(t *testing.T, name string, amounts []int64, paused bo
 	}
 	web := httptest.NewServer(s.Handler())
 	t.Cleanup(web.Close)
-	grab := func(user string) reply {
-		req, err := http.NewRequest(http.MethodPost, web.URL+"/v1/grab", strings.NewReader(fmt.Sprintf(`{"userId":%q}`, user)))
-		if err != nil {
-			t.Error(err)
-			return reply{}
-		}
-		return send(t, web.Client(), req)
-	}
-	return admin, fault, act, grab
+	return admin, fault, act, web
 }
 
 // The 503 contract under held replies: with 30 % of the FCALLs' replies (grabs and
@@ -337,7 +350,16 @@ func TestA503MayHoldAPacketAndTheRetryReturnsIt(t *testing.T) {
 	amounts := ones(1500)
 	admin, fault, act, grab := faultedGrabServerWith(t, "held-rain", amounts, false, 500*time.Millisecond, 2*time.Second,
 		DefaultResolveTimeout, func(f *replyFault) { f.holdEvery, f.rng = 0.3, rand.New(rand.NewPCG(36, 503)) })
+	heldRain(t, admin, fault, act, amounts, grab)
+}
 
+// heldRain plays 2,000 users grabbing the packets of amounts with the fault armed,
+// each first answer checked against Redis, every 503's retry checked to return what
+// Redis holds, and the money added up; grab reaches the grab service directly or
+// through a gateway. It returns how many users were answered 503 first, and how
+// many of those held a packet.
+func heldRain(t *testing.T, admin *redis.Client, fault *replyFault, act *Resource, amounts []int64, grab func(user string) reply) (unavailable, holding int64) {
+	t.Helper()
 	const users = 2000
 	first := make([]reply, users)
 	var wg sync.WaitGroup
@@ -359,7 +381,7 @@ func TestA503MayHoldAPacketAndTheRetryReturnsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var unavailable, holding, claimedSum int64
+	var claimedSum int64
 	for i, r := range first {
 		user := fmt.Sprintf("held-%04d", i)
 		c, holds := claims[user]
@@ -412,4 +434,5 @@ func TestA503MayHoldAPacketAndTheRetryReturnsIt(t *testing.T) {
 	if fault.faults.Load() == 0 {
 		t.Fatal("no reply was held: the test proves nothing")
 	}
+	return unavailable, holding
 }

@@ -3,8 +3,8 @@
 # the real single-node cluster (kubelet, kube-controller-manager, kube-scheduler, kube-proxy)
 # from the Go modules pinned under hack/tools into bin/. With the argument "traefik" it builds
 # only the Traefik proxy (v3.6.12: the v3.7 releases import a nested module that no proxy
-# serves) that is to serve the node's Ingress and Gateway API routes; no test uses it yet,
-# and its cold build takes about 20 CPU-minutes, so the default run leaves it out. A stamp of each module's go.mod and go.sum is
+# serves) that serves Gateway API routes and Ingresses in the tests (make test asks for it;
+# make demo does not need it, so the default run leaves it out). A stamp of each module's go.mod and go.sum is
 # kept beside the binaries, so a binary is rebuilt only when its pinned versions change.
 set -euo pipefail
 
