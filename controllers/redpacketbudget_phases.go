@@ -8,6 +8,9 @@ import (
 	"math"
 	"strings"
 	"time"
+	// The time-zone database, as the grab service embeds it: the operator judges
+	// spec.packets.timeZone by the same names whatever its image holds.
+	_ "time/tzdata"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -447,6 +450,15 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 		return workloadFailed(err), err
 	}
 	s.status.Endpoint = specs.BudgetEndpoint(b)
+	if tz := b.Spec.Packets.TimeZone; tz != "" {
+		// The API server checks the name's shape only; the grab pods load it from the
+		// same database (embedded in both binaries) and refuse creations without it.
+		if _, err := time.LoadLocation(tz); err != nil {
+			msg := fmt.Sprintf("spec.packets.timeZone %q is not a zone of the time-zone database: creations are refused (503) until it is corrected; grabs go on", tz)
+			r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonInvalidTimeZone, "%s", msg)
+			return stepResult{blocker: notReady(redpacketv1alpha1.ReasonInvalidTimeZone, "%s", msg)}, nil
+		}
+	}
 	return stepResult{}, nil
 }
 

@@ -242,6 +242,10 @@ const (
 	// announced to the balance system, which has not acknowledged it yet; the shards
 	// are not allotted beyond what it acknowledged until it does (Ready False).
 	ReasonTotalNotAnnounced = "TotalNotAnnounced"
+	// ReasonInvalidTimeZone: spec.packets.timeZone passes the API server's pattern
+	// but names no zone of the time-zone database (Ready False, a Warning event):
+	// the grab pods refuse creations (503) until it is corrected; grabs go on.
+	ReasonInvalidTimeZone = "InvalidTimeZone"
 	// ReasonConfigureRefused: Redis refused the budget's configuration, e.g. a
 	// total below what the shards already hold (Ready False, Stalled True).
 	ReasonConfigureRefused = "ConfigureRefused"
