@@ -1,7 +1,8 @@
 -- packet_create: create one runtime packet of a budget, drawing its money from the
 -- budget shard it hashes to, in one atomic step.
 -- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's due index,
--- KEYS[4] the shard's settlement stream
+-- KEYS[4] the shard's settlement stream, and with the sender's quotas KEYS[5] and
+-- KEYS[6] (below)
 -- ARGV[1] packet id, ARGV[2] body fingerprint, ARGV[3] sender, ARGV[4] total,
 -- ARGV[5] count, ARGV[6] distribution, ARGV[7] time to live in ms (0: the budget's
 -- default), ARGV[8..7+count] the shares in grab order (lua/split's, computed by the
@@ -9,7 +10,8 @@
 -- Returns a list: {'created', createdMs, expiresMs}, {'existing'} (the same id with
 -- the same fingerprint: the packet as it is), or one of {'conflict'} (the same id
 -- with another body), {'closed'}, {'limit_exceeded', why}, {'invalid_request', why},
--- {'budget_exhausted'}, {'fenced', reason}; every answer but created writes nothing.
+-- {'quota_exceeded', rule, limit}, {'budget_exhausted'}, {'fenced', reason}; every
+-- answer but created writes nothing.
 -- A shard that was never configured is an error.
 --
 -- The fence comes before everything: a shard whose meta holds "fenced" (the operator
@@ -126,7 +128,9 @@ end
 if ttlMs > tonumber(m[8]) then
   return {'limit_exceeded', 'ttl ' .. ttlMs .. ' ms is above the budget\'s maximum of ' .. m[8]}
 end
-if #ARGV ~= 7 + n then
+-- With the sender's quotas, 5 arguments follow the shares (below).
+local quota = KEYS[5] ~= nil
+if #ARGV ~= 7 + n + (quota and 5 or 0) then
   return {'invalid_request', (#ARGV - 7) .. ' shares for a count of ' .. count}
 end
 local minShare, sum = tonumber(m[5]), 0
@@ -153,6 +157,59 @@ if sum ~= t then
   return {'invalid_request', 'the shares sum to less than the total'}
 end
 
+-- The sender's quotas, when this shard is the sender's home shard (on another,
+-- the caller took them first with packet_quota, which says how they count, and
+-- passes none here): KEYS[5] the day's hash (qd:<yyyymmdd>), KEYS[6] the minute's
+-- (qm:<unix minute>); ARGV[8+count..12+count] packets per minute, packets per day,
+-- money per day (0: no limit), when the day's and the minute's hash may go (unix
+-- ms). They are counted after every other check but the money, and a refusal,
+-- {'quota_exceeded', rule, limit}, writes nothing.
+local qd, qdv, qm, qmv, qdn, qda, qmn
+if quota then
+  local q = {}
+  for i = 1, 5 do
+    local v = ARGV[7 + n + i]
+    if #v > 16 or not string.find(v, '^%d+$') then
+      return redis.error_reply('ERR quota argument ' .. i .. ' is not a non-negative integer of at most 16 digits')
+    end
+    q[i] = tonumber(v)
+  end
+  if string.sub(KEYS[5], 1, #prefix + 3) ~= prefix .. 'qd:' or not string.find(string.sub(KEYS[5], #prefix + 4), '^%d%d%d%d%d%d%d%d$')
+      or string.sub(KEYS[6] or '', 1, #prefix + 3) ~= prefix .. 'qm:' or not string.find(string.sub(KEYS[6], #prefix + 4), '^%d+$')
+      or #KEYS[6] > #prefix + 15 then
+    return redis.error_reply('ERR quota keys are not this shard\'s qd:<yyyymmdd> and qm:<minute>')
+  end
+  qdv, qmv = redis.call('HGET', KEYS[5], sender), redis.call('HGET', KEYS[6], sender)
+  qdn, qda, qmn = 0, 0, 0
+  if qdv then
+    local a, b
+    if #qdv <= 40 then
+      a, b = string.match(qdv, '^(%d+):(%d+)$')
+    end
+    if not a then
+      return redis.error_reply('ERR quota counter ' .. KEYS[5] .. ' is not what packet_quota writes')
+    end
+    qdn, qda = tonumber(a), tonumber(b)
+  end
+  if qmv then
+    if #qmv > 20 or not string.find(qmv, '^%d+$') then
+      return redis.error_reply('ERR quota counter ' .. KEYS[6] .. ' is not what packet_quota writes')
+    end
+    qmn = tonumber(qmv)
+  end
+  if q[1] > 0 and qmn + 1 > q[1] then
+    return {'quota_exceeded', 'packetsPerMinute', ARGV[8 + n]}
+  end
+  if q[2] > 0 and qdn + 1 > q[2] then
+    return {'quota_exceeded', 'packetsPerDay', ARGV[9 + n]}
+  end
+  if q[3] > 0 and qda > q[3] - t then
+    return {'quota_exceeded', 'amountPerDay', ARGV[10 + n]}
+  end
+  qd = (q[2] > 0 or q[3] > 0) and {string.format('%d:%d', qdn + 1, math.min(qda + t, 1e16)), q[4]}
+  qm = q[1] > 0 and {string.format('%d', qmn + 1), q[5]}
+end
+
 local avail = m[2] or '0'
 if #avail < #total or (#avail == #total and avail < total) or string.byte(avail) == 45 then -- '-'
   return {'budget_exhausted'}
@@ -166,6 +223,18 @@ redis.call('HINCRBY', KEYS[1], 'available', '-' .. total)
 redis.call('HINCRBY', KEYS[1], 'live', total)
 redis.call('HINCRBY', KEYS[1], 'created', 1)
 redis.call('HSET', KEYS[2], unpack(fields))
+if qd then
+  redis.call('HSET', KEYS[5], sender, qd[1])
+  if not qdv then
+    redis.call('PEXPIREAT', KEYS[5], qd[2])
+  end
+end
+if qm then
+  redis.call('HSET', KEYS[6], sender, qm[1])
+  if not qmv then
+    redis.call('PEXPIREAT', KEYS[6], qm[2])
+  end
+end
 redis.call('ZADD', KEYS[3], expires, id)
 redis.call('XADD', KEYS[4], '*', 'create', id .. ':' .. total .. ':' .. expires .. ':' .. table.concat(shares, ',') .. ':' .. sender)
 return {'created', created, expires}

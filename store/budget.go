@@ -179,6 +179,9 @@ type NewPacket struct {
 	Distribution string
 	// TTL is how long it may be grabbed; 0 means the budget's default.
 	TTL time.Duration
+	// Quota, when set, counts the creation against the sender's quotas
+	// (budget_quota.go); it is not part of the body (Fingerprint).
+	Quota *QuotaCheck
 }
 
 // CreateOutcome is what a creation decided.
@@ -213,6 +216,8 @@ type PacketGrab struct {
 	Outcome PacketGrabOutcome
 	Share   int
 	Amount  int64
+	// Quota is the rule of a PacketQuotaExceeded.
+	Quota *QuotaRefusal
 }
 
 // PacketShare is one granted share, in grab order.

@@ -1,0 +1,217 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"redpacket.io/operator/lua"
+)
+
+// A budget's quotas (spec.packets.quotas) limit, per sender, the packets created a
+// minute and a day and the money they hold a day, and, per recipient, the shares
+// grabbed a day across the budget. They are counted in Redis, in the same atomic
+// step as the creation or the grant they count:
+//
+//	rpb:T:qm:<unix minute>  hash  sender → packets created in that minute
+//	rpb:T:qd:<yyyymmdd>     hash  sender → "<packets>:<money>" created that day
+//	rpb:T:qr:<yyyymmdd>     hash  recipient → shares granted that day
+//
+// on the sender's (or the recipient's) home shard, T = {<uid>.<h>} with h =
+// BudgetShardOf(who, shards): one place per person, whichever shards their packets
+// land on, so the count is exact with any number of budget shards. The minute and
+// the day are the grab service's (QuotaTimeAt: its clock, the day in the budget's
+// time zone), written into the key names, never Redis's clock. Each hash expires on
+// its own an hour after its day (or a minute after its minute) ends, so the quota
+// state is one field per sender or recipient active in the day, and nothing after.
+//
+// When the packet's shard is the home shard (always with one budget shard),
+// packet_create or packet_grab checks and counts the quota itself: a refusal and
+// the creation or grant are one step. On another shard, packet_quota takes the
+// quota on the home shard first, then the creation or grab runs on the packet's
+// shard, and a creation that did not create (a grab that did not grant) gives the
+// quota back. Between the two steps the count is one ahead of what happened, never
+// behind, so concurrent callers can never pass a limit; a caller that dies between
+// them, or a Redis error on the second step, leaves that one use counted until the
+// day (or minute) ends: a quota may then allow one fewer, never one more.
+
+// Quotas are a budget's per-sender and per-recipient limits; 0 is no limit.
+type Quotas struct {
+	// PacketsPerMinute caps a sender's packets created in one minute (a calendar
+	// minute on the grab service's clock).
+	PacketsPerMinute int64
+	// PacketsPerDay caps a sender's packets created in one day.
+	PacketsPerDay int64
+	// AmountPerDay caps the money of a sender's packets created in one day, in
+	// minor units.
+	AmountPerDay int64
+	// SharesPerDay caps the shares one user grabs in one day, over every packet of
+	// the budget.
+	SharesPerDay int64
+}
+
+// Sender reports whether any per-sender quota is set.
+func (q Quotas) Sender() bool {
+	return q.PacketsPerMinute > 0 || q.PacketsPerDay > 0 || q.AmountPerDay > 0
+}
+
+// QuotaTime is the instant quotas count at: its minute and its calendar day in the
+// budget's time zone.
+type QuotaTime struct {
+	// Minute is the unix minute (unix seconds / 60).
+	Minute int64
+	// Day is the calendar day in the zone, yyyymmdd.
+	Day string
+	// DayEnd is the start of the next day in the zone (a day is 23 or 25 hours
+	// when the clocks change).
+	DayEnd time.Time
+}
+
+// QuotaTimeAt is the quota time of t in loc (nil is UTC).
+func QuotaTimeAt(t time.Time, loc *time.Location) QuotaTime {
+	if loc == nil {
+		loc = time.UTC
+	}
+	local := t.In(loc)
+	start := time.Date(local.Year(), local.Month(), local.Day(), 0, 0, 0, 0, loc)
+	return QuotaTime{Minute: t.Unix() / 60, Day: local.Format("20060102"), DayEnd: start.AddDate(0, 0, 1)}
+}
+
+// MinuteEnd is when the minute ends.
+func (t QuotaTime) MinuteEnd() time.Time { return time.Unix((t.Minute+1)*60, 0) }
+
+// dayExpiry and minuteExpiry are when a day's or a minute's counters may go: an
+// hour after the day ends (a grab pod whose clock lags a little still finds them),
+// a minute after the minute ends.
+func (t QuotaTime) dayExpiry() int64    { return t.DayEnd.Add(time.Hour).UnixMilli() }
+func (t QuotaTime) minuteExpiry() int64 { return (t.Minute + 2) * 60_000 }
+
+// QuotaCheck is what a creation or a grab is counted against: the limits and the
+// instant.
+type QuotaCheck struct {
+	Limits Quotas
+	At     QuotaTime
+}
+
+// QuotaRefusal names the rule a creation or a grab broke.
+type QuotaRefusal struct {
+	// Rule is packetsPerMinute, packetsPerDay, amountPerDay or sharesPerDay.
+	Rule string
+	// Limit is the rule's limit.
+	Limit int64
+}
+
+// Quota rules, as QuotaRefusal.Rule names them.
+const (
+	RulePacketsPerMinute = "packetsPerMinute"
+	RulePacketsPerDay    = "packetsPerDay"
+	RuleAmountPerDay     = "amountPerDay"
+	RuleSharesPerDay     = "sharesPerDay"
+)
+
+// Quota outcomes: a creation or a grab that a quota refused; nothing was written.
+const (
+	CreateQuotaExceeded CreateOutcome     = "quota_exceeded"
+	PacketQuotaExceeded PacketGrabOutcome = "quota_exceeded"
+)
+
+// quotaBase is the key prefix of shard k, rpb:{<uid>.<i>}:.
+func (k BudgetKeys) quotaBase() string { return strings.TrimSuffix(k.packetPrefix, "p:") }
+
+// QuotaMinute, QuotaDay and QuotaRecipients are the keys of a shard's counters: a
+// minute's senders, a day's senders, a day's recipients.
+func (k BudgetKeys) QuotaMinute(minute int64) string {
+	return k.quotaBase() + "qm:" + strconv.FormatInt(minute, 10)
+}
+func (k BudgetKeys) QuotaDay(day string) string        { return k.quotaBase() + "qd:" + day }
+func (k BudgetKeys) QuotaRecipients(day string) string { return k.quotaBase() + "qr:" + day }
+
+// QuotaShardOf is the home shard of a sender or a recipient: where their counters live.
+func (b *Budget) QuotaShardOf(who string) int { return BudgetShardOf(who, len(b.keys)) }
+
+// parseQuotaRefusal reads {'quota_exceeded', rule, limit}.
+func parseQuotaRefusal(reply []string) (*QuotaRefusal, error) {
+	if len(reply) != 3 {
+		return nil, fmt.Errorf("quota refusal %q", reply)
+	}
+	limit, err := strconv.ParseInt(reply[2], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("quota refusal %q: %w", reply, err)
+	}
+	return &QuotaRefusal{Rule: reply[1], Limit: limit}, nil
+}
+
+// senderQuotaArgs are packet_create's quota arguments, after the shares.
+func senderQuotaArgs(q *QuotaCheck) []any {
+	return []any{q.Limits.PacketsPerMinute, q.Limits.PacketsPerDay, q.Limits.AmountPerDay, q.At.dayExpiry(), q.At.minuteExpiry()}
+}
+
+// quota runs packet_quota on shard h: op take or give, kind send or recv. A take
+// answers nil or the refusal.
+func (b *Budget) quota(ctx context.Context, h int, op, kind, who string, amount int64, q *QuotaCheck) (*QuotaRefusal, error) {
+	k := b.keys[h]
+	keys := []string{k.Meta}
+	var perMinute, perDay, perDayAmount int64
+	if kind == "send" {
+		keys = append(keys, k.QuotaDay(q.At.Day))
+		if q.Limits.PacketsPerMinute > 0 {
+			keys = append(keys, k.QuotaMinute(q.At.Minute))
+		}
+		perMinute, perDay, perDayAmount = q.Limits.PacketsPerMinute, q.Limits.PacketsPerDay, q.Limits.AmountPerDay
+	} else {
+		keys = append(keys, k.QuotaRecipients(q.At.Day))
+		perDay = q.Limits.SharesPerDay
+	}
+	reply, err := b.call(ctx, lua.PacketQuotaScript, keys, op, kind, who, amount, perMinute, perDay, perDayAmount,
+		q.At.dayExpiry(), q.At.minuteExpiry()).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("%s quota of %s on budget shard %d: %w", op, kind, h, err)
+	}
+	switch {
+	case len(reply) == 1 && reply[0] == "ok":
+		return nil, nil
+	case len(reply) > 0 && reply[0] == "fenced":
+		return nil, &FencedError{What: fmt.Sprintf("counting a quota on budget shard %d", h), Reason: strings.Join(reply[1:], " ")}
+	case len(reply) > 0 && reply[0] == "quota_exceeded" && op == "take":
+		return parseQuotaRefusal(reply)
+	}
+	return nil, fmt.Errorf("%s quota of %s on budget shard %d: reply %q", op, kind, h, reply)
+}
+
+// QuotaUse is what a sender or a recipient used of the day's quotas, and of the
+// minute's, as counted on their home shard.
+type QuotaUse struct {
+	// Packets and Amount are a sender's packets and money of the day, Minute its
+	// packets of the minute; Shares a recipient's shares of the day.
+	Packets, Amount, Minute, Shares int64
+}
+
+// QuotaUsed reads what who used at t as a sender and as a recipient: the counters
+// on its home shard (an operator's or a test's read; the scripts count).
+func (b *Budget) QuotaUsed(ctx context.Context, who string, at QuotaTime) (QuotaUse, error) {
+	k := b.keys[b.QuotaShardOf(who)]
+	pipe := b.c.Pipeline()
+	d := pipe.HGet(ctx, k.QuotaDay(at.Day), who)
+	m := pipe.HGet(ctx, k.QuotaMinute(at.Minute), who)
+	r := pipe.HGet(ctx, k.QuotaRecipients(at.Day), who)
+	_, _ = pipe.Exec(ctx)
+	var u QuotaUse
+	for _, c := range []interface{ Err() error }{d, m, r} {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return u, fmt.Errorf("reading the quotas of %q: %w", who, err)
+		}
+	}
+	if v := d.Val(); v != "" {
+		n, a, _ := strings.Cut(v, ":")
+		u.Packets, _ = strconv.ParseInt(n, 10, 64)
+		u.Amount, _ = strconv.ParseInt(a, 10, 64)
+	}
+	u.Minute, _ = strconv.ParseInt(m.Val(), 10, 64)
+	u.Shares, _ = strconv.ParseInt(r.Val(), 10, 64)
+	return u, nil
+}
