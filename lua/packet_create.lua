@@ -1,8 +1,8 @@
 -- packet_create: create one runtime packet of a budget, drawing its money from the
 -- budget shard it hashes to, in one atomic step.
 -- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's due index,
--- KEYS[4] the shard's settlement stream, and with the sender's quotas KEYS[5] and
--- KEYS[6] (below)
+-- KEYS[4] the shard's settlement stream, and with the sender's quotas KEYS[5]
+-- (below)
 -- ARGV[1] packet id, ARGV[2] body fingerprint, ARGV[3] sender, ARGV[4] total,
 -- ARGV[5] count, ARGV[6] distribution, ARGV[7] time to live in ms (0: the budget's
 -- default), ARGV[8..7+count] the shares in grab order (lua/split's, computed by the
@@ -159,12 +159,11 @@ end
 
 -- The sender's quotas, when this shard is the sender's home shard (on another,
 -- the caller took them first with packet_quota, which says how they count, and
--- passes none here): KEYS[5] the day's hash (qd:<yyyymmdd>), KEYS[6] the minute's
--- (qm:<unix minute>); ARGV[8+count..12+count] packets per minute, packets per day,
--- money per day (0: no limit), when the day's and the minute's hash may go (unix
--- ms). They are counted after every other check but the money, and a refusal,
--- {'quota_exceeded', rule, limit}, writes nothing.
-local qd, qdv, qm, qmv, qdn, qda, qmn
+-- passes none here): KEYS[5] the day's hash (qd:<yyyymmdd>); ARGV[8+count..12+count]
+-- packets per minute, packets per day, money per day (0: no limit), when the day's
+-- hash may go (unix ms), the unix minute. They are counted after every other check
+-- but the money, and a refusal, {'quota_exceeded', rule, limit}, writes nothing.
+local qv, qf
 if quota then
   local q = {}
   for i = 1, 5 do
@@ -174,40 +173,35 @@ if quota then
     end
     q[i] = tonumber(v)
   end
-  if string.sub(KEYS[5], 1, #prefix + 3) ~= prefix .. 'qd:' or not string.find(string.sub(KEYS[5], #prefix + 4), '^%d%d%d%d%d%d%d%d$')
-      or string.sub(KEYS[6] or '', 1, #prefix + 3) ~= prefix .. 'qm:' or not string.find(string.sub(KEYS[6], #prefix + 4), '^%d+$')
-      or #KEYS[6] > #prefix + 15 then
-    return redis.error_reply('ERR quota keys are not this shard\'s qd:<yyyymmdd> and qm:<minute>')
+  if #KEYS ~= 5 or string.sub(KEYS[5], 1, #prefix + 3) ~= prefix .. 'qd:'
+      or not string.find(string.sub(KEYS[5], #prefix + 4), '^%d%d%d%d%d%d%d%d$') then
+    return redis.error_reply('ERR the quota key is not this shard\'s qd:<yyyymmdd>')
   end
-  qdv, qmv = redis.call('HGET', KEYS[5], sender), redis.call('HGET', KEYS[6], sender)
-  qdn, qda, qmn = 0, 0, 0
-  if qdv then
-    local a, b
-    if #qdv <= 40 then
-      a, b = string.match(qdv, '^(%d+):(%d+)$')
+  qv = redis.call('HGET', KEYS[5], sender)
+  local qn, qa, qc = 0, 0, 0
+  if qv then
+    local sn, sa, sm, sc
+    if #qv <= 60 then
+      sn, sa, sm, sc = string.match(qv, '^(%d+):(%d+):(%d+):(%d+)$')
     end
-    if not a then
+    if not sn then
       return redis.error_reply('ERR quota counter ' .. KEYS[5] .. ' is not what packet_quota writes')
     end
-    qdn, qda = tonumber(a), tonumber(b)
-  end
-  if qmv then
-    if #qmv > 20 or not string.find(qmv, '^%d+$') then
-      return redis.error_reply('ERR quota counter ' .. KEYS[6] .. ' is not what packet_quota writes')
+    qn, qa = tonumber(sn), tonumber(sa)
+    if tonumber(sm) == q[5] then
+      qc = tonumber(sc)
     end
-    qmn = tonumber(qmv)
   end
-  if q[1] > 0 and qmn + 1 > q[1] then
+  if q[1] > 0 and qc + 1 > q[1] then
     return {'quota_exceeded', 'packetsPerMinute', ARGV[8 + n]}
   end
-  if q[2] > 0 and qdn + 1 > q[2] then
+  if q[2] > 0 and qn + 1 > q[2] then
     return {'quota_exceeded', 'packetsPerDay', ARGV[9 + n]}
   end
-  if q[3] > 0 and qda > q[3] - t then
+  if q[3] > 0 and qa > q[3] - t then
     return {'quota_exceeded', 'amountPerDay', ARGV[10 + n]}
   end
-  qd = (q[2] > 0 or q[3] > 0) and {string.format('%d:%d', qdn + 1, math.min(qda + t, 1e16)), q[4]}
-  qm = q[1] > 0 and {string.format('%d', qmn + 1), q[5]}
+  qf = {string.format('%d:%d:%d:%d', qn + 1, math.min(qa + t, 1e16), q[5], qc + 1), q[4]}
 end
 
 local avail = m[2] or '0'
@@ -223,16 +217,10 @@ redis.call('HINCRBY', KEYS[1], 'available', '-' .. total)
 redis.call('HINCRBY', KEYS[1], 'live', total)
 redis.call('HINCRBY', KEYS[1], 'created', 1)
 redis.call('HSET', KEYS[2], unpack(fields))
-if qd then
-  redis.call('HSET', KEYS[5], sender, qd[1])
-  if not qdv then
-    redis.call('PEXPIREAT', KEYS[5], qd[2])
-  end
-end
-if qm then
-  redis.call('HSET', KEYS[6], sender, qm[1])
-  if not qmv then
-    redis.call('PEXPIREAT', KEYS[6], qm[2])
+if qf then
+  redis.call('HSET', KEYS[5], sender, qf[1])
+  if not qv then
+    redis.call('PEXPIREAT', KEYS[5], qf[2])
   end
 end
 redis.call('ZADD', KEYS[3], expires, id)

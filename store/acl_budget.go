@@ -43,11 +43,11 @@ func BudgetKeyPattern(uid string) string { return "rpb:{" + uid + ".*" }
 // (BudgetKeyPattern) but their dead-letter streams, which it may only read (%R~):
 // only the operator parks and replays dead letters, as for an activity (acl.go).
 // Each shard's keys are rpb:{<uid>.N}:meta, :due, :stream, :dead and :p:<id>, and
-// the quota counters :qd:<day>, :qr:<day> and :qm:<minute> (packet_quota.lua).
+// the quota counters :qd:<day> and :qr:<day> (packet_quota.lua).
 func budgetKeyRules(uid string) []string {
 	tag := BudgetKeyPattern(uid) + "}:"
 	return []string{"~" + tag + "meta", "~" + tag + "due", "~" + tag + "stream", "~" + tag + "p:*",
-		"~" + tag + "qd:*", "~" + tag + "qr:*", "~" + tag + "qm:*", "%R~" + tag + "dead"}
+		"~" + tag + "qd:*", "~" + tag + "qr:*", "%R~" + tag + "dead"}
 }
 
 // aclUser is the budget's ACL user as EnsureUser sets it.

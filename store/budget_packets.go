@@ -150,7 +150,7 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	if q := p.Quota; q != nil && q.Limits.Sender() {
 		h := b.QuotaShardOf(p.Sender)
 		if h == i {
-			keys = append(keys, k.QuotaDay(q.At.Day), k.QuotaMinute(q.At.Minute))
+			keys = append(keys, k.QuotaDay(q.At.Day))
 			args = append(args, senderQuotaArgs(q)...)
 		} else {
 			refused, err := b.quota(ctx, h, "take", "send", p.Sender, p.Total, q)

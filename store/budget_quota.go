@@ -18,17 +18,17 @@ import (
 // grabbed a day across the budget. They are counted in Redis, in the same atomic
 // step as the creation or the grant they count:
 //
-//	rpb:T:qm:<unix minute>  hash  sender → packets created in that minute
-//	rpb:T:qd:<yyyymmdd>     hash  sender → "<packets>:<money>" created that day
-//	rpb:T:qr:<yyyymmdd>     hash  recipient → shares granted that day
+//	rpb:T:qd:<yyyymmdd>  hash  sender → "<packets>:<money>:<minute>:<packets>": what it
+//	                           created that day, and in the last minute it created in
+//	rpb:T:qr:<yyyymmdd>  hash  recipient → shares granted that day
 //
 // on the sender's (or the recipient's) home shard, T = {<uid>.<h>} with h =
 // BudgetShardOf(who, shards): one place per person, whichever shards their packets
 // land on, so the count is exact with any number of budget shards. The minute and
 // the day are the grab service's (QuotaTimeAt: its clock, the day in the budget's
-// time zone), written into the key names, never Redis's clock. Each hash expires on
-// its own an hour after its day (or a minute after its minute) ends, so the quota
-// state is one field per sender or recipient active in the day, and nothing after.
+// time zone), written into the key names and the arguments, never Redis's clock.
+// Each hash expires on its own an hour after its day ends, so the quota state is one
+// field per sender or recipient active in the day, and nothing after.
 //
 // When the packet's shard is the home shard (always with one budget shard),
 // packet_create or packet_grab checks and counts the quota itself: a refusal and
@@ -38,7 +38,7 @@ import (
 // quota back. Between the two steps the count is one ahead of what happened, never
 // behind, so concurrent callers can never pass a limit; a caller that dies between
 // them, or a Redis error on the second step, leaves that one use counted until the
-// day (or minute) ends: a quota may then allow one fewer, never one more.
+// day (or the minute) ends: a quota may then allow one fewer, never one more.
 
 // Quotas are a budget's per-sender and per-recipient limits; 0 is no limit.
 type Quotas struct {
@@ -85,11 +85,9 @@ func QuotaTimeAt(t time.Time, loc *time.Location) QuotaTime {
 // MinuteEnd is when the minute ends.
 func (t QuotaTime) MinuteEnd() time.Time { return time.Unix((t.Minute+1)*60, 0) }
 
-// dayExpiry and minuteExpiry are when a day's or a minute's counters may go: an
-// hour after the day ends (a grab pod whose clock lags a little still finds them),
-// a minute after the minute ends.
-func (t QuotaTime) dayExpiry() int64    { return t.DayEnd.Add(time.Hour).UnixMilli() }
-func (t QuotaTime) minuteExpiry() int64 { return (t.Minute + 2) * 60_000 }
+// dayExpiry is when a day's counters may go: an hour after the day ends (a grab pod
+// whose clock lags a little still finds them).
+func (t QuotaTime) dayExpiry() int64 { return t.DayEnd.Add(time.Hour).UnixMilli() }
 
 // QuotaCheck is what a creation or a grab is counted against: the limits and the
 // instant.
@@ -123,11 +121,8 @@ const (
 // quotaBase is the key prefix of shard k, rpb:{<uid>.<i>}:.
 func (k BudgetKeys) quotaBase() string { return strings.TrimSuffix(k.packetPrefix, "p:") }
 
-// QuotaMinute, QuotaDay and QuotaRecipients are the keys of a shard's counters: a
-// minute's senders, a day's senders, a day's recipients.
-func (k BudgetKeys) QuotaMinute(minute int64) string {
-	return k.quotaBase() + "qm:" + strconv.FormatInt(minute, 10)
-}
+// QuotaDay and QuotaRecipients are the keys of a shard's counters of a day: its
+// senders', its recipients'.
 func (k BudgetKeys) QuotaDay(day string) string        { return k.quotaBase() + "qd:" + day }
 func (k BudgetKeys) QuotaRecipients(day string) string { return k.quotaBase() + "qr:" + day }
 
@@ -148,27 +143,23 @@ func parseQuotaRefusal(reply []string) (*QuotaRefusal, error) {
 
 // senderQuotaArgs are packet_create's quota arguments, after the shares.
 func senderQuotaArgs(q *QuotaCheck) []any {
-	return []any{q.Limits.PacketsPerMinute, q.Limits.PacketsPerDay, q.Limits.AmountPerDay, q.At.dayExpiry(), q.At.minuteExpiry()}
+	return []any{q.Limits.PacketsPerMinute, q.Limits.PacketsPerDay, q.Limits.AmountPerDay, q.At.dayExpiry(), q.At.Minute}
 }
 
 // quota runs packet_quota on shard h: op take or give, kind send or recv. A take
 // answers nil or the refusal.
 func (b *Budget) quota(ctx context.Context, h int, op, kind, who string, amount int64, q *QuotaCheck) (*QuotaRefusal, error) {
 	k := b.keys[h]
-	keys := []string{k.Meta}
+	keys := []string{k.Meta, k.QuotaDay(q.At.Day)}
 	var perMinute, perDay, perDayAmount int64
 	if kind == "send" {
-		keys = append(keys, k.QuotaDay(q.At.Day))
-		if q.Limits.PacketsPerMinute > 0 {
-			keys = append(keys, k.QuotaMinute(q.At.Minute))
-		}
 		perMinute, perDay, perDayAmount = q.Limits.PacketsPerMinute, q.Limits.PacketsPerDay, q.Limits.AmountPerDay
 	} else {
-		keys = append(keys, k.QuotaRecipients(q.At.Day))
+		keys[1] = k.QuotaRecipients(q.At.Day)
 		perDay = q.Limits.SharesPerDay
 	}
 	reply, err := b.call(ctx, lua.PacketQuotaScript, keys, op, kind, who, amount, perMinute, perDay, perDayAmount,
-		q.At.dayExpiry(), q.At.minuteExpiry()).StringSlice()
+		q.At.dayExpiry(), q.At.Minute).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("%s quota of %s on budget shard %d: %w", op, kind, h, err)
 	}
@@ -197,21 +188,25 @@ func (b *Budget) QuotaUsed(ctx context.Context, who string, at QuotaTime) (Quota
 	k := b.keys[b.QuotaShardOf(who)]
 	pipe := b.c.Pipeline()
 	d := pipe.HGet(ctx, k.QuotaDay(at.Day), who)
-	m := pipe.HGet(ctx, k.QuotaMinute(at.Minute), who)
 	r := pipe.HGet(ctx, k.QuotaRecipients(at.Day), who)
 	_, _ = pipe.Exec(ctx)
 	var u QuotaUse
-	for _, c := range []interface{ Err() error }{d, m, r} {
+	for _, c := range []interface{ Err() error }{d, r} {
 		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return u, fmt.Errorf("reading the quotas of %q: %w", who, err)
 		}
 	}
 	if v := d.Val(); v != "" {
-		n, a, _ := strings.Cut(v, ":")
-		u.Packets, _ = strconv.ParseInt(n, 10, 64)
-		u.Amount, _ = strconv.ParseInt(a, 10, 64)
+		f := strings.Split(v, ":")
+		if len(f) != 4 {
+			return u, fmt.Errorf("reading the quotas of %q: counter %q", who, v)
+		}
+		u.Packets, _ = strconv.ParseInt(f[0], 10, 64)
+		u.Amount, _ = strconv.ParseInt(f[1], 10, 64)
+		if f[2] == strconv.FormatInt(at.Minute, 10) {
+			u.Minute, _ = strconv.ParseInt(f[3], 10, 64)
+		}
 	}
-	u.Minute, _ = strconv.ParseInt(m.Val(), 10, 64)
 	u.Shares, _ = strconv.ParseInt(r.Val(), 10, 64)
 	return u, nil
 }
