@@ -12,8 +12,9 @@
 -- ARGV[6] packets (send) or shares (recv) per day, ARGV[7] money per day (send),
 -- each 0 for no limit, ARGV[8] when the day's hash may go (unix ms: the end of the
 -- day in the budget's time zone, plus an hour), ARGV[9] the unix minute.
--- Returns {'ok'}, {'quota_exceeded', rule, limit} (take: nothing written), or
--- {'fenced', reason} when the home shard is fenced (nothing written).
+-- Returns {'ok', now} (take: the Redis clock in unix ms when it counted), {'ok'}
+-- (give), {'quota_exceeded', rule, limit} (take: nothing written), or {'fenced',
+-- reason} when the home shard is fenced (nothing written).
 --
 -- The counters: one field per sender in the day's hash,
 -- "<packets>:<money>:<minute>:<packets in that minute>" (the minute's count starts
@@ -29,7 +30,10 @@
 -- the first rule it breaks, in the order packetsPerMinute, packetsPerDay,
 -- amountPerDay (sharesPerDay for a recipient). A give takes one back, never below
 -- zero, and deletes a field that reaches zero: the caller gives back what a take
--- counted when the creation or grant it was for did not happen.
+-- counted when the creation or grant it was for did not happen. The take's time
+-- tells the caller whether an answer existing (already_claimed) is of a packet
+-- (share) from before the take, or one this very call made in a first run whose
+-- reply was lost, which stays counted.
 --
 -- Bounded work: at most five commands; a who of at most 1024 bytes; every number is
 -- checked, and every counter read (the budget's Redis user may write them) must be
@@ -112,4 +116,5 @@ if kind == 'send' and q[7] > 0 and a > q[7] - q[4] then
   return {'quota_exceeded', 'amountPerDay', ARGV[7]}
 end
 put(n + 1, a + q[4], c + 1)
-return {'ok'}
+local clock = redis.call('TIME')
+return {'ok', string.format('%d', tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000))}

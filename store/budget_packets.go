@@ -147,13 +147,14 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	// The sender's quotas: counted by the create itself on the sender's home shard,
 	// else taken there first and given back unless the packet is created.
 	took := -1
+	var takenAt time.Time
 	if q := p.Quota; q != nil && q.Limits.Sender() {
 		h := b.QuotaShardOf(p.Sender)
 		if h == i {
 			keys = append(keys, k.QuotaDay(q.At.Day))
 			args = append(args, senderQuotaArgs(q)...)
 		} else {
-			refused, err := b.quota(ctx, h, "take", "send", p.Sender, p.Total, q)
+			refused, at, err := b.quota(ctx, h, "take", "send", p.Sender, p.Total, q)
 			if err != nil {
 				return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
 			}
@@ -167,14 +168,14 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 					return CreateResult{Outcome: CreateQuotaExceeded, Quota: refused}, nil
 				}
 			} else {
-				took = h
+				took, takenAt = h, at
 				defer func() {
 					// What the take counted stays counted only for a packet created
 					// now; after an error nothing is known, and it stays counted
 					// (the quota allows one fewer today, never one more). A give
 					// that fails leaves the same.
 					if took >= 0 {
-						_, _ = b.quota(context.WithoutCancel(ctx), took, "give", "send", p.Sender, p.Total, q)
+						_, _, _ = b.quota(context.WithoutCancel(ctx), took, "give", "send", p.Sender, p.Total, q)
 					}
 				}()
 			}
@@ -231,10 +232,16 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	case CreateExisting:
 		d, found, err := b.Packet(ctx, p.ID)
 		if err != nil {
+			took = -1
 			return CreateResult{}, fmt.Errorf("creating packet %s: reading the existing packet: %w", p.ID, err)
 		}
 		if !found {
 			return CreateResult{}, fmt.Errorf("creating packet %s: the existing packet is gone", p.ID)
+		}
+		if !d.CreatedAt.Before(takenAt) {
+			// Created after the quota was taken: perhaps by this call's first run,
+			// whose reply was lost. It stays counted.
+			took = -1
 		}
 		res.Packet = d
 	case CreateConflict, CreateClosed, CreateBudgetExhausted:
@@ -280,13 +287,14 @@ func (b *Budget) GrabPacketWithin(ctx context.Context, packetID, userID string, 
 	k := b.keys[i]
 	keys, args := []string{k.Meta, k.Packet(packetID), k.Stream}, []any{packetID, userID}
 	took := false
+	var takenAt time.Time
 	if q != nil && q.Limits.SharesPerDay > 0 {
 		h := b.QuotaShardOf(userID)
 		if h == i {
 			keys = append(keys, k.QuotaRecipients(q.At.Day))
 			args = append(args, q.Limits.SharesPerDay, q.At.dayExpiry())
 		} else {
-			refused, err := b.quota(ctx, h, "take", "recv", userID, 0, q)
+			refused, at, err := b.quota(ctx, h, "take", "recv", userID, 0, q)
 			if err != nil {
 				return PacketGrab{}, fmt.Errorf("grabbing packet %s: %w", packetID, err)
 			}
@@ -302,12 +310,12 @@ func (b *Budget) GrabPacketWithin(ctx context.Context, packetID, userID string, 
 					return PacketGrab{Outcome: PacketQuotaExceeded, Quota: refused}, nil
 				}
 			} else {
-				took = true
+				took, takenAt = true, at
 				defer func() {
 					// Given back unless granted; after an error it stays counted (see
 					// Create).
 					if took {
-						_, _ = b.quota(context.WithoutCancel(ctx), h, "give", "recv", userID, 0, q)
+						_, _, _ = b.quota(context.WithoutCancel(ctx), h, "give", "recv", userID, 0, q)
 					}
 				}()
 			}
@@ -345,9 +353,15 @@ func (b *Budget) GrabPacketWithin(ctx context.Context, packetID, userID string, 
 		}
 		c, ok := parsePacketClaim(userID, reply[1])
 		if !ok {
+			took = false
 			return PacketGrab{}, fmt.Errorf("grabbing packet %s: claim %q is not <share>:<amount>:<entryId>", packetID, reply[1])
 		}
 		g.Share, g.Amount = c.Share, c.Amount
+		if !c.At.Before(takenAt) {
+			// Granted after the quota was taken: perhaps by this call's first run,
+			// whose reply was lost. It stays counted.
+			took = false
+		}
 	case PacketSoldOut, PacketExpired, PacketMissing:
 	case PacketQuotaExceeded:
 		r, err := parseQuotaRefusal(reply)

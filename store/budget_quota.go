@@ -38,7 +38,11 @@ import (
 // quota back. Between the two steps the count is one ahead of what happened, never
 // behind, so concurrent callers can never pass a limit; a caller that dies between
 // them, or a Redis error on the second step, leaves that one use counted until the
-// day (or the minute) ends: a quota may then allow one fewer, never one more.
+// day (or the minute) ends: a quota may then allow one fewer, never one more. An
+// answer existing (already_claimed) after a take is given back only for a packet
+// created (a share granted) before the take: one made after it may be this call's,
+// whose first run's reply was lost and whose retry found it (the grab path's client
+// retries a command once after a connection error), and stays counted.
 
 // Quotas are a budget's per-sender and per-recipient limits; 0 is no limit.
 type Quotas struct {
@@ -147,8 +151,8 @@ func senderQuotaArgs(q *QuotaCheck) []any {
 }
 
 // quota runs packet_quota on shard h: op take or give, kind send or recv. A take
-// answers nil or the refusal.
-func (b *Budget) quota(ctx context.Context, h int, op, kind, who string, amount int64, q *QuotaCheck) (*QuotaRefusal, error) {
+// answers the refusal, or nil and the Redis clock when it counted.
+func (b *Budget) quota(ctx context.Context, h int, op, kind, who string, amount int64, q *QuotaCheck) (*QuotaRefusal, time.Time, error) {
 	k := b.keys[h]
 	keys := []string{k.Meta, k.QuotaDay(q.At.Day)}
 	var perMinute, perDay, perDayAmount int64
@@ -161,17 +165,22 @@ func (b *Budget) quota(ctx context.Context, h int, op, kind, who string, amount 
 	reply, err := b.call(ctx, lua.PacketQuotaScript, keys, op, kind, who, amount, perMinute, perDay, perDayAmount,
 		q.At.dayExpiry(), q.At.Minute).StringSlice()
 	if err != nil {
-		return nil, fmt.Errorf("%s quota of %s on budget shard %d: %w", op, kind, h, err)
+		return nil, time.Time{}, fmt.Errorf("%s quota of %s on budget shard %d: %w", op, kind, h, err)
 	}
 	switch {
-	case len(reply) == 1 && reply[0] == "ok":
-		return nil, nil
+	case len(reply) == 1 && reply[0] == "ok" && op == "give":
+		return nil, time.Time{}, nil
+	case len(reply) == 2 && reply[0] == "ok" && op == "take":
+		if ms, err := strconv.ParseInt(reply[1], 10, 64); err == nil {
+			return nil, time.UnixMilli(ms), nil
+		}
 	case len(reply) > 0 && reply[0] == "fenced":
-		return nil, &FencedError{What: fmt.Sprintf("counting a quota on budget shard %d", h), Reason: strings.Join(reply[1:], " ")}
+		return nil, time.Time{}, &FencedError{What: fmt.Sprintf("counting a quota on budget shard %d", h), Reason: strings.Join(reply[1:], " ")}
 	case len(reply) > 0 && reply[0] == "quota_exceeded" && op == "take":
-		return parseQuotaRefusal(reply)
+		r, err := parseQuotaRefusal(reply)
+		return r, time.Time{}, err
 	}
-	return nil, fmt.Errorf("%s quota of %s on budget shard %d: reply %q", op, kind, h, reply)
+	return nil, time.Time{}, fmt.Errorf("%s quota of %s on budget shard %d: reply %q", op, kind, h, reply)
 }
 
 // QuotaUse is what a sender or a recipient used of the day's quotas, and of the
