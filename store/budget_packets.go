@@ -238,7 +238,7 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 		if !found {
 			return CreateResult{}, fmt.Errorf("creating packet %s: the existing packet is gone", p.ID)
 		}
-		if !d.CreatedAt.Before(takenAt) {
+		if !d.CreatedAt.Before(takenAt.Add(-QuotaClockMargin)) {
 			// Created after the quota was taken: perhaps by this call's first run,
 			// whose reply was lost. It stays counted.
 			took = -1
@@ -357,7 +357,7 @@ func (b *Budget) GrabPacketWithin(ctx context.Context, packetID, userID string, 
 			return PacketGrab{}, fmt.Errorf("grabbing packet %s: claim %q is not <share>:<amount>:<entryId>", packetID, reply[1])
 		}
 		g.Share, g.Amount = c.Share, c.Amount
-		if !c.At.Before(takenAt) {
+		if !c.At.Before(takenAt.Add(-QuotaClockMargin)) {
 			// Granted after the quota was taken: perhaps by this call's first run,
 			// whose reply was lost. It stays counted.
 			took = false

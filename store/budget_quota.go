@@ -40,9 +40,17 @@ import (
 // them, or a Redis error on the second step, leaves that one use counted until the
 // day (or the minute) ends: a quota may then allow one fewer, never one more. An
 // answer existing (already_claimed) after a take is given back only for a packet
-// created (a share granted) before the take: one made after it may be this call's,
-// whose first run's reply was lost and whose retry found it (the grab path's client
-// retries a command once after a connection error), and stays counted.
+// created (a share granted) more than QuotaClockMargin before the take: one made
+// after it may be this call's, whose first run's reply was lost and whose retry
+// found it (the grab path's client retries a command once after a connection
+// error), and stays counted.
+
+// QuotaClockMargin is how far the Redis clocks of two masters may disagree without
+// a quota passing its limit: an answer existing (already_claimed) after a take on
+// another shard is taken for a packet (share) made before the take only when its
+// time, on its master's clock, is more than this before the take's, on the home
+// master's. A retry closer to its creation stays counted (one fewer allowed).
+const QuotaClockMargin = time.Second
 
 // Quotas are a budget's per-sender and per-recipient limits; 0 is no limit.
 type Quotas struct {

@@ -254,3 +254,26 @@ func TestBudgetSenderQuotaConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// With the packet off its sender's home shard, a retry that finds the packet after
+// the quota was taken keeps the count when the packet is younger than
+// QuotaClockMargin (it may be the call's own creation, its reply lost) and gives it
+// back when older: a merchant's retry a while later counts nothing.
+func TestBudgetQuotaRetryAfterTake(t *testing.T) {
+	ctx := redistest.Context(t)
+	c := redistest.Start(t).Client(t)
+	b := configuredBudget(t, ctx, c, "quota-retry", 4, 1_000_000, testLimits())
+	sender := "merchant-1"
+	id := idsOnOrOff(b, "order-", b.QuotaShardOf(sender), false, 1)[0]
+	q := store.QuotaCheck{Limits: store.Quotas{PacketsPerDay: 10}, At: quotaAt(t, "2030-06-14 12:00:00")}
+	wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateCreated, "")
+	wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateExisting, "")
+	if u := used(t, ctx, b, sender, q.At); u.Packets != 2 {
+		t.Fatalf("used %+v after a retry at once: want the take kept (2)", u)
+	}
+	time.Sleep(store.QuotaClockMargin + 100*time.Millisecond)
+	wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateExisting, "")
+	if u := used(t, ctx, b, sender, q.At); u.Packets != 2 {
+		t.Fatalf("used %+v after a retry %v later: want it given back (2)", u, store.QuotaClockMargin)
+	}
+}
