@@ -272,7 +272,7 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	var quotaAt store.QuotaTime
 	if s.cfg.Quotas.Sender() {
-		quotaAt = store.QuotaTimeAt(s.now(), s.cfg.TimeZone)
+		quotaAt = s.budget.QuotaTimeAt(s.now(), s.cfg.TimeZone)
 		p.Quota = &store.QuotaCheck{Limits: s.cfg.Quotas, At: quotaAt}
 	}
 	start := time.Now()
@@ -524,7 +524,7 @@ func (s *PacketServer) handleGrab(w http.ResponseWriter, r *http.Request) {
 	}
 	var quota *store.QuotaCheck
 	if s.cfg.Quotas.SharesPerDay > 0 {
-		quota = &store.QuotaCheck{Limits: s.cfg.Quotas, At: store.QuotaTimeAt(s.now(), s.cfg.TimeZone)}
+		quota = &store.QuotaCheck{Limits: s.cfg.Quotas, At: s.budget.QuotaTimeAt(s.now(), s.cfg.TimeZone)}
 	}
 	start := time.Now()
 	g, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (store.PacketGrab, error) {

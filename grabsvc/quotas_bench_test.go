@@ -138,7 +138,7 @@ func BenchmarkPacketQuotas(b *testing.B) {
 			b.Fatalf("creating r-%d: %s, %v", p, o, err)
 		}
 	}
-	quota := &store.QuotaCheck{Limits: quotaBenchLimits, At: store.QuotaTimeAt(time.Now(), time.UTC)}
+	quota := &store.QuotaCheck{Limits: quotaBenchLimits, At: h.handle.QuotaTimeAt(time.Now(), time.UTC)}
 	var wg sync.WaitGroup
 	for w := range 32 {
 		wg.Go(func() {

@@ -233,7 +233,7 @@ func TestSenderQuota64Clients(t *testing.T) {
 				t.Fatalf("created %d, refused %d, the budget holds %d packets; want exactly %d created", created.Load(),
 					refused.Load(), snap.CreatedPackets, quota)
 			}
-			used, err := handle.QuotaUsed(context.Background(), "hot-sender", store.QuotaTimeAt(clock.now(), clock.loc))
+			used, err := handle.QuotaUsed(context.Background(), "hot-sender", handle.QuotaTimeAt(clock.now(), clock.loc))
 			if err != nil || used.Packets != quota || used.Amount != 10*quota {
 				t.Fatalf("the sender's counter: %+v, %v", used, err)
 			}

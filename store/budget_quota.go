@@ -84,8 +84,13 @@ type QuotaTime struct {
 	DayEnd time.Time
 }
 
-// QuotaTimeAt is the quota time of t in loc (nil is UTC).
-func QuotaTimeAt(t time.Time, loc *time.Location) QuotaTime {
+// QuotaTimeAt is the quota time of t in loc (nil is UTC): the instant a creation or
+// a grab at t on the caller's clock is counted at. It depends on nothing of the
+// budget; it is a method so that callers outside the store go through the handle.
+func (b *Budget) QuotaTimeAt(t time.Time, loc *time.Location) QuotaTime { return quotaTimeAt(t, loc) }
+
+// quotaTimeAt is QuotaTimeAt.
+func quotaTimeAt(t time.Time, loc *time.Location) QuotaTime {
 	if loc == nil {
 		loc = time.UTC
 	}

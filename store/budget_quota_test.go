@@ -26,7 +26,7 @@ func quotaAt(t testing.TB, wall string) store.QuotaTime {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return store.QuotaTimeAt(at, loc)
+	return store.NewBudget(nil, "any", 1).QuotaTimeAt(at, loc)
 }
 
 // idsOnOrOff returns n packet ids that hash to shard home of b when on, to another

@@ -397,7 +397,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	t.Helper()
 	st := budgetStats{runStats: runStats{faults: map[string]int{}, outcomes: map[string]int{}}}
 	ctx := context.Background()
-	quotaDay := store.QuotaTimeAt(time.Now(), time.UTC)
+	startedAt := time.Now()
 	direct := redis.NewClient(srv.Options())
 	defer func() { _ = direct.Close() }()
 	admin := redis.NewClient(srv.Options())
@@ -674,7 +674,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		}
 	}
 	st.lost = st.lostCreates + st.lostGrants
-	for _, v := range checkQuotas(ctx, budget, sc, finalBody, final, quotaDay) {
+	for _, v := range checkQuotas(ctx, budget, sc, finalBody, final, startedAt) {
 		st.violations++
 		t.Errorf("seed %d: %s", sc.seed, v)
 	}
@@ -759,9 +759,10 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 // exactly that many. A run that crossed a UTC midnight is not checked. It returns one
 // sentence per fault.
 func checkQuotas(ctx context.Context, budget *store.Budget, sc budgetScenario, finalBody map[string]int,
-	final map[string]map[string]int, start store.QuotaTime) []string {
+	final map[string]map[string]int, startedAt time.Time) []string {
 	q := sc.quotas
-	if q.PacketsPerDay == 0 && q.SharesPerDay == 0 || store.QuotaTimeAt(time.Now(), time.UTC).Day != start.Day {
+	start := budget.QuotaTimeAt(startedAt, time.UTC)
+	if q.PacketsPerDay == 0 && q.SharesPerDay == 0 || budget.QuotaTimeAt(time.Now(), time.UTC).Day != start.Day {
 		return nil
 	}
 	packets, shares := map[string]int64{}, map[string]int64{}
