@@ -94,6 +94,11 @@ type PacketConfig struct {
 	// TimeZone is the budget's time zone (spec.packets.timeZone), whose calendar
 	// day the daily quotas count; nil means UTC.
 	TimeZone *time.Location
+	// OneServer says every budget shard is on one Redis server (a standalone
+	// connection, never a cluster): each quota is then counted inside the create or
+	// grab function, in one step, whatever shard holds the person's counters
+	// (store.Budget.OnOneServer).
+	OneServer bool
 	// Now is the service's clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -132,7 +137,7 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 	}
 	s := &PacketServer{
 		cfg:     cfg,
-		budget:  store.NewBudget(cfg.Redis, string(cfg.Budget.UID), cfg.Budget.Shards),
+		budget:  newBudgetHandle(cfg),
 		aud:     BudgetAudience{Budget: cfg.Budget.Ref(), UID: cfg.Budget.UID},
 		timeout: cfg.RedisTimeout,
 		metrics: cfg.Metrics,
@@ -172,6 +177,15 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// newBudgetHandle is the budget's handle on cfg.Redis.
+func newBudgetHandle(cfg PacketConfig) *store.Budget {
+	b := store.NewBudget(cfg.Redis, string(cfg.Budget.UID), cfg.Budget.Shards)
+	if cfg.OneServer {
+		b.OnOneServer()
+	}
+	return b
 }
 
 // Handler is the server's HTTP handler.

@@ -31,7 +31,9 @@ var quotaBenchLimits = store.Quotas{PacketsPerMinute: 1_000_000, PacketsPerDay: 
 // redis-server has two packet servers over HTTP, one with every quota on
 // (quotaBenchLimits) and one with none; each iteration creates 2,000 packets of 5
 // shares through each, in turn, from 64 keep-alive clients, for 1,000 senders (so
-// with N shards, all but one in N of the packets land off their sender's home shard).
+// with N shards, all but one in N of the packets land off their sender's home
+// shard: counted in the same call on one server, or taken there first with
+// QUOTA_BENCH_TWO_STEP=1, as on a cluster).
 // It reports created/s with quotas on and off and their ratio, then the Redis bytes
 // of quota state per sender (10,000 senders each creating one packet: MEMORY USAGE
 // of the day's hashes of senders) and per recipient (10,000 users each granted
@@ -41,6 +43,10 @@ func BenchmarkPacketQuotas(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("QUOTA_BENCH_SHARDS")); err == nil && v > 0 {
 		shards = v
 	}
+	// The servers count each quota in one step on the one server (PacketConfig.
+	// OneServer), as a budget on a standalone Redis does; QUOTA_BENCH_TWO_STEP=1
+	// makes them take and give back as on a cluster.
+	oneServer := os.Getenv("QUOTA_BENCH_TWO_STEP") != "1"
 	h := newPacketHarness(b, 1_000_000_000_000, shards)
 	servers := map[bool]*httptest.Server{}
 	for _, on := range []bool{false, true} {
@@ -51,7 +57,7 @@ func BenchmarkPacketQuotas(b *testing.B) {
 		b.Cleanup(func() { _ = rc.Close() })
 		sender, _ := NewSenderCredential([]byte(senderSecret))
 		cfg := PacketConfig{Budget: h.budget, Redis: rc.Pipeliner, Ping: rc.Client, Sender: sender,
-			RedisTimeout: 2 * time.Second, Metrics: NewPacketMetrics(prometheus.NewRegistry())}
+			RedisTimeout: 2 * time.Second, Metrics: NewPacketMetrics(prometheus.NewRegistry()), OneServer: oneServer}
 		if on {
 			cfg.Quotas = quotaBenchLimits
 		}
@@ -138,6 +144,9 @@ func BenchmarkPacketQuotas(b *testing.B) {
 			b.Fatalf("creating r-%d: %s, %v", p, o, err)
 		}
 	}
+	if oneServer {
+		h.handle.OnOneServer()
+	}
 	quota := &store.QuotaCheck{Limits: quotaBenchLimits, At: h.handle.QuotaTimeAt(time.Now(), time.UTC)}
 	var wg sync.WaitGroup
 	for w := range 32 {
@@ -155,8 +164,8 @@ func BenchmarkPacketQuotas(b *testing.B) {
 	perRecipient := float64(quotaKeyBytes(b, h.admin, "qr")) / people
 	b.ReportMetric(perSender, "B/sender")
 	b.ReportMetric(perRecipient, "B/recipient")
-	b.Logf("%d shards: %.0f created/s with quotas, %.0f without, ratio %.2f; %.0f B per sender, %.0f B per recipient",
-		shards, rateOn, rateOff, rateOn/rateOff, perSender, perRecipient)
+	b.Logf("%d shards, one step on one server %v: %.0f created/s with quotas, %.0f without, ratio %.2f; %.0f B per sender, %.0f B per recipient",
+		shards, oneServer, rateOn, rateOff, rateOn/rateOff, perSender, perRecipient)
 }
 
 // quotaKeyBytes is the MEMORY USAGE (every element counted) of every quota key of

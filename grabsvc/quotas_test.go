@@ -74,11 +74,15 @@ func wantQuotaRefusal(t testing.TB, what string, a answer, status int, rule, ret
 // at the quota; each quota starts again with its next minute or day. With one
 // budget shard and with four (the counters then live on each person's home shard).
 func TestQuotasOverHTTP(t *testing.T) {
-	for _, shards := range []int{1, 4} {
-		t.Run(fmt.Sprintf("%d shards", shards), func(t *testing.T) {
+	for _, tc := range []struct {
+		shards    int
+		oneServer bool
+	}{{1, false}, {4, false}, {4, true}} {
+		shards := tc.shards
+		t.Run(fmt.Sprintf("%d shards, one server %v", shards, tc.oneServer), func(t *testing.T) {
 			clock := newQuotaClock(t)
 			h := newPacketHarness(t, 1_000_000, shards, withQuotas(store.Quotas{PacketsPerMinute: 2, PacketsPerDay: 3,
-				AmountPerDay: 600, SharesPerDay: 1}, clock))
+				AmountPerDay: 600, SharesPerDay: 1}, clock), func(c *PacketConfig) { c.OneServer = tc.oneServer })
 			body := func(id string, total int) string {
 				return fmt.Sprintf(`{"id":%q,"sender":"merchant-7","totalAmount":%d,"count":2}`, id, total)
 			}
@@ -154,7 +158,7 @@ func TestQuotasOverHTTP(t *testing.T) {
 
 // quotaFleet is n packet servers of one budget on one Redis (standalone or a
 // cluster), each with its own clients, as the grab Deployment's pods are.
-func quotaFleet(t testing.TB, conn redisconn.Conn, admin redis.Cmdable, shards, n int, q store.Quotas, clock *quotaClock) ([]*httptest.Server, *store.Budget) {
+func quotaFleet(t testing.TB, conn redisconn.Conn, admin redis.Cmdable, shards, n int, oneServer bool, q store.Quotas, clock *quotaClock) ([]*httptest.Server, *store.Budget) {
 	t.Helper()
 	budget := Budget{Namespace: "shop", Name: "quotas", UID: types.UID(uuid.NewUUID()), Shards: shards}
 	handle := store.NewBudget(admin, string(budget.UID), shards)
@@ -171,7 +175,7 @@ func quotaFleet(t testing.TB, conn redisconn.Conn, admin redis.Cmdable, shards, 
 		sender, _ := NewSenderCredential([]byte(senderSecret))
 		srv, err := NewPacketServer(PacketConfig{Budget: budget, Redis: rc.Pipeliner, Ping: rc.Client, Sender: sender,
 			RedisTimeout: 2 * time.Second, Metrics: NewPacketMetrics(prometheus.NewRegistry()),
-			Quotas: q, TimeZone: clock.loc, Now: clock.now})
+			Quotas: q, TimeZone: clock.loc, Now: clock.now, OneServer: oneServer})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,21 +195,23 @@ func TestSenderQuota64Clients(t *testing.T) {
 	standalone := redistest.Start(t)
 	cluster := redistest.StartCluster(t, 3)
 	for _, tc := range []struct {
-		name   string
-		conn   redisconn.Conn
-		admin  redis.Cmdable
-		shards int
+		name      string
+		conn      redisconn.Conn
+		admin     redis.Cmdable
+		shards    int
+		oneServer bool
 	}{
-		{"standalone, 1 shard", standalone.Conn(), standalone.Client(t), 1},
-		{"standalone, 8 shards", standalone.Conn(), standalone.Client(t), 8},
-		{"cluster, 1 shard", cluster.Conn(), cluster.Client(t), 1},
-		{"cluster, 8 shards", cluster.Conn(), cluster.Client(t), 8},
+		{"standalone, 1 shard", standalone.Conn(), standalone.Client(t), 1, false},
+		{"standalone, 8 shards, take and give", standalone.Conn(), standalone.Client(t), 8, false},
+		{"standalone, 8 shards, one step on one server", standalone.Conn(), standalone.Client(t), 8, true},
+		{"cluster, 1 shard", cluster.Conn(), cluster.Client(t), 1, false},
+		{"cluster, 8 shards", cluster.Conn(), cluster.Client(t), 8, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const quota, clients, each = 50, 64, 2
 			clock := newQuotaClock(t)
 			clock.set(0, 23, 59, 59)
-			fleet, handle := quotaFleet(t, tc.conn, tc.admin, tc.shards, 2, store.Quotas{PacketsPerDay: quota}, clock)
+			fleet, handle := quotaFleet(t, tc.conn, tc.admin, tc.shards, 2, tc.oneServer, store.Quotas{PacketsPerDay: quota}, clock)
 			var created, refused atomic.Int64
 			var wg sync.WaitGroup
 			for i := range clients {

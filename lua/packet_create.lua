@@ -157,9 +157,10 @@ if sum ~= t then
   return {'invalid_request', 'the shares sum to less than the total'}
 end
 
--- The sender's quotas, when this shard is the sender's home shard (on another,
--- the caller took them first with packet_quota, which says how they count, and
--- passes none here): KEYS[5] the day's hash (qd:<yyyymmdd>); ARGV[8+count..12+count]
+-- The sender's quotas, when this shard is the sender's home shard or every shard is
+-- on one server (else the caller took them first with packet_quota, which says how
+-- they count, and passes none here): KEYS[5] the day's hash of the home shard
+-- (qd:<yyyymmdd>); ARGV[8+count..12+count]
 -- packets per minute, packets per day, money per day (0: no limit), when the day's
 -- hash may go (unix ms), the unix minute. They are counted after every other check
 -- but the money, and a refusal, {'quota_exceeded', rule, limit}, writes nothing.
@@ -173,9 +174,12 @@ if quota then
     end
     q[i] = tonumber(v)
   end
-  if #KEYS ~= 5 or string.sub(KEYS[5], 1, #prefix + 3) ~= prefix .. 'qd:'
-      or not string.find(string.sub(KEYS[5], #prefix + 4), '^%d%d%d%d%d%d%d%d$') then
-    return redis.error_reply('ERR the quota key is not this shard\'s qd:<yyyymmdd>')
+  -- Any shard's of this budget (rpb:{<uid>.<j>}:qd:<yyyymmdd>): on one server the
+  -- caller passes the sender's home shard's even when it is not this one.
+  local budget = string.match(prefix, '^(rpb:{.*%.)%d+}:$')
+  local rest = budget and #KEYS == 5 and string.sub(KEYS[5], 1, #budget) == budget and string.sub(KEYS[5], #budget + 1)
+  if not rest or #rest > 24 or not string.find(rest, '^%d+}:qd:%d%d%d%d%d%d%d%d$') then
+    return redis.error_reply('ERR the quota key is not a shard\'s qd:<yyyymmdd> of this budget')
   end
   qv = redis.call('HGET', KEYS[5], sender)
   local qn, qa, qc = 0, 0, 0

@@ -2,9 +2,9 @@
 -- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's
 -- settlement stream
 -- ARGV[1] packet id, ARGV[2] user id; with the recipient's quota, when this shard is
--- the user's home shard (on another, the caller took it first with packet_quota,
--- which says how it counts, and passes none here), KEYS[4] the day's hash of
--- recipients (qr:<yyyymmdd>), ARGV[3] shares per day, ARGV[4] when the day's hash
+-- the user's home shard or every shard is on one server (else the caller took it
+-- first with packet_quota, which says how it counts, and passes none here), KEYS[4]
+-- the day's hash of recipients of the home shard (qr:<yyyymmdd>), ARGV[3] shares per day, ARGV[4] when the day's hash
 -- may go (unix ms). It is counted after every other check, so a repeat still
 -- answers already_claimed, and {'quota_exceeded', 'sharesPerDay', limit} writes
 -- nothing.
@@ -86,8 +86,15 @@ local qv, qn
 if KEYS[4] then
   local limit, expires = ARGV[3] or '', ARGV[4] or ''
   if #limit > 16 or not string.find(limit, '^%d+$') or #expires > 16 or not string.find(expires, '^%d+$')
-      or string.sub(KEYS[4], 1, #prefix + 3) ~= prefix .. 'qr:' or not string.find(string.sub(KEYS[4], #prefix + 4), '^%d%d%d%d%d%d%d%d$') then
-    return redis.error_reply('ERR the recipient quota takes this shard\'s qr:<yyyymmdd>, a limit and an expiry')
+      or not string.match(prefix, '^(rpb:{.*%.)%d+}:$') then
+    return redis.error_reply('ERR the recipient quota takes a shard\'s qr:<yyyymmdd>, a limit and an expiry')
+  end
+  -- Any shard's of this budget: on one server the caller passes the user's home
+  -- shard's even when it is not this one.
+  local budget = string.match(prefix, '^(rpb:{.*%.)%d+}:$')
+  local rest = string.sub(KEYS[4], 1, #budget) == budget and string.sub(KEYS[4], #budget + 1)
+  if not rest or #rest > 24 or not string.find(rest, '^%d+}:qr:%d%d%d%d%d%d%d%d$') then
+    return redis.error_reply('ERR the recipient quota takes a shard\'s qr:<yyyymmdd> of this budget')
   end
   qv = redis.call('HGET', KEYS[4], user)
   if qv and (#qv > 20 or not string.find(qv, '^%d+$')) then

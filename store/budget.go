@@ -135,6 +135,9 @@ type Budget struct {
 	// ledger, when set, is where the budget's settlement ledger lives (WithLedger);
 	// nil: on c, beside the budget.
 	ledger redis.Cmdable
+	// oneServer is set when every shard is on one server (OnOneServer): a quota is
+	// then counted by the create or grab itself whatever shard it lives on.
+	oneServer bool
 }
 
 // NewBudget returns the handle of budget uid spread over n shards (n ≤ 1 is one).

@@ -150,8 +150,8 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	var takenAt time.Time
 	if q := p.Quota; q != nil && q.Limits.Sender() {
 		h := b.QuotaShardOf(p.Sender)
-		if h == i {
-			keys = append(keys, k.QuotaDay(q.At.Day))
+		if h == i || b.oneServer {
+			keys = append(keys, b.keys[h].QuotaDay(q.At.Day))
 			args = append(args, senderQuotaArgs(q)...)
 		} else {
 			refused, at, err := b.quota(ctx, h, "take", "send", p.Sender, p.Total, q)
@@ -290,8 +290,8 @@ func (b *Budget) GrabPacketWithin(ctx context.Context, packetID, userID string, 
 	var takenAt time.Time
 	if q != nil && q.Limits.SharesPerDay > 0 {
 		h := b.QuotaShardOf(userID)
-		if h == i {
-			keys = append(keys, k.QuotaRecipients(q.At.Day))
+		if h == i || b.oneServer {
+			keys = append(keys, b.keys[h].QuotaRecipients(q.At.Day))
 			args = append(args, q.Limits.SharesPerDay, q.At.dayExpiry())
 		} else {
 			refused, at, err := b.quota(ctx, h, "take", "recv", userID, 0, q)

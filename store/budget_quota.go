@@ -30,9 +30,10 @@ import (
 // Each hash expires on its own an hour after its day ends, so the quota state is one
 // field per sender or recipient active in the day, and nothing after.
 //
-// When the packet's shard is the home shard (always with one budget shard),
-// packet_create or packet_grab checks and counts the quota itself: a refusal and
-// the creation or grant are one step. On another shard, packet_quota takes the
+// When the packet's shard is the home shard (always with one budget shard), or
+// every shard is on one server (OnOneServer: a standalone Redis), packet_create or
+// packet_grab checks and counts the quota itself: a refusal and the creation or
+// grant are one step. On another shard, packet_quota takes the
 // quota on the home shard first, then the creation or grab runs on the packet's
 // shard, and a creation that did not create (a grab that did not grant) gives the
 // quota back. Between the two steps the count is one ahead of what happened, never
@@ -142,6 +143,17 @@ func (k BudgetKeys) quotaBase() string { return strings.TrimSuffix(k.packetPrefi
 // senders', its recipients'.
 func (k BudgetKeys) QuotaDay(day string) string        { return k.quotaBase() + "qd:" + day }
 func (k BudgetKeys) QuotaRecipients(day string) string { return k.quotaBase() + "qr:" + day }
+
+// OnOneServer says that every shard of the budget is on one Redis server (a
+// standalone connection), where one function call may touch keys of several hash
+// tags: a quota whose home shard is not the packet's is then checked and counted by
+// the create or grab function itself, in one step, as on the home shard, instead of
+// a take before it and a give after. Never on a Redis Cluster, which refuses such a
+// call (CROSSSLOT). It returns the handle.
+func (b *Budget) OnOneServer() *Budget {
+	b.oneServer = true
+	return b
+}
 
 // QuotaShardOf is the home shard of a sender or a recipient: where their counters live.
 func (b *Budget) QuotaShardOf(who string) int { return BudgetShardOf(who, len(b.keys)) }

@@ -79,78 +79,80 @@ func used(t testing.TB, ctx context.Context, b *store.Budget, who string, at sto
 func TestBudgetSenderQuotas(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	for _, n := range []int{1, 4} {
-		for _, onHome := range []bool{true, false} {
-			if n == 1 && !onHome {
-				continue
+	for _, tc := range []struct {
+		n                 int
+		onHome, oneServer bool
+	}{{1, true, false}, {4, true, false}, {4, false, false}, {4, false, true}} {
+		n, onHome := tc.n, tc.onHome
+		t.Run(fmt.Sprintf("%d shards, packets on the home shard %v, one server %v", n, onHome, tc.oneServer), func(t *testing.T) {
+			uid := fmt.Sprintf("sender-quotas-%d-%v-%v", n, onHome, tc.oneServer)
+			b := configuredBudget(t, ctx, c, uid, n, 1_000_000, testLimits())
+			if tc.oneServer {
+				b.OnOneServer()
 			}
-			t.Run(fmt.Sprintf("%d shards, packets on the home shard %v", n, onHome), func(t *testing.T) {
-				uid := fmt.Sprintf("sender-quotas-%d-%v", n, onHome)
-				b := configuredBudget(t, ctx, c, uid, n, 1_000_000, testLimits())
-				sender := "merchant-1"
-				ids := idsOnOrOff(b, "order-", b.QuotaShardOf(sender), onHome, 12)
-				limits := store.Quotas{PacketsPerMinute: 3, PacketsPerDay: 5, AmountPerDay: 10_000}
-				at := quotaAt(t, "2030-06-14 23:58:10")
-				q := store.QuotaCheck{Limits: limits, At: at}
+			sender := "merchant-1"
+			ids := idsOnOrOff(b, "order-", b.QuotaShardOf(sender), onHome, 12)
+			limits := store.Quotas{PacketsPerMinute: 3, PacketsPerDay: 5, AmountPerDay: 10_000}
+			at := quotaAt(t, "2030-06-14 23:58:10")
+			q := store.QuotaCheck{Limits: limits, At: at}
 
-				for _, id := range ids[:3] {
-					wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateCreated, "")
-				}
-				unchanged(t, ctx, c, "a fourth packet in the minute", func() {
-					wantCreate(t, createQuota(t, ctx, b, ids[3], sender, 100, q), store.CreateQuotaExceeded, store.RulePacketsPerMinute)
-				})
-				unchanged(t, ctx, c, "a retry of a packet created", func() {
-					wantCreate(t, createQuota(t, ctx, b, ids[0], sender, 100, q), store.CreateExisting, "")
-				})
-				if u := used(t, ctx, b, sender, at); u.Minute != 3 || u.Packets != 3 || u.Amount != 300 {
-					t.Fatalf("used %+v after 3 packets of 100", u)
-				}
-
-				// The next minute: two more reach the day's five.
-				q.At = quotaAt(t, "2030-06-14 23:59:00")
-				// A creation refused for another reason (a distribution the budget does
-				// not allow) counts nothing.
-				r, err := b.Create(ctx, store.NewPacket{ID: ids[3], Sender: sender, Total: 100, Count: 2, Distribution: split.TypeLineCut, Quota: &q})
-				if err != nil {
-					t.Fatal(err)
-				}
-				wantCreate(t, r, store.CreateLimitExceeded, "")
-				if u := used(t, ctx, b, sender, q.At); u.Minute != 0 || u.Packets != 3 {
-					t.Fatalf("used %+v after a refused creation", u)
-				}
-				wantCreate(t, createQuota(t, ctx, b, ids[3], sender, 100, q), store.CreateCreated, "")
-				wantCreate(t, createQuota(t, ctx, b, ids[4], sender, 100, q), store.CreateCreated, "")
-				unchanged(t, ctx, c, "a sixth packet in the day", func() {
-					wantCreate(t, createQuota(t, ctx, b, ids[5], sender, 100, q), store.CreateQuotaExceeded, store.RulePacketsPerDay)
-				})
-				unchanged(t, ctx, c, "a retry of a packet created, at the daily quota", func() {
-					wantCreate(t, createQuota(t, ctx, b, ids[1], sender, 100, q), store.CreateExisting, "")
-				})
-				// Another sender has quotas of its own.
-				wantCreate(t, createQuota(t, ctx, b, ids[5], "merchant-2", 100, q), store.CreateCreated, "")
-
-				// Midnight in Shanghai (16:00 UTC): a new day.
-				q.At = quotaAt(t, "2030-06-15 00:00:00")
-				if q.At.Day != "20300615" {
-					t.Fatalf("day %s", q.At.Day)
-				}
-				wantCreate(t, createQuota(t, ctx, b, ids[6], sender, 9_000, q), store.CreateCreated, "")
-				unchanged(t, ctx, c, "money past the day's", func() {
-					wantCreate(t, createQuota(t, ctx, b, ids[7], sender, 1_001, q), store.CreateQuotaExceeded, store.RuleAmountPerDay)
-				})
-				wantCreate(t, createQuota(t, ctx, b, ids[7], sender, 1_000, q), store.CreateCreated, "")
-				if u := used(t, ctx, b, sender, q.At); u.Packets != 2 || u.Amount != 10_000 {
-					t.Fatalf("used %+v on the new day", u)
-				}
-				conserved(t, ctx, b)
-
-				// The counters expire on their own, an hour after the day's end.
-				key := b.ShardKeys(b.QuotaShardOf(sender)).QuotaDay(q.At.Day)
-				if got, err := c.Do(ctx, "PEXPIRETIME", key).Int64(); err != nil || got != q.At.DayEnd.Add(time.Hour).UnixMilli() {
-					t.Fatalf("PEXPIRETIME %s = %d (%v), want %d", key, got, err, q.At.DayEnd.Add(time.Hour).UnixMilli())
-				}
+			for _, id := range ids[:3] {
+				wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateCreated, "")
+			}
+			unchanged(t, ctx, c, "a fourth packet in the minute", func() {
+				wantCreate(t, createQuota(t, ctx, b, ids[3], sender, 100, q), store.CreateQuotaExceeded, store.RulePacketsPerMinute)
 			})
-		}
+			unchanged(t, ctx, c, "a retry of a packet created", func() {
+				wantCreate(t, createQuota(t, ctx, b, ids[0], sender, 100, q), store.CreateExisting, "")
+			})
+			if u := used(t, ctx, b, sender, at); u.Minute != 3 || u.Packets != 3 || u.Amount != 300 {
+				t.Fatalf("used %+v after 3 packets of 100", u)
+			}
+
+			// The next minute: two more reach the day's five.
+			q.At = quotaAt(t, "2030-06-14 23:59:00")
+			// A creation refused for another reason (a distribution the budget does
+			// not allow) counts nothing.
+			r, err := b.Create(ctx, store.NewPacket{ID: ids[3], Sender: sender, Total: 100, Count: 2, Distribution: split.TypeLineCut, Quota: &q})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCreate(t, r, store.CreateLimitExceeded, "")
+			if u := used(t, ctx, b, sender, q.At); u.Minute != 0 || u.Packets != 3 {
+				t.Fatalf("used %+v after a refused creation", u)
+			}
+			wantCreate(t, createQuota(t, ctx, b, ids[3], sender, 100, q), store.CreateCreated, "")
+			wantCreate(t, createQuota(t, ctx, b, ids[4], sender, 100, q), store.CreateCreated, "")
+			unchanged(t, ctx, c, "a sixth packet in the day", func() {
+				wantCreate(t, createQuota(t, ctx, b, ids[5], sender, 100, q), store.CreateQuotaExceeded, store.RulePacketsPerDay)
+			})
+			unchanged(t, ctx, c, "a retry of a packet created, at the daily quota", func() {
+				wantCreate(t, createQuota(t, ctx, b, ids[1], sender, 100, q), store.CreateExisting, "")
+			})
+			// Another sender has quotas of its own.
+			wantCreate(t, createQuota(t, ctx, b, ids[5], "merchant-2", 100, q), store.CreateCreated, "")
+
+			// Midnight in Shanghai (16:00 UTC): a new day.
+			q.At = quotaAt(t, "2030-06-15 00:00:00")
+			if q.At.Day != "20300615" {
+				t.Fatalf("day %s", q.At.Day)
+			}
+			wantCreate(t, createQuota(t, ctx, b, ids[6], sender, 9_000, q), store.CreateCreated, "")
+			unchanged(t, ctx, c, "money past the day's", func() {
+				wantCreate(t, createQuota(t, ctx, b, ids[7], sender, 1_001, q), store.CreateQuotaExceeded, store.RuleAmountPerDay)
+			})
+			wantCreate(t, createQuota(t, ctx, b, ids[7], sender, 1_000, q), store.CreateCreated, "")
+			if u := used(t, ctx, b, sender, q.At); u.Packets != 2 || u.Amount != 10_000 {
+				t.Fatalf("used %+v on the new day", u)
+			}
+			conserved(t, ctx, b)
+
+			// The counters expire on their own, an hour after the day's end.
+			key := b.ShardKeys(b.QuotaShardOf(sender)).QuotaDay(q.At.Day)
+			if got, err := c.Do(ctx, "PEXPIRETIME", key).Int64(); err != nil || got != q.At.DayEnd.Add(time.Hour).UnixMilli() {
+				t.Fatalf("PEXPIRETIME %s = %d (%v), want %d", key, got, err, q.At.DayEnd.Add(time.Hour).UnixMilli())
+			}
+		})
 	}
 }
 
@@ -160,9 +162,16 @@ func TestBudgetSenderQuotas(t *testing.T) {
 func TestBudgetRecipientQuota(t *testing.T) {
 	ctx := redistest.Context(t)
 	c := redistest.Start(t).Client(t)
-	for _, n := range []int{1, 4} {
-		t.Run(fmt.Sprintf("%d shards", n), func(t *testing.T) {
-			b := configuredBudget(t, ctx, c, fmt.Sprintf("recipient-quota-%d", n), n, 1_000_000, testLimits())
+	for _, tc := range []struct {
+		n         int
+		oneServer bool
+	}{{1, false}, {4, false}, {4, true}} {
+		n := tc.n
+		t.Run(fmt.Sprintf("%d shards, one server %v", n, tc.oneServer), func(t *testing.T) {
+			b := configuredBudget(t, ctx, c, fmt.Sprintf("recipient-quota-%d-%v", n, tc.oneServer), n, 1_000_000, testLimits())
+			if tc.oneServer {
+				b.OnOneServer()
+			}
 			user := "member-1"
 			// Packets on the user's home shard and on others alike.
 			ids := append(idsOnOrOff(b, "p-", b.QuotaShardOf(user), true, 3), idsOnOrOff(b, "q-", b.QuotaShardOf(user), n == 1, 3)...)
@@ -206,9 +215,15 @@ func TestBudgetSenderQuotaConcurrent(t *testing.T) {
 		"cluster":    redistest.StartCluster(t, 3).Client(t),
 	}
 	for name, c := range servers {
-		for _, n := range []int{1, 8} {
+		for _, n := range []int{1, 8, -8} { // -8: eight shards, counted in one step on one server
+			if n < 0 && name == "cluster" {
+				continue
+			}
 			t.Run(fmt.Sprintf("%s, %d shards", name, n), func(t *testing.T) {
-				b := configuredBudget(t, ctx, c, fmt.Sprintf("concurrent-quota-%s-%d", name, n), n, 10_000_000, testLimits())
+				b := configuredBudget(t, ctx, c, fmt.Sprintf("concurrent-quota-%s-%d", name, n), max(n, -n), 10_000_000, testLimits())
+				if n < 0 {
+					b.OnOneServer()
+				}
 				const quota, clients, each = 50, 64, 3
 				q := store.QuotaCheck{Limits: store.Quotas{PacketsPerDay: quota}, At: quotaAt(t, "2030-06-14 23:59:59")}
 				var created, refused atomic.Int64
@@ -275,5 +290,23 @@ func TestBudgetQuotaRetryAfterTake(t *testing.T) {
 	wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateExisting, "")
 	if u := used(t, ctx, b, sender, q.At); u.Packets != 2 {
 		t.Fatalf("used %+v after a retry %v later: want it given back (2)", u, store.QuotaClockMargin)
+	}
+}
+
+// On one server the quota of a packet off its sender's home shard is counted by the
+// create itself: a retry at once counts nothing.
+func TestBudgetQuotaOnOneServer(t *testing.T) {
+	ctx := redistest.Context(t)
+	c := redistest.Start(t).Client(t)
+	b := configuredBudget(t, ctx, c, "quota-one-server", 4, 1_000_000, testLimits()).OnOneServer()
+	sender := "merchant-1"
+	id := idsOnOrOff(b, "order-", b.QuotaShardOf(sender), false, 1)[0]
+	q := store.QuotaCheck{Limits: store.Quotas{PacketsPerDay: 10}, At: quotaAt(t, "2030-06-14 12:00:00")}
+	wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateCreated, "")
+	unchanged(t, ctx, c, "a retry at once", func() {
+		wantCreate(t, createQuota(t, ctx, b, id, sender, 100, q), store.CreateExisting, "")
+	})
+	if u := used(t, ctx, b, sender, q.At); u.Packets != 1 {
+		t.Fatalf("used %+v: want 1", u)
 	}
 }

@@ -86,6 +86,7 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		ClaimSecret:   o.claimSecret,
 		Quotas:        o.quotas,
 		TimeZone:      zone,
+		OneServer:     o.redis.Mode == redisconn.ModeStandalone,
 	})
 	if err != nil {
 		return err
