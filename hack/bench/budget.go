@@ -244,7 +244,7 @@ func measureBudget(ctx context.Context, o options, root, work string, redisSrv *
 		return r, err
 	}
 	fmt.Print(r.checkSummary())
-	if r.quotas, err = measureQuotas(ctx, root, o.budgetShards, 1); err != nil {
+	if r.quotas, err = measureQuotas(ctx, root, o.budgetShards); err != nil {
 		return r, err
 	}
 	return r, nil

@@ -233,7 +233,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("entering %s: %w", root, err)
 	}
 	if o.quotasOnly {
-		runs, err := measureQuotas(ctx, root, o.budgetShards, 1)
+		runs, err := measureQuotas(ctx, root, o.budgetShards)
 		if err != nil {
 			return err
 		}

@@ -73,8 +73,9 @@ func newGrabService(obj *redpacketv1alpha1.RedPacketActivity, redisAddr string, 
 // newPacketService starts the first packet grab server of a budget, the handler
 // `grabsvc --budget` serves (grabsvc.PacketServer), without user tokens or rate
 // limits, creating with the sender credential sender, counting quotas (the zero
-// value: none) on the wall clock's UTC day.
-func newPacketService(budget grabsvc.Budget, sender []byte, redisAddr string, timeout time.Duration, quotas store.Quotas) (*grabService, error) {
+// value: none) on the wall clock's UTC day, in one step on the one server with
+// oneServer.
+func newPacketService(budget grabsvc.Budget, sender []byte, redisAddr string, timeout time.Duration, quotas store.Quotas, oneServer bool) (*grabService, error) {
 	cred, err := grabsvc.NewSenderCredential(sender)
 	if err != nil {
 		return nil, err
@@ -88,6 +89,7 @@ func newPacketService(budget grabsvc.Budget, sender []byte, redisAddr string, ti
 			RedisTimeout: timeout,
 			Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Quotas:       quotas,
+			OneServer:    oneServer,
 		})
 		if err != nil {
 			return nil, err
