@@ -87,6 +87,18 @@ type PacketConfig struct {
 	// SendWindows are when new packets may be created (spec.packets.sendWindows);
 	// the zero value allows every instant. They are read on Now.
 	SendWindows SendWindows
+	// Quotas are the budget's per-sender and per-recipient quotas
+	// (spec.packets.quotas), counted in Redis on the service's clock (Now) in
+	// TimeZone; the zero value counts nothing.
+	Quotas store.Quotas
+	// TimeZone is the budget's time zone (spec.packets.timeZone), whose calendar
+	// day the daily quotas count; nil means UTC.
+	TimeZone *time.Location
+	// OneServer says every budget shard is on one Redis server (a standalone
+	// connection, never a cluster): each quota is then counted inside the create or
+	// grab function, in one step, whatever shard holds the person's counters
+	// (store.Budget.OnOneServer).
+	OneServer bool
 	// Now is the service's clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -125,7 +137,7 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 	}
 	s := &PacketServer{
 		cfg:     cfg,
-		budget:  store.NewBudget(cfg.Redis, string(cfg.Budget.UID), cfg.Budget.Shards),
+		budget:  newBudgetHandle(cfg),
 		aud:     BudgetAudience{Budget: cfg.Budget.Ref(), UID: cfg.Budget.UID},
 		timeout: cfg.RedisTimeout,
 		metrics: cfg.Metrics,
@@ -165,6 +177,15 @@ func NewPacketServer(cfg PacketConfig) (*PacketServer, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// newBudgetHandle is the budget's handle on cfg.Redis.
+func newBudgetHandle(cfg PacketConfig) *store.Budget {
+	b := store.NewBudget(cfg.Redis, string(cfg.Budget.UID), cfg.Budget.Shards)
+	if cfg.OneServer {
+		b.OnOneServer()
+	}
+	return b
 }
 
 // Handler is the server's HTTP handler.
@@ -263,6 +284,11 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 	if !s.insideSendWindow(w, r, p.ID) {
 		return
 	}
+	var quotaAt store.QuotaTime
+	if s.cfg.Quotas.Sender() {
+		quotaAt = s.budget.QuotaTimeAt(s.now(), s.cfg.TimeZone)
+		p.Quota = &store.QuotaCheck{Limits: s.cfg.Quotas, At: quotaAt}
+	}
 	start := time.Now()
 	res, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (store.CreateResult, error) {
 		return s.budget.Create(ctx, p)
@@ -280,6 +306,10 @@ func (s *PacketServer) handleCreate(w http.ResponseWriter, r *http.Request) {
 		}
 		s.refuseCreate(w, http.StatusServiceUnavailable, OutcomeUnavailable, unavailableMessage(err,
 			"nothing was created unless a retry with the same id and body answers 200"))
+		return
+	}
+	if res.Outcome == store.CreateQuotaExceeded && res.Quota != nil {
+		s.refuseQuota(w, res.Quota, quotaAt, nil)
 		return
 	}
 	code, known := packetStatus[res.Outcome]
@@ -347,6 +377,49 @@ func (s *PacketServer) insideSendWindow(w http.ResponseWriter, r *http.Request, 
 		"rule sendWindows: packets are created %s; the next window opens at %s; nothing was created",
 		s.cfg.SendWindows, opens.Format(time.RFC3339))})
 	return false
+}
+
+// OutcomeQuotaExceeded refuses a creation or a grab that one of the budget's
+// quotas (spec.packets.quotas) does not allow; the body's rule names it.
+const OutcomeQuotaExceeded = string(store.CreateQuotaExceeded)
+
+// quotaRules are the spec's names of the quota rules, as a refusal's rule field
+// gives them.
+var quotaRules = map[string]string{
+	store.RulePacketsPerMinute: "perSender.packetsPerMinute",
+	store.RulePacketsPerDay:    "perSender.packetsPerDay",
+	store.RuleAmountPerDay:     "perSender.amountPerDay",
+	store.RuleSharesPerDay:     "perRecipient.sharesPerDay",
+}
+
+// refuseQuota answers a creation (packetID nil) or a grab of packetID that the
+// quota q refused at the quota time at: 429 for the per-minute rate, with
+// Retry-After to the next minute, and 403 for a daily quota, with Retry-After to
+// the next day in the budget's time zone. The body is the refusal's usual one with
+// the rule named, error (or outcome) quota_exceeded. Nothing was written.
+func (s *PacketServer) refuseQuota(w http.ResponseWriter, q *store.QuotaRefusal, at store.QuotaTime, packetID *string) {
+	rule := quotaRules[q.Rule]
+	if rule == "" {
+		rule = q.Rule
+	}
+	status, until, per := http.StatusForbidden, at.DayEnd, "today"
+	if q.Rule == store.RulePacketsPerMinute {
+		status, until, per = http.StatusTooManyRequests, at.MinuteEnd(), "this minute"
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(until.Sub(s.now()))))
+	if packetID != nil {
+		s.metrics.countGrab(OutcomeQuotaExceeded)
+		writeJSON(w, status, packetGrabResponse{Outcome: OutcomeQuotaExceeded, PacketID: *packetID, Rule: rule, Error: fmt.Sprintf(
+			"rule quotas.%s: this user was granted the budget's limit of %d shares %s; it resets at %s; nothing was granted",
+			rule, q.Limit, per, until.Format(time.RFC3339))})
+		return
+	}
+	what := map[string]string{store.RulePacketsPerMinute: "packets", store.RulePacketsPerDay: "packets",
+		store.RuleAmountPerDay: "minor units of money in packets"}[q.Rule]
+	s.metrics.countCreate(OutcomeQuotaExceeded)
+	writeJSON(w, status, apiError{Error: OutcomeQuotaExceeded, Rule: rule, Message: fmt.Sprintf(
+		"rule quotas.%s: this sender reached the budget's limit of %d %s %s; it resets at %s; nothing was created",
+		rule, q.Limit, what, per, until.In(at.DayEnd.Location()).Format(time.RFC3339))})
 }
 
 // now is the service's clock.
@@ -463,9 +536,13 @@ func (s *PacketServer) handleGrab(w http.ResponseWriter, r *http.Request) {
 		s.refuseGrab(w, http.StatusTooManyRequests, OutcomeRateLimited, "too many grabs for this user; retry later")
 		return
 	}
+	var quota *store.QuotaCheck
+	if s.cfg.Quotas.SharesPerDay > 0 {
+		quota = &store.QuotaCheck{Limits: s.cfg.Quotas, At: s.budget.QuotaTimeAt(s.now(), s.cfg.TimeZone)}
+	}
 	start := time.Now()
 	g, err := callWithDeadline(r.Context(), s.timeout, func(ctx context.Context) (store.PacketGrab, error) {
-		return s.budget.GrabPacket(ctx, packetID, userID)
+		return s.budget.GrabPacketWithin(ctx, packetID, userID, quota)
 	})
 	s.metrics.RedisDuration.WithLabelValues("grab").Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -489,6 +566,12 @@ func (s *PacketServer) handleGrab(w http.ResponseWriter, r *http.Request) {
 	case store.PacketSoldOut, store.PacketExpired:
 		s.metrics.countGrab(string(g.Outcome))
 		writeJSON(w, http.StatusConflict, packetGrabResponse{Outcome: string(g.Outcome), PacketID: packetID})
+	case store.PacketQuotaExceeded:
+		if g.Quota == nil || quota == nil {
+			s.refuseGrab(w, http.StatusServiceUnavailable, OutcomeUnavailable, "the packet store gave an unexpected answer")
+			return
+		}
+		s.refuseQuota(w, g.Quota, quota.At, &packetID)
 	case store.PacketMissing:
 		s.metrics.countGrab(OutcomeNotFound)
 		writeJSON(w, http.StatusNotFound, packetGrabResponse{Outcome: OutcomeNotFound, PacketID: packetID,
@@ -602,7 +685,9 @@ func unavailableMessage(err error, retry string) string {
 // apiError is the body of every refusal of POST /v1/packets and GET /v1/packets/{id}:
 // a code programs switch on, and a sentence for people.
 type apiError struct {
-	Error   string `json:"error"`
+	Error string `json:"error"`
+	// Rule names the budget's rule that refused (quota_exceeded).
+	Rule    string `json:"rule,omitempty"`
 	Message string `json:"message"`
 }
 
@@ -628,7 +713,9 @@ type packetGrabResponse struct {
 	// Share is the 0-based grab order of the user's share in the packet.
 	Share  *int   `json:"share,omitempty"`
 	Amount *int64 `json:"amount,omitempty"`
-	Error  string `json:"error,omitempty"`
+	// Rule names the budget's rule that refused (quota_exceeded).
+	Rule  string `json:"rule,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // PacketView is a packet as POST /v1/packets answers it (grabapi.PacketView).

@@ -12,14 +12,14 @@ import (
 var CreateOutcomes = []string{
 	string(store.CreateCreated), string(store.CreateExisting), string(store.CreateConflict),
 	string(store.CreateBudgetExhausted), string(store.CreateLimitExceeded), string(store.CreateInvalid),
-	string(store.CreateClosed), OutcomeUnauthorized, OutcomeUnavailable,
+	string(store.CreateClosed), OutcomeUnauthorized, OutcomeUnavailable, string(store.CreateQuotaExceeded),
 }
 
 // PacketGrabOutcomes are the outcomes of POST /v1/packets/{id}/grab.
 var PacketGrabOutcomes = []string{
 	string(store.PacketGranted), string(store.PacketAlreadyClaimed), string(store.PacketSoldOut),
 	OutcomeExpired, OutcomeNotFound, OutcomeInvalidRequest, OutcomeUnauthorized, OutcomeRateLimited,
-	OutcomeUnavailable,
+	OutcomeUnavailable, string(store.PacketQuotaExceeded),
 }
 
 // PacketMetrics are the budget mode's Prometheus metrics, all named redpacket_packets_*.

@@ -1,7 +1,8 @@
 -- packet_create: create one runtime packet of a budget, drawing its money from the
 -- budget shard it hashes to, in one atomic step.
 -- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's due index,
--- KEYS[4] the shard's settlement stream
+-- KEYS[4] the shard's settlement stream, and with the sender's quotas KEYS[5]
+-- (below)
 -- ARGV[1] packet id, ARGV[2] body fingerprint, ARGV[3] sender, ARGV[4] total,
 -- ARGV[5] count, ARGV[6] distribution, ARGV[7] time to live in ms (0: the budget's
 -- default), ARGV[8..7+count] the shares in grab order (lua/split's, computed by the
@@ -9,7 +10,8 @@
 -- Returns a list: {'created', createdMs, expiresMs}, {'existing'} (the same id with
 -- the same fingerprint: the packet as it is), or one of {'conflict'} (the same id
 -- with another body), {'closed'}, {'limit_exceeded', why}, {'invalid_request', why},
--- {'budget_exhausted'}, {'fenced', reason}; every answer but created writes nothing.
+-- {'quota_exceeded', rule, limit}, {'budget_exhausted'}, {'fenced', reason}; every
+-- answer but created writes nothing.
 -- A shard that was never configured is an error.
 --
 -- The fence comes before everything: a shard whose meta holds "fenced" (the operator
@@ -126,7 +128,9 @@ end
 if ttlMs > tonumber(m[8]) then
   return {'limit_exceeded', 'ttl ' .. ttlMs .. ' ms is above the budget\'s maximum of ' .. m[8]}
 end
-if #ARGV ~= 7 + n then
+-- With the sender's quotas, 5 arguments follow the shares (below).
+local quota = KEYS[5] ~= nil
+if #ARGV ~= 7 + n + (quota and 5 or 0) then
   return {'invalid_request', (#ARGV - 7) .. ' shares for a count of ' .. count}
 end
 local minShare, sum = tonumber(m[5]), 0
@@ -153,6 +157,57 @@ if sum ~= t then
   return {'invalid_request', 'the shares sum to less than the total'}
 end
 
+-- The sender's quotas, when this shard is the sender's home shard or every shard is
+-- on one server (else the caller took them first with packet_quota, which says how
+-- they count, and passes none here): KEYS[5] the day's hash of the home shard
+-- (qd:<yyyymmdd>); ARGV[8+count..12+count]
+-- packets per minute, packets per day, money per day (0: no limit), when the day's
+-- hash may go (unix ms), the unix minute. They are counted after every other check
+-- but the money, and a refusal, {'quota_exceeded', rule, limit}, writes nothing.
+local qv, qf
+if quota then
+  local q = {}
+  for i = 1, 5 do
+    local v = ARGV[7 + n + i]
+    if #v > 16 or not string.find(v, '^%d+$') then
+      return redis.error_reply('ERR quota argument ' .. i .. ' is not a non-negative integer of at most 16 digits')
+    end
+    q[i] = tonumber(v)
+  end
+  -- Any shard's of this budget (rpb:{<uid>.<j>}:qd:<yyyymmdd>): on one server the
+  -- caller passes the sender's home shard's even when it is not this one.
+  local budget = string.match(prefix, '^(rpb:{.*%.)%d+}:$')
+  local rest = budget and #KEYS == 5 and string.sub(KEYS[5], 1, #budget) == budget and string.sub(KEYS[5], #budget + 1)
+  if not rest or #rest > 24 or not string.find(rest, '^%d+}:qd:%d%d%d%d%d%d%d%d$') then
+    return redis.error_reply('ERR the quota key is not a shard\'s qd:<yyyymmdd> of this budget')
+  end
+  qv = redis.call('HGET', KEYS[5], sender)
+  local qn, qa, qc = 0, 0, 0
+  if qv then
+    local sn, sa, sm, sc
+    if #qv <= 60 then
+      sn, sa, sm, sc = string.match(qv, '^(%d+):(%d+):(%d+):(%d+)$')
+    end
+    if not sn then
+      return redis.error_reply('ERR quota counter ' .. KEYS[5] .. ' is not what packet_quota writes')
+    end
+    qn, qa = tonumber(sn), tonumber(sa)
+    if tonumber(sm) == q[5] then
+      qc = tonumber(sc)
+    end
+  end
+  if q[1] > 0 and qc + 1 > q[1] then
+    return {'quota_exceeded', 'packetsPerMinute', ARGV[8 + n]}
+  end
+  if q[2] > 0 and qn + 1 > q[2] then
+    return {'quota_exceeded', 'packetsPerDay', ARGV[9 + n]}
+  end
+  if q[3] > 0 and qa > q[3] - t then
+    return {'quota_exceeded', 'amountPerDay', ARGV[10 + n]}
+  end
+  qf = {string.format('%d:%d:%d:%d', qn + 1, math.min(qa + t, 1e16), q[5], qc + 1), q[4]}
+end
+
 local avail = m[2] or '0'
 if #avail < #total or (#avail == #total and avail < total) or string.byte(avail) == 45 then -- '-'
   return {'budget_exhausted'}
@@ -166,6 +221,12 @@ redis.call('HINCRBY', KEYS[1], 'available', '-' .. total)
 redis.call('HINCRBY', KEYS[1], 'live', total)
 redis.call('HINCRBY', KEYS[1], 'created', 1)
 redis.call('HSET', KEYS[2], unpack(fields))
+if qf then
+  redis.call('HSET', KEYS[5], sender, qf[1])
+  if not qv then
+    redis.call('PEXPIREAT', KEYS[5], qf[2])
+  end
+end
 redis.call('ZADD', KEYS[3], expires, id)
 redis.call('XADD', KEYS[4], '*', 'create', id .. ':' .. total .. ':' .. expires .. ':' .. table.concat(shares, ',') .. ':' .. sender)
 return {'created', created, expires}

@@ -1,7 +1,13 @@
 -- packet_grab: decide one user's grab of a runtime packet, once per user per packet.
 -- KEYS[1] the shard's meta, KEYS[2] the packet's hash, KEYS[3] the shard's
 -- settlement stream
--- ARGV[1] packet id, ARGV[2] user id
+-- ARGV[1] packet id, ARGV[2] user id; with the recipient's quota, when this shard is
+-- the user's home shard or every shard is on one server (else the caller took it
+-- first with packet_quota, which says how it counts, and passes none here), KEYS[4]
+-- the day's hash of recipients of the home shard (qr:<yyyymmdd>), ARGV[3] shares per day, ARGV[4] when the day's hash
+-- may go (unix ms). It is counted after every other check, so a repeat still
+-- answers already_claimed, and {'quota_exceeded', 'sharesPerDay', limit} writes
+-- nothing.
 -- Returns a list: {'granted', share, amount}, {'already_claimed', claim} with the
 -- user's claim as stored, "<share>:<amount>:<entryId>", or {outcome} for sold_out
 -- (every share was granted), expired (its time is up by the Redis clock, or
@@ -76,6 +82,30 @@ if now >= tonumber(p[3]) then
   return {'expired'}
 end
 
+local qv, qn
+if KEYS[4] then
+  local limit, expires = ARGV[3] or '', ARGV[4] or ''
+  if #limit > 16 or not string.find(limit, '^%d+$') or #expires > 16 or not string.find(expires, '^%d+$')
+      or not string.match(prefix, '^(rpb:{.*%.)%d+}:$') then
+    return redis.error_reply('ERR the recipient quota takes a shard\'s qr:<yyyymmdd>, a limit and an expiry')
+  end
+  -- Any shard's of this budget: on one server the caller passes the user's home
+  -- shard's even when it is not this one.
+  local budget = string.match(prefix, '^(rpb:{.*%.)%d+}:$')
+  local rest = string.sub(KEYS[4], 1, #budget) == budget and string.sub(KEYS[4], #budget + 1)
+  if not rest or #rest > 24 or not string.find(rest, '^%d+}:qr:%d%d%d%d%d%d%d%d$') then
+    return redis.error_reply('ERR the recipient quota takes a shard\'s qr:<yyyymmdd> of this budget')
+  end
+  qv = redis.call('HGET', KEYS[4], user)
+  if qv and (#qv > 20 or not string.find(qv, '^%d+$')) then
+    return redis.error_reply('ERR quota counter ' .. KEYS[4] .. ' is not what packet_quota writes')
+  end
+  qn = (tonumber(qv or '0')) + 1
+  if tonumber(limit) > 0 and qn > tonumber(limit) then
+    return {'quota_exceeded', 'sharesPerDay', limit}
+  end
+end
+
 local share = string.format('%d', g)
 local amount = redis.call('HGET', KEYS[2], 's' .. share)
 local currency = mf[2] or ''
@@ -88,4 +118,10 @@ redis.call('HINCRBY', KEYS[2], 'r', '-' .. amount)
 redis.call('HINCRBY', KEYS[1], 'live', '-' .. amount)
 redis.call('HINCRBY', KEYS[1], 'claimed', amount)
 redis.call('HINCRBY', KEYS[1], 'grabbed', 1)
+if qn then
+  redis.call('HSET', KEYS[4], user, string.format('%d', qn))
+  if not qv then
+    redis.call('PEXPIREAT', KEYS[4], ARGV[4])
+  end
+end
 return {'granted', share, amount}

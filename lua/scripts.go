@@ -150,6 +150,8 @@ var (
 	packetExpireSrc string
 	//go:embed packet_forget.lua
 	packetForgetSrc string
+	//go:embed packet_quota.lua
+	packetQuotaSrc string
 	//go:embed budget_configure.lua
 	budgetConfigureSrc string
 	//go:embed budget_close.lua
@@ -227,6 +229,9 @@ var (
 	PacketExpireScript = newScript("packet_expire", packetExpireSrc)
 	// PacketForgetScript deletes an expired packet's hash.
 	PacketForgetScript = newScript("packet_forget", packetForgetSrc)
+	// PacketQuotaScript takes or gives back one use of a sender's or recipient's
+	// quotas on their home budget shard, when the packet lives on another.
+	PacketQuotaScript = newScript("packet_quota", packetQuotaSrc)
 	// BudgetConfigureScript writes a budget shard's limits and raises its allotment.
 	BudgetConfigureScript = newScript("budget_configure", budgetConfigureSrc)
 	// BudgetCloseScript stops creation on a budget shard.
@@ -244,10 +249,11 @@ var (
 
 // PacketSideScripts are the scripts of runtime packets the grab fleet runs, as
 // functions of GrabLibrary: the create, the grab, the detail and the live listing,
-// and the three steps of a move of money to a dry budget shard.
+// the three steps of a move of money to a dry budget shard, and the quotas' take and
+// give on a home shard.
 func PacketSideScripts() []*Script {
 	return []*Script{PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript,
-		BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript}
+		BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript, PacketQuotaScript}
 }
 
 // AllScripts lists every script, for loading them all at once.
@@ -258,7 +264,7 @@ func AllScripts() []*Script {
 		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerAllowanceScript,
 		PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript, PacketExpireScript,
 		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript,
-		LedgerPacketsCreditScript, LedgerPacketsTotalScript, BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript}
+		LedgerPacketsCreditScript, LedgerPacketsTotalScript, BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript, PacketQuotaScript}
 }
 
 // LoadAll loads the operator's scripts into the script cache and GrabLibrary as a

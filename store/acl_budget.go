@@ -42,11 +42,12 @@ func BudgetKeyPattern(uid string) string { return "rpb:{" + uid + ".*" }
 // budgetKeyRules are the budget user's key rules: every key of the budget's shards
 // (BudgetKeyPattern) but their dead-letter streams, which it may only read (%R~):
 // only the operator parks and replays dead letters, as for an activity (acl.go).
-// Each shard's keys are rpb:{<uid>.N}:meta, :due, :stream, :dead and :p:<id>.
+// Each shard's keys are rpb:{<uid>.N}:meta, :due, :stream, :dead and :p:<id>, and
+// the quota counters :qd:<day> and :qr:<day> (packet_quota.lua).
 func budgetKeyRules(uid string) []string {
 	tag := BudgetKeyPattern(uid) + "}:"
 	return []string{"~" + tag + "meta", "~" + tag + "due", "~" + tag + "stream", "~" + tag + "p:*",
-		"%R~" + tag + "dead"}
+		"~" + tag + "qd:*", "~" + tag + "qr:*", "%R~" + tag + "dead"}
 }
 
 // aclUser is the budget's ACL user as EnsureUser sets it.

@@ -135,6 +135,9 @@ type Budget struct {
 	// ledger, when set, is where the budget's settlement ledger lives (WithLedger);
 	// nil: on c, beside the budget.
 	ledger redis.Cmdable
+	// oneServer is set when every shard is on one server (OnOneServer): a quota is
+	// then counted by the create or grab itself whatever shard it lives on.
+	oneServer bool
 }
 
 // NewBudget returns the handle of budget uid spread over n shards (n ≤ 1 is one).
@@ -179,6 +182,9 @@ type NewPacket struct {
 	Distribution string
 	// TTL is how long it may be grabbed; 0 means the budget's default.
 	TTL time.Duration
+	// Quota, when set, counts the creation against the sender's quotas
+	// (budget_quota.go); it is not part of the body (Fingerprint).
+	Quota *QuotaCheck
 }
 
 // CreateOutcome is what a creation decided.
@@ -213,6 +219,8 @@ type PacketGrab struct {
 	Outcome PacketGrabOutcome
 	Share   int
 	Amount  int64
+	// Quota is the rule of a PacketQuotaExceeded.
+	Quota *QuotaRefusal
 }
 
 // PacketShare is one granted share, in grab order.

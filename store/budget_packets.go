@@ -66,6 +66,8 @@ type CreateResult struct {
 	Outcome CreateOutcome
 	Packet  PacketDetail
 	Reason  string
+	// Quota is the rule of a CreateQuotaExceeded.
+	Quota *QuotaRefusal
 }
 
 // CreatePacket splits p.Total into p.Count shares (lua/split, seeded by the budget's
@@ -136,12 +138,50 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 		shares = nil
 	}
 	k := b.keys[i]
-	args := make([]any, 0, 7+len(shares))
+	args := make([]any, 0, 12+len(shares))
 	args = append(args, p.ID, p.Fingerprint(), p.Sender, p.Total, p.Count, p.Distribution, p.TTL.Milliseconds())
 	for _, a := range shares {
 		args = append(args, a)
 	}
-	reply, err := b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due, k.Stream}, args...).StringSlice()
+	keys := []string{k.Meta, k.Packet(p.ID), k.Due, k.Stream}
+	// The sender's quotas: counted by the create itself on the sender's home shard,
+	// else taken there first and given back unless the packet is created.
+	took := -1
+	var takenAt time.Time
+	if q := p.Quota; q != nil && q.Limits.Sender() {
+		h := b.QuotaShardOf(p.Sender)
+		if h == i || b.oneServer {
+			keys = append(keys, b.keys[h].QuotaDay(q.At.Day))
+			args = append(args, senderQuotaArgs(q)...)
+		} else {
+			refused, at, err := b.quota(ctx, h, "take", "send", p.Sender, p.Total, q)
+			if err != nil {
+				return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
+			}
+			if refused != nil {
+				// A retry of a packet that exists answers existing (or conflict), not
+				// the quota: the create is asked without it, and creates nothing.
+				if _, found, err := b.Packet(ctx, p.ID); err != nil || !found {
+					if err != nil {
+						return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
+					}
+					return CreateResult{Outcome: CreateQuotaExceeded, Quota: refused}, nil
+				}
+			} else {
+				took, takenAt = h, at
+				defer func() {
+					// What the take counted stays counted only for a packet created
+					// now; after an error nothing is known, and it stays counted
+					// (the quota allows one fewer today, never one more). A give
+					// that fails leaves the same.
+					if took >= 0 {
+						_, _, _ = b.quota(context.WithoutCancel(ctx), took, "give", "send", p.Sender, p.Total, q)
+					}
+				}()
+			}
+		}
+	}
+	reply, err := b.call(ctx, lua.PacketCreateScript, keys, args...).StringSlice()
 	// A shard that cannot pay borrows from its siblings (budget_moves.go), and the
 	// creation is tried again: budget_exhausted answers only what the whole budget
 	// cannot pay.
@@ -157,16 +197,20 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 		// budget_exhausted read before the packet was there. Racing borrowers that
 		// took the money from under the refill make it try again; only a budget that
 		// holds less than the total in all ends the tries.
-		reply, err = b.call(ctx, lua.PacketCreateScript, []string{k.Meta, k.Packet(p.ID), k.Due, k.Stream}, args...).StringSlice()
+		reply, err = b.call(ctx, lua.PacketCreateScript, keys, args...).StringSlice()
 		if got == refillShort {
 			break
 		}
 	}
 	if err != nil {
+		took = -1
 		return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
 	}
 	if len(reply) == 0 {
 		return CreateResult{}, fmt.Errorf("creating packet %s: empty reply", p.ID)
+	}
+	if reply[0] == string(CreateCreated) {
+		took = -1
 	}
 	if reply[0] == "fenced" {
 		return CreateResult{}, &FencedError{What: "creating packet " + p.ID, Reason: strings.Join(reply[1:], " ")}
@@ -188,13 +232,25 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 	case CreateExisting:
 		d, found, err := b.Packet(ctx, p.ID)
 		if err != nil {
+			took = -1
 			return CreateResult{}, fmt.Errorf("creating packet %s: reading the existing packet: %w", p.ID, err)
 		}
 		if !found {
 			return CreateResult{}, fmt.Errorf("creating packet %s: the existing packet is gone", p.ID)
 		}
+		if !d.CreatedAt.Before(takenAt.Add(-QuotaClockMargin)) {
+			// Created after the quota was taken: perhaps by this call's first run,
+			// whose reply was lost. It stays counted.
+			took = -1
+		}
 		res.Packet = d
 	case CreateConflict, CreateClosed, CreateBudgetExhausted:
+	case CreateQuotaExceeded:
+		q, err := parseQuotaRefusal(reply)
+		if err != nil {
+			return CreateResult{}, fmt.Errorf("creating packet %s: %w", p.ID, err)
+		}
+		res.Quota = q
 	case CreateInvalid, CreateLimitExceeded:
 		if len(reply) > 1 {
 			res.Reason = reply[1]
@@ -213,16 +269,65 @@ func (b *Budget) Create(ctx context.Context, p NewPacket) (CreateResult, error) 
 // GrabPacket decides one user's grab of a packet, once per user per packet. A
 // packet id that no packet can have answers PacketMissing without a call.
 func (b *Budget) GrabPacket(ctx context.Context, packetID, userID string) (PacketGrab, error) {
+	return b.GrabPacketWithin(ctx, packetID, userID, nil)
+}
+
+// GrabPacketWithin is GrabPacket counted against the recipient's quota when q sets
+// SharesPerDay (budget_quota.go): a grant counts one share of the user's day, and
+// a grab the quota refuses answers PacketQuotaExceeded and writes nothing. A
+// repeat of a granted grab answers already_claimed whatever the quota.
+func (b *Budget) GrabPacketWithin(ctx context.Context, packetID, userID string, q *QuotaCheck) (PacketGrab, error) {
 	if userID == "" || len(userID) > MaxUserIDLength {
 		return PacketGrab{}, ErrInvalidUserID
 	}
 	if !ValidPacketID(packetID) {
 		return PacketGrab{Outcome: PacketMissing}, nil
 	}
-	k := b.keys[b.ShardOf(packetID)]
-	reply, err := b.call(ctx, lua.PacketGrabScript, []string{k.Meta, k.Packet(packetID), k.Stream}, packetID, userID).StringSlice()
+	i := b.ShardOf(packetID)
+	k := b.keys[i]
+	keys, args := []string{k.Meta, k.Packet(packetID), k.Stream}, []any{packetID, userID}
+	took := false
+	var takenAt time.Time
+	if q != nil && q.Limits.SharesPerDay > 0 {
+		h := b.QuotaShardOf(userID)
+		if h == i || b.oneServer {
+			keys = append(keys, b.keys[h].QuotaRecipients(q.At.Day))
+			args = append(args, q.Limits.SharesPerDay, q.At.dayExpiry())
+		} else {
+			refused, at, err := b.quota(ctx, h, "take", "recv", userID, 0, q)
+			if err != nil {
+				return PacketGrab{}, fmt.Errorf("grabbing packet %s: %w", packetID, err)
+			}
+			if refused != nil {
+				// A repeat still answers already_claimed: the grab is asked without
+				// the quota when the user holds a share of the packet, and grants
+				// nothing.
+				d, found, err := b.Packet(ctx, packetID)
+				if err != nil {
+					return PacketGrab{}, fmt.Errorf("grabbing packet %s: %w", packetID, err)
+				}
+				if !found || !slices.ContainsFunc(d.Grabs, func(s PacketShare) bool { return s.UserID == userID }) {
+					return PacketGrab{Outcome: PacketQuotaExceeded, Quota: refused}, nil
+				}
+			} else {
+				took, takenAt = true, at
+				defer func() {
+					// Given back unless granted; after an error it stays counted (see
+					// Create).
+					if took {
+						_, _, _ = b.quota(context.WithoutCancel(ctx), h, "give", "recv", userID, 0, q)
+					}
+				}()
+			}
+		}
+	}
+	reply, err := b.call(ctx, lua.PacketGrabScript, keys, args...).StringSlice()
 	if err != nil {
+		took = false
 		return PacketGrab{}, fmt.Errorf("grabbing packet %s: %w", packetID, err)
+	}
+	if len(reply) > 0 && reply[0] == string(PacketGranted) {
+		took = false
 	}
 	if len(reply) == 0 {
 		return PacketGrab{}, fmt.Errorf("grabbing packet %s: empty reply", packetID)
@@ -248,10 +353,22 @@ func (b *Budget) GrabPacket(ctx context.Context, packetID, userID string) (Packe
 		}
 		c, ok := parsePacketClaim(userID, reply[1])
 		if !ok {
+			took = false
 			return PacketGrab{}, fmt.Errorf("grabbing packet %s: claim %q is not <share>:<amount>:<entryId>", packetID, reply[1])
 		}
 		g.Share, g.Amount = c.Share, c.Amount
+		if !c.At.Before(takenAt.Add(-QuotaClockMargin)) {
+			// Granted after the quota was taken: perhaps by this call's first run,
+			// whose reply was lost. It stays counted.
+			took = false
+		}
 	case PacketSoldOut, PacketExpired, PacketMissing:
+	case PacketQuotaExceeded:
+		r, err := parseQuotaRefusal(reply)
+		if err != nil {
+			return PacketGrab{}, fmt.Errorf("grabbing packet %s: %w", packetID, err)
+		}
+		g.Quota = r
 	default:
 		return PacketGrab{}, fmt.Errorf("grabbing packet %s: outcome %q", packetID, reply[0])
 	}

@@ -219,6 +219,7 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"budget_lend from 13 MiB of meta", lua.BudgetLendScript, []string{k.Meta}, []any{"1", 1000}},
 		{"budget_borrow into 13 MiB of meta", lua.BudgetBorrowScript, []string{k.Meta}, []any{"1", 1, 1}},
 		{"budget_lend_done on 13 MiB of meta", lua.BudgetLendDoneScript, []string{k.Meta}, []any{1}},
+		{"packet_quota", lua.PacketQuotaScript, []string{k.Meta, "rpa:{" + own + "}:qd:20300101"}, []any{"take", "send", "s", 1, 0, 1, 0, 1, 1}},
 	}
 	if len(calls) != 2+len(lua.GrabLibrary.Scripts())+1 { // replay_dead and transfer_out twice
 		t.Errorf("%d calls for the %d functions of the library", len(calls), len(lua.GrabLibrary.Scripts()))
@@ -295,6 +296,10 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A sender's quota counter of 1 MiB.
+	if err := bt.HSet(ctx, pfx+"qd:20300101", "u", mib).Err(); err != nil {
+		t.Fatal(err)
+	}
 	// A move's record and a lender's applied mark of 1 MiB in the shard's meta.
 	if err := bt.HSet(ctx, bk.Meta, "lend", mib, "in:1", mib).Err(); err != nil {
 		t.Fatal(err)
@@ -322,6 +327,7 @@ func TestTenantCannotHoldTheSharedRedis(t *testing.T) {
 		{"budget_lend behind a record of 1 MiB", lua.BudgetLendScript, []string{bk.Meta}, []any{"1", 1000}},
 		{"budget_borrow behind a mark of 1 MiB", lua.BudgetBorrowScript, []string{bk.Meta}, []any{"1", 1, 1}},
 		{"budget_lend_done of a record of 1 MiB", lua.BudgetLendDoneScript, []string{bk.Meta}, []any{1}},
+		{"packet_quota of a counter of 1 MiB", lua.PacketQuotaScript, []string{bk.Meta, pfx + "qd:20300101"}, []any{"take", "send", "u", 1, 0, 1, 0, 1, 1}},
 	}
 	if len(bcalls) != len(lua.GrabLibrary.Scripts())+2 { // replay_dead and packet_grab twice
 		t.Errorf("%d calls of the budget's tenant for the %d functions of the library", len(bcalls), len(lua.GrabLibrary.Scripts()))

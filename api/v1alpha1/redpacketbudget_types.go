@@ -20,6 +20,7 @@ const MaxPacketTTL = "168h"
 // them again against the limits the operator wrote to Redis.
 // +kubebuilder:validation:XValidation:rule="self.maxTotal >= self.minShare",message="packets.maxTotal must be at least packets.minShare"
 // +kubebuilder:validation:XValidation:rule="!has(self.defaultTTL) || !has(self.maxTTL) || duration(self.defaultTTL) <= duration(self.maxTTL)",message="packets.defaultTTL must not exceed packets.maxTTL"
+// +kubebuilder:validation:XValidation:rule="!has(self.quotas) || !has(self.quotas.perSender) || !has(self.quotas.perSender.amountPerDay) || self.quotas.perSender.amountPerDay >= self.minShare",message="packets.quotas.perSender.amountPerDay must be at least packets.minShare, or no packet could ever be created"
 type PacketLimits struct {
 	// maxTotal caps one packet's money, in minor units.
 	// +kubebuilder:validation:Minimum=1
@@ -83,12 +84,67 @@ type PacketLimits struct {
 	// +optional
 	SendWindows []SendWindow `json:"sendWindows,omitempty"`
 
-	// timeZone of sendWindows, an IANA name such as "Asia/Shanghai". Defaults to
-	// UTC.
+	// timeZone of sendWindows, and whose calendar day the daily quotas count, an
+	// IANA name such as "Asia/Shanghai". Defaults to UTC.
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$`
 	// +optional
 	TimeZone string `json:"timeZone,omitempty"`
+
+	// quotas limit what one sender creates and one recipient grabs, per minute and
+	// per calendar day in timeZone, counted in Redis in the same atomic step as the
+	// creation or the grant. A refusal answers quota_exceeded naming the rule: 429
+	// with Retry-After for the per-minute rate, 403 with Retry-After to the next day
+	// for a daily quota. Absent: no quota.
+	// +optional
+	Quotas *PacketQuotas `json:"quotas,omitempty"`
+}
+
+// PacketQuotas are a budget's per-sender and per-recipient quotas; every field is
+// optional, and one left out is no limit.
+type PacketQuotas struct {
+	// perSender limits each sender (the creation's sender field).
+	// +optional
+	PerSender *SenderQuotas `json:"perSender,omitempty"`
+
+	// perRecipient limits each user who grabs, across every packet of the budget.
+	// +optional
+	PerRecipient *RecipientQuotas `json:"perRecipient,omitempty"`
+}
+
+// SenderQuotas limit one sender's creations. A retry of a packet that exists is
+// answered as before and counts nothing.
+type SenderQuotas struct {
+	// packetsPerMinute caps the packets a sender creates in one calendar minute of
+	// the grab service's clock (WeChat Pay's merchants: 1800).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	// +optional
+	PacketsPerMinute int64 `json:"packetsPerMinute,omitempty"`
+
+	// packetsPerDay caps the packets a sender creates in one day.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	// +optional
+	PacketsPerDay int64 `json:"packetsPerDay,omitempty"`
+
+	// amountPerDay caps the money of the packets a sender creates in one day, in
+	// minor units.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000000000
+	// +optional
+	AmountPerDay int64 `json:"amountPerDay,omitempty"`
+}
+
+// RecipientQuotas limit one user's grabs.
+type RecipientQuotas struct {
+	// sharesPerDay caps the shares one user is granted in one day, across every
+	// packet of the budget (WeChat Pay: 10 a day to the same user). A repeated
+	// grab answers already_claimed and counts nothing.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	// +optional
+	SharesPerDay int64 `json:"sharesPerDay,omitempty"`
 }
 
 // SendWindow is "HH:MM-HH:MM" with the start before the end, 00:00 to 24:00.

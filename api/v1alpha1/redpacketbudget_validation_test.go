@@ -88,6 +88,19 @@ func TestImpossibleBudgetsAreRejected(t *testing.T) {
 		}, "must have at most 8 items"},
 		{"a time zone with a space", func(b *v1alpha1.RedPacketBudget) { b.Spec.Packets.TimeZone = "Asia/Shang hai" },
 			"spec.packets.timeZone in body should match"},
+		{"a per-minute quota above a million", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.Quotas = &v1alpha1.PacketQuotas{PerSender: &v1alpha1.SenderQuotas{PacketsPerMinute: 1_000_001}}
+		}, "spec.packets.quotas.perSender.packetsPerMinute in body should be less than or equal to 1000000"},
+		{"a negative daily quota", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.Quotas = &v1alpha1.PacketQuotas{PerSender: &v1alpha1.SenderQuotas{PacketsPerDay: -1}}
+		}, "spec.packets.quotas.perSender.packetsPerDay in body should be greater than or equal to 1"},
+		{"a recipient quota above a million", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.Quotas = &v1alpha1.PacketQuotas{PerRecipient: &v1alpha1.RecipientQuotas{SharesPerDay: 1_000_001}}
+		}, "spec.packets.quotas.perRecipient.sharesPerDay in body should be less than or equal to 1000000"},
+		{"a money quota below the minimum share", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Packets.MinShare = 100
+			b.Spec.Packets.Quotas = &v1alpha1.PacketQuotas{PerSender: &v1alpha1.SenderQuotas{AmountPerDay: 99}}
+		}, "packets.quotas.perSender.amountPerDay must be at least packets.minShare"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := budget(ns, strings.ToLower(strings.ReplaceAll(tc.name, " ", "-")))
@@ -124,6 +137,28 @@ func TestBudgetDefaultsAndTransitions(t *testing.T) {
 	reshard := b.DeepCopy()
 	reshard.Spec.BudgetShards = 32
 	expectRejected(t, cp.Client.Update(ctx, reshard), "budgetShards is immutable")
+}
+
+// A budget's quotas, each optional, are stored as written.
+func TestBudgetQuotasAccepted(t *testing.T) {
+	needsControlPlane(t)
+	ctx := testCtx(t)
+	b := budget(cp.Namespace(t), "quotas")
+	b.Spec.Packets.TimeZone = "Asia/Shanghai"
+	b.Spec.Packets.Quotas = &v1alpha1.PacketQuotas{
+		PerSender:    &v1alpha1.SenderQuotas{PacketsPerMinute: 1800, PacketsPerDay: 10_000, AmountPerDay: 5_000_000},
+		PerRecipient: &v1alpha1.RecipientQuotas{SharesPerDay: 10},
+	}
+	if err := cp.Client.Create(ctx, b); err != nil {
+		t.Fatalf("a budget with quotas was refused: %v", err)
+	}
+	got := &v1alpha1.RedPacketBudget{}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(b), got); err != nil {
+		t.Fatal(err)
+	}
+	if q := got.Spec.Packets.Quotas; q == nil || *q.PerSender != *b.Spec.Packets.Quotas.PerSender || *q.PerRecipient != *b.Spec.Packets.Quotas.PerRecipient {
+		t.Fatalf("quotas stored as %+v", q)
+	}
 }
 
 // The scale subresource reads and writes spec.grabService.replicas, so kubectl scale

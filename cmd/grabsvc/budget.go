@@ -53,6 +53,14 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		}
 	}
 
+	// The daily quotas count the day in the budget's zone. An unreadable zone
+	// counts UTC days rather than stop grabs and creations; the log says so.
+	zone, zerr := time.LoadLocation(o.sendTimeZone)
+	if zerr != nil {
+		log.Error("the budget's time zone cannot be read: the daily quotas count days in UTC", "err", zerr)
+		zone = time.UTC
+	}
+
 	rc, err := o.redis.NewPipelinedClient(redisconn.GrabClientOptions(o.redisTimeout))
 	if err != nil {
 		return err
@@ -76,6 +84,9 @@ func runBudget(ctx context.Context, o options, stderr io.Writer) error {
 		Page:          o.page,
 		SendWindows:   windows,
 		ClaimSecret:   o.claimSecret,
+		Quotas:        o.quotas,
+		TimeZone:      zone,
+		OneServer:     o.redis.Mode == redisconn.ModeStandalone,
 	})
 	if err != nil {
 		return err

@@ -103,6 +103,7 @@ type options struct {
 	sendWindows                                string
 	claimSecret                                bool
 	sendTimeZone                               string
+	quotas                                     store.Quotas
 	kubeconfig                                 string
 	shutdownDelay, shutdownTimeout             time.Duration
 	logLevel                                   string
@@ -149,7 +150,11 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.BoolVar(&o.page, "page", true, "serve the red-packet rain page at / (false: / answers 404)")
 	fs.BoolVar(&o.claimSecret, "claim-secret", false, "with --budget: every grab and read of a packet needs its claim secret (spec.packets.claimSecret), which its creation answers")
 	fs.StringVar(&o.sendWindows, "send-windows", "", "with --budget: comma-separated HH:MM-HH:MM windows when packets may be created (spec.packets.sendWindows; empty: always)")
-	fs.StringVar(&o.sendTimeZone, "send-time-zone", "UTC", "with --budget: the IANA time zone of --send-windows")
+	fs.StringVar(&o.sendTimeZone, "send-time-zone", "UTC", "with --budget: the IANA time zone of --send-windows and of the daily quotas' day")
+	fs.Int64Var(&o.quotas.PacketsPerMinute, "quota-packets-per-minute", 0, "with --budget: packets one sender may create per minute (spec.packets.quotas.perSender; 0: no limit)")
+	fs.Int64Var(&o.quotas.PacketsPerDay, "quota-packets-per-day", 0, "with --budget: packets one sender may create per day in --send-time-zone (0: no limit)")
+	fs.Int64Var(&o.quotas.AmountPerDay, "quota-amount-per-day", 0, "with --budget: money, in minor units, one sender's packets may hold per day (0: no limit)")
+	fs.Int64Var(&o.quotas.SharesPerDay, "quota-shares-per-day", 0, "with --budget: shares one user may be granted per day across the budget (spec.packets.quotas.perRecipient; 0: no limit)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, in-cluster, or ~/.kube/config")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long readiness fails before the listener closes")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")

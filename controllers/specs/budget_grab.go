@@ -135,9 +135,25 @@ func BudgetGrabArgs(in BudgetGrab) []string {
 			windows[i] = string(s)
 		}
 		args = append(args, "--send-windows="+strings.Join(windows, ","))
-		if tz := b.Spec.Packets.TimeZone; tz != "" {
-			args = append(args, "--send-time-zone="+tz)
+	}
+	if q := b.Spec.Packets.Quotas; q != nil {
+		if s := q.PerSender; s != nil {
+			for _, f := range []struct {
+				flag string
+				v    int64
+			}{{"packets-per-minute", s.PacketsPerMinute}, {"packets-per-day", s.PacketsPerDay}, {"amount-per-day", s.AmountPerDay}} {
+				if f.v > 0 {
+					args = append(args, fmt.Sprintf("--quota-%s=%d", f.flag, f.v))
+				}
+			}
 		}
+		if r := q.PerRecipient; r != nil && r.SharesPerDay > 0 {
+			args = append(args, fmt.Sprintf("--quota-shares-per-day=%d", r.SharesPerDay))
+		}
+	}
+	// The zone of the send windows is the zone of the daily quotas' day.
+	if tz := b.Spec.Packets.TimeZone; tz != "" && (len(b.Spec.Packets.SendWindows) > 0 || b.Spec.Packets.Quotas != nil) {
+		args = append(args, "--send-time-zone="+tz)
 	}
 	return args
 }

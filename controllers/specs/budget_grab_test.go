@@ -75,7 +75,7 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			name: "on the default Redis, no auth, replicas left to the Deployment", login: &login,
 			wantImage: "operator/grab:1", wantRedisSecret: "shop-grab-redis",
 			wantVolumes:   map[string]string{"sender-token": "shop-sender"},
-			unwantedFlags: []string{"--token-key-file", "--token-max-lifetime", "--activity", "--activity-uid", "--send-windows", "--send-time-zone", "--claim-secret"},
+			unwantedFlags: []string{"--token-key-file", "--token-max-lifetime", "--activity", "--activity-uid", "--send-windows", "--send-time-zone", "--claim-secret", "--quota-"},
 			wantRequests:  corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 			wantLimits:    corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
@@ -134,6 +134,23 @@ func TestBudgetGrabDeployment(t *testing.T) {
 			wantArgs:     []string{"--send-windows=08:00-12:00,14:00-24:00", "--send-time-zone=Asia/Shanghai", "--claim-secret"},
 			wantRequests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 			wantLimits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+		},
+		{
+			name: "quotas per sender and per recipient, with the day in the time zone", login: &login,
+			mutate: func(b *redpacketv1alpha1.RedPacketBudget) {
+				b.Spec.Packets.TimeZone = "Asia/Shanghai"
+				b.Spec.Packets.Quotas = &redpacketv1alpha1.PacketQuotas{
+					PerSender:    &redpacketv1alpha1.SenderQuotas{PacketsPerMinute: 1800, AmountPerDay: 500000},
+					PerRecipient: &redpacketv1alpha1.RecipientQuotas{SharesPerDay: 10},
+				}
+			},
+			wantImage: "operator/grab:1", wantRedisSecret: "shop-grab-redis",
+			wantVolumes: map[string]string{"sender-token": "shop-sender"},
+			wantArgs: []string{"--quota-packets-per-minute=1800", "--quota-amount-per-day=500000", "--quota-shares-per-day=10",
+				"--send-time-zone=Asia/Shanghai"},
+			unwantedFlags: []string{"--quota-packets-per-day", "--send-windows"},
+			wantRequests:  corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			wantLimits:    corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
 		{
 			name: "resources without a memory limit get one, no lower than the memory request", login: &login,

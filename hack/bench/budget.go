@@ -47,6 +47,9 @@ type budgetRun struct {
 	// check is the settlement check's cost per budget entry against no check
 	// (BenchmarkBudgetSettlementCheck); zero when not measured.
 	check budgetCheckRun
+	// quotas are created/s with quotas on and off and the bytes of quota state
+	// (BenchmarkPacketQuotas), with the run's budget shards and with one.
+	quotas []quotaRun
 }
 
 // budgetCheckRun is what BenchmarkBudgetSettlementCheck reported: ns per entry
@@ -241,6 +244,9 @@ func measureBudget(ctx context.Context, o options, root, work string, redisSrv *
 		return r, err
 	}
 	fmt.Print(r.checkSummary())
+	if r.quotas, err = measureQuotas(ctx, root, o.budgetShards); err != nil {
+		return r, err
+	}
 	return r, nil
 }
 
@@ -433,5 +439,6 @@ func (b budgetRun) markdown() string {
 			"answers 200 at once: **%.1f µs per entry checked, %.1f µs unchecked, ratio %.2f**.\n",
 			b.check.iterations, b.check.checked/1000, b.check.unchecked/1000, b.check.ratio())
 	}
+	s.WriteString(quotasMarkdown(b.quotas))
 	return s.String()
 }

@@ -16,7 +16,9 @@
 //	(k) splitting and seeding 10,000,000 packets, the CRD's limit;
 //	(l) runtime packets of a budget: created/s and grabs/s through one grab service in
 //	    budget mode, Redis memory per live 5-share packet, and the resource path in the
-//	    same run: activities of 5 packets made Active per second by the operator;
+//	    same run: activities of 5 packets made Active per second by the operator; and
+//	    created/s with the budget's quotas on ÷ off, with the bytes of quota state per
+//	    sender and per recipient;
 //	(m) the reference balance system: 100,000 grants booked over HTTP into a PostgreSQL
 //	    cluster of its own (fsync on) against plain inserts on the same server;
 //	(n) reconciliation: one round for a source of 1,000,000 credits differing from the
@@ -98,6 +100,7 @@ type options struct {
 	grabProfile         string
 
 	budgetOnly       bool
+	quotasOnly       bool
 	budgetShards     int
 	budgetMemPackets int64
 	budgetActivities int
@@ -150,6 +153,7 @@ func main() {
 	flag.BoolVar(&o.httpOnly, "http-only", false, "run only the HTTP measurements, (c) and (d); print them, write nothing")
 	flag.BoolVar(&o.claimOnly, "claim-only", false, "run only the claim path, redis-benchmark (a) and Go (b); print them, write nothing")
 	flag.BoolVar(&o.budgetOnly, "budget-only", false, "run only the runtime packets of a budget (l); print them, write nothing")
+	flag.BoolVar(&o.quotasOnly, "quotas-only", false, "run only the budget quotas' part of (l), created/s with quotas on and off and bytes per sender and recipient; print it and its part of docs/benchmarks.md, write nothing")
 	flag.IntVar(&o.budgetShards, "budget-shards", 16, "budget shards of the budget in (l)")
 	flag.Int64Var(&o.budgetMemPackets, "budget-memory-packets", 20000, "packets of 5 shares created for the memory figures of (l)")
 	flag.IntVar(&o.budgetActivities, "budget-activities", 100, "activities of 5 packets made Active by the operator in (l), the resource path its created/s is compared with (0 skips it)")
@@ -227,6 +231,14 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := os.Chdir(root); err != nil {
 		return fmt.Errorf("entering %s: %w", root, err)
+	}
+	if o.quotasOnly {
+		runs, err := measureQuotas(ctx, root, o.budgetShards)
+		if err != nil {
+			return err
+		}
+		fmt.Print("\n", quotasMarkdown(runs))
+		return nil
 	}
 	if o.balanceOnly {
 		b, err := measureBalance(ctx, o.balanceGrants)

@@ -124,6 +124,23 @@ func TestBudgetCheckerCatchesViolations(t *testing.T) {
 			createOp(0, store.CreateExisting, 100, 101),
 			pgrabOp(1, "u2", store.PacketGranted, 0, 300, 310),
 		}, true},
+		{"sound: quotas refuse a creation before the packet exists, a grab of a user who holds no share, and a holder once the packet is a tombstone", []porcupine.Operation{
+			createOp(0, store.CreateQuotaExceeded, 50, 60),
+			created,
+			pgrabOp(0, "u1", store.PacketGranted, 0, 200, 210),
+			pgrabOp(1, "u2", store.PacketQuotaExceeded, 0, 300, 310),
+			pgrabOp(1, "u1", store.PacketQuotaExceeded, 0, 1200, 1210),
+			createOp(0, store.CreateExisting, 1300, 1310),
+		}, true},
+		{"broken: a quota refuses a retry of a packet that exists", []porcupine.Operation{
+			created,
+			createOp(0, store.CreateQuotaExceeded, 200, 210),
+		}, false},
+		{"broken: a quota refuses a holder while the packet keeps its claims", []porcupine.Operation{
+			created,
+			pgrabOp(0, "u1", store.PacketGranted, 0, 200, 210),
+			pgrabOp(0, "u1", store.PacketQuotaExceeded, 0, 300, 310),
+		}, false},
 		{"sound: the budget's limits refuse a body; the money refuses another", []porcupine.Operation{
 			createOp(2, store.CreateLimitExceeded, 50, 60),
 			createOp(0, store.CreateBudgetExhausted, 70, 80),

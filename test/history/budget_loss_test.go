@@ -139,7 +139,7 @@ func runBudgetLoss(t *testing.T, seed uint64) budgetLossRun {
 	var svcs [2]*grabService
 	for i := range svcs {
 		var err error
-		if svcs[i], err = newPacketService(gb, []byte(budgetSender), srv.Addr, 500*time.Millisecond); err != nil {
+		if svcs[i], err = newPacketService(gb, []byte(budgetSender), srv.Addr, 500*time.Millisecond, store.Quotas{}, false); err != nil {
 			t.Fatalf("packet server: %v", err)
 		}
 		defer svcs[i].Close()

@@ -160,6 +160,13 @@ func (s *packetState) stepCreate(bodies []PacketBody, in BudgetInput, out Budget
 		}
 		return true, s
 	}
+	if out.Create == store.CreateQuotaExceeded {
+		// The sender's quota refused (budget_quota.go): only while no packet holds
+		// the id, since a retry of an existing packet is answered as it is whatever
+		// the quota; it changes nothing. Whether the quota allowed it is the run's
+		// separate check of the counters against the packets created.
+		return s.phase == phaseAbsent, s
+	}
 	switch s.phase {
 	case phaseAbsent:
 		switch out.Create {
@@ -208,6 +215,21 @@ func (s *packetState) stepCreate(bodies []PacketBody, in BudgetInput, out Budget
 }
 
 func (s *packetState) stepGrab(bodies []PacketBody, in BudgetInput, out BudgetOutput) (bool, *packetState) {
+	if !out.Unknown && out.Grab == store.PacketQuotaExceeded {
+		// The recipient's quota refused: never to a user who holds a share of the
+		// packet (a repeat answers already_claimed whatever the quota), on any
+		// packet, one that does not exist or is sold out too (the quota is taken
+		// first when it lives on another shard); it changes nothing. A tombstone
+		// keeps no claims: a holder refused means the packet is one now, as a
+		// holder's sold_out or expired does (below).
+		if _, has := s.share(in.User); s.phase == phaseCreated && has {
+			if !s.mayBeExpiredBy(in.NotAfterMs) {
+				return false, s
+			}
+			return true, s.expiredBy(in.NotAfterMs).with(func(n *packetState) { n.phase = phaseTomb; n.marked = true })
+		}
+		return true, s
+	}
 	if s.phase == phaseAbsent {
 		// No hash: every grab answers missing and changes nothing. An unknown grab
 		// of a user who ends with a share goes after the grant instead.

@@ -79,6 +79,13 @@ type budgetScenario struct {
 	packets  []packetPlan
 	ops      []plannedOp
 	faults   []fault
+	// quotas are the budget's quotas (half the runs: a daily quota per sender, of
+	// its four, and per recipient, of the forty users), counted on the wall clock's
+	// UTC day; oneServer (half of those) has the grab servers count them inside the
+	// create and grab functions whatever the shard (PacketConfig.OneServer), else a
+	// quota off its home shard is taken and given back.
+	quotas    store.Quotas
+	oneServer bool
 }
 
 // createSpread is how long after an id's first creation its repeats and conflicting
@@ -235,6 +242,12 @@ func newBudgetScenario(seed uint64) budgetScenario {
 		sc.faults = append(sc.faults, f)
 	}
 	sort.Slice(sc.faults, func(i, j int) bool { return sc.faults[i].at < sc.faults[j].at })
+	// The quotas come from a generator of their own, so a seed's workload and faults
+	// are what they were before quotas.
+	if q := rand.New(rand.NewPCG(seed, 0x71756f74)); q.IntN(2) == 0 {
+		sc.quotas = store.Quotas{PacketsPerDay: 2 + q.Int64N(6), SharesPerDay: 1 + q.Int64N(3)}
+		sc.oneServer = q.IntN(2) == 0
+	}
 	return sc
 }
 
@@ -277,7 +290,7 @@ func (st *budgetStats) add(o budgetStats) {
 }
 
 var budgetOutcomeKeys = []string{"created", "existing", "conflict", "budget_exhausted", "limit_exceeded",
-	"granted", "already_claimed", "sold_out", "expired", "not_found", "detail", "detail_not_found", "503", "no-answer"}
+	"quota_exceeded", "granted", "already_claimed", "sold_out", "expired", "not_found", "detail", "detail_not_found", "503", "no-answer"}
 
 // callPacketAPI makes one call of the runtime packet API and turns the answer into
 // the model's output; it returns the key the answer is counted under, and an error
@@ -338,7 +351,8 @@ func callPacketAPI(c *http.Client, base string, plan *packetPlan, in BudgetInput
 			}
 			return BudgetOutput{Create: store.CreateOutcome(v.Outcome), CreatedMs: ct.UnixMilli(), ExpiresMs: ex.UnixMilli()}, v.Outcome, nil
 		case resp.StatusCode == http.StatusConflict && (v.Error == string(store.CreateConflict) || v.Error == string(store.CreateBudgetExhausted)),
-			resp.StatusCode == http.StatusUnprocessableEntity && v.Error == string(store.CreateLimitExceeded):
+			resp.StatusCode == http.StatusUnprocessableEntity && v.Error == string(store.CreateLimitExceeded),
+			resp.StatusCode == http.StatusForbidden && v.Error == string(store.CreateQuotaExceeded):
 			return BudgetOutput{Create: store.CreateOutcome(v.Error)}, v.Error, nil
 		}
 	case OpPacketGrab:
@@ -358,6 +372,8 @@ func callPacketAPI(c *http.Client, base string, plan *packetPlan, in BudgetInput
 			return BudgetOutput{Grab: store.PacketGrabOutcome(v.Outcome)}, v.Outcome, nil
 		case resp.StatusCode == http.StatusNotFound && v.Outcome == grabsvc.OutcomeNotFound:
 			return BudgetOutput{Grab: store.PacketMissing}, v.Outcome, nil
+		case resp.StatusCode == http.StatusForbidden && v.Outcome == string(store.PacketQuotaExceeded):
+			return BudgetOutput{Grab: store.PacketQuotaExceeded}, v.Outcome, nil
 		}
 	default:
 		if resp.StatusCode == http.StatusNotFound {
@@ -385,6 +401,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	t.Helper()
 	st := budgetStats{runStats: runStats{faults: map[string]int{}, outcomes: map[string]int{}}}
 	ctx := context.Background()
+	startedAt := time.Now()
 	direct := redis.NewClient(srv.Options())
 	defer func() { _ = direct.Close() }()
 	admin := redis.NewClient(srv.Options())
@@ -446,7 +463,7 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	gb := grabsvc.Budget{Namespace: "default", Name: "history", UID: types.UID(sc.uid), Shards: sc.shards}
 	var svcs [2]*grabService
 	for i := range svcs {
-		if svcs[i], err = newPacketService(gb, []byte(budgetSender), proxy.Addr(), sc.deadline); err != nil {
+		if svcs[i], err = newPacketService(gb, []byte(budgetSender), proxy.Addr(), sc.deadline, sc.quotas, sc.oneServer); err != nil {
 			t.Fatalf("packet grab server: %v", err)
 		}
 		defer svcs[i].Close()
@@ -661,6 +678,10 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 		}
 	}
 	st.lost = st.lostCreates + st.lostGrants
+	for _, v := range checkQuotas(ctx, budget, sc, finalBody, final, startedAt) {
+		st.violations++
+		t.Errorf("seed %d: %s", sc.seed, v)
+	}
 
 	// The budget's money: conserved, every grant and refund credited once, nothing
 	// beyond the total.
@@ -733,6 +754,71 @@ func runBudgetScenario(t *testing.T, srv *redisProc, sc budgetScenario) budgetSt
 	return st
 }
 
+// checkQuotas checks the run's quotas against what exists at the end, which the
+// balance system shows (finalBody, final): per sender, the packets created with its
+// bodies, and per user, the shares granted, are at most the daily quota, and the
+// counter on its home shard is at least that many (a count is never behind what it
+// counted; a take whose creation or grant did not happen may leave it ahead) and,
+// with one budget shard or on one server, where the count and the creation or grant
+// are one step, exactly that many. A run that crossed a UTC midnight is not checked. It returns one
+// sentence per fault.
+func checkQuotas(ctx context.Context, budget *store.Budget, sc budgetScenario, finalBody map[string]int,
+	final map[string]map[string]int, startedAt time.Time) []string {
+	q := sc.quotas
+	start := budget.QuotaTimeAt(startedAt, time.UTC)
+	if q.PacketsPerDay == 0 && q.SharesPerDay == 0 || budget.QuotaTimeAt(time.Now(), time.UTC).Day != start.Day {
+		return nil
+	}
+	packets, shares := map[string]int64{}, map[string]int64{}
+	for _, p := range sc.packets {
+		if fb := finalBody[p.id]; fb >= 0 {
+			packets[p.reqs[fb].Sender]++
+		}
+		for user := range final[p.id] {
+			shares[user]++
+		}
+	}
+	var out []string
+	check := func(who, what string, n, counted, limit int64) {
+		switch {
+		case n > limit:
+			out = append(out, fmt.Sprintf("%s %s: %d %s, above the daily quota of %d", what, who, n, what, limit))
+		case counted < n:
+			out = append(out, fmt.Sprintf("%s %s: %d %s, its counter says %d", what, who, n, what, counted))
+		case (sc.shards == 1 || sc.oneServer) && counted != n:
+			out = append(out, fmt.Sprintf("%s %s: %d %s, its counter says %d, counted in the same step", what, who, n, what, counted))
+		}
+	}
+	for _, p := range sc.packets {
+		for _, req := range p.reqs {
+			if _, seen := packets[req.Sender]; !seen {
+				packets[req.Sender] = 0
+			}
+		}
+	}
+	for who, n := range packets {
+		if q.PacketsPerDay == 0 {
+			break
+		}
+		u, err := budget.QuotaUsed(ctx, who, start)
+		if err != nil {
+			return append(out, err.Error())
+		}
+		check(who, "packets of sender", n, u.Packets, q.PacketsPerDay)
+	}
+	for who, n := range shares {
+		if q.SharesPerDay == 0 {
+			break
+		}
+		u, err := budget.QuotaUsed(ctx, who, start)
+		if err != nil {
+			return append(out, err.Error())
+		}
+		check(who, "shares of user", n, u.Shares, q.SharesPerDay)
+	}
+	return out
+}
+
 // CheckExhaustion checks each budget_exhausted answer against the money of the whole
 // budget, since a dry shard borrows from its siblings (store/budget_moves.go): the
 // shards' allotments together less what the creations that may have run before the
@@ -795,8 +881,8 @@ func TestBudgetHistories(t *testing.T) {
 		runStart := time.Now()
 		st := runBudgetScenario(t, srv, sc)
 		done++
-		t.Logf("seed %d: %d shards, %d packets, %d clients, %d ops (%d created, %d budget_exhausted, %d granted, %d refunds; %d unknown, %d changed nothing; answers %s), operator restarts %d (expiry calls cut %d, settlement deliveries cut %d, %d of them redelivered, link cut %d times; %d repeated deliveries), faults %v: %d violations, %d lost (%v, check %v)",
-			sc.seed, sc.shards, len(sc.packets), sc.clients, st.ops, st.created, st.exhausted, st.granted, st.refunds, st.unknown, st.dropped,
+		t.Logf("seed %d: %d shards, quotas %+v (one step on one server %v), %d packets, %d clients, %d ops (%d created, %d budget_exhausted, %d granted, %d refunds; %d unknown, %d changed nothing; answers %s), operator restarts %d (expiry calls cut %d, settlement deliveries cut %d, %d of them redelivered, link cut %d times; %d repeated deliveries), faults %v: %d violations, %d lost (%v, check %v)",
+			sc.seed, sc.shards, sc.quotas, sc.oneServer, len(sc.packets), sc.clients, st.ops, st.created, st.exhausted, st.granted, st.refunds, st.unknown, st.dropped,
 			formatCounts(st.outcomes, budgetOutcomeKeys), st.operatorRestarts, st.expiryCut, st.settleCut, st.redelivered, st.linkCuts, st.repeats, sc.faults, st.violations, st.lost,
 			time.Since(runStart).Round(time.Millisecond), st.check.Round(time.Millisecond))
 		sum.add(st)

@@ -72,8 +72,10 @@ func newGrabService(obj *redpacketv1alpha1.RedPacketActivity, redisAddr string, 
 
 // newPacketService starts the first packet grab server of a budget, the handler
 // `grabsvc --budget` serves (grabsvc.PacketServer), without user tokens or rate
-// limits, creating with the sender credential sender.
-func newPacketService(budget grabsvc.Budget, sender []byte, redisAddr string, timeout time.Duration) (*grabService, error) {
+// limits, creating with the sender credential sender, counting quotas (the zero
+// value: none) on the wall clock's UTC day, in one step on the one server with
+// oneServer.
+func newPacketService(budget grabsvc.Budget, sender []byte, redisAddr string, timeout time.Duration, quotas store.Quotas, oneServer bool) (*grabService, error) {
 	cred, err := grabsvc.NewSenderCredential(sender)
 	if err != nil {
 		return nil, err
@@ -86,6 +88,8 @@ func newPacketService(budget grabsvc.Budget, sender []byte, redisAddr string, ti
 			Sender:       cred,
 			RedisTimeout: timeout,
 			Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Quotas:       quotas,
+			OneServer:    oneServer,
 		})
 		if err != nil {
 			return nil, err
