@@ -98,7 +98,7 @@ build: ## Build the operator, the grab service, the kubectl plugin (kubectl-rpa)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/balance ./cmd/balance
 
 .PHONY: image
-image: ## Build the operator, pause, Redis and balance system images into dist/ as tarballs, without Docker.
+image: traefik ## Build the operator, pause, Redis, balance system and Traefik (Gateway) images into dist/ as tarballs, without Docker.
 	$(GO) run ./hack/image --out dist --version $(VERSION) $(IMAGE_ARGS)
 
 .PHONY: run

@@ -43,7 +43,8 @@ func newBuilder(t *testing.T, version string) *builder {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &builder{root: root, work: t.TempDir(), version: version, caCerts: hostCACerts, redisServer: hostRedisServer}
+	return &builder{root: root, work: t.TempDir(), version: version, caCerts: hostCACerts, redisServer: hostRedisServer,
+		traefikBin: filepath.Join(root, "bin", "traefik")}
 }
 
 var (
@@ -447,6 +448,74 @@ func TestBalanceImage(t *testing.T) {
 	}
 }
 
+// TestTraefikImage builds the Gateway's image from bin/traefik, checks its layout and
+// its tag (the version pinned in hack/tools/traefik), then unpacks it and runs
+// /traefik chrooted as its user with an entry point and its ping endpoint, as the
+// real-node Gateway runs it: /ping must answer OK.
+func TestTraefikImage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs bin/traefik (make traefik); run without -short")
+	}
+	b := newBuilder(t, "v1.2.3")
+	if _, err := os.Stat(b.traefikBin); err != nil {
+		skipOutsideCI(t, err.Error()+": run make traefik")
+	}
+	im, err := b.traefik()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := traefikVersion(filepath.Join(b.root, "hack", "tools", "traefik", "go.mod"))
+	if err != nil || !strings.HasPrefix(pinned, "v3.") {
+		t.Fatalf("pinned Traefik version %q (%v), want v3.x", pinned, err)
+	}
+	p := filepath.Join(t.TempDir(), im.file)
+	if _, err := writeImage(p, im); err != nil {
+		t.Fatal(err)
+	}
+	c := readTarball(t, p)
+	checkTree(t, c)
+	if want := []string{"redpacket-traefik:" + pinned}; !reflect.DeepEqual(c.tags, want) {
+		t.Errorf("tags %q, want %q", c.tags, want)
+	}
+	if got, want := sortedKeys(c.entries), []string{"/etc", "/etc/ssl", "/etc/ssl/certs", "/etc/ssl/certs/ca-certificates.crt", "/traefik"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("entries %q, want %q", got, want)
+	}
+	checkStatic(t, "/traefik", c.data["/traefik"])
+	cfg := c.config
+	if !reflect.DeepEqual(cfg.Entrypoint, []string{"/traefik"}) || cfg.User != "65532:65532" ||
+		!reflect.DeepEqual(sortedKeys(cfg.ExposedPorts), []string{"8000/tcp", "8443/tcp"}) {
+		t.Errorf("config %+v, want entrypoint /traefik, user 65532:65532, ports 8000/tcp and 8443/tcp", cfg)
+	}
+
+	if os.Geteuid() != 0 {
+		skipOutsideCI(t, "running the image chrooted needs root")
+	}
+	rootfs := filepath.Join(t.TempDir(), "rootfs")
+	unpack(t, c, rootfs)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(cfg.Entrypoint[0], "--global.checkNewVersion=false", "--global.sendAnonymousUsage=false",
+		"--entryPoints.web.address="+addr, "--ping=true", "--ping.entryPoint=web")
+	cmd.Dir = "/"
+	cmd.Env = slices.Clone(cfg.Env)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs, Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}
+	proc := startChrooted(t, cmd, "/traefik in the image")
+	proc.waitReady(t, 30*time.Second, func() (bool, string) {
+		resp, err := http.Get("http://" + addr + "/ping")
+		if err != nil {
+			return false, fmt.Sprintf("no answer from /ping (%v)", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "OK",
+			fmt.Sprintf("/ping answered %d %q", resp.StatusCode, body)
+	})
+}
+
 // chrooted is a program of an unpacked image running in its root, killed and reaped
 // when the test ends.
 type chrooted struct {
@@ -617,7 +686,8 @@ func TestParseImages(t *testing.T) {
 		in   string
 		want []string
 	}{
-		{"operator,pause,redis,balance", allImages},
+		{"operator,pause,redis,balance,traefik", allImages},
+		{"traefik,pause", []string{"pause", "traefik"}},
 		{"balance,operator", []string{"operator", "balance"}},
 		{"redis, operator,redis", []string{"operator", "redis"}},
 		{"pause", []string{"pause"}},

@@ -26,9 +26,10 @@ const (
 	imagePause    = "pause"
 	imageRedis    = "redis"
 	imageBalance  = "balance"
+	imageTraefik  = "traefik"
 )
 
-var allImages = []string{imageOperator, imagePause, imageRedis, imageBalance}
+var allImages = []string{imageOperator, imagePause, imageRedis, imageBalance, imageTraefik}
 
 // defaultEnv is the environment of every image: the PATH that Docker gives an image
 // that sets none.
@@ -47,6 +48,7 @@ type builder struct {
 	version     string // the tag of the operator and pause images
 	caCerts     string // the CA roots copied into the operator image
 	redisServer string // the redis-server binary copied into the Redis image
+	traefikBin  string // the Traefik binary (bin/traefik, make traefik) copied into the Traefik image
 }
 
 // A built image and where it goes.
@@ -67,6 +69,8 @@ func (b *builder) build(ctx context.Context, kind string) (built, error) {
 		return b.redis(ctx)
 	case imageBalance:
 		return b.balance(ctx)
+	case imageTraefik:
+		return b.traefik()
 	}
 	return built{}, fmt.Errorf("unknown image %q", kind)
 }
@@ -164,6 +168,66 @@ func balanceImage(balance, caCerts string) (v1.Image, error) {
 		User:         "65532:65532",
 		Env:          defaultEnv,
 		ExposedPorts: map[string]struct{}{"8080/tcp": {}},
+	})
+}
+
+// traefik builds the Gateway's image, redpacket-traefik:<Traefik's version>, from
+// bin/traefik, which hack/build-controlplane.sh traefik builds from the module pinned
+// in hack/tools/traefik; the version is the pinned one.
+func (b *builder) traefik() (built, error) {
+	version, err := traefikVersion(filepath.Join(b.root, "hack", "tools", "traefik", "go.mod"))
+	if err != nil {
+		return built{}, err
+	}
+	tag, err := name.NewTag("redpacket-traefik:" + version)
+	if err != nil {
+		return built{}, err
+	}
+	if _, err := os.Stat(b.traefikBin); err != nil {
+		return built{}, fmt.Errorf("%w: run make traefik (hack/build-controlplane.sh traefik)", err)
+	}
+	img, err := traefikImage(b.traefikBin, b.caCerts)
+	if err != nil {
+		return built{}, err
+	}
+	return built{file: "traefik.tar", tag: tag, img: img}, nil
+}
+
+// traefikRequire matches the requirement of Traefik v3 in a go.mod.
+var traefikRequire = regexp.MustCompile(`(?m)^\s*(?:require\s+)?github\.com/traefik/traefik/v3\s+(v[0-9][^\s]*)\s*$`)
+
+// traefikVersion is the version of Traefik v3 that the go.mod at path requires.
+func traefikVersion(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	m := traefikRequire.FindSubmatch(data)
+	if m == nil {
+		return "", fmt.Errorf("%s requires no github.com/traefik/traefik/v3", path)
+	}
+	return string(m[1]), nil
+}
+
+// traefikImage returns the Gateway's image: the static binary traefik at /traefik
+// (mode 0755) and the CA roots caCerts (0644, for an ACME server or a backend over
+// TLS), owned by root, run as 65532:65532 with /traefik as the entrypoint. Its
+// configuration is its flags: the providers (kubernetesGateway, kubernetesIngress)
+// and the entry points, on unprivileged ports (8000 and 8443 by convention; a
+// Service maps 80 and 443 to them).
+func traefikImage(traefik, caCerts string) (v1.Image, error) {
+	t, err := treeOf([]hostFile{
+		{caCerts, "/etc/ssl/certs/ca-certificates.crt", 0o644},
+		{traefik, "/traefik", 0o755},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newImage(t, v1.Config{
+		Entrypoint:   []string{"/traefik"},
+		User:         "65532:65532",
+		Env:          defaultEnv,
+		ExposedPorts: map[string]struct{}{"8000/tcp": {}, "8443/tcp": {}},
 	})
 }
 

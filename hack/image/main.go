@@ -1,7 +1,7 @@
 // Command image builds the project's container images as docker-archive tarballs,
 // without Docker and without pulling a base image:
 //
-//	go run ./hack/image [--out dist] [--version V] [--images operator,pause,redis,balance]
+//	go run ./hack/image [--out dist] [--version V] [--images operator,pause,redis,balance,traefik]
 //
 // writes
 //
@@ -9,6 +9,7 @@
 //	DIR/pause.tar                 redpacket-pause:V      the pod sandbox image, from hack/pause
 //	DIR/redis.tar                 redpacket-redis:R      the host's redis-server (version R) and its libraries
 //	DIR/redpacket-balance-V.tar   redpacket-balance:V    /balance, static: the reference balance system, cmd/balance
+//	DIR/traefik.tar               redpacket-traefik:T    /traefik, static: the Gateway (bin/traefik, make traefik; version T pinned in hack/tools/traefik)
 //	DIR/images.txt                "file<TAB>tag" for every image this run wrote, file relative to DIR
 //
 // Every image is one layer with fixed timestamps and owners and no creation time, so
@@ -81,7 +82,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 
-	b := &builder{root: root, work: work, version: *version, caCerts: hostCACerts, redisServer: hostRedisServer}
+	b := &builder{root: root, work: work, version: *version, caCerts: hostCACerts, redisServer: hostRedisServer,
+		traefikBin: filepath.Join(root, "bin", "traefik")}
 	var index strings.Builder
 	for _, kind := range kinds {
 		im, err := b.build(ctx, kind)
