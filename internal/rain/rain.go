@@ -6,10 +6,12 @@ package rain
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -94,6 +96,13 @@ type Spec struct {
 	Rate int
 	// Progress receives a progress line every second; nil prints none.
 	Progress io.Writer
+	// TLSConfig is the client's TLS configuration for an https URL (nil: Go's
+	// defaults, the system's roots).
+	TLSConfig *tls.Config
+	// DialAddress, when set, is the host:port every connection goes to, whatever the
+	// URL's host: a Gateway's address for a public name no resolver here knows, the
+	// name still sent as the Host header and the TLS server name.
+	DialAddress string
 }
 
 // UserName is the name of the i-th user (from 0) of the spec.
@@ -119,7 +128,13 @@ var (
 // some twice), over at most Connections keep-alive connections.
 func Run(ctx context.Context, spec Spec) Result {
 	tr := &http.Transport{MaxIdleConns: spec.Connections, MaxIdleConnsPerHost: spec.Connections,
-		MaxConnsPerHost: spec.Connections, DisableCompression: true}
+		MaxConnsPerHost: spec.Connections, DisableCompression: true, TLSClientConfig: spec.TLSConfig}
+	if spec.DialAddress != "" {
+		d := &net.Dialer{Timeout: spec.Timeout}
+		tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, spec.DialAddress)
+		}
+	}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: spec.Timeout}
 

@@ -98,7 +98,7 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(work)
 
 	start := time.Now()
-	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version, "operator", "pause", "redis")
+	env.images, err = cluster.BuildImages(ctx, filepath.Join(work, "images"), version, "operator", "pause", "redis", "traefik")
 	if err != nil {
 		return fail(err)
 	}
@@ -110,7 +110,8 @@ func runMain(m *testing.M) int {
 	logf("images built in %s", time.Since(start).Round(100*time.Millisecond))
 
 	node, err := cluster.Start(ctx, cluster.Options{
-		Images:     []string{env.images["pause"].File, env.images["redis"].File, env.images["operator"].File, env.rebuilt.File},
+		Images: []string{env.images["pause"].File, env.images["redis"].File, env.images["operator"].File, env.rebuilt.File,
+			env.images["traefik"].File},
 		PauseImage: env.images["pause"].Tag,
 		Logf:       logf,
 	})
@@ -171,7 +172,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "--- balance system log (tail)\n%s\n", proc.Tail(env.balance.LogPath, 3000))
 		out, _ := node.Kubectl(context.Background(), "", "get", "pods", "-A", "-o", "wide")
 		fmt.Fprintf(os.Stderr, "--- pods\n%s\n", out)
-		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete", "e2e-plugin", "e2e-budget"} {
+		for _, ns := range []string{cluster.OperatorNamespace, "e2e-rain", "e2e-delete", "e2e-plugin", "e2e-budget", gatewayNS, "e2e-gated", "e2e-ingress"} {
 			logs, _ := node.Kubectl(context.Background(), "", "-n", ns, "logs", "-l", "app.kubernetes.io/name",
 				"--all-containers", "--tail=40", "--prefix", "--max-log-requests=10")
 			fmt.Fprintf(os.Stderr, "--- logs in %s\n%s\n", ns, logs)
