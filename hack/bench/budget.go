@@ -78,28 +78,32 @@ func measureBudgetCheck(ctx context.Context, root string) (budgetCheckRun, error
 	if err != nil {
 		return r, fmt.Errorf("BenchmarkBudgetSettlementCheck: %w\n%s", err, out)
 	}
+	m := benchMetrics(out, "BenchmarkBudgetSettlementCheck")
+	r.checked, r.unchecked = m["ns/entry-checked"], m["ns/entry-unchecked"]
+	if r.checked == 0 || r.unchecked == 0 {
+		return r, fmt.Errorf("BenchmarkBudgetSettlementCheck printed no ns/entry figures:\n%s", out)
+	}
+	return r, nil
+}
+
+// benchMetrics reads the figures a child go test -bench printed on the lines of the
+// benchmark name: each value before its unit ("12.5 ns/entry-checked"), by unit. A
+// unit printed on several lines keeps its last value.
+func benchMetrics(out []byte, name string) map[string]float64 {
+	m := map[string]float64{}
 	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.HasPrefix(line, "BenchmarkBudgetSettlementCheck") {
+		if !strings.HasPrefix(line, name) {
 			continue
 		}
 		f := strings.Fields(line)
 		for i := 1; i < len(f); i++ {
 			v, err := strconv.ParseFloat(f[i-1], 64)
-			if err != nil {
-				continue
-			}
-			switch f[i] {
-			case "ns/entry-checked":
-				r.checked = v
-			case "ns/entry-unchecked":
-				r.unchecked = v
+			if _, unitIsNumber := strconv.ParseFloat(f[i], 64); err == nil && unitIsNumber != nil {
+				m[f[i]] = v
 			}
 		}
 	}
-	if r.checked == 0 || r.unchecked == 0 {
-		return r, fmt.Errorf("BenchmarkBudgetSettlementCheck printed no ns/entry figures:\n%s", out)
-	}
-	return r, nil
+	return m
 }
 
 func (b budgetRun) createdRate() float64 {

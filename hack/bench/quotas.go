@@ -51,28 +51,8 @@ func measureQuotas(ctx context.Context, root string, shards int) ([]quotaRun, er
 			return out, fmt.Errorf("BenchmarkPacketQuotas: %w\n%s", err, b)
 		}
 		r.load1At = load1()
-		for _, line := range strings.Split(string(b), "\n") {
-			if !strings.HasPrefix(line, "BenchmarkPacketQuotas") {
-				continue
-			}
-			f := strings.Fields(line)
-			for i := 1; i < len(f); i++ {
-				v, err := strconv.ParseFloat(f[i-1], 64)
-				if err != nil {
-					continue
-				}
-				switch f[i] {
-				case "created/s-quotas-on":
-					r.on = v
-				case "created/s-quotas-off":
-					r.off = v
-				case "B/sender":
-					r.perSender = v
-				case "B/recipient":
-					r.perRecip = v
-				}
-			}
-		}
+		m := benchMetrics(b, "BenchmarkPacketQuotas")
+		r.on, r.off, r.perSender, r.perRecip = m["created/s-quotas-on"], m["created/s-quotas-off"], m["B/sender"], m["B/recipient"]
 		if r.on == 0 || r.off == 0 || r.perSender == 0 || r.perRecip == 0 {
 			return out, fmt.Errorf("BenchmarkPacketQuotas printed no figures:\n%s", b)
 		}
