@@ -3,6 +3,7 @@ package rain
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,6 +32,9 @@ type GroupSpec struct {
 	TTLSeconds int
 	// Workers is how many requests run at once (64 when 0).
 	Workers int
+	// TLSConfig and DialAddress reach the fleet through a public edge, as Spec's do.
+	TLSConfig   *tls.Config
+	DialAddress string
 }
 
 // GroupShare is one share a member won.
@@ -86,7 +90,9 @@ func RunGroups(ctx context.Context, spec GroupSpec) GroupResult {
 	if workers <= 0 {
 		workers = 64
 	}
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
+	tr := &http.Transport{MaxIdleConnsPerHost: workers}
+	edge(tr, spec.TLSConfig, spec.DialAddress, 10*time.Second)
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: tr}
 	res := GroupResult{Won: make(map[int][]GroupShare, spec.Packets)}
 	var mu sync.Mutex
 	fail := func(format string, args ...any) {

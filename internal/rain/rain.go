@@ -105,6 +105,18 @@ type Spec struct {
 	DialAddress string
 }
 
+// edge points tr at a public edge: tlsConf for an https URL (nil: Go's defaults) and,
+// when dialAddress is set, every connection to that host:port whatever the URL's host.
+func edge(tr *http.Transport, tlsConf *tls.Config, dialAddress string, timeout time.Duration) {
+	tr.TLSClientConfig = tlsConf
+	if dialAddress != "" {
+		d := &net.Dialer{Timeout: timeout}
+		tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, dialAddress)
+		}
+	}
+}
+
 // UserName is the name of the i-th user (from 0) of the spec.
 func (s Spec) UserName(i int) string {
 	prefix := s.UserPrefix
@@ -128,13 +140,8 @@ var (
 // some twice), over at most Connections keep-alive connections.
 func Run(ctx context.Context, spec Spec) Result {
 	tr := &http.Transport{MaxIdleConns: spec.Connections, MaxIdleConnsPerHost: spec.Connections,
-		MaxConnsPerHost: spec.Connections, DisableCompression: true, TLSClientConfig: spec.TLSConfig}
-	if spec.DialAddress != "" {
-		d := &net.Dialer{Timeout: spec.Timeout}
-		tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, network, spec.DialAddress)
-		}
-	}
+		MaxConnsPerHost: spec.Connections, DisableCompression: true}
+	edge(tr, spec.TLSConfig, spec.DialAddress, spec.Timeout)
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: spec.Timeout}
 

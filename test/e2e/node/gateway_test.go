@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -48,8 +49,9 @@ const (
 // grab Service's ClusterIP, in the same run: every user answered by the API, no
 // packet twice, the money exact and booked once in PostgreSQL. The requests/s
 // through the Gateway ÷ through the ClusterIP and both p99s are logged, never
-// asserted. An activity with spec.expose.ingress through the same Traefik is then
-// Exposed with its Ingress's address and rained on over HTTPS too.
+// asserted. A budget exposed through the same Gateway serves a merchant's burst of
+// group packets over HTTPS, and an activity with spec.expose.ingress through the same
+// Traefik is Exposed with its Ingress's address and rained on over HTTPS too.
 func TestRainThroughTheGateway(t *testing.T) {
 	requireNode(t)
 	const (
@@ -114,8 +116,74 @@ func TestRainThroughTheGateway(t *testing.T) {
 	env.kit.WaitSoldOutAndSettled(t, ns, name, count, total, 3*time.Minute)
 	tally.CheckBooked(t, env.balance, string(a.UID), activity(t, ns, name).Status, count, total)
 
-	rainThroughAnIngress(t, gatewayAddr, roots, certPEM, keyPEM)
 	kubectl(t, "", "-n", ns, "delete", "rpa", name, "--timeout=120s")
+	packetsThroughTheGateway(t, gatewayAddr, roots)
+	rainThroughAnIngress(t, gatewayAddr, roots, certPEM, keyPEM)
+}
+
+// packetsThroughTheGateway: a budget with spec.expose.httpRoute to the same Gateway
+// becomes Exposed with its https status.url, and a merchant's burst of 300 group
+// packets (5 shares each, raced by groups of 7) is created and grabbed through the
+// Gateway's HTTPS address: every packet created once, every share granted once, each
+// group's shares summing to its packet.
+func packetsThroughTheGateway(t *testing.T, gatewayAddr string, roots *x509.CertPool) {
+	t.Helper()
+	const name = "merchant"
+	ns := namespace(t, "e2e-gated-budget")
+	host := "packets." + publicZone
+	kubectl(t, fmt.Sprintf(`apiVersion: redpacket.io/v1alpha1
+kind: RedPacketBudget
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  total: 1000000
+  currency: CNY
+  packets: {maxTotal: 10000, maxCount: 10, minShare: 1, distributions: [Random], defaultTTL: 1h, maxTTL: 1h}
+  grabService: {replicas: 1}
+  expose:
+    httpRoute:
+      parentRefs: [{name: %s, namespace: %s, sectionName: https}]
+      hostnames: [%s]
+`, name, ns, gatewayName, gatewayNS, host), "apply", "-f", "-")
+	kubectl(t, "", "-n", ns, "wait", "--for=condition=Ready", "rpb/"+name, "--timeout=180s")
+	exposedAfter := eventually(t, 2*time.Minute, "the budget Exposed=True", func() error {
+		b := &redpacketv1alpha1.RedPacketBudget{}
+		if err := env.client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, b); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(b.Status.Conditions, redpacketv1alpha1.ConditionExposed)
+		if c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("Exposed %v", c)
+		}
+		if want := "https://" + host + "/"; b.Status.URL != want {
+			return fmt.Errorf("status.url %q, want %q", b.Status.URL, want)
+		}
+		return nil
+	})
+	t.Logf("budget: Exposed=True %s after Ready; status.url https://%s/", exposedAfter.Round(100*time.Millisecond), host)
+	enc := kubectl(t, "", "-n", ns, "get", "secret", name+"-sender", "-o", "jsonpath={.data.token}")
+	token, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil || len(token) == 0 {
+		t.Fatalf("the sender credential: %q, %v", enc, err)
+	}
+	spec := rain.GroupSpec{URL: "https://" + host, SenderToken: string(token), Packets: 300, IDPrefix: "gw-order-", Total: 500, Shares: 5,
+		Members: func(int) int { return 7 }, Workers: 32,
+		TLSConfig: &tls.Config{RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12}, DialAddress: gatewayAddr}
+	res := rain.RunGroups(t.Context(), spec)
+	if len(res.Errors) > 0 || res.Created != spec.Packets {
+		t.Fatalf("%d of %d packets created through the Gateway; unexpected answers: %v", res.Created, spec.Packets, res.Errors)
+	}
+	claimed, err := res.Check(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(spec.Packets) * spec.Total; claimed != want {
+		t.Errorf("%d claimed through the Gateway, want every share: %d", claimed, want)
+	}
+	t.Logf("budget: %d packets created through the Gateway in %s; %d grabs (%d sold out) in %s; %d claimed",
+		spec.Packets, res.CreateElapsed.Round(time.Millisecond), res.Grabs, res.SoldOut, res.GrabElapsed.Round(time.Millisecond), claimed)
+	kubectl(t, "", "-n", ns, "delete", "rpb", name, "--wait=false")
 }
 
 // rainThroughAnIngress: an activity with spec.expose.ingress (class traefik, a host
