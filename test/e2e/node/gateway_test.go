@@ -167,9 +167,34 @@ spec:
 	if err != nil || len(token) == 0 {
 		t.Fatalf("the sender credential: %q, %v", enc, err)
 	}
+	tlsConf := &tls.Config{RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12}
+	// The route's status can be written before Traefik serves it: wait for the list of
+	// live packets to come from the grab service through the Gateway.
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, gatewayAddr)
+		}}}
+	defer c.CloseIdleConnections()
+	eventually(t, time.Minute, "GET https://"+host+"/v1/packets through the Gateway", func() error {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+host+"/v1/packets", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+string(token))
+		resp, err := c.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+			return fmt.Errorf("HTTP %d, Content-Type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		return nil
+	})
 	spec := rain.GroupSpec{URL: "https://" + host, SenderToken: string(token), Packets: 300, IDPrefix: "gw-order-", Total: 500, Shares: 5,
 		Members: func(int) int { return 7 }, Workers: 32,
-		TLSConfig: &tls.Config{RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12}, DialAddress: gatewayAddr}
+		TLSConfig: tlsConf, DialAddress: gatewayAddr}
 	res := rain.RunGroups(t.Context(), spec)
 	if len(res.Errors) > 0 || res.Created != spec.Packets {
 		t.Fatalf("%d of %d packets created through the Gateway; unexpected answers: %v", res.Created, spec.Packets, res.Errors)
