@@ -170,11 +170,7 @@ spec:
 	tlsConf := &tls.Config{RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12}
 	// The route's status can be written before Traefik serves it: wait for the list of
 	// live packets to come from the grab service through the Gateway.
-	d := &net.Dialer{Timeout: 5 * time.Second}
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, network, gatewayAddr)
-		}}}
+	c := edgeClient(tlsConf, gatewayAddr)
 	defer c.CloseIdleConnections()
 	eventually(t, time.Minute, "GET https://"+host+"/v1/packets through the Gateway", func() error {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+host+"/v1/packets", nil)
@@ -267,11 +263,7 @@ func waitExposed(t *testing.T, ns, name string) time.Duration {
 // its Content-Security-Policy.
 func checkPublicPage(t *testing.T, url, gatewayAddr string, tlsConf *tls.Config) {
 	t.Helper()
-	d := &net.Dialer{Timeout: 5 * time.Second}
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, network, gatewayAddr)
-		}}}
+	c := edgeClient(tlsConf, gatewayAddr)
 	defer c.CloseIdleConnections()
 	eventually(t, time.Minute, "GET "+url+" through the Gateway", func() error {
 		resp, err := c.Get(url)
@@ -286,6 +278,16 @@ func checkPublicPage(t *testing.T, url, gatewayAddr string, tlsConf *tls.Config)
 		}
 		return nil
 	})
+}
+
+// edgeClient is an HTTP client that reaches every URL at gatewayAddr, with tlsConf:
+// a public name, as a phone asks for it, through the Gateway's address.
+func edgeClient(tlsConf *tls.Config, gatewayAddr string) *http.Client {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, gatewayAddr)
+		}}}
 }
 
 // startTraefik installs the platform's side in gatewayNS: the TLS Secret, Traefik's
