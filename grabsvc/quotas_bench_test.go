@@ -1,10 +1,8 @@
 package grabsvc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -83,17 +81,7 @@ func BenchmarkPacketQuotas(b *testing.B) {
 					i := next.Add(1)
 					body := `{"id":"q-` + strconv.FormatInt(i, 10) + `","sender":"merchant-` + strconv.FormatInt(i%senders, 10) +
 						`","totalAmount":500,"count":5,"distribution":"Fixed"}`
-					req, _ := http.NewRequest(http.MethodPost, base+"/v1/packets", bytes.NewReader([]byte(body)))
-					req.Header.Set("Authorization", "Bearer "+senderSecret)
-					resp, err := c.Do(req)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					_ = resp.Body.Close()
-					if resp.StatusCode != http.StatusCreated {
-						b.Errorf("status %d", resp.StatusCode)
+					if !createForBench(b, c, base, body) {
 						return
 					}
 				}

@@ -346,13 +346,8 @@ func TestRedisImage(t *testing.T) {
 	}
 	rootfs := filepath.Join(t.TempDir(), "rootfs")
 	unpack(t, c, rootfs)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
+	addr := freeLoopbackAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
-	l.Close()
 	const user, password = "redpacket-operator", "image-test-password"
 	cmd := exec.Command(cfg.Entrypoint[0], "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--user", "default", "off", "~*", "&*", "+@all", "--user", user, "on", ">"+password, "~*", "&*", "+@all")
@@ -423,12 +418,7 @@ func TestBalanceImage(t *testing.T) {
 	}
 	rootfs := filepath.Join(t.TempDir(), "rootfs")
 	unpack(t, c, rootfs)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeLoopbackAddr(t)
 	cmd := exec.Command(cfg.Entrypoint[0], "--listen", addr)
 	cmd.Dir = "/"
 	cmd.Env = append(slices.Clone(cfg.Env), "DATABASE_URL="+dsn, "BALANCE_PUBLIC_KEYS="+webhooksig.FormatPublicKey(pub))
@@ -492,12 +482,7 @@ func TestTraefikImage(t *testing.T) {
 	}
 	rootfs := filepath.Join(t.TempDir(), "rootfs")
 	unpack(t, c, rootfs)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeLoopbackAddr(t)
 	cmd := exec.Command(cfg.Entrypoint[0], "--global.checkNewVersion=false", "--global.sendAnonymousUsage=false",
 		"--entryPoints.web.address="+addr, "--ping=true", "--ping.entryPoint=web")
 	cmd.Dir = "/"
@@ -575,6 +560,18 @@ func (c *chrooted) waitReady(t *testing.T, within time.Duration, ready func() (b
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// freeLoopbackAddr is a loopback host:port nothing listens on, for a program the
+// test starts.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // skipOutsideCI skips the test, saying why; in CI (CI=true) it fails instead, since
