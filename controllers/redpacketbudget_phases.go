@@ -604,6 +604,9 @@ func (r *RedPacketBudgetReconciler) settlementTarget(s *budgetScope) BudgetSettl
 		}
 		t.MaxAttempts = int(st.MaxAttempts)
 	}
+	if ev := b.Spec.Events; ev != nil {
+		t.EventsURL, t.EventsMaxAttempts = ev.Webhook.URL, int(ev.MaxAttempts)
+	}
 	t.MaxPacketCount = int64(b.Spec.Packets.MaxCount)
 	if b.Spec.Packets.MaxTTL != nil {
 		t.MaxTTL = b.Spec.Packets.MaxTTL.Duration

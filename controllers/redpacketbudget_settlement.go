@@ -73,6 +73,10 @@ type BudgetSettlementTarget struct {
 	// operator's default Redis already.
 	LedgerConn          *redisconn.Conn
 	LedgerClientOptions redisconn.ClientOptions
+	// EventsURL is spec.events.webhook.url; empty: no events. EventsMaxAttempts is
+	// spec.events.maxAttempts (0: the default).
+	EventsURL         string
+	EventsMaxAttempts int
 }
 
 // budget is the store handle of the budget on rdb, its ledger on the operator's
@@ -129,6 +133,11 @@ type BudgetSettlementRunner struct {
 	// announcing is, per budget, its announcement under way in the background or
 	// the last one that failed; gone once the balance system acknowledged the total.
 	announcing map[types.UID]*announcement
+	// eventsRefused is, per budget, the events webhook last refused for want of a
+	// key, so that its Warning is raised once per URL.
+	eventsRefused map[types.UID]string
+	// eventsGroups records the budgets whose events groups exist (ensureEventsGroups).
+	eventsGroups map[types.UID]bool
 }
 
 // announcement is one budget's announcement of a total that grew, run in the
@@ -194,7 +203,8 @@ func NewBudgetSettlementRunner(reader client.Reader, recorder events.EventRecord
 		Consumer: consumer, Registerer: o.SettlementRegisterer,
 		MinConcurrency: o.SettlementMinConcurrency, MaxConcurrency: o.SettlementMaxConcurrency,
 		ReconcileInterval: o.ReconcileInterval,
-		registry:          NewSettlementRunner(), announced: map[types.UID]int64{}, announcing: map[types.UID]*announcement{}}
+		registry:          NewSettlementRunner(), announced: map[types.UID]int64{}, announcing: map[types.UID]*announcement{},
+		eventsRefused: map[types.UID]string{}, eventsGroups: map[types.UID]bool{}}
 }
 
 // Start runs the workers until ctx ends (see SettlementRunner.Start).
@@ -235,6 +245,8 @@ func (d *BudgetSettlementRunner) Forget(uid types.UID) {
 		a.cancel()
 	}
 	delete(d.announcing, uid)
+	delete(d.eventsRefused, uid)
+	delete(d.eventsGroups, uid)
 	d.mu.Unlock()
 }
 
@@ -264,6 +276,7 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 		return err
 	}
 	cfg := d.config(t, keys)
+	events := d.eventsConfig(ctx, t, cfg)
 	connKey := t.Conn.Key()
 	if t.LedgerConn != nil {
 		connKey += "|ledger|" + t.LedgerConn.Key()
@@ -271,6 +284,12 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 	connSum := sha256.Sum256([]byte(connKey))
 	fingerprint := cfg.Fingerprint() + "|budget|" + strconv.Itoa(t.Shards) + "|" + strconv.FormatInt(t.MaxPacketCount, 10) +
 		"|" + t.MaxTTL.String() + "|" + hex.EncodeToString(connSum[:])
+	if events != nil {
+		fingerprint += "|events|" + events.Fingerprint()
+		if err := d.ensureEventsGroups(ctx, t); err != nil {
+			return err
+		}
+	}
 	conn, opts := t.Conn, t.ClientOptions
 	d.registry.Ensure(t.UID, t.Name, fingerprint, func(ctx context.Context) {
 		rdb := conn.NewClient(opts)
@@ -301,6 +320,11 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 			}()
 			defer wg.Wait()
 		}
+		if events != nil {
+			var wg sync.WaitGroup
+			wg.Go(func() { d.runEvents(ctx, t, *events) })
+			defer wg.Wait()
+		}
 		if err := settlement.RunAll(ctx, ws); err != nil && ctx.Err() == nil {
 			cfg.Logger.Error("the budget's settlement workers stopped", "budget", cfg.Source.Ref(), "err", err)
 		}
@@ -309,6 +333,80 @@ func (d *BudgetSettlementRunner) EnsureTarget(ctx context.Context, t BudgetSettl
 		return pending
 	}
 	return nil
+}
+
+// eventsConfig is the configuration of t's events workers: the settlement's, with the
+// events webhook, the operator's keys for its host, the events' maxAttempts and an
+// HTTP client of their own; nil when t has no events webhook, or when no key allows
+// its host (a Warning EventsWebhookHostNotAllowed, once per URL): settlement runs on
+// without events.
+func (d *BudgetSettlementRunner) eventsConfig(ctx context.Context, t BudgetSettlementTarget, cfg settlement.Config) *settlement.Config {
+	if t.EventsURL == "" {
+		return nil
+	}
+	keys, err := readSettlementKeys(ctx, d.Reader, d.KeysSecret, t.EventsURL)
+	if err != nil {
+		d.mu.Lock()
+		first := d.eventsRefused[t.UID] != t.EventsURL
+		d.eventsRefused[t.UID] = t.EventsURL
+		d.mu.Unlock()
+		if first {
+			cfg.Logger.Error("the budget's events webhook is not allowed; no events are sent", "budget", cfg.Source.Ref(), "err", err)
+			if d.Recorder != nil && t.Object != nil {
+				d.Recorder.Eventf(t.Object, nil, corev1.EventTypeWarning, "EventsWebhookHostNotAllowed", "Settle",
+					"no packet events are sent to %s: %v", t.EventsURL, err)
+			}
+		}
+		return nil
+	}
+	d.mu.Lock()
+	delete(d.eventsRefused, t.UID)
+	d.mu.Unlock()
+	ecfg := cfg
+	ecfg.WebhookURL = t.EventsURL
+	ecfg.MaxAttempts = t.EventsMaxAttempts
+	ecfg.HTTPClient = nil
+	ecfg.OnForged = nil
+	keys.apply(&ecfg)
+	return &ecfg
+}
+
+// ensureEventsGroups creates t's events consumer groups once (per process) before
+// EnsureTarget returns, so before a new budget's shards are configured and its first
+// packet is made: a group made after the stream has entries starts at its end.
+func (d *BudgetSettlementRunner) ensureEventsGroups(ctx context.Context, t BudgetSettlementTarget) error {
+	d.mu.Lock()
+	done := d.eventsGroups[t.UID]
+	d.mu.Unlock()
+	if done {
+		return nil
+	}
+	rdb := t.Conn.NewClient(t.ClientOptions)
+	defer func() { _ = rdb.Close() }()
+	if err := settlement.EnsureEventsGroups(ctx, store.NewBudget(rdb, string(t.UID), t.Shards)); err != nil {
+		return fmt.Errorf("creating the budget's events groups: %w", err)
+	}
+	d.mu.Lock()
+	d.eventsGroups[t.UID] = true
+	d.mu.Unlock()
+	return nil
+}
+
+// runEvents runs t's events workers (settlement.NewBudgetEventsWorkers) on a Redis
+// client of their own until ctx ends.
+func (d *BudgetSettlementRunner) runEvents(ctx context.Context, t BudgetSettlementTarget, cfg settlement.Config) {
+	rdb := t.Conn.NewClient(t.ClientOptions)
+	defer func() { _ = rdb.Close() }()
+	cfg.Redis = rdb
+	b, closeLedger := t.budget(rdb)
+	defer closeLedger()
+	ws, err := settlement.NewBudgetEventsWorkers(cfg, b)
+	if err != nil {
+		cfg.Logger.Error("creating the budget's events workers failed", "budget", cfg.Source.Ref(), "err", err)
+		return
+	}
+	cfg.Logger.Info("sending the budget's packet events", "budget", cfg.Source.Ref(), "webhook", cfg.WebhookURL, "shards", len(ws))
+	settlement.RunEvents(ctx, ws)
 }
 
 // config is the workers' configuration for t, signing with keys.

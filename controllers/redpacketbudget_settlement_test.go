@@ -79,6 +79,11 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	hs := httptest.NewServer(bal)
 	t.Cleanup(hs.Close)
 	e.allowWebhook(hs.URL)
+	// The merchant's events endpoint, on a host and port of its own, also allowed.
+	evs := &budgetBalance{bodies: map[string]map[string]any{}, posts: map[string]int{}}
+	ehs := httptest.NewServer(evs)
+	t.Cleanup(ehs.Close)
+	e.allowWebhook(ehs.URL)
 
 	runner := controllers.NewBudgetSettlementRunner(cp.Client, nil, controllers.Options{
 		SettlementKeysSecret: types.NamespacedName{Namespace: e.ns, Name: testSettlementKeys},
@@ -91,7 +96,7 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 	const uid = types.UID("budget-uid-runner")
 	target := controllers.BudgetSettlementTarget{UID: uid, Name: types.NamespacedName{Namespace: e.ns, Name: "group-packets"},
 		Shards: 4, Total: 50_000, Currency: "CNY", WebhookURL: hs.URL + "/credits", MaxPacketCount: 10, MaxTTL: time.Hour,
-		Conn: e.redis.Conn()}
+		Conn: e.redis.Conn(), EventsURL: ehs.URL + "/events"}
 	ensureAnnounced(t, runner, target)
 	if !runner.Running(uid) {
 		t.Fatal("no workers after EnsureTarget")
@@ -172,10 +177,40 @@ func TestBudgetSettlementRunnerAnnouncesDeliversAndDrains(t *testing.T) {
 			credited, credits, snap.Claimed, snap.GrabbedShares, snap.Refunded)
 	}
 
+	// Each packet's events, signed with the operator's key for the events host: it
+	// was created, expired with a remainder, and refunded, in that order.
+	wait.Until(t, 30*time.Second, "every packet's events", func() (bool, string) {
+		evs.mu.Lock()
+		defer evs.mu.Unlock()
+		return len(evs.bodies) == 6*3, fmt.Sprintf("%d events, %d posts, bad %v", len(evs.bodies), len(evs.posts), evs.bad)
+	})
+	evs.mu.Lock()
+	for p := range 6 {
+		id := fmt.Sprintf("order-%d", p)
+		for _, typ := range []string{settlement.EventPacketCreated, settlement.EventPacketExpired, settlement.EventPacketRefunded} {
+			f, ok := evs.bodies[settlement.EventKey(string(uid), id, typ)]
+			if !ok || f["type"] != typ {
+				t.Errorf("event %s of %s: %v", typ, id, f)
+			}
+		}
+	}
+	if len(evs.bad) > 0 {
+		t.Errorf("unsigned or badly signed events: %v", evs.bad)
+	}
+	evs.mu.Unlock()
+
 	runner.Forget(uid)
 	if runner.Running(uid) {
 		t.Error("workers still run after Forget")
 	}
+	// An events webhook no key allows sends nothing, and holds settlement back in
+	// nothing.
+	target.EventsURL = "http://unlisted-events.example/events"
+	ensureAnnounced(t, runner, target)
+	if !runner.Running(uid) {
+		t.Error("no settlement workers with an events webhook no key allows")
+	}
+	runner.Forget(uid)
 	target.WebhookURL = "http://unlisted.example/credits"
 	if err := runner.EnsureTarget(ctx, target); err == nil || !strings.Contains(err.Error(), "not allowed") || !strings.Contains(err.Error(), "unlisted.example") {
 		t.Errorf("a webhook host without a key: %v, want the host not allowed", err)

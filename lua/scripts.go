@@ -122,6 +122,10 @@ var (
 	acceptSrc string
 	//go:embed ensure_group.lua
 	ensureGroupSrc string
+	//go:embed events_group.lua
+	eventsGroupSrc string
+	//go:embed events_mark.lua
+	eventsMarkSrc string
 	//go:embed transfer_out.lua
 	transferOutSrc string
 	//go:embed transfer_in.lua
@@ -191,6 +195,11 @@ var (
 	// EnsureGroupScript creates the settlement consumer group, never the stream of a
 	// purged activity.
 	EnsureGroupScript = newScript("ensure_group", ensureGroupSrc)
+	// EventsGroupScript creates a budget shard's events consumer group on its
+	// settlement stream, at the stream's end.
+	EventsGroupScript = newScript("events_group", eventsGroupSrc)
+	// EventsMarkScript records which of a packet's events were delivered.
+	EventsMarkScript = newScript("events_mark", eventsMarkSrc)
 	// TransferOutScript moves packets from a shard's list into its journal.
 	TransferOutScript = newScript("transfer_out", transferOutSrc)
 	// TransferInScript applies a journalled transfer on its destination, once.
@@ -264,7 +273,8 @@ func AllScripts() []*Script {
 		TransferDoneScript, StockScript, RefundActivityScript, LedgerCreditScript, LedgerAllowanceScript,
 		PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript, PacketExpireScript,
 		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript,
-		LedgerPacketsCreditScript, LedgerPacketsTotalScript, BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript, PacketQuotaScript}
+		LedgerPacketsCreditScript, LedgerPacketsTotalScript, BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript, PacketQuotaScript,
+		EventsGroupScript, EventsMarkScript}
 }
 
 // LoadAll loads the operator's scripts into the script cache and GrabLibrary as a

@@ -222,7 +222,7 @@ func (l *BudgetLedger) PacketCredits(ctx context.Context, ids []string) (credits
 		}
 		known[id] = true
 		for share, record := range fields {
-			if share == OpenShare || share == "sh" || share == "paid" {
+			if share == OpenShare || share == "sh" || share == "paid" || share == "ev" {
 				continue
 			}
 			c, err := parsePacketCredit(id, share, record)

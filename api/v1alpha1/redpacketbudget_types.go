@@ -271,10 +271,47 @@ type RedPacketBudgetSpec struct {
 	// +optional
 	Settlement *Settlement `json:"settlement,omitempty"`
 
+	// events tells the merchant what happens to each packet, through a webhook:
+	// packet.created, packet.exhausted, packet.expired and packet.refunded. Absent
+	// means no events; the merchant can read a packet with GET /v1/packets/{id}.
+	// +optional
+	Events *BudgetEvents `json:"events,omitempty"`
+
 	// expose publishes the budget's grab service outside the cluster through a
 	// Gateway API HTTPRoute or an Ingress. Absent means the in-cluster Service only.
 	// +optional
 	Expose *Expose `json:"expose,omitempty"`
+}
+
+// BudgetEvents configures the events of a budget's packets (docs/budgets.md#events).
+type BudgetEvents struct {
+	// webhook receives one POST per event of a packet, in lifecycle order per packet
+	// (packet.created; then packet.exhausted, or packet.expired and
+	// packet.refunded), at least once, each with the Idempotency-Key
+	// "<budget uid>/<packetId>/<type>" and signed as settlement's deliveries are, with
+	// the operator's key for its host and port: the settlement keys Secret must allow
+	// it, or no event is sent (a Warning EventsWebhookHostNotAllowed). Events follow
+	// settlement: each is sent once settlement has finished with the entries it is
+	// derived from, so a budget without spec.settlement.webhook sends none. A slow or
+	// failing receiver delays only its own events.
+	Webhook EventsWebhook `json:"webhook"`
+
+	// maxAttempts is how many deliveries an event gets before it is parked, with the
+	// later events of its packet, in the budget's events dead letters. Defaults to 20.
+	// +kubebuilder:default=20
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+}
+
+// EventsWebhook is where a budget's events go.
+type EventsWebhook struct {
+	// url receives the events; any 2xx acknowledges one.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('http://') || self.startsWith('https://')",message="events webhook url must start with http:// or https://"
+	URL string `json:"url"`
 }
 
 // ShardCount is the number of budget shards: spec.budgetShards, 16 when unset.
