@@ -50,6 +50,9 @@ type budgetRun struct {
 	// quotas are created/s with quotas on and off and the bytes of quota state
 	// (BenchmarkPacketQuotas), with the run's budget shards and with one.
 	quotas []quotaRun
+	// events are grabs/s with a stuck events receiver, a healthy one and none
+	// (BenchmarkGrabsWithAStuckEventsReceiver).
+	events eventsRun
 }
 
 // budgetCheckRun is what BenchmarkBudgetSettlementCheck reported: ns per entry
@@ -251,6 +254,9 @@ func measureBudget(ctx context.Context, o options, root, work string, redisSrv *
 	if r.quotas, err = measureQuotas(ctx, root, o.budgetShards); err != nil {
 		return r, err
 	}
+	if r.events, err = measureEvents(ctx, root); err != nil {
+		return r, err
+	}
 	return r, nil
 }
 
@@ -444,5 +450,6 @@ func (b budgetRun) markdown() string {
 			b.check.iterations, b.check.checked/1000, b.check.unchecked/1000, b.check.ratio())
 	}
 	s.WriteString(quotasMarkdown(b.quotas))
+	s.WriteString(eventsMarkdown(b.events))
 	return s.String()
 }

@@ -18,7 +18,8 @@
 //	    budget mode, Redis memory per live 5-share packet, and the resource path in the
 //	    same run: activities of 5 packets made Active per second by the operator; and
 //	    created/s with the budget's quotas on ÷ off, with the bytes of quota state per
-//	    sender and per recipient;
+//	    sender and per recipient; and grabs/s with a stuck events receiver ÷ without
+//	    events;
 //	(m) the reference balance system: 100,000 grants booked over HTTP into a PostgreSQL
 //	    cluster of its own (fsync on) against plain inserts on the same server;
 //	(n) reconciliation: one round for a source of 1,000,000 credits differing from the
@@ -101,6 +102,7 @@ type options struct {
 
 	budgetOnly       bool
 	quotasOnly       bool
+	eventsOnly       bool
 	budgetShards     int
 	budgetMemPackets int64
 	budgetActivities int
@@ -154,6 +156,7 @@ func main() {
 	flag.BoolVar(&o.claimOnly, "claim-only", false, "run only the claim path, redis-benchmark (a) and Go (b); print them, write nothing")
 	flag.BoolVar(&o.budgetOnly, "budget-only", false, "run only the runtime packets of a budget (l); print them, write nothing")
 	flag.BoolVar(&o.quotasOnly, "quotas-only", false, "run only the budget quotas' part of (l), created/s with quotas on and off and bytes per sender and recipient; print it and its part of docs/benchmarks.md, write nothing")
+	flag.BoolVar(&o.eventsOnly, "events-only", false, "run only the packet events' part of (l), grabs/s of a budget whose events receiver is stuck, of one whose receiver answers and of one without events; print it and its part of docs/benchmarks.md, write nothing")
 	flag.IntVar(&o.budgetShards, "budget-shards", 16, "budget shards of the budget in (l)")
 	flag.Int64Var(&o.budgetMemPackets, "budget-memory-packets", 20000, "packets of 5 shares created for the memory figures of (l)")
 	flag.IntVar(&o.budgetActivities, "budget-activities", 100, "activities of 5 packets made Active by the operator in (l), the resource path its created/s is compared with (0 skips it)")
@@ -238,6 +241,14 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		fmt.Print("\n", quotasMarkdown(runs))
+		return nil
+	}
+	if o.eventsOnly {
+		r, err := measureEvents(ctx, root)
+		if err != nil {
+			return err
+		}
+		fmt.Print("\n", eventsMarkdown(r))
 		return nil
 	}
 	if o.balanceOnly {
