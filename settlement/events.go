@@ -519,7 +519,7 @@ type eventMetrics struct {
 }
 
 func newEventMetrics(reg prometheus.Registerer, budget string) (*eventMetrics, error) {
-	labels := prometheus.Labels{"budget": budget}
+	labels := prometheus.Labels{"activity": budget}
 	m := &eventMetrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "redpacket", Subsystem: "events", Name: "deliveries_total", ConstLabels: labels,
