@@ -209,6 +209,35 @@ func startEventsBudget(t *testing.T, uid string, shards int, r *eventsReceiver, 
 	return eb
 }
 
+// create creates packet id through the store's create function, as a grab pod does.
+func (eb eventsBudget) create(id, sender string, total, count int64, distribution string) {
+	eb.tb.t.Helper()
+	if _, outcome, err := eb.tb.b.CreatePacket(context.Background(), store.NewPacket{ID: id, Sender: sender, Total: total,
+		Count: count, Distribution: distribution}); err != nil || outcome != store.CreateCreated {
+		eb.tb.t.Fatalf("creating %s: %v, %v", id, outcome, err)
+	}
+}
+
+// expireAll closes the budget and expires every packet, as the operator's expiry does
+// for a closed budget, and returns the snapshot after.
+func (eb eventsBudget) expireAll() store.BudgetSnapshot {
+	eb.tb.t.Helper()
+	ctx, b := context.Background(), eb.tb.b
+	if err := b.Close(ctx); err != nil {
+		eb.tb.t.Fatal(err)
+	}
+	for i := range b.N() {
+		if _, _, err := b.ExpireDue(ctx, i, 500); err != nil {
+			eb.tb.t.Fatal(err)
+		}
+	}
+	snap, err := b.Snapshot(ctx)
+	if err != nil {
+		eb.tb.t.Fatal(err)
+	}
+	return snap
+}
+
 // runEvents runs the budget's events workers as consumer until the returned stop
 // is called or the test ends.
 func (eb eventsBudget) runEvents(t *testing.T, consumer string) (stop func()) {
@@ -246,10 +275,7 @@ func TestBudgetEventsArriveInOrderOnceEachThroughAFailingReceiver(t *testing.T) 
 	var wg sync.WaitGroup
 	for p := range packets {
 		id := fmt.Sprintf("order-%03d", p)
-		if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: id, Sender: fmt.Sprintf("merchant-%d", p%3), Total: 1000, Count: 5,
-			Distribution: split.TypeRandom}); err != nil || outcome != store.CreateCreated {
-			t.Fatalf("creating %s: %v, %v", id, outcome, err)
-		}
+		eb.create(id, fmt.Sprintf("merchant-%d", p%3), 1000, 5, split.TypeRandom)
 		grabs := p % 5
 		if p%3 == 0 {
 			grabs = 5
@@ -264,18 +290,7 @@ func TestBudgetEventsArriveInOrderOnceEachThroughAFailingReceiver(t *testing.T) 
 	}
 	wg.Wait()
 	forged := eb.tb.grant("never-created", 0, "mallory", 7)
-	if err := b.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for i := range b.N() {
-		if _, _, err := b.ExpireDue(ctx, i, 500); err != nil {
-			t.Fatal(err)
-		}
-	}
-	snap, err := b.Snapshot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := eb.expireAll()
 	want := map[string][]string{}
 	for p := range packets {
 		id := fmt.Sprintf("order-%03d", p)
@@ -357,22 +372,12 @@ func TestStuckEventsReceiverHoldsNothingBack(t *testing.T) {
 	const packets = 50
 	for p := range packets {
 		id := fmt.Sprintf("order-%03d", p)
-		if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 500, Count: 2,
-			Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
-			t.Fatalf("creating %s: %v, %v", id, outcome, err)
-		}
+		eb.create(id, "merchant-1", 500, 2, split.TypeFixed)
 		if _, err := b.GrabPacket(ctx, id, "user-1"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := b.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for i := range b.N() {
-		if _, _, err := b.ExpireDue(ctx, i, 500); err != nil {
-			t.Fatal(err)
-		}
-	}
+	eb.expireAll()
 	eventually(t, 20*time.Second, "settlement drained while the events receiver is stuck", func() bool {
 		ok, err := BudgetDrained(ctx, b, "")
 		return err == nil && ok
@@ -408,10 +413,7 @@ func TestRefusedEventIsDeadLetteredWithTheRestOfItsPacket(t *testing.T) {
 	eb := startEventsBudget(t, uid, 1, r, 3, true)
 	b := eb.tb.b
 	for _, id := range []string{"order-1", "order-2"} {
-		if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 300, Count: 1,
-			Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
-			t.Fatalf("creating %s: %v, %v", id, outcome, err)
-		}
+		eb.create(id, "merchant-1", 300, 1, split.TypeFixed)
 		if _, err := b.GrabPacket(ctx, id, "user-1"); err != nil {
 			t.Fatal(err)
 		}
@@ -447,10 +449,7 @@ func TestEventsReadOfADeadOperatorIsTakenOver(t *testing.T) {
 	const packets = 60
 	for p := range packets {
 		id := fmt.Sprintf("order-%03d", p)
-		if _, outcome, err := b.CreatePacket(ctx, store.NewPacket{ID: id, Sender: "merchant-1", Total: 600, Count: 3,
-			Distribution: split.TypeFixed}); err != nil || outcome != store.CreateCreated {
-			t.Fatalf("creating %s: %v, %v", id, outcome, err)
-		}
+		eb.create(id, "merchant-1", 600, 3, split.TypeFixed)
 		for u := range 3 {
 			if _, err := b.GrabPacket(ctx, id, fmt.Sprintf("user-%d", u)); err != nil {
 				t.Fatal(err)
