@@ -23,7 +23,8 @@ import (
 // packet were delivered is the account's "ev" field (events_mark.lua), so that none is
 // sent again and none before its predecessors. Events that could not be delivered go
 // to the budget's events dead letters, rpl:{<uid>}:evdead, on the ledger's Redis,
-// capped at EventDeadLettersCap entries.
+// capped at EventDeadLettersCap entries and kept the ledger's retention after the
+// last one.
 
 // EventsGroup is the consumer group that reads a budget shard's settlement stream
 // for its events; it is not the settlement group and acknowledges nothing of it.
@@ -236,11 +237,14 @@ func (l *BudgetLedger) EventDeadLettersKey() string { return "rpl:{" + l.uid + "
 
 // DeadLetterEvent parks an event that could not be delivered: its Idempotency-Key,
 // its body and why, in the budget's events dead letters (capped at
-// EventDeadLettersCap, oldest dropped first).
+// EventDeadLettersCap, oldest dropped first), which are kept the ledger's retention
+// after the last one, like a packet's account.
 func (l *BudgetLedger) DeadLetterEvent(ctx context.Context, key, body, why string) error {
-	err := l.c.XAdd(ctx, &redis.XAddArgs{Stream: l.EventDeadLettersKey(), MaxLen: EventDeadLettersCap, Approx: true,
-		Values: []any{"key", key, "body", body, "error", why}}).Err()
-	if err != nil {
+	pipe := l.c.TxPipeline()
+	pipe.XAdd(ctx, &redis.XAddArgs{Stream: l.EventDeadLettersKey(), MaxLen: EventDeadLettersCap, Approx: true,
+		Values: []any{"key", key, "body", body, "error", why}})
+	pipe.PExpire(ctx, l.EventDeadLettersKey(), l.retention)
+	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("dead-lettering event %s: %w", key, err)
 	}
 	return nil

@@ -33,7 +33,9 @@ import (
 //	                               "<amount>:<at ms>:<user>", for each key credited; kept
 //	                               PacketLedgerRetention after its last write, so the
 //	                               ledger does not grow with every packet a long-lived
-//	                               budget ever made
+//	                               budget ever made; "ev", the packet's events delivered
+//	                               (events.go)
+//	rpl:{<uid>}:evdead       stream the events that could not be delivered (events.go)
 //
 // Every packet of a budget leaves a creation record in its shard's stream, before
 // anything else of it (packet_create.lua). Settlement books it first, as the packet's

@@ -68,6 +68,15 @@ func TestImpossibleBudgetsAreRejected(t *testing.T) {
 		{"webhook without scheme", func(b *v1alpha1.RedPacketBudget) {
 			b.Spec.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "balance/credit"}}
 		}, "webhook url must start with http:// or https://"},
+		{"events webhook without scheme", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Events = &v1alpha1.BudgetEvents{Webhook: v1alpha1.EventsWebhook{URL: "merchant/events"}}
+		}, "events webhook url must start with http:// or https://"},
+		{"events without a webhook url", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Events = &v1alpha1.BudgetEvents{}
+		}, "spec.events.webhook.url"},
+		{"events retried too often", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Events = &v1alpha1.BudgetEvents{Webhook: v1alpha1.EventsWebhook{URL: "https://merchant.example/events"}, MaxAttempts: 1001}
+		}, "spec.events.maxAttempts in body should be less than or equal to 1000"},
 		{"a name too long for its workload", func(b *v1alpha1.RedPacketBudget) { b.Name = strings.Repeat("b", 59) },
 			"metadata.name must be a DNS label of at most 58 characters"},
 		{"a send window over midnight", func(b *v1alpha1.RedPacketBudget) {
@@ -130,6 +139,11 @@ func TestBudgetDefaultsAndTransitions(t *testing.T) {
 	b.Spec.Total = 150_000_000
 	if err := cp.Client.Update(ctx, b); err != nil {
 		t.Fatalf("a refill was refused: %v", err)
+	}
+	// Events, added later, with maxAttempts defaulted.
+	b.Spec.Events = &v1alpha1.BudgetEvents{Webhook: v1alpha1.EventsWebhook{URL: "https://merchant.example/events"}}
+	if err := cp.Client.Update(ctx, b); err != nil || b.Spec.Events.MaxAttempts != 20 {
+		t.Fatalf("events: %v, maxAttempts %d; want accepted with 20", err, b.Spec.Events.MaxAttempts)
 	}
 	lowered := b.DeepCopy()
 	lowered.Spec.Total = 149_999_999
