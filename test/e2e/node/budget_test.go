@@ -3,10 +3,15 @@ package node
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +23,8 @@ import (
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 	"redpacket.io/operator/internal/balance"
 	"redpacket.io/operator/internal/rain"
+	"redpacket.io/operator/settlement"
+	"redpacket.io/operator/test/cluster"
 	"redpacket.io/operator/test/e2e/kit"
 )
 
@@ -38,6 +45,7 @@ func TestBudgetOnTheNode(t *testing.T) {
 		ttl     = 45 // seconds: past the creation and the race on a busy 2-core node
 	)
 	ns := namespace(t, "e2e-budget")
+	events := serveEvents(t)
 	applied := time.Now()
 	kubectl(t, fmt.Sprintf(`apiVersion: redpacket.io/v1alpha1
 kind: RedPacketBudget
@@ -53,7 +61,9 @@ spec:
   settlement:
     webhook: {url: %s}
     maxAttempts: 20
-`, name, ns, total, env.balance.WebhookURL()), "apply", "-f", "-")
+  events:
+    webhook: {url: %s}
+`, name, ns, total, env.balance.WebhookURL(), events.url), "apply", "-f", "-")
 	kubectl(t, "", "-n", ns, "wait", "--for=condition=Ready", "rpb/"+name, "--timeout=180s")
 	available(t, ns, name+"-grab", 2, 60*time.Second)
 	t.Logf("budget Ready and its 2 grab pods Available %s after apply", time.Since(applied).Round(100*time.Millisecond))
@@ -152,6 +162,17 @@ spec:
 	t.Logf("PostgreSQL's book of the budget: total %d, %d grants summing to %d, %d refunds summing to %d: the status's totals",
 		src.Total, src.Grants.Count, src.Grants.Sum, src.Refunds.Count, src.Refunds.Sum)
 
+	// The merchant's events: each even packet created and exhausted, each odd one
+	// created, expired and refunded, in that order, each key once, signed with the
+	// operator's key for the events host, the refunds summing to what was refunded.
+	eventually(t, 2*time.Minute, "every packet's events", func() error {
+		if n := events.count(); n != packets/2*2+packets/2*3 {
+			return fmt.Errorf("%d events, want %d", n, packets/2*2+packets/2*3)
+		}
+		return nil
+	})
+	events.check(t, uid, packets, refunded)
+
 	reconcileOnTheNode(t, ns, name, uid)
 
 	kubectl(t, "", "-n", ns, "delete", "rpb", name, "--timeout=120s")
@@ -243,4 +264,89 @@ func reconcileOnTheNode(t *testing.T, ns, name, uid string) {
 		t.Fatal(err)
 	}
 	reconciled("the books agree once the forged row is gone", metav1.ConditionTrue, redpacketv1alpha1.ReasonBooksAgree, all)
+}
+
+// eventsReceiver is the merchant's endpoint for a budget's packet events, at the
+// node's address where the operator reaches it: it checks the operator's signature
+// and records each Idempotency-Key's first body, in arrival order per packet.
+type eventsReceiver struct {
+	url      string
+	mu       sync.Mutex
+	first    map[string]settlement.Event
+	order    map[string][]string
+	problems []string
+}
+
+// serveEvents serves an events receiver until the test ends and adds its
+// "<node IP>_<port>" to the operator's settlement keys Secret, with the key the
+// balance system verifies: the operator signs events with the key for their host.
+func serveEvents(t *testing.T) *eventsReceiver {
+	t.Helper()
+	r := &eventsReceiver{first: map[string]settlement.Event{}, order: map[string][]string{}}
+	l, err := net.Listen("tcp", net.JoinHostPort(cluster.NodeIP, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	r.url = "http://" + l.Addr().String() + "/packet-events"
+	allowed := strings.Replace(l.Addr().String(), ":", "_", 1)
+	patch := fmt.Sprintf(`{"stringData":{%q:%q}}`, allowed, string(env.webhookKey))
+	kubectl(t, "", "-n", cluster.OperatorNamespace, "patch", "secret", "redpacket-settlement-keys", "--type", "merge", "-p", patch)
+	return r
+}
+
+func (r *eventsReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	key := req.Header.Get("Idempotency-Key")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var e settlement.Event
+	if req.Header.Get("X-Signature") != settlement.Sign(env.webhookKey, body) || json.Unmarshal(body, &e) != nil {
+		r.problems = append(r.problems, fmt.Sprintf("%s: bad signature or body %s", key, body))
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	if _, ok := r.first[key]; !ok {
+		r.first[key] = e
+		r.order[e.Data.PacketID] = append(r.order[e.Data.PacketID], e.Type)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (r *eventsReceiver) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.first)
+}
+
+// check fails the test unless each of the packets "order-<p>" had its events in
+// lifecycle order (the even ones exhausted, the odd ones expired and refunded), each
+// under its key, and the refunded events sum to refunded.
+func (r *eventsReceiver) check(t *testing.T, uid string, packets int, refunded int64) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.problems) > 0 {
+		t.Fatalf("the events receiver saw: %v", r.problems[:min(len(r.problems), 5)])
+	}
+	var sum int64
+	for p := range packets {
+		id := fmt.Sprintf("order-%d", p)
+		want := []string{settlement.EventPacketCreated, settlement.EventPacketExhausted}
+		if p%2 == 1 {
+			want = []string{settlement.EventPacketCreated, settlement.EventPacketExpired, settlement.EventPacketRefunded}
+		}
+		if !slices.Equal(r.order[id], want) {
+			t.Errorf("packet %s: events %v, want %v", id, r.order[id], want)
+		}
+		if e, ok := r.first[settlement.EventKey(uid, id, settlement.EventPacketRefunded)]; ok && e.Data.RefundAmount != nil {
+			sum += *e.Data.RefundAmount
+		}
+	}
+	if sum != refunded {
+		t.Errorf("the refunded events carry %d, the budget refunded %d", sum, refunded)
+	}
+	t.Logf("%d packet events, each packet's in lifecycle order; the refunded ones carry %d", len(r.first), sum)
 }
