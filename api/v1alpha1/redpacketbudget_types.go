@@ -221,6 +221,7 @@ type BudgetGrabService struct {
 
 // RedPacketBudgetSpec declares a budget. Every amount is an integer in the
 // currency's minor unit (fen, cents).
+// +kubebuilder:validation:XValidation:rule="!has(self.events) || (has(self.settlement) && has(self.settlement.webhook))",message="events follow settlement: spec.events needs spec.settlement.webhook"
 type RedPacketBudgetSpec struct {
 	// total is the budget's money, in minor units. It may be raised (a refill),
 	// never lowered.
@@ -292,8 +293,8 @@ type BudgetEvents struct {
 	// the operator's key for its host and port: the settlement keys Secret must allow
 	// it, or no event is sent (a Warning EventsWebhookHostNotAllowed). Events follow
 	// settlement: each is sent once settlement has finished with the entries it is
-	// derived from, so a budget without spec.settlement.webhook sends none. A slow or
-	// failing receiver delays only its own events.
+	// derived from, and spec.events needs spec.settlement.webhook. A slow or failing
+	// receiver delays only its own events.
 	Webhook EventsWebhook `json:"webhook"`
 
 	// maxAttempts is how many deliveries an event gets before it is parked, with the

@@ -69,12 +69,18 @@ func TestImpossibleBudgetsAreRejected(t *testing.T) {
 			b.Spec.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "balance/credit"}}
 		}, "webhook url must start with http:// or https://"},
 		{"events webhook without scheme", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "https://balance.example/credits"}}
 			b.Spec.Events = &v1alpha1.BudgetEvents{Webhook: v1alpha1.EventsWebhook{URL: "merchant/events"}}
 		}, "events webhook url must start with http:// or https://"},
 		{"events without a webhook url", func(b *v1alpha1.RedPacketBudget) {
 			b.Spec.Events = &v1alpha1.BudgetEvents{}
 		}, "spec.events.webhook.url"},
+		{"events without settlement", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Settlement = nil
+			b.Spec.Events = &v1alpha1.BudgetEvents{Webhook: v1alpha1.EventsWebhook{URL: "https://merchant.example/events"}}
+		}, "events follow settlement: spec.events needs spec.settlement.webhook"},
 		{"events retried too often", func(b *v1alpha1.RedPacketBudget) {
+			b.Spec.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "https://balance.example/credits"}}
 			b.Spec.Events = &v1alpha1.BudgetEvents{Webhook: v1alpha1.EventsWebhook{URL: "https://merchant.example/events"}, MaxAttempts: 1001}
 		}, "spec.events.maxAttempts in body should be less than or equal to 1000"},
 		{"a name too long for its workload", func(b *v1alpha1.RedPacketBudget) { b.Name = strings.Repeat("b", 59) },
@@ -140,7 +146,8 @@ func TestBudgetDefaultsAndTransitions(t *testing.T) {
 	if err := cp.Client.Update(ctx, b); err != nil {
 		t.Fatalf("a refill was refused: %v", err)
 	}
-	// Events, added later, with maxAttempts defaulted.
+	// Events, added later beside settlement, with maxAttempts defaulted.
+	b.Spec.Settlement = &v1alpha1.Settlement{Webhook: &v1alpha1.Webhook{URL: "https://balance.example/credits"}}
 	b.Spec.Events = &v1alpha1.BudgetEvents{Webhook: v1alpha1.EventsWebhook{URL: "https://merchant.example/events"}}
 	if err := cp.Client.Update(ctx, b); err != nil || b.Spec.Events.MaxAttempts != 20 {
 		t.Fatalf("events: %v, maxAttempts %d; want accepted with 20", err, b.Spec.Events.MaxAttempts)
