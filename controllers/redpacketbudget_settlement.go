@@ -395,7 +395,11 @@ func (d *BudgetSettlementRunner) ensureEventsGroups(ctx context.Context, t Budge
 // runEvents runs t's events workers (settlement.NewBudgetEventsWorkers) on a Redis
 // client of their own until ctx ends.
 func (d *BudgetSettlementRunner) runEvents(ctx context.Context, t BudgetSettlementTarget, cfg settlement.Config) {
-	rdb := t.Conn.NewClient(t.ClientOptions)
+	// Each shard's worker holds a connection while it blocks reading its stream: room
+	// for all of them and their other calls, whatever the number of shards.
+	opts := t.ClientOptions
+	opts.PoolSize = 2*t.Shards + 8
+	rdb := t.Conn.NewClient(opts)
 	defer func() { _ = rdb.Close() }()
 	cfg.Redis = rdb
 	b, closeLedger := t.budget(rdb)

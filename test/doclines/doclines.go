@@ -70,6 +70,22 @@ func withoutComment(s string) string {
 
 func (l Line) String() string { return fmt.Sprintf("%s:%d: %s", l.Doc, l.Num, l.Flat()) }
 
+// statusComment is a comment that states the HTTP status a line answers: "# 403: ...".
+var statusComment = regexp.MustCompile(`^#\s*([1-5][0-9][0-9]):`)
+
+// ExpectedStatus is the HTTP status the line's comment states ("# 201: created"), or
+// "". Such a line must print that status last (curl -w ' %{http_code}'), which
+// Script checks: the docs' word is tested, not only the command's exit.
+func (l Line) ExpectedStatus() string {
+	phys := strings.Split(l.Text, "\n")
+	last := phys[len(phys)-1]
+	comment := strings.TrimSpace(last[len(withoutComment(last)):])
+	if m := statusComment.FindStringSubmatch(comment); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
 // Rule classifies the shell lines of a document that its pattern matches.
 type Rule struct {
 	// Doc is the document the rule is for ("" for every document).
@@ -333,6 +349,15 @@ wait_port() {
 `)
 	for _, l := range lines {
 		where := fmt.Sprintf("%s:%d", l.Doc, l.Num)
+		if status := l.ExpectedStatus(); status != "" {
+			// The command in $( ) on lines of its own, so that its comment ends at a
+			// newline; its output is shown, and its last word must be the status.
+			fmt.Fprintf(&b, "\necho '+ %s'\nout=$(\n%s\n)\n", where, l.Text)
+			fmt.Fprintf(&b, "rc=$?; echo \"$out\"; if [ \"$rc\" -ne 0 ]; then echo '%s exited '\"$rc\" >&2; exit 1; fi\n", where)
+			fmt.Fprintf(&b, "case \"$out\" in *' %s') ;; *) echo '%s: the docs say %s, the answer was '\"${out##* }\" >&2; exit 1;; esac\n",
+				status, where, status)
+			continue
+		}
 		fmt.Fprintf(&b, "\necho '+ %s'\n%s\n", where, l.Text)
 		fmt.Fprintf(&b, "rc=$?; if [ \"$rc\" -ne 0 ]; then echo '%s exited '\"$rc\" >&2; exit 1; fi\n", where)
 		if m := backgroundForward.FindStringSubmatch(l.Flat()); m != nil {

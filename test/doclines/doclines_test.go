@@ -243,3 +243,24 @@ func TestDocTokensNameActivitiesWithAuth(t *testing.T) {
 		t.Error("no doc line that runs mints a token")
 	}
 }
+
+// A line whose comment states an HTTP status passes only when it prints that status
+// last; the others pass on exit 0 alone.
+func TestScriptChecksTheStatusTheDocsState(t *testing.T) {
+	for _, c := range []struct {
+		text string
+		ok   bool
+	}{
+		{`echo '{"outcome":"granted"} 200'   # 200: granted`, true},
+		{`echo '{"error":"limit_exceeded"} 422'   # 201: created`, false},
+		{`echo 'no status at all'   # 403: quota_exceeded`, false},
+		{`echo '{"error":"x"} 500'   # a comment without a status`, true},
+		{`false   # 200: but it exits 1`, false},
+	} {
+		l := Line{Doc: "docs/x.md", Num: 1, Text: c.text}
+		err := exec.Command("bash", "-c", Script([]Line{l})).Run()
+		if (err == nil) != c.ok {
+			t.Errorf("%s: passed %v, want %v (status %q)", c.text, err == nil, c.ok, l.ExpectedStatus())
+		}
+	}
+}

@@ -30,6 +30,8 @@ var Rules = []Rule{
 	// system), on every page that uses it, through a port-forward of its grab Service.
 	{Doc: "README.md", InBlock: `^# the sample budget`, Match: `.`, Run: true},
 	{Doc: "docs/grab-api.md", Match: `(group-packets|/v1/packets|localhost:8082|^SENDER=)`, Run: true},
+	// docs/budgets.md: the quotas sample, applied, reached by hand and deleted.
+	{Doc: "docs/budgets.md", InBlock: `^# one-a-day: `, Match: `.`, Run: true},
 	{Doc: "docs/kubectl-rpa.md", Match: `^kubectl rpa (send|packet|packets) group-packets`, Run: true},
 
 	// Set-up commands of a whole node or machine, and building.

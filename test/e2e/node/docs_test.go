@@ -51,7 +51,8 @@ func TestDocsShellLines(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if _, err := env.node.Kubectl(ctx, "", "delete", "--ignore-not-found", "--wait=false",
-			"-f", filepath.Join(env.root, "config", "samples"), "-f", filepath.Join(env.root, "config", "samples", "signed")); err != nil {
+			"-f", filepath.Join(env.root, "config", "samples"), "-f", filepath.Join(env.root, "config", "samples", "signed"),
+			"-f", filepath.Join(env.root, "config", "samples", "quotas")); err != nil {
 			t.Logf("deleting the samples: %v", err)
 		}
 		if _, err := env.node.Kubectl(ctx, "", "delete", "--ignore-not-found", "secret", "grab-hmac"); err != nil {
