@@ -122,8 +122,6 @@ var (
 	acceptSrc string
 	//go:embed ensure_group.lua
 	ensureGroupSrc string
-	//go:embed events_group.lua
-	eventsGroupSrc string
 	//go:embed events_mark.lua
 	eventsMarkSrc string
 	//go:embed transfer_out.lua
@@ -192,12 +190,10 @@ var (
 	FenceScript = newScript("fence", fenceSrc)
 	// AcceptScript lifts a fence and starts a new epoch.
 	AcceptScript = newScript("accept", acceptSrc)
-	// EnsureGroupScript creates the settlement consumer group, never the stream of a
-	// purged activity.
+	// EnsureGroupScript creates a consumer group on a settlement stream (settlement's
+	// at its start, a budget's events group at its end), never the stream of a purged
+	// activity or budget.
 	EnsureGroupScript = newScript("ensure_group", ensureGroupSrc)
-	// EventsGroupScript creates a budget shard's events consumer group on its
-	// settlement stream, at the stream's end.
-	EventsGroupScript = newScript("events_group", eventsGroupSrc)
 	// EventsMarkScript records which of a packet's events were delivered.
 	EventsMarkScript = newScript("events_mark", eventsMarkSrc)
 	// TransferOutScript moves packets from a shard's list into its journal.
@@ -274,7 +270,7 @@ func AllScripts() []*Script {
 		PacketCreateScript, PacketGrabScript, PacketDetailScript, PacketLiveScript, PacketExpireScript,
 		PacketForgetScript, BudgetConfigureScript, BudgetCloseScript, BudgetSnapshotScript,
 		LedgerPacketsCreditScript, LedgerPacketsTotalScript, BudgetLendScript, BudgetBorrowScript, BudgetLendDoneScript, PacketQuotaScript,
-		EventsGroupScript, EventsMarkScript}
+		EventsMarkScript}
 }
 
 // LoadAll loads the operator's scripts into the script cache and GrabLibrary as a

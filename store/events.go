@@ -34,7 +34,7 @@ const EventsGroup = "events"
 const EventDeadLettersCap = 10000
 
 // EnsureEventsGroup creates the consumer group group on the stream for a budget's
-// events (events_group.lua): at the stream's end when the stream exists, so that a
+// events (ensure_group.lua, "end"): at the stream's end when the stream exists, so that a
 // webhook set on a budget that ran before is told what happens from then on, at the
 // start of a new stream otherwise. A group that exists already is left as it is.
 // live says the caller knows the budget is live (its reconcile, which creates the
@@ -46,7 +46,7 @@ func (s *Stream) EnsureEventsGroup(ctx context.Context, group string, live bool)
 	if live {
 		mode = "live"
 	}
-	res, err := lua.EventsGroupScript.Run(ctx, s.c, []string{s.keys.Meta, s.keys.Stream}, group, mode).Text()
+	res, err := lua.EnsureGroupScript.Run(ctx, s.c, []string{s.keys.Meta, s.keys.Stream}, group, "end", mode).Text()
 	if err != nil {
 		return fmt.Errorf("creating consumer group %s on %s: %w", group, s.keys.Stream, err)
 	}
