@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -171,6 +172,11 @@ type RedPacketBudgetReconciler struct {
 	// newStore, when set, replaces the budget stores on the cached Redis clients
 	// (the phase tests).
 	newStore func(conn redisconn.Conn, b *redpacketv1alpha1.RedPacketBudget) budgetStore
+
+	// warnedTimeZone is, by budget UID, the unknown time zone this process raised its
+	// Warning for, so that it is raised once, not at every reconcile (a status read
+	// from the cache can be older than the last one written).
+	warnedTimeZone sync.Map
 }
 
 // +kubebuilder:rbac:groups=redpacket.io,resources=redpacketbudgets,verbs=get;list;watch;update;patch

@@ -455,10 +455,14 @@ func (r *RedPacketBudgetReconciler) reconcileBudgetWorkload(ctx context.Context,
 		// same database (embedded in both binaries) and refuse creations without it.
 		if _, err := time.LoadLocation(tz); err != nil {
 			msg := fmt.Sprintf("spec.packets.timeZone %q is not a zone of the time-zone database: creations are refused (503) until it is corrected; grabs go on", tz)
-			r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonInvalidTimeZone, "%s", msg)
+			// The Warning once per zone, not at every reconcile.
+			if prev, _ := r.warnedTimeZone.Swap(b.UID, tz); prev != tz {
+				r.eventf(b, corev1.EventTypeWarning, redpacketv1alpha1.ReasonInvalidTimeZone, "%s", msg)
+			}
 			return stepResult{blocker: notReady(redpacketv1alpha1.ReasonInvalidTimeZone, "%s", msg)}, nil
 		}
 	}
+	r.warnedTimeZone.Delete(b.UID)
 	return stepResult{}, nil
 }
 
@@ -1021,6 +1025,7 @@ func (r *RedPacketBudgetReconciler) deleteBudgetPurge(ctx context.Context, s *bu
 			return stepResult{}, fmt.Errorf("removing the budget's Redis user: %w", err)
 		}
 	}
+	r.warnedTimeZone.Delete(b.UID)
 	if r.Expiry != nil {
 		// Nothing may expire into the keys while they go.
 		r.Expiry.Forget(b.UID)

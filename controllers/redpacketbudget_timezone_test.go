@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	redpacketv1alpha1 "redpacket.io/operator/api/v1alpha1"
 )
@@ -46,6 +49,24 @@ func TestBudgetWithAnUnknownTimeZone(t *testing.T) {
 		t.Error("no endpoint: the grab workload was not applied")
 	}
 	e.waitEvent("mars", "Warning", redpacketv1alpha1.ReasonInvalidTimeZone)
+	// Reconciles while the zone stays wrong (two changes of the replicas) raise no
+	// second Warning: a repeat would make the event a series.
+	for n := range int32(2) {
+		e.patchBudget("mars", func(b *redpacketv1alpha1.RedPacketBudget) { b.Spec.GrabService.Replicas = ptr(2 + n) })
+	}
+	e.waitRedPacketBudget("mars", "the changes reconciled", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
+		return b.Status.ObservedGeneration == b.Generation && b.Spec.GrabService.Replicas != nil && *b.Spec.GrabService.Replicas == 3
+	})
+	time.Sleep(time.Second) // the recorder writes in the background
+	list := &eventsv1.EventList{}
+	if err := e.c.List(context.Background(), list, client.InNamespace(e.ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range list.Items {
+		if ev.Regarding.Name == "mars" && ev.Reason == redpacketv1alpha1.ReasonInvalidTimeZone && ev.Series != nil {
+			t.Errorf("the InvalidTimeZone Warning was raised %d times, want once", ev.Series.Count)
+		}
+	}
 
 	e.patchBudget("mars", func(b *redpacketv1alpha1.RedPacketBudget) { b.Spec.Packets.TimeZone = "Asia/Shanghai" })
 	e.waitRedPacketBudget("mars", "Ready's reason no longer InvalidTimeZone", 20*time.Second, func(b *redpacketv1alpha1.RedPacketBudget) bool {
