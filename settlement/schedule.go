@@ -182,6 +182,11 @@ type scheduler struct {
 	// pace is whether the latest deliveries, in the order they started, were
 	// answered within their hedge delay.
 	pace pace
+	// declined are the slow notices hedge turned down while most deliveries went
+	// slow; they are looked at again once a prompt answer makes the pace healthy, so
+	// a delivery the balance system holds is hedged all the same when the answers
+	// that come in show it is not slow for every delivery (see answer).
+	declined []slowNotice
 	// latency is a moving average of how long answered deliveries took.
 	latency time.Duration
 	jobs    uint64 // jobs started
@@ -346,7 +351,9 @@ func (s *scheduler) hedge(n slowNotice) {
 		return
 	}
 	if !s.pace.healthy() {
-		return // the delivery runs to its answer or its timeout
+		// The delivery runs to its answer or its timeout, unless the pace turns.
+		s.declined = append(s.declined, n)
+		return
 	}
 	s.w.m.hedges.Inc()
 	room := s.inflight[laneRetry] < s.bound[laneRetry]
@@ -387,6 +394,14 @@ func (s *scheduler) answer(a answerNotice) {
 	}
 	if !a.slow {
 		s.pace.record(a.seq, false)
+		if len(s.declined) > 0 && s.pace.healthy() {
+			// hedge checks each again: a delivery answered or replaced since is left.
+			declined := s.declined
+			s.declined = nil
+			for _, n := range declined {
+				s.hedge(n)
+			}
+		}
 	}
 	s.answered = time.Now()
 	if a.seq == s.probe && a.posted == postedOK && !s.receiver.healthy() {
