@@ -3,7 +3,9 @@ package controllers_test
 import (
 	"context"
 	"net"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,12 +29,7 @@ func TestReadyNamesTheCauseOfARedisFailure(t *testing.T) {
 	e.startController(func(r *controllers.RedPacketActivityReconciler) {
 		r.Options.AllowedRedisHosts = controllers.MustParseRedisHosts("127.0.0.0/8,redis.invalid")
 	})
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedAddr := closed.Addr().String()
-	_ = closed.Close()
+	closedAddr := closedPort(t)
 	protected, _ := redistest.StartProtected(t, "the-right-password")
 
 	cases := []struct {
@@ -73,4 +70,25 @@ func TestReadyNamesTheCauseOfARedisFailure(t *testing.T) {
 			}
 		}
 	}
+}
+
+// closedPort is a loopback address where nothing listens and nothing can start to
+// while the test runs: a TCP socket bound to it and never put to listen holds the port
+// (a connection to it is refused), where a port merely closed again could be taken by
+// a redis-server another test starts.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
 }
