@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -132,6 +132,8 @@ type EventsWorker struct {
 	m           *eventMetrics
 	log         *slog.Logger
 	claimCursor string
+	// claimedAt is when entries idle under another consumer were last looked for.
+	claimedAt time.Time
 }
 
 // NewBudgetEventsWorkers returns one events worker per budget shard of b. cfg is the
@@ -240,13 +242,15 @@ func (w *EventsWorker) step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if len(entries) == 0 {
+	// Entries left by another consumer are looked for a third of the claim idle time
+	// apart, not at every read.
+	if len(entries) == 0 && time.Since(w.claimedAt) >= w.cfg.ClaimIdle/3 {
 		var next string
 		entries, next, err = w.stream.ClaimIdle(ctx, store.EventsGroup, w.cfg.Consumer, w.cfg.ClaimIdle, w.claimCursor, w.batch)
 		if err != nil {
 			return err
 		}
-		w.claimCursor = next
+		w.claimCursor, w.claimedAt = next, time.Now()
 	}
 	if len(entries) == 0 {
 		entries, err = w.stream.ReadNew(ctx, store.EventsGroup, w.cfg.Consumer, w.batch, DefaultBlock)
@@ -344,8 +348,11 @@ func (w *EventsWorker) deliver(ctx context.Context, entries []store.StreamEntry)
 		return err
 	}
 	sem := make(chan struct{}, w.lanes)
-	errs := make(chan error, len(order))
-	var wg sync.WaitGroup
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
 	for _, p := range order {
 		events := w.eventsOf(p, accounts[p.id], forgotten)
 		if len(events) == 0 {
@@ -361,21 +368,14 @@ func (w *EventsWorker) deliver(ctx context.Context, entries []store.StreamEntry)
 		wg.Go(func() {
 			defer func() { <-sem }()
 			if err := w.deliverPacket(ctx, p.id, sent, events); err != nil {
-				errs <- err
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	close(errs)
-	return errors.Join(collect(errs)...)
-}
-
-func collect(errs <-chan error) []error {
-	var out []error
-	for err := range errs {
-		out = append(out, err)
-	}
-	return out
+	return errors.Join(errs...)
 }
 
 // letteredEvent is one event to deliver, with its account letter.
@@ -420,7 +420,7 @@ func (w *EventsWorker) eventsOf(p *packetEvents, a store.PacketAccount, forgotte
 	var out []letteredEvent
 	for _, l := range lifecycle {
 		at, ok := happened[l.letter]
-		if !ok || containsLetter(a.Sent, l.letter) {
+		if !ok || strings.IndexByte(a.Sent, l.letter) >= 0 {
 			continue
 		}
 		body, err := json.Marshal(Event{Type: l.typ, Timestamp: at.UTC().Format(rfc3339Milli), Data: data[l.letter]})
@@ -432,20 +432,11 @@ func (w *EventsWorker) eventsOf(p *packetEvents, a store.PacketAccount, forgotte
 	return out
 }
 
-func containsLetter(s string, c byte) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return true
-		}
-	}
-	return false
-}
-
 // deliverPacket delivers one packet's events in order, each retried with backoff
 // until a 2xx or MaxAttempts; an event that runs out of attempts is dead-lettered with
 // every later one. Each outcome is recorded in the account before the next event.
 func (w *EventsWorker) deliverPacket(ctx context.Context, id, sent string, events []letteredEvent) error {
-	dead := containsLetter(sent, deadLetter)
+	dead := strings.IndexByte(sent, deadLetter) >= 0
 	for _, ev := range events {
 		if !dead {
 			err := w.post(ctx, ev)
@@ -487,29 +478,14 @@ func (w *EventsWorker) post(ctx context.Context, ev letteredEvent) error {
 		if ctx.Err() != nil {
 			return err
 		}
-		var de *deliveryError
-		if errors.As(err, &de) && de.status != 0 {
-			w.m.deliveries.WithLabelValues(ResultRejected).Inc()
-		} else {
-			w.m.deliveries.WithLabelValues(ResultNoAnswer).Inc()
-		}
-		if attempt == w.cfg.MaxAttempts || !sleep(ctx, w.backoff(attempt)) {
+		w.m.deliveries.WithLabelValues(failedResult(err)).Inc()
+		// HealthyBackoffBase doubled per attempt up to BackoffMax, with equal jitter.
+		pause := jitteredBackoff(w.cfg.HealthyBackoffBase, w.cfg.BackoffMax, int64(attempt))
+		if attempt == w.cfg.MaxAttempts || !sleep(ctx, pause) {
 			break
 		}
 	}
 	return err
-}
-
-// backoff is the pause after the given number of failed attempts of one event:
-// HealthyBackoffBase doubled per attempt up to BackoffMax, with equal jitter.
-func (w *EventsWorker) backoff(attempts int) time.Duration {
-	d := w.cfg.HealthyBackoffBase
-	for i := 1; i < attempts && d < w.cfg.BackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, w.cfg.BackoffMax)
-	half := d / 2
-	return half + rand.N(d-half+1)
 }
 
 // eventMetrics are the events' counters, shared by a budget's workers.

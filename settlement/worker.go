@@ -258,12 +258,7 @@ func (w *Worker) runJob(ctx context.Context, j job) result {
 	}
 	r.posted = postedFailed
 	tell(ctx, j, r)
-	var de *deliveryError
-	if errors.As(err, &de) && de.status != 0 {
-		w.m.deliveries.WithLabelValues(ResultRejected).Inc()
-	} else {
-		w.m.deliveries.WithLabelValues(ResultNoAnswer).Inc()
-	}
+	w.m.deliveries.WithLabelValues(failedResult(err)).Inc()
 	r.lastErr = err.Error()
 	if r.attempts >= int64(w.cfg.MaxAttempts) {
 		return w.deadLetter(ctx, j, r)
@@ -380,6 +375,12 @@ func (w *Worker) backoff(attempts int64, healthy bool) time.Duration {
 	if healthy {
 		base, limit = w.cfg.HealthyBackoffBase, w.cfg.HealthyBackoffMax
 	}
+	return jitteredBackoff(base, limit, attempts)
+}
+
+// jitteredBackoff is the delay after the given number of failed attempts: base
+// doubled per attempt after the first, capped at limit, with equal jitter.
+func jitteredBackoff(base, limit time.Duration, attempts int64) time.Duration {
 	d := base
 	for i := int64(1); i < attempts && d < limit; i++ {
 		d *= 2
@@ -387,6 +388,16 @@ func (w *Worker) backoff(attempts int64, healthy bool) time.Duration {
 	d = min(d, limit)
 	half := d / 2
 	return half + rand.N(d-half+1)
+}
+
+// failedResult is the deliveries_total result of a failed delivery: ResultRejected
+// for an answer that is not a 2xx, ResultNoAnswer for none.
+func failedResult(err error) string {
+	var de *deliveryError
+	if errors.As(err, &de) && de.status != 0 {
+		return ResultRejected
+	}
+	return ResultNoAnswer
 }
 
 // release gives back capacity for n held entries.

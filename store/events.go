@@ -92,17 +92,17 @@ func (s *Stream) Unfinished(ctx context.Context, group string, ids []string) (ma
 	}
 	lo, hi := ids[0], ids[0]
 	for _, id := range ids {
-		if CompareStreamIDs(id, lo) < 0 {
+		if compareStreamIDs(id, lo) < 0 {
 			lo = id
 		}
-		if CompareStreamIDs(id, hi) > 0 {
+		if compareStreamIDs(id, hi) > 0 {
 			hi = id
 		}
-		if CompareStreamIDs(id, last) > 0 {
+		if compareStreamIDs(id, last) > 0 {
 			out[id] = true
 		}
 	}
-	if CompareStreamIDs(lo, last) > 0 {
+	if compareStreamIDs(lo, last) > 0 {
 		return out, nil
 	}
 	pending, err := s.c.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s.keys.Stream, Group: group,
@@ -120,31 +120,6 @@ func (s *Stream) Unfinished(ctx context.Context, group string, ids []string) (ma
 		}
 	}
 	return out, nil
-}
-
-// CompareStreamIDs orders two stream ids "<ms>-<seq>" (a missing sequence is 0): -1, 0
-// or 1. An id that does not parse sorts as 0-0.
-func CompareStreamIDs(a, b string) int {
-	am, as := splitStreamID(a)
-	bm, bs := splitStreamID(b)
-	switch {
-	case am < bm:
-		return -1
-	case am > bm:
-		return 1
-	case as < bs:
-		return -1
-	case as > bs:
-		return 1
-	}
-	return 0
-}
-
-func splitStreamID(id string) (ms, seq uint64) {
-	m, s, _ := strings.Cut(id, "-")
-	ms, _ = strconv.ParseUint(m, 10, 64)
-	seq, _ = strconv.ParseUint(s, 10, 64)
-	return ms, seq
 }
 
 // PacketAccount is what a budget's ledger holds of one packet, as its events need it.
